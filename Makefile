@@ -1,0 +1,63 @@
+# Two commands matter: `make demo` (the main job, end to end) and `make test`.
+# Every target installs what it needs first (apt packages, the venv, the pinned
+# llama.cpp build); each step is cached, so repeated runs take seconds.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+TUNER  := $(VENV)/bin/tuner
+STAMP  := $(VENV)/.installed
+APT_PACKAGES := cmake build-essential numactl
+STUDY  ?= demo
+TRIALS ?=
+
+.PHONY: setup system-packages llama models doctor inspect demo test clean-models help
+
+help:
+	@echo "make demo      run the main job end to end on the built-in synthetic models"
+	@echo "make test      run the test suite (builds what it needs first)"
+	@echo "make llama     build (or reuse) the pinned llama.cpp"
+	@echo "make models    generate the built-in synthetic model family"
+	@echo "make doctor    print the machine fingerprint and measuring advice"
+	@echo "make inspect   inspect the built-in models' GGUF metadata and draft compatibility"
+
+# apt packages: installed only when a command is missing, so a prepared machine skips apt.
+system-packages:
+	@missing=""; \
+	for cmd in cmake c++ make numactl; do command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$cmd"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "setup: missing$$missing; installing $(APT_PACKAGES) with apt-get"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+setup: system-packages $(STAMP)
+
+llama: setup
+	$(TUNER) llama
+
+models: llama
+	$(TUNER) fixtures
+
+doctor: llama
+	$(TUNER) doctor
+
+inspect: models
+	$(TUNER) inspect models/synthetic/target.gguf models/synthetic/draft-large.gguf models/synthetic/draft-small.gguf models/synthetic/incompatible-draft.gguf
+
+demo: models
+	$(TUNER) doctor --bandwidth
+	$(MAKE) --no-print-directory inspect
+	@echo "demo: the study pipeline is not built yet; doctor, llama.cpp build and model inspection ran."
+
+test: models
+	$(PY) -m pytest -q
+
+clean-models:
+	rm -rf models/synthetic

@@ -1,0 +1,61 @@
+"""The ``tuner`` command: one subcommand per stage, each implemented in its own module.
+
+Each subcommand module exposes ``configure(parser)`` to declare its arguments and
+``run(args) -> int`` to do the work. Modules are imported lazily so that
+``tuner --help`` stays fast and a broken optional piece never breaks the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from tuner.errors import UserError
+
+# (name, module, one-line help). The order here is the order in `tuner --help`.
+SUBCOMMANDS: list[tuple[str, str, str]] = [
+    ("llama", "tuner.llama_build", "build (or locate) the pinned llama.cpp and print its manifest"),
+    ("doctor", "tuner.doctor", "print the machine fingerprint and advice before measuring"),
+    ("inspect", "tuner.gguf_info", "read GGUF metadata and check draft/target compatibility"),
+    ("fixtures", "tuner.fixtures.cli", "generate the built-in synthetic model family"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tuner",
+        description=(
+            "Autotune llama.cpp launch configurations (speculative draft, K, temperature, "
+            "MoE experts, NUMA policy, threads) with Optuna studies on CPU servers."
+        ),
+        epilog="Run `tuner COMMAND --help` for the options of one command.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name, help_text in SUBCOMMANDS:
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(_module=module_name)
+        module = importlib.import_module(module_name)
+        module.configure(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 1
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args) or 0)
+    except UserError as err:
+        print(f"tuner {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"tuner {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
