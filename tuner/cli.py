@@ -19,10 +19,12 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("doctor", "tuner.doctor", "print the machine fingerprint and advice before measuring"),
     ("inspect", "tuner.gguf_info", "read GGUF metadata and check draft/target compatibility"),
     ("fixtures", "tuner.fixtures.cli", "generate the built-in synthetic model family"),
+    ("run", "tuner.study", "run or resume a study: one pinned llama.cpp run per trial, results in Optuna storage"),
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s module is imported to declare its options."""
     parser = argparse.ArgumentParser(
         prog="tuner",
         description=(
@@ -35,13 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module_name, help_text in SUBCOMMANDS:
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(_module=module_name)
-        module = importlib.import_module(module_name)
-        module.configure(sub)
+        if name == command:
+            importlib.import_module(module_name).configure(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    names = {name for name, _, _ in SUBCOMMANDS}
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in names else None)
     args = parser.parse_args(argv)
     if not getattr(args, "_module", None):
         parser.print_help()

@@ -1,0 +1,41 @@
+"""Shared fixtures: the real pinned llama.cpp build, the synthetic models, process hygiene."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+LLAMA_PROCESS_PATTERN = r"llama-(server|cli|completion|bench|perplexity|speculative|lookup)"
+
+
+def running_llama_processes() -> list[str]:
+    proc = subprocess.run(["pgrep", "-a", "-f", LLAMA_PROCESS_PATTERN], capture_output=True, text=True)
+    return [line for line in proc.stdout.splitlines() if "pgrep" not in line]
+
+
+@pytest.fixture(scope="session")
+def llama_bin_dir():
+    """The pinned build (`make test` builds it first); its absence is an error, not a skip."""
+    from tuner.llama_build import resolve_bin_dir
+
+    return resolve_bin_dir()
+
+
+@pytest.fixture(scope="session")
+def synthetic_models(llama_bin_dir):
+    """The built-in synthetic family (generated once, cached in models/synthetic)."""
+    from tuner.fixtures import ensure_family
+
+    return ensure_family()
+
+
+@pytest.fixture(autouse=True)
+def no_llama_process_left_behind():
+    """After every test, no llama.cpp process may still run: one left behind skews the rest."""
+    before = set(running_llama_processes())
+    yield
+    leftover = [p for p in running_llama_processes() if p not in before]
+    for line in leftover:  # kill them so one failure does not cascade, then fail loudly
+        subprocess.run(["kill", "-9", line.split()[0]], check=False)
+    assert not leftover, f"llama.cpp processes left running: {leftover}"

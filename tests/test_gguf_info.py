@@ -1,0 +1,347 @@
+"""GGUF metadata and draft compatibility, on real GGUF files written by each test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, LlamaFileType
+
+from gguf_factory import DEFAULT_VOCAB_SIZE, spm_tokens, write_gguf
+from tuner.cli import main
+from tuner.errors import UserError
+from tuner.gguf_info import (
+    SPEC_VOCAB_CHECK_START_TOKEN_ID,
+    SPEC_VOCAB_MAX_SIZE_DIFFERENCE,
+    check_draft_compatibility,
+    read_model_info,
+)
+
+PINNED_SOURCE_FALLBACK = Path("/tmp/lcpp/llama_cpp_python-0.3.36/vendor/llama.cpp")
+
+
+def test_dense_model_metadata(tmp_path: Path) -> None:
+    path = write_gguf(
+        tmp_path / "dense.gguf",
+        name="Tiny Dense",
+        file_type=LlamaFileType.MOSTLY_Q8_0,
+        context_length=4096,
+        block_count=3,
+        embedding_length=64,
+        tensors={
+            "token_embd.weight": (np.ones((32, 64), dtype=np.float32), GGMLQuantizationType.Q8_0),
+            "output_norm.weight": np.ones(64, dtype=np.float32),
+            "output.weight": np.ones((2, 64), dtype=np.float16),
+        },
+    )
+    info = read_model_info(path)
+
+    assert info.path == path
+    assert info.file_size_bytes == path.stat().st_size
+    assert (info.architecture, info.name) == ("llama", "Tiny Dense")
+    assert info.parameter_count == 32 * 64 + 64 + 2 * 64
+    # Q8_0 stores 32 values in 34 bytes.
+    assert info.weights_bytes == (32 * 64 // 32) * 34 + 64 * 4 + 2 * 64 * 2
+    assert (info.file_type, info.dominant_tensor_type, info.quantization) == ("Q8_0", "Q8_0", "Q8_0")
+    assert (info.context_length, info.block_count, info.embedding_length) == (4096, 3, 64)
+    assert (info.vocab_model, info.vocab_type, info.vocab_size) == ("llama", "SPM", DEFAULT_VOCAB_SIZE)
+    assert (info.bos_token_id, info.eos_token_id) == (1, 2)
+    assert (info.add_bos, info.add_eos) == (True, False)  # llama.cpp's SPM defaults: no keys written
+    assert not info.is_moe and info.expert_override_key is None and info.expert_count is None
+    assert not info.is_recurrent
+    assert info.token_texts[:3] == ("<unk>", "<s>", "</s>")
+
+
+def test_quantization_falls_back_to_dominant_tensor_type(tmp_path: Path) -> None:
+    path = write_gguf(
+        tmp_path / "m.gguf",
+        file_type=None,
+        tensors={"a": np.ones(8, dtype=np.float32), "b": np.ones(64, dtype=np.float16)},
+    )
+    info = read_model_info(path)
+    assert info.file_type is None
+    assert info.dominant_tensor_type == "F16" and info.quantization == "F16"
+
+
+def test_moe_model_names_its_override_key(tmp_path: Path) -> None:
+    info = read_model_info(write_gguf(
+        tmp_path / "moe.gguf", architecture="qwen3moe", expert_count=128, expert_used_count=8,
+    ))
+    assert info.is_moe
+    assert (info.expert_count, info.expert_used_count) == (128, 8)
+    assert info.expert_override_key == "qwen3moe.expert_used_count"
+    assert info.to_dict()["expert_override_key"] == "qwen3moe.expert_used_count"
+
+
+@pytest.mark.parametrize(
+    ("architecture", "ssm", "kind"),
+    [
+        ("mamba2", True, "recurrent"),
+        ("rwkv7", False, "recurrent"),
+        ("qwen3next", False, "hybrid"),
+        ("granitehybrid", True, "hybrid"),
+        ("someday-ssm", True, "recurrent"),  # unknown to the pinned list, caught by its SSM keys
+        ("llama", False, None),
+    ],
+)
+def test_recurrent_and_hybrid_architectures(tmp_path: Path, architecture: str, ssm: bool, kind: str | None) -> None:
+    info = read_model_info(write_gguf(tmp_path / "m.gguf", architecture=architecture, ssm=ssm))
+    assert info.recurrent_kind == kind
+    assert info.is_recurrent == (kind is not None)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        # (add_bos, add_eos, bos id, eos id) as llama.cpp resolves them
+        ({"tokenizer_model": "llama", "bos_id": None, "eos_id": None}, (True, False, 1, 2)),
+        ({"tokenizer_model": "llama", "add_bos": False, "add_eos": True}, (False, True, 1, 2)),
+        ({"tokenizer_model": "gpt2", "bos_id": None, "eos_id": None}, (False, False, 11, 11)),
+        ({"tokenizer_model": "gpt2", "tokenizer_pre": "llama-bpe"}, (True, False, 1, 2)),
+        ({"tokenizer_model": "gpt2", "tokenizer_pre": "llama-bpe", "add_bos": False}, (False, False, 1, 2)),
+        ({"tokenizer_model": "gpt2", "tokenizer_pre": "glm4", "bos_id": None}, (False, False, None, 2)),
+        # Gemma 4's pre-tokenizer forces add_bos on even against the key.
+        ({"tokenizer_model": "gpt2", "tokenizer_pre": "gemma4", "add_bos": False}, (True, False, 1, 2)),
+        ({"tokenizer_model": "t5", "bos_id": None, "eos_id": None}, (False, True, None, 1)),
+        # An id outside the vocab is ignored in favour of the default.
+        ({"tokenizer_model": "llama", "bos_id": 5000, "eos_id": 7}, (True, False, 1, 7)),
+    ],
+)
+def test_special_tokens_follow_llama_cpp_defaults(tmp_path: Path, kwargs: dict, expected: tuple) -> None:
+    info = read_model_info(write_gguf(tmp_path / "m.gguf", **kwargs))
+    assert (info.add_bos, info.add_eos, info.bos_token_id, info.eos_token_id) == expected
+
+
+def test_empty_token_text_is_renamed_like_llama_cpp(tmp_path: Path) -> None:
+    tokens = spm_tokens()
+    tokens[10] = ""
+    info = read_model_info(write_gguf(tmp_path / "m.gguf", tokens=tokens))
+    assert info.token_texts[10] == "[EMPTY_10]"
+
+
+# --- draft compatibility: each rule of common_speculative_are_compatible on its own ---
+
+
+def _check(tmp_path: Path, target: dict | None = None, draft: dict | None = None):
+    t = read_model_info(write_gguf(tmp_path / "target.gguf", **(target or {})))
+    d = read_model_info(write_gguf(tmp_path / "draft.gguf", **(draft or {})))
+    return check_draft_compatibility(t, d)
+
+
+def test_identical_vocabs_are_compatible(tmp_path: Path) -> None:
+    check = _check(tmp_path, {"block_count": 8}, {"block_count": 1, "name": "draft"})
+    assert check.ok and check.reasons == () and check.warnings == ()
+
+
+def test_vocab_type_must_match(tmp_path: Path) -> None:
+    # Same tokens and special ids, only the tokenizer model differs.
+    draft = {"tokenizer_model": "gpt2", "tokens": spm_tokens(), "add_bos": True, "add_eos": False}
+    check = _check(tmp_path, {}, draft)
+    assert not check.ok
+    assert check.reasons == ("vocab type differs: target SPM (llama), draft BPE (gpt2)",)
+
+
+def test_add_bos_must_match(tmp_path: Path) -> None:
+    check = _check(tmp_path, {"add_bos": True}, {"add_bos": False})
+    assert not check.ok
+    assert len(check.reasons) == 1 and check.reasons[0].startswith("BOS differs")
+
+
+def test_bos_id_must_match_when_bos_is_added(tmp_path: Path) -> None:
+    check = _check(tmp_path, {"bos_id": 1}, {"bos_id": 3})
+    assert not check.ok
+    assert check.reasons == ("BOS differs: target add_bos=True id=1, draft add_bos=True id=3",)
+
+
+def test_bos_id_is_ignored_when_bos_is_not_added(tmp_path: Path) -> None:
+    assert _check(tmp_path, {"bos_id": 1, "add_bos": False}, {"bos_id": 3, "add_bos": False}).ok
+
+
+def test_eos_id_must_match_when_eos_is_added(tmp_path: Path) -> None:
+    check = _check(tmp_path, {"eos_id": 2, "add_eos": True}, {"eos_id": 4, "add_eos": True})
+    assert check.reasons == ("EOS differs: target add_eos=True id=2, draft add_eos=True id=4",)
+    assert _check(tmp_path, {"eos_id": 2}, {"eos_id": 4}).ok  # SPM does not add EOS
+
+
+def test_vocab_size_difference_limit(tmp_path: Path) -> None:
+    n = DEFAULT_VOCAB_SIZE
+    at_limit = _check(tmp_path, {}, {"tokens": spm_tokens(n + SPEC_VOCAB_MAX_SIZE_DIFFERENCE)})
+    assert at_limit.ok
+    over = _check(tmp_path, {}, {"tokens": spm_tokens(n + SPEC_VOCAB_MAX_SIZE_DIFFERENCE + 1)})
+    assert not over.ok
+    assert over.reasons == (
+        f"vocab sizes differ by 129 (target {n}, draft {n + 129}; llama.cpp allows 128)",
+    )
+
+
+def test_token_text_from_check_start_must_match(tmp_path: Path) -> None:
+    start = SPEC_VOCAB_CHECK_START_TOKEN_ID
+    below, at_start = spm_tokens(), spm_tokens()
+    below[start - 1] = "changed"
+    at_start[start] = "changed"
+    assert _check(tmp_path, {}, {"tokens": below}).ok
+    check = _check(tmp_path, {}, {"tokens": at_start})
+    assert not check.ok
+    assert check.reasons == (f"token {start} differs: target {spm_tokens()[start]!r}, draft 'changed'",)
+
+
+def test_every_failed_rule_is_reported(tmp_path: Path) -> None:
+    check = _check(tmp_path, {}, {"tokenizer_model": "gpt2", "bos_id": 7, "add_bos": True})
+    assert not check.ok
+    assert [r.split(" ")[0] for r in check.reasons] == ["vocab", "BOS", "token"]
+
+
+def test_recurrent_target_is_a_warning_not_a_refusal(tmp_path: Path) -> None:
+    # The pinned llama-server speculates on recurrent/hybrid targets using checkpoints.
+    check = _check(tmp_path, {"architecture": "qwen3next"}, {})
+    assert check.ok
+    assert len(check.warnings) == 1 and check.warnings[0].startswith("target is a hybrid model (qwen3next)")
+
+
+# --- files that are not readable GGUFs ---
+
+
+def _not_gguf(tmp_path: Path) -> Path:
+    path = tmp_path / "model.gguf"
+    path.write_text("this is a README, not weights\n")
+    return path
+
+
+def _empty(tmp_path: Path) -> Path:
+    path = tmp_path / "empty.gguf"
+    path.write_bytes(b"")
+    return path
+
+
+def _cut_in_half(tmp_path: Path) -> Path:
+    path = write_gguf(tmp_path / "half.gguf")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def _cut_tensor_data(tmp_path: Path) -> Path:
+    path = write_gguf(tmp_path / "cut.gguf", tensors={"w": np.ones(256, dtype=np.float32)})
+    data = path.read_bytes()
+    path.write_bytes(data[:-100])
+    return path
+
+
+def _directory(tmp_path: Path) -> Path:
+    path = tmp_path / "models"
+    path.mkdir()
+    return path
+
+
+def _missing(tmp_path: Path) -> Path:
+    return tmp_path / "nowhere.gguf"
+
+
+def _unknown_tokenizer(tmp_path: Path) -> Path:
+    return write_gguf(tmp_path / "odd.gguf", tokenizer_model="sentencepiece-2099")
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (_not_gguf, "not a GGUF file (bad magic b'this'); pass a .gguf model"),
+        (_empty, "not a GGUF file (empty file)"),
+        (_cut_in_half, "truncated or corrupt GGUF"),
+        (_cut_tensor_data, "truncated or corrupt GGUF (ValueError"),
+        (_directory, "is a directory; pass a .gguf model file"),
+        (_missing, "no such file"),
+        (_unknown_tokenizer, "unknown tokenizer.ggml.model 'sentencepiece-2099'"),
+    ],
+)
+def test_unreadable_files_are_user_errors_naming_the_path(tmp_path: Path, make, message: str) -> None:
+    path = make(tmp_path)
+    with pytest.raises(UserError) as excinfo:
+        read_model_info(path)
+    text = str(excinfo.value)
+    assert text.startswith(f"{path}: ")
+    assert message in text
+    assert "\n" not in text
+
+
+# --- the `tuner inspect` command ---
+
+
+def _cli_models(tmp_path: Path) -> tuple[Path, Path, Path]:
+    target = write_gguf(tmp_path / "target.gguf", architecture="qwen3moe", expert_count=64, expert_used_count=4)
+    good = write_gguf(tmp_path / "good.gguf", architecture="qwen3")
+    bad = write_gguf(tmp_path / "bad.gguf", tokenizer_model="gpt2", tokens=spm_tokens())
+    return target, good, bad
+
+
+def test_inspect_prints_aligned_fields_and_draft_verdicts(tmp_path: Path, capsys) -> None:
+    target, good, bad = _cli_models(tmp_path)
+    assert main(["inspect", str(target), str(good), str(bad)]) == 0  # incompatible is an answer
+    lines = capsys.readouterr().out.splitlines()
+
+    fields = lines[:-2]
+    value_columns = {len(line) - len(line.split(":", 1)[1].lstrip()) for line in fields}
+    assert len(value_columns) == 1
+    text = "\n".join(fields)
+    assert "architecture:" in text and "qwen3moe" in text
+    assert "--override-kv qwen3moe.expert_used_count=int:N" in text
+    assert "64 total, 4 used" in text
+    assert "vocab:" in text and f"SPM (llama), {DEFAULT_VOCAB_SIZE} tokens" in text
+    assert "recurrent:" in text
+    assert lines[-2] == f"draft {good}: compatible"
+    assert lines[-1].startswith(f"draft {bad}: INCOMPATIBLE: vocab type differs")
+    assert "; BOS differs" in lines[-1]
+
+
+def test_inspect_json(tmp_path: Path, capsys) -> None:
+    target, good, bad = _cli_models(tmp_path)
+    assert main(["inspect", str(target), str(good), str(bad), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["target"]["architecture"] == "qwen3moe"
+    assert doc["target"]["expert_override_key"] == "qwen3moe.expert_used_count"
+    assert doc["target"]["vocab_size"] == DEFAULT_VOCAB_SIZE
+    assert "token_texts" not in doc["target"]
+    assert [(d["path"], d["compatible"]) for d in doc["drafts"]] == [(str(good), True), (str(bad), False)]
+    assert doc["drafts"][0]["reasons"] == []
+    assert doc["drafts"][1]["reasons"][0].startswith("vocab type differs")
+    assert doc["drafts"][1]["info"]["vocab_type"] == "BPE"
+
+
+def test_inspect_unreadable_draft_exits_2_with_one_line(tmp_path: Path, capsys) -> None:
+    target, _, _ = _cli_models(tmp_path)
+    missing = tmp_path / "missing.gguf"
+    assert main(["inspect", str(target), str(missing)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"tuner inspect: error: {missing}: no such file; pass a .gguf model\n"
+
+
+# --- the real vocab-only GGUFs shipped with the pinned llama.cpp source ---
+
+
+def _pinned_models_dir() -> Path:
+    try:
+        from tuner.llama_build import source_dir
+
+        return Path(source_dir()) / "models"
+    except (ImportError, AttributeError, UserError):
+        return PINNED_SOURCE_FALLBACK / "models"
+
+
+@pytest.mark.llama
+def test_real_llama_cpp_vocabs() -> None:
+    models = _pinned_models_dir()
+    if not (models / "ggml-vocab-llama-spm.gguf").is_file():
+        pytest.skip(f"pinned llama.cpp source vocabs not found in {models}")
+    spm = read_model_info(models / "ggml-vocab-llama-spm.gguf")
+    phi3 = read_model_info(models / "ggml-vocab-phi-3.gguf")
+    bert = read_model_info(models / "ggml-vocab-bert-bge.gguf")
+
+    assert (spm.vocab_type, spm.vocab_size, spm.bos_token_id, spm.add_bos) == ("SPM", 32000, 1, True)
+    # Phi-3 extends the llama vocab by 64 tokens with a different EOS, which SPM never adds.
+    assert (phi3.vocab_size, phi3.eos_token_id, phi3.add_eos) == (32064, 32000, False)
+    assert check_draft_compatibility(spm, phi3).ok
+    incompatible = check_draft_compatibility(spm, bert)
+    assert not incompatible.ok
+    assert incompatible.reasons[0] == "vocab type differs: target SPM (llama), draft WPM (bert)"

@@ -1,0 +1,190 @@
+"""``tuner doctor``: the machine fingerprint, and advice before measuring.
+
+Like pyperf's system check, it never fails on a noisy machine: it says what will skew
+the figures and how to fix it, and exits 0. ``--record-sysfs`` writes the topology
+files of this machine so a user can send them for tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+
+from tuner import hardware
+from tuner.errors import UserError
+from tuner.hardware import HostState, Topology
+
+NOISY_GOVERNORS = frozenset({"powersave", "ondemand", "conservative", "schedutil"})
+LOAD_ADVICE_FRACTION = 0.10
+NUMACTL_TIMEOUT_S = 10
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the fingerprint, host state and advice as JSON")
+    parser.add_argument(
+        "--bandwidth", action="store_true",
+        help="measure memory bandwidth (single-threaded numpy copy of 256 MiB; a few seconds)",
+    )
+    parser.add_argument(
+        "--sysfs-root", type=Path, default=hardware.LIVE_ROOT, metavar="DIR",
+        help="read sys/ and proc/ under DIR instead of / (e.g. a recorded tree)",
+    )
+    parser.add_argument(
+        "--record-sysfs", type=Path, metavar="DIR",
+        help="copy the topology files this command reads into DIR (to send with a bug report)",
+    )
+
+
+def find_build() -> tuple[dict | None, str | None]:
+    """The llama.cpp build manifest, or None and the reason it is unavailable."""
+    try:
+        from tuner.llama_build import find_build_info
+    except ImportError as err:
+        return None, f"the build module is unavailable ({err})"
+    try:
+        return dict(find_build_info()), None
+    except (UserError, OSError) as err:
+        return None, str(err)
+
+
+def advice(topo: Topology, host: HostState, build: dict | None) -> list[str]:
+    """Things that will skew or limit measurements; never a reason to stop."""
+    lines = []
+    noisy = sorted(set(host.governors.values()) & NOISY_GOVERNORS)
+    if noisy:
+        lines.append(
+            f"cpufreq governor {'/'.join(noisy)}: clock speed follows load, expect noisy figures; "
+            "set `performance` (cpupower frequency-set -g performance)"
+        )
+    if host.load is not None and host.load.one > LOAD_ADVICE_FRACTION * topo.physical_cores:
+        lines.append(
+            f"load average {host.load.one:.2f} on {topo.physical_cores} cores: "
+            "other work is running and will skew measurements"
+        )
+    if host.thp_mode == "never":
+        lines.append(
+            "transparent hugepages are off (never): consider `madvise` or `always` "
+            "(echo madvise > /sys/kernel/mm/transparent_hugepage/enabled) to cut TLB misses on big weights"
+        )
+    if topo.has_smt:
+        lines.append(
+            f"SMT is on ({topo.threads_per_core} threads per core): the tuner pins one thread per "
+            "physical core first and never uses siblings unless asked"
+        )
+    if len(topo.nodes) > 1 and host.numactl is None:
+        lines.append(
+            f"{len(topo.nodes)} NUMA nodes but numactl is missing: install it (apt-get install numactl) "
+            "so interleave/bind policies can be tried"
+        )
+    if len(topo.nodes) == 1:
+        lines.append("one NUMA node: the NUMA knob collapses to `none`")
+    online = tuple(cpu.id for cpu in topo.cpus)
+    if host.affinity is not None and host.affinity != online:
+        lines.append(
+            f"this process may only run on CPUs {hardware.format_cpu_list(host.affinity)} "
+            "(taskset or cgroup limit): pinning outside them will fail"
+        )
+    if build is None:
+        lines.append("llama.cpp is not built: run `make llama` before tuning")
+    return lines
+
+
+def _gib(n_bytes: int | None) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes is not None else "unknown"
+
+
+def _siblings_text(topo: Topology, shown: int = 4) -> str:
+    groups = [",".join(map(str, g)) for g in topo.smt_siblings if len(g) > 1]
+    more = f" ... ({len(groups)} cores)" if len(groups) > shown else ""
+    return " ".join(groups[:shown]) + more
+
+
+def _build_text(build: dict | None, reason: str | None) -> list[str]:
+    if build is None:
+        return ["llama.cpp: not built (run `make llama`)", f"  why: {reason}"]
+    lines = [f"llama.cpp: commit {build.get('commit')}, build {build.get('build_number')} ({build.get('source')})"]
+    lines += [
+        f"  {key}: {build[key]}" for key in ("compiler", "target", "cmake_flags", "bin_dir") if build.get(key)
+    ]
+    return lines
+
+
+def _numactl_hardware(numactl: str) -> str:
+    try:
+        done = subprocess.run(
+            [numactl, "--hardware"], capture_output=True, text=True, timeout=NUMACTL_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"(numactl --hardware failed: {err})"
+    return (done.stdout or done.stderr).rstrip()
+
+
+def report(
+    topo: Topology, host: HostState, build: dict | None, build_reason: str | None,
+    bandwidth: float | None, live: bool,
+) -> list[str]:
+    lines = [
+        f"CPU: {topo.cpu_model}",
+        f"cores: {topo.physical_cores} physical, {topo.logical_cpus} logical CPUs",
+    ]
+    if topo.has_smt:
+        lines.append(f"SMT: {topo.threads_per_core} threads per core, siblings {_siblings_text(topo)}")
+    else:
+        lines.append("SMT: off (one logical CPU per core)")
+    lines.append(f"NUMA nodes: {len(topo.nodes)}")
+    for node in topo.nodes:
+        lines.append(
+            f"  node {node.id}: CPUs {hardware.format_cpu_list(node.cpus) or '(none)'}, "
+            f"memory {_gib(node.mem_total_bytes)} total, {_gib(node.mem_free_bytes)} free"
+        )
+    if live and host.numactl:
+        lines += ["numactl --hardware:"] + [f"  {line}" for line in _numactl_hardware(host.numactl).splitlines()]
+    lines.append(f"memory: {_gib(topo.mem_total_bytes)} total, {_gib(topo.mem_available_bytes)} available")
+    lines.append(f"transparent hugepages: {host.thp_mode or 'unknown'}")
+    governors = hardware.summarize_governors(host.governors)
+    lines.append(
+        "cpufreq governor: "
+        + (", ".join(f"{name} (CPUs {cpus})" for name, cpus in governors.items()) or "not exposed (VM or no cpufreq)")
+    )
+    if host.load is not None:
+        lines.append(f"load average: {host.load.one:.2f} {host.load.five:.2f} {host.load.fifteen:.2f} (1/5/15 min)")
+    else:
+        lines.append("load average: unknown")
+    if host.affinity is not None:
+        lines.append(f"CPU affinity of this process: {hardware.format_cpu_list(host.affinity)}")
+    lines.append(f"numactl: {host.numactl or 'not found'}")
+    lines += _build_text(build, build_reason)
+    lines.append(f"NUMA policies worth trying: {', '.join(hardware.meaningful_numa_policies(topo))}")
+    if bandwidth is not None:
+        lines.append(f"memory bandwidth: {bandwidth / 1e9:.1f} GB/s (single-threaded copy, a lower bound)")
+    lines += [f"ADVICE: {line}" for line in advice(topo, host, build)]
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    root: Path = args.sysfs_root
+    if args.record_sysfs is not None:
+        written = hardware.record_sysfs(args.record_sysfs, root)
+        if not written:
+            raise UserError(f"nothing to record under {root}: no sysfs/procfs files found")
+        print(f"recorded {len(written)} files from {root} into {args.record_sysfs}")
+        return 0
+    topo = hardware.read_topology(root)
+    host = hardware.read_host_state(topo, root)
+    build, build_reason = find_build()
+    bandwidth = hardware.measure_memory_bandwidth() if args.bandwidth else None
+    if args.json:
+        document = {
+            "fingerprint": hardware.fingerprint(topo, build, host, bandwidth),
+            "comparability_keys": list(hardware.COMPARABILITY_KEYS),
+            "topology": asdict(topo),
+            "numa_policies": hardware.meaningful_numa_policies(topo),
+            "advice": advice(topo, host, build),
+        }
+        print(json.dumps(document, indent=2))
+        return 0
+    print("\n".join(report(topo, host, build, build_reason, bandwidth, live=hardware.is_live_root(root))))
+    return 0

@@ -1,0 +1,43 @@
+"""Why a trial failed: one taxonomy, recorded on every failed trial with its log tail.
+
+The runner classifies what it saw (exit code, signal, log lines, timeouts) into one of
+these reasons; the study records it and goes on. ``PERMANENT`` reasons will not change
+if the same configuration is tried again, so the study does not retry them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class FailureReason(str, enum.Enum):
+    LAUNCH_FAILED = "launch_failed"  # bad binary or flags: exited before loading a model
+    MODEL_LOAD_FAILED = "model_load_failed"  # bad or corrupt GGUF
+    OUT_OF_MEMORY = "out_of_memory"  # allocation errors, or killed with exit 137
+    TIMEOUT = "timeout"  # not ready, or a request not answered, within the limit (hang)
+    CRASHED = "crashed"  # died from a signal mid-run
+    SPECULATION_UNAVAILABLE = "speculation_unavailable"  # asked to draft, drafted nothing
+    SERVER_UNREACHABLE = "server_unreachable"  # process alive but HTTP failed
+    INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM to the tuner during the trial
+    INVALID_CONFIG = "invalid_config"  # refused before launch (e.g. incompatible draft)
+
+
+PERMANENT = frozenset(
+    {
+        FailureReason.LAUNCH_FAILED,
+        FailureReason.MODEL_LOAD_FAILED,
+        FailureReason.OUT_OF_MEMORY,
+        FailureReason.SPECULATION_UNAVAILABLE,
+        FailureReason.INVALID_CONFIG,
+    }
+)
+
+
+class TrialFailure(Exception):
+    """A trial that cannot produce a measurement; carries its reason and evidence."""
+
+    def __init__(self, reason: FailureReason, detail: str, log_tail: str = ""):
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.log_tail = log_tail

@@ -1,0 +1,420 @@
+"""GGUF metadata, and whether a draft model can speculate for a target (`tuner inspect`).
+
+The search space is built from what the GGUF says (architecture, expert counts,
+recurrent layers, vocab), so these rules mirror the pinned llama.cpp rather than
+guessing: vocab type and BOS/EOS defaults follow ``src/llama-vocab.cpp``, the recurrent
+and hybrid architectures ``src/llama-arch.cpp``, and draft compatibility
+``common_speculative_are_compatible`` in ``common/speculative.cpp``. An incompatible
+draft matters because llama.cpp does not fail on one: it serves without speculation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import UserError
+
+# common/speculative.cpp of the pinned llama.cpp.
+SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
+SPEC_VOCAB_CHECK_START_TOKEN_ID = 5
+
+# llm_arch_is_recurrent / llm_arch_is_hybrid in src/llama-arch.cpp (architecture names).
+RECURRENT_ARCHITECTURES = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+HYBRID_ARCHITECTURES = frozenset({
+    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h",
+    "nemotron_h_moe", "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next",
+    "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "minimax-01",
+})
+
+# tokenizer.ggml.model -> (llama_vocab_type, default bos id, default eos id, add_bos, add_eos)
+# as llama_vocab::impl::load sets them before reading the GGUF's own keys.
+_TOKENIZERS: dict[str, tuple[str, int | None, int | None, bool, bool]] = {
+    "no_vocab": ("NONE", None, None, False, False),
+    "none": ("NONE", None, None, False, False),
+    "llama": ("SPM", 1, 2, True, False),
+    "bert": ("WPM", 101, None, True, False),
+    "gpt2": ("BPE", 11, 11, False, False),
+    "hybriddna": ("BPE", 11, 11, False, False),
+    "whitespace": ("BPE", 11, 11, False, False),
+    "gemma4": ("BPE", None, None, False, False),
+    "t5": ("UGM", None, 1, False, True),
+    "rwkv": ("RWKV", None, None, False, False),
+    "plamo2": ("PLAMO2", 1, 2, False, False),
+    "test": ("TEST", None, None, False, False),
+}
+# BPE pre-tokenizers for which llama.cpp turns add_bos on, or has no BOS at all.
+_BPE_PRE_ADD_BOS = frozenset({
+    "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+    "jina-v5-nano", "tekken", "chameleon",
+})
+_BPE_PRE_NO_BOS = frozenset({"chatglm-bpe", "glm4", "glm5"})
+# Pre-tokenizers of type GEMMA4: llama.cpp forces add_bos on even against the GGUF key.
+_PRE_FORCE_ADD_BOS = frozenset({"gemma4", "granite-embed-multi-311m"})
+
+_GGUF_MAGIC = b"GGUF"
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the tuner needs to know about one GGUF model, read once from its header."""
+
+    path: Path
+    file_size_bytes: int
+    architecture: str
+    name: str | None
+    parameter_count: int  # sum of tensor element counts
+    weights_bytes: int  # sum of tensor data bytes: what a decode step streams from memory
+    file_type: str | None  # general.file_type as a name, e.g. "Q4_K_M"
+    dominant_tensor_type: str | None  # the ggml type holding the most bytes, e.g. "Q4_K"
+    context_length: int | None
+    block_count: int | None
+    embedding_length: int | None
+    vocab_model: str  # tokenizer.ggml.model
+    vocab_pre: str | None  # tokenizer.ggml.pre
+    vocab_type: str  # llama_vocab_type: NONE, SPM, BPE, WPM, UGM, RWKV, PLAMO2, TEST
+    vocab_size: int  # tokens llama.cpp loads (length of tokenizer.ggml.tokens)
+    bos_token_id: int | None  # None: llama.cpp's LLAMA_TOKEN_NULL
+    eos_token_id: int | None
+    add_bos: bool  # llama.cpp's effective value, its default when the key is absent
+    add_eos: bool
+    expert_count: int | None
+    expert_used_count: int | None
+    recurrent_kind: str | None  # "recurrent", "hybrid" or None (plain transformer)
+    token_texts: tuple[str, ...] = field(repr=False)  # as llama.cpp stores them
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.expert_count)
+
+    @property
+    def expert_override_key(self) -> str | None:
+        """The key `--override-kv KEY=int:N` must name to change the active experts."""
+        return f"{self.architecture}.expert_used_count" if self.is_moe else None
+
+    @property
+    def is_recurrent(self) -> bool:
+        return self.recurrent_kind is not None
+
+    @property
+    def quantization(self) -> str | None:
+        return self.file_type or self.dominant_tensor_type
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (the token texts left out)."""
+        return {
+            "path": str(self.path),
+            "file_size_bytes": self.file_size_bytes,
+            "architecture": self.architecture,
+            "name": self.name,
+            "parameter_count": self.parameter_count,
+            "weights_bytes": self.weights_bytes,
+            "file_type": self.file_type,
+            "dominant_tensor_type": self.dominant_tensor_type,
+            "quantization": self.quantization,
+            "context_length": self.context_length,
+            "block_count": self.block_count,
+            "embedding_length": self.embedding_length,
+            "vocab_model": self.vocab_model,
+            "vocab_pre": self.vocab_pre,
+            "vocab_type": self.vocab_type,
+            "vocab_size": self.vocab_size,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "add_bos": self.add_bos,
+            "add_eos": self.add_eos,
+            "is_moe": self.is_moe,
+            "expert_count": self.expert_count,
+            "expert_used_count": self.expert_used_count,
+            "expert_override_key": self.expert_override_key,
+            "is_recurrent": self.is_recurrent,
+            "recurrent_kind": self.recurrent_kind,
+        }
+
+
+@dataclass(frozen=True)
+class Compatibility:
+    """Whether llama.cpp will speculate with this draft; ``reasons`` say why not.
+
+    ``warnings`` do not stop speculation but change what it costs (e.g. a recurrent
+    target, which the pinned server speculates on with state checkpoints).
+    """
+
+    ok: bool
+    reasons: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+
+
+def read_model_info(path: str | Path) -> ModelInfo:
+    """Read a GGUF's header; any unreadable or malformed file is a one-line UserError."""
+    path = Path(path)
+    reader = _open_reader(path)
+    fields = reader.fields
+    size = path.stat().st_size
+
+    def value(key: str) -> Any:
+        f = fields.get(key)
+        return None if f is None else f.contents()
+
+    def integer(key: str) -> int | None:
+        raw = value(key)
+        if raw is None:
+            return None
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise UserError(f"{path}: metadata {key} is {raw!r}, expected an integer")
+        return raw
+
+    arch = value("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise UserError(f"{path}: no general.architecture key; not a llama.cpp model GGUF")
+    vocab_model = value("tokenizer.ggml.model")
+    if vocab_model is None:
+        raise UserError(f"{path}: no tokenizer.ggml.model key; llama.cpp cannot load it as a model")
+    if vocab_model not in _TOKENIZERS:
+        raise UserError(f"{path}: unknown tokenizer.ggml.model {vocab_model!r}; "
+                        "the pinned llama.cpp refuses to load it")
+    vocab_type, bos, eos, add_bos, add_eos = _TOKENIZERS[vocab_model]
+    vocab_pre = value("tokenizer.ggml.pre")
+    if vocab_model == "gemma4":
+        vocab_pre = "gemma4"  # llama.cpp overrides the pre-tokenizer for this model
+
+    texts = _token_texts(path, fields, vocab_type, integer(f"{arch}.vocab_size"))
+    if vocab_type == "BPE" and vocab_pre in _BPE_PRE_ADD_BOS:
+        add_bos = True
+    if vocab_type == "BPE" and vocab_pre in _BPE_PRE_NO_BOS:
+        bos = None
+    if vocab_type != "NONE":  # llama.cpp returns before reading any special-token key
+        bos = _special_id(bos, integer("tokenizer.ggml.bos_token_id"), len(texts))
+        eos = _special_id(eos, integer("tokenizer.ggml.eos_token_id"), len(texts))
+        if value("tokenizer.ggml.add_bos_token") is not None:
+            add_bos = bool(value("tokenizer.ggml.add_bos_token"))
+        if value("tokenizer.ggml.add_eos_token") is not None:
+            add_eos = bool(value("tokenizer.ggml.add_eos_token"))
+        if vocab_type == "BPE" and vocab_pre in _PRE_FORCE_ADD_BOS:
+            add_bos = True
+
+    bytes_by_type: Counter[str] = Counter()
+    for tensor in reader.tensors:
+        bytes_by_type[tensor.tensor_type.name] += int(tensor.n_bytes)
+
+    return ModelInfo(
+        path=path,
+        file_size_bytes=size,
+        architecture=arch,
+        name=value("general.name"),
+        parameter_count=sum(int(t.n_elements) for t in reader.tensors),
+        weights_bytes=sum(bytes_by_type.values()),
+        file_type=_file_type_name(integer("general.file_type")),
+        dominant_tensor_type=bytes_by_type.most_common(1)[0][0] if bytes_by_type else None,
+        context_length=integer(f"{arch}.context_length"),
+        block_count=integer(f"{arch}.block_count"),
+        embedding_length=integer(f"{arch}.embedding_length"),
+        vocab_model=vocab_model,
+        vocab_pre=vocab_pre,
+        vocab_type=vocab_type,
+        vocab_size=len(texts),
+        bos_token_id=bos,
+        eos_token_id=eos,
+        add_bos=add_bos,
+        add_eos=add_eos,
+        expert_count=integer(f"{arch}.expert_count"),
+        expert_used_count=integer(f"{arch}.expert_used_count"),
+        recurrent_kind=_recurrent_kind(arch, fields),
+        token_texts=texts,
+    )
+
+
+def check_draft_compatibility(target: ModelInfo, draft: ModelInfo) -> Compatibility:
+    """The checks of the pinned ``common_speculative_are_compatible``, all of them reported.
+
+    llama.cpp stops at the first failing check; the verdict is the same, but listing
+    every failure tells the user whether a different draft of the same family would do.
+    """
+    reasons: list[str] = []
+    if target.vocab_type != draft.vocab_type:
+        reasons.append(f"vocab type differs: target {target.vocab_type} ({target.vocab_model}), "
+                       f"draft {draft.vocab_type} ({draft.vocab_model})")
+    for label, add_field, id_field in (("BOS", "add_bos", "bos_token_id"), ("EOS", "add_eos", "eos_token_id")):
+        t_add, d_add = getattr(target, add_field), getattr(draft, add_field)
+        t_id, d_id = getattr(target, id_field), getattr(draft, id_field)
+        if t_add != d_add or (t_add and t_id != d_id):
+            reasons.append(f"{label} differs: target {add_field}={t_add} id={t_id}, "
+                           f"draft {add_field}={d_add} id={d_id}")
+    size_diff = abs(target.vocab_size - draft.vocab_size)
+    if size_diff > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
+        reasons.append(f"vocab sizes differ by {size_diff} (target {target.vocab_size}, "
+                       f"draft {draft.vocab_size}; llama.cpp allows {SPEC_VOCAB_MAX_SIZE_DIFFERENCE})")
+    else:  # llama.cpp compares texts only once the sizes are close
+        mismatch = _first_text_mismatch(target.token_texts, draft.token_texts)
+        if mismatch is not None:
+            i = mismatch
+            reasons.append(f"token {i} differs: target {target.token_texts[i]!r}, "
+                           f"draft {draft.token_texts[i]!r}")
+    warnings = [
+        f"{role} is a {info.recurrent_kind} model ({info.architecture}): the pinned llama-server "
+        "speculates on it by checkpointing its state, which costs memory and time per draft"
+        for role, info in (("target", target), ("draft", draft)) if info.is_recurrent
+    ]
+    return Compatibility(ok=not reasons, reasons=tuple(reasons), warnings=tuple(warnings))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", type=Path, help="the target model (.gguf)")
+    parser.add_argument("drafts", type=Path, nargs="*", metavar="DRAFT",
+                        help="candidate draft models to check against the target")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.epilog = ("Exit status is 0 whenever every file could be read, even if a draft is "
+                     "incompatible (that is the answer, not a failure); 2 if a file is missing "
+                     "or not a readable GGUF.")
+
+
+def run(args: argparse.Namespace) -> int:
+    target = read_model_info(args.model)
+    drafts = [read_model_info(p) for p in args.drafts]
+    checks = [check_draft_compatibility(target, d) for d in drafts]
+    if args.json:
+        print(json.dumps({
+            "target": target.to_dict(),
+            "drafts": [
+                {"path": str(d.path), "compatible": c.ok, "reasons": list(c.reasons),
+                 "warnings": list(c.warnings), "info": d.to_dict()}
+                for d, c in zip(drafts, checks)
+            ],
+        }, indent=2))
+        return 0
+    print(format_model_info(target))
+    for draft, check in zip(drafts, checks):
+        print(format_compatibility(draft, check))
+    return 0
+
+
+def format_model_info(info: ModelInfo) -> str:
+    """Aligned ``key: value`` lines for a person reading the terminal."""
+    if info.is_moe:
+        experts = (f"{info.expert_count} total, {info.expert_used_count} used; change with "
+                   f"--override-kv {info.expert_override_key}=int:N")
+    else:
+        experts = "none (dense)"
+    quant = info.quantization or "unknown"
+    if info.file_type and info.dominant_tensor_type and info.dominant_tensor_type != info.file_type:
+        quant += f" (most bytes in {info.dominant_tensor_type} tensors)"
+    rows = [
+        ("model", str(info.path)),
+        ("architecture", info.architecture + (f" ({info.name})" if info.name else "")),
+        ("file size", f"{info.file_size_bytes / _MIB:.1f} MiB"),
+        ("parameters", f"{_human_count(info.parameter_count)} ({info.parameter_count})"),
+        ("weights", f"{info.weights_bytes / _MIB:.1f} MiB"),
+        ("quantization", quant),
+        ("context length", _or_unknown(info.context_length)),
+        ("layers", _or_unknown(info.block_count)),
+        ("vocab", f"{info.vocab_type} ({info.vocab_model}), {info.vocab_size} tokens"),
+        ("BOS", _special_text(info.bos_token_id, info.add_bos)),
+        ("EOS", _special_text(info.eos_token_id, info.add_eos)),
+        ("MoE experts", experts),
+        ("recurrent", f"yes ({info.recurrent_kind})" if info.is_recurrent else "no"),
+    ]
+    width = max(len(key) for key, _ in rows) + 1
+    return "\n".join(f"{key + ':':<{width}} {val}" for key, val in rows)
+
+
+def format_compatibility(draft: ModelInfo, check: Compatibility) -> str:
+    line = f"draft {draft.path}: " + ("compatible" if check.ok else "INCOMPATIBLE: " + "; ".join(check.reasons))
+    return line + "".join(f"; warning: {w}" for w in check.warnings)
+
+
+def _open_reader(path: Path) -> Any:
+    """A GGUFReader over ``path``, with every way of failing turned into a UserError."""
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory; pass a .gguf model file")
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file; pass a .gguf model") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
+    if magic != _GGUF_MAGIC:
+        what = "empty file" if not magic else f"bad magic {magic!r}"
+        raise UserError(f"{path}: not a GGUF file ({what}); pass a .gguf model")
+
+    from gguf import GGUFReader  # imported here so `tuner --help` stays fast
+
+    try:
+        return GGUFReader(path)
+    except Exception as err:  # the reader fails in many ways on truncated or corrupt input
+        raise UserError(f"{path}: truncated or corrupt GGUF ({type(err).__name__}: {err})") from None
+
+
+def _token_texts(path: Path, fields: Any, vocab_type: str, arch_vocab_size: int | None) -> tuple[str, ...]:
+    """Token texts as llama.cpp keeps them: empty ones renamed, dummies for vocab-less models."""
+    if vocab_type == "NONE":
+        return ("",) * (arch_vocab_size or 0)
+    tokens = fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise UserError(f"{path}: no tokenizer.ggml.tokens key; llama.cpp cannot load its vocab")
+    try:
+        texts = tokens.contents()
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: tokenizer.ggml.tokens holds invalid UTF-8 ({err})") from None
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise UserError(f"{path}: tokenizer.ggml.tokens is not an array of strings")
+    return tuple(t if t else f"[EMPTY_{i}]" for i, t in enumerate(texts))
+
+
+def _special_id(default: int | None, from_key: int | None, n_tokens: int) -> int | None:
+    """llama.cpp's rule: defaults outside the vocab become NULL; out-of-range keys are ignored."""
+    if default is not None and default >= n_tokens:
+        default = None
+    if from_key is None or not 0 <= from_key < n_tokens:
+        return default
+    return from_key
+
+
+def _recurrent_kind(arch: str, fields: Any) -> str | None:
+    """llama.cpp decides by architecture; SSM/WKV keys also catch architectures newer than it."""
+    if arch in RECURRENT_ARCHITECTURES:
+        return "recurrent"
+    if arch in HYBRID_ARCHITECTURES:
+        return "hybrid"
+    if any(key.startswith((f"{arch}.ssm.", f"{arch}.wkv.")) for key in fields):
+        return "recurrent"
+    return None
+
+
+def _file_type_name(file_type: int | None) -> str | None:
+    if file_type is None:
+        return None
+    from gguf import LlamaFileType
+
+    try:
+        name = LlamaFileType(file_type).name
+    except ValueError:
+        return f"file_type {file_type}"
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def _first_text_mismatch(a: tuple[str, ...], b: tuple[str, ...]) -> int | None:
+    for i in range(SPEC_VOCAB_CHECK_START_TOKEN_ID, min(len(a), len(b))):
+        if a[i] != b[i]:
+            return i
+    return None
+
+
+def _human_count(n: int) -> str:
+    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
+
+
+def _special_text(token_id: int | None, added: bool) -> str:
+    return f"id {'none' if token_id is None else token_id}, {'added' if added else 'not added'}"
+
+
+def _or_unknown(value: int | None) -> str:
+    return "unknown" if value is None else str(value)

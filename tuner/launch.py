@@ -1,0 +1,127 @@
+"""TrialConfig -> argv: the one pure function that decides how llama-server is launched.
+
+The argv is ``[numactl ...] llama-server --model TARGET [flags]``: a list, never a
+shell string, so no configuration value can inject shell syntax. The runner appends
+``--host``/``--port`` (it picks the port); the full command is stored with every trial
+and exported as the production command.
+
+Pinning (documented order): threads go one per physical core, node by node, lowest
+sibling first (``hardware.cpus_for_threads``); SMT siblings only when the space sets
+``allow_smt``. With numactl the CPUs are fixed by ``--physcpubind`` and the memory
+policy by ``--interleave=all`` (interleave) or ``--membind=N`` (bind, CPUs taken from
+node N); llama.cpp is then told ``--numa numactl`` so it follows numactl's CPU map.
+``distribute``/``isolate`` are llama.cpp's own ``--numa`` strategies. Without numactl
+the CPUs are pinned by llama.cpp itself (``--cpu-mask`` with ``--cpu-strict 1``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.failures import FailureReason, TrialFailure
+from tuner.errors import UserError
+from tuner.hardware import Topology, cpus_for_threads, format_cpu_list
+from tuner.space import TrialConfig
+
+# Which flag carries the draft length K for each speculative type of the pinned build.
+K_FLAGS = {
+    "draft-simple": "--spec-draft-n-max",
+    "ngram-simple": "--spec-ngram-simple-size-m",
+    "ngram-map-k": "--spec-ngram-map-k-size-m",
+    "ngram-map-k4v": "--spec-ngram-map-k4v-size-m",
+    "ngram-mod": "--spec-ngram-mod-n-max",
+}
+MIN_FLAGS = {"draft-simple": "--spec-draft-n-min", "ngram-mod": "--spec-ngram-mod-n-min"}
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What is fixed for a whole study: binaries, models, machine, server settings."""
+
+    server_binary: Path
+    target: Path
+    drafts: dict[str, Path]
+    expert_override_key: str | None
+    topology: Topology
+    numactl: str | None
+    ctx_size: int
+    allow_smt: bool = False
+    extra_args: tuple[str, ...] = ()
+
+
+def pinned_cpus(config: TrialConfig, ctx: LaunchContext) -> list[int]:
+    node = config.numa_node if config.numa == "bind" else None
+    try:
+        return cpus_for_threads(ctx.topology, config.threads, node=node, allow_smt=ctx.allow_smt)
+    except UserError as err:
+        raise TrialFailure(FailureReason.INVALID_CONFIG, str(err)) from err
+
+
+def cpu_mask(cpus: list[int]) -> str:
+    return hex(sum(1 << cpu for cpu in cpus))
+
+
+def build_server_argv(config: TrialConfig, ctx: LaunchContext) -> list[str]:
+    """The command line of one trial's llama-server; the runner appends --host/--port."""
+    cpus = pinned_cpus(config, ctx)
+    prefix: list[str] = []
+    flags: list[str] = []
+    if ctx.numactl:
+        prefix = [ctx.numactl, f"--physcpubind={format_cpu_list(cpus)}"]
+        if config.numa == "interleave":
+            prefix.append("--interleave=all")
+        elif config.numa == "bind":
+            prefix.append(f"--membind={config.numa_node}")
+        if config.numa in ("interleave", "bind"):
+            flags += ["--numa", "numactl"]
+    else:
+        if config.numa in ("interleave", "bind"):
+            raise TrialFailure(FailureReason.INVALID_CONFIG, f"numa={config.numa} needs numactl; install it")
+        flags += ["--cpu-mask", cpu_mask(cpus), "--cpu-strict", "1"]
+    if config.numa in ("distribute", "isolate"):
+        flags += ["--numa", config.numa]
+
+    threads_batch = config.threads_batch or config.threads
+    argv = [
+        *prefix,
+        str(ctx.server_binary),
+        "--model", str(ctx.target),
+        "--ctx-size", str(ctx.ctx_size),
+        "--parallel", "1",
+        "--threads", str(config.threads),
+        "--threads-batch", str(threads_batch),
+        "--no-webui",
+        *flags,
+    ]
+    if config.experts is not None and ctx.expert_override_key:
+        argv += ["--override-kv", f"{ctx.expert_override_key}=int:{config.experts}"]
+    argv += speculative_flags(config, ctx)
+    argv += list(ctx.extra_args)
+    return argv
+
+
+def speculative_flags(config: TrialConfig, ctx: LaunchContext) -> list[str]:
+    """``--spec-type`` is always explicit: in this llama.cpp ``-md`` alone does not draft."""
+    if not config.speculative:
+        return []
+    flags = ["--spec-type", config.spec_type]
+    if config.spec_type == "draft-simple":
+        if config.draft not in ctx.drafts:
+            raise TrialFailure(FailureReason.INVALID_CONFIG, f"unknown draft {config.draft!r}")
+        flags += [
+            "--spec-draft-model", str(ctx.drafts[config.draft]),
+            "--spec-draft-threads", str(config.threads),
+            "--spec-draft-threads-batch", str(config.threads_batch or config.threads),
+        ]
+        if config.draft_p_min is not None:
+            flags += ["--spec-draft-p-min", f"{config.draft_p_min:g}"]
+    if config.spec_type in K_FLAGS and config.draft_max is not None:
+        flags += [K_FLAGS[config.spec_type], str(config.draft_max)]
+    if config.spec_type in MIN_FLAGS:
+        # ngram-mod's own default minimum (48) exceeds small K, so it is always set.
+        default_min = 0 if config.spec_type == "draft-simple" else 1
+        n_min = config.draft_min if config.draft_min is not None else default_min
+        if config.spec_type == "ngram-mod" or config.draft_min is not None:
+            flags += [MIN_FLAGS[config.spec_type], str(min(n_min, config.draft_max or n_min))]
+    return flags

@@ -1,0 +1,330 @@
+"""The search space: knob domains from YAML, resolved against the model and the machine.
+
+A search-space file maps knob names to domains. A domain is a scalar (fixed value), a
+list (categorical choices), or a mapping ``{low, high, step, log}`` (a range). The
+file's domains are then *resolved* for one study: knobs that cannot apply disappear
+(no expert knob for a dense model, no draft knob without compatible drafts), NUMA
+policies collapse to what the topology makes meaningful, and thread ranges are
+checked against the physical cores. ``suggest`` turns an Optuna trial into an
+immutable ``TrialConfig``, asking only for the knobs that apply to the choices
+already made (K only when speculating, the draft model only for draft-simple).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Union
+
+from tuner.validate import Fields
+
+# Speculative types of the pinned llama.cpp (`--spec-type`) that need no extra files.
+# draft-eagle3/mtp/dflash/dspark need model-specific sidecars and are not offered.
+SPEC_TYPES = ("none", "draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+# The types whose draft length K we set (ngram-cache drafts a fixed 8 in this version).
+SPEC_TYPES_WITH_K = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+NUMA_POLICIES = ("none", "interleave", "bind", "distribute", "isolate")
+
+KNOB_TYPES: dict[str, type] = {
+    "spec_type": str,
+    "draft": str,
+    "draft_max": int,
+    "draft_min": int,
+    "draft_p_min": float,
+    "temperature": float,
+    "experts": int,
+    "numa": str,
+    "threads": int,
+    "threads_batch": int,
+}
+KNOB_HELP = {
+    "spec_type": f"speculative decoding type, one of {', '.join(SPEC_TYPES)}",
+    "draft": "draft model name (file stem) among the study's compatible drafts",
+    "draft_max": "draft length K (--spec-draft-n-max, or the n-gram type's size-m)",
+    "draft_min": "minimum draft length (--spec-draft-n-min / --spec-ngram-mod-n-min)",
+    "draft_p_min": "minimum draft probability (--spec-draft-p-min), draft-simple only",
+    "temperature": "sampling temperature, sent per request",
+    "experts": "MoE active experts (--override-kv ARCH.expert_used_count=int:N), MoE targets only",
+    "numa": f"NUMA policy, one of {', '.join(NUMA_POLICIES)}; collapses to what the machine supports",
+    "threads": "generation threads (-t), pinned one per physical core",
+    "threads_batch": "batch/prompt threads (-tb); default: same as threads",
+}
+
+
+@dataclass(frozen=True)
+class Choices:
+    values: tuple
+
+
+@dataclass(frozen=True)
+class IntRange:
+    low: int
+    high: int
+    step: int = 1
+    log: bool = False
+
+
+@dataclass(frozen=True)
+class FloatRange:
+    low: float
+    high: float
+    step: float | None = None
+    log: bool = False
+
+
+Domain = Union[Choices, IntRange, FloatRange]
+
+
+@dataclass(frozen=True)
+class RawSpace:
+    """Domains as written, before the model and machine are known."""
+
+    domains: dict[str, Domain]
+    allow_smt: bool = False
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """One launch configuration: everything the argv builder and the workload need."""
+
+    spec_type: str = "none"
+    draft: str | None = None
+    draft_max: int | None = None
+    draft_min: int | None = None
+    draft_p_min: float | None = None
+    temperature: float = 0.0
+    experts: int | None = None
+    numa: str = "none"
+    numa_node: int | None = None
+    threads: int = 1
+    threads_batch: int | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.spec_type != "none"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ResolvedSpace:
+    """The domains of one study, on one machine, for one target model."""
+
+    domains: dict[str, Domain]
+    default_experts: int | None
+    physical_cores: int
+    allow_smt: bool
+    notes: tuple[str, ...] = field(default=())
+
+    def digest(self) -> str:
+        """A stable hash: resuming a study with a different space is refused."""
+        payload = {name: [type(d).__name__, asdict(d)] for name, d in sorted(self.domains.items())}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()[:16]
+
+    def describe(self) -> dict[str, Any]:
+        return {name: [type(d).__name__, asdict(d)] for name, d in self.domains.items()}
+
+
+def parse_domain(fields: Fields, knob: str) -> Domain:
+    """One knob's domain from YAML: scalar, list of choices, or {low, high, step, log}."""
+    kind = KNOB_TYPES[knob]
+    value = fields.raw(knob)
+
+    def check(v: Any, where: str) -> Any:
+        ok = isinstance(v, kind) and not isinstance(v, bool)
+        if kind is float and isinstance(v, int) and not isinstance(v, bool):
+            ok, v = True, float(v)
+        if not ok:
+            fields.fail(where, f"expected {kind.__name__} values, got {type(v).__name__} {v!r}")
+        if knob == "spec_type" and v not in SPEC_TYPES:
+            fields.fail(where, f"unknown speculative type {v!r}; use one of {', '.join(SPEC_TYPES)}")
+        if knob == "numa" and v not in NUMA_POLICIES:
+            fields.fail(where, f"unknown NUMA policy {v!r}; use one of {', '.join(NUMA_POLICIES)}")
+        if kind in (int, float) and v < 0:
+            fields.fail(where, f"must not be negative, got {v}")
+        return v
+
+    if isinstance(value, list):
+        if not value:
+            fields.fail(knob, "empty list of choices; give at least one value")
+        values = tuple(check(v, f"{knob}[{i}]") for i, v in enumerate(value))
+        if len(set(values)) != len(values):
+            fields.fail(knob, "duplicate choices; list each value once")
+        return Choices(values)
+    if isinstance(value, dict):
+        if kind is str:
+            fields.fail(knob, "a range makes no sense here; give a list of choices")
+        sub = Fields(fields.file, value, fields.name(knob))
+        low = check(sub.raw("low"), f"{knob}.low")
+        high = check(sub.raw("high"), f"{knob}.high")
+        log = sub.bool("log", False)
+        step = sub.raw("step", None)
+        sub.done()
+        if low > high:
+            fields.fail(knob, f"empty range: low {low} > high {high}; swap them")
+        if log and low <= 0:
+            fields.fail(knob, "a log range needs low > 0")
+        if step is not None:
+            step = check(step, f"{knob}.step")
+            if step <= 0:
+                fields.fail(f"{knob}.step", f"must be > 0, got {step}")
+            if log:
+                fields.fail(knob, "step and log cannot be combined (Optuna refuses it); drop one")
+        if kind is int:
+            return IntRange(low, high, step or 1, log)
+        return FloatRange(low, high, step, log)
+    return Choices((check(value, knob),))
+
+
+def parse_space(fields: Fields) -> RawSpace:
+    """A search-space mapping (a file, or a study's overrides merged over one)."""
+    allow_smt = fields.bool("allow_smt", False)
+    domains = {}
+    for key in list(fields.data):
+        if key == "allow_smt":
+            continue
+        if key not in KNOB_TYPES:
+            fields.fail(key, f"unknown knob; known knobs: {', '.join(KNOB_TYPES)} (and allow_smt)")
+        domains[key] = parse_domain(fields, key)
+    fields.done()
+    return RawSpace(domains, allow_smt)
+
+
+def resolve_space(
+    raw: RawSpace,
+    *,
+    fields: Fields,
+    draft_names: tuple[str, ...],
+    expert_used_count: int | None,
+    expert_count: int | None,
+    physical_cores: int,
+    logical_cpus: int,
+    numa_policies: tuple[str, ...],
+    numa_nodes: tuple[int, ...],
+) -> ResolvedSpace:
+    """Fit the written space to this target and machine; refuse what cannot work."""
+    domains = dict(raw.domains)
+    notes: list[str] = []
+
+    spec = domains.get("spec_type", Choices(("none",)))
+    assert isinstance(spec, Choices)
+    spec_values = list(spec.values)
+    if "draft-simple" in spec_values and not draft_names:
+        if spec_values == ["draft-simple"]:
+            fields.fail("search_space.spec_type", "draft-simple needs draft models; list compatible ones under `drafts`")
+        spec_values.remove("draft-simple")
+        notes.append("spec_type: draft-simple dropped (the study lists no drafts)")
+    if "none" not in spec_values:
+        spec_values.insert(0, "none")  # the baseline trial runs without speculation
+    domains["spec_type"] = Choices(tuple(spec_values))
+
+    if "draft-simple" in spec_values:
+        wanted = domains.get("draft", Choices(draft_names))
+        assert isinstance(wanted, Choices)
+        unknown = [d for d in wanted.values if d not in draft_names]
+        if unknown:
+            fields.fail("search_space.draft", f"{unknown[0]!r} is not one of the study's drafts ({', '.join(draft_names)})")
+        domains["draft"] = wanted
+    else:
+        domains.pop("draft", None)
+    if not any(t in SPEC_TYPES_WITH_K for t in spec_values):
+        for knob in ("draft_max", "draft_min", "draft_p_min"):
+            domains.pop(knob, None)
+    elif "draft_max" not in domains:
+        domains["draft_max"] = Choices((3,))  # llama.cpp's own default K
+
+    if expert_used_count:
+        experts = domains.get("experts", IntRange(1, expert_used_count))
+        top = max(experts.values) if isinstance(experts, Choices) else experts.high
+        low = min(experts.values) if isinstance(experts, Choices) else experts.low
+        if low < 1 or top > (expert_count or expert_used_count):
+            fields.fail(
+                "search_space.experts",
+                f"must lie within 1..{expert_count or expert_used_count} (the model's expert count)",
+            )
+        domains["experts"] = experts
+    elif "experts" in domains:
+        domains.pop("experts")
+        notes.append("experts: dropped (the target is not a mixture-of-experts model)")
+
+    numa = domains.get("numa", Choices(("none",)))
+    assert isinstance(numa, Choices)
+    kept = tuple(p for p in numa.values if p in numa_policies)
+    if set(kept) != set(numa.values):
+        notes.append(
+            f"numa: {', '.join(p for p in numa.values if p not in kept)} not meaningful on this machine "
+            f"({len(numa_nodes)} NUMA node(s)); kept {', '.join(kept) or 'none'}"
+        )
+    if "none" not in kept:
+        kept = ("none",) + kept  # the baseline runs without a NUMA policy
+    domains["numa"] = Choices(kept)
+    if "bind" in kept:
+        domains["numa_node"] = Choices(numa_nodes)
+
+    limit = logical_cpus if raw.allow_smt else physical_cores
+    for knob in ("threads", "threads_batch"):
+        dom = domains.get(knob)
+        if dom is None:
+            if knob == "threads":
+                domains[knob] = IntRange(1, physical_cores)
+            continue
+        top = max(dom.values) if isinstance(dom, Choices) else dom.high
+        low = min(dom.values) if isinstance(dom, Choices) else dom.low
+        if low < 1:
+            fields.fail(f"search_space.{knob}", "needs at least 1 thread")
+        if top > limit:
+            what = "logical CPUs" if raw.allow_smt else "physical cores (set allow_smt: true to use SMT siblings)"
+            fields.fail(f"search_space.{knob}", f"{top} threads exceed the {limit} {what} of this machine; lower it")
+
+    return ResolvedSpace(domains, expert_used_count, physical_cores, raw.allow_smt, tuple(notes))
+
+
+def _suggest(trial, name: str, domain: Domain) -> Any:
+    if isinstance(domain, Choices):
+        return trial.suggest_categorical(name, list(domain.values))
+    if isinstance(domain, IntRange):
+        return trial.suggest_int(name, domain.low, domain.high, step=domain.step, log=domain.log)
+    return trial.suggest_float(name, domain.low, domain.high, step=domain.step, log=domain.log)
+
+
+def suggest(trial, space: ResolvedSpace) -> TrialConfig:
+    """Ask Optuna for one configuration; conditional knobs only where they apply."""
+    d = space.domains
+    values: dict[str, Any] = {"spec_type": _suggest(trial, "spec_type", d["spec_type"])}
+    spec_type = values["spec_type"]
+    if spec_type == "draft-simple":
+        values["draft"] = _suggest(trial, "draft", d["draft"])
+        if "draft_p_min" in d:
+            values["draft_p_min"] = _suggest(trial, "draft_p_min", d["draft_p_min"])
+    if spec_type in SPEC_TYPES_WITH_K:
+        values["draft_max"] = _suggest(trial, "draft_max", d["draft_max"])
+        if "draft_min" in d and spec_type in ("draft-simple", "ngram-mod"):
+            values["draft_min"] = min(_suggest(trial, "draft_min", d["draft_min"]), values["draft_max"])
+    for knob in ("temperature", "experts", "numa"):
+        if knob in d:
+            values[knob] = _suggest(trial, knob, d[knob])
+    if values.get("numa") == "bind":
+        values["numa_node"] = _suggest(trial, "numa_node", d["numa_node"])
+    values["threads"] = _suggest(trial, "threads", d["threads"])
+    if "threads_batch" in d:
+        values["threads_batch"] = _suggest(trial, "threads_batch", d["threads_batch"])
+    return TrialConfig(**values)
+
+
+def baseline_config(space: ResolvedSpace) -> TrialConfig:
+    """The reference: target alone, all default experts, greedy, one thread per physical core."""
+    return TrialConfig(spec_type="none", temperature=0.0, experts=space.default_experts, numa="none",
+                       threads=_baseline_threads(space))
+
+
+def _baseline_threads(space: ResolvedSpace) -> int:
+    dom = space.domains["threads"]
+    top = max(dom.values) if isinstance(dom, Choices) else dom.high
+    return min(top, space.physical_cores)
+
+
+def enqueue_params(config: TrialConfig, space: ResolvedSpace) -> dict[str, Any]:
+    """The Optuna params that make ``suggest`` return ``config`` (for enqueue_trial)."""
+    return {k: v for k, v in config.as_dict().items() if k in space.domains or k == "numa_node"}

@@ -1,0 +1,213 @@
+"""Study files (``studies/NAME.yaml``): read and validate everything before anything runs.
+
+A study names a target model, candidate drafts, a search space (a file plus per-study
+overrides), a workload, objectives, a quality floor, measurement settings, a budget,
+the storage and the sampler. Paths may use ``${VAR}`` and are relative to the study
+file. Any bad field is one line naming the file, the field and the fix; nothing is
+written until the whole file (and the models it names) has been checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.paths import storage_dir
+from tuner.space import RawSpace, parse_space
+from tuner.validate import Fields, expand_env, load_yaml_mapping
+
+METRICS = {"tokens_per_second": "maximize", "acceptance": "maximize", "quality": "maximize", "speedup": "maximize"}
+QUALITY_SCORERS = ("agreement", "answers", "perplexity")
+SAMPLERS = ("tpe", "nsga2", "random")
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: str
+    direction: str
+
+
+@dataclass(frozen=True)
+class QualitySpec:
+    """How output quality is scored; see tuner.quality for which scorer suits which knob."""
+
+    scorer: str = "agreement"
+    floor: float = 0.95
+    text_file: Path | None = None  # perplexity scorer only
+
+
+@dataclass(frozen=True)
+class MeasurementSpec:
+    warmup: int = 1
+    repetitions: int = 3
+    n_predict: int = 128
+    ctx_size: int = 2048
+    seed: int = 42
+    noise_cv: float = 0.10
+    trial_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    path: Path
+    name: str
+    target: Path
+    drafts: tuple[Path, ...]
+    space: RawSpace
+    space_file: Path | None
+    suites: tuple[str, ...]
+    objectives: tuple[Objective, ...]
+    quality: QualitySpec
+    measurement: MeasurementSpec
+    budget_trials: int
+    budget_minutes: float | None
+    storage: str
+    sampler: str
+    seed: int
+    warm_start: tuple[dict[str, Any], ...] = field(default=())
+    bin_dir: Path | None = None
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    def draft_names(self) -> tuple[str, ...]:
+        return tuple(p.stem for p in self.drafts)
+
+
+def default_storage_url() -> str:
+    """One SQLite file for all studies, so the dashboard sees them all."""
+    return f"sqlite:///{storage_dir() / 'studies.db'}"
+
+
+def _path(fields: Fields, key: str, raw: str, base: Path) -> Path:
+    path = Path(expand_env(raw, fields.file, fields.name(key))).expanduser()
+    return path if path.is_absolute() else (base / path)
+
+
+def _model_path(fields: Fields, key: str, raw: Any, base: Path) -> Path:
+    if not isinstance(raw, str) or not raw.strip():
+        fields.fail(key, f"expected a path to a .gguf file, got {raw!r}")
+    path = _path(fields, key, raw, base)
+    if not path.exists():
+        fields.fail(key, f"{path} does not exist; fix the path (or run `make models` for the built-in ones)")
+    if path.is_dir():
+        fields.fail(key, f"{path} is a directory; point at the .gguf file")
+    return path
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Read and check a study file (not yet the models' contents: see study.prepare)."""
+    path = Path(path)
+    fields = Fields(path, load_yaml_mapping(path))
+    base = path.parent.resolve()
+
+    name = fields.str("name", path.stem)
+    target = _model_path(fields, "target", fields.raw("target"), base)
+    drafts = tuple(_model_path(fields, f"drafts[{i}]", d, base) for i, d in enumerate(fields.list("drafts", [])))
+    stems = [d.stem for d in drafts]
+    if len(set(stems)) != len(stems):
+        fields.fail("drafts", "two drafts share a file name; drafts are named by file stem, rename one")
+
+    space_section = fields.section("search_space")
+    space_file = None
+    merged: dict[str, Any] = {}
+    if space_section.has("file"):
+        space_file = _path(space_section, "file", space_section.str("file"), base)
+        merged.update(load_yaml_mapping(space_file))
+        parse_space(Fields(space_file, dict(merged)))  # errors point at the space file itself
+    overrides = space_section.raw("overrides", {})
+    if not isinstance(overrides, dict):
+        space_section.fail("overrides", "expected a mapping of knob: domain")
+    merged.update(overrides)
+    space_section.done()
+    space = parse_space(Fields(path, merged, "search_space"))
+
+    workload = fields.section("workload")
+    suites = workload.list("suites", ["code"])
+    if not suites or not all(isinstance(s, str) and s for s in suites):
+        workload.fail("suites", "expected a non-empty list of suite names or files")
+    n_predict = workload.int("n_predict", 128, minimum=1)
+
+    objectives = []
+    for i, item in enumerate(fields.list("objectives", [{"metric": m} for m in ("tokens_per_second", "acceptance", "quality")])):
+        obj = Fields(path, item, f"objectives[{i}]")
+        metric = obj.choice("metric", tuple(METRICS))
+        direction = obj.choice("direction", ("maximize", "minimize"), METRICS[metric])
+        obj.done()
+        objectives.append(Objective(metric, direction))
+    if not objectives:
+        fields.fail("objectives", "give at least one objective")
+    if len({o.metric for o in objectives}) != len(objectives):
+        fields.fail("objectives", "an objective is listed twice")
+
+    q = fields.section("quality")
+    scorer = q.choice("scorer", QUALITY_SCORERS, "agreement")
+    floor = q.number("floor", 0.95, minimum=0.0, maximum=1.0)
+    text_file = q.str("text_file", None)
+    if scorer == "perplexity" and text_file is None:
+        q.fail("text_file", "the perplexity scorer needs a text file to score; add quality.text_file")
+    text_path = _path(q, "text_file", text_file, base) if text_file else None
+    if text_path is not None and not text_path.is_file():
+        q.fail("text_file", f"{text_path} is not a readable file")
+    q.done()
+
+    m = fields.section("measurement")
+    measurement = MeasurementSpec(
+        warmup=m.int("warmup", 1, minimum=0),
+        repetitions=m.int("repetitions", 3, minimum=1),
+        n_predict=n_predict,
+        ctx_size=m.int("ctx_size", 2048, minimum=128),
+        seed=m.int("seed", 42, minimum=0),
+        noise_cv=m.number("noise_cv", 0.10, minimum=0.0),
+        trial_timeout_s=m.number("trial_timeout_s", 600.0, minimum=1.0),
+    )
+    m.done()
+    workload.done()
+
+    b = fields.section("budget")
+    budget_trials = b.int("trials", 20, minimum=1)
+    budget_minutes = b.number("minutes", None, minimum=0.1)
+    b.done()
+
+    storage = fields.str("storage", None) or default_storage_url()
+    s = fields.section("sampler")
+    sampler = s.choice("name", SAMPLERS, "tpe")
+    seed = s.int("seed", 0, minimum=0)
+    s.done()
+
+    warm_start = fields.list("warm_start", [])
+    for i, item in enumerate(warm_start):
+        if not isinstance(item, dict):
+            fields.fail(f"warm_start[{i}]", "expected a mapping of knob: value")
+
+    llama = fields.section("llama_cpp")
+    bin_dir_raw = llama.str("bin_dir", None)
+    extra_args = llama.list("extra_args", [])
+    if not all(isinstance(a, str) for a in extra_args):
+        llama.fail("extra_args", "expected a list of strings (one argv element each; no shell syntax)")
+    llama.done()
+    fields.done()
+
+    return StudySpec(
+        path=path,
+        name=name,
+        target=target,
+        drafts=drafts,
+        space=space,
+        space_file=space_file,
+        suites=tuple(suites),
+        objectives=tuple(objectives),
+        quality=QualitySpec(scorer, floor, text_path),
+        measurement=measurement,
+        budget_trials=budget_trials,
+        budget_minutes=budget_minutes,
+        storage=storage,
+        sampler=sampler,
+        seed=seed,
+        warm_start=tuple(warm_start),
+        bin_dir=_path(llama, "bin_dir", bin_dir_raw, base) if bin_dir_raw else None,
+        extra_args=tuple(extra_args),
+    )
