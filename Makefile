@@ -11,7 +11,7 @@ APT_PACKAGES := cmake build-essential numactl
 STUDY  ?= demo
 TRIALS ?=
 
-.PHONY: setup system-packages llama models doctor inspect demo test clean-models help
+.PHONY: setup system-packages llama models doctor inspect study demo test clean-models help
 
 help:
 	@echo "make demo      run the main job end to end on the built-in synthetic models"
@@ -20,6 +20,7 @@ help:
 	@echo "make models    generate the built-in synthetic model family"
 	@echo "make doctor    print the machine fingerprint and measuring advice"
 	@echo "make inspect   inspect the built-in models' GGUF metadata and draft compatibility"
+	@echo "make study STUDY=name [TRIALS=n]   run or resume studies/NAME.yaml"
 
 # apt packages: installed only when a command is missing, so a prepared machine skips apt.
 system-packages:
@@ -51,13 +52,36 @@ doctor: llama
 inspect: models
 	$(TUNER) inspect models/synthetic/target.gguf models/synthetic/draft-large.gguf models/synthetic/draft-small.gguf models/synthetic/incompatible-draft.gguf
 
+study: models
+	$(TUNER) run studies/$(STUDY).yaml $(if $(TRIALS),--trials $(TRIALS))
+
 demo: models
-	$(TUNER) doctor --bandwidth
+	$(TUNER) doctor
 	$(MAKE) --no-print-directory inspect
-	@echo "demo: the study pipeline is not built yet; doctor, llama.cpp build and model inspection ran."
+	$(TUNER) run studies/demo.yaml $(if $(TRIALS),--trials $(TRIALS))
 
 test: models
 	$(PY) -m pytest -q
 
 clean-models:
 	rm -rf models/synthetic
+
+report: setup
+	$(TUNER) report $(STUDY)
+
+export: setup
+	$(TUNER) export $(STUDY)
+
+.PHONY: report export dashboard
+DASHBOARD_HOST ?= 127.0.0.1
+DASHBOARD_PORT ?= 8080
+dashboard: setup
+	$(TUNER) dashboard --host $(DASHBOARD_HOST) --port $(DASHBOARD_PORT)
+
+# One worker per host joins a study kept in PostgreSQL, e.g.
+#   make worker STUDY=demo STORAGE=postgresql://tuner:PASSWORD@db-host:5432/tuner
+.PHONY: worker
+STORAGE ?=
+worker: models
+	@$(PY) -c 'import psycopg2' 2>/dev/null || $(PY) -m pip install --quiet -e '.[postgres]'
+	$(TUNER) worker studies/$(STUDY).yaml $(if $(STORAGE),--storage '$(STORAGE)')

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from tuner.errors import UserError
@@ -20,6 +21,14 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("inspect", "tuner.gguf_info", "read GGUF metadata and check draft/target compatibility"),
     ("fixtures", "tuner.fixtures.cli", "generate the built-in synthetic model family"),
     ("run", "tuner.study", "run or resume a study: one pinned llama.cpp run per trial, results in Optuna storage"),
+    ("worker", "tuner.worker", "join a study shared through PostgreSQL and run its trials on this host"),
+    ("report", "tuner.report", "write a study's HTML report (fronts, effects, roofline) and CSV under reports/STUDY/"),
+    ("compare", "tuner.compare", "compare two studies (two builds or machines) on identical configurations"),
+    ("export", "tuner.export", "confirm and export a study's best configuration: serve.sh, JSON/YAML, models-preset"),
+    ("dashboard", "tuner.dashboard", "serve optuna-dashboard on the studies' storage (127.0.0.1 by default)"),
+    ("record-grid", "tuner.bench.grid", "measure every configuration of a small space into a table for bench-search"),
+    ("bench-search", "tuner.bench.replay", "replay a recorded table: trials each sampler needs to find the best configuration"),
+    ("bench", "tuner.bench.cli", "benchmark the tuner: search efficiency, overhead vs llama-bench, repeatability"),
 ]
 
 
@@ -60,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tuner {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `tuner inspect --json | head`: the reader left, not an error
+        sys.stdout = open(os.devnull, "w")
+        return 0
 
 
 if __name__ == "__main__":

@@ -82,23 +82,30 @@ def build_server_argv(config: TrialConfig, ctx: LaunchContext) -> list[str]:
     if config.numa in ("distribute", "isolate"):
         flags += ["--numa", config.numa]
 
-    threads_batch = config.threads_batch or config.threads
     argv = [
         *prefix,
         str(ctx.server_binary),
-        "--model", str(ctx.target),
+        *model_flags(config, ctx),
         "--ctx-size", str(ctx.ctx_size),
         "--parallel", "1",
-        "--threads", str(config.threads),
-        "--threads-batch", str(threads_batch),
         "--no-webui",
         *flags,
     ]
-    if config.experts is not None and ctx.expert_override_key:
-        argv += ["--override-kv", f"{ctx.expert_override_key}=int:{config.experts}"]
     argv += speculative_flags(config, ctx)
     argv += list(ctx.extra_args)
     return argv
+
+
+def model_flags(config: TrialConfig, ctx: LaunchContext) -> list[str]:
+    """The flags that decide what the target computes: shared with llama-perplexity."""
+    flags = [
+        "--model", str(ctx.target),
+        "--threads", str(config.threads),
+        "--threads-batch", str(config.threads_batch or config.threads),
+    ]
+    if config.experts is not None and ctx.expert_override_key:
+        flags += ["--override-kv", f"{ctx.expert_override_key}=int:{config.experts}"]
+    return flags
 
 
 def speculative_flags(config: TrialConfig, ctx: LaunchContext) -> list[str]:

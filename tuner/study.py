@@ -8,12 +8,14 @@ Lifecycle of ``run_study``:
    hardware fingerprint, the llama.cpp build manifest, the model metadata and the
    space digest; a resumed one is refused if any of those no longer match.
 3. The baseline trial (target alone, default experts, greedy, default threads) runs
-   first; its outputs become the quality reference and its tokens/s the speedup base.
-   Warm-start configurations are enqueued after it.
+   first, once across all workers; its outputs become the quality reference and its
+   tokens/s the speedup base. Warm-start configurations are enqueued after it.
 4. The sampler proposes the rest until the budget (trials and/or minutes) is spent;
-   the budget counts every finished trial, so a resumed study just continues.
+   the budget counts finished trials (not interrupted ones, a retried one once), so a
+   resumed study just continues.
 
-One measured trial at a time: two llama.cpp runs on one box measure each other.
+One measured trial at a time: two llama.cpp runs on one box measure each other. More
+hosts share one study through PostgreSQL (``tuner worker``, see ``tuner.worker``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -41,26 +43,35 @@ from tuner.hardware import (
     read_host_state,
     read_topology,
 )
-from tuner.launch import LaunchContext, build_server_argv
+from tuner.launch import LaunchContext, build_server_argv, model_flags
 from tuner.llama_build import binary, find_build_info, resolve_bin_dir
 from tuner.measure import MeasurementSettings, Sample, outputs_by_prompt, run_workload, summarize
 from tuner.paths import storage_dir
-from tuner.runner import LlamaServer, free_port
+from tuner.runner import LlamaServer, free_port, read_log_tail
 from tuner.space import (
     KNOB_TYPES,
     ResolvedSpace,
     TrialConfig,
     baseline_config,
-    enqueue_params,
     resolve_space,
     suggest,
 )
-from tuner.spec import StudySpec, load_spec
+from tuner.spec import StudySpec, WorkersSpec, load_spec
 from tuner import quality as quality_scorers
 from tuner.validate import Fields
+from tuner.worker import (
+    ensure_baseline,
+    fail_orphans,
+    hold_sqlite_study,
+    open_storage,
+    run_until_budget,
+    safe_url,
+    tally,
+    worker_id,
+)
 from tuner.workload import Workload, load_workload
 
-FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+INIT_WAIT_S = 10.0  # how long a joining worker waits for the study's creator to record its attrs
 
 
 @dataclass(frozen=True)
@@ -149,15 +160,17 @@ def prepare(spec: StudySpec) -> StudyContext:
     )
 
 
-def make_storage(url: str) -> optuna.storages.BaseStorage:
-    """An RDB storage; an unreachable URL is a one-line error, not a traceback."""
+def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.storages.BaseStorage:
+    """An RDB storage with heartbeats; an unreachable URL is a one-line error, not a traceback."""
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None)
+        return open_storage(url, workers)
     except Exception as err:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"storage {url}: cannot open ({first}); check the URL and that the database is reachable") from err
+        fix = ("install the database driver: pip install 'llama-tuner[postgres]'" if isinstance(err, ImportError)
+               else "check the URL and that the database is reachable")
+        raise UserError(f"storage {safe_url(url)}: cannot open ({first}); {fix}") from err
 
 
 def constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
@@ -166,19 +179,24 @@ def constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
 
 
 def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+    return sampler_for(spec.sampler, spec.seed, spec.budget_trials)
+
+
+def sampler_for(name: str, seed: int, budget_trials: int) -> optuna.samplers.BaseSampler:
     """Default TPE: multivariate with groups handles the conditional knobs (K only when
-    speculating) and the quality constraint; its startup is short because budgets are."""
-    if spec.sampler == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=spec.seed, constraints_func=constraints,
-                                             population_size=max(4, min(20, spec.budget_trials // 3)))
-    if spec.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=spec.seed)
+    speculating) and the quality constraint; its startup is short because budgets are.
+    Separate from the spec so `tuner bench-search` replays exactly these settings."""
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, constraints_func=constraints,
+                                             population_size=max(4, min(20, budget_trials // 3)))
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(
-        seed=spec.seed,
+        seed=seed,
         multivariate=True,
         group=True,
         constraints_func=constraints,
-        n_startup_trials=max(4, min(10, spec.budget_trials // 4)),
+        n_startup_trials=max(4, min(10, budget_trials // 4)),
         warn_independent_sampling=False,
     )
 
@@ -186,18 +204,24 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
 def open_study(ctx: StudyContext) -> optuna.Study:
     """Create or resume; refuse to mix hardware, builds or search spaces in one study."""
     spec = ctx.spec
-    storage = make_storage(spec.storage)
+    storage = make_storage(spec.storage, spec.workers)
     directions = [o.direction for o in spec.objectives]
-    try:
+    try:  # creation is atomic: with several workers starting at once, exactly one creates
         study = optuna.create_study(study_name=spec.name, storage=storage, directions=directions,
-                                    sampler=make_sampler(spec), load_if_exists=True)
-    except ValueError as err:
-        raise UserError(f"{spec.path}: objectives: study {spec.name!r} exists with other objectives ({err})") from err
+                                    sampler=make_sampler(spec))
+        study.set_user_attr("created_by", worker_id())
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec))
     if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
         raise UserError(f"{spec.path}: objectives: study {spec.name!r} exists with other objective directions; use a new name")
     attrs = study.user_attrs
-    if "fingerprint" not in attrs:
-        study.set_user_attr("fingerprint", ctx.fingerprint)
+    waited = time.monotonic() + INIT_WAIT_S
+    while "fingerprint" not in attrs and attrs.get("created_by") != worker_id() and time.monotonic() < waited:
+        # joining a study whose creator is recording them right now
+        time.sleep(0.2)
+        attrs = study.user_attrs
+    if "fingerprint" not in attrs:  # created here, or its creator died before recording them
+        study.set_user_attr("created_by", worker_id())
         study.set_user_attr("build", ctx.build)
         study.set_user_attr("target", ctx.target.to_dict())
         study.set_user_attr("drafts", {name: info.to_dict() for name, info in ctx.drafts.items()})
@@ -209,12 +233,13 @@ def open_study(ctx: StudyContext) -> optuna.Study:
         study.set_user_attr("spec_path", str(spec.path.resolve()))
         study.set_user_attr("workload", [p.id for p in ctx.workload.prompts])
         study.set_user_attr("measurement", asdict(ctx.settings))
+        study.set_user_attr("fingerprint", ctx.fingerprint)  # last: joining workers wait for it
         return study
     mismatch = compare_fingerprints(attrs["fingerprint"], ctx.fingerprint)
     if mismatch:
         raise UserError(
             f"study {spec.name!r} was measured on other hardware or another llama.cpp build: {mismatch[0]}; "
-            "results would not be comparable: start a new study name on this host"
+            "this host cannot add comparable trials to it: use a new study name here"
         )
     if attrs.get("space_digest") != ctx.space.digest():
         raise UserError(
@@ -238,25 +263,31 @@ class TrialRunner:
         role = trial.user_attrs.get("role", "search")
         config = suggest(trial, self.ctx.space)
         trial.set_user_attr("config", config.as_dict())
+        trial.set_user_attr("worker", worker_id())
         try:
             return self._measure(trial, config, role)
         except TrialFailure as failure:
             self._record_failure(trial, failure)
             raise
         except KeyboardInterrupt:
-            self._record_failure(trial, TrialFailure(FailureReason.INTERRUPTED, "interrupted by the user or SIGTERM"))
+            self._record_failure(trial, TrialFailure(FailureReason.INTERRUPTED, "interrupted by the user or SIGTERM",
+                                                     read_log_tail(self._log_path(trial), 40)))
             raise
+
+    def _log_path(self, trial: optuna.Trial) -> Path:
+        return self.ctx.log_dir / f"trial-{trial.number}.log"
 
     def _measure(self, trial: optuna.Trial, config: TrialConfig, role: str) -> tuple[float, ...]:
         ctx = self.ctx
         known = self._known_permanent_failure(config)
         if known:
             raise TrialFailure(FailureReason(known["reason"]),
-                               f"same configuration already failed permanently in trial {known['trial']}")
+                               f"same configuration already failed permanently in trial {known['trial']}",
+                               known["log_tail"])
         argv = build_server_argv(config, ctx.launch)
         ctx.log_dir.mkdir(parents=True, exist_ok=True)
         timeout = ctx.spec.measurement.trial_timeout_s
-        server = LlamaServer(argv, free_port(), ctx.log_dir / f"trial-{trial.number}.log",
+        server = LlamaServer(argv, free_port(), self._log_path(trial),
                              ready_timeout_s=timeout, request_timeout_s=timeout)
         trial.set_user_attr("argv", argv)
         with server:
@@ -282,7 +313,7 @@ class TrialRunner:
                 "tokens_per_second": scores.tokens_per_second,
             })
         reference = self.study.user_attrs.get("reference") or {}
-        quality = self._quality(outputs, reference)
+        quality = self._quality(config, outputs, reference)
         baseline_tps = reference.get("tokens_per_second")
         speedup = scores.tokens_per_second / baseline_tps if baseline_tps else 1.0
         metrics = {
@@ -303,12 +334,29 @@ class TrialRunner:
         trial.set_user_attr("constraint_quality", self.ctx.spec.quality.floor - quality)
         return tuple(metrics[o.metric] for o in self.ctx.spec.objectives)
 
-    def _quality(self, outputs: dict, reference: dict) -> float:
+    def _quality(self, config: TrialConfig, outputs: dict, reference: dict) -> float:
         scorer = self.ctx.spec.quality.scorer
         if scorer == "answers":
             return quality_scorers.answer_score({pid: s.text for pid, s in outputs.items()}, self.ctx.workload)
+        if scorer == "perplexity":
+            return quality_scorers.perplexity_ratio(self._perplexity(baseline_config(self.ctx.space)),
+                                                    self._perplexity(config))
         ref_tokens = {pid: tuple(tokens) for pid, tokens in reference.get("tokens", {}).items()}
         return quality_scorers.agreement({pid: tuple(s.tokens) for pid, s in outputs.items()}, ref_tokens)
+
+    def _perplexity(self, config: TrialConfig) -> float:
+        """Perplexity depends only on the model flags (experts), not on speculation or
+        temperature or threads, so it is measured once per distinct expert count."""
+        baseline = baseline_config(self.ctx.space)
+        flags = model_flags(replace(config, threads=baseline.threads, threads_batch=None), self.ctx.launch)
+        key = " ".join(flags)
+        cache = dict(self.study.user_attrs.get("perplexity", {}))
+        if key not in cache:
+            cache[key] = quality_scorers.measure_perplexity(
+                flags, self.ctx.spec.quality.text_file, bin_dir=self.ctx.launch.server_binary.parent,
+                timeout_s=self.ctx.spec.measurement.trial_timeout_s)
+            self.study.set_user_attr("perplexity", cache)
+        return cache[key]
 
     def _known_permanent_failure(self, config: TrialConfig) -> dict | None:
         """A configuration that failed for a reason that will not change is not relaunched."""
@@ -316,7 +364,7 @@ class TrialRunner:
         for past in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
             reason = past.user_attrs.get("failure_reason")
             if past.user_attrs.get("config") == wanted and reason in {r.value for r in PERMANENT}:
-                return {"trial": past.number, "reason": reason}
+                return {"trial": past.number, "reason": reason, "log_tail": past.user_attrs.get("log_tail", "")}
         return None
 
     def _record_failure(self, trial: optuna.Trial, failure: TrialFailure) -> None:
@@ -329,10 +377,6 @@ class TrialRunner:
 def sample_record(sample: Sample) -> dict:
     """A raw per-prompt sample for the trial's attrs (tokens and text left out: see outputs)."""
     return {k: v for k, v in asdict(sample).items() if k not in ("tokens", "text")}
-
-
-def finished_trials(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=FINISHED))
 
 
 def best_feasible(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
@@ -360,51 +404,42 @@ def _raise_keyboard_interrupt(signum, frame):
 
 
 def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[str], None] = print) -> optuna.Study:
-    """Run or resume a study until its budget is spent; returns the study."""
+    """Run or resume a study until its budget is spent, alone or as one of its workers; returns the study."""
     ctx = prepare(spec)
-    study = open_study(ctx)
-    for note in ctx.space.notes:
-        progress(f"note: {note}")
-    budget = trials or spec.budget_trials
-    objective = TrialRunner(ctx, study, progress)
-    deadline = time.monotonic() + spec.budget_minutes * 60 if spec.budget_minutes else None
-
-    def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        best = best_feasible(study)
-        best_text = (f"best feasible {best.user_attrs['metrics']['tokens_per_second']:.1f} t/s (trial {best.number})"
-                     if best else "no feasible trial yet")
-        progress(f"[{finished_trials(study)}/{budget}] trial {trial.number}: {describe_trial(trial)} | {best_text}")
-
-    def optimize(n: int) -> None:
-        timeout = max(1.0, deadline - time.monotonic()) if deadline else None
-        study.optimize(objective, n_trials=n, timeout=timeout, catch=(TrialFailure,), callbacks=[report])
-
+    lock = hold_sqlite_study(spec.storage, spec.name)
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # SIGTERM cleans up like Ctrl-C
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress line replaces Optuna's
     try:
-        done = finished_trials(study)
-        progress(f"study {spec.name}: {done} of {budget} trials done; storage {spec.storage}")
-        if "reference" not in study.user_attrs and done < budget:
-            base = baseline_config(ctx.space)
-            study.enqueue_trial(enqueue_params(base, ctx.space), user_attrs={"role": "baseline"})
-            optimize(1)
-            if "reference" not in study.user_attrs:
-                last = study.get_trials(deepcopy=False)[-1]
-                raise UserError(
-                    f"the baseline trial failed ({last.user_attrs.get('failure_reason')}: "
-                    f"{last.user_attrs.get('failure_detail')}); fix it before tuning (log in {ctx.log_dir})"
-                )
-        if not study.user_attrs.get("warm_started"):
-            for item in spec.warm_start:
-                study.enqueue_trial(dict(item), user_attrs={"role": "warm_start"}, skip_if_exists=True)
-            study.set_user_attr("warm_started", True)
-        remaining = budget - finished_trials(study)
-        if remaining > 0:
-            optimize(remaining)
+        study = open_study(ctx)
+        if lock:
+            fail_orphans(study, spec.workers)
+        for note in ctx.space.notes:
+            progress(f"note: {note}")
+        budget = trials or spec.budget_trials
+        objective = TrialRunner(ctx, study, progress)
+        deadline = time.monotonic() + spec.budget_minutes * 60 if spec.budget_minutes else None
+
+        def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+            best = best_feasible(study)
+            best_text = (f"best feasible {best.user_attrs['metrics']['tokens_per_second']:.1f} t/s (trial {best.number})"
+                         if best else "no feasible trial yet")
+            progress(f"[{tally(study).counted}/{budget}] trial {trial.number}: {describe_trial(trial)} | {best_text}")
+
+        def run_one() -> None:
+            timeout = max(1.0, deadline - time.monotonic()) if deadline else None
+            study.optimize(objective, n_trials=1, timeout=timeout, catch=(TrialFailure,), callbacks=[report])
+
+        done = tally(study).counted
+        progress(f"study {spec.name}: {done} of {budget} trials done; storage {safe_url(spec.storage)}")
+        if done < budget:
+            ensure_baseline(study, ctx, run_one, progress)
+            run_until_budget(study, run_one, budget, spec.workers, deadline, progress)
     finally:
         optuna.logging.set_verbosity(verbosity)
         signal.signal(signal.SIGTERM, previous)
+        if lock:
+            lock.close()
     return study
 
 
