@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 TUNER  := $(VENV)/bin/tuner
 STAMP  := $(VENV)/.installed
-APT_PACKAGES := cmake build-essential numactl
+APT_PACKAGES := cmake build-essential numactl chromium postgresql
 STUDY  ?= demo
 TRIALS ?=
 
@@ -22,20 +22,24 @@ help:
 	@echo "make inspect   inspect the built-in models' GGUF metadata and draft compatibility"
 	@echo "make study STUDY=name [TRIALS=n]   run or resume studies/NAME.yaml"
 
-# apt packages: installed only when a command is missing, so a prepared machine skips apt.
+# apt packages: installed only when one is missing, so a prepared machine skips apt.
+# chromium (report/dashboard tests in a real browser) and postgresql (multi-worker
+# tests) are test needs; the rest builds and pins llama.cpp.
 system-packages:
 	@missing=""; \
-	for cmd in cmake c++ make numactl; do command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$cmd"; done; \
+	for pkg in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$pkg"; \
+	done; \
 	if [ -n "$$missing" ]; then \
-	  echo "setup: missing$$missing; installing $(APT_PACKAGES) with apt-get"; \
+	  echo "setup: installing$$missing with apt-get"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,postgres]'
 	@touch $(STAMP)
 
 setup: system-packages $(STAMP)
@@ -85,3 +89,9 @@ STORAGE ?=
 worker: models
 	@$(PY) -c 'import psycopg2' 2>/dev/null || $(PY) -m pip install --quiet -e '.[postgres]'
 	$(TUNER) worker studies/$(STUDY).yaml $(if $(STORAGE),--storage '$(STORAGE)')
+
+# Benchmarks of the tuner itself (issue 7): search efficiency on a recorded grid, overhead
+# and validity against llama-bench, repeatability over two seeds. Results in reports/bench/.
+.PHONY: bench
+bench: models
+	$(TUNER) bench

@@ -6,12 +6,14 @@ import subprocess
 
 import pytest
 
-LLAMA_PROCESS_PATTERN = r"llama-(server|cli|completion|bench|perplexity|speculative|lookup)"
+# Matched against the process *name* (not the command line, which would also match a
+# compiler building llama-server's sources); the kernel keeps 15 characters of it.
+LLAMA_PROCESS_NAME = r"^llama-"
 
 
 def running_llama_processes() -> list[str]:
-    proc = subprocess.run(["pgrep", "-a", "-f", LLAMA_PROCESS_PATTERN], capture_output=True, text=True)
-    return [line for line in proc.stdout.splitlines() if "pgrep" not in line]
+    proc = subprocess.run(["pgrep", "-a", LLAMA_PROCESS_NAME], capture_output=True, text=True)
+    return proc.stdout.splitlines()
 
 
 @pytest.fixture(scope="session")
