@@ -2,9 +2,10 @@
 
 A study names a target model, candidate drafts, a search space (a file plus per-study
 overrides), a workload, objectives, a quality floor, measurement settings, a budget,
-the storage and the sampler. Paths may use ``${VAR}`` and are relative to the study
-file. Any bad field is one line naming the file, the field and the fix; nothing is
-written until the whole file (and the models it names) has been checked.
+the storage, the sampler and, for workers sharing a database, their heartbeats. Paths
+may use ``${VAR}`` and are relative to the study file. Any bad field is one line naming
+the file, the field and the fix; nothing is written until the whole file (and the
+models it names) has been checked.
 """
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ class MeasurementSpec:
 
 
 @dataclass(frozen=True)
+class WorkersSpec:
+    """Database storages: heartbeats fail a dead worker's trial; see tuner.worker."""
+
+    heartbeat_s: int = 30  # each running trial records a heartbeat this often
+    grace_s: int = 120  # a running trial without a heartbeat this long is failed
+    max_retry: int = 1  # a trial failed that way is queued again at most this often
+    baseline_wait_s: float = 1800.0  # how long a joining worker waits for the baseline
+
+
+@dataclass(frozen=True)
 class StudySpec:
     path: Path
     name: str
@@ -68,6 +79,7 @@ class StudySpec:
     warm_start: tuple[dict[str, Any], ...] = field(default=())
     bin_dir: Path | None = None
     extra_args: tuple[str, ...] = ()
+    workers: WorkersSpec = WorkersSpec()
 
     @property
     def base_dir(self) -> Path:
@@ -189,6 +201,17 @@ def load_spec(path: str | Path) -> StudySpec:
     if not all(isinstance(a, str) for a in extra_args):
         llama.fail("extra_args", "expected a list of strings (one argv element each; no shell syntax)")
     llama.done()
+
+    w = fields.section("workers")
+    workers = WorkersSpec(
+        heartbeat_s=w.int("heartbeat_s", 30, minimum=1),
+        grace_s=w.int("grace_s", 120, minimum=1),
+        max_retry=w.int("max_retry", 1, minimum=0),
+        baseline_wait_s=w.number("baseline_wait_s", 1800.0, minimum=1.0),
+    )
+    if workers.grace_s <= workers.heartbeat_s:
+        w.fail("grace_s", f"must exceed heartbeat_s ({workers.heartbeat_s}), or live trials are failed as dead")
+    w.done()
     fields.done()
 
     return StudySpec(
@@ -210,4 +233,5 @@ def load_spec(path: str | Path) -> StudySpec:
         warm_start=tuple(warm_start),
         bin_dir=_path(llama, "bin_dir", bin_dir_raw, base) if bin_dir_raw else None,
         extra_args=tuple(extra_args),
+        workers=workers,
     )

@@ -25,6 +25,7 @@ import json
 import signal
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -48,6 +49,7 @@ from tuner.llama_build import binary, find_build_info, resolve_bin_dir
 from tuner.measure import MeasurementSettings, Sample, outputs_by_prompt, run_workload, summarize
 from tuner.paths import storage_dir
 from tuner.runner import LlamaServer, free_port, read_log_tail
+from tuner.sampling import NoRepeatSampler
 from tuner.space import (
     KNOB_TYPES,
     ResolvedSpace,
@@ -173,32 +175,29 @@ def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.stora
         raise UserError(f"storage {safe_url(url)}: cannot open ({first}); {fix}") from err
 
 
-def constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
-    """Optuna constraint: feasible when <= 0, i.e. quality at or above the floor."""
-    return [trial.user_attrs.get("constraint_quality", 1.0)]
-
-
 def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     return sampler_for(spec.sampler, spec.seed, spec.budget_trials)
 
 
 def sampler_for(name: str, seed: int, budget_trials: int) -> optuna.samplers.BaseSampler:
     """Default TPE: multivariate with groups handles the conditional knobs (K only when
-    speculating) and the quality constraint; its startup is short because budgets are.
-    Separate from the spec so `tuner bench-search` replays exactly these settings."""
+    speculating); the quality floor reaches every sampler through ``trial.set_constraint``;
+    its startup is short because budgets are;
+    it never re-measures a configuration (see tuner.sampling). Separate from the spec so
+    `tuner bench-search` replays exactly these settings."""
     if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, constraints_func=constraints,
-                                             population_size=max(4, min(20, budget_trials // 3)))
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(20, budget_trials // 3)))
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(
-        seed=seed,
-        multivariate=True,
-        group=True,
-        constraints_func=constraints,
-        n_startup_trials=max(4, min(10, budget_trials // 4)),
-        warn_independent_sampling=False,
-    )
+    with warnings.catch_warnings():  # multivariate/group are "experimental" since Optuna 2.x
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        tpe = optuna.samplers.TPESampler(
+            seed=seed,
+            multivariate=True,
+            group=True,
+            n_startup_trials=max(4, min(10, budget_trials // 4)),
+        )
+    return NoRepeatSampler(tpe, seed=seed)
 
 
 def open_study(ctx: StudyContext) -> optuna.Study:
@@ -331,6 +330,8 @@ class TrialRunner:
         trial.set_user_attr("per_suite_tokens_per_second", scores.per_suite_tokens_per_second)
         trial.set_user_attr("samples", [sample_record(s) for s in samples])
         trial.set_user_attr("outputs", {pid: s.text for pid, s in outputs.items()})
+        # Feasible when <= 0: samplers use it, and nothing below the floor is reported as best.
+        trial.set_constraint("quality_floor", self.ctx.spec.quality.floor - quality)
         trial.set_user_attr("constraint_quality", self.ctx.spec.quality.floor - quality)
         return tuple(metrics[o.metric] for o in self.ctx.spec.objectives)
 
@@ -412,6 +413,8 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress line replaces Optuna's
     try:
         study = open_study(ctx)
+        if study.user_attrs.get("created_by") != worker_id():
+            study.sampler.reseed_rng()  # a joining worker or a resumed run must not replay the creator's proposals
         if lock:
             fail_orphans(study, spec.workers)
         for note in ctx.space.notes:

@@ -1,0 +1,253 @@
+"""A stand-in ``llama-server`` for tests that need many fast trials or injected faults.
+
+It speaks the part of llama-server's interface the tuner uses: ``--version`` on stderr,
+``--host``/``--port``, ``GET /health`` and ``POST /completion`` with llama.cpp's
+``timings``. Speed and acceptance are pure functions of the argv, so different
+configurations measure differently and the same one always the same; tokens are a pure
+function of the prompt (and temperature), so greedy trials agree with the baseline.
+Everything around it (workers, storage, Optuna, runner, measurement) is real.
+
+Environment (inherited through the tuner, which passes its environment on):
+  FAKE_LLAMA_COMMIT    commit printed by ``--version`` (default: the pinned 0c1e570)
+  FAKE_LLAMA_DELAY_S   seconds to sleep in each /completion (a slow, measurable trial)
+  FAKE_LLAMA_LAUNCHES  file to append one JSON line per launch: pid, port, argv
+  FAKE_LLAMA_FAULTS    JSON {argv substring: fault}; a launch whose argv (joined by
+                       spaces, plus a trailing space) contains the substring shows the
+                       fault: launch, exit137, crash, hang, crash_mid_run, http500, nodraft
+
+Install it as a bin folder's ``llama-server`` with ``install`` below: the process then
+runs as ``python .../llama-server``, which the tests' leftover-process check matches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+PINNED_COMMIT = "0c1e570"
+FAULTS = ("launch", "exit137", "crash", "hang", "crash_mid_run", "http500", "nodraft")
+
+
+def install(bin_dir: Path) -> Path:
+    """Write ``bin_dir/llama-server`` running this file with the current interpreter."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "llama-server"
+    script.write_text(f"#!{sys.executable}\nimport runpy\nrunpy.run_path({str(Path(__file__).resolve())!r}, run_name='__main__')\n")
+    script.chmod(0o755)
+    return script
+
+
+def write_study(folder: Path, storage: str, name: str = "t", **fields) -> Path:
+    """``folder/study.yaml``: metadata-only models, a two-prompt suite and this stand-in as
+    ``llama_cpp.bin_dir``, measured quickly; ``fields`` replace top-level keys."""
+    import yaml  # test side only: the stand-in server itself starts on the standard library
+
+    from gguf_factory import write_gguf
+
+    models = folder / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    for model in ("target", "draft"):
+        if not (models / f"{model}.gguf").exists():
+            write_gguf(models / f"{model}.gguf")
+    install(folder / "bin")
+    (folder / "suite.yaml").write_text(yaml.safe_dump({"prompts": [
+        {"id": "add", "text": "def add(a, b):\n"}, {"id": "greet", "text": "def greet(name):\n"}]}))
+    study = {
+        "name": name,
+        "target": "models/target.gguf",
+        "drafts": ["models/draft.gguf"],
+        "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 3, 4, 5, 6, 8],
+                                       "temperature": 0.0, "threads": 1}},
+        "workload": {"suites": ["suite.yaml"], "n_predict": 8},
+        "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 256, "trial_timeout_s": 5},
+        "quality": {"scorer": "agreement", "floor": 0.9},
+        "budget": {"trials": 4},
+        "storage": storage,
+        "sampler": {"name": "tpe", "seed": 1},
+        "llama_cpp": {"bin_dir": "bin"},
+        **fields,
+    }
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def launches(path: Path) -> list[dict]:
+    """The launches recorded through FAKE_LLAMA_LAUNCHES."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    """Running or stopped; a zombie (dead, awaiting its parent) does not count."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` now (SO_REUSEADDR, as llama-server binds)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        except OSError:
+            return False
+    return True
+
+
+def assert_no_leftover(tmp_path: Path) -> None:
+    """No llama.cpp process of this test may still run: none of the test process's
+    descendants, and no stand-in run from ``tmp_path`` (a killed tuner's orphan included).
+    Other processes are left alone: on a shared machine they are someone else's. Leftovers
+    are killed so one failure does not cascade, then reported."""
+    from conftest import running_llama_processes
+    from study_factory import own_descendants
+
+    mine = own_descendants()
+    leftover = [line for line in running_llama_processes() if int(line.split()[0]) in mine or str(tmp_path) in line]
+    for line in leftover:
+        os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert not leftover, f"llama.cpp processes left running: {leftover}"
+
+
+def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.1):
+    """Poll ``condition()`` until it returns something truthy; fail the test naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def flag(argv: list[str], name: str, default: str | None = None) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv[:-1] else default
+
+
+def fault_for(argv: list[str]) -> str | None:
+    joined = " ".join(argv) + " "
+    faults = json.loads(os.environ.get("FAKE_LLAMA_FAULTS") or "{}")
+    return next((fault for needle, fault in faults.items() if needle in joined), None)
+
+
+def speed(argv: list[str]) -> tuple[float, float, int]:
+    """(tokens/s, acceptance, K) of this configuration: threads help, K has a sweet spot."""
+    threads = int(flag(argv, "--threads", "1"))
+    base = 40.0 * threads ** 0.8
+    spec_type = flag(argv, "--spec-type", "none")
+    if spec_type == "none":
+        return base, 0.0, 0
+    k = int(flag(argv, "--spec-draft-n-max", None) or flag(argv, "--spec-ngram-simple-size-m", None) or "4")
+    acceptance = max(0.1, 0.85 - 0.06 * k) if spec_type == "draft-simple" else 0.3
+    return base * (1 + acceptance * k) / (1 + 0.2 * k), acceptance, k
+
+
+def tokens_for(prompt: str, n: int, temperature: float, seed: int) -> list[int]:
+    """Deterministic tokens; above temperature 0 every fifth one depends on the seed."""
+    h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "big")
+    tokens = [(h + 7 * i) % 1000 for i in range(n)]
+    if temperature > 0:
+        tokens = [t if i % 5 else (t + seed + int(temperature * 100)) % 1000 for i, t in enumerate(tokens)]
+    return tokens
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+
+
+def main(argv: list[str]) -> int:
+    if "--version" in argv:
+        commit = os.environ.get("FAKE_LLAMA_COMMIT", PINNED_COMMIT)
+        print(f"version: 0.5.0-dev (build 1, commit {commit})", file=sys.stderr)
+        print("built with cc (fake) for x86_64-linux-gnu", file=sys.stderr)
+        return 0
+    fault = fault_for(argv)
+    log(f"build: 1 ({os.environ.get('FAKE_LLAMA_COMMIT', PINNED_COMMIT)}) with cc (fake)")
+    log(f"llama_model_load: loading model from {flag(argv, '--model')}")
+    if fault == "launch":
+        log("error: invalid argument: --fake-bad-flag")
+        return 1
+    if fault == "exit137":
+        log("llama_model_load: loading tensors")
+        return 137
+    if fault == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if fault == "hang":
+        while True:
+            time.sleep(60)
+    host, port = flag(argv, "--host", "127.0.0.1"), int(flag(argv, "--port", "8080"))
+    tps, acceptance, k = speed(argv)
+    if fault == "nodraft":
+        log("common_speculative_are_compatible: the target and draft vocabs are not compatible")
+        log("srv load_model: failed to initialize speculative decoding context")
+        acceptance, k = 0.0, 0
+    delay = float(os.environ.get("FAKE_LLAMA_DELAY_S") or 0)
+    tasks = iter(range(10**9))
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def answer(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self.answer(200, {"status": "ok"})
+            else:
+                self.answer(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            log(f"slot launch_slot_: id  0 | task {next(tasks)} | processing task")
+            if fault == "crash_mid_run":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if fault == "http500":
+                self.answer(500, {"error": {"code": 500, "message": "fake internal error"}})
+                return
+            time.sleep(delay)
+            n = int(request.get("n_predict", 16))
+            tokens = tokens_for(request.get("prompt", ""), n, float(request.get("temperature", 0.0)),
+                                int(request.get("seed", 0)))
+            timings = {"prompt_n": 8, "prompt_ms": 4.0, "predicted_n": n, "predicted_ms": 1000.0 * n / tps,
+                       "predicted_per_second": tps}
+            if k:
+                drafted = n * k // 2
+                timings.update(draft_n=drafted, draft_n_accepted=round(drafted * acceptance))
+            self.answer(200, {"content": " ".join(f"w{t}" for t in tokens), "tokens": tokens,
+                              "stop_type": "limit", "timings": timings})
+
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as err:
+        log(f"start: couldn't bind HTTP server socket, hostname: {host}, port: {port}: {err}")
+        return 1
+    server.daemon_threads = True
+    launches = os.environ.get("FAKE_LLAMA_LAUNCHES")
+    if launches:
+        with open(launches, "a") as fh:
+            fh.write(json.dumps({"pid": os.getpid(), "port": port, "argv": argv}) + "\n")
+    log(f"main: server is listening on http://{host}:{port} - starting the main loop")
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

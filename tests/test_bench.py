@@ -1,0 +1,181 @@
+"""The benchmark code: replay on a table built here, the default sampler's no-repeat rule,
+the grid plan, and record-grid on a two-configuration grid with the real build.
+
+Only shapes and relations are checked, never an absolute time or speed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+from study_factory import no_llama_process_left_behind  # noqa: F401  (only this run's processes)
+
+from tuner.bench import replay
+from tuner.bench.grid import grid_configs
+from tuner.bench.table import read_table
+from tuner.cli import main
+from tuner.errors import UserError
+from tuner.space import Choices, IntRange, ResolvedSpace
+from tuner.study import sampler_for
+
+
+def landscape_table(path: Path) -> Path:
+    """A conditional landscape like the demo's: K only when speculating, a draft only for draft-simple,
+    temperature 0.7 fast but below the quality floor."""
+    rows = []
+    for spec, draft, k, temperature, threads in itertools.product(
+            ["none", "draft-simple", "ngram-simple"], ["large", "small"], [1, 2, 4, 8], [0.0, 0.7], [1, 2]):
+        if spec != "draft-simple" and draft != "large":
+            continue
+        if spec == "none" and k != 1:
+            continue
+        base = 50.0 if threads == 2 else 30.0
+        gain = {"none": 1.0, "ngram-simple": 1.1, "draft-simple": 1.4 if draft == "small" else 1.2}[spec]
+        peak = 1.0 if spec == "none" else 1.0 - abs(k - 4) / 10
+        quality = 1.0 if temperature == 0.0 else 0.6
+        rows.append({"spec_type": spec, "draft": draft if spec == "draft-simple" else None,
+                     "draft_max": None if spec == "none" else k, "temperature": temperature, "numa": "none",
+                     "threads": threads, "tokens_per_second": base * gain * peak * (1.2 if temperature else 1.0),
+                     "acceptance": 0.0 if spec == "none" else 0.5, "quality": quality, "quality_floor": 0.99,
+                     "feasible": quality >= 0.99, "cv": 0.02, "status": "ok"})
+    rows.append({**rows[-1], "threads": 3, "tokens_per_second": None, "status": "out_of_memory", "feasible": False})
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_table_becomes_a_conditional_landscape(tmp_path):
+    land = replay.load_landscape(read_table(landscape_table(tmp_path / "grid.csv")))
+    assert land.params == ("spec_type", "draft", "draft_max", "temperature", "threads")  # numa is constant
+    assert land.objectives == ("tokens_per_second", "acceptance", "quality")
+    assert land.domains["draft_max"] == (1, 2, 4, 8)  # ints again, though the CSV has gaps
+    assert land.config(land.best_key()) == {"spec_type": "draft-simple", "draft": "small", "draft_max": 4,
+                                            "temperature": 0.0, "threads": 2}
+    assert land.best == pytest.approx(70.0)
+    assert not land.entries[land.order[-1]].ok  # the failed row is a failed configuration, not a fast one
+    trial = optuna.trial.FixedTrial({"spec_type": "none", "temperature": 0.0, "threads": 2})
+    assert replay.ReplayObjective(land, None).ask(trial) == ("none", None, None, 0.0, 2)
+
+
+def test_a_column_set_in_only_part_of_a_branch_is_refused(tmp_path):
+    path = tmp_path / "bad.csv"
+    pd.DataFrame({"spec_type": ["none", "none", "ngram-simple"], "draft_max": [None, 4, 4],
+                  "tokens_per_second": [1.0, 2.0, 3.0]}).to_csv(path, index=False)
+    with pytest.raises(UserError, match="draft_max"):
+        replay.load_landscape(read_table(path))
+
+
+def test_regret_counts_only_feasible_measured_configurations(tmp_path):
+    land = replay.load_landscape(read_table(landscape_table(tmp_path / "grid.csv")))
+    infeasible_fast = next(k for k in land.order if land.entries[k].ok and not land.entries[k].feasible
+                           and land.entries[k].tokens_per_second > land.best)
+    curve = replay.regret_curve(land, [infeasible_fast, land.best_key()])
+    assert curve == [1.0, 0.0]
+    assert replay.trials_to(curve, 0.03) == 2
+
+
+def test_bench_search_compares_every_strategy(tmp_path, capsys):
+    table = landscape_table(tmp_path / "grid.csv")
+    out = tmp_path / "search.json"
+    assert main(["bench-search", str(table), "--seeds", "3", "--jobs", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["strategies"]) == set(replay.STRATEGIES)
+    size = result["configurations"]
+    assert result["budget"] == size
+    for name, r in result["strategies"].items():
+        assert len(r["trials_to_target"]) == (1 if name == "grid" else 3)
+        assert all(t is None or 1 <= t <= size for t in r["trials_to_target"])
+        regrets = list(r["median_regret_at"].values())
+        assert regrets == sorted(regrets, reverse=True) and 0.0 <= regrets[-1] <= regrets[0] <= 1.0
+    assert result["strategies"]["grid"]["trials_to_target"][0] is not None  # the whole grid finds the best
+    assert set(result["targets"]) == {"default_over_random", "default_over_grid_size", "met"}
+    printed = capsys.readouterr().out
+    assert "| default |" in printed and "target <= 0.5" in printed
+
+
+def test_bench_search_names_a_missing_parameter_column(tmp_path, capsys):
+    table = landscape_table(tmp_path / "grid.csv")
+    assert main(["bench-search", str(table), "--params", "spec_type,K"]) == 2
+    assert "'K' is not a column" in capsys.readouterr().err
+
+
+def test_default_sampler_measures_each_configuration_once_until_all_are_measured():
+    def objective(trial):
+        spec = trial.suggest_categorical("spec_type", ["none", "ngram-simple"])
+        k = trial.suggest_categorical("draft_max", [1, 2, 4]) if spec != "none" else 0
+        threads = trial.suggest_categorical("threads", [1, 2])
+        trial.set_user_attr("constraint_quality", -1.0)
+        return k * threads + (spec == "none"), 1.0, 1.0
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(directions=["maximize"] * 3, sampler=sampler_for("tpe", 0, 8))
+    study.optimize(objective, n_trials=8)  # 2 + 6 configurations
+    configs = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(set(configs)) == 8
+    study.optimize(objective, n_trials=1)  # all measured: a repeat is let through, not an endless search
+    assert len(study.trials) == 9
+
+
+def test_grid_enumerates_the_space_as_a_study_asks_it():
+    space = ResolvedSpace({
+        "spec_type": Choices(("none", "draft-simple", "ngram-simple")), "draft": Choices(("a", "b")),
+        "draft_max": Choices((2, 4)), "temperature": Choices((0.0, 0.5)), "numa": Choices(("none",)),
+        "threads": Choices((1, 2)),
+    }, default_experts=None, physical_cores=2, allow_smt=False)
+    configs = grid_configs(space)
+    assert len(configs) == len(set(configs)) == 4 + 16 + 8
+    assert all(c.draft is None for c in configs if c.spec_type != "draft-simple")
+    assert all(c.draft_max is None for c in configs if c.spec_type == "none")
+    assert [c.temperature for c in configs[:2]] == [0.0, 0.5]  # temperature varies fastest
+    assert configs[0].threads == configs[1].threads
+    ranged = ResolvedSpace({**space.domains, "threads": IntRange(1, 2)}, None, 2, False)
+    with pytest.raises(UserError, match="threads: is a range"):
+        grid_configs(ranged)
+
+
+# ------------------------------------------------------------------ record-grid on the real build
+
+
+def grid_study(tmp_path: Path, threads: str = "[1]") -> Path:
+    from tuner.paths import models_dir
+
+    (tmp_path / "one.yaml").write_text('prompts:\n  - id: add\n    text: "def add(a, b):\\n    return"\n')
+    study = tmp_path / "grid.yaml"
+    study.write_text(f"""
+name: grid-test
+target: {models_dir() / "synthetic" / "target.gguf"}
+search_space:
+  overrides: {{spec_type: [none], temperature: [0.0, 0.7], threads: {threads}}}
+workload: {{suites: [one.yaml], n_predict: 8}}
+measurement: {{repetitions: 2, ctx_size: 256, trial_timeout_s: 60}}
+""")
+    return study
+
+
+def test_record_grid_shares_one_server_across_temperatures_and_resumes(synthetic_models, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    study, csv = grid_study(tmp_path), tmp_path / "grid.csv"
+    assert main(["record-grid", str(study), "--out", str(csv)]) == 0
+    frame = pd.read_csv(csv)
+    assert list(frame["temperature"]) == [0.0, 0.7]  # the baseline (greedy) first: it is the quality reference
+    assert {"spec_type", "threads", "tokens_per_second", "acceptance", "quality", "cv", "feasible", "status",
+            "build_commit"} <= set(frame.columns)
+    assert (frame["status"] == "ok").all() and (frame["tokens_per_second"] > 0).all()
+    assert frame["quality"].iloc[0] == 1.0 and bool(frame["feasible"].iloc[0])
+    assert frame["launch_s"].nunique() == 1  # one launch served both temperatures
+    assert sorted(p.name for p in (tmp_path / "storage" / "logs" / "grid-test").iterdir()) == ["grid-0.log"]
+    rows = csv.with_suffix(".jsonl").read_text()
+    capsys.readouterr()
+    assert main(["record-grid", str(study), "--out", str(csv)]) == 0
+    assert "0 to measure" in capsys.readouterr().out
+    assert csv.with_suffix(".jsonl").read_text() == rows  # resumed: nothing measured twice
+
+
+def test_record_grid_refuses_a_range(synthetic_models, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    assert main(["record-grid", str(grid_study(tmp_path, threads="{low: 1, high: 2}"))]) == 2
+    assert "threads: is a range" in capsys.readouterr().err

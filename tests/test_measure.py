@@ -1,0 +1,98 @@
+"""Score arithmetic on constructed samples: median, spread, noise flag, acceptance."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from tuner.llama_build import binary
+from tuner.measure import MeasurementSettings, Sample, outputs_by_prompt, run_workload, summarize
+from tuner.quality import agreement
+from tuner.runner import LlamaServer, free_port
+from tuner.workload import Prompt, Workload
+
+
+def sample(prompt_id="p", suite="code", repetition=0, n=100, ms=1000.0, draft_n=0, accepted=0, text="t"):
+    return Sample(
+        prompt_id=prompt_id, suite=suite, repetition=repetition, predicted_n=n, predicted_ms=ms,
+        tokens_per_second=1000.0 * n / ms if ms else 0.0, draft_n=draft_n, draft_n_accepted=accepted, text=text,
+        tokens=(repetition,),
+    )
+
+
+def test_rate_is_pooled_per_repetition_then_median():
+    # repetition 0: (100 + 20) tokens in (1000 + 1000) ms = 60 tok/s, not the mean of 100 and 20
+    samples = [
+        sample("a", repetition=0, n=100, ms=1000), sample("b", repetition=0, n=20, ms=1000),
+        sample("a", repetition=1, n=100, ms=500), sample("b", repetition=1, n=20, ms=500),
+        sample("a", repetition=2, n=100, ms=1200), sample("b", repetition=2, n=20, ms=800),
+    ]
+    scores = summarize(samples, MeasurementSettings())
+    assert scores.tokens_per_second == pytest.approx(60.0)
+    rates = [60.0, 120.0, 60.0]
+    assert scores.cv == pytest.approx(statistics.stdev(rates) / statistics.fmean(rates))
+    assert scores.noisy  # cv ~0.43 > 0.10
+    assert scores.n_samples == 6
+
+
+def test_steady_repetitions_are_not_noisy_and_one_repetition_has_no_spread():
+    steady = [sample(repetition=r, n=100, ms=ms) for r, ms in enumerate([1000, 1010, 990])]
+    scores = summarize(steady, MeasurementSettings(noise_cv=0.10))
+    assert scores.tokens_per_second == pytest.approx(100.0)
+    assert 0 < scores.cv < 0.02 and not scores.noisy
+    assert summarize(steady, MeasurementSettings(noise_cv=0.005)).noisy
+    single = summarize([sample()], MeasurementSettings())
+    assert single.cv == 0.0 and not single.noisy
+
+
+def test_per_suite_rates_and_acceptance():
+    samples = [
+        sample("c", "code", 0, n=100, ms=500, draft_n=80, accepted=60),
+        sample("s", "summarize", 0, n=100, ms=2000, draft_n=20, accepted=5),
+        sample("c", "code", 1, n=100, ms=400, draft_n=80, accepted=60),
+        sample("s", "summarize", 1, n=100, ms=2000, draft_n=20, accepted=5),
+    ]
+    scores = summarize(samples, MeasurementSettings())
+    assert scores.per_suite_tokens_per_second == pytest.approx({"code": 225.0, "summarize": 50.0})
+    assert (scores.drafted, scores.accepted) == (200, 130)
+    assert scores.acceptance == pytest.approx(0.65)
+
+
+def test_no_drafting_means_zero_acceptance_and_zero_time_means_zero_rate():
+    scores = summarize([sample(n=0, ms=0.0)], MeasurementSettings())
+    assert scores.acceptance == 0.0 and scores.drafted == 0
+    assert scores.tokens_per_second == 0.0
+    with pytest.raises(ValueError):
+        summarize([], MeasurementSettings())
+
+
+def test_outputs_by_prompt_takes_the_first_measured_repetition():
+    samples = [sample("a", repetition=r, text=f"a{r}") for r in (1, 2)] + [sample("b", repetition=1, text="b1")]
+    outputs = outputs_by_prompt(samples)
+    assert {k: v.text for k, v in outputs.items()} == {"a": "a1", "b": "b1"}
+
+
+@pytest.mark.llama
+def test_run_workload_on_a_real_server(synthetic_models, tmp_path):
+    workload = Workload(prompts=(
+        Prompt("a", "code", "def flatten(items):\n"),
+        Prompt("b", "prose", "The lighthouse keeper"),
+    ))
+    settings = MeasurementSettings(warmup=1, repetitions=2, n_predict=12)
+    argv = [str(binary("llama-server")), "-m", str(synthetic_models.path("draft-small")),
+            "-t", "2", "-c", "512", "-np", "1", "--no-webui"]
+    progress = []
+    with LlamaServer(argv, free_port(), tmp_path / "server.log", ready_timeout_s=60) as server:
+        samples = run_workload(server, workload, settings, temperature=0.0,
+                               progress=lambda done, total: progress.append((done, total)))
+    assert progress == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert [(s.prompt_id, s.repetition) for s in samples] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+    assert all(0 < s.predicted_n <= 12 and s.predicted_ms > 0 for s in samples)
+    scores = summarize(samples, settings)
+    assert scores.tokens_per_second > 0 and set(scores.per_suite_tokens_per_second) == {"code", "prose"}
+    assert (scores.n_samples, scores.drafted, scores.acceptance) == (4, 0, 0.0)
+    first = {k: v.tokens for k, v in outputs_by_prompt(samples).items()}
+    second = {s.prompt_id: s.tokens for s in samples if s.repetition == 1}
+    assert agreement(second, first) == 1.0  # greedy decoding repeats itself exactly
+    assert (tmp_path / "server.log").read_text().count("processing task") == 1 + 4  # warm-up, then measured

@@ -1,0 +1,331 @@
+"""Reliability on one host, trial by trial: each fault fails its trial with a reason and the
+log tail and the study goes on; a permanent failure is not launched again; Ctrl-C, SIGTERM,
+an exception or a killed tuner leave no server behind and no trial running, and the
+study resumes; a SQLite study takes one process; bad storage input is one line.
+
+Faults a real llama-server cannot show on demand come from the stand-in
+(tests/fake_llama_server.py); the real pinned llama.cpp shows a truncated GGUF, a
+SIGKILL and a SIGSTOP. tests/test_runner.py covers the same faults at the runner level.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from fake_llama_server import alive, assert_no_leftover, launches, port_is_free, wait_for, write_study
+from tuner.cli import main
+from tuner.errors import UserError
+from tuner.failures import TrialFailure
+from tuner.paths import models_dir
+from tuner.spec import load_spec
+from tuner.study import TrialRunner, open_study, prepare, run_study
+from tuner.worker import tally
+
+COMPLETE, FAIL, RUNNING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
+                           optuna.trial.TrialState.RUNNING)
+SYNTH = models_dir() / "synthetic"
+
+# draft length K -> the fault the stand-in shows for it -> the reason its trial must record
+FAULTS = {
+    2: ("launch", "launch_failed"),
+    3: ("exit137", "out_of_memory"),
+    4: ("crash", "crashed"),
+    5: ("hang", "timeout"),
+    6: ("crash_mid_run", "crashed"),
+    7: ("http500", "server_unreachable"),
+    8: ("nodraft", "speculation_unavailable"),
+}
+
+
+@pytest.fixture(autouse=True)
+def no_llama_process_left_behind(tmp_path):
+    """Replaces conftest's machine-wide check, which kills other users' servers too."""
+    yield
+    assert_no_leftover(tmp_path)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch) -> dict:
+    """Logs under tmp_path and every stand-in launch recorded, here and in subprocesses."""
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    monkeypatch.setenv("FAKE_LLAMA_LAUNCHES", str(tmp_path / "launches.jsonl"))
+    for var in ("FAKE_LLAMA_FAULTS", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_COMMIT"):
+        monkeypatch.delenv(var, raising=False)
+    return dict(os.environ)
+
+
+def tuner(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tuner.cli", *args], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def draft_k(k: int) -> dict:
+    return {"spec_type": "draft-simple", "draft": "draft", "draft_max": k}
+
+
+def sqlite(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'studies.db'}"
+
+
+def stored(tmp_path: Path) -> optuna.Study:
+    return optuna.load_study(study_name="t", storage=sqlite(tmp_path))
+
+
+# ------------------------------------------------------------------ faults, trial by trial
+
+
+def test_each_fault_fails_its_trial_with_reason_and_log_tail_and_the_study_goes_on(tmp_path, env, monkeypatch):
+    monkeypatch.setenv("FAKE_LLAMA_FAULTS", json.dumps({f"--spec-draft-n-max {k} ": f for k, (f, _) in FAULTS.items()}))
+    path = write_study(
+        tmp_path, sqlite(tmp_path),
+        search_space={"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [*FAULTS, 10],
+                                    "temperature": 0.0, "threads": 1}},
+        measurement={"warmup": 0, "repetitions": 1, "ctx_size": 256, "trial_timeout_s": 3},
+        warm_start=[draft_k(k) for k in FAULTS] + [draft_k(10)],
+        budget={"trials": len(FAULTS) + 2},
+    )
+    lines: list[str] = []
+    study = run_study(load_spec(path), progress=lines.append)
+
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [COMPLETE] + [FAIL] * len(FAULTS) + [COMPLETE]
+    for trial in trials[1:-1]:
+        fault, reason = FAULTS[trial.params["draft_max"]]
+        assert trial.user_attrs["failure_reason"] == reason, (fault, trial.user_attrs)
+        assert trial.user_attrs["failure_detail"]
+        assert "loading model from" in trial.user_attrs["log_tail"], fault  # the server's own words
+        assert any(f"trial {trial.number}: FAILED ({reason}:" in line for line in lines)
+    nodraft = next(t for t in trials if t.params.get("draft_max") == 8)
+    assert "vocabs are not compatible" in nodraft.user_attrs["failure_detail"]
+    assert trials[-1].user_attrs["drafted"] > 0  # measured normally after all of them
+    assert tally(study).counted == len(FAULTS) + 2
+    assert not [launch for launch in launches(tmp_path / "launches.jsonl") if alive(launch["pid"])]
+
+    # Again: a permanent failure (out of memory) is recorded at once without a launch;
+    # a crash may be a fluke, so that configuration is launched again.
+    k6_launches = sum("--spec-draft-n-max 6" in " ".join(x["argv"]) for x in launches(tmp_path / "launches.jsonl"))
+    study.enqueue_trial(draft_k(3))
+    study.enqueue_trial(draft_k(6))
+    study = run_study(load_spec(path), trials=len(FAULTS) + 4, progress=lines.append)
+    first_oom = next(t for t in trials if t.params.get("draft_max") == 3)
+    oom_again, crash_again = study.get_trials()[-2:]
+    assert oom_again.user_attrs["failure_reason"] == "out_of_memory"
+    assert oom_again.user_attrs["failure_detail"] == f"same configuration already failed permanently in trial {first_oom.number}"
+    assert oom_again.user_attrs["log_tail"] == first_oom.user_attrs["log_tail"]
+    assert not (tmp_path / "storage" / "logs" / "t" / f"trial-{oom_again.number}.log").exists()  # never launched
+    assert crash_again.user_attrs["failure_reason"] == "crashed"
+    assert sum("--spec-draft-n-max 6" in " ".join(x["argv"]) for x in launches(tmp_path / "launches.jsonl")) == k6_launches + 1
+
+
+def test_an_exception_mid_trial_still_stops_the_server(tmp_path, env, monkeypatch):
+    def buggy_measurement(server, *args):
+        assert server.complete("def f():\n", 4, 0.0, 1).predicted_n == 4  # the server is up and answering
+        raise RuntimeError("a bug while measuring")
+
+    monkeypatch.setattr("tuner.study.run_workload", buggy_measurement)
+    path = write_study(tmp_path, sqlite(tmp_path))
+    with pytest.raises(RuntimeError, match="a bug while measuring"):
+        run_study(load_spec(path), progress=lambda _: None)
+    (launch,) = launches(tmp_path / "launches.jsonl")
+    assert not alive(launch["pid"]) and port_is_free(launch["port"])
+    assert [t.state for t in stored(tmp_path).trials] == [FAIL]
+
+
+# ------------------------------------------------------------------ interrupts and killed tuners
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupt_mid_trial_records_it_stops_the_server_and_resumes(tmp_path, env, sig):
+    path = write_study(tmp_path, sqlite(tmp_path), budget={"trials": 3},
+                       measurement={"warmup": 0, "repetitions": 1, "ctx_size": 256, "trial_timeout_s": 60})
+    proc = tuner(["run", str(path)], {**env, "FAKE_LLAMA_DELAY_S": "120"})
+    try:
+        launch = wait_for(lambda: launches(tmp_path / "launches.jsonl"), 60, "the baseline's server")[0]
+        log = tmp_path / "storage" / "logs" / "t" / "trial-0.log"
+        wait_for(lambda: "processing task" in log.read_text(), 30, "a request in flight")
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and f"tuner run {path}` again to resume" in err
+    assert not alive(launch["pid"]) and port_is_free(launch["port"])
+    (trial,) = stored(tmp_path).trials
+    assert trial.state == FAIL and trial.user_attrs["failure_reason"] == "interrupted"
+    assert "processing task" in trial.user_attrs["log_tail"]
+
+    resumed = subprocess.run([sys.executable, "-m", "tuner.cli", "run", str(path)], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    study = stored(tmp_path)
+    # the interrupted trial measured nothing: it does not count, and the baseline runs again
+    assert [t.state for t in study.trials] == [FAIL, COMPLETE, COMPLETE, COMPLETE]
+    assert study.trials[1].user_attrs["role"] == "baseline" and study.user_attrs["reference"]["trial"] == 1
+    assert tally(study).counted == 3
+
+
+def test_sqlite_takes_one_process_and_a_killed_run_resumes(tmp_path, env, capsys):
+    path = write_study(tmp_path, sqlite(tmp_path), budget={"trials": 3},
+                       measurement={"warmup": 0, "repetitions": 1, "ctx_size": 256, "trial_timeout_s": 60})
+    proc = tuner(["run", str(path)], {**env, "FAKE_LLAMA_DELAY_S": "120"})
+    try:
+        launch = wait_for(lambda: launches(tmp_path / "launches.jsonl"), 60, "the baseline's server")[0]
+        assert main(["run", str(path)]) == 2
+        assert f"is being run by pid {proc.pid} on " in capsys.readouterr().err
+        assert main(["worker", str(path)]) == 2
+        assert "workers need a database server" in capsys.readouterr().err
+    finally:
+        proc.kill()  # SIGKILL: no cleanup of its own
+        proc.communicate()
+    wait_for(lambda: not alive(launch["pid"]), 5, "the kernel to kill the killed tuner's server")
+    wait_for(lambda: port_is_free(launch["port"]), 5, "its port to be free")  # its threads end a moment later
+    assert [t.state for t in stored(tmp_path).trials] == [RUNNING]
+
+    run_study(load_spec(path), progress=lambda _: None)  # the lock died with the process
+    study = stored(tmp_path)
+    assert [t.state for t in study.trials] == [FAIL, COMPLETE, COMPLETE, COMPLETE]
+    retry = study.trials[1]
+    assert retry.system_attrs["failed_trial"] == 0 and retry.user_attrs["role"] == "baseline"
+    assert tally(study).counted == 3  # the orphan was replaced by its retry, not counted as well
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_unreachable_storage_is_one_line_without_the_password(tmp_path, env, capsys):
+    url = "postgresql://tuner:s3cret@127.0.0.1:1/tuner"
+    path = write_study(tmp_path, url)
+    for args in (["run", str(path)], ["worker", str(path), "--storage", url]):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "cannot open" in err, err
+        assert "s3cret" not in err and "postgresql://tuner:***@127.0.0.1:1/tuner" in err
+    assert not (tmp_path / "storage").exists()  # nothing written
+
+
+def test_existing_study_with_another_search_space_is_refused_untouched(tmp_path, env, capsys):
+    path = write_study(tmp_path, sqlite(tmp_path), budget={"trials": 1})
+    run_study(load_spec(path), progress=lambda _: None)
+    digest = stored(tmp_path).user_attrs["space_digest"]
+    write_study(tmp_path, sqlite(tmp_path), budget={"trials": 2},
+                search_space={"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 4],
+                                            "temperature": 0.0, "threads": 1}})
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "exists with a different search space" in err
+    after = stored(tmp_path)
+    assert len(after.trials) == 1 and after.user_attrs["space_digest"] == digest
+
+
+@pytest.mark.parametrize(
+    "workers, expected",
+    [
+        ({"heartbeat_s": 30, "grace_s": 30}, "workers.grace_s: must exceed heartbeat_s (30)"),
+        ({"max_retry": -1}, "workers.max_retry: must be >= 0"),
+        ({"heartbeat_s": 0.5}, "workers.heartbeat_s: expected an integer"),
+        ({"retries": 1}, "workers.retries: unknown field"),
+    ],
+)
+def test_bad_workers_section(tmp_path, workers, expected):
+    path = write_study(tmp_path, sqlite(tmp_path), workers=workers)
+    with pytest.raises(UserError) as err:
+        load_spec(path)
+    assert expected in str(err.value)
+
+
+# ------------------------------------------------------------------ the real pinned llama.cpp
+
+
+def real_study(tmp_path: Path, **fields) -> Path:
+    """A short study of the synthetic family on the pinned build (see tests/test_study.py)."""
+    study = {
+        "name": "t",
+        "target": str(SYNTH / "target.gguf"),
+        "drafts": [str(SYNTH / "draft-small.gguf")],
+        # one thread: two would spin-wait on each other whenever a busy machine preempts one
+        "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 4],
+                                       "temperature": 0.0, "threads": 1}},
+        "workload": {"suites": ["code"], "n_predict": 32},  # ten requests: long enough to sabotage mid-way
+        "measurement": {"warmup": 0, "repetitions": 2, "ctx_size": 512, "trial_timeout_s": 10},
+        "budget": {"trials": 4},
+        "storage": sqlite(tmp_path),
+        **fields,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def server_child() -> int | None:
+    """The llama-server this process launched, if one runs now."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if ppid == os.getpid() and b"llama-server" in cmdline:
+            return int(stat.parent.name)
+    return None
+
+
+@pytest.mark.llama
+def test_truncated_gguf_is_refused_up_front_or_fails_its_trial(tmp_path, env, synthetic_models, capsys):
+    """As a target it is bad input, refused before anything runs; a draft truncated in the
+    middle of a study (replaced on disk) fails its trial, and the study goes on."""
+    path = real_study(tmp_path, target=str(SYNTH / "corrupt.gguf"), drafts=[],
+                      search_space={"overrides": {"spec_type": "none", "temperature": 0.0, "threads": 1}})
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "corrupt.gguf: truncated or corrupt GGUF" in err
+    assert not (tmp_path / "studies.db").exists() and not (tmp_path / "storage").exists()  # nothing written
+
+    ctx = prepare(load_spec(real_study(tmp_path)))
+    study = open_study(ctx)
+    ctx.launch.drafts["draft-small"] = (SYNTH / "corrupt.gguf").resolve()  # the file changed under the study
+    study.enqueue_trial({"spec_type": "draft-simple", "draft": "draft-small", "draft_max": 2})
+    study.enqueue_trial({"spec_type": "none"}, user_attrs={"role": "baseline"})
+    study.optimize(TrialRunner(ctx, study, progress=lambda _: None), n_trials=2, catch=(TrialFailure,))
+    broken, after = study.trials
+    assert broken.state == FAIL and broken.user_attrs["failure_reason"] == "model_load_failed"
+    assert "corrupt.gguf" in broken.user_attrs["log_tail"]
+    assert after.state == COMPLETE
+
+
+@pytest.mark.llama
+def test_real_server_killed_or_stopped_mid_trial_fails_that_trial_and_the_study_goes_on(tmp_path, env, synthetic_models):
+    path = real_study(tmp_path, warm_start=[{"spec_type": "draft-simple", "draft": "draft-small", "draft_max": k}
+                                            for k in (2, 4)])
+    logs = tmp_path / "storage" / "logs" / "t"
+    sabotaged: list[int] = []
+
+    def sabotage() -> None:
+        """Trial 1's server gets SIGKILL, trial 2's SIGSTOP, each once it is serving."""
+        for trial, sig in ((1, signal.SIGKILL), (2, signal.SIGSTOP)):
+            log = logs / f"trial-{trial}.log"
+            wait_for(lambda: log.exists() and "listening on http" in log.read_text(), 120, f"trial {trial}'s server")
+            pid = wait_for(server_child, 10, f"trial {trial}'s server process")
+            os.kill(pid, sig)
+            sabotaged.append(pid)
+
+    saboteur = threading.Thread(target=sabotage, daemon=True)
+    saboteur.start()
+    study = run_study(load_spec(path), progress=lambda _: None)
+    saboteur.join(timeout=5)
+    assert len(sabotaged) == 2
+    states = [(t.state, t.user_attrs.get("failure_reason")) for t in study.get_trials()]
+    assert states == [(COMPLETE, None), (FAIL, "crashed"), (FAIL, "timeout"), (COMPLETE, None)]
+    killed = study.trials[1]
+    assert "SIGKILL" in killed.user_attrs["failure_detail"] and killed.user_attrs["log_tail"]
+    assert not any(alive(pid) for pid in sabotaged)

@@ -1,0 +1,182 @@
+"""Several `tuner worker` processes sharing one study in a real PostgreSQL server.
+
+The workers, the storage, Optuna, the runner and the measurement are all real; only
+llama-server is the fast stand-in (tests/fake_llama_server.py), so a budget of 60 trials
+takes seconds. The cluster is private to this module (tests/postgres.py); where no
+server can start, these tests skip and say why.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+
+import optuna
+import pytest
+
+from fake_llama_server import alive, assert_no_leftover, launches, wait_for, write_study
+from postgres import ClusterUnavailable, private_cluster
+from tuner.cli import main
+from tuner.worker import tally, with_driver
+
+pytest.importorskip("psycopg2", reason="the PostgreSQL driver is the `postgres` extra: pip install -e '.[postgres]'")
+
+COMPLETE, FAIL, RUNNING, WAITING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
+                                    optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+FAST_HEARTBEAT = {"heartbeat_s": 1, "grace_s": 3, "max_retry": 1, "baseline_wait_s": 60}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ExitStack() as stack:
+        try:
+            yield stack.enter_context(private_cluster())
+        except ClusterUnavailable as err:
+            pytest.skip(f"PostgreSQL cannot start on this machine: {err}")
+
+
+@pytest.fixture(autouse=True)
+def no_llama_process_left_behind(tmp_path):
+    """Replaces conftest's machine-wide check, which kills other users' servers too."""
+    yield
+    assert_no_leftover(tmp_path)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch) -> dict:
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    monkeypatch.setenv("FAKE_LLAMA_LAUNCHES", str(tmp_path / "launches.jsonl"))
+    for var in ("FAKE_LLAMA_FAULTS", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_COMMIT"):
+        monkeypatch.delenv(var, raising=False)
+    return dict(os.environ)
+
+
+@pytest.fixture
+def database(cluster, request) -> str:
+    """A fresh database per test, named after it."""
+    return cluster.create_database(request.node.name.lower()[:60])
+
+
+def start_workers(n: int, study: Path, storage: str, env: dict, tmp_path: Path) -> list[subprocess.Popen]:
+    procs = []
+    for i in range(n):
+        out = open(tmp_path / f"worker-{i}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", str(study), "--storage", storage],
+                                      env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
+        out.close()
+    return procs
+
+
+def finish(procs: list[subprocess.Popen], tmp_path: Path, timeout_s: float = 180) -> list[int]:
+    """Wait for every worker; kill any still running at the timeout (and fail)."""
+    try:
+        for proc in procs:
+            proc.wait(timeout=timeout_s)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return [proc.returncode for proc in procs]
+
+
+def output(tmp_path: Path, i: int) -> str:
+    return (tmp_path / f"worker-{i}.log").read_text()
+
+
+def study_of(storage: str) -> optuna.Study:
+    return optuna.load_study(study_name="t", storage=with_driver(storage))
+
+
+def test_three_workers_complete_a_budget_of_60_without_loss_or_duplicate(tmp_path, env, database):
+    study_file = write_study(tmp_path, "sqlite:///unused-by-workers.db", budget={"trials": 60})
+    procs = start_workers(3, study_file, database, env, tmp_path)
+    codes = finish(procs, tmp_path)
+    assert codes == [0, 0, 0], [output(tmp_path, i)[-2000:] for i in range(3)]
+
+    study = study_of(database)
+    trials = study.get_trials()
+    assert [t.number for t in trials] == list(range(len(trials)))
+    assert {t.state for t in trials} == {COMPLETE}  # no trial lost, none left running or queued
+    assert len(trials) == tally(study).counted
+    assert 60 <= len(trials) <= 62  # exactly the budget, bar two workers starting in the same instant
+    baselines = [t for t in trials if t.user_attrs.get("role") == "baseline"]
+    assert [t.number for t in baselines] == [0] and study.user_attrs["reference"]["trial"] == 0
+    pids = {str(p.pid) for p in procs}
+    assert {t.user_attrs["worker"].rsplit(":", 1)[1] for t in trials} == pids  # all three measured
+    assert study.user_attrs["created_by"].rsplit(":", 1)[1] == baselines[0].user_attrs["worker"].rsplit(":", 1)[1]
+    # each trial was measured by exactly one server launch: none repeated, none lost
+    ports = Counter(int(t.user_attrs["argv"][t.user_attrs["argv"].index("--port") + 1]) for t in trials)
+    launched = Counter(launch["port"] for launch in launches(tmp_path / "launches.jsonl"))
+    assert ports == launched
+
+
+def killed_worker_trial(study_file: Path, database: str, env: dict, tmp_path: Path, role: str):
+    """Start three workers, SIGKILL the one measuring a trial of ``role``; wait for the rest.
+
+    Each request takes a second (FAKE_LLAMA_DELAY_S), so a trial seen running with its
+    server up is still running when its worker is killed a moment later."""
+    procs = start_workers(3, study_file, database, {**env, "FAKE_LLAMA_DELAY_S": "1"}, tmp_path)
+    try:
+        def victim():
+            try:
+                trials = study_of(database).get_trials(deepcopy=False, states=(RUNNING,))
+            except KeyError:  # not created yet
+                return None
+            return next((t for t in trials if t.user_attrs.get("role", "search") == role and "--port" in t.user_attrs.get("argv", ())), None)
+
+        trial = wait_for(victim, 90, f"a running {role} trial with its server up", poll_s=0.2)
+        pid = int(trial.user_attrs["worker"].rsplit(":", 1)[1])
+        (killed,) = [p for p in procs if p.pid == pid]
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+    finally:
+        codes = finish(procs, tmp_path)
+    port = int(trial.user_attrs["argv"][trial.user_attrs["argv"].index("--port") + 1])
+    (server,) = [x for x in launches(tmp_path / "launches.jsonl") if x["port"] == port]
+    assert not alive(server["pid"])  # the kernel killed the dead worker's server with it
+    survivors = [code for p, code in zip(procs, codes) if p is not killed]
+    assert codes[procs.index(killed)] == -signal.SIGKILL and survivors == [0, 0]
+    return study_of(database), trial.number
+
+
+def test_a_killed_worker_trial_is_failed_by_heartbeat_retried_once_and_the_study_completes(tmp_path, env, database):
+    study_file = write_study(tmp_path, "sqlite:///unused.db", budget={"trials": 6}, workers=FAST_HEARTBEAT)
+    study, lost = killed_worker_trial(study_file, database, env, tmp_path, "search")
+
+    trials = study.get_trials()
+    assert trials[lost].state == FAIL and "failure_reason" not in trials[lost].user_attrs
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == lost]
+    assert retry.state == COMPLETE and retry.params == trials[lost].params
+    assert retry.user_attrs["requeued_by"] != trials[lost].user_attrs["worker"]
+    assert not [t for t in trials if t.state in (RUNNING, WAITING)]
+    assert tally(study).counted == 6 and 7 <= len(trials) <= 9  # the lost trial is not counted
+
+
+def test_a_killed_baseline_worker_is_replaced_and_the_baseline_runs_once(tmp_path, env, database):
+    study_file = write_study(tmp_path, "sqlite:///unused.db", budget={"trials": 4}, workers=FAST_HEARTBEAT)
+    study, lost = killed_worker_trial(study_file, database, env, tmp_path, "baseline")
+
+    trials = study.get_trials()
+    assert lost == 0 and trials[0].state == FAIL
+    completed_baselines = [t for t in trials if t.user_attrs.get("role") == "baseline" and t.state == COMPLETE]
+    assert [t.system_attrs.get("failed_trial") for t in completed_baselines] == [0]
+    assert study.user_attrs["reference"]["trial"] == completed_baselines[0].number
+    assert completed_baselines[0].user_attrs["worker"] == completed_baselines[0].user_attrs["requeued_by"]
+    assert tally(study).counted == 4 and not [t for t in trials if t.state in (RUNNING, WAITING)]
+
+
+def test_a_worker_with_another_llama_build_is_refused(tmp_path, env, database, monkeypatch, capsys):
+    study_file = write_study(tmp_path, "sqlite:///unused.db", budget={"trials": 2})
+    assert main(["worker", str(study_file), "--storage", database]) == 0
+    monkeypatch.setenv("FAKE_LLAMA_COMMIT", "deadbee")  # what this host's llama-server --version says
+    capsys.readouterr()
+    assert main(["worker", str(study_file), "--storage", database]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "llama_commit differs: study has '0c1e570', this host has 'deadbee'" in err
+    assert len(study_of(database).trials) == 2  # nothing added

@@ -1,0 +1,10 @@
+"""Benchmarks of the tuner itself, one module per question.
+
+* ``grid`` (`tuner record-grid`): measure every configuration of a small space once,
+  so search strategies can be compared on a real landscape without re-measuring.
+* ``replay`` (`tuner bench-search`): replay such a table and count how many trials each
+  sampler needs to come within a few percent of the best feasible configuration.
+* ``overhead``: the tuner's figure and wall time for a trial against llama-bench's.
+* ``repeat``: two studies with different seeds, their winners re-measured side by side.
+* ``cli`` (`tuner bench`): all four in one session, JSON and markdown under reports/bench/.
+"""

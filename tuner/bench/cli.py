@@ -1,0 +1,92 @@
+"""`tuner bench`: the tuner's three benchmarks in one session, results under reports/bench/.
+
+1. Search efficiency: record the grid study's landscape fresh, replay it for every
+   strategy over the seeds (`tuner bench-search`).
+2. Overhead and validity: alternating rounds against llama-bench on the study's target.
+3. Repeatability: two seeds of the study, winners re-measured side by side.
+
+Measurements run one after another (never two measurements at once), the replays,
+CPU-bound, after the grid is recorded. Writes ``bench.json`` (everything), ``bench.md``
+(the three tables) and the recorded grid (CSV and JSONL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from tuner.bench import overhead, repeat, replay
+from tuner.bench.grid import record_grid
+from tuner.bench.table import read_table
+from tuner.errors import UserError
+from tuner.paths import REPO_ROOT, reports_dir
+from tuner.spec import load_spec
+from tuner.study import prepare
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Benchmark the tuner in one session: (1) trials each sampler needs to come within 3% of the best "
+        "configuration of a recorded grid, (2) the tuner's tokens/s and wall time per trial against "
+        "llama-bench's, alternating, (3) two seeds of a study, winners re-measured side by side. "
+        "Writes reports/bench/bench.json and bench.md."
+    )
+    parser.add_argument("--grid-study", type=Path, default=REPO_ROOT / "studies" / "bench-grid.yaml",
+                        help="study whose (all-choices) space is recorded as the grid (default: studies/bench-grid.yaml)")
+    parser.add_argument("--study", type=Path, default=REPO_ROOT / "studies" / "demo.yaml",
+                        help="study for the overhead and repeatability runs (default: studies/demo.yaml)")
+    parser.add_argument("--seeds", type=int, default=10, help="seeds per sampler in the replay (default: 10)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds for overhead and re-measuring (default: 3)")
+    parser.add_argument("--repeat-trials", type=int, default=12,
+                        help="trials per repeatability study (default: 12, less than the demo's budget to fit the bench)")
+    parser.add_argument("--out", type=Path, help="output folder (default: reports/bench)")
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("seeds", "rounds", "repeat_trials"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    out = args.out or reports_dir() / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    timings = {}
+
+    grid_spec = load_spec(args.grid_study)
+    csv = out / f"grid-{grid_spec.name}.csv"
+    for stale in (csv.with_suffix(".jsonl"), csv.with_suffix(".reference.json")):
+        stale.unlink(missing_ok=True)  # a fresh landscape: every figure from this session
+    print(f"== 1/3 search efficiency: recording the grid of {args.grid_study}")
+    record_grid(args.grid_study, csv)
+    timings["record_grid_s"] = time.monotonic() - started
+    landscape = replay.load_landscape(read_table(csv))
+    search = replay.benchmark(landscape, seeds=args.seeds)
+    search["table"] = str(csv)
+    timings["replay_s"] = time.monotonic() - started - timings["record_grid_s"]
+    print(replay.markdown(search))
+
+    print(f"== 2/3 overhead and validity against llama-bench ({args.study})")
+    mark = time.monotonic()
+    over = overhead.measure_overhead(prepare(load_spec(args.study)), rounds=args.rounds)
+    timings["overhead_s"] = time.monotonic() - mark
+    print(overhead.markdown(over))
+
+    print(f"== 3/3 repeatability: two seeds of {args.study}, {args.repeat_trials} trials each")
+    mark = time.monotonic()
+    rep = repeat.measure_repeatability(args.study, out / "repeat.db", trials=args.repeat_trials, rounds=args.rounds)
+    timings["repeat_s"] = time.monotonic() - mark
+    print(repeat.markdown(rep))
+
+    timings["total_s"] = time.monotonic() - started
+    result = {"search": search, "overhead": over.to_dict(), "repeatability": rep.to_dict(), "timings": timings}
+    (out / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (out / "bench.md").write_text("\n".join([
+        "# tuner bench", "",
+        f"## 1. Search efficiency on the recorded grid of {grid_spec.name}", "", replay.markdown(search),
+        "## 2. Overhead and validity against llama-bench", "", overhead.markdown(over),
+        "## 3. Repeatability", "", repeat.markdown(rep),
+        f"Whole bench: {timings['total_s'] / 60:.1f} min.", "",
+    ]))
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'} in {timings['total_s'] / 60:.1f} min")
+    return 0

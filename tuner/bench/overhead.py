@@ -1,0 +1,195 @@
+"""The tuner's figures and wall time against llama-bench's, alternating in one session.
+
+Why: a tuner's numbers are only useful if they are the numbers llama.cpp itself gives,
+and its harness must not cost more than the measurement. Same model, threads, pinning
+and generated tokens on both sides: llama-bench's tg test (``-p 0 -n N -r R``, read
+from its JSONL ``avg_ts``/``samples_ts``) against one tuner trial of the baseline
+configuration whose workload is one prompt, one warm-up and R repetitions of N tokens
+(llama-bench warms up once too). Rounds alternate the order (bench then trial, then
+trial then bench), so a change in machine load hits both sides.
+
+Results: (a) tuner tokens/s / llama-bench t/s (target: within 5%); (b) the trial's wall
+time / llama-bench's wall time (target: at most 1.25); and where a trial's time goes:
+launching and loading (until /health answers), measuring, stopping. The same split is
+taken once for a trial of the study's own workload, the figure that says whether
+loading dominates a real study.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from tuner.errors import UserError
+from tuner.launch import build_server_argv
+from tuner.llama_build import binary
+from tuner.measure import MeasurementSettings, run_workload, summarize
+from tuner.runner import LlamaServer, free_port
+from tuner.space import TrialConfig, baseline_config
+from tuner.study import StudyContext
+from tuner.workload import Workload
+
+TPS_TOLERANCE = 0.05
+WALL_RATIO_TARGET = 1.25
+
+
+@dataclass(frozen=True)
+class TrialTiming:
+    """One tuner trial, timed by stage (wall clock) with its measured decode speed."""
+
+    tokens_per_second: float
+    tokens: int
+    launch_s: float  # process start until /health answers: loading included
+    measure_s: float
+    stop_s: float
+
+    @property
+    def wall_s(self) -> float:
+        return self.launch_s + self.measure_s + self.stop_s
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    tokens_per_second: float  # llama-bench's avg_ts for the tg test
+    samples_ts: tuple[float, ...]
+    wall_s: float
+
+
+def timed_trial(ctx: StudyContext, config: TrialConfig, workload: Workload, settings: MeasurementSettings,
+                log_path: Path) -> TrialTiming:
+    """What ``TrialRunner`` does for one trial (launch, workload, stop), with a clock per stage."""
+    timeout = ctx.spec.measurement.trial_timeout_s
+    server = LlamaServer(build_server_argv(config, ctx.launch), free_port(), log_path,
+                         ready_timeout_s=timeout, request_timeout_s=timeout)
+    started = time.monotonic()
+    with server:
+        ready = time.monotonic()
+        samples = run_workload(server, workload, settings, config.temperature)
+        measured = time.monotonic()
+    stopped = time.monotonic()
+    scores = summarize(samples, settings)
+    return TrialTiming(scores.tokens_per_second, sum(s.predicted_n for s in samples),
+                       ready - started, measured - ready, stopped - measured)
+
+
+def bench_argv(ctx: StudyContext, config: TrialConfig, n_predict: int, repetitions: int) -> list[str]:
+    """llama-bench's tg test with the trial's model, threads and pinning (numactl prefix or CPU mask)."""
+    server_argv = build_server_argv(config, ctx.launch)
+    server_at = server_argv.index(str(ctx.launch.server_binary))
+    pinning = []
+    if "--cpu-mask" in server_argv:
+        i = server_argv.index("--cpu-mask")
+        pinning = ["--cpu-mask", server_argv[i + 1], "--cpu-strict", "1"]
+    return [*server_argv[:server_at], str(binary("llama-bench", ctx.launch.server_binary.parent)),
+            "-m", str(ctx.launch.target), "-t", str(config.threads), *pinning,
+            "-p", "0", "-n", str(n_predict), "-r", str(repetitions), "-o", "jsonl"]
+
+
+def run_llama_bench(argv: list[str], n_predict: int, timeout_s: float) -> BenchRun:
+    """Run llama-bench once (killed and reaped on timeout or Ctrl-C by subprocess.run)."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as err:
+        raise UserError(f"llama-bench did not finish within {timeout_s:g} s") from err
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        raise UserError(f"llama-bench failed (exit code {proc.returncode}):\n{tail}")
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip().startswith("{")]
+    tg = [r for r in records if r.get("n_prompt") == 0 and r.get("n_gen") == n_predict]
+    if not tg:
+        raise UserError(f"llama-bench printed no tg{n_predict} record; its output was:\n{proc.stdout[-500:]}")
+    return BenchRun(float(tg[0]["avg_ts"]), tuple(float(x) for x in tg[0].get("samples_ts", ())), wall)
+
+
+@dataclass(frozen=True)
+class OverheadResult:
+    model: str
+    threads: int
+    n_predict: int
+    repetitions: int
+    rounds: int
+    bench: list[BenchRun]
+    trials: list[TrialTiming]
+    study_trial: TrialTiming  # a trial of the study's own workload and settings
+    tps_ratio: float  # median tuner tokens/s / median llama-bench t/s
+    wall_ratio: float  # median trial wall / median llama-bench wall
+    launch_share: float  # median share of a trial's wall time spent launching and loading
+    study_launch_share: float
+
+    @property
+    def met(self) -> bool:
+        return abs(self.tps_ratio - 1.0) <= TPS_TOLERANCE and self.wall_ratio <= WALL_RATIO_TARGET
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for item in out["trials"] + [out["study_trial"]]:
+            item["wall_s"] = item["launch_s"] + item["measure_s"] + item["stop_s"]
+        out["met"] = self.met
+        return out
+
+
+def measure_overhead(ctx: StudyContext, *, n_predict: int = 64, repetitions: int = 3, rounds: int = 3,
+                     progress: Callable[[str], None] = print) -> OverheadResult:
+    """Alternating rounds of llama-bench and a tuner trial of the baseline configuration."""
+    config = baseline_config(ctx.space)
+    workload = Workload(prompts=ctx.workload.prompts[:1])
+    settings = replace(ctx.settings, warmup=1, repetitions=repetitions, n_predict=n_predict)
+    argv = bench_argv(ctx, config, n_predict, repetitions)
+    timeout = ctx.spec.measurement.trial_timeout_s
+    log = ctx.log_dir / "bench-overhead.log"
+    bench: list[BenchRun] = []
+    trials: list[TrialTiming] = []
+    for r in range(rounds):
+        steps = ("bench", "trial") if r % 2 == 0 else ("trial", "bench")
+        for step in steps:
+            if step == "bench":
+                bench.append(run_llama_bench(argv, n_predict, timeout))
+            else:
+                trials.append(timed_trial(ctx, config, workload, settings, log))
+        progress(f"overhead round {r + 1}/{rounds}: llama-bench {bench[-1].tokens_per_second:.1f} t/s in "
+                 f"{bench[-1].wall_s:.2f} s; tuner {trials[-1].tokens_per_second:.1f} t/s in {trials[-1].wall_s:.2f} s "
+                 f"(launch {trials[-1].launch_s:.2f} s)")
+    study_trial = timed_trial(ctx, config, ctx.workload, ctx.settings, log)
+    progress(f"a {ctx.spec.name} trial: launch {study_trial.launch_s:.2f} s, measure {study_trial.measure_s:.2f} s, "
+             f"stop {study_trial.stop_s:.2f} s")
+    median = statistics.median
+    return OverheadResult(
+        model=ctx.launch.target.name,
+        threads=config.threads,
+        n_predict=n_predict,
+        repetitions=repetitions,
+        rounds=rounds,
+        bench=bench,
+        trials=trials,
+        study_trial=study_trial,
+        tps_ratio=median(t.tokens_per_second for t in trials) / median(b.tokens_per_second for b in bench),
+        wall_ratio=median(t.wall_s for t in trials) / median(b.wall_s for b in bench),
+        launch_share=median(t.launch_s / t.wall_s for t in trials),
+        study_launch_share=study_trial.launch_s / study_trial.wall_s,
+    )
+
+
+def markdown(result: OverheadResult) -> str:
+    median = statistics.median
+    return "\n".join([
+        f"| {result.model}, {result.threads} threads, tg{result.n_predict} x {result.repetitions}, "
+        f"{result.rounds} alternating rounds | llama-bench | tuner trial | tuner / llama-bench | target |",
+        "|---|---|---|---|---|",
+        f"| decode tokens/s (median) | {median(b.tokens_per_second for b in result.bench):.1f} | "
+        f"{median(t.tokens_per_second for t in result.trials):.1f} | {result.tps_ratio:.3f} | within {TPS_TOLERANCE:.0%} |",
+        f"| wall time per run, s (median) | {median(b.wall_s for b in result.bench):.2f} | "
+        f"{median(t.wall_s for t in result.trials):.2f} | {result.wall_ratio:.2f} | <= {WALL_RATIO_TARGET} |",
+        "",
+        f"Trial time spent launching and loading: {result.launch_share:.0%} (same work as llama-bench); "
+        f"{result.study_launch_share:.0%} for a trial of the study's own workload "
+        f"(launch {result.study_trial.launch_s:.2f} s, measure {result.study_trial.measure_s:.2f} s, "
+        f"stop {result.study_trial.stop_s:.2f} s). Targets {'met' if result.met else 'MISSED'}.",
+        "",
+    ])

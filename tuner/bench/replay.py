@@ -1,0 +1,351 @@
+"""`tuner bench-search TABLE`: replay a recorded grid as a tabular benchmark of samplers.
+
+Why: a tuner is judged by how few trials it needs to find the best configuration, and
+measuring that on hardware takes hours per seed. A recorded grid answers it in
+seconds: the replay objective looks the suggested configuration up and returns its
+recorded objectives, tokens/s with Gaussian noise of the recorded spread (cv), so a
+sampler sees what a study on that machine would have seen.
+
+The space is the table's: each parameter column is a categorical of its values, asked
+in column order and only where it applies (a column empty in every row that agrees
+with the choices so far is not asked: no draft without speculation), the way
+``tuner.space.suggest`` asks. A configuration the table lacks or recorded as failed is a
+failed trial: in a study it would have cost a launch too.
+
+Strategies: ``default`` is the project's sampler (``tuner.study.sampler_for("tpe")``
+with the replay's length as its budget); ``tpe`` is Optuna's TPE with its own
+defaults; ``nsga2`` the project's NSGA-II settings; ``random``; ``grid`` the table's
+rows in order, which for a record-grid table is llama-bench's order.
+
+Scores per replay: regret after t trials, 1 - best feasible tokens/s tried so far /
+best feasible tokens/s of the table (recorded values: noise steers the sampler, it
+does not move the target), and the trials until that regret is within the tolerance.
+Replays are independent and CPU-bound, so they run in parallel (joblib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import pandas as pd
+from joblib import Parallel, delayed
+
+from tuner.bench.table import parameter_columns, read_table
+from tuner.errors import UserError
+
+STRATEGIES = ("default", "tpe", "nsga2", "random", "grid")
+DEFAULT_OBJECTIVES = ("tokens_per_second", "acceptance", "quality")  # a study's default objectives
+TOLERANCE = 0.03
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One recorded configuration."""
+
+    ok: bool  # measured; False for a failed launch or run
+    tokens_per_second: float
+    values: tuple[float, ...]  # the replay's objectives, in Landscape.objectives order
+    cv: float
+    feasible: bool
+    constraint: float  # as tuner.study.constraints reads it: feasible when <= 0
+
+
+@dataclass(frozen=True)
+class Landscape:
+    """A recorded table as a search space plus a look-up."""
+
+    params: tuple[str, ...]
+    domains: dict[str, tuple]
+    entries: dict[tuple, Entry]  # by key: one value per parameter, None where it does not apply
+    order: tuple[tuple, ...]  # keys in table order
+    objectives: tuple[str, ...]
+
+    @property
+    def best(self) -> float:
+        return max((e.tokens_per_second for e in self.entries.values() if e.ok and e.feasible), default=0.0)
+
+    def best_key(self) -> tuple:
+        return max((k for k, e in self.entries.items() if e.ok and e.feasible),
+                   key=lambda k: self.entries[k].tokens_per_second)
+
+    def config(self, key: tuple) -> dict[str, Any]:
+        return {p: v for p, v in zip(self.params, key) if v is not None}
+
+
+def _column_values(column: pd.Series) -> list[Any]:
+    """Plain Python values, None where empty; whole-number floats as ints (CSV reads an int
+    column with gaps as float) only when the whole column is whole numbers."""
+    values = [None if pd.isna(v) else (v.item() if hasattr(v, "item") else v) for v in column]
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, float) and v.is_integer() for v in present):
+        return [None if v is None else int(v) for v in values]
+    return values
+
+
+def load_landscape(frame: pd.DataFrame, params: list[str] | None = None,
+                   objectives: list[str] | None = None) -> Landscape:
+    """A table as a landscape; a table the replay cannot use is a UserError naming the column."""
+    if "tokens_per_second" not in frame.columns:
+        raise UserError("the table has no tokens_per_second column; the benchmark scores decode speed")
+    params = parameter_columns(frame, params)
+    objectives = list(objectives or [c for c in DEFAULT_OBJECTIVES if c in frame.columns])
+    missing = [c for c in objectives if c not in frame.columns]
+    if missing:
+        raise UserError(f"--objectives: {missing[0]!r} is not a column of the table")
+    keys = list(zip(*(_column_values(frame[p]) for p in params)))
+    ok = frame["tokens_per_second"].notna()
+    if "status" in frame.columns:
+        ok &= frame["status"].fillna("ok") == "ok"
+    feasible = frame["feasible"].fillna(False).astype(bool) if "feasible" in frame.columns else pd.Series(True, frame.index)
+    if {"quality", "quality_floor"} <= set(frame.columns):
+        constraint = (frame["quality_floor"] - frame["quality"]).fillna(1.0)
+    else:
+        constraint = (~feasible).astype(float)
+    cv = frame["cv"].fillna(0.0) if "cv" in frame.columns else pd.Series(0.0, frame.index)
+    entries: dict[tuple, Entry] = {}
+    for i, key in enumerate(keys):
+        if key in entries:
+            raise UserError(f"rows {keys.index(key) + 1} and {i + 1} record the same configuration {dict(zip(params, key))}")
+        values = tuple(float(frame[c].iloc[i]) if ok.iloc[i] else 0.0 for c in objectives)
+        entries[key] = Entry(bool(ok.iloc[i]), float(frame["tokens_per_second"].iloc[i]) if ok.iloc[i] else 0.0,
+                             values, float(cv.iloc[i]), bool(feasible.iloc[i]), float(constraint.iloc[i]))
+    _check_conditional(params, keys)
+    domains = {p: tuple(sorted({k[i] for k in keys if k[i] is not None})) for i, p in enumerate(params)}
+    landscape = Landscape(tuple(params), domains, entries, tuple(keys), tuple(objectives))
+    if landscape.best <= 0:
+        raise UserError("the table has no measured feasible configuration: nothing to find")
+    return landscape
+
+
+def _check_conditional(params: list[str], keys: list[tuple]) -> None:
+    """Each column is set in all or none of the rows that agree on the columns before it."""
+    for i, name in enumerate(params):
+        set_by_prefix: dict[tuple, set[bool]] = {}
+        for key in keys:
+            set_by_prefix.setdefault(key[:i], set()).add(key[i] is None)
+        mixed = next((prefix for prefix, kinds in set_by_prefix.items() if len(kinds) > 1), None)
+        if mixed is not None:
+            where = dict(zip(params, mixed))
+            raise UserError(f"column {name!r} is empty in some rows and set in others with {where}; "
+                            "order the parameter columns so a knob follows the one it depends on (--params)")
+
+
+class NotRecorded(Exception):
+    """The suggested configuration has no measurement in the table."""
+
+
+class ReplayObjective:
+    """Look up the suggested configuration; tokens/s gets Gaussian noise of its recorded cv."""
+
+    def __init__(self, landscape: Landscape, rng: np.random.Generator):
+        self.landscape = landscape
+        self.rng = rng
+
+    def ask(self, trial: optuna.Trial) -> tuple:
+        land = self.landscape
+        candidates = list(land.order)
+        key = []
+        for i, name in enumerate(land.params):
+            value = None
+            if any(k[i] is not None for k in candidates):
+                value = trial.suggest_categorical(name, list(land.domains[name]))
+            key.append(value)
+            candidates = [k for k in candidates if k[i] == value]
+        return tuple(key)
+
+    def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
+        key = self.ask(trial)
+        trial.set_user_attr("key", list(key))
+        entry = self.landscape.entries.get(key)
+        if entry is None or not entry.ok:
+            raise NotRecorded(str(key))
+        trial.set_user_attr("constraint_quality", entry.constraint)
+        noise = max(0.0, 1.0 + entry.cv * self.rng.standard_normal())
+        values = list(entry.values)
+        for i, name in enumerate(self.landscape.objectives):
+            if name == "tokens_per_second":
+                values[i] *= noise
+        return tuple(values)
+
+
+def make_sampler(strategy: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
+    from tuner.study import sampler_for
+
+    if strategy == "default":
+        return sampler_for("tpe", seed, budget)
+    if strategy == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    return sampler_for(strategy, seed, budget)
+
+
+def replay(landscape: Landscape, strategy: str, seed: int, budget: int) -> list[tuple]:
+    """The configurations one strategy tries, in order, for ``budget`` trials."""
+    if strategy == "grid":
+        return list(landscape.order[:budget])
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # runs in a joblib worker: silence per process
+    with warnings.catch_warnings():  # Optuna's deprecation notices, once per replay, would drown the table
+        warnings.simplefilter("ignore", (FutureWarning, optuna.exceptions.ExperimentalWarning))
+        study = optuna.create_study(directions=["maximize"] * len(landscape.objectives),
+                                    sampler=make_sampler(strategy, seed, budget))
+        study.optimize(ReplayObjective(landscape, np.random.default_rng(seed)), n_trials=budget, catch=(NotRecorded,))
+    return [tuple(t.user_attrs["key"]) for t in study.trials]
+
+
+def regret_curve(landscape: Landscape, keys: list[tuple]) -> list[float]:
+    """Regret after each trial: how far the best feasible configuration tried is from the best."""
+    best, found, curve = landscape.best, 0.0, []
+    for key in keys:
+        entry = landscape.entries.get(key)
+        if entry is not None and entry.ok and entry.feasible:
+            found = max(found, entry.tokens_per_second)
+        curve.append(1.0 - found / best)
+    return curve
+
+
+def trials_to(curve: list[float], tolerance: float) -> int | None:
+    return next((t + 1 for t, r in enumerate(curve) if r <= tolerance), None)
+
+
+@dataclass(frozen=True)
+class StrategyResult:
+    strategy: str
+    trials_to_target: list[int | None]  # per seed; None: not within the tolerance in the budget
+    median_trials: float | None  # None: more than half the seeds did not get there
+    reached: int
+    median_regret_at: dict[int, float]
+
+
+def summarize_strategy(strategy: str, curves: list[list[float]], tolerance: float, checkpoints: list[int]) -> StrategyResult:
+    hits = [trials_to(c, tolerance) for c in curves]
+    median = float(np.median([math.inf if h is None else h for h in hits]))
+    return StrategyResult(
+        strategy=strategy,
+        trials_to_target=hits,
+        median_trials=None if math.isinf(median) else median,
+        reached=sum(h is not None for h in hits),
+        median_regret_at={n: float(np.median([c[min(n, len(c)) - 1] for c in curves])) for n in checkpoints},
+    )
+
+
+def benchmark(landscape: Landscape, *, strategies: tuple[str, ...] = STRATEGIES, seeds: int = 10,
+              budget: int | None = None, tolerance: float = TOLERANCE, jobs: int = -1) -> dict:
+    """Replay every strategy over ``seeds`` seeds; the grid, being deterministic, once."""
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise UserError(f"--strategies: unknown {unknown[0]!r}; use some of {', '.join(STRATEGIES)}")
+    if seeds < 1:
+        raise UserError(f"--seeds: must be >= 1, got {seeds}")
+    size = len(landscape.order)
+    budget = budget or size
+    runs = [(s, seed) for s in strategies for seed in (range(1) if s == "grid" else range(seeds))]
+    keys = Parallel(n_jobs=jobs)(delayed(replay)(landscape, s, seed, budget) for s, seed in runs)
+    checkpoints = sorted({n for n in (5, 10, 20) if n < budget} | {budget})
+    results = {}
+    for strategy in strategies:
+        curves = [regret_curve(landscape, k) for (s, _), k in zip(runs, keys) if s == strategy]
+        results[strategy] = summarize_strategy(strategy, curves, tolerance, checkpoints)
+    best = landscape.best
+    return {
+        "configurations": size,
+        "feasible": sum(e.ok and e.feasible for e in landscape.entries.values()),
+        "within_tolerance": sum(e.ok and e.feasible and e.tokens_per_second >= best * (1 - tolerance)
+                                for e in landscape.entries.values()),
+        "best_tokens_per_second": best,
+        "best_config": landscape.config(landscape.best_key()),
+        "params": list(landscape.params),
+        "objectives": list(landscape.objectives),
+        "budget": budget,
+        "seeds": seeds,
+        "tolerance": tolerance,
+        "strategies": {name: asdict(r) for name, r in results.items()},
+        "targets": targets(results, size),
+    }
+
+
+def targets(results: dict[str, StrategyResult], size: int) -> dict:
+    """The issue's targets: the default within the tolerance in at most half the trials
+    random search needs (medians over seeds) and at most a quarter of the grid."""
+    default = results.get("default")
+    random = results.get("random")
+    if default is None:
+        return {}
+    d = default.median_trials
+    r = random.median_trials if random else None
+    vs_random = None if d is None or random is None else d / (r if r is not None else math.inf)
+    vs_grid = None if d is None else d / size
+    return {
+        "default_over_random": vs_random,
+        "default_over_grid_size": vs_grid,
+        "met": vs_random is not None and vs_random <= 0.5 and vs_grid is not None and vs_grid <= 0.25,
+    }
+
+
+def markdown(result: dict) -> str:
+    """A short table: one row per strategy, then the targets."""
+    tol = f"{result['tolerance']:.0%}"
+    checkpoints = next(iter(result["strategies"].values()))["median_regret_at"]
+    head = ["strategy", f"median trials to {tol}", "reached"] + [f"regret@{n}" for n in checkpoints]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in result["strategies"].items():
+        median = f"{r['median_trials']:g}" if r["median_trials"] is not None else f"> {result['budget']}"
+        seeds = len(r["trials_to_target"])
+        cells = [name, median, f"{r['reached']}/{seeds}"] + [f"{v:.1%}" for v in r["median_regret_at"].values()]
+        lines.append("| " + " | ".join(cells) + " |")
+    t = result["targets"]
+    lines.append("")
+    lines.append(f"{result['configurations']} configurations, {result['feasible']} feasible, "
+                 f"{result['within_tolerance']} within {tol} of the best ({result['best_tokens_per_second']:.1f} t/s: "
+                 f"{result['best_config']}); budget {result['budget']} trials, {result['seeds']} seeds.")
+    if t:
+        ratio = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
+        lines.append(f"default / random: {ratio(t['default_over_random'])} (target <= 0.5); "
+                     f"default / grid size: {ratio(t['default_over_grid_size'])} (target <= 0.25): "
+                     f"{'met' if t['met'] else 'MISSED'}")
+    return "\n".join(lines) + "\n"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Replay a recorded grid (CSV or JSONL: parameter columns and metric columns, e.g. from "
+        "`tuner record-grid`) as a tabular benchmark: each sampler's suggestions are looked up, tokens/s "
+        "gets noise of the recorded cv, and the trials each needs to come within the tolerance of the best "
+        "feasible tokens/s are compared over seeds."
+    )
+    parser.add_argument("table", type=Path, help="the recorded table (.csv or .jsonl)")
+    parser.add_argument("--params", help="comma-separated parameter columns, in the order they are asked "
+                        "(default: every non-result column that varies)")
+    parser.add_argument("--objectives", help="comma-separated objective columns "
+                        f"(default: those of {', '.join(DEFAULT_OBJECTIVES)} in the table)")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated (default: {','.join(STRATEGIES)})")
+    parser.add_argument("--seeds", type=int, default=10, help="seeds per strategy (default: 10)")
+    parser.add_argument("--trials", type=int, help="trials per replay (default: the number of configurations)")
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="regret counted as found (default: 0.03)")
+    parser.add_argument("--jobs", type=int, default=-1, help="parallel replays (default: all CPUs)")
+    parser.add_argument("--json", type=Path, help="also write the full result here")
+
+
+def _split(text: str | None) -> list[str] | None:
+    return [s.strip() for s in text.split(",") if s.strip()] if text else None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.trials is not None and args.trials < 1:
+        raise UserError(f"--trials: must be >= 1, got {args.trials}")
+    landscape = load_landscape(read_table(args.table), _split(args.params), _split(args.objectives))
+    result = benchmark(landscape, strategies=tuple(_split(args.strategies) or STRATEGIES), seeds=args.seeds,
+                       budget=args.trials, tolerance=args.tolerance, jobs=args.jobs)
+    result["table"] = str(args.table)
+    print(markdown(result), end="")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,142 @@
+"""Compare two studies (`tuner compare A B`): two llama.cpp builds, or two machines.
+
+Modelled on llama.cpp's compare-llama-bench: results are joined on identical
+configurations (the trial's stored ``config``), each side reduced to its median
+tokens/s over repeats, and shown as t/s A, t/s B and B/A. The header says which
+fingerprint comparability keys (``tuner.hardware.COMPARABILITY_KEYS``) differ, which
+is what the ratio measures; a differing target model makes the ratio meaningless and
+is said first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+import pandas as pd
+
+from tuner.hardware import COMPARABILITY_KEYS
+from tuner.report import INT_KNOBS, KNOBS, complete, open_study, trials_frame
+
+TARGET_KEYS = ("path", "architecture", "weights_bytes", "quantization")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Study B against study A on the configurations both measured."""
+
+    name_a: str
+    name_b: str
+    differing: list[tuple[str, Any, Any]]  # (fingerprint key, A's value, B's value)
+    target_differs: list[tuple[str, Any, Any]]
+    rows: pd.DataFrame  # knob columns, then tps_a, tps_b, ratio, acceptance_a, acceptance_b, n_a, n_b
+    only_a: int  # configurations measured in A only
+    only_b: int
+    geomean_ratio: float | None
+
+
+def _per_config(frame: pd.DataFrame) -> pd.DataFrame:
+    """Complete trials reduced to one row per configuration (median over repeats)."""
+    done = complete(frame)
+    if done.empty:
+        return pd.DataFrame(columns=["key", "tokens_per_second", "acceptance", "n"])
+    done = done.assign(key=[_config_key(r) for _, r in done[list(KNOBS)].iterrows()])
+    return done.groupby("key", as_index=False).agg(
+        tokens_per_second=("tokens_per_second", "median"), acceptance=("acceptance", "median"),
+        n=("trial", "count"))
+
+
+def _config_key(row: pd.Series) -> str:
+    return json.dumps({k: (None if pd.isna(v) else v) for k, v in row.items()}, sort_keys=True, default=str)
+
+
+def _differences(a: dict, b: dict, keys: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
+    return [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)]
+
+
+def compare_studies(a: optuna.Study, b: optuna.Study) -> Comparison:
+    """Join A and B on identical configurations; B/A ratios and the fingerprint differences."""
+    per_a, per_b = _per_config(trials_frame(a)), _per_config(trials_frame(b))
+    joined = per_a.merge(per_b, on="key", suffixes=("_a", "_b"))
+    knobs = pd.DataFrame([json.loads(k) for k in joined["key"]], columns=list(KNOBS))
+    for knob in INT_KNOBS:
+        knobs[knob] = knobs[knob].astype("Int64")
+    rows = pd.concat([knobs, pd.DataFrame({
+        "tps_a": joined["tokens_per_second_a"], "tps_b": joined["tokens_per_second_b"],
+        "ratio": joined["tokens_per_second_b"] / joined["tokens_per_second_a"],
+        "acceptance_a": joined["acceptance_a"], "acceptance_b": joined["acceptance_b"],
+        "n_a": joined["n_a"], "n_b": joined["n_b"],
+    })], axis=1).sort_values("tps_a", ascending=False, ignore_index=True)
+    ratios = [r for r in rows["ratio"] if r > 0 and math.isfinite(r)]
+    fp_a, fp_b = a.user_attrs.get("fingerprint") or {}, b.user_attrs.get("fingerprint") or {}
+    return Comparison(
+        name_a=a.study_name,
+        name_b=b.study_name,
+        differing=_differences(fp_a, fp_b, COMPARABILITY_KEYS),
+        target_differs=_differences(a.user_attrs.get("target") or {}, b.user_attrs.get("target") or {}, TARGET_KEYS),
+        rows=rows,
+        only_a=len(per_a) - len(joined),
+        only_b=len(per_b) - len(joined),
+        geomean_ratio=math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
+    )
+
+
+def _cell(value: Any, digits: int = 2) -> str:
+    """A measurement with ``digits`` decimals; knobs (``digits=None``) as compactly as they read."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:g}" if digits is None else f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_markdown(c: Comparison) -> str:
+    """Header (what differs), then a pipe table of the joined configurations."""
+    lines = [f"Comparing {c.name_b} (B) against {c.name_a} (A)."]
+    for key, va, vb in c.target_differs:
+        lines.append(f"WARNING: the target differs ({key}: {va!r} vs {vb!r}); the ratios compare different models.")
+    if c.differing:
+        lines.append("Fingerprint keys that differ: "
+                     + "; ".join(f"{k}: {va!r} (A) vs {vb!r} (B)" for k, va, vb in c.differing))
+    else:
+        lines.append("All comparability keys are equal (" + ", ".join(COMPARABILITY_KEYS) + "): differences are noise.")
+    lines.append(f"{len(c.rows)} configurations in both; {c.only_a} only in A, {c.only_b} only in B.")
+    if c.rows.empty:
+        return "\n".join(lines)
+    varying = [k for k in KNOBS if c.rows[k].astype(str).nunique() > 1] or ["spec_type"]
+    measured = ["t/s A", "t/s B", "B/A", "accept A", "accept B"]
+    lines += ["", "| " + " | ".join(varying + measured) + " |",
+              "|" + "|".join(["---"] * len(varying) + ["---:"] * len(measured)) + "|"]
+    for _, r in c.rows.iterrows():
+        cells = [_cell(r[k], None) for k in varying] + [
+            _cell(r["tps_a"]), _cell(r["tps_b"]), _cell(r["ratio"]), _cell(r["acceptance_a"]), _cell(r["acceptance_b"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    if c.geomean_ratio is not None:
+        lines += ["", f"Geometric mean B/A over {len(c.rows)} configurations: {c.geomean_ratio:.3f}"]
+    return "\n".join(lines)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Compare two studies (e.g. two llama.cpp builds or two machines) the way compare-llama-bench "
+        "does: trials joined on identical configurations, t/s A, t/s B and B/A, with a header "
+        "naming the fingerprint keys that differ."
+    )
+    parser.add_argument("study_a", help="baseline study: name in the storage or a study file")
+    parser.add_argument("study_b", help="study compared against it")
+    parser.add_argument("--storage", help="storage URL of A (default: the study file's, else the shared SQLite file)")
+    parser.add_argument("--storage-b", help="storage URL of B (default: --storage, else B's study file's, else the shared SQLite file)")
+    parser.add_argument("--format", choices=("md", "csv"), default="md", help="markdown table (default) or CSV rows")
+
+
+def run(args: argparse.Namespace) -> int:
+    a = open_study(args.study_a, args.storage)
+    b = open_study(args.study_b, args.storage_b or args.storage)
+    comparison = compare_studies(a, b)
+    text = comparison.rows.to_csv(index=False) if args.format == "csv" else format_markdown(comparison)
+    print(text.rstrip("\n"))
+    return 0

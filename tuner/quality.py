@@ -1,0 +1,128 @@
+"""Output quality scorers; each suits some knobs and misleads on others.
+
+- ``agreement``: token-level similarity with the baseline's greedy output. For knobs
+  that should not change the output at temperature 0: speculation type, draft model
+  and K, threads, pinning, NUMA; and, as a drift measure, expert count.
+- ``answer_score``: fraction of prompts whose text meets their expected answers. For
+  temperature searches, where agreement would punish every temperature above 0.
+- ``perplexity_ratio``: baseline perplexity over the trial's, on a text file. For MoE
+  expert reduction, which changes the model itself.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from tuner.errors import UserError
+from tuner.failures import FailureReason, TrialFailure
+from tuner.llama_build import binary
+from tuner.runner import classify_exit, describe_exit, read_log_tail, stop_process_group
+from tuner.workload import Workload
+
+# llama-perplexity has no structured output: this line on its log is the only result.
+FINAL_ESTIMATE = re.compile(r"Final estimate: PPL = ([0-9.]+|nan|inf)")
+PERPLEXITY_ATTEMPTS = 3
+
+
+def edit_similarity(a: Sequence, b: Sequence) -> float:
+    """1 - Levenshtein(a, b) / max(len a, len b); 1.0 for two empty sequences."""
+    if not a and not b:
+        return 1.0
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return 1.0 - previous[-1] / max(len(a), len(b))
+
+
+def agreement(outputs: dict[str, tuple[int, ...]], reference: dict[str, tuple[int, ...]]) -> float:
+    """Mean token edit similarity with the reference output, prompt by prompt.
+
+    The reference is the baseline configuration's greedy output (target alone, all
+    experts, temperature 0). Speculative decoding at temperature 0 is lossless, so a
+    correct drafting configuration scores exactly 1.0. Any temperature above 0 is
+    penalised by construction: use ``answer_score`` to search temperature.
+    """
+    if not reference:
+        raise ValueError("agreement needs a non-empty reference")
+    if outputs.keys() != reference.keys():
+        raise ValueError(f"outputs and reference cover different prompts: {sorted(outputs.keys() ^ reference.keys())}")
+    return sum(edit_similarity(outputs[p], ref) for p, ref in reference.items()) / len(reference)
+
+
+def answer_score(outputs: dict[str, str], workload: Workload) -> float:
+    """Fraction of prompts with expected answers whose output meets all of them."""
+    graded = [p for p in workload.prompts if p.expected]
+    if not graded:
+        raise UserError(
+            f"answer quality needs prompts with `expected` answers; suites {', '.join(workload.suites)} have none "
+            "(add the math or json suite, or `expected` to your own)"
+        )
+    passed = sum(all(e.met_by(outputs[p.id]) for e in p.expected) for p in graded)
+    return passed / len(graded)
+
+
+def measure_perplexity(
+    model_argv_flags: list[str],
+    text_file: Path,
+    ctx: int = 128,
+    chunks: int = 8,
+    timeout_s: float = 600.0,
+    bin_dir: str | Path | None = None,
+) -> float:
+    """Perplexity of a model configuration on ``text_file`` (needs ``2 * ctx`` tokens at least).
+
+    ``model_argv_flags`` are the trial's model flags (``-m``, ``--override-kv``, ``-t``...).
+    llama.cpp logs from a background thread it never joins (common/log.cpp leaks the
+    logger on purpose), so a run can exit 0 with its last lines, the estimate among
+    them, unwritten; such a run is repeated, up to ``PERPLEXITY_ATTEMPTS`` times.
+    """
+    argv = [str(binary("llama-perplexity", bin_dir)), *model_argv_flags,
+            "-f", str(text_file), "-c", str(ctx), "--chunks", str(chunks)]
+    for _ in range(PERPLEXITY_ATTEMPTS):
+        returncode, text = _run_to_exit(argv, timeout_s)
+        tail = "\n".join(text.splitlines()[-40:])
+        if "you need at least" in text:
+            raise UserError(f"{text_file}: too short for perplexity with a context of {ctx}; "
+                            f"it needs {2 * ctx} tokens or more")
+        match = FINAL_ESTIMATE.search(text)
+        if match:
+            return float(match.group(1))
+        if returncode != 0:
+            reason = classify_exit(returncode, text, started=False)
+            raise TrialFailure(reason, f"llama-perplexity failed ({describe_exit(returncode)})", tail)
+    raise TrialFailure(
+        FailureReason.LAUNCH_FAILED,
+        f"llama-perplexity exited {PERPLEXITY_ATTEMPTS} times without an estimate; "
+        f"is {text_file} at least {2 * ctx} tokens long?",
+        tail,
+    )
+
+
+def _run_to_exit(argv: list[str], timeout_s: float) -> tuple[int, str]:
+    """Run a llama.cpp tool in its own process group; its exit code and output. Always reaped."""
+    with tempfile.NamedTemporaryFile(prefix="llama-tool-", suffix=".log") as log:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        except OSError as err:
+            raise TrialFailure(FailureReason.LAUNCH_FAILED, f"cannot run {argv[0]}: {err.strerror}") from err
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TrialFailure(FailureReason.TIMEOUT, f"{Path(argv[0]).name} not done after {timeout_s:g} s",
+                               read_log_tail(Path(log.name), 40)) from None
+        finally:
+            stop_process_group(proc)
+        return returncode, Path(log.name).read_text(errors="replace")
+
+
+def perplexity_ratio(baseline_ppl: float, trial_ppl: float) -> float:
+    """Baseline perplexity over the trial's: 1.0 is no loss, below 1.0 a worse model."""
+    return baseline_ppl / trial_ppl

@@ -1,0 +1,294 @@
+"""Render ``ReportData`` into one self-contained HTML page (plotly.js inlined, no network).
+
+Report machines are often air-gapped, so the page carries plotly.js itself (once, in
+the head) and every figure is a ``div`` with a stable id (``fig-pareto-quality`` ...)
+that tests and readers can find. Nothing here computes: it only draws what
+``tuner.report`` returned.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from tuner.report import ReportData, complete
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+FEASIBLE_COLOR = "#1f77b4"
+INFEASIBLE_COLOR = "#b0b0b0"
+FRONT_COLOR = "#d62728"
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+code { font-size: 0.85em; word-break: break-all; }
+.caption { color: #555; max-width: 60em; }
+.empty { color: #888; font-style: italic; }
+"""
+
+
+@dataclass(frozen=True)
+class Section:
+    id: str
+    title: str
+    caption: str
+    body: str  # HTML: a figure div or a table
+
+
+def _fmt(value, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)) or value is pd.NA:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(frame: pd.DataFrame, columns: dict[str, str], code: tuple[str, ...] = ()) -> str:
+    """A plain HTML table; ``columns`` maps frame column -> header, ``code`` columns in <code>."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in columns.values())
+    body = []
+    for _, row in frame.iterrows():
+        cells = []
+        for col in columns:
+            text = html.escape(_fmt(row.get(col)))
+            cells.append(f"<td><code>{text}</code></td>" if col in code else f"<td>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _figure_html(fig: go.Figure, div_id: str) -> str:
+    fig.update_layout(template="plotly_white", height=fig.layout.height or 420, margin={"t": 40, "b": 50})
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG)
+
+
+def _hover(frame: pd.DataFrame) -> list[str]:
+    return [
+        f"trial {r.trial}: {r.method}"
+        + (f", K={r.draft_max}" if not pd.isna(r.draft_max) else "")
+        + f", T={_fmt(r.temperature)}, {r.threads} threads, numa {r.numa}"
+        + (f", {r.experts} experts" if not pd.isna(r.experts) else "")
+        for r in frame.itertuples()
+    ]
+
+
+def pareto_figure(data: ReportData, x: str, front: pd.DataFrame, div_id: str) -> str:
+    done = complete(data.trials)
+    fig = go.Figure()
+    for ok, name, color, symbol in ((True, "feasible", FEASIBLE_COLOR, "circle"),
+                                    (False, "below quality floor", INFEASIBLE_COLOR, "x")):
+        part = done[done["feasible"] == ok]
+        if not part.empty:
+            fig.add_trace(go.Scatter(x=part[x], y=part["tokens_per_second"], mode="markers", name=name,
+                                     marker={"color": color, "symbol": symbol, "size": 9},
+                                     text=_hover(part), hoverinfo="text+x+y"))
+    if not front.empty:
+        fig.add_trace(go.Scatter(x=front[x], y=front["tokens_per_second"], mode="lines+markers",
+                                 name="Pareto front", line={"color": FRONT_COLOR, "shape": "hv"},
+                                 marker={"color": FRONT_COLOR, "size": 11, "symbol": "diamond"},
+                                 text=_hover(front), hoverinfo="text+x+y"))
+    base = done[done["role"] == "baseline"]
+    if not base.empty:
+        fig.add_trace(go.Scatter(x=base[x], y=base["tokens_per_second"], mode="markers", name="baseline",
+                                 marker={"color": "black", "symbol": "star", "size": 14}))
+    if x == "quality" and data.floor is not None:
+        fig.add_vline(x=data.floor, line_dash="dot", annotation_text="quality floor")
+    fig.update_layout(xaxis_title=x, yaxis_title="decode tokens/s")
+    return _figure_html(fig, div_id)
+
+
+def lines_figure(frame: pd.DataFrame, group: str, x: str, y: str, div_id: str, x_title: str) -> str:
+    fig = go.Figure()
+    for name, part in frame.groupby(group, sort=True):
+        part = part.sort_values(x)
+        fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines+markers", name=str(name)))
+    fig.update_layout(xaxis_title=x_title, yaxis_title="best feasible tokens/s", legend_title=group)
+    return _figure_html(fig, div_id)
+
+
+def temperature_figure(frame: pd.DataFrame, div_id: str) -> str:
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("tokens/s (best)", "acceptance", "quality"))
+    for i, (name, part) in enumerate(frame.groupby("method", sort=True)):
+        part = part.sort_values("temperature")
+        for col, y in enumerate(("best_tokens_per_second", "acceptance", "quality"), start=1):
+            fig.add_trace(go.Scatter(x=part["temperature"], y=part[y], mode="lines+markers", name=str(name),
+                                     legendgroup=str(name), showlegend=col == 1,
+                                     line={"color": _palette(i)}), row=1, col=col)
+    fig.update_xaxes(title_text="temperature")
+    return _figure_html(fig, div_id)
+
+
+def experts_figure(frame: pd.DataFrame, div_id: str) -> str:
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s", "quality"))
+    fig.add_trace(go.Scatter(x=frame["experts"], y=frame["best_tokens_per_second"], mode="lines+markers",
+                             name="best t/s"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=frame["experts"], y=frame["median_tokens_per_second"], mode="lines+markers",
+                             name="median t/s"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=frame["experts"], y=frame["quality"], mode="lines+markers", name="mean quality"),
+                  row=1, col=2)
+    fig.update_xaxes(title_text="active experts", dtick=1)
+    return _figure_html(fig, div_id)
+
+
+def speedup_figure(data: ReportData, div_id: str) -> str:
+    done = complete(data.trials).sort_values("speedup", ascending=False)
+    labels = [f"#{r.trial} {r.method}" + (f" K={r.draft_max}" if not pd.isna(r.draft_max) else "")
+              for r in done.itertuples()]
+    colors = [FEASIBLE_COLOR if ok else INFEASIBLE_COLOR for ok in done["feasible"]]
+    fig = go.Figure(go.Bar(x=labels, y=done["speedup"], marker_color=colors, text=_hover(done),
+                           hoverinfo="text+y", name="speedup"))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="baseline")
+    fig.update_layout(yaxis_title="tokens/s ÷ baseline", xaxis_title="trial (grey: below quality floor)")
+    return _figure_html(fig, div_id)
+
+
+def roofline_figure(data: ReportData, div_id: str) -> str:
+    done = complete(data.trials).dropna(subset=["roofline_fraction"]).sort_values("trial")
+    fig = go.Figure()
+    for i, (name, part) in enumerate(done.groupby("method", sort=True)):
+        fig.add_trace(go.Scatter(x=part["trial"], y=part["roofline_fraction"], mode="markers", name=str(name),
+                                 marker={"size": 10, "color": _palette(i)}, text=_hover(part),
+                                 hoverinfo="text+y"))
+    fig.add_hline(y=1.0, line_dash="dash", line_color=FRONT_COLOR,
+                  annotation_text="bandwidth ceiling without speculation")
+    fig.update_layout(xaxis_title="trial", yaxis_title="tokens/s ÷ (bandwidth ÷ bytes per token)")
+    return _figure_html(fig, div_id)
+
+
+def importance_figure(frame: pd.DataFrame, div_id: str) -> str:
+    fig = go.Figure()
+    for objective, part in frame.groupby("objective", sort=False):
+        fig.add_trace(go.Bar(y=part["param"], x=part["importance"], orientation="h", name=str(objective)))
+    fig.update_layout(barmode="group", xaxis_title="importance (normalized per objective)")
+    return _figure_html(fig, div_id)
+
+
+def _palette(i: int) -> str:
+    colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+    return colors[i % len(colors)]
+
+
+def _empty(text: str) -> str:
+    return f'<p class="empty">{html.escape(text)}</p>'
+
+
+def summary_table(data: ReportData) -> str:
+    a = data.attrs
+    fp, target, build = a.get("fingerprint") or {}, a.get("target") or {}, a.get("build") or {}
+    done = complete(data.trials)
+    best = done[done["feasible"]].sort_values("tokens_per_second", ascending=False).head(1)
+    rows = [
+        ("target", f"{target.get('name') or target.get('path')} ({target.get('architecture')}, "
+                   f"{target.get('quantization')}, {(target.get('weights_bytes') or 0) / 1e9:.2f} GB of weights"
+                   + (f", {target.get('expert_used_count')} of {target.get('expert_count')} experts" if target.get("is_moe") else "")
+                   + ")"),
+        ("machine", f"{fp.get('cpu_model')}: {fp.get('physical_cores')} cores / {fp.get('logical_cpus')} CPUs, "
+                    f"NUMA nodes {fp.get('numa_nodes')}, {fp.get('memory_gib')} GiB"),
+        ("llama.cpp", f"commit {fp.get('llama_commit') or build.get('commit')}, flags {fp.get('llama_build_flags')}"),
+        ("objectives", ", ".join(data.objectives)),
+        ("quality", f"{(a.get('quality') or {}).get('scorer')} scorer, floor {data.floor}"),
+        ("trials", f"{len(data.trials)} finished: {len(done)} complete, {int(done['feasible'].sum())} feasible, "
+                   f"{len(data.failures)} failed"),
+        ("baseline", f"{_fmt(data.baseline_tokens_per_second, 1)} tokens/s (target alone, greedy)"),
+    ]
+    if not best.empty:
+        b = best.iloc[0]
+        rows.append(("best feasible", f"trial {b['trial']}: {b['tokens_per_second']:.1f} tokens/s, "
+                                      f"x{_fmt(b['speedup'])} over the baseline"))
+    if data.roofline is not None:
+        r = data.roofline
+        rows.append(("roofline", f"{r.bandwidth.bytes_per_s / 1e9:.1f} GB/s ({r.bandwidth.note}); "
+                                 f"{r.bytes_per_token(None) / 1e9:.3f} GB read per token ({r.note}): "
+                                 f"ceiling {r.tokens_per_second(None):.1f} tokens/s without speculation"))
+    return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows) + "</table>"
+
+
+def sections(data: ReportData) -> list[Section]:
+    done = complete(data.trials)
+    return [
+        Section("pareto-quality", "Pareto front: tokens/s against quality",
+                "Every complete trial; the red staircase joins the feasible trials nothing beats on both axes.",
+                pareto_figure(data, "quality", data.front_quality, "fig-pareto-quality") if not done.empty
+                else _empty("no complete trial")),
+        Section("pareto-acceptance", "Pareto front: tokens/s against draft acceptance",
+                "Acceptance is accepted / drafted tokens; non-speculative trials sit at 0.",
+                pareto_figure(data, "acceptance", data.front_acceptance, "fig-pareto-acceptance") if not done.empty
+                else _empty("no complete trial")),
+        Section("k-method", "Tokens/s against K, per draft",
+                "Best feasible tokens/s at each draft length K per drafting method (K = 0: no speculation).",
+                lines_figure(data.k_by_method, "method", "K", "tokens_per_second", "fig-k-method", "K (draft length)")
+                if not data.k_by_method.empty else _empty("no feasible trial")),
+        Section("k-suite", "Tokens/s against K, per content type",
+                "Best feasible tokens/s on each prompt suite at each K: the best K differs by content.",
+                lines_figure(data.k_by_suite, "suite", "K", "tokens_per_second", "fig-k-suite", "K (draft length)")
+                if not data.k_by_suite.empty else _empty("no per-suite measurements")),
+        Section("temperature", "Temperature effect",
+                "Sampling above 0 lowers acceptance (the draft guesses the target's sample) and changes outputs.",
+                temperature_figure(data.temperature, "fig-temperature") if data.temperature["temperature"].nunique() > 1
+                else _empty("the study tried a single temperature")),
+        Section("experts", "Active experts against speed and quality",
+                "MoE only: fewer active experts read fewer weights per token, at some cost in quality.",
+                experts_figure(data.experts, "fig-experts") if not data.experts.empty
+                else _empty("dense target: no expert knob")),
+        Section("threads-numa", "Threads and NUMA policy",
+                "Best tokens/s per thread count, one line per NUMA policy.",
+                lines_figure(data.threads_numa, "numa", "threads", "best_tokens_per_second", "fig-threads-numa", "threads")
+                if not data.threads_numa.empty else _empty("no complete trial")),
+        Section("speedup", "Speedup over the baseline",
+                "Each complete trial's tokens/s divided by the baseline's (target alone, greedy, default threads).",
+                speedup_figure(data, "fig-speedup") if not done.empty else _empty("no complete trial")),
+        Section("roofline", "Tokens/s as a fraction of the memory-bandwidth ceiling",
+                "Without speculation decode cannot exceed bandwidth ÷ bytes of weights read per token (1.0). "
+                "Above 1 is speculation paying off; far below 1 means compute, threads or NUMA leave bandwidth unused.",
+                roofline_figure(data, "fig-roofline") if data.roofline is not None and not done.empty
+                else _empty("the study does not record the target's weight bytes")),
+        Section("importance", "Parameter importances",
+                "How much each knob explains each objective among complete trials (Optuna's default evaluator).",
+                importance_figure(data.importances, "fig-importance") if not data.importances.empty
+                else _empty("too few complete trials, or no knob varied")),
+        Section("pareto-table", "Pareto-optimal trials",
+                "Feasible trials no other feasible trial beats on every objective, with the exact command "
+                "(add --host/--port).",
+                _table(data.pareto, {"trial": "trial", "tokens_per_second": "tokens/s", "speedup": "x baseline",
+                                     "roofline_fraction": "of ceiling", "acceptance": "acceptance",
+                                     "quality": "quality", "method": "draft", "draft_max": "K",
+                                     "temperature": "T", "experts": "experts", "threads": "threads",
+                                     "numa": "numa", "command": "command"}, code=("command",))
+                if not data.pareto.empty else _empty("no feasible trial")),
+        Section("per-suite", "Best configuration per content type",
+                "From each feasible trial's per-suite tokens/s.",
+                _table(data.best_per_suite, {"suite": "suite", "trial": "trial", "tokens_per_second": "tokens/s",
+                                             "method": "draft", "draft_max": "K", "temperature": "T"})
+                if not data.best_per_suite.empty else _empty("no per-suite measurements")),
+        Section("failures", "Failed trials", "Why they failed (see the storage's log_tail for evidence).",
+                _table(data.failures, {"trial": "trial", "method": "draft", "draft_max": "K", "threads": "threads",
+                                       "failure_reason": "reason", "failure_detail": "detail"})
+                if not data.failures.empty else _empty("none")),
+    ]
+
+
+def render(data: ReportData) -> str:
+    secs = sections(data)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>tuner report: {html.escape(data.study_name)}</title>",
+        f"<style>{CSS}</style>",
+        f'<script type="text/javascript">{get_plotlyjs()}</script>',
+        "</head><body>",
+        f"<h1>Study {html.escape(data.study_name)}</h1>",
+        summary_table(data),
+        "<nav><ul>" + "".join(f'<li><a href="#{s.id}">{html.escape(s.title)}</a></li>' for s in secs) + "</ul></nav>",
+    ]
+    for s in secs:
+        parts.append(f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>'
+                     f'<p class="caption">{html.escape(s.caption)}</p>{s.body}</section>')
+    parts.append("</body></html>")
+    return "\n".join(parts)

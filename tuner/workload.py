@@ -1,0 +1,158 @@
+"""The prompts a trial measures: built-in suites and user suites, all in one YAML format.
+
+A suite file looks like::
+
+    description: what the suite is for   # optional
+    prompts:
+      - id: add            # optional, defaults to SUITE-N; unique across the workload
+        text: "Q: What is 40 + 2?\\nA:"
+        expected:          # optional; used by the answer-quality scorer
+          - {kind: contains, value: "42"}
+
+Which suite suits which knob matters: prompt-lookup drafting only helps where the
+output copies the input (summarization), a draft model only where it predicts the
+target well (code, for the built-in synthetic family), and only prompts with expected
+answers can score a temperature search.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from tuner.errors import UserError
+
+BUILTIN_SUITES = ("code", "summarize", "prose", "math", "json")
+EXPECTATION_KINDS = ("exact", "regex", "contains")
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One condition on a completion's text."""
+
+    kind: str  # "exact": equal after stripping whitespace; "regex": re.search; "contains": substring
+    value: str
+
+    def met_by(self, text: str) -> bool:
+        if self.kind == "exact":
+            return text.strip() == self.value.strip()
+        if self.kind == "regex":
+            return re.search(self.value, text) is not None
+        return self.value in text
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    suite: str
+    text: str
+    expected: tuple[Expectation, ...] = ()
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: tuple[Prompt, ...]
+
+    @property
+    def suites(self) -> tuple[str, ...]:
+        """Suite names in the order they were given."""
+        return tuple(dict.fromkeys(p.suite for p in self.prompts))
+
+
+def load_workload(suites: list[str], base_dir: Path) -> Workload:
+    """Load suites by built-in name or by path (relative to ``base_dir``, the study file's folder)."""
+    if not suites:
+        raise UserError("workload: no suites given; use any of " + ", ".join(BUILTIN_SUITES) + " or a suite file")
+    prompts: list[Prompt] = []
+    seen: dict[str, str] = {}  # prompt id -> where it was defined
+    for entry in suites:
+        if not isinstance(entry, str):
+            raise UserError(f"workload: suite {entry!r} is not a name or a path; quote it as a string")
+        if entry in BUILTIN_SUITES:
+            where = f"built-in suite {entry}"
+            text = (resources.files("tuner") / "data" / "workloads" / f"{entry}.yaml").read_text()
+            suite_prompts = parse_suite(text, suite=entry, where=where)
+        else:
+            path = Path(base_dir) / entry
+            if path.suffix not in (".yaml", ".yml") and not path.exists():
+                raise UserError(
+                    f"workload: unknown suite '{entry}'; use one of {', '.join(BUILTIN_SUITES)} "
+                    "or a path to a suite YAML file"
+                )
+            try:
+                text = path.read_text()
+            except OSError as err:
+                raise UserError(f"{entry}: cannot read suite file ({err.strerror}; relative to {base_dir})") from err
+            where = entry
+            suite_prompts = parse_suite(text, suite=path.stem, where=where)
+        for prompt in suite_prompts:
+            if prompt.id in seen:
+                raise UserError(
+                    f"{where}: prompt id '{prompt.id}' is already used in {seen[prompt.id]}; ids must be unique"
+                )
+            seen[prompt.id] = where
+        prompts.extend(suite_prompts)
+    return Workload(prompts=tuple(prompts))
+
+
+def parse_suite(text: str, suite: str, where: str) -> list[Prompt]:
+    """Validate one suite file's content; every error names ``where`` and the field."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{where}: malformed YAML{at}: {getattr(err, 'problem', None) or err}") from err
+    if not isinstance(data, dict) or "prompts" not in data:
+        raise UserError(f"{where}: expected a mapping with a `prompts` list")
+    unknown = sorted(set(data) - {"prompts", "description"})
+    if unknown:
+        raise UserError(f"{where}: unknown field(s) {', '.join(unknown)}; use prompts (and description)")
+    items = data["prompts"]
+    if not isinstance(items, list) or not items:
+        raise UserError(f"{where}: prompts: the suite is empty; add at least one prompt with a `text`")
+    return [_parse_prompt(item, suite, f"{where}: prompts[{i}]", i) for i, item in enumerate(items)]
+
+
+def _parse_prompt(item: object, suite: str, where: str, index: int) -> Prompt:
+    if not isinstance(item, dict):
+        raise UserError(f"{where}: expected a mapping with `text` (and optional `id`, `expected`)")
+    unknown = sorted(set(item) - {"id", "text", "expected"})
+    if unknown:
+        raise UserError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}; use id, text, expected")
+    text = item.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise UserError(f"{where}.text: missing or empty; every prompt needs its text")
+    prompt_id = item.get("id", f"{suite}-{index + 1}")
+    if not isinstance(prompt_id, str) or not prompt_id:
+        raise UserError(f"{where}.id: must be a non-empty string")
+    expected = item.get("expected", [])
+    if not isinstance(expected, list):
+        raise UserError(f"{where}.expected: must be a list of {{kind, value}}")
+    return Prompt(
+        id=prompt_id,
+        suite=suite,
+        text=text,
+        expected=tuple(_parse_expectation(e, f"{where}.expected[{j}]") for j, e in enumerate(expected)),
+    )
+
+
+def _parse_expectation(item: object, where: str) -> Expectation:
+    if not isinstance(item, dict) or set(item) != {"kind", "value"}:
+        raise UserError(f"{where}: expected a mapping with exactly `kind` and `value`")
+    kind, value = item["kind"], item["value"]
+    if kind not in EXPECTATION_KINDS:
+        raise UserError(f"{where}.kind: unknown kind '{kind}'; use exact, regex or contains")
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise UserError(f"{where}.value: must be a string")
+    value = str(value)
+    if kind == "regex":
+        try:
+            re.compile(value)
+        except re.error as err:
+            raise UserError(f"{where}.value: invalid regex ({err})") from err
+    return Expectation(kind=kind, value=value)
