@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import uuid
+from pathlib import Path
 
 import pytest
 
 # Matched against the process *name* (not the command line, which would also match a
 # compiler building llama-server's sources); the kernel keeps 15 characters of it.
 LLAMA_PROCESS_NAME = r"^llama-"
+# Every process this test session starts inherits this marker, so the leftover check
+# sees our llama.cpp processes only, never another session's on the same machine.
+SESSION_MARKER = f"TUNER_TEST_SESSION={uuid.uuid4().hex}"
+os.environ["TUNER_TEST_SESSION"] = SESSION_MARKER.split("=", 1)[1]
+
+
+def _ours(pid: str) -> bool:
+    try:
+        return SESSION_MARKER.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone already, or not ours to read
+        return False
 
 
 def running_llama_processes() -> list[str]:
+    """llama.cpp processes started by this test session (``PID NAME`` lines)."""
     proc = subprocess.run(["pgrep", "-a", LLAMA_PROCESS_NAME], capture_output=True, text=True)
-    return proc.stdout.splitlines()
+    return [line for line in proc.stdout.splitlines() if _ours(line.split()[0])]
 
 
 @pytest.fixture(scope="session")
