@@ -31,6 +31,12 @@ def running_llama_processes() -> list[str]:
     return [line for line in proc.stdout.splitlines() if _ours(line.split()[0])]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def storage_outside_the_repo(tmp_path_factory):
+    """Trial logs and default storages of tests go to a temporary folder, not storage/."""
+    os.environ["TUNER_STORAGE_DIR"] = str(tmp_path_factory.mktemp("storage"))
+
+
 @pytest.fixture(scope="session")
 def llama_bin_dir():
     """The pinned build (`make test` builds it first); its absence is an error, not a skip."""

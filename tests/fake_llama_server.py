@@ -15,8 +15,10 @@ Environment (inherited through the tuner, which passes its environment on):
                        spaces, plus a trailing space) contains the substring shows the
                        fault: launch, exit137, crash, hang, crash_mid_run, http500, nodraft
 
-Install it as a bin folder's ``llama-server`` with ``install`` below: the process then
-runs as ``python .../llama-server``, which the tests' leftover-process check matches.
+Install it as a bin folder's ``llama-server`` with ``install`` below. The process then runs
+as ``python .../fake_llama_server.py ARGS``, which conftest's machine-wide ``llama-*``
+pattern does not match: test sessions sharing a machine would otherwise kill each
+other's stand-ins. ``assert_no_leftover`` finds them by this file's name instead.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import signal
+import subprocess
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,10 +39,10 @@ FAULTS = ("launch", "exit137", "crash", "hang", "crash_mid_run", "http500", "nod
 
 
 def install(bin_dir: Path) -> Path:
-    """Write ``bin_dir/llama-server`` running this file with the current interpreter."""
+    """Write ``bin_dir/llama-server``, which execs this file with the current interpreter."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     script = bin_dir / "llama-server"
-    script.write_text(f"#!{sys.executable}\nimport runpy\nrunpy.run_path({str(Path(__file__).resolve())!r}, run_name='__main__')\n")
+    script.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} "$@"\n')
     script.chmod(0o755)
     return script
 
@@ -115,7 +119,9 @@ def assert_no_leftover(tmp_path: Path) -> None:
     from study_factory import own_descendants
 
     mine = own_descendants()
-    leftover = [line for line in running_llama_processes() if int(line.split()[0]) in mine or str(tmp_path) in line]
+    stand_ins = subprocess.run(["pgrep", "-a", "-f", Path(__file__).name], capture_output=True, text=True).stdout
+    leftover = [line for line in running_llama_processes() if int(line.split()[0]) in mine]
+    leftover += [line for line in stand_ins.splitlines() if str(tmp_path) in line and "pgrep" not in line]
     for line in leftover:
         os.kill(int(line.split()[0]), signal.SIGKILL)
     assert not leftover, f"llama.cpp processes left running: {leftover}"

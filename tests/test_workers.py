@@ -28,6 +28,8 @@ pytest.importorskip("psycopg2", reason="the PostgreSQL driver is the `postgres` 
 
 COMPLETE, FAIL, RUNNING, WAITING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
                                     optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+# Two workers that pass the budget check in the same instant each start a trial (see tuner.worker).
+OVERSHOOT = 3 - 1
 FAST_HEARTBEAT = {"heartbeat_s": 1, "grace_s": 3, "max_retry": 1, "baseline_wait_s": 60}
 
 
@@ -72,7 +74,7 @@ def start_workers(n: int, study: Path, storage: str, env: dict, tmp_path: Path) 
     return procs
 
 
-def finish(procs: list[subprocess.Popen], tmp_path: Path, timeout_s: float = 180) -> list[int]:
+def finish(procs: list[subprocess.Popen], timeout_s: float = 180) -> list[int]:
     """Wait for every worker; kill any still running at the timeout (and fail)."""
     try:
         for proc in procs:
@@ -96,7 +98,7 @@ def study_of(storage: str) -> optuna.Study:
 def test_three_workers_complete_a_budget_of_60_without_loss_or_duplicate(tmp_path, env, database):
     study_file = write_study(tmp_path, "sqlite:///unused-by-workers.db", budget={"trials": 60})
     procs = start_workers(3, study_file, database, env, tmp_path)
-    codes = finish(procs, tmp_path)
+    codes = finish(procs)
     assert codes == [0, 0, 0], [output(tmp_path, i)[-2000:] for i in range(3)]
 
     study = study_of(database)
@@ -104,12 +106,12 @@ def test_three_workers_complete_a_budget_of_60_without_loss_or_duplicate(tmp_pat
     assert [t.number for t in trials] == list(range(len(trials)))
     assert {t.state for t in trials} == {COMPLETE}  # no trial lost, none left running or queued
     assert len(trials) == tally(study).counted
-    assert 60 <= len(trials) <= 62  # exactly the budget, bar two workers starting in the same instant
+    assert 60 <= len(trials) <= 60 + OVERSHOOT
     baselines = [t for t in trials if t.user_attrs.get("role") == "baseline"]
     assert [t.number for t in baselines] == [0] and study.user_attrs["reference"]["trial"] == 0
     pids = {str(p.pid) for p in procs}
     assert {t.user_attrs["worker"].rsplit(":", 1)[1] for t in trials} == pids  # all three measured
-    assert study.user_attrs["created_by"].rsplit(":", 1)[1] == baselines[0].user_attrs["worker"].rsplit(":", 1)[1]
+    assert study.user_attrs["created_by"] == baselines[0].user_attrs["worker"]  # its creator ran the baseline
     # each trial was measured by exactly one server launch: none repeated, none lost
     ports = Counter(int(t.user_attrs["argv"][t.user_attrs["argv"].index("--port") + 1]) for t in trials)
     launched = Counter(launch["port"] for launch in launches(tmp_path / "launches.jsonl"))
@@ -119,9 +121,9 @@ def test_three_workers_complete_a_budget_of_60_without_loss_or_duplicate(tmp_pat
 def killed_worker_trial(study_file: Path, database: str, env: dict, tmp_path: Path, role: str):
     """Start three workers, SIGKILL the one measuring a trial of ``role``; wait for the rest.
 
-    Each request takes a second (FAKE_LLAMA_DELAY_S), so a trial seen running with its
+    Each request takes 0.6 s (FAKE_LLAMA_DELAY_S), so a trial seen running with its
     server up is still running when its worker is killed a moment later."""
-    procs = start_workers(3, study_file, database, {**env, "FAKE_LLAMA_DELAY_S": "1"}, tmp_path)
+    procs = start_workers(3, study_file, database, {**env, "FAKE_LLAMA_DELAY_S": "0.6"}, tmp_path)
     try:
         def victim():
             try:
@@ -136,7 +138,7 @@ def killed_worker_trial(study_file: Path, database: str, env: dict, tmp_path: Pa
         killed.send_signal(signal.SIGKILL)
         killed.wait()
     finally:
-        codes = finish(procs, tmp_path)
+        codes = finish(procs)
     port = int(trial.user_attrs["argv"][trial.user_attrs["argv"].index("--port") + 1])
     (server,) = [x for x in launches(tmp_path / "launches.jsonl") if x["port"] == port]
     assert not alive(server["pid"])  # the kernel killed the dead worker's server with it
@@ -146,7 +148,7 @@ def killed_worker_trial(study_file: Path, database: str, env: dict, tmp_path: Pa
 
 
 def test_a_killed_worker_trial_is_failed_by_heartbeat_retried_once_and_the_study_completes(tmp_path, env, database):
-    study_file = write_study(tmp_path, "sqlite:///unused.db", budget={"trials": 6}, workers=FAST_HEARTBEAT)
+    study_file = write_study(tmp_path, "sqlite:///unused.db", budget={"trials": 4}, workers=FAST_HEARTBEAT)
     study, lost = killed_worker_trial(study_file, database, env, tmp_path, "search")
 
     trials = study.get_trials()
@@ -155,11 +157,12 @@ def test_a_killed_worker_trial_is_failed_by_heartbeat_retried_once_and_the_study
     assert retry.state == COMPLETE and retry.params == trials[lost].params
     assert retry.user_attrs["requeued_by"] != trials[lost].user_attrs["worker"]
     assert not [t for t in trials if t.state in (RUNNING, WAITING)]
-    assert tally(study).counted == 6 and 7 <= len(trials) <= 9  # the lost trial is not counted
+    assert 4 <= tally(study).counted <= 4 + OVERSHOOT
+    assert len(trials) == tally(study).counted + 1  # the lost trial is the one not counted
 
 
 def test_a_killed_baseline_worker_is_replaced_and_the_baseline_runs_once(tmp_path, env, database):
-    study_file = write_study(tmp_path, "sqlite:///unused.db", budget={"trials": 4}, workers=FAST_HEARTBEAT)
+    study_file = write_study(tmp_path, "sqlite:///unused.db", budget={"trials": 3}, workers=FAST_HEARTBEAT)
     study, lost = killed_worker_trial(study_file, database, env, tmp_path, "baseline")
 
     trials = study.get_trials()
@@ -168,7 +171,7 @@ def test_a_killed_baseline_worker_is_replaced_and_the_baseline_runs_once(tmp_pat
     assert [t.system_attrs.get("failed_trial") for t in completed_baselines] == [0]
     assert study.user_attrs["reference"]["trial"] == completed_baselines[0].number
     assert completed_baselines[0].user_attrs["worker"] == completed_baselines[0].user_attrs["requeued_by"]
-    assert tally(study).counted == 4 and not [t for t in trials if t.state in (RUNNING, WAITING)]
+    assert 3 <= tally(study).counted <= 3 + OVERSHOOT and not [t for t in trials if t.state in (RUNNING, WAITING)]
 
 
 def test_a_worker_with_another_llama_build_is_refused(tmp_path, env, database, monkeypatch, capsys):

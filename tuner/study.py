@@ -170,7 +170,7 @@ def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.stora
         return open_storage(url, workers)
     except Exception as err:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        fix = ("install the database driver: pip install 'llama-tuner[postgres]'" if isinstance(err, ImportError)
+        fix = ("install the PostgreSQL driver: pip install -e '.[postgres]'" if isinstance(err, ImportError)
                else "check the URL and that the database is reachable")
         raise UserError(f"storage {safe_url(url)}: cannot open ({first}); {fix}") from err
 
@@ -201,7 +201,11 @@ def sampler_for(name: str, seed: int, budget_trials: int) -> optuna.samplers.Bas
 
 
 def open_study(ctx: StudyContext) -> optuna.Study:
-    """Create or resume; refuse to mix hardware, builds or search spaces in one study."""
+    """Create or resume; refuse to mix hardware, builds or search spaces in one study.
+
+    Of several workers starting at once exactly one creates the study (and later runs the
+    baseline, see ``tuner.worker``); the others wait for it to record the study's attrs.
+    """
     spec = ctx.spec
     storage = make_storage(spec.storage, spec.workers)
     directions = [o.direction for o in spec.objectives]
