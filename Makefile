@@ -21,6 +21,11 @@ help:
 	@echo "make doctor    print the machine fingerprint and measuring advice"
 	@echo "make inspect   inspect the built-in models' GGUF metadata and draft compatibility"
 	@echo "make study STUDY=name [TRIALS=n]   run or resume studies/NAME.yaml"
+	@echo "make report STUDY=name   HTML report and CSV under reports/NAME/"
+	@echo "make export STUDY=name   best configuration as script, JSON, YAML and models-preset INI"
+	@echo "make dashboard           optuna-dashboard on the studies' storage (127.0.0.1:8080)"
+	@echo "make worker STUDY=name STORAGE=postgresql://...   one worker per host on a shared study"
+	@echo "make bench               benchmarks of the tuner itself, under reports/bench/"
 
 # apt packages: installed only when one is missing, so a prepared machine skips apt.
 # chromium (report/dashboard tests in a real browser) and postgresql (multi-worker
@@ -63,6 +68,10 @@ demo: models
 	$(TUNER) doctor
 	$(MAKE) --no-print-directory inspect
 	$(TUNER) run studies/demo.yaml $(if $(TRIALS),--trials $(TRIALS))
+	$(TUNER) report demo
+	$(TUNER) export demo
+	@echo "demo: report in reports/demo/index.html, exported configuration in reports/demo/export/;"
+	@echo "      browse every study with \`make dashboard\` (http://127.0.0.1:8080)"
 
 test: models
 	$(PY) -m pytest -q
@@ -87,7 +96,6 @@ dashboard: setup
 .PHONY: worker
 STORAGE ?=
 worker: models
-	@$(PY) -c 'import psycopg2' 2>/dev/null || $(PY) -m pip install --quiet -e '.[postgres]'
 	$(TUNER) worker studies/$(STUDY).yaml $(if $(STORAGE),--storage '$(STORAGE)')
 
 # Benchmarks of the tuner itself (issue 7): search efficiency on a recorded grid, overhead

@@ -108,7 +108,7 @@ def test_default_sampler_measures_each_configuration_once_until_all_are_measured
         spec = trial.suggest_categorical("spec_type", ["none", "ngram-simple"])
         k = trial.suggest_categorical("draft_max", [1, 2, 4]) if spec != "none" else 0
         threads = trial.suggest_categorical("threads", [1, 2])
-        trial.set_user_attr("constraint_quality", -1.0)
+        trial.set_constraint("quality_floor", -1.0)
         return k * threads + (spec == "none"), 1.0, 1.0
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)

@@ -274,3 +274,8 @@ def test_missing_executable_is_launch_failed(tmp_path):
 )
 def test_classify_exit(returncode, log, started, reason):
     assert classify_exit(returncode, log, started) is reason
+
+
+def test_sigkill_is_out_of_memory_only_if_the_kernel_may_have_sent_it():
+    assert classify_exit(-signal.SIGKILL, "", started=True, oom_killed=True) is FailureReason.OUT_OF_MEMORY
+    assert classify_exit(-signal.SIGKILL, "", started=True, oom_killed=False) is FailureReason.CRASHED

@@ -70,6 +70,7 @@ class ModelInfo:
     name: str | None
     parameter_count: int  # sum of tensor element counts
     weights_bytes: int  # sum of tensor data bytes: what a decode step streams from memory
+    expert_weights_bytes: int  # the MoE expert tensors' share (`*_exps.*`); a step reads used/count of it
     file_type: str | None  # general.file_type as a name, e.g. "Q4_K_M"
     dominant_tensor_type: str | None  # the ggml type holding the most bytes, e.g. "Q4_K"
     context_length: int | None
@@ -114,6 +115,7 @@ class ModelInfo:
             "name": self.name,
             "parameter_count": self.parameter_count,
             "weights_bytes": self.weights_bytes,
+            "expert_weights_bytes": self.expert_weights_bytes,
             "file_type": self.file_type,
             "dominant_tensor_type": self.dominant_tensor_type,
             "quantization": self.quantization,
@@ -209,6 +211,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
         name=value("general.name"),
         parameter_count=sum(int(t.n_elements) for t in reader.tensors),
         weights_bytes=sum(bytes_by_type.values()),
+        expert_weights_bytes=sum(int(t.n_bytes) for t in reader.tensors if "_exps." in t.name),
         file_type=_file_type_name(integer("general.file_type")),
         dominant_tensor_type=bytes_by_type.most_common(1)[0][0] if bytes_by_type else None,
         context_length=integer(f"{arch}.context_length"),

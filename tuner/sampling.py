@@ -1,17 +1,25 @@
-"""A sampler wrapper that never spends a trial re-measuring a configuration.
+"""A sampler wrapper that spends no trial on what is already known.
 
 Why: the tuner's knobs are mostly categorical (speculative type, draft, K choices,
-threads), so a study's space is a few dozen to a few hundred configurations. TPE
-exploits by proposing its incumbent again and again (on a recorded demo grid about a
-third of its trials were repeats), and every repeat costs a server launch and a
-workload. ``NoRepeatSampler`` asks the wrapped sampler first; when its proposal was
-already measured, it measures a neighbour instead: the proposal with one knob
-resampled at random, then two, and so on, which keeps the search near what TPE
-believes is good. Only when every neighbour was measured does it let the repeat through.
+threads), so a study's space is a few dozen to a few hundred configurations, and every
+trial costs a server launch and a workload. Replaying recorded grids
+(`tuner bench-search`) showed two ways TPE wastes them:
+
+* it exploits by proposing its incumbent again and again;
+* it learns nothing from failed trials (Optuna's TPE models complete trials only), so a
+  knob value that cannot work, e.g. a prompt-lookup type that finds nothing to draft in
+  this workload, keeps its prior share of the proposals and fails again and again.
+
+``NoRepeatSampler`` asks the wrapped sampler first and accepts its proposal unless it
+repeats a measured configuration or uses a *culprit*: a knob value that is the only
+thing two or more permanent failures have in common that has never run. Otherwise it
+tries neighbours of the proposal (one knob resampled at random, then two, ...), which
+keeps the search near what TPE believes is good; only when no neighbour is acceptable
+does the proposal go through as it was.
 
 Lifecycle: ``infer_relative_search_space`` and ``sample_independent`` are the wrapped
 sampler's; ``sample_relative`` filters its proposal as above (during the wrapped
-sampler's random start-up, a random configuration that was not measured yet);
+sampler's random start-up, a random configuration filtered the same way);
 ``before_trial``/``after_trial`` are forwarded, so constraints are still recorded.
 """
 
@@ -32,6 +40,32 @@ TRANSIENT = frozenset(r.value for r in FailureReason if r not in PERMANENT)
 TRIES_PER_DISTANCE = 20
 
 
+def culprits(bad: list[dict[str, Any]], good: list[dict[str, Any]]) -> set[tuple[str, Any]]:
+    """Knob values to blame for bad trials, explaining them away one value at a time.
+
+    A value may be blamed only if it never was in a good trial; the one among those that
+    appears in the most unexplained bad trials is blamed when that is at least two and
+    no other value ties with it (a draft type and a large K that only ever failed
+    together blame neither until a trial tells them apart). Its trials are then
+    explained, and the next value is looked for among the rest.
+    """
+    worked = {item for params in good for item in params.items()}
+    unexplained = [set(params.items()) - worked for params in bad]
+    blamed: set[tuple[str, Any]] = set()
+    while unexplained:
+        counts: dict[tuple[str, Any], int] = {}
+        for items in unexplained:
+            for item in items:
+                counts[item] = counts.get(item, 0) + 1
+        ranked = sorted(counts.values(), reverse=True)
+        if not ranked or ranked[0] < 2 or (len(ranked) > 1 and ranked[1] == ranked[0]):
+            break
+        item = next(i for i, n in counts.items() if n == ranked[0])
+        blamed.add(item)
+        unexplained = [items for items in unexplained if item not in items]
+    return blamed
+
+
 class NoRepeatSampler(optuna.samplers.BaseSampler):
     def __init__(self, base: optuna.samplers.BaseSampler, seed: int | None = None):
         self.base = base
@@ -46,25 +80,36 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
         proposal = self.base.sample_relative(study, trial, search_space)
         if not search_space:
             return proposal
-        measured = [t.params for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-                    if t.state == TrialState.COMPLETE or t.user_attrs.get("failure_reason") not in TRANSIENT]
+        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+        good, bad = [], []  # bad: below the quality floor, or failed for a reason that will recur
+        for t in trials:
+            if t.state == TrialState.COMPLETE:
+                (good if all(v <= 0 for v in t.constraints.values()) else bad).append(t.params)
+            elif t.user_attrs.get("failure_reason") not in TRANSIENT:
+                bad.append(t.params)
+        measured = good + bad
+        blamed = culprits(bad, good)
 
         def is_new(params: dict[str, Any]) -> bool:
             # A measured trial holds only the knobs it was asked (no draft without speculation):
             # the candidate repeats it when it agrees on all of those.
             return not any(all(k not in search_space or params.get(k) == v for k, v in p.items()) for p in measured)
 
+        def blameless(params: dict[str, Any]) -> bool:
+            return is_new(params) and not any((k, v) in blamed for k, v in params.items())
+
         start = proposal or {name: self._resample(study, trial, name, d) for name, d in search_space.items()}
-        if is_new(start):
-            return start
         names = sorted(search_space)
-        for distance in range(1, len(names) + 1):
-            for _ in range(TRIES_PER_DISTANCE):
-                candidate = dict(start)
-                for i in self._rng.choice(len(names), size=distance, replace=False):
-                    candidate[names[i]] = self._resample(study, trial, names[i], search_space[names[i]])
-                if is_new(candidate):
-                    return candidate
+        for acceptable in (blameless, is_new):  # a wrong blame must not stop the search
+            if acceptable(start):
+                return start
+            for distance in range(1, len(names) + 1):
+                for _ in range(TRIES_PER_DISTANCE):
+                    candidate = dict(start)
+                    for i in self._rng.choice(len(names), size=distance, replace=False):
+                        candidate[names[i]] = self._resample(study, trial, names[i], search_space[names[i]])
+                    if acceptable(candidate):
+                        return candidate
         return proposal
 
     def _resample(self, study: optuna.Study, trial: FrozenTrial, name: str, distribution: BaseDistribution) -> Any:

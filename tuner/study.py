@@ -36,6 +36,7 @@ from tuner.errors import UserError
 from tuner.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
 from tuner.hardware import (
+    measure_memory_bandwidth,
     Topology,
     compare_fingerprints,
     fingerprint,
@@ -156,7 +157,9 @@ def prepare(spec: StudySpec) -> StudyContext:
         launch=launch,
         workload=workload,
         settings=settings,
-        fingerprint=fingerprint(topo, build, host=read_host_state(topo)),
+        # the bandwidth probe (~1 s) is provenance for the report's roofline, not a comparability key
+        fingerprint=fingerprint(topo, build, host=read_host_state(topo),
+                                bandwidth_bytes_per_s=measure_memory_bandwidth()),
         build=build,
         log_dir=storage_dir() / "logs" / spec.name,
     )

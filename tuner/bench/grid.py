@@ -109,7 +109,9 @@ class GridRecorder:
         self.reference = json.loads(self.reference_path.read_text()) if self.reference_path.is_file() else None
 
     def _resume(self) -> dict[str, dict]:
-        """Rows already recorded; refused if they were measured on another build, space or settings."""
+        """Rows already recorded (the last per configuration), except failures that may not recur
+        (a crash, a timeout): those are measured again. Refused if measured on another build,
+        space or settings."""
         if not self.jsonl.is_file():
             return {}
         rows = [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
@@ -118,7 +120,9 @@ class GridRecorder:
             if other:
                 raise UserError(f"{self.jsonl}: recorded with {other}, not {({k: self.provenance[k] for k in other})}; "
                                 "rows would not be comparable: delete it or pass another --out")
-        return {config_key({k: row[k] for k in KNOBS if row.get(k) is not None}): row for row in rows}
+        latest = {config_key({k: row[k] for k in KNOBS if row.get(k) is not None}): row for row in rows}
+        return {key: row for key, row in latest.items()
+                if row["status"] == "ok" or FailureReason(row["status"]) in PERMANENT}
 
     def record(self, launches: list[Launch]) -> list[dict]:
         total = sum(len(launch.configs) for launch in launches)

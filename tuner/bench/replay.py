@@ -55,7 +55,7 @@ class Entry:
     values: tuple[float, ...]  # the replay's objectives, in Landscape.objectives order
     cv: float
     feasible: bool
-    constraint: float  # as tuner.study.constraints reads it: feasible when <= 0
+    constraint: float  # as a study sets it (quality floor - quality): feasible when <= 0
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ class ReplayObjective:
         entry = self.landscape.entries.get(key)
         if entry is None or not entry.ok:
             raise NotRecorded(str(key))
-        trial.set_user_attr("constraint_quality", entry.constraint)
+        trial.set_constraint("quality_floor", entry.constraint)
         noise = max(0.0, 1.0 + entry.cv * self.rng.standard_normal())
         values = list(entry.values)
         for i, name in enumerate(self.landscape.objectives):
