@@ -356,6 +356,7 @@ def importances(study: optuna.Study) -> pd.DataFrame:
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*importances of params to achieve low")
+                warnings.filterwarnings("ignore", message=".*have less than 2 trials")  # small studies
                 result = optuna.importance.get_param_importances(
                     study, target=lambda t, i=i, sign=sign: sign * t.values[i])
         except (ValueError, RuntimeError):
