@@ -21,6 +21,7 @@ from tuner.bench.table import read_table
 from tuner.cli import main
 from tuner.errors import UserError
 from tuner.space import Choices, IntRange, ResolvedSpace
+from tuner.sampling import culprits
 from tuner.study import sampler_for
 
 
@@ -92,7 +93,7 @@ def test_bench_search_compares_every_strategy(tmp_path, capsys):
         regrets = list(r["median_regret_at"].values())
         assert regrets == sorted(regrets, reverse=True) and 0.0 <= regrets[-1] <= regrets[0] <= 1.0
     assert result["strategies"]["grid"]["trials_to_target"][0] is not None  # the whole grid finds the best
-    assert set(result["targets"]) == {"default_over_random", "default_over_grid_size", "met"}
+    assert set(result["targets"]) == {"default_over_random", "random_censored", "default_over_grid_size", "met"}
     printed = capsys.readouterr().out
     assert "| default |" in printed and "target <= 0.5" in printed
 
@@ -118,6 +119,41 @@ def test_default_sampler_measures_each_configuration_once_until_all_are_measured
     assert len(set(configs)) == 8
     study.optimize(objective, n_trials=1)  # all measured: a repeat is let through, not an endless search
     assert len(study.trials) == 9
+
+
+def test_default_sampler_stops_proposing_a_knob_value_that_only_fails():
+    class NothingDrafted(Exception):
+        pass
+
+    def objective(trial):
+        spec = trial.suggest_categorical("spec_type", ["none", "ngram-simple", "draft-simple"])
+        k = trial.suggest_categorical("draft_max", [1, 2, 3, 4]) if spec != "none" else 0
+        threads = trial.suggest_categorical("threads", [1, 2])
+        if spec == "ngram-simple":
+            raise NothingDrafted  # a failure without a transient reason: it will recur
+        trial.set_constraint("quality_floor", -1.0)
+        return 10 * threads + k, 1.0, 1.0
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    for seed in range(3):
+        study = optuna.create_study(directions=["maximize"] * 3, sampler=sampler_for("tpe", seed, 12))
+        study.optimize(objective, n_trials=12, catch=(NothingDrafted,))  # 10 configurations work
+        assert sum(t.params["spec_type"] == "ngram-simple" for t in study.trials) <= 4
+
+
+def test_culprits_blame_only_the_value_that_explains_the_bad_trials():
+    good = [{"spec_type": "none", "temperature": 0.0, "threads": 2}]
+    bad = [
+        {"spec_type": "ngram-simple", "draft_max": 4, "temperature": 0.0, "threads": 1},  # drafted nothing
+        {"spec_type": "none", "temperature": 0.7, "threads": 1},  # below the quality floor
+        {"spec_type": "draft-simple", "draft_max": 2, "temperature": 0.7, "threads": 2},
+        {"spec_type": "ngram-simple", "draft_max": 1, "temperature": 0.7, "threads": 2},
+    ]
+    # temperature 0.7 explains three; threads=1 is shared by two bad trials but each has another cause
+    assert culprits(bad, good) == {("temperature", 0.7)}
+    # two failures sharing two never-good values: either could be the cause, so neither is blamed
+    assert culprits([{"spec_type": "draft-simple", "draft_max": 32, "threads": 1},
+                     {"spec_type": "draft-simple", "draft_max": 32, "threads": 2}], good) == set()
 
 
 def test_grid_enumerates_the_space_as_a_study_asks_it():
@@ -179,3 +215,35 @@ def test_record_grid_refuses_a_range(synthetic_models, tmp_path, monkeypatch, ca
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     assert main(["record-grid", str(grid_study(tmp_path, threads="{low: 1, high: 2}"))]) == 2
     assert "threads: is a range" in capsys.readouterr().err
+
+
+def test_overhead_compares_a_trial_with_llama_bench_in_alternating_rounds(synthetic_models, tmp_path, monkeypatch):
+    from tuner.bench.overhead import markdown, measure_overhead
+    from tuner.spec import load_spec
+    from tuner.study import prepare
+
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    result = measure_overhead(prepare(load_spec(grid_study(tmp_path))), n_predict=8, repetitions=2, rounds=2,
+                              progress=lambda line: None)
+    assert len(result.bench) == len(result.trials) == 2
+    assert all(b.tokens_per_second > 0 and len(b.samples_ts) == 2 for b in result.bench)  # read from its JSONL
+    assert all(0 < t.tokens <= 2 * 8 for t in result.trials)  # R x N at most: a prompt may stop early
+    assert result.tps_ratio > 0 and result.wall_ratio > 0 and 0 < result.launch_share < 1
+    data = result.to_dict()
+    assert data["met"] == result.met and all(t["wall_s"] > t["measure_s"] for t in data["trials"])
+    assert "| decode tokens/s (median) |" in markdown(result)
+
+
+def test_repeatability_runs_two_seeds_and_remeasures_both_winners(synthetic_models, tmp_path, monkeypatch):
+    from tuner.bench.repeat import markdown, measure_repeatability
+
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    result = measure_repeatability(grid_study(tmp_path), tmp_path / "repeat.db", trials=2, rounds=2,
+                                   progress=lambda line: None)
+    assert [w.seed for w in result.winners] == [1, 2]
+    assert all(w.config["temperature"] == 0.0 for w in result.winners)  # 0.7 falls below the agreement floor
+    assert result.same_config
+    assert all(len(w.remeasured_tokens_per_second) == 2 and min(w.remeasured_tokens_per_second) > 0
+               for w in result.winners)
+    assert 0 < result.ratio <= 1.0 and result.to_dict()["met"] == result.met
+    assert "re-measured" in markdown(result)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tuner.errors import UserError
+from tuner.failures import FailureReason, TrialFailure
 from tuner.fixtures import family, landscape, pinned, tables
 from tuner.fixtures.ngrams import NgramCounts
 from tuner.fixtures.vocab import BYTE, NORMAL, train
@@ -219,18 +220,16 @@ def test_one_expert_is_faster_and_changes_the_greedy_output(measured):
 def test_incompatible_draft_serves_without_drafting(synthetic_models, tmp_path):
     launch = landscape.Launch(synthetic_models.path("target"), synthetic_models.path("incompatible-draft"), 4)
     (point,) = landscape.measure(launch, landscape.code_prompts()[:1], log_dir=tmp_path)
-    assert point.drafted == 0 and point.predicted_n > 0
+    assert point.drafted == 0 and point.texts[0]
     assert "the target and draft vocabs are not compatible" in (tmp_path / "server.log").read_text()
 
 
 def test_corrupt_model_fails_to_load(synthetic_models, tmp_path):
-    proc = subprocess.run(
-        [str(binary("llama-completion")), "-m", str(synthetic_models.path("corrupt")), "-p", "x", "-n", "1",
-         "-no-cnv"],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert proc.returncode != 0
-    assert "failed to load model" in proc.stdout + proc.stderr
+    argv = landscape.Launch(synthetic_models.path("corrupt")).argv()
+    with pytest.raises(TrialFailure) as failure:
+        with LlamaServer(argv, free_port(), tmp_path / "server.log", ready_timeout_s=60):
+            pass
+    assert failure.value.reason == FailureReason.MODEL_LOAD_FAILED
 
 
 def test_recurrent_member_is_mamba_and_computes_the_small_drafts_text(synthetic_models):
@@ -238,12 +237,9 @@ def test_recurrent_member_is_mamba_and_computes_the_small_drafts_text(synthetic_
 
     reader = gguf.GGUFReader(synthetic_models.path("recurrent"))
     assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == "mamba"
-    texts = []
-    for name in ("recurrent", "draft-small"):
-        proc = subprocess.run(
-            [str(binary("llama-completion")), "-m", str(synthetic_models.path(name)), "-p", "def read(self):",
-             "-n", "24", "-t", "2", "--temp", "0", "-no-cnv"],
-            capture_output=True, text=True, timeout=60, check=True,
-        )
-        texts.append(proc.stdout)
-    assert texts[0] == texts[1] and len(texts[0]) > len("def read(self):") + 20
+    prompts = landscape.code_prompts()[:2]
+    recurrent, small = (
+        landscape.measure(landscape.Launch(synthetic_models.path(name)), prompts, n_predict=24)[0]
+        for name in ("recurrent", "draft-small")
+    )
+    assert recurrent.texts == small.texts and all(len(t) > 20 for t in small.texts)

@@ -5,17 +5,19 @@ threads), so a study's space is a few dozen to a few hundred configurations, and
 trial costs a server launch and a workload. Replaying recorded grids
 (`tuner bench-search`) showed two ways TPE wastes them:
 
-* it exploits by proposing its incumbent again and again;
+* it exploits by proposing configurations it has measured, its incumbent above all
+  (after its start-up, most of its proposals on a recorded demo grid were repeats);
 * it learns nothing from failed trials (Optuna's TPE models complete trials only), so a
   knob value that cannot work, e.g. a prompt-lookup type that finds nothing to draft in
   this workload, keeps its prior share of the proposals and fails again and again.
 
 ``NoRepeatSampler`` asks the wrapped sampler first and accepts its proposal unless it
-repeats a measured configuration or uses a *culprit*: a knob value that is the only
-thing two or more permanent failures have in common that has never run. Otherwise it
-tries neighbours of the proposal (one knob resampled at random, then two, ...), which
-keeps the search near what TPE believes is good; only when no neighbour is acceptable
-does the proposal go through as it was.
+repeats a measured configuration or uses a *culprit*: a knob value blamed for bad
+trials (below the quality floor, or failed for a reason that will recur) by
+``culprits``. Otherwise it tries neighbours of the proposal (one knob resampled at
+random, then two, ...), which keeps the search near what TPE believes is good. If no
+neighbour is acceptable the blame is dropped (it may be wrong) before repeats are, and
+only when every neighbour was measured does the proposal go through as it was.
 
 Lifecycle: ``infer_relative_search_space`` and ``sample_independent`` are the wrapped
 sampler's; ``sample_relative`` filters its proposal as above (during the wrapped

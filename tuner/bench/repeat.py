@@ -19,7 +19,7 @@ from tuner.failures import TrialFailure
 from tuner.measure import pooled_rate, run_workload
 from tuner.report import strip_host_port
 from tuner.runner import LlamaServer, free_port
-from tuner.spec import load_spec
+from tuner.spec import StudySpec, load_spec
 from tuner.study import best_feasible, prepare, run_study
 
 TOLERANCE = 0.05
@@ -79,7 +79,7 @@ def measure_repeatability(study_file: str | Path, storage_db: Path, *, seeds: tu
                         same_config=winners[0].config == winners[1].config, ratio=min(medians) / max(medians))
 
 
-def side_by_side(spec, winners: list[Winner], rounds: int, progress: Callable[[str], None]) -> list[list[float]]:
+def side_by_side(spec: StudySpec, winners: list[Winner], rounds: int, progress: Callable[[str], None]) -> list[list[float]]:
     """Both winners up at once; each round one pass of the workload on each, order alternating."""
     ctx = prepare(spec)
     timeout = spec.measurement.trial_timeout_s
