@@ -226,7 +226,8 @@ def test_overhead_compares_a_trial_with_llama_bench_in_alternating_rounds(synthe
     result = measure_overhead(prepare(load_spec(grid_study(tmp_path))), n_predict=8, repetitions=2, rounds=2,
                               progress=lambda line: None)
     assert len(result.bench) == len(result.trials) == 2
-    assert all(b.tokens_per_second > 0 and len(b.samples_ts) == 2 for b in result.bench)  # read from its JSONL
+    assert all(b.tokens_per_second > 0 and len(b.samples_ts) == 3 for b in result.bench)  # R + 1 runs, from its JSONL
+    assert result.depth == result.trials[0].prompt_tokens > 0
     assert all(0 < t.tokens <= 2 * 8 for t in result.trials)  # R x N at most: a prompt may stop early
     assert result.tps_ratio > 0 and result.wall_ratio > 0 and 0 < result.launch_share < 1
     data = result.to_dict()

@@ -37,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="study whose (all-choices) space is recorded as the grid (default: studies/bench-grid.yaml)")
     parser.add_argument("--study", type=Path, default=REPO_ROOT / "studies" / "demo.yaml",
                         help="study for the overhead and repeatability runs (default: studies/demo.yaml)")
-    parser.add_argument("--seeds", type=int, default=10, help="seeds per sampler in the replay (default: 10)")
+    parser.add_argument("--seeds", type=int, default=20, help="seeds per sampler in the replay (default: 20)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds for overhead and re-measuring (default: 3)")
     parser.add_argument("--repeat-trials", type=int, default=12,
                         help="trials per repeatability study (default: 12, less than the demo's budget to fit the bench)")

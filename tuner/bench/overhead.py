@@ -1,12 +1,14 @@
 """The tuner's figures and wall time against llama-bench's, alternating in one session.
 
 Why: a tuner's numbers are only useful if they are the numbers llama.cpp itself gives,
-and its harness must not cost more than the measurement. Same model, threads, pinning
-and generated tokens on both sides: llama-bench's tg test (``-p 0 -n N -r R``, read
-from its JSONL ``avg_ts``/``samples_ts``) against one tuner trial of the baseline
-configuration whose workload is one prompt, one warm-up and R repetitions of N tokens
-(llama-bench warms up once too). Rounds alternate the order (bench then trial, then
-trial then bench), so a change in machine load hits both sides.
+and its harness must not cost more than the measurement. The same work on both sides:
+one tuner trial of the baseline configuration whose workload is one prompt, a warm-up
+request and R measured requests of N tokens, against llama-bench's tg test with the
+same model, threads and pinning, R + 1 runs of N tokens without its own warm-up, the
+first run discarded as the tuner discards its warm-up, each at the depth the tuner
+decodes at (``-d`` = the prompt's tokens). Its figure is read from its JSONL
+``samples_ts``, and both sides report the median over the R runs. Rounds alternate the
+order (trial then bench, then bench then trial), so a change in load hits both sides.
 
 Results: (a) tuner tokens/s / llama-bench t/s (target: within 5%); (b) the trial's wall
 time / llama-bench's wall time (target: at most 1.25); and where a trial's time goes:
@@ -44,6 +46,7 @@ class TrialTiming:
 
     tokens_per_second: float
     tokens: int
+    prompt_tokens: int  # the depth at which it decoded
     launch_s: float  # process start until /health answers: loading included
     measure_s: float
     stop_s: float
@@ -55,14 +58,15 @@ class TrialTiming:
 
 @dataclass(frozen=True)
 class BenchRun:
-    tokens_per_second: float  # llama-bench's avg_ts for the tg test
+    tokens_per_second: float  # median of llama-bench's samples_ts after the first (its warm-up)
     samples_ts: tuple[float, ...]
     wall_s: float
 
 
 def timed_trial(ctx: StudyContext, config: TrialConfig, workload: Workload, settings: MeasurementSettings,
                 log_path: Path) -> TrialTiming:
-    """What ``TrialRunner`` does for one trial (launch, workload, stop), with a clock per stage."""
+    """What ``TrialRunner`` does for one trial (launch, workload, stop), with a clock per stage;
+    then, untimed, one token more to learn the prompt's length from llama.cpp's timings."""
     timeout = ctx.spec.measurement.trial_timeout_s
     server = LlamaServer(build_server_argv(config, ctx.launch), free_port(), log_path,
                          ready_timeout_s=timeout, request_timeout_s=timeout)
@@ -71,14 +75,17 @@ def timed_trial(ctx: StudyContext, config: TrialConfig, workload: Workload, sett
         ready = time.monotonic()
         samples = run_workload(server, workload, settings, config.temperature)
         measured = time.monotonic()
+        prompt_tokens = server.complete(workload.prompts[0].text, 1, config.temperature, settings.seed).prompt_n
+        probed = time.monotonic()
     stopped = time.monotonic()
     scores = summarize(samples, settings)
-    return TrialTiming(scores.tokens_per_second, sum(s.predicted_n for s in samples),
-                       ready - started, measured - ready, stopped - measured)
+    return TrialTiming(scores.tokens_per_second, sum(s.predicted_n for s in samples), prompt_tokens,
+                       ready - started, measured - ready, stopped - probed)
 
 
-def bench_argv(ctx: StudyContext, config: TrialConfig, n_predict: int, repetitions: int) -> list[str]:
-    """llama-bench's tg test with the trial's model, threads and pinning (numactl prefix or CPU mask)."""
+def bench_argv(ctx: StudyContext, config: TrialConfig, n_predict: int, repetitions: int, depth: int) -> list[str]:
+    """llama-bench's tg test with the trial's model, threads and pinning (numactl prefix or CPU
+    mask): R + 1 runs at the trial's depth, the first to be discarded like the trial's warm-up."""
     server_argv = build_server_argv(config, ctx.launch)
     server_at = server_argv.index(str(ctx.launch.server_binary))
     pinning = []
@@ -87,7 +94,8 @@ def bench_argv(ctx: StudyContext, config: TrialConfig, n_predict: int, repetitio
         pinning = ["--cpu-mask", server_argv[i + 1], "--cpu-strict", "1"]
     return [*server_argv[:server_at], str(binary("llama-bench", ctx.launch.server_binary.parent)),
             "-m", str(ctx.launch.target), "-t", str(config.threads), *pinning,
-            "-p", "0", "-n", str(n_predict), "-r", str(repetitions), "-o", "jsonl"]
+            "-p", "0", "-n", str(n_predict), "-d", str(depth), "-r", str(repetitions + 1), "--no-warmup",
+            "-o", "jsonl"]
 
 
 def run_llama_bench(argv: list[str], n_predict: int, timeout_s: float) -> BenchRun:
@@ -103,9 +111,10 @@ def run_llama_bench(argv: list[str], n_predict: int, timeout_s: float) -> BenchR
         raise UserError(f"llama-bench failed (exit code {proc.returncode}):\n{tail}")
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip().startswith("{")]
     tg = [r for r in records if r.get("n_prompt") == 0 and r.get("n_gen") == n_predict]
-    if not tg:
-        raise UserError(f"llama-bench printed no tg{n_predict} record; its output was:\n{proc.stdout[-500:]}")
-    return BenchRun(float(tg[0]["avg_ts"]), tuple(float(x) for x in tg[0].get("samples_ts", ())), wall)
+    if not tg or len(tg[0].get("samples_ts") or ()) < 2:
+        raise UserError(f"llama-bench printed no tg{n_predict} record with 2+ runs; its output was:\n{proc.stdout[-500:]}")
+    samples = tuple(float(x) for x in tg[0]["samples_ts"])
+    return BenchRun(statistics.median(samples[1:]), samples, wall)
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,7 @@ class OverheadResult:
     threads: int
     n_predict: int
     repetitions: int
+    depth: int  # prompt tokens: the context depth of both sides' decoding
     rounds: int
     bench: list[BenchRun]
     trials: list[TrialTiming]
@@ -141,15 +151,14 @@ def measure_overhead(ctx: StudyContext, *, n_predict: int = 64, repetitions: int
     config = baseline_config(ctx.space)
     workload = Workload(prompts=ctx.workload.prompts[:1])
     settings = replace(ctx.settings, warmup=1, repetitions=repetitions, n_predict=n_predict)
-    argv = bench_argv(ctx, config, n_predict, repetitions)
     timeout = ctx.spec.measurement.trial_timeout_s
     log = ctx.log_dir / "bench-overhead.log"
     bench: list[BenchRun] = []
     trials: list[TrialTiming] = []
     for r in range(rounds):
-        steps = ("bench", "trial") if r % 2 == 0 else ("trial", "bench")
-        for step in steps:
+        for step in ("trial", "bench") if r % 2 == 0 else ("bench", "trial"):  # a trial first: it knows the depth
             if step == "bench":
+                argv = bench_argv(ctx, config, n_predict, repetitions, trials[0].prompt_tokens)
                 bench.append(run_llama_bench(argv, n_predict, timeout))
             else:
                 trials.append(timed_trial(ctx, config, workload, settings, log))
@@ -165,6 +174,7 @@ def measure_overhead(ctx: StudyContext, *, n_predict: int = 64, repetitions: int
         threads=config.threads,
         n_predict=n_predict,
         repetitions=repetitions,
+        depth=trials[0].prompt_tokens,
         rounds=rounds,
         bench=bench,
         trials=trials,
@@ -179,7 +189,7 @@ def measure_overhead(ctx: StudyContext, *, n_predict: int = 64, repetitions: int
 def markdown(result: OverheadResult) -> str:
     median = statistics.median
     return "\n".join([
-        f"| {result.model}, {result.threads} threads, tg{result.n_predict} x {result.repetitions}, "
+        f"| {result.model}, {result.threads} threads, tg{result.n_predict} @ depth {result.depth} x {result.repetitions}, "
         f"{result.rounds} alternating rounds | llama-bench | tuner trial | tuner / llama-bench | target |",
         "|---|---|---|---|---|",
         f"| decode tokens/s (median) | {median(b.tokens_per_second for b in result.bench):.1f} | "
