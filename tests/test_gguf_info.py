@@ -19,9 +19,6 @@ from tuner.gguf_info import (
     read_model_info,
 )
 
-PINNED_SOURCE_FALLBACK = Path("/tmp/lcpp/llama_cpp_python-0.3.36/vendor/llama.cpp")
-
-
 def test_dense_model_metadata(tmp_path: Path) -> None:
     path = write_gguf(
         tmp_path / "dense.gguf",
@@ -320,20 +317,11 @@ def test_inspect_unreadable_draft_exits_2_with_one_line(tmp_path: Path, capsys) 
 # --- the real vocab-only GGUFs shipped with the pinned llama.cpp source ---
 
 
-def _pinned_models_dir() -> Path:
-    try:
-        from tuner.llama_build import source_dir
-
-        return Path(source_dir()) / "models"
-    except (ImportError, AttributeError, UserError):
-        return PINNED_SOURCE_FALLBACK / "models"
-
-
 @pytest.mark.llama
-def test_real_llama_cpp_vocabs() -> None:
-    models = _pinned_models_dir()
-    if not (models / "ggml-vocab-llama-spm.gguf").is_file():
-        pytest.skip(f"pinned llama.cpp source vocabs not found in {models}")
+def test_real_llama_cpp_vocabs(llama_bin_dir) -> None:
+    from tuner.llama_build import source_dir
+
+    models = source_dir() / "models"  # the pinned source `make llama` fetched
     spm = read_model_info(models / "ggml-vocab-llama-spm.gguf")
     phi3 = read_model_info(models / "ggml-vocab-phi-3.gguf")
     bert = read_model_info(models / "ggml-vocab-bert-bge.gguf")
