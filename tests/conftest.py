@@ -62,3 +62,13 @@ def no_llama_process_left_behind():
     for line in leftover:  # kill them so one failure does not cascade, then fail loudly
         subprocess.run(["kill", "-9", line.split()[0]], check=False)
     assert not leftover, f"llama.cpp processes left running: {leftover}"
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch) -> dict:
+    """For tests with the stand-in llama-server: logs under tmp_path, every launch recorded."""
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    monkeypatch.setenv("FAKE_LLAMA_LAUNCHES", str(tmp_path / "launches.jsonl"))
+    for var in ("FAKE_LLAMA_FAULTS", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_COMMIT"):
+        monkeypatch.delenv(var, raising=False)
+    return dict(os.environ)

@@ -54,16 +54,6 @@ def no_llama_process_left_behind(tmp_path):
     assert_no_leftover(tmp_path)
 
 
-@pytest.fixture
-def env(tmp_path, monkeypatch) -> dict:
-    """Logs under tmp_path and every stand-in launch recorded, here and in subprocesses."""
-    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
-    monkeypatch.setenv("FAKE_LLAMA_LAUNCHES", str(tmp_path / "launches.jsonl"))
-    for var in ("FAKE_LLAMA_FAULTS", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_COMMIT"):
-        monkeypatch.delenv(var, raising=False)
-    return dict(os.environ)
-
-
 def tuner(args: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tuner.cli", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -8,7 +8,6 @@ server can start, these tests skip and say why.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -47,15 +46,6 @@ def no_llama_process_left_behind(tmp_path):
     """Replaces conftest's machine-wide check, which kills other users' servers too."""
     yield
     assert_no_leftover(tmp_path)
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch) -> dict:
-    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
-    monkeypatch.setenv("FAKE_LLAMA_LAUNCHES", str(tmp_path / "launches.jsonl"))
-    for var in ("FAKE_LLAMA_FAULTS", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_COMMIT"):
-        monkeypatch.delenv(var, raising=False)
-    return dict(os.environ)
 
 
 @pytest.fixture
