@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from tuner.bench import overhead, repeat, replay
-from tuner.bench.grid import record_grid
+from tuner.bench.grid import record_grid, sigterm_as_interrupt
 from tuner.bench.table import read_table
 from tuner.errors import UserError
 from tuner.paths import REPO_ROOT, reports_dir
@@ -45,48 +45,51 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with sigterm_as_interrupt():
+        return _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
     for name in ("seeds", "rounds", "repeat_trials"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
     out = args.out or reports_dir() / "bench"
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    timings = {}
+    result: dict = {"timings": {}}
+    sections: list[str] = []
+
+    def done(key: str, value: dict, title: str, table: str, mark: float) -> None:
+        """Print a section and rewrite bench.json/bench.md with it: an interrupted bench keeps its results."""
+        result[key] = value
+        result["timings"][f"{key}_s"] = time.monotonic() - mark
+        result["timings"]["total_s"] = time.monotonic() - started
+        print(table, flush=True)
+        sections.extend([f"## {title}", "", table])
+        (out / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        (out / "bench.md").write_text("\n".join(["# tuner bench", "", *sections,
+                                                 f"Bench time so far: {result['timings']['total_s'] / 60:.1f} min.", ""]))
 
     grid_spec = load_spec(args.grid_study)
     csv = out / f"grid-{grid_spec.name}.csv"
     for stale in (csv.with_suffix(".jsonl"), csv.with_suffix(".reference.json")):
         stale.unlink(missing_ok=True)  # a fresh landscape: every figure from this session
-    print(f"== 1/3 search efficiency: recording the grid of {args.grid_study}")
+    print(f"== 1/3 search efficiency: recording the grid of {args.grid_study}", flush=True)
+    mark = time.monotonic()
     record_grid(args.grid_study, csv)
-    timings["record_grid_s"] = time.monotonic() - started
-    landscape = replay.load_landscape(read_table(csv))
-    search = replay.benchmark(landscape, seeds=args.seeds)
+    search = replay.benchmark(replay.load_landscape(read_table(csv)), seeds=args.seeds)
     search["table"] = str(csv)
-    timings["replay_s"] = time.monotonic() - started - timings["record_grid_s"]
-    print(replay.markdown(search))
+    done("search", search, f"1. Search efficiency on the recorded grid of {grid_spec.name}",
+         replay.markdown(search), mark)
 
-    print(f"== 2/3 overhead and validity against llama-bench ({args.study})")
+    print(f"== 2/3 overhead and validity against llama-bench ({args.study})", flush=True)
     mark = time.monotonic()
     over = overhead.measure_overhead(prepare(load_spec(args.study)), rounds=args.rounds)
-    timings["overhead_s"] = time.monotonic() - mark
-    print(overhead.markdown(over))
+    done("overhead", over.to_dict(), "2. Overhead and validity against llama-bench", overhead.markdown(over), mark)
 
-    print(f"== 3/3 repeatability: two seeds of {args.study}, {args.repeat_trials} trials each")
+    print(f"== 3/3 repeatability: two seeds of {args.study}, {args.repeat_trials} trials each", flush=True)
     mark = time.monotonic()
     rep = repeat.measure_repeatability(args.study, out / "repeat.db", trials=args.repeat_trials, rounds=args.rounds)
-    timings["repeat_s"] = time.monotonic() - mark
-    print(repeat.markdown(rep))
-
-    timings["total_s"] = time.monotonic() - started
-    result = {"search": search, "overhead": over.to_dict(), "repeatability": rep.to_dict(), "timings": timings}
-    (out / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    (out / "bench.md").write_text("\n".join([
-        "# tuner bench", "",
-        f"## 1. Search efficiency on the recorded grid of {grid_spec.name}", "", replay.markdown(search),
-        "## 2. Overhead and validity against llama-bench", "", overhead.markdown(over),
-        "## 3. Repeatability", "", repeat.markdown(rep),
-        f"Whole bench: {timings['total_s'] / 60:.1f} min.", "",
-    ]))
-    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'} in {timings['total_s'] / 60:.1f} min")
+    done("repeatability", rep.to_dict(), "3. Repeatability", repeat.markdown(rep), mark)
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'} in {result['timings']['total_s'] / 60:.1f} min")
     return 0

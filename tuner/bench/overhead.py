@@ -128,8 +128,10 @@ class OverheadResult:
     bench: list[BenchRun]
     trials: list[TrialTiming]
     study_trial: TrialTiming  # a trial of the study's own workload and settings
-    tps_ratio: float  # median tuner tokens/s / median llama-bench t/s
-    wall_ratio: float  # median trial wall / median llama-bench wall
+    tps_ratios: list[float]  # per round: tuner tokens/s / llama-bench t/s, seconds apart
+    wall_ratios: list[float]  # per round: trial wall / llama-bench wall
+    tps_ratio: float  # median of the per-round ratios (paired: load drifts between rounds)
+    wall_ratio: float
     launch_share: float  # median share of a trial's wall time spent launching and loading
     study_launch_share: float
 
@@ -169,6 +171,8 @@ def measure_overhead(ctx: StudyContext, *, n_predict: int = 64, repetitions: int
     progress(f"a {ctx.spec.name} trial: launch {study_trial.launch_s:.2f} s, measure {study_trial.measure_s:.2f} s, "
              f"stop {study_trial.stop_s:.2f} s")
     median = statistics.median
+    tps_ratios = [t.tokens_per_second / b.tokens_per_second for t, b in zip(trials, bench)]
+    wall_ratios = [t.wall_s / b.wall_s for t, b in zip(trials, bench)]
     return OverheadResult(
         model=ctx.launch.target.name,
         threads=config.threads,
@@ -179,8 +183,10 @@ def measure_overhead(ctx: StudyContext, *, n_predict: int = 64, repetitions: int
         bench=bench,
         trials=trials,
         study_trial=study_trial,
-        tps_ratio=median(t.tokens_per_second for t in trials) / median(b.tokens_per_second for b in bench),
-        wall_ratio=median(t.wall_s for t in trials) / median(b.wall_s for b in bench),
+        tps_ratios=tps_ratios,
+        wall_ratios=wall_ratios,
+        tps_ratio=median(tps_ratios),
+        wall_ratio=median(wall_ratios),
         launch_share=median(t.launch_s / t.wall_s for t in trials),
         study_launch_share=study_trial.launch_s / study_trial.wall_s,
     )
@@ -188,14 +194,17 @@ def measure_overhead(ctx: StudyContext, *, n_predict: int = 64, repetitions: int
 
 def markdown(result: OverheadResult) -> str:
     median = statistics.median
+    rounds = lambda ratios, digits: ", ".join(f"{r:.{digits}f}" for r in ratios)  # noqa: E731
     return "\n".join([
         f"| {result.model}, {result.threads} threads, tg{result.n_predict} @ depth {result.depth} x {result.repetitions}, "
-        f"{result.rounds} alternating rounds | llama-bench | tuner trial | tuner / llama-bench | target |",
+        f"{result.rounds} alternating rounds | llama-bench | tuner trial | tuner / llama-bench (per round) | target |",
         "|---|---|---|---|---|",
         f"| decode tokens/s (median) | {median(b.tokens_per_second for b in result.bench):.1f} | "
-        f"{median(t.tokens_per_second for t in result.trials):.1f} | {result.tps_ratio:.3f} | within {TPS_TOLERANCE:.0%} |",
+        f"{median(t.tokens_per_second for t in result.trials):.1f} | {result.tps_ratio:.3f} "
+        f"({rounds(result.tps_ratios, 3)}) | within {TPS_TOLERANCE:.0%} |",
         f"| wall time per run, s (median) | {median(b.wall_s for b in result.bench):.2f} | "
-        f"{median(t.wall_s for t in result.trials):.2f} | {result.wall_ratio:.2f} | <= {WALL_RATIO_TARGET} |",
+        f"{median(t.wall_s for t in result.trials):.2f} | {result.wall_ratio:.2f} ({rounds(result.wall_ratios, 2)}) "
+        f"| <= {WALL_RATIO_TARGET} |",
         "",
         f"Trial time spent launching and loading: {result.launch_share:.0%} (same work as llama-bench); "
         f"{result.study_launch_share:.0%} for a trial of the study's own workload "
