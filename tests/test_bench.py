@@ -248,3 +248,22 @@ def test_repeatability_runs_two_seeds_and_remeasures_both_winners(synthetic_mode
                for w in result.winners)
     assert 0 < result.ratio <= 1.0 and result.to_dict()["met"] == result.met
     assert "re-measured" in markdown(result)
+
+
+def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    study, out = grid_study(tmp_path), tmp_path / "bench"
+    assert main(["bench", "--grid-study", str(study), "--study", str(study), "--seeds", "2", "--rounds", "1",
+                 "--repeat-trials", "2", "--out", str(out)]) == 0
+    result = json.loads((out / "bench.json").read_text())
+    assert {"search", "overhead", "repeatability", "timings"} <= set(result)
+    assert set(result["search"]["strategies"]) >= {"default", "random", "grid"}
+    assert result["overhead"]["rounds"] == 1 and len(result["repeatability"]["winners"]) == 2
+    md = (out / "bench.md").read_text()
+    assert md.count("\n## ") == 3 and "Whole bench:" in md
+    assert (out / "grid-grid-test.csv").exists()
+
+
+def test_bench_refuses_zero_rounds(capsys):
+    assert main(["bench", "--rounds", "0"]) == 2
+    assert "--rounds: must be >= 1, got 0" in capsys.readouterr().err
