@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_llama_server import alive, port_is_free
 
 from tuner.failures import FailureReason, TrialFailure
 from tuner.llama_build import binary
@@ -23,27 +24,6 @@ def server_argv(model: Path, *extra: str) -> list[str]:
 def draft_flags(draft: Path) -> list[str]:
     """In this llama.cpp, ``-md`` alone only loads the draft: ``--spec-type`` turns drafting on."""
     return ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", "4"]
-
-
-def alive(pid: int) -> bool:
-    """Running or stopped; a zombie (dead, awaiting its parent) does not count."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def port_is_free(port: int) -> bool:
-    """Whether a server could listen on ``port`` now (SO_REUSEADDR, as llama-server binds)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-            sock.listen()
-        except OSError:
-            return False
-    return True
 
 
 def stand_in(tmp_path: Path, body: str) -> list[str]:
