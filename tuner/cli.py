@@ -13,6 +13,7 @@ import os
 import sys
 
 from tuner.errors import UserError
+from tuner.runner import sigterm_as_interrupt
 
 # (name, module, one-line help). The order here is the order in `tuner --help`.
 SUBCOMMANDS: list[tuple[str, str, str]] = [
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     module = importlib.import_module(args._module)
     try:
-        return int(module.run(args) or 0)
+        with sigterm_as_interrupt():  # a stopped tuner stops its servers and records the trial, as on Ctrl-C
+            return int(module.run(args) or 0)
     except UserError as err:
         print(f"tuner {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code

@@ -10,6 +10,7 @@ later measurement.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import json
@@ -142,6 +143,20 @@ def describe_exit(returncode: int) -> str:
     if returncode < 0:
         return f"killed by {signal.Signals(-returncode).name}"
     return f"exit code {returncode}"
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM unwinds like Ctrl-C: running servers are stopped and the trial recorded, not orphaned."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:

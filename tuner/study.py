@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
 import warnings
@@ -410,15 +409,10 @@ def describe_trial(trial: optuna.trial.FrozenTrial) -> str:
     return f"FAILED ({trial.user_attrs.get('failure_reason', 'error')}: {trial.user_attrs.get('failure_detail', '')}) | {knobs}"
 
 
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[str], None] = print) -> optuna.Study:
     """Run or resume a study until its budget is spent, alone or as one of its workers; returns the study."""
     ctx = prepare(spec)
     lock = hold_sqlite_study(spec.storage, spec.name)
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # SIGTERM cleans up like Ctrl-C
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress line replaces Optuna's
     try:
@@ -450,7 +444,6 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
             run_until_budget(study, run_one, budget, spec.workers, deadline, progress)
     finally:
         optuna.logging.set_verbosity(verbosity)
-        signal.signal(signal.SIGTERM, previous)
         if lock:
             lock.close()
     return study

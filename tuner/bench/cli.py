@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from tuner.bench import overhead, repeat, replay
-from tuner.bench.grid import record_grid, sigterm_as_interrupt
+from tuner.bench.grid import record_grid
 from tuner.bench.table import read_table
 from tuner.errors import UserError
 from tuner.paths import REPO_ROOT, reports_dir
@@ -47,11 +47,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with sigterm_as_interrupt():
-        return _bench(args)
-
-
-def _bench(args: argparse.Namespace) -> int:
     for name in ("seeds", "rounds", "repeat_trials"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")

@@ -17,10 +17,8 @@ table is written from it at the end.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
-import signal
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -252,19 +250,6 @@ def record_grid(study_file: str | Path, out: Path | None = None, progress: Calla
     return csv
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM unwinds like Ctrl-C, so the running llama-server is stopped, not orphaned."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Measure every configuration of a study's search space (all combinations of its choices; ranges "
@@ -278,8 +263,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        with sigterm_as_interrupt():
-            csv = record_grid(args.study, args.out)
+        csv = record_grid(args.study, args.out)
     except KeyboardInterrupt:
         print("tuner record-grid: interrupted; measured rows are kept, run it again to resume", flush=True)
         return 130
