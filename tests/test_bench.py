@@ -154,6 +154,13 @@ def test_culprits_blame_only_the_value_that_explains_the_bad_trials():
     # two failures sharing two never-good values: either could be the cause, so neither is blamed
     assert culprits([{"spec_type": "draft-simple", "draft_max": 32, "threads": 1},
                      {"spec_type": "draft-simple", "draft_max": 32, "threads": 2}], good) == set()
+    # two causes seen together and apart, equally often: both are blamed (a replayed grid
+    # once kept proposing ngram-simple for seven failures while it tied with temperature 0.7)
+    assert culprits([{"spec_type": "ngram-simple", "draft_max": 8, "temperature": 0.7, "threads": 1},
+                     {"spec_type": "none", "temperature": 0.7, "threads": 2},
+                     {"spec_type": "ngram-simple", "draft_max": 1, "temperature": 0.0, "threads": 2}],
+                    good) == {("spec_type", "ngram-simple"), ("temperature", 0.7)}
+    assert culprits([{"spec_type": "none", "temperature": 0.0, "threads": 2}], good) == set()  # nothing to blame
 
 
 def test_grid_enumerates_the_space_as_a_study_asks_it():

@@ -43,28 +43,31 @@ TRIES_PER_DISTANCE = 20
 
 
 def culprits(bad: list[dict[str, Any]], good: list[dict[str, Any]]) -> set[tuple[str, Any]]:
-    """Knob values to blame for bad trials, explaining them away one value at a time.
+    """Knob values to blame for bad trials, explaining them away a few values at a time.
 
-    A value may be blamed only if it never was in a good trial; the one among those that
-    appears in the most unexplained bad trials is blamed when that is at least two and
-    no other value ties with it (a draft type and a large K that only ever failed
-    together blame neither until a trial tells them apart). Its trials are then
-    explained, and the next value is looked for among the rest.
+    A value may be blamed only if it never was in a good trial. The values that appear in
+    the most unexplained bad trials (at least two) are blamed, unless two of them appear
+    in exactly the same trials: a draft type and a large K that only ever failed together
+    could each be the cause, so neither is blamed until a trial tells them apart. Their
+    trials are then explained, and the next values are looked for among the rest.
     """
     worked = {item for params in good for item in params.items()}
     unexplained = [set(params.items()) - worked for params in bad]
     blamed: set[tuple[str, Any]] = set()
     while unexplained:
-        counts: dict[tuple[str, Any], int] = {}
-        for items in unexplained:
+        trials_of: dict[tuple[str, Any], frozenset[int]] = {}
+        for i, items in enumerate(unexplained):
             for item in items:
-                counts[item] = counts.get(item, 0) + 1
-        ranked = sorted(counts.values(), reverse=True)
-        if not ranked or ranked[0] < 2 or (len(ranked) > 1 and ranked[1] == ranked[0]):
+                trials_of[item] = trials_of.get(item, frozenset()) | {i}
+        top = max((len(t) for t in trials_of.values()), default=0)
+        if top < 2:
             break
-        item = next(i for i, n in counts.items() if n == ranked[0])
-        blamed.add(item)
-        unexplained = [items for items in unexplained if item not in items]
+        tied = [item for item, t in trials_of.items() if len(t) == top]
+        told_apart = {item for item in tied if sum(trials_of[other] == trials_of[item] for other in tied) == 1}
+        if not told_apart:
+            break
+        blamed |= told_apart
+        unexplained = [items for items in unexplained if not items & told_apart]
     return blamed
 
 

@@ -12,7 +12,9 @@ with the choices so far is not asked: no draft without speculation), the way
 ``tuner.space.suggest`` asks. A configuration the table lacks or recorded as failed is a
 failed trial: in a study it would have cost a launch too.
 
-Strategies: ``default`` is the project's sampler (``tuner.study.sampler_for("tpe")``
+Every strategy starts with the table's first row, as every study starts with its
+baseline (``tuner record-grid`` writes the baseline first); the grid goes on in table
+order. Strategies: ``default`` is the project's sampler (``tuner.study.sampler_for("tpe")``
 with the replay's length as its budget); ``tpe`` is Optuna's TPE with its own
 defaults; ``nsga2`` the project's NSGA-II settings; ``random``; ``grid`` the table's
 rows in order, which for a record-grid table is llama-bench's order.
@@ -197,6 +199,7 @@ def replay(landscape: Landscape, strategy: str, seed: int, budget: int) -> list[
         warnings.simplefilter("ignore", (FutureWarning, optuna.exceptions.ExperimentalWarning))
         study = optuna.create_study(directions=["maximize"] * len(landscape.objectives),
                                     sampler=make_sampler(strategy, seed, budget))
+        study.enqueue_trial(landscape.config(landscape.order[0]))  # the baseline, as in a study
         study.optimize(ReplayObjective(landscape, np.random.default_rng(seed)), n_trials=budget, catch=(NotRecorded,))
     return [tuple(t.user_attrs["key"]) for t in study.trials]
 
