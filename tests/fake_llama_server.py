@@ -31,6 +31,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -136,6 +138,25 @@ def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.1):
             return value
         time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def get_json(url: str, timeout: float = 5.0):
+    """GET ``url`` and decode its JSON body; an HTTP error status raises."""
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.load(resp)
+
+
+def wait_for_json(proc: subprocess.Popen, url: str, timeout_s: float, what: str):
+    """Poll ``url`` until it answers 200 with JSON, failing at once if ``proc`` exited."""
+
+    def answer():
+        assert proc.poll() is None, f"{what} exited with {proc.returncode}"
+        try:
+            return get_json(url, timeout=2.0)
+        except (urllib.error.URLError, OSError, ValueError):  # refused, 503 while loading, half-written
+            return None
+
+    return wait_for(answer, timeout_s, f"{what} to answer {url}", poll_s=0.2)
 
 
 def flag(argv: list[str], name: str, default: str | None = None) -> str | None:

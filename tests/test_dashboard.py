@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 
 import optuna
 import pytest
 from optuna_dashboard import get_note
 
 import browser
+from fake_llama_server import get_json, wait_for_json
 from study_factory import make_study
 from study_factory import no_llama_process_left_behind  # noqa: F401  (overrides conftest's machine-wide check)
 from tuner.dashboard import annotate
@@ -44,22 +41,6 @@ def test_annotate_names_objectives_and_notes_every_trial_once(storage):
     assert "**failed**: out_of_memory" in failed
 
 
-def get_json(url: str, timeout: float = 5.0):
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.load(resp)
-
-
-def wait_for_api(proc: subprocess.Popen, base: str, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"tuner dashboard exited with {proc.returncode}"
-        try:
-            return get_json(f"{base}/api/studies", timeout=2.0)
-        except (urllib.error.URLError, OSError, ValueError):
-            time.sleep(0.2)
-    raise AssertionError(f"optuna-dashboard did not answer on {base} within {timeout_s:g} s")
-
-
 @pytest.mark.slow
 def test_dashboard_serves_the_study_over_http_and_in_a_browser(storage, tmp_path):
     port = free_port()
@@ -69,7 +50,7 @@ def test_dashboard_serves_the_study_over_http_and_in_a_browser(storage, tmp_path
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
                                 start_new_session=True)
     try:
-        studies = wait_for_api(proc, base)["study_summaries"]
+        studies = wait_for_json(proc, f"{base}/api/studies", 60, "tuner dashboard")["study_summaries"]
         assert [s["study_name"] for s in studies] == ["demo"]
         study_id = studies[0]["study_id"]
         detail = get_json(f"{base}/api/studies/{study_id}")

@@ -6,8 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import optuna
 import pytest
 import yaml
 
+from fake_llama_server import get_json, wait_for_json
 from study_factory import Paths, Row, baseline_row, make_study
 from study_factory import no_llama_process_left_behind  # noqa: F401  (overrides conftest's machine-wide check)
 from tuner.cli import main
@@ -182,28 +181,10 @@ def real_study(storage: str, tmp_path: Path, name: str) -> optuna.Study:
                       measurement={"warmup": 1, "repetitions": 1, "n_predict": 16, "seed": 42, "noise_cv": 0.1})
 
 
-def get_json(url: str, timeout: float = 5.0):
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.status, json.load(resp)
-
-
 def post_json(url: str, body: dict, timeout: float = 60.0) -> dict:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as resp:
         return json.load(resp)
-
-
-def wait_healthy(proc: subprocess.Popen, port: int, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"server exited with {proc.returncode}"
-        try:
-            if get_json(f"http://127.0.0.1:{port}/health", timeout=2.0)[0] == 200:
-                return
-        except (urllib.error.URLError, OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"no healthy answer on port {port} within {timeout_s:g} s")
 
 
 def start(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
@@ -228,7 +209,7 @@ def test_exported_script_serves_the_synthetic_family(synthetic_models, storage, 
     port = free_port()
     proc = start([str(out / "serve.sh")], tmp_path / "serve.log", env={**os.environ, "LLAMA_ARG_PORT": str(port)})
     try:
-        wait_healthy(proc, port)
+        wait_for_json(proc, f"http://127.0.0.1:{port}/health", 90, "llama-server")
         answer = post_json(f"http://127.0.0.1:{port}/completion",
                            {"prompt": "def add(a, b):\n    return", "n_predict": 16, "temperature": 0})
         assert answer["timings"]["predicted_n"] > 0
@@ -252,8 +233,8 @@ def test_preset_file_is_accepted_by_the_llama_server_router(synthetic_models, st
     proc = start([str(binary("llama-server")), "--models-preset", str(preset), "--host", "127.0.0.1",
                   "--port", str(port)], tmp_path / "router.log")
     try:
-        wait_healthy(proc, port)
-        _, models = get_json(f"http://127.0.0.1:{port}/models")
+        wait_for_json(proc, f"http://127.0.0.1:{port}/health", 90, "llama-server")
+        models = get_json(f"http://127.0.0.1:{port}/models")
         assert "routed" in [m["id"] for m in models["data"]]
         answer = post_json(f"http://127.0.0.1:{port}/v1/completions",
                            {"model": "routed", "prompt": "def add(a, b):\n    return", "max_tokens": 8, "temperature": 0})
