@@ -8,7 +8,6 @@ import yaml
 
 from tuner.failures import FailureReason, TrialFailure
 from tuner.paths import models_dir
-from tuner.space import TrialConfig
 from tuner.spec import load_spec
 from tuner.study import TrialRunner, open_study, prepare, run_study
 
