@@ -53,7 +53,7 @@ llama: setup
 	$(TUNER) llama
 
 models: llama
-	$(TUNER) fixtures
+	$(TUNER) synthetic
 
 doctor: llama
 	$(TUNER) doctor

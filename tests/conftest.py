@@ -48,7 +48,7 @@ def llama_bin_dir():
 @pytest.fixture(scope="session")
 def synthetic_models(llama_bin_dir):
     """The built-in synthetic family (generated once, cached in models/synthetic)."""
-    from tuner.fixtures import ensure_family
+    from tuner.synthetic.family import ensure_family
 
     return ensure_family()
 

@@ -21,7 +21,8 @@ import pytest
 from conftest import running_llama_processes
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from tuner.hardware import numactl_path, read_topology
+from tuner.host import numactl_path
+from tuner.topology import read_topology
 from tuner.launch import LaunchContext, build_server_argv
 from tuner.space import TrialConfig
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import hardware
+from tuner import fingerprint as fingerprints, topology
 from tuner.cli import main
 
 SYSFS = Path(__file__).parent / "data" / "sysfs"
@@ -61,7 +61,7 @@ def test_doctor_on_one_node_tree(capsys, no_numactl):
 def test_doctor_json_carries_fingerprint_and_advice(capsys):
     assert main(["doctor", "--json", "--sysfs-root", str(FOUR_NODE)]) == 0
     document = json.loads(capsys.readouterr().out)
-    assert document["comparability_keys"] == list(hardware.COMPARABILITY_KEYS)
+    assert document["comparability_keys"] == list(fingerprints.COMPARABILITY_KEYS)
     assert document["fingerprint"]["physical_cores"] == 32
     assert document["fingerprint"]["thp_mode"] == "never"
     assert len(document["topology"]["nodes"]) == 4
@@ -72,7 +72,7 @@ def test_doctor_records_a_tree_it_can_read_back(tmp_path, capsys):
     dest = tmp_path / "recorded"
     assert main(["doctor", "--sysfs-root", str(FOUR_NODE), "--record-sysfs", str(dest)]) == 0
     assert "recorded" in capsys.readouterr().out
-    assert hardware.read_topology(dest) == hardware.read_topology(FOUR_NODE)
+    assert topology.read_topology(dest) == topology.read_topology(FOUR_NODE)
 
 
 def test_doctor_on_empty_root_is_a_one_line_error(tmp_path, capsys):
@@ -83,7 +83,7 @@ def test_doctor_on_empty_root_is_a_one_line_error(tmp_path, capsys):
 def test_doctor_on_live_machine(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    topo = hardware.read_topology()
+    topo = topology.read_topology()
     assert f"cores: {topo.physical_cores} physical, {topo.logical_cpus} logical CPUs" in out
     assert "llama.cpp: " in out
     assert "CPU affinity of this process: " in out

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import hardware
+from tuner import fingerprint as fingerprints, host as hosts, launch, topology
 from tuner.errors import UserError
 
 SYSFS = Path(__file__).parent / "data" / "sysfs"
@@ -18,13 +18,13 @@ KIB = 1024
 
 
 @pytest.fixture(scope="module")
-def big() -> hardware.Topology:
-    return hardware.read_topology(FOUR_NODE)
+def big() -> topology.Topology:
+    return topology.read_topology(FOUR_NODE)
 
 
 @pytest.fixture(scope="module")
-def small() -> hardware.Topology:
-    return hardware.read_topology(ONE_NODE)
+def small() -> topology.Topology:
+    return topology.read_topology(ONE_NODE)
 
 
 # ---------------------------------------------------------------- parsing
@@ -71,8 +71,8 @@ def test_one_node_tree(small):
 
 def test_machine_without_node_directory_is_one_implicit_node(tmp_path, small):
     shutil.copytree(ONE_NODE, tmp_path / "root")
-    shutil.rmtree(tmp_path / "root" / hardware.SYS_NODE)
-    topo = hardware.read_topology(tmp_path / "root")
+    shutil.rmtree(tmp_path / "root" / topology.SYS_NODE)
+    topo = topology.read_topology(tmp_path / "root")
     (node,) = topo.nodes
     assert node.cpus == (0, 1)
     assert node.mem_total_bytes == small.mem_total_bytes  # taken from /proc/meminfo
@@ -81,8 +81,8 @@ def test_machine_without_node_directory_is_one_implicit_node(tmp_path, small):
 
 def test_offline_cpus_are_left_out(tmp_path):
     shutil.copytree(FOUR_NODE, tmp_path / "root")
-    (tmp_path / "root" / hardware.SYS_CPU / "online").write_text("0-32,34-63\n")
-    topo = hardware.read_topology(tmp_path / "root")
+    (tmp_path / "root" / topology.SYS_CPU / "online").write_text("0-32,34-63\n")
+    topo = topology.read_topology(tmp_path / "root")
     assert topo.logical_cpus == 63
     assert topo.smt_siblings[1] == (1,)  # cpu 33, sibling of cpu 1, is offline
     assert 33 not in topo.node(0).cpus
@@ -90,20 +90,20 @@ def test_offline_cpus_are_left_out(tmp_path):
 
 def test_empty_root_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="no CPUs found"):
-        hardware.read_topology(tmp_path)
+        topology.read_topology(tmp_path)
 
 
 def test_live_machine_parses():
-    topo = hardware.read_topology()
+    topo = topology.read_topology()
     assert topo.logical_cpus >= 1 and topo.physical_cores >= 1
     assert sum(len(node.cpus) for node in topo.nodes) == topo.logical_cpus
 
 
 def test_recorder_round_trips(tmp_path, big):
-    written = hardware.record_sysfs(tmp_path, FOUR_NODE)
-    assert hardware.PROC_CPUINFO in written
-    assert hardware.read_topology(tmp_path) == big
-    governor = tmp_path / hardware.SYS_CPU / "cpu40" / hardware.CPU_GOVERNOR_FILE
+    written = topology.record_sysfs(tmp_path, FOUR_NODE)
+    assert topology.PROC_CPUINFO in written
+    assert topology.read_topology(tmp_path) == big
+    governor = tmp_path / topology.SYS_CPU / "cpu40" / topology.CPU_GOVERNOR_FILE
     assert governor.read_text() == "performance\n"
 
 
@@ -111,48 +111,48 @@ def test_recorder_round_trips(tmp_path, big):
 
 
 def test_physical_core_order_big(big):
-    order = hardware.physical_core_order(big)
+    order = launch.physical_core_order(big)
     assert order == list(range(32))  # one lowest sibling per core, node by node
-    assert hardware.physical_core_order(big, node=1) == list(range(8, 16))
+    assert launch.physical_core_order(big, node=1) == list(range(8, 16))
 
 
 def test_physical_core_order_small(small):
-    assert hardware.physical_core_order(small) == [0, 1]
-    assert hardware.physical_core_order(small, node=0) == [0, 1]
+    assert launch.physical_core_order(small) == [0, 1]
+    assert launch.physical_core_order(small, node=0) == [0, 1]
 
 
 def test_cpus_for_threads_uses_physical_cores_first(big):
-    assert hardware.cpus_for_threads(big, 4) == [0, 1, 2, 3]
-    assert hardware.cpus_for_threads(big, 32) == list(range(32))
-    with_smt = hardware.cpus_for_threads(big, 34, allow_smt=True)
+    assert launch.cpus_for_threads(big, 4) == [0, 1, 2, 3]
+    assert launch.cpus_for_threads(big, 32) == list(range(32))
+    with_smt = launch.cpus_for_threads(big, 34, allow_smt=True)
     assert with_smt[:32] == list(range(32)) and with_smt[32:] == [32, 33]
 
 
 def test_cpus_for_threads_on_one_node(big):
-    assert hardware.cpus_for_threads(big, 3, node=2) == [16, 17, 18]
-    assert hardware.cpus_for_threads(big, 10, node=2, allow_smt=True) == list(range(16, 24)) + [48, 49]
+    assert launch.cpus_for_threads(big, 3, node=2) == [16, 17, 18]
+    assert launch.cpus_for_threads(big, 10, node=2, allow_smt=True) == list(range(16, 24)) + [48, 49]
     with pytest.raises(UserError, match="NUMA node 2 has 8 physical cores"):
-        hardware.cpus_for_threads(big, 9, node=2)
+        launch.cpus_for_threads(big, 9, node=2)
     with pytest.raises(UserError, match="does not exist"):
-        hardware.cpus_for_threads(big, 1, node=4)
+        launch.cpus_for_threads(big, 1, node=4)
 
 
 def test_cpus_for_threads_refuses_too_many(big, small):
     with pytest.raises(UserError, match="has 32 physical cores"):
-        hardware.cpus_for_threads(big, 33)
+        launch.cpus_for_threads(big, 33)
     with pytest.raises(UserError, match="has 64 logical CPUs"):
-        hardware.cpus_for_threads(big, 65, allow_smt=True)
+        launch.cpus_for_threads(big, 65, allow_smt=True)
     with pytest.raises(UserError, match="has 2 physical cores"):
-        hardware.cpus_for_threads(small, 3)
+        launch.cpus_for_threads(small, 3)
     with pytest.raises(UserError, match="has 2 logical CPUs"):
-        hardware.cpus_for_threads(small, 3, allow_smt=True)  # no siblings to fall back on
+        launch.cpus_for_threads(small, 3, allow_smt=True)  # no siblings to fall back on
     with pytest.raises(UserError, match="at least 1"):
-        hardware.cpus_for_threads(small, 0)
+        launch.cpus_for_threads(small, 0)
 
 
 def test_numa_policies(big, small):
-    assert hardware.meaningful_numa_policies(small) == ["none"]
-    assert hardware.meaningful_numa_policies(big) == ["none", "interleave", "bind", "distribute", "isolate"]
+    assert launch.meaningful_numa_policies(small) == ["none"]
+    assert launch.meaningful_numa_policies(big) == ["none", "interleave", "bind", "distribute", "isolate"]
 
 
 # ---------------------------------------------------------------- cpu lists
@@ -169,42 +169,42 @@ def test_numa_policies(big, small):
     ],
 )
 def test_cpu_list_round_trip(cpus, text):
-    assert hardware.format_cpu_list(cpus) == text
-    assert hardware.parse_cpu_list(text) == cpus
+    assert topology.format_cpu_list(cpus) == text
+    assert topology.parse_cpu_list(text) == cpus
 
 
 def test_cpu_list_parsing_edge_cases():
-    assert hardware.parse_cpu_list("0-3\n") == [0, 1, 2, 3]
-    assert hardware.format_cpu_list([3, 1, 2, 2]) == "1-3"
+    assert topology.parse_cpu_list("0-3\n") == [0, 1, 2, 3]
+    assert topology.format_cpu_list([3, 1, 2, 2]) == "1-3"
     for bad in ("a-b", "3-1", "1,,x"):
         with pytest.raises(UserError, match="bad CPU list"):
-            hardware.parse_cpu_list(bad)
+            topology.parse_cpu_list(bad)
 
 
 # ---------------------------------------------------------------- host state
 
 
 def test_host_state_from_recorded_tree(big):
-    host = hardware.read_host_state(big, FOUR_NODE)
+    host = hosts.read_host_state(big, FOUR_NODE)
     assert host.thp_mode == "never"
-    assert hardware.summarize_governors(host.governors) == {"performance": "32-63", "powersave": "0-31"}
-    assert host.load == hardware.LoadAverage(0.48, 0.61, 0.57)
+    assert hosts.summarize_governors(host.governors) == {"performance": "32-63", "powersave": "0-31"}
+    assert host.load == hosts.LoadAverage(0.48, 0.61, 0.57)
     assert host.affinity is None and host.hostname is None  # not the live machine
 
 
 def test_host_state_tolerates_missing_files(tmp_path, small):
-    host = hardware.read_host_state(small, tmp_path)
+    host = hosts.read_host_state(small, tmp_path)
     assert host.thp_mode is None and host.governors == {} and host.load is None
 
 
 def test_live_affinity_is_within_online_cpus():
-    topo = hardware.read_topology()
-    affinity = hardware.current_affinity()
+    topo = topology.read_topology()
+    affinity = hosts.current_affinity()
     assert affinity and set(affinity) <= {cpu.id for cpu in topo.cpus}
 
 
 def test_memory_bandwidth_probe_is_plausible():
-    bandwidth = hardware.measure_memory_bandwidth(seconds=0.05, size_bytes=16 * 2**20)
+    bandwidth = hosts.measure_memory_bandwidth(seconds=0.05, size_bytes=16 * 2**20)
     assert 1e8 < bandwidth < 1e13  # between 0.1 GB/s and 10 TB/s
 
 
@@ -214,10 +214,10 @@ MANIFEST = {"commit": "0c1e570", "build_number": 1, "cmake_flags": ["-DCMAKE_BUI
 
 
 def test_fingerprint_is_json_and_has_every_key(big):
-    host = hardware.read_host_state(big, FOUR_NODE)
-    fp = hardware.fingerprint(big, MANIFEST, host, bandwidth_bytes_per_s=1.5e10)
+    host = hosts.read_host_state(big, FOUR_NODE)
+    fp = fingerprints.fingerprint(big, MANIFEST, host, bandwidth_bytes_per_s=1.5e10)
     assert json.loads(json.dumps(fp)) == fp
-    assert set(hardware.COMPARABILITY_KEYS) <= set(fp)
+    assert set(fingerprints.COMPARABILITY_KEYS) <= set(fp)
     assert fp["numa_nodes"] == ["0-7,32-39", "8-15,40-47", "16-23,48-55", "24-31,56-63"]
     assert fp["memory_gib"] == 252
     assert fp["llama_commit"] == "0c1e570"
@@ -225,23 +225,23 @@ def test_fingerprint_is_json_and_has_every_key(big):
 
 
 def test_key_field_change_is_a_mismatch(big, small):
-    study = hardware.fingerprint(big, MANIFEST)
-    assert hardware.compare_fingerprints(study, hardware.fingerprint(big, MANIFEST)) == []
-    other_build = hardware.fingerprint(big, {**MANIFEST, "commit": "deadbee"})
-    (message,) = hardware.compare_fingerprints(study, other_build)
+    study = fingerprints.fingerprint(big, MANIFEST)
+    assert fingerprints.compare_fingerprints(study, fingerprints.fingerprint(big, MANIFEST)) == []
+    other_build = fingerprints.fingerprint(big, {**MANIFEST, "commit": "deadbee"})
+    (message,) = fingerprints.compare_fingerprints(study, other_build)
     assert "llama_commit" in message and "0c1e570" in message and "deadbee" in message
-    mismatched = hardware.compare_fingerprints(study, hardware.fingerprint(small, MANIFEST))
+    mismatched = fingerprints.compare_fingerprints(study, fingerprints.fingerprint(small, MANIFEST))
     assert {m.split()[0] for m in mismatched} == {
         "cpu_model", "logical_cpus", "physical_cores", "numa_nodes", "memory_gib",
     }
 
 
 def test_provenance_change_is_not_a_mismatch(big, tmp_path):
-    study = hardware.fingerprint(big, MANIFEST, hardware.read_host_state(big, FOUR_NODE), 1e10)
+    study = fingerprints.fingerprint(big, MANIFEST, hosts.read_host_state(big, FOUR_NODE), 1e10)
     shutil.copytree(FOUR_NODE, tmp_path / "root")
-    (tmp_path / "root" / hardware.PROC_LOADAVG).write_text("31.50 30.00 12.00 40/1734 982211\n")
-    (tmp_path / "root" / hardware.THP_ENABLED).write_text("[always] madvise never\n")
-    topo = hardware.read_topology(tmp_path / "root")
-    later = hardware.fingerprint(topo, MANIFEST, hardware.read_host_state(topo, tmp_path / "root"), 2e10)
+    (tmp_path / "root" / topology.PROC_LOADAVG).write_text("31.50 30.00 12.00 40/1734 982211\n")
+    (tmp_path / "root" / topology.THP_ENABLED).write_text("[always] madvise never\n")
+    topo = topology.read_topology(tmp_path / "root")
+    later = fingerprints.fingerprint(topo, MANIFEST, hosts.read_host_state(topo, tmp_path / "root"), 2e10)
     assert later["load_avg"] != study["load_avg"] and later["thp_mode"] == "always"
-    assert hardware.compare_fingerprints(study, later) == []
+    assert fingerprints.compare_fingerprints(study, later) == []

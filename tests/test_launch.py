@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from tuner.failures import FailureReason, TrialFailure
-from tuner.hardware import read_topology
+from tuner.topology import read_topology
 from tuner.launch import LaunchContext, build_server_argv
 from tuner.space import TrialConfig
 

@@ -8,7 +8,7 @@ import yaml
 from gguf_factory import bpe_tokens, write_gguf
 from tuner.cli import main
 from tuner.errors import UserError
-from tuner.hardware import read_topology
+from tuner.topology import read_topology
 from tuner.space import Choices, IntRange
 from tuner.spec import load_spec
 from tuner.study import check_models_and_space

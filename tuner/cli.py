@@ -20,7 +20,7 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("llama", "tuner.llama_build", "build (or locate) the pinned llama.cpp and print its manifest"),
     ("doctor", "tuner.doctor", "print the machine fingerprint and advice before measuring"),
     ("inspect", "tuner.gguf_info", "read GGUF metadata and check draft/target compatibility"),
-    ("fixtures", "tuner.fixtures.cli", "generate the built-in synthetic model family"),
+    ("synthetic", "tuner.synthetic.cli", "generate the built-in synthetic model family"),
     ("run", "tuner.study", "run or resume a study: one pinned llama.cpp run per trial, results in Optuna storage"),
     ("worker", "tuner.worker", "join a study shared through PostgreSQL and run its trials on this host"),
     ("report", "tuner.report", "write a study's HTML report (fronts, effects, roofline) and CSV under reports/STUDY/"),

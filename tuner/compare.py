@@ -3,7 +3,7 @@
 Modelled on llama.cpp's compare-llama-bench: results are joined on identical
 configurations (the trial's stored ``config``), each side reduced to its median
 tokens/s over repeats, and shown as t/s A, t/s B and B/A. The header says which
-fingerprint comparability keys (``tuner.hardware.COMPARABILITY_KEYS``) differ, which
+fingerprint comparability keys (``tuner.fingerprint.COMPARABILITY_KEYS``) differ, which
 is what the ratio measures; a differing target model makes the ratio meaningless and
 is said first.
 """
@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from tuner.hardware import COMPARABILITY_KEYS
+from tuner.fingerprint import COMPARABILITY_KEYS
 from tuner.report import INT_KNOBS, KNOBS, complete, open_study, trials_frame
 
 TARGET_KEYS = ("path", "architecture", "weights_bytes", "quantization")

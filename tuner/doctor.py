@@ -13,9 +13,10 @@ import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
-from tuner import hardware
+from tuner import fingerprint as fingerprints, host as hosts, launch, topology
 from tuner.errors import UserError
-from tuner.hardware import HostState, Topology
+from tuner.host import HostState
+from tuner.topology import Topology
 
 NOISY_GOVERNORS = frozenset({"powersave", "ondemand", "conservative", "schedutil"})
 LOAD_ADVICE_FRACTION = 0.10
@@ -29,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="measure memory bandwidth (single-threaded numpy copy of 256 MiB; a few seconds)",
     )
     parser.add_argument(
-        "--sysfs-root", type=Path, default=hardware.LIVE_ROOT, metavar="DIR",
+        "--sysfs-root", type=Path, default=topology.LIVE_ROOT, metavar="DIR",
         help="read sys/ and proc/ under DIR instead of / (e.g. a recorded tree)",
     )
     parser.add_argument(
@@ -84,7 +85,7 @@ def advice(topo: Topology, host: HostState, build: dict | None) -> list[str]:
     online = tuple(cpu.id for cpu in topo.cpus)
     if host.affinity is not None and host.affinity != online:
         lines.append(
-            f"this process may only run on CPUs {hardware.format_cpu_list(host.affinity)} "
+            f"this process may only run on CPUs {topology.format_cpu_list(host.affinity)} "
             "(taskset or cgroup limit): pinning outside them will fail"
         )
     if build is None:
@@ -137,14 +138,14 @@ def report(
     lines.append(f"NUMA nodes: {len(topo.nodes)}")
     for node in topo.nodes:
         lines.append(
-            f"  node {node.id}: CPUs {hardware.format_cpu_list(node.cpus) or '(none)'}, "
+            f"  node {node.id}: CPUs {topology.format_cpu_list(node.cpus) or '(none)'}, "
             f"memory {_gib(node.mem_total_bytes)} total, {_gib(node.mem_free_bytes)} free"
         )
     if live and host.numactl:
         lines += ["numactl --hardware:"] + [f"  {line}" for line in _numactl_hardware(host.numactl).splitlines()]
     lines.append(f"memory: {_gib(topo.mem_total_bytes)} total, {_gib(topo.mem_available_bytes)} available")
     lines.append(f"transparent hugepages: {host.thp_mode or 'unknown'}")
-    governors = hardware.summarize_governors(host.governors)
+    governors = hosts.summarize_governors(host.governors)
     lines.append(
         "cpufreq governor: "
         + (", ".join(f"{name} (CPUs {cpus})" for name, cpus in governors.items()) or "not exposed (VM or no cpufreq)")
@@ -154,10 +155,10 @@ def report(
     else:
         lines.append("load average: unknown")
     if host.affinity is not None:
-        lines.append(f"CPU affinity of this process: {hardware.format_cpu_list(host.affinity)}")
+        lines.append(f"CPU affinity of this process: {topology.format_cpu_list(host.affinity)}")
     lines.append(f"numactl: {host.numactl or 'not found'}")
     lines += _build_text(build, build_reason)
-    lines.append(f"NUMA policies worth trying: {', '.join(hardware.meaningful_numa_policies(topo))}")
+    lines.append(f"NUMA policies worth trying: {', '.join(launch.meaningful_numa_policies(topo))}")
     if bandwidth is not None:
         lines.append(f"memory bandwidth: {bandwidth / 1e9:.1f} GB/s (single-threaded copy, a lower bound)")
     lines += [f"ADVICE: {line}" for line in advice(topo, host, build)]
@@ -167,24 +168,24 @@ def report(
 def run(args: argparse.Namespace) -> int:
     root: Path = args.sysfs_root
     if args.record_sysfs is not None:
-        written = hardware.record_sysfs(args.record_sysfs, root)
+        written = topology.record_sysfs(args.record_sysfs, root)
         if not written:
             raise UserError(f"nothing to record under {root}: no sysfs/procfs files found")
         print(f"recorded {len(written)} files from {root} into {args.record_sysfs}")
         return 0
-    topo = hardware.read_topology(root)
-    host = hardware.read_host_state(topo, root)
+    topo = topology.read_topology(root)
+    host = hosts.read_host_state(topo, root)
     build, build_reason = find_build()
-    bandwidth = hardware.measure_memory_bandwidth() if args.bandwidth else None
+    bandwidth = hosts.measure_memory_bandwidth() if args.bandwidth else None
     if args.json:
         document = {
-            "fingerprint": hardware.fingerprint(topo, build, host, bandwidth),
-            "comparability_keys": list(hardware.COMPARABILITY_KEYS),
+            "fingerprint": fingerprints.fingerprint(topo, build, host, bandwidth),
+            "comparability_keys": list(fingerprints.COMPARABILITY_KEYS),
             "topology": asdict(topo),
-            "numa_policies": hardware.meaningful_numa_policies(topo),
+            "numa_policies": launch.meaningful_numa_policies(topo),
             "advice": advice(topo, host, build),
         }
         print(json.dumps(document, indent=2))
         return 0
-    print("\n".join(report(topo, host, build, build_reason, bandwidth, live=hardware.is_live_root(root))))
+    print("\n".join(report(topo, host, build, build_reason, bandwidth, live=hosts.is_live_root(root))))
     return 0

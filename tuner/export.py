@@ -37,7 +37,8 @@ import pandas as pd
 import yaml
 
 from tuner.errors import UserError
-from tuner.hardware import COMPARABILITY_KEYS, parse_cpu_list
+from tuner.fingerprint import COMPARABILITY_KEYS
+from tuner.topology import parse_cpu_list
 from tuner.launch import cpu_mask
 from tuner.paths import reports_dir, storage_dir
 from tuner.report import best_per_suite, feasible, front_2d, knee, open_study, quality_floor, strip_host_port, trials_frame

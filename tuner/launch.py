@@ -6,7 +6,7 @@ shell string, so no configuration value can inject shell syntax. The runner appe
 and exported as the production command.
 
 Pinning (documented order): threads go one per physical core, node by node, lowest
-sibling first (``hardware.cpus_for_threads``); SMT siblings only when the space sets
+sibling first (``cpus_for_threads``); SMT siblings only when the space sets
 ``allow_smt``. With numactl the CPUs are fixed by ``--physcpubind`` and the memory
 policy by ``--interleave=all`` (interleave) or ``--membind=N`` (bind, CPUs taken from
 node N); llama.cpp is then told ``--numa numactl`` so it follows numactl's CPU map.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tuner.failures import FailureReason, TrialFailure
 from tuner.errors import UserError
-from tuner.hardware import Topology, cpus_for_threads, format_cpu_list
+from tuner.topology import Topology, format_cpu_list
 from tuner.space import TrialConfig
 
 # Which flag carries the draft length K for each speculative type of the pinned build.
@@ -33,6 +33,77 @@ K_FLAGS = {
     "ngram-mod": "--spec-ngram-mod-n-max",
 }
 MIN_FLAGS = {"draft-simple": "--spec-draft-n-min", "ngram-mod": "--spec-ngram-mod-n-min"}
+
+NUMA_POLICIES = ("none", "interleave", "bind", "distribute", "isolate")
+
+
+# ---------------------------------------------------------------- pinning policy
+
+
+def _ordered_core_groups(topo: Topology, node: int | None) -> list[tuple[int, ...]]:
+    """Sibling groups ordered node by node, then package, then core id."""
+    by_id = {cpu.id: cpu for cpu in topo.cpus}
+    if node is not None:
+        topo.node(node)  # raises a UserError naming the existing nodes
+    groups = [g for g in topo.smt_siblings if node is None or by_id[g[0]].node == node]
+
+    def key(group: tuple[int, ...]) -> tuple[int, int, int, int]:
+        first = by_id[group[0]]
+        return (first.node, first.package, first.core, first.id)
+
+    return sorted(groups, key=key)
+
+
+def physical_core_order(topo: Topology, node: int | None = None) -> list[int]:
+    """One logical CPU per physical core (its lowest-numbered sibling).
+
+    Ordered node by node, then by package and core, so taking the first N keeps
+    threads on as few nodes as possible (local memory, one set of caches). With
+    ``node`` only that node's cores are returned.
+    """
+    return [group[0] for group in _ordered_core_groups(topo, node)]
+
+
+def cpus_for_threads(
+    topo: Topology, n_threads: int, node: int | None = None, allow_smt: bool = False
+) -> list[int]:
+    """The CPUs to pin ``n_threads`` threads to: every physical core before any sibling.
+
+    More threads than physical cores is an error unless ``allow_smt``; then the second
+    sibling of every core (in core order) is used, then the third, and so on. SMT
+    siblings share a core's execution units, so they rarely speed up decode.
+    """
+    where = f"NUMA node {node}" if node is not None else "this machine"
+    groups = _ordered_core_groups(topo, node)
+    if n_threads < 1:
+        raise UserError(f"thread count must be at least 1, got {n_threads}")
+    if n_threads <= len(groups):
+        return [group[0] for group in groups[:n_threads]]
+    if not allow_smt:
+        raise UserError(
+            f"{n_threads} threads requested but {where} has {len(groups)} physical cores; "
+            f"use at most {len(groups)} threads (or allow SMT siblings)"
+        )
+    order = [group[0] for group in groups]
+    for rank in range(1, max(len(g) for g in groups)):
+        order.extend(group[rank] for group in groups if len(group) > rank)
+    if n_threads > len(order):
+        raise UserError(f"{n_threads} threads requested but {where} has {len(order)} logical CPUs")
+    return order[:n_threads]
+
+
+def meaningful_numa_policies(topo: Topology) -> list[str]:
+    """The NUMA policies worth trying on this machine.
+
+    With one node they all collapse to "none": numactl interleave or bind over a single
+    node is the default allocation, and llama.cpp's --numa distribute/isolate only
+    change anything when there are several nodes. Trying them would spend trials
+    measuring noise.
+    """
+    return list(NUMA_POLICIES) if len(topo.nodes) > 1 else ["none"]
+
+
+# ---------------------------------------------------------------- argv
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ import optuna
 import pandas as pd
 
 from tuner.errors import UserError
-from tuner.hardware import measure_memory_bandwidth, read_topology
+from tuner.host import measure_memory_bandwidth
+from tuner.topology import read_topology
 from tuner.paths import reports_dir
 from tuner.spec import default_storage_url
 from tuner.validate import load_yaml_mapping

@@ -34,17 +34,10 @@ import optuna
 from tuner.errors import UserError
 from tuner.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
-from tuner.hardware import (
-    measure_memory_bandwidth,
-    Topology,
-    compare_fingerprints,
-    fingerprint,
-    meaningful_numa_policies,
-    numactl_path,
-    read_host_state,
-    read_topology,
-)
-from tuner.launch import LaunchContext, build_server_argv, model_flags
+from tuner.fingerprint import compare_fingerprints, fingerprint
+from tuner.host import measure_memory_bandwidth, numactl_path, read_host_state
+from tuner.topology import Topology, read_topology
+from tuner.launch import LaunchContext, build_server_argv, meaningful_numa_policies, model_flags
 from tuner.llama_build import binary, find_build_info, resolve_bin_dir
 from tuner.measure import MeasurementSettings, Sample, outputs_by_prompt, run_workload, summarize
 from tuner.paths import storage_dir

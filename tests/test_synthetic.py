@@ -18,9 +18,9 @@ import pytest
 
 from tuner.errors import UserError
 from tuner.failures import FailureReason, TrialFailure
-from tuner.fixtures import family, landscape, pinned, tables
-from tuner.fixtures.ngrams import NgramCounts
-from tuner.fixtures.vocab import BYTE, NORMAL, train
+from tuner.synthetic import family, landscape, pinned, tables
+from tuner.synthetic.ngrams import NgramCounts
+from tuner.synthetic.vocab import BYTE, NORMAL, train
 from tuner.llama_build import binary
 from tuner.runner import LlamaServer, free_port
 
