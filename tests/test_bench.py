@@ -22,7 +22,7 @@ from tuner.cli import main
 from tuner.errors import UserError
 from tuner.space import Choices, IntRange, ResolvedSpace
 from tuner.sampling import culprits
-from tuner.study import sampler_for
+from tuner.sampling import sampler_for
 
 
 def landscape_table(path: Path) -> Path:
@@ -227,7 +227,7 @@ def test_record_grid_refuses_a_range(synthetic_models, tmp_path, monkeypatch, ca
 def test_overhead_compares_a_trial_with_llama_bench_in_alternating_rounds(synthetic_models, tmp_path, monkeypatch):
     from tuner.bench.overhead import markdown, measure_overhead
     from tuner.spec import load_spec
-    from tuner.study import prepare
+    from tuner.context import prepare
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     result = measure_overhead(prepare(load_spec(grid_study(tmp_path))), n_predict=8, repetitions=2, rounds=2,

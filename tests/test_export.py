@@ -21,7 +21,7 @@ from tuner.errors import UserError
 from tuner.export import Export, build_export, choose, merge_preset, preset_lines, shell_script
 from tuner.llama_build import binary
 from tuner.paths import models_dir
-from tuner.report import trials_frame
+from tuner.analysis import trials_frame
 from tuner.runner import free_port
 
 

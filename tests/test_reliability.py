@@ -29,7 +29,7 @@ from tuner.failures import TrialFailure
 from tuner.paths import models_dir
 from tuner.spec import load_spec
 from tuner.study import TrialRunner, open_study, prepare, run_study
-from tuner.worker import tally
+from tuner.coordination import tally
 
 COMPLETE, FAIL, RUNNING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
                            optuna.trial.TrialState.RUNNING)

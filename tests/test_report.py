@@ -9,7 +9,7 @@ import pytest
 import browser
 from study_factory import FINGERPRINT, MOE_TARGET, Row, make_study
 from study_factory import no_llama_process_left_behind  # noqa: F401  (overrides conftest's machine-wide check)
-from tuner import report
+from tuner import analysis, report
 from tuner.cli import main
 from tuner.errors import UserError
 from tuner.report_html import render
@@ -32,8 +32,8 @@ def stored_demo(storage):
     return make_study(storage, "demo")
 
 
-def data_of(study) -> report.ReportData:
-    return report.report_data(study)
+def data_of(study) -> analysis.ReportData:
+    return analysis.report_data(study)
 
 
 def test_trials_frame_has_knobs_objectives_attrs_and_roofline(demo):
@@ -104,28 +104,28 @@ def test_moe_roofline_counts_only_active_experts_and_knee_sits_at_the_bend():
     assert frame.loc[2, "roofline_fraction"] == pytest.approx(75.0 / 250.0)
     assert list(data.experts["experts"]) == [1, 2, 3, 4]
     assert list(data.front_quality["trial"]) == [3, 2, 1, 0]
-    assert report.knee(data.front_quality) == 2  # 75 t/s at quality 0.97, before quality drops to 0.90
+    assert analysis.knee(data.front_quality) == 2  # 75 t/s at quality 0.97, before quality drops to 0.90
 
 
 def test_missing_bandwidth_is_measured_at_report_time_and_said():
     fingerprint = {**FINGERPRINT, "bandwidth_bytes_per_s": None, "cpu_model": "Some Other CPU"}
     study = make_study(optuna.storages.InMemoryStorage(), "nobw", fingerprint=fingerprint)
-    bandwidth = report.study_bandwidth(study, probe=lambda: 40e9)
+    bandwidth = analysis.study_bandwidth(study, probe=lambda: 40e9)
     assert bandwidth.source == "measured at report time" and bandwidth.bytes_per_s == 40e9
     assert "has no bandwidth" in bandwidth.note and "Some Other CPU" in bandwidth.note
-    data = report.report_data(study, bandwidth)
+    data = analysis.report_data(study, bandwidth)
     assert data.trials.loc[0, "roofline_fraction"] == pytest.approx(50.0 / 200.0)
 
 
 def test_open_study_by_name_or_study_file_and_clear_errors(storage, stored_demo, tmp_path):
     study_file = tmp_path / "demo.yaml"
     study_file.write_text(f"name: demo\nstorage: {storage}\ntarget: missing.gguf\n")
-    assert report.open_study(str(study_file)).study_name == "demo"
-    assert report.open_study("demo", storage).study_name == "demo"
+    assert analysis.open_study(str(study_file)).study_name == "demo"
+    assert analysis.open_study("demo", storage).study_name == "demo"
     with pytest.raises(UserError, match=r"study 'nope': not in .*known studies: demo"):
-        report.open_study("nope", storage)
+        analysis.open_study("nope", storage)
     with pytest.raises(UserError, match="no such file"):
-        report.open_study("demo", f"sqlite:///{tmp_path / 'missing.db'}")
+        analysis.open_study("demo", f"sqlite:///{tmp_path / 'missing.db'}")
 
 
 def test_report_command_writes_html_and_csv(storage, stored_demo, tmp_path, capsys):

@@ -11,7 +11,7 @@ from tuner.errors import UserError
 from tuner.topology import read_topology
 from tuner.space import Choices, IntRange
 from tuner.spec import load_spec
-from tuner.study import check_models_and_space
+from tuner.context import check_models_and_space
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = Path(__file__).parent / "data" / "sysfs"

@@ -21,7 +21,7 @@ import pytest
 from fake_llama_server import alive, assert_no_leftover, launches, wait_for, write_study
 from postgres import ClusterUnavailable, private_cluster
 from tuner.cli import main
-from tuner.worker import tally, with_driver
+from tuner.coordination import tally, with_driver
 
 pytest.importorskip("psycopg2", reason="the PostgreSQL driver is the `postgres` extra: pip install -e '.[postgres]'")
 

@@ -20,7 +20,7 @@ import optuna
 import pandas as pd
 
 from tuner.fingerprint import COMPARABILITY_KEYS
-from tuner.report import INT_KNOBS, KNOBS, complete, open_study, trials_frame
+from tuner.analysis import INT_KNOBS, KNOBS, complete, open_study, trials_frame
 
 TARGET_KEYS = ("path", "architecture", "weights_bytes", "quantization")
 

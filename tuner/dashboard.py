@@ -17,7 +17,7 @@ import warnings
 import optuna
 
 from tuner.errors import UserError
-from tuner.report import DEFAULT_OBJECTIVES, open_study, require_storage, strip_host_port
+from tuner.analysis import DEFAULT_OBJECTIVES, open_study, require_storage, strip_host_port
 from tuner.spec import default_storage_url
 from tuner.study import best_feasible
 

@@ -5,7 +5,7 @@ floor (``constraint_quality <= 0``), optionally only those with acceptance at le
 ``--min-acceptance``,
 
 * ``max-tps`` (default): the highest decode tokens/s;
-* ``knee``: the knee of the tokens/s-against-quality front (``tuner.report.knee``),
+* ``knee``: the knee of the tokens/s-against-quality front (``tuner.analysis.knee``),
   i.e. the best speed before quality starts to be paid for it;
 * ``--trial N`` overrides both with one feasible trial.
 
@@ -41,7 +41,7 @@ from tuner.fingerprint import COMPARABILITY_KEYS
 from tuner.topology import parse_cpu_list
 from tuner.launch import cpu_mask
 from tuner.paths import reports_dir, storage_dir
-from tuner.report import best_per_suite, feasible, front_2d, knee, open_study, quality_floor, strip_host_port, trials_frame
+from tuner.analysis import best_per_suite, feasible, front_2d, knee, open_study, quality_floor, strip_host_port, trials_frame
 
 POLICIES = {
     "max-tps": "highest tokens/s among trials that meet the quality floor",

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from tuner.report import ReportData, complete
+from tuner.analysis import ReportData, complete
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 FEASIBLE_COLOR = "#1f77b4"

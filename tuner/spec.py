@@ -51,7 +51,7 @@ class MeasurementSpec:
 
 @dataclass(frozen=True)
 class WorkersSpec:
-    """Database storages: heartbeats fail a dead worker's trial; see tuner.worker."""
+    """Database storages: heartbeats fail a dead worker's trial; see tuner.coordination."""
 
     heartbeat_s: int = 30  # each running trial records a heartbeat this often
     grace_s: int = 120  # a running trial without a heartbeat this long is failed

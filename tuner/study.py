@@ -24,8 +24,7 @@ import argparse
 import json
 import sys
 import time
-import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
@@ -33,169 +32,27 @@ import optuna
 
 from tuner.errors import UserError
 from tuner.failures import PERMANENT, FailureReason, TrialFailure
-from tuner.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
-from tuner.fingerprint import compare_fingerprints, fingerprint
-from tuner.host import measure_memory_bandwidth, numactl_path, read_host_state
-from tuner.topology import Topology, read_topology
-from tuner.launch import LaunchContext, build_server_argv, meaningful_numa_policies, model_flags
-from tuner.llama_build import binary, find_build_info, resolve_bin_dir
-from tuner.measure import MeasurementSettings, Sample, outputs_by_prompt, run_workload, summarize
-from tuner.paths import storage_dir
+from tuner.fingerprint import compare_fingerprints
+from tuner.launch import build_server_argv, model_flags
+from tuner.measure import Sample, outputs_by_prompt, run_workload, summarize
 from tuner.runner import LlamaServer, free_port, read_log_tail
-from tuner.sampling import NoRepeatSampler
-from tuner.space import (
-    KNOB_TYPES,
-    ResolvedSpace,
-    TrialConfig,
-    baseline_config,
-    resolve_space,
-    suggest,
-)
-from tuner.spec import StudySpec, WorkersSpec, load_spec
+from tuner.sampling import sampler_for
+from tuner.space import TrialConfig, baseline_config, suggest
+from tuner.spec import StudySpec, load_spec
 from tuner import quality as quality_scorers
-from tuner.validate import Fields
-from tuner.worker import (
+from tuner.context import StudyContext, prepare
+from tuner.coordination import (
     ensure_baseline,
+    make_storage,
     fail_orphans,
     hold_sqlite_study,
-    open_storage,
     run_until_budget,
     safe_url,
     tally,
     worker_id,
 )
-from tuner.workload import Workload, load_workload
 
 INIT_WAIT_S = 10.0  # how long a joining worker waits for the study's creator to record its attrs
-
-
-@dataclass(frozen=True)
-class StudyContext:
-    """Everything fixed for the lifetime of one study run on this host."""
-
-    spec: StudySpec
-    target: ModelInfo
-    drafts: dict[str, ModelInfo]
-    space: ResolvedSpace
-    launch: LaunchContext
-    workload: Workload
-    settings: MeasurementSettings
-    fingerprint: dict
-    build: dict
-    log_dir: Path
-
-
-def check_models_and_space(
-    spec: StudySpec, topo: Topology, numactl: str | None
-) -> tuple[ModelInfo, dict[str, ModelInfo], ResolvedSpace]:
-    """Read the GGUF headers, refuse incompatible drafts, fit the space to this machine."""
-    target = read_model_info(spec.target)
-    drafts: dict[str, ModelInfo] = {}
-    for i, path in enumerate(spec.drafts):
-        info = read_model_info(path)
-        compat = check_draft_compatibility(target, info)
-        if not compat.ok:
-            raise UserError(
-                f"{spec.path}: drafts[{i}]: {path.name} cannot draft for {spec.target.name} "
-                f"({'; '.join(compat.reasons)}); remove it from drafts"
-            )
-        drafts[path.stem] = info
-    space = resolve_space(
-        spec.space,
-        fields=Fields(spec.path, {}),
-        draft_names=tuple(drafts),
-        expert_used_count=target.expert_used_count if target.is_moe else None,
-        expert_count=target.expert_count,
-        physical_cores=topo.physical_cores,
-        logical_cpus=topo.logical_cpus,
-        numa_policies=tuple(p for p in meaningful_numa_policies(topo) if numactl or p not in ("interleave", "bind")),
-        numa_nodes=tuple(n.id for n in topo.nodes),
-    )
-    for i, item in enumerate(spec.warm_start):
-        unknown = [k for k in item if k not in KNOB_TYPES and k != "numa_node"]
-        if unknown:
-            raise UserError(f"{spec.path}: warm_start[{i}].{unknown[0]}: unknown knob; known: {', '.join(KNOB_TYPES)}")
-    return target, drafts, space
-
-
-def prepare(spec: StudySpec) -> StudyContext:
-    """Check everything a study needs before anything is written or launched."""
-    topo = read_topology()
-    numactl = numactl_path()
-    target, drafts, space = check_models_and_space(spec, topo, numactl)
-    bin_dir = resolve_bin_dir(spec.bin_dir)
-    server = binary("llama-server", bin_dir)
-    build = find_build_info(bin_dir)
-    workload = load_workload(list(spec.suites), spec.base_dir)
-    m = spec.measurement
-    settings = MeasurementSettings(warmup=m.warmup, repetitions=m.repetitions, n_predict=m.n_predict,
-                                   seed=m.seed, noise_cv=m.noise_cv)
-    launch = LaunchContext(
-        server_binary=server,
-        target=spec.target.resolve(),
-        drafts={name: info.path.resolve() for name, info in drafts.items()},
-        expert_override_key=target.expert_override_key,
-        topology=topo,
-        numactl=numactl,
-        ctx_size=m.ctx_size,
-        allow_smt=spec.space.allow_smt,
-        extra_args=spec.extra_args,
-    )
-    return StudyContext(
-        spec=spec,
-        target=target,
-        drafts=drafts,
-        space=space,
-        launch=launch,
-        workload=workload,
-        settings=settings,
-        # the bandwidth probe (~1 s) is provenance for the report's roofline, not a comparability key
-        fingerprint=fingerprint(topo, build, host=read_host_state(topo),
-                                bandwidth_bytes_per_s=measure_memory_bandwidth()),
-        build=build,
-        log_dir=storage_dir() / "logs" / spec.name,
-    )
-
-
-def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.storages.BaseStorage:
-    """An RDB storage with heartbeats; an unreachable URL is a one-line error, not a traceback."""
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return open_storage(url, workers)
-    except Exception as err:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        fix = ("install the PostgreSQL driver: pip install -e '.[postgres]'" if isinstance(err, ImportError)
-               else "check the URL and that the database is reachable")
-        raise UserError(f"storage {safe_url(url)}: cannot open ({first}); {fix}") from err
-
-
-def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
-    return sampler_for(spec.sampler, spec.seed, spec.budget_trials)
-
-
-def sampler_for(name: str, seed: int, budget_trials: int) -> optuna.samplers.BaseSampler:
-    """Default TPE: multivariate with groups handles the conditional knobs (K only when
-    speculating); the quality floor reaches every sampler through ``trial.set_constraint``;
-    its startup is short because budgets are;
-    it never re-measures a configuration nor proposes a knob value blamed for failed or
-    infeasible trials (see tuner.sampling). Separate from the spec so
-    `tuner bench-search` replays exactly these settings."""
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(20, budget_trials // 3)))
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    with warnings.catch_warnings():  # multivariate/group are "experimental" since Optuna 2.x
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        tpe = optuna.samplers.TPESampler(
-            seed=seed,
-            multivariate=True,
-            group=True,
-            # 5, not TPE's 10: the wrapper's start-up already spreads over unmeasured, unblamed
-            # configurations, and replayed grids found the best 1-4 trials sooner with 5.
-            n_startup_trials=max(4, min(5, budget_trials // 4)),
-        )
-    return NoRepeatSampler(tpe, seed=seed)
 
 
 def open_study(ctx: StudyContext) -> optuna.Study:
@@ -250,6 +107,10 @@ def open_study(ctx: StudyContext) -> optuna.Study:
     if attrs.get("objectives") != [o.metric for o in spec.objectives]:
         raise UserError(f"{spec.path}: objectives: study {spec.name!r} exists with other objectives; use a new name")
     return study
+
+
+def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+    return sampler_for(spec.sampler, spec.seed, spec.budget_trials)
 
 
 class TrialRunner:

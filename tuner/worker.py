@@ -1,176 +1,20 @@
-"""Several workers, one study: heartbeats, a budget shared across workers, one baseline.
+"""``tuner worker STUDY --storage postgresql://...``: ``tuner run`` joining a study kept in a shared database.
 
-``tuner worker STUDY --storage postgresql://...`` is ``tuner run`` joining a study kept
-in a shared database: any number of hosts may run one each (one per host: two measured
-runs on one host measure each other). Optuna's RDB storage is the only coordination:
-
-- Heartbeats: a running trial records one every ``workers.heartbeat_s``; a trial without
-  one for ``workers.grace_s`` belongs to a dead worker. The next worker that looks fails
-  it (Optuna's ``fail_stale_trials``) and queues its parameters again, at most
-  ``workers.max_retry`` times (Optuna's retry callback). Such a trial has no
-  ``failure_reason``: its worker died before it could write one.
-- The budget counts finished trials except those failed as interrupted (Ctrl-C measured
-  nothing) and those a retry replaced (the retry counts instead), so nothing counts
-  twice. A worker starts a trial only while counted plus running trials are below the
-  budget, waits while the rest runs elsewhere (a trial that dies there comes back as a
-  retry, which it then runs), and stops once the budget is counted. Two workers passing
-  that check in the same instant may each start one: at most workers-1 over.
-- The baseline runs once: the process that created the study runs it, the others wait
-  for its reference up to ``workers.baseline_wait_s``. If the baseline's worker dies, the
-  worker that fails the stale trial runs its retry. A baseline that failed or was
-  interrupted runs again in the next process to start.
-- SQLite takes one process per study: a lock beside the database refuses a second, and
-  ``tuner worker`` refuses SQLite (a database file is not safely shared across hosts,
-  and two workers on one host measure each other).
+Any number of hosts may run one each (one per host: two measured runs on one host
+measure each other); how they share the budget and the baseline is
+``tuner.coordination``'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
-import importlib.util
-import os
-import re
-import socket
 import sys
-import time
-import warnings
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Callable
+from dataclasses import replace
 
-import optuna
-from optuna.trial import TrialState
-
+from tuner.coordination import tally, worker_id
 from tuner.errors import UserError
-from tuner.failures import FailureReason
-from tuner.space import baseline_config, enqueue_params
-from tuner.spec import WorkersSpec, load_spec
-
-if TYPE_CHECKING:
-    from tuner.study import StudyContext
-
-SCHEMA_ATTEMPTS = 3  # workers starting together on a fresh database race to create its tables
-
-
-def worker_id() -> str:
-    """Who runs a trial: recorded with every trial and as the study's creator."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def safe_url(url: str) -> str:
-    """The storage URL without its password, for messages and logs."""
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
-
-
-class RetryStaleTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
-    """Optuna's retry of a dead worker's trial, noting which worker queued it again:
-    that worker, and only that one, runs a queued-again baseline (see ``ensure_baseline``)."""
-
-    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        trial.user_attrs = {**trial.user_attrs, "requeued_by": worker_id()}
-        super().__call__(study, trial)
-
-
-def retry_callback(workers: WorkersSpec) -> RetryStaleTrial:
-    """Queue a dead worker's trial again, at most ``workers.max_retry`` times."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RetryStaleTrial(max_retry=workers.max_retry)
-
-
-def with_driver(url: str) -> str:
-    """``postgresql://`` means psycopg2 to SQLAlchemy 2.0 and psycopg 3 to 2.1: name the
-    driver that is installed, so the documented URL works with either."""
-    if url.startswith("postgresql://"):
-        for module in ("psycopg", "psycopg2"):
-            if importlib.util.find_spec(module):
-                return url.replace("postgresql://", f"postgresql+{module}://", 1)
-    return url
-
-
-def open_storage(url: str, workers: WorkersSpec) -> optuna.storages.RDBStorage:
-    """An RDB storage with heartbeats; retried when workers race to create a fresh schema."""
-    import sqlalchemy.exc  # an optuna dependency; lazy like the rest of the database side
-
-    url = with_driver(url)
-    engine_kwargs = None if url.startswith("sqlite") else {"pool_pre_ping": True}
-    attempt = 1
-    while True:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
-                    url, engine_kwargs=engine_kwargs, heartbeat_interval=workers.heartbeat_s,
-                    grace_period=workers.grace_s, heartbeat_stale_trial_callback=retry_callback(workers))
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-            if attempt == SCHEMA_ATTEMPTS:
-                raise
-            time.sleep(0.5 * attempt)
-            attempt += 1
-
-
-def fail_stale(study: optuna.Study) -> None:
-    """Fail (and maybe queue again) trials whose worker stopped sending heartbeats."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
-
-
-@dataclass(frozen=True)
-class Tally:
-    counted: int  # finished trials that count toward the budget
-    running: int  # running in any worker (or left running by a dead one, until failed)
-
-
-def tally(study: optuna.Study) -> Tally:
-    """Where the budget stands across all workers (see the module docstring)."""
-    trials = study.get_trials(deepcopy=False)
-    replaced = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
-    counted = sum(
-        1 for t in trials
-        if t.state.is_finished() and t.number not in replaced
-        and t.user_attrs.get("failure_reason") != FailureReason.INTERRUPTED.value
-    )
-    return Tally(counted=counted, running=sum(1 for t in trials if t.state == TrialState.RUNNING))
-
-
-def hold_sqlite_study(url: str, name: str) -> IO | None:
-    """One process per SQLite study: an exclusive lock beside the database file.
-
-    The kernel drops the lock when the process ends however it ends, so a killed run
-    never blocks the next one. Returns the open lock file (None for other storages).
-    """
-    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
-        return None
-    db = Path(url.removeprefix("sqlite:///"))
-    db.parent.mkdir(parents=True, exist_ok=True)
-    lock = open(db.with_name(f"{db.name}.{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.lock"), "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "another process"
-        lock.close()
-        raise UserError(
-            f"study {name!r} in {db} is being run by {holder}; a SQLite study takes one process at a time "
-            "(two measured runs on one host measure each other): wait for it or stop it, or share the study "
-            "across hosts with PostgreSQL and `tuner worker`"
-        ) from None
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    lock.flush()
-    return lock
-
-
-def fail_orphans(study: optuna.Study, workers: WorkersSpec) -> None:
-    """Under the SQLite lock a running trial can only be a dead process's: fail it now
-    (and queue it again like a stale one) rather than after the heartbeat grace."""
-    retry = retry_callback(workers)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study.tell(trial.number, state=TrialState.FAIL)
-        retry(study, study.get_trials()[trial.number])
+from tuner.spec import load_spec
+from tuner.study import run_study
 
 
 def refuse_sqlite(url: str) -> None:
@@ -180,102 +24,6 @@ def refuse_sqlite(url: str) -> None:
             "and two workers on one host measure each other; use PostgreSQL "
             "(--storage postgresql://USER:PASSWORD@HOST:5432/DB), or `tuner run` alone on one host"
         )
-
-
-def _baselines(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("role") == "baseline"]
-
-
-def _baseline_pending(study: optuna.Study, workers: WorkersSpec) -> bool:
-    """A baseline runs or is queued somewhere, or its worker died and the worker that
-    noticed is queueing it again this instant (failed without a reason, retries left)."""
-    trials = study.get_trials(deepcopy=False)
-    replaced = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
-    return any(
-        t.state in (TrialState.RUNNING, TrialState.WAITING)
-        or (t.state == TrialState.FAIL and "failure_reason" not in t.user_attrs and t.number not in replaced
-            and len(t.system_attrs.get("retry_history", ())) < workers.max_retry)
-        for t in trials if t.user_attrs.get("role") == "baseline"
-    )
-
-
-def _baseline_failed(study: optuna.Study, ctx: StudyContext) -> UserError:
-    last = _baselines(study)[-1]
-    return UserError(
-        f"the baseline trial {last.number} failed ({last.user_attrs.get('failure_reason', 'its worker died')}: "
-        f"{last.user_attrs.get('failure_detail', '')}); fix it before tuning (log in {ctx.log_dir})"
-    )
-
-
-def ensure_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None],
-                    progress: Callable[[str], None]) -> None:
-    """Return once the study has its reference: run the baseline here, or wait for it.
-
-    Runs it here when this process created the study, when an earlier baseline failed
-    or was interrupted, or for a study from before workers existed; otherwise waits for
-    the worker running it. Nothing else is queued before the reference exists, so
-    ``run_one`` pops the baseline. The process that ran it queues the warm starts.
-    """
-    if "reference" in study.user_attrs:
-        return
-    creator = study.user_attrs.get("created_by")
-    if creator in (None, worker_id()) or (_baselines(study) and not _baseline_pending(study, ctx.spec.workers)):
-        study.enqueue_trial(enqueue_params(baseline_config(ctx.space), ctx.space), user_attrs={"role": "baseline"})
-        run_one()
-    else:
-        _wait_for_baseline(study, ctx, run_one, progress)
-    if "reference" not in study.user_attrs:
-        raise _baseline_failed(study, ctx)
-    if any(t.state == TrialState.COMPLETE and t.user_attrs.get("worker") == worker_id() for t in _baselines(study)):
-        for item in ctx.spec.warm_start:
-            study.enqueue_trial(dict(item), user_attrs={"role": "warm_start"}, skip_if_exists=True)
-
-
-def _wait_for_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None],
-                       progress: Callable[[str], None]) -> None:
-    workers = ctx.spec.workers
-    deadline = time.monotonic() + workers.baseline_wait_s
-    progress(f"waiting for the baseline trial, run by the worker that created the study "
-             f"({study.user_attrs.get('created_by')})")
-    while "reference" not in study.user_attrs:
-        fail_stale(study)
-        baselines = _baselines(study)
-        mine = [t for t in baselines if t.state == TrialState.WAITING and t.user_attrs.get("requeued_by") == worker_id()]
-        if mine:  # its worker died and this one queued it again: this one runs it
-            run_one()
-            return
-        if baselines and not _baseline_pending(study, workers):
-            return  # it failed: the caller reports why
-        if time.monotonic() > deadline:
-            raise UserError(
-                f"no baseline after {workers.baseline_wait_s:g} s: the worker that created study "
-                f"{ctx.spec.name!r} ({study.user_attrs.get('created_by')}) runs it first; check that it is "
-                "running, or raise workers.baseline_wait_s"
-            )
-        time.sleep(poll_interval(workers))
-
-
-def poll_interval(workers: WorkersSpec) -> float:
-    return min(5.0, float(workers.heartbeat_s))
-
-
-def run_until_budget(study: optuna.Study, run_one: Callable[[], None], budget: int, workers: WorkersSpec,
-                     deadline: float | None, progress: Callable[[str], None]) -> None:
-    """Run trials until ``budget`` of them count, across every worker of the study."""
-    said = False
-    while deadline is None or time.monotonic() < deadline:
-        now = tally(study)
-        if now.counted >= budget:
-            return
-        if now.counted + now.running < budget:
-            run_one()
-            said = False
-            continue
-        if not said:
-            progress(f"{now.running} trial(s) running in other workers complete the budget: waiting for them")
-            said = True
-        fail_stale(study)  # a dead worker's trial comes back as a retry, which this worker then runs
-        time.sleep(poll_interval(workers))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -292,8 +40,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.study import run_study  # tuner.study imports this module
-
     spec = load_spec(args.study)
     if args.storage:
         spec = replace(spec, storage=args.storage)

@@ -23,7 +23,7 @@ from tuner.bench.table import read_table
 from tuner.errors import UserError
 from tuner.paths import REPO_ROOT, reports_dir
 from tuner.spec import load_spec
-from tuner.study import prepare
+from tuner.context import prepare
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

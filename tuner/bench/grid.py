@@ -37,7 +37,7 @@ from tuner.quality import agreement, answer_score
 from tuner.runner import LlamaServer, free_port
 from tuner.space import Choices, ResolvedSpace, TrialConfig, baseline_config, suggest
 from tuner.spec import load_spec
-from tuner.study import StudyContext, prepare
+from tuner.context import StudyContext, prepare
 
 KNOBS = tuple(f.name for f in fields(TrialConfig))
 

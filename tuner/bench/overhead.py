@@ -33,7 +33,7 @@ from tuner.llama_build import binary
 from tuner.measure import MeasurementSettings, run_workload, summarize
 from tuner.runner import LlamaServer, free_port
 from tuner.space import TrialConfig, baseline_config
-from tuner.study import StudyContext
+from tuner.context import StudyContext
 from tuner.workload import Workload
 
 TPS_TOLERANCE = 0.05

@@ -17,10 +17,11 @@ from typing import Callable
 from tuner.errors import UserError
 from tuner.failures import TrialFailure
 from tuner.measure import pooled_rate, run_workload
-from tuner.report import strip_host_port
+from tuner.analysis import strip_host_port
 from tuner.runner import LlamaServer, free_port
 from tuner.spec import StudySpec, load_spec
-from tuner.study import best_feasible, prepare, run_study
+from tuner.context import prepare
+from tuner.study import best_feasible, run_study
 
 TOLERANCE = 0.05
 

@@ -14,7 +14,7 @@ failed trial: in a study it would have cost a launch too.
 
 Every strategy starts with the table's first row, as every study starts with its
 baseline (``tuner record-grid`` writes the baseline first); the grid goes on in table
-order. Strategies: ``default`` is the project's sampler (``tuner.study.sampler_for("tpe")``
+order. Strategies: ``default`` is the project's sampler (``tuner.sampling.sampler_for("tpe")``
 with the replay's length as its budget); ``tpe`` is Optuna's TPE with its own
 defaults; ``nsga2`` the project's NSGA-II settings; ``random``; ``grid`` the table's
 rows in order, which for a record-grid table is llama-bench's order.
@@ -181,7 +181,7 @@ class ReplayObjective:
 
 
 def make_sampler(strategy: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
-    from tuner.study import sampler_for
+    from tuner.sampling import sampler_for
 
     if strategy == "default":
         return sampler_for("tpe", seed, budget)

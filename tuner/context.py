@@ -1,0 +1,113 @@
+"""What a study needs before anything is written or launched, checked once: ``prepare``.
+
+Reads the models' GGUF headers, refuses incompatible drafts, resolves the search space
+for this machine, loads the workload, finds the llama.cpp build and takes the
+fingerprint. Study runs, the grid recorder and the benchmarks all start here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import UserError
+from tuner.fingerprint import fingerprint
+from tuner.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
+from tuner.host import measure_memory_bandwidth, numactl_path, read_host_state
+from tuner.launch import LaunchContext, meaningful_numa_policies
+from tuner.llama_build import binary, find_build_info, resolve_bin_dir
+from tuner.measure import MeasurementSettings
+from tuner.paths import storage_dir
+from tuner.space import KNOB_TYPES, ResolvedSpace, resolve_space
+from tuner.spec import StudySpec
+from tuner.topology import Topology, read_topology
+from tuner.validate import Fields
+from tuner.workload import Workload, load_workload
+
+
+@dataclass(frozen=True)
+class StudyContext:
+    """Everything fixed for the lifetime of one study run on this host."""
+
+    spec: StudySpec
+    target: ModelInfo
+    drafts: dict[str, ModelInfo]
+    space: ResolvedSpace
+    launch: LaunchContext
+    workload: Workload
+    settings: MeasurementSettings
+    fingerprint: dict
+    build: dict
+    log_dir: Path
+
+
+def check_models_and_space(
+    spec: StudySpec, topo: Topology, numactl: str | None
+) -> tuple[ModelInfo, dict[str, ModelInfo], ResolvedSpace]:
+    """Read the GGUF headers, refuse incompatible drafts, fit the space to this machine."""
+    target = read_model_info(spec.target)
+    drafts: dict[str, ModelInfo] = {}
+    for i, path in enumerate(spec.drafts):
+        info = read_model_info(path)
+        compat = check_draft_compatibility(target, info)
+        if not compat.ok:
+            raise UserError(
+                f"{spec.path}: drafts[{i}]: {path.name} cannot draft for {spec.target.name} "
+                f"({'; '.join(compat.reasons)}); remove it from drafts"
+            )
+        drafts[path.stem] = info
+    space = resolve_space(
+        spec.space,
+        fields=Fields(spec.path, {}),
+        draft_names=tuple(drafts),
+        expert_used_count=target.expert_used_count if target.is_moe else None,
+        expert_count=target.expert_count,
+        physical_cores=topo.physical_cores,
+        logical_cpus=topo.logical_cpus,
+        numa_policies=tuple(p for p in meaningful_numa_policies(topo) if numactl or p not in ("interleave", "bind")),
+        numa_nodes=tuple(n.id for n in topo.nodes),
+    )
+    for i, item in enumerate(spec.warm_start):
+        unknown = [k for k in item if k not in KNOB_TYPES and k != "numa_node"]
+        if unknown:
+            raise UserError(f"{spec.path}: warm_start[{i}].{unknown[0]}: unknown knob; known: {', '.join(KNOB_TYPES)}")
+    return target, drafts, space
+
+
+def prepare(spec: StudySpec) -> StudyContext:
+    """Check everything a study needs before anything is written or launched."""
+    topo = read_topology()
+    numactl = numactl_path()
+    target, drafts, space = check_models_and_space(spec, topo, numactl)
+    bin_dir = resolve_bin_dir(spec.bin_dir)
+    server = binary("llama-server", bin_dir)
+    build = find_build_info(bin_dir)
+    workload = load_workload(list(spec.suites), spec.base_dir)
+    m = spec.measurement
+    settings = MeasurementSettings(warmup=m.warmup, repetitions=m.repetitions, n_predict=m.n_predict,
+                                   seed=m.seed, noise_cv=m.noise_cv)
+    launch = LaunchContext(
+        server_binary=server,
+        target=spec.target.resolve(),
+        drafts={name: info.path.resolve() for name, info in drafts.items()},
+        expert_override_key=target.expert_override_key,
+        topology=topo,
+        numactl=numactl,
+        ctx_size=m.ctx_size,
+        allow_smt=spec.space.allow_smt,
+        extra_args=spec.extra_args,
+    )
+    return StudyContext(
+        spec=spec,
+        target=target,
+        drafts=drafts,
+        space=space,
+        launch=launch,
+        workload=workload,
+        settings=settings,
+        # the bandwidth probe (~1 s) is provenance for the report's roofline, not a comparability key
+        fingerprint=fingerprint(topo, build, host=read_host_state(topo),
+                                bandwidth_bytes_per_s=measure_memory_bandwidth()),
+        build=build,
+        log_dir=storage_dir() / "logs" / spec.name,
+    )
