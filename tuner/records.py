@@ -1,0 +1,204 @@
+"""The typed records a study stores: one ``TrialRecord`` per trial, one ``StudyRecord`` per study.
+
+Why: report, export, compare, dashboard, the sampler and the benchmarks all read what a
+study measured. They read these records (through ``tuner.store``, which owns how they
+sit in Optuna's storage), never attribute strings, so a field has one name, one type
+and one meaning everywhere.
+
+A ``StudyRecord`` also says what makes two sets of numbers comparable
+(``comparability``): the machine and build, the models, the space, the workload's
+texts, the measurement settings and the scorer. A resumed study, an export's
+re-measure and ``tuner compare`` check it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from tuner.fingerprint import COMPARABILITY_KEYS
+from tuner.space import TrialConfig
+
+SCHEMA_VERSION = 2  # 1: loose user attrs per field (before records); 2: one record per trial and study
+
+ROLES = ("baseline", "warm_start", "search")
+
+# ModelInfo fields that identify a model without its path (compare, resume).
+MODEL_IDENTITY_KEYS = ("architecture", "name", "file_size_bytes", "parameter_count", "file_type",
+                       "vocab_type", "vocab_size", "expert_count", "expert_used_count")
+
+
+def digest(value: Any) -> str:
+    """A short stable hash of JSON-able data."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """A complete trial's figures; speedup is against the study's baseline tokens/s."""
+
+    tokens_per_second: float  # median over repetitions of each repetition's pooled rate
+    acceptance: float  # accepted / drafted draft tokens, 0.0 without speculation
+    quality: float  # the study's scorer, 1.0 = the reference
+    speedup: float
+
+    def objective(self, name: str) -> float:
+        return float(getattr(self, name))
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How far the repetitions of a trial disagree: cv of per-repetition rates.
+
+    With fewer than two repetitions the spread is unknown (``cv`` None), never "not noisy".
+    """
+
+    repetitions: int
+    cv: float | None
+    noisy: bool | None  # cv above the study's noise_cv; None when unknown
+
+
+@dataclass(frozen=True)
+class Failure:
+    reason: str  # a tuner.failures.FailureReason value, or "orphaned" for a dead process's trial
+    detail: str
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """Everything one trial measured or why it could not, written once when it ends."""
+
+    number: int
+    state: str  # Optuna's state name: COMPLETE, FAIL, PRUNED, RUNNING, WAITING
+    role: str  # one of ROLES
+    config: TrialConfig
+    argv: tuple[str, ...] = ()  # the launched command without the runner's --host/--port
+    metrics: Metrics | None = None
+    spread: Spread | None = None
+    drafted: int = 0
+    accepted: int = 0
+    per_suite_tokens_per_second: dict[str, float] = field(default_factory=dict)
+    samples: tuple[dict, ...] = ()  # one per measured request (tuner.measure.Sample without text/tokens)
+    outputs: dict[str, str] = field(default_factory=dict)  # prompt id -> text of the first repetition
+    constraint: float | None = None  # quality floor - quality: feasible when <= 0
+    failure: Failure | None = None
+    worker: str = ""
+    log_tail: str = ""
+    duration_s: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.state == "COMPLETE" and self.metrics is not None
+
+    @property
+    def feasible(self) -> bool:
+        return self.complete and self.constraint is not None and self.constraint <= 0
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["config"] = self.config.as_dict()
+        data["argv"] = list(self.argv)
+        data["samples"] = list(self.samples)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict, number: int, state: str) -> TrialRecord:
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}
+        return cls(**{
+            **data,
+            "number": number,
+            "state": state,
+            "config": config_from_dict(data.get("config") or {}),
+            "argv": tuple(data.get("argv") or ()),
+            "metrics": Metrics(**data["metrics"]) if data.get("metrics") else None,
+            "spread": Spread(**data["spread"]) if data.get("spread") else None,
+            "samples": tuple(data.get("samples") or ()),
+            "failure": Failure(**data["failure"]) if data.get("failure") else None,
+        })
+
+
+def config_from_dict(data: dict) -> TrialConfig:
+    known = {f.name for f in fields(TrialConfig)}
+    return TrialConfig(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The baseline's outputs (the agreement scorer's reference) and its tokens/s."""
+
+    trial: int
+    tokens: dict[str, list[int]]
+    texts: dict[str, str]
+    tokens_per_second: float
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """What a study was measured with, written once when it is created."""
+
+    name: str
+    created_by: str
+    fingerprint: dict  # tuner.fingerprint.fingerprint(): machine and build
+    build: dict  # the llama.cpp build manifest
+    target: dict  # tuner.gguf_info.ModelInfo.to_dict()
+    drafts: dict[str, dict]
+    space: dict  # ResolvedSpace.describe()
+    space_digest: str
+    space_notes: tuple[str, ...]
+    objectives: tuple[str, ...]
+    quality: dict  # {"scorer": ..., "floor": ...}
+    spec_path: str
+    workload: dict  # {"prompts": [ids], "digest": hash of suites, ids and texts}
+    measurement: dict  # MeasurementSettings as a dict, plus ctx_size
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def floor(self) -> float | None:
+        return self.quality.get("floor")
+
+    def comparability(self) -> dict[str, Any]:
+        """The fields that must match for two measurements to be compared, by name."""
+        return {
+            **{key: self.fingerprint.get(key) for key in COMPARABILITY_KEYS},
+            "target model": model_identity(self.target),
+            "drafts": {name: model_identity(d) for name, d in sorted(self.drafts.items())},
+            "search space": self.space_digest,
+            "objectives": list(self.objectives),
+            "workload (prompt texts)": self.workload.get("digest"),
+            **{f"measurement.{k}": v for k, v in sorted(self.measurement.items())},
+            "quality.scorer": self.quality.get("scorer"),
+            "quality.floor": self.quality.get("floor"),
+        }
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["space_notes"] = list(self.space_notes)
+        data["objectives"] = list(self.objectives)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> StudyRecord:
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}
+        return cls(**{**data, "space_notes": tuple(data.get("space_notes") or ()),
+                      "objectives": tuple(data.get("objectives") or ())})
+
+
+def model_identity(info: dict) -> dict:
+    """A model as content, not as a path: the same file copied elsewhere is the same model."""
+    return {key: info.get(key) for key in MODEL_IDENTITY_KEYS}
+
+
+def changes(stored: StudyRecord, current: StudyRecord, ignore: tuple[str, ...] = ()) -> list[str]:
+    """What differs between two studies' comparability, one phrase per field."""
+    a, b = stored.comparability(), current.comparability()
+    return [f"{key} changed (study has {_short(a[key])}, now {_short(b.get(key))})"
+            for key in a if key not in ignore and a[key] != b.get(key)]
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,175 @@
+"""The storage schema: how records sit in Optuna's storage, written once, read back as records.
+
+Optuna's storage is the one database. A study keeps its ``StudyRecord`` in one study
+user attr, and each trial its ``TrialRecord`` in one trial user attr, written in one
+commit when the trial ends. Besides them, Optuna-level coordination keeps three small
+attrs: a trial's ``role`` (set when it is enqueued), ``requeued_by`` (set by the
+heartbeat retry) and the study's ``created_by`` (the worker that runs the baseline),
+plus the baseline's ``reference`` outputs and the perplexity cache. Nothing else reads
+or writes user attrs.
+
+Schema versions: 1 stored loose attrs per field (before records); a study of schema 1
+is refused with a one-line message naming its version. A trial that ended without
+writing a record (its process was killed, or a heartbeat failed it) reads back as a
+failed record with reason ``orphaned``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.errors import UserError
+from tuner.records import SCHEMA_VERSION, Failure, Reference, StudyRecord, TrialRecord, config_from_dict
+from tuner.spec import default_storage_url
+from tuner.validate import load_yaml_mapping
+
+STUDY_RECORD = "study_record"
+TRIAL_RECORD = "record"
+ROLE = "role"
+REQUEUED_BY = "requeued_by"
+CREATED_BY = "created_by"
+REFERENCE = "reference"
+PERPLEXITY = "perplexity"
+ORPHANED = "orphaned"  # the process running the trial died before recording it
+
+
+# ------------------------------------------------------------------ studies
+
+
+def write_study_record(study: optuna.Study, record: StudyRecord) -> None:
+    study.set_user_attr(STUDY_RECORD, record.to_json())
+
+
+def has_study_record(study: optuna.Study) -> bool:
+    return STUDY_RECORD in study.user_attrs
+
+
+def read_study_record(study: optuna.Study) -> StudyRecord:
+    """The study's record; a study stored by an older tuner is a one-line error."""
+    attrs = study.user_attrs
+    data = attrs.get(STUDY_RECORD)
+    if data is None:
+        version = 1 if "fingerprint" in attrs else None
+        if version is None:
+            raise UserError(f"study {study.study_name!r} has no study record yet: it is being created, or its "
+                            "creator died first; run it (`tuner run`) to record it")
+        raise UserError(f"study {study.study_name!r} was stored with storage schema {version}, this tuner reads "
+                        f"schema {SCHEMA_VERSION}; run the study again under a new name (its file's `name:`)")
+    if data.get("schema") != SCHEMA_VERSION:
+        raise UserError(f"study {study.study_name!r} was stored with storage schema {data.get('schema')}, this "
+                        f"tuner reads schema {SCHEMA_VERSION}; use the tuner version that wrote it, or run the "
+                        "study again under a new name")
+    return StudyRecord.from_json(data)
+
+
+def created_by(study: optuna.Study) -> str | None:
+    return study.user_attrs.get(CREATED_BY)
+
+
+def set_created_by(study: optuna.Study, worker: str) -> None:
+    study.set_user_attr(CREATED_BY, worker)
+
+
+def write_reference(study: optuna.Study, reference: Reference) -> None:
+    study.set_user_attr(REFERENCE, {"trial": reference.trial, "tokens": reference.tokens,
+                                    "texts": reference.texts, "tokens_per_second": reference.tokens_per_second})
+
+
+def read_reference(study: optuna.Study) -> Reference | None:
+    data = study.user_attrs.get(REFERENCE)
+    return Reference(**data) if data else None
+
+
+def perplexity_cache(study: optuna.Study) -> dict[str, float]:
+    return dict(study.user_attrs.get(PERPLEXITY, {}))
+
+
+def write_perplexity_cache(study: optuna.Study, cache: dict[str, float]) -> None:
+    study.set_user_attr(PERPLEXITY, cache)
+
+
+# ------------------------------------------------------------------ trials
+
+
+def write_trial_record(trial: optuna.Trial, record: TrialRecord) -> None:
+    """The trial's one write of everything it measured (or why it could not)."""
+    trial.set_user_attr(TRIAL_RECORD, record.to_json())
+
+
+def role_of(trial: FrozenTrial | optuna.Trial) -> str:
+    return trial.user_attrs.get(ROLE, "search")
+
+
+def read_trial(trial: FrozenTrial) -> TrialRecord:
+    """A trial as a record; one without a record yet (running, waiting, or orphaned) is built
+    from Optuna's own fields."""
+    data = trial.user_attrs.get(TRIAL_RECORD)
+    if data is not None:
+        return TrialRecord.from_json(data, trial.number, trial.state.name)
+    failure = None
+    if trial.state == TrialState.FAIL:
+        failure = Failure(ORPHANED, "the process running it died before recording it")
+    return TrialRecord(number=trial.number, state=trial.state.name, role=role_of(trial),
+                       config=config_from_dict(dict(trial.params)), failure=failure)
+
+
+def failure_reason(trial: FrozenTrial) -> str | None:
+    """Why a finished trial failed, None if it did not fail or left no record of why
+    (a dead worker's trial, or a benchmark replay's)."""
+    data = trial.user_attrs.get(TRIAL_RECORD)
+    return ((data or {}).get("failure") or {}).get("reason")
+
+
+def read_trials(study: optuna.Study, finished_only: bool = True) -> list[TrialRecord]:
+    return [read_trial(t) for t in study.get_trials(deepcopy=False)
+            if t.state.is_finished() or not finished_only]
+
+
+def best_feasible(study: optuna.Study) -> TrialRecord | None:
+    """Highest tokens/s among complete trials that meet the quality floor."""
+    return max((r for r in read_trials(study) if r.feasible),
+               key=lambda r: r.metrics.tokens_per_second, default=None)
+
+
+def baseline_record(study: optuna.Study) -> TrialRecord | None:
+    """The trial whose outputs are the study's reference (else its first complete baseline)."""
+    reference = read_reference(study)
+    if reference is not None:
+        return read_trial(study.trials[reference.trial])
+    return next((r for r in read_trials(study) if r.role == "baseline" and r.complete), None)
+
+
+# ------------------------------------------------------------------ opening a stored study
+
+
+def resolve_ref(ref: str, storage: str | None) -> tuple[str, str]:
+    """(study name, storage URL) from a study name or a study file (its name and storage)."""
+    path = Path(ref)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        data = load_yaml_mapping(path)
+        name = data.get("name") or path.stem
+        return str(name), storage or data.get("storage") or default_storage_url()
+    return ref, storage or default_storage_url()
+
+
+def require_storage(url: str) -> None:
+    """A missing SQLite file is a typo or a study never run, not a new empty database."""
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        raise UserError(f"storage {url}: no such file; run a study first (`tuner run studies/NAME.yaml`) or pass --storage")
+
+
+def open_stored_study(ref: str, storage: str | None = None) -> tuple[optuna.Study, StudyRecord]:
+    """A stored study by name or study file, with its record; an unknown name lists the known ones."""
+    name, url = resolve_ref(ref, storage)
+    require_storage(url)
+    try:
+        study = optuna.load_study(study_name=name, storage=url, sampler=optuna.samplers.RandomSampler(seed=0))
+    except KeyError:
+        known = optuna.get_all_study_names(url)
+        raise UserError(
+            f"study {name!r}: not in {url}; known studies: {', '.join(known) or 'none'}"
+        ) from None
+    return study, read_study_record(study)
