@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from fake_llama_server import alive, assert_no_leftover, launches, port_is_free, wait_for, write_study
+from tuner import store
 from tuner.cli import main
 from tuner.errors import UserError
 from tuner.failures import TrialFailure
@@ -91,13 +92,13 @@ def test_each_fault_fails_its_trial_with_reason_and_log_tail_and_the_study_goes_
     assert [t.state for t in trials] == [COMPLETE] + [FAIL] * len(FAULTS) + [COMPLETE]
     for trial in trials[1:-1]:
         fault, reason = FAULTS[trial.params["draft_max"]]
-        assert trial.user_attrs["failure_reason"] == reason, (fault, trial.user_attrs)
-        assert trial.user_attrs["failure_detail"]
-        assert "loading model from" in trial.user_attrs["log_tail"], fault  # the server's own words
+        assert store.read_trial(trial).failure.reason == reason, (fault, store.read_trial(trial))
+        assert store.read_trial(trial).failure.detail
+        assert "loading model from" in store.read_trial(trial).log_tail, fault  # the server's own words
         assert any(f"trial {trial.number}: FAILED ({reason}:" in line for line in lines)
     nodraft = next(t for t in trials if t.params.get("draft_max") == 8)
-    assert "vocabs are not compatible" in nodraft.user_attrs["failure_detail"]
-    assert trials[-1].user_attrs["drafted"] > 0  # measured normally after all of them
+    assert "vocabs are not compatible" in store.read_trial(nodraft).failure.detail
+    assert store.read_trial(trials[-1]).drafted > 0  # measured normally after all of them
     assert tally(study).counted == len(FAULTS) + 2
     assert not [launch for launch in launches(tmp_path / "launches.jsonl") if alive(launch["pid"])]
 
@@ -109,11 +110,11 @@ def test_each_fault_fails_its_trial_with_reason_and_log_tail_and_the_study_goes_
     study = run_study(load_spec(path), trials=len(FAULTS) + 4, progress=lines.append)
     first_oom = next(t for t in trials if t.params.get("draft_max") == 3)
     oom_again, crash_again = study.get_trials()[-2:]
-    assert oom_again.user_attrs["failure_reason"] == "out_of_memory"
-    assert oom_again.user_attrs["failure_detail"] == f"same configuration already failed permanently in trial {first_oom.number}"
-    assert oom_again.user_attrs["log_tail"] == first_oom.user_attrs["log_tail"]
+    assert store.read_trial(oom_again).failure.reason == "out_of_memory"
+    assert store.read_trial(oom_again).failure.detail == f"same configuration already failed permanently in trial {first_oom.number}"
+    assert store.read_trial(oom_again).log_tail == store.read_trial(first_oom).log_tail
     assert not (tmp_path / "storage" / "logs" / "t" / f"trial-{oom_again.number}.log").exists()  # never launched
-    assert crash_again.user_attrs["failure_reason"] == "crashed"
+    assert store.read_trial(crash_again).failure.reason == "crashed"
     assert sum("--spec-draft-n-max 6" in " ".join(x["argv"]) for x in launches(tmp_path / "launches.jsonl")) == k6_launches + 1
 
 
@@ -152,8 +153,8 @@ def test_interrupt_mid_trial_records_it_stops_the_server_and_resumes(tmp_path, e
     assert "interrupted" in err and f"tuner run {path}` again to resume" in err
     assert not alive(launch["pid"]) and port_is_free(launch["port"])
     (trial,) = stored(tmp_path).trials
-    assert trial.state == FAIL and trial.user_attrs["failure_reason"] == "interrupted"
-    assert "processing task" in trial.user_attrs["log_tail"]
+    assert trial.state == FAIL and store.read_trial(trial).failure.reason == "interrupted"
+    assert "processing task" in store.read_trial(trial).log_tail
 
     resumed = subprocess.run([sys.executable, "-m", "tuner.cli", "run", str(path)], env=env,
                              capture_output=True, text=True, timeout=120)
@@ -161,7 +162,7 @@ def test_interrupt_mid_trial_records_it_stops_the_server_and_resumes(tmp_path, e
     study = stored(tmp_path)
     # the interrupted trial measured nothing: it does not count, and the baseline runs again
     assert [t.state for t in study.trials] == [FAIL, COMPLETE, COMPLETE]
-    assert study.trials[1].user_attrs["role"] == "baseline" and study.user_attrs["reference"]["trial"] == 1
+    assert store.role_of(study.trials[1]) == "baseline" and store.read_reference(study).trial == 1
     assert tally(study).counted == 2
 
 
@@ -186,7 +187,7 @@ def test_sqlite_takes_one_process_and_a_killed_run_resumes(tmp_path, env, capsys
     study = stored(tmp_path)
     assert [t.state for t in study.trials] == [FAIL, COMPLETE, COMPLETE, COMPLETE]
     retry = study.trials[1]
-    assert retry.system_attrs["failed_trial"] == 0 and retry.user_attrs["role"] == "baseline"
+    assert retry.system_attrs["failed_trial"] == 0 and store.role_of(retry) == "baseline"
     assert tally(study).counted == 3  # the orphan was replaced by its retry, not counted as well
 
 
@@ -207,15 +208,45 @@ def test_unreachable_storage_is_one_line_without_the_password(tmp_path, env, cap
 def test_existing_study_with_another_search_space_is_refused_untouched(tmp_path, env, capsys):
     path = write_study(tmp_path, sqlite(tmp_path), budget={"trials": 1})
     run_study(load_spec(path), progress=lambda _: None)
-    digest = stored(tmp_path).user_attrs["space_digest"]
+    digest = store.read_study_record(stored(tmp_path)).space_digest
     write_study(tmp_path, sqlite(tmp_path), budget={"trials": 2},
                 search_space={"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 4],
                                             "temperature": 0.0, "threads": 1}})
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "exists with a different search space" in err
+    assert "\n" not in err and "search space differs" in err
     after = stored(tmp_path)
-    assert len(after.trials) == 1 and after.user_attrs["space_digest"] == digest
+    assert len(after.trials) == 1 and store.read_study_record(after).space_digest == digest
+
+
+@pytest.mark.parametrize("edit, changed", [
+    (lambda folder: (folder / "suite.yaml").write_text(
+        (folder / "suite.yaml").read_text().replace("def add(a, b)", "def add(x, y)")), "workload (prompt texts) differs"),
+    (lambda folder: write_study(folder, sqlite(folder), workload={"suites": ["suite.yaml"], "n_predict": 16}),
+     "measurement.n_predict differs (the study has 8, this run has 16)"),
+    (lambda folder: write_study(folder, sqlite(folder), quality={"scorer": "agreement", "floor": 0.5}),
+     "quality.floor differs (the study has 0.9, this run has 0.5)"),
+])
+def test_resume_after_a_change_that_breaks_comparability_is_refused_in_one_line(tmp_path, env, capsys, edit, changed):
+    """An edited prompt used to crash a resumed study; a new n_predict made every trial infeasible."""
+    path = write_study(tmp_path, sqlite(tmp_path), budget={"trials": 2})
+    run_study(load_spec(path), progress=lambda _: None)
+    edit(tmp_path)
+    for command in (["run", str(path), "--trials", "3"], ["export", str(path), "--out", str(tmp_path / "x")]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and changed in err, err
+    assert len(stored(tmp_path).trials) == 2 and not (tmp_path / "x").exists()  # nothing added, nothing written
+
+
+def test_a_study_stored_by_the_old_schema_is_one_line_naming_its_version(tmp_path, env, capsys):
+    url = sqlite(tmp_path)
+    old = optuna.create_study(study_name="t", storage=url)
+    old.set_user_attr("fingerprint", {"cpu_model": "x"})  # how schema 1 stored a study
+    for command in (["report", "t", "--storage", url], ["export", "t", "--storage", url]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "storage schema 1" in err and "new name" in err, err
 
 
 @pytest.mark.parametrize(
@@ -285,11 +316,11 @@ def test_truncated_gguf_is_refused_up_front_or_fails_its_trial(tmp_path, env, sy
     study = open_study(ctx)
     ctx.launch.drafts["draft-small"] = (SYNTH / "corrupt.gguf").resolve()  # the file changed under the study
     study.enqueue_trial({"spec_type": "draft-simple", "draft": "draft-small", "draft_max": 2})
-    study.enqueue_trial({"spec_type": "none"}, user_attrs={"role": "baseline"})
+    study.enqueue_trial({"spec_type": "none"}, user_attrs={store.ROLE: "baseline"})
     study.optimize(TrialRunner(ctx, study, progress=lambda _: None), n_trials=2, catch=(TrialFailure,))
     broken, after = study.trials
-    assert broken.state == FAIL and broken.user_attrs["failure_reason"] == "model_load_failed"
-    assert "corrupt.gguf" in broken.user_attrs["log_tail"]
+    assert broken.state == FAIL and store.read_trial(broken).failure.reason == "model_load_failed"
+    assert "corrupt.gguf" in store.read_trial(broken).log_tail
     assert after.state == COMPLETE
 
 
@@ -314,8 +345,8 @@ def test_real_server_killed_or_stopped_mid_trial_fails_that_trial_and_the_study_
     study = run_study(load_spec(path), progress=lambda _: None)
     saboteur.join(timeout=5)
     assert len(sabotaged) == 2
-    states = [(t.state, t.user_attrs.get("failure_reason")) for t in study.get_trials()]
+    states = [(t.state, store.failure_reason(t)) for t in study.get_trials()]
     assert states == [(COMPLETE, None), (FAIL, "crashed"), (FAIL, "timeout"), (COMPLETE, None)]
     killed = study.trials[1]
-    assert "SIGKILL" in killed.user_attrs["failure_detail"] and killed.user_attrs["log_tail"]
+    assert "SIGKILL" in store.read_trial(killed).failure.detail and store.read_trial(killed).log_tail
     assert not any(alive(pid) for pid in sabotaged)

@@ -6,6 +6,9 @@ import optuna
 import pytest
 import yaml
 
+from dataclasses import replace
+
+from tuner import store
 from tuner.failures import FailureReason, TrialFailure
 from tuner.paths import models_dir
 from tuner.spec import load_spec
@@ -42,21 +45,23 @@ def test_short_study_persists_objectives_and_evidence(tmp_path, synthetic_models
     study = optuna.load_study(study_name="t", storage=spec.storage)  # re-read from the SQLite file
     trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(study.trials) == 4 and len(trials) == 4
-    assert study.user_attrs["fingerprint"]["llama_commit"] == study.user_attrs["build"]["commit"]
-    assert study.user_attrs["target"]["architecture"]
-    baseline, warm = study.trials[0], study.trials[1]
-    assert baseline.user_attrs["role"] == "baseline" and baseline.params["spec_type"] == "none"
-    assert warm.user_attrs["role"] == "warm_start" and warm.params["draft"] == "draft-large"
-    for t in trials:
+    record = store.read_study_record(study)
+    assert record.fingerprint["llama_commit"] == record.build["commit"]
+    assert record.target["architecture"] and record.workload["digest"] and record.measurement["n_predict"] == 32
+    records = store.read_trials(study)
+    baseline, warm = records[0], records[1]
+    assert baseline.role == "baseline" and baseline.config.spec_type == "none"
+    assert warm.role == "warm_start" and warm.config.draft == "draft-large"
+    for t, r in zip(trials, records):
         assert len(t.values) == 3 and t.values[0] > 0
-        for key in ("argv", "config", "samples", "cv", "drafted", "accepted", "speedup", "log_tail", "metrics"):
-            assert key in t.user_attrs, key
-        assert "--port" in t.user_attrs["argv"]
-        if t.params["spec_type"] == "draft-simple":
-            assert t.user_attrs["drafted"] > 0 and 0 < t.values[1] <= 1
+        assert r.complete and r.metrics.tokens_per_second == t.values[0] and r.log_tail
+        assert len(r.samples) == len(r.outputs) and r.spread.repetitions == 1 and r.spread.cv is None
+        assert "--port" not in r.argv and r.argv[0].endswith("llama-server")  # the pure command
+        if r.config.spec_type == "draft-simple":
+            assert r.drafted > 0 and 0 < r.metrics.acceptance <= 1
             # greedy speculation is lossless: same tokens as the baseline
-            assert t.values[2] == pytest.approx(1.0)
-    assert baseline.user_attrs["speedup"] == pytest.approx(1.0)
+            assert r.metrics.quality == pytest.approx(1.0)
+    assert baseline.metrics.speedup == pytest.approx(1.0)
     assert any(line.startswith("[4/4]") for line in lines)
 
     # running it again resumes: the budget counts finished trials, nothing is re-run
@@ -74,13 +79,13 @@ def test_expert_reduction_changes_speed_and_quality(tmp_path, synthetic_models):
     assert ctx.space.default_experts and ctx.space.default_experts > 1
     runner = TrialRunner(ctx, study, progress=lambda _: None)
     study.enqueue_trial({"spec_type": "none", "experts": ctx.space.default_experts, "threads": 2},
-                        user_attrs={"role": "baseline"})
+                        user_attrs={store.ROLE: "baseline"})
     study.enqueue_trial({"spec_type": "none", "experts": 1, "threads": 2})
     study.optimize(runner, n_trials=2)
-    full, one = study.trials
-    assert one.user_attrs["metrics"]["tokens_per_second"] > full.user_attrs["metrics"]["tokens_per_second"]
-    assert full.user_attrs["metrics"]["quality"] == pytest.approx(1.0)
-    assert one.user_attrs["metrics"]["quality"] < 1.0
+    full, one = store.read_trials(study)
+    assert one.metrics.tokens_per_second > full.metrics.tokens_per_second
+    assert full.metrics.quality == pytest.approx(1.0)
+    assert one.metrics.quality < 1.0
 
 
 def test_speculation_that_drafts_nothing_fails_with_its_reason(tmp_path, synthetic_models):
@@ -93,11 +98,11 @@ def test_speculation_that_drafts_nothing_fails_with_its_reason(tmp_path, synthet
     runner = TrialRunner(ctx, study, progress=lambda _: None)
     study.enqueue_trial({"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4, "threads": 2})
     study.optimize(runner, n_trials=1, catch=(TrialFailure,))
-    trial = study.trials[0]
-    assert trial.state == optuna.trial.TrialState.FAIL
-    assert trial.user_attrs["failure_reason"] == FailureReason.SPECULATION_UNAVAILABLE.value
-    assert "drafted nothing" in trial.user_attrs["failure_detail"]
-    assert trial.user_attrs["log_tail"]
+    trial = store.read_trial(study.trials[0])
+    assert trial.state == "FAIL"
+    assert trial.failure.reason == FailureReason.SPECULATION_UNAVAILABLE.value
+    assert "drafted nothing" in trial.failure.detail
+    assert trial.log_tail and trial.argv  # what was launched, and what it said
 
 
 def test_incompatible_draft_is_refused_before_launch(tmp_path, synthetic_models):
@@ -115,7 +120,7 @@ def test_resume_on_other_hardware_is_refused(tmp_path, synthetic_models):
     spec = load_spec(write_study(tmp_path))
     ctx = prepare(spec)
     study = open_study(ctx)
-    fp = dict(study.user_attrs["fingerprint"], physical_cores=96)
-    study.set_user_attr("fingerprint", fp)
+    stored = store.read_study_record(study)
+    store.write_study_record(study, replace(stored, fingerprint=dict(stored.fingerprint, physical_cores=96)))
     with pytest.raises(UserError, match="physical_cores differs"):
         open_study(ctx)

@@ -20,6 +20,7 @@ import pytest
 
 from fake_llama_server import alive, assert_no_leftover, launches, wait_for, write_study
 from postgres import ClusterUnavailable, private_cluster
+from tuner import store
 from tuner.cli import main
 from tuner.coordination import tally, with_driver
 
@@ -97,13 +98,13 @@ def test_three_workers_complete_a_budget_of_60_without_loss_or_duplicate(tmp_pat
     assert {t.state for t in trials} == {COMPLETE}  # no trial lost, none left running or queued
     assert len(trials) == tally(study).counted
     assert 60 <= len(trials) <= 60 + OVERSHOOT
-    baselines = [t for t in trials if t.user_attrs.get("role") == "baseline"]
-    assert [t.number for t in baselines] == [0] and study.user_attrs["reference"]["trial"] == 0
+    baselines = [t for t in trials if store.role_of(t) == "baseline"]
+    assert [t.number for t in baselines] == [0] and store.read_reference(study).trial == 0
     pids = {str(p.pid) for p in procs}
-    assert {t.user_attrs["worker"].rsplit(":", 1)[1] for t in trials} == pids  # all three measured
-    assert study.user_attrs["created_by"] == baselines[0].user_attrs["worker"]  # its creator ran the baseline
+    assert {store.read_trial(t).worker.rsplit(":", 1)[1] for t in trials} == pids  # all three measured
+    assert store.created_by(study) == store.read_trial(baselines[0]).worker  # its creator ran the baseline
     # each trial was measured by exactly one server launch: none repeated, none lost
-    ports = Counter(int(t.user_attrs["argv"][t.user_attrs["argv"].index("--port") + 1]) for t in trials)
+    ports = Counter(store.running_on(t)["port"] for t in trials)
     launched = Counter(launch["port"] for launch in launches(tmp_path / "launches.jsonl"))
     assert ports == launched
 
@@ -120,16 +121,16 @@ def killed_worker_trial(study_file: Path, database: str, env: dict, tmp_path: Pa
                 trials = study_of(database).get_trials(deepcopy=False, states=(RUNNING,))
             except KeyError:  # not created yet
                 return None
-            return next((t for t in trials if t.user_attrs.get("role", "search") == role and "--port" in t.user_attrs.get("argv", ())), None)
+            return next((t for t in trials if store.role_of(t) == role and store.running_on(t)), None)
 
         trial = wait_for(victim, 90, f"a running {role} trial with its server up", poll_s=0.2)
-        pid = int(trial.user_attrs["worker"].rsplit(":", 1)[1])
+        pid = int(store.running_on(trial)["worker"].rsplit(":", 1)[1])
         (killed,) = [p for p in procs if p.pid == pid]
         killed.send_signal(signal.SIGKILL)
         killed.wait()
     finally:
         codes = finish(procs)
-    port = int(trial.user_attrs["argv"][trial.user_attrs["argv"].index("--port") + 1])
+    port = store.running_on(trial)["port"]
     (server,) = [x for x in launches(tmp_path / "launches.jsonl") if x["port"] == port]
     assert not alive(server["pid"])  # the kernel killed the dead worker's server with it
     survivors = [code for p, code in zip(procs, codes) if p is not killed]
@@ -142,10 +143,10 @@ def test_a_killed_worker_trial_is_failed_by_heartbeat_retried_once_and_the_study
     study, lost = killed_worker_trial(study_file, database, env, tmp_path, "search")
 
     trials = study.get_trials()
-    assert trials[lost].state == FAIL and "failure_reason" not in trials[lost].user_attrs
+    assert trials[lost].state == FAIL and store.failure_reason(trials[lost]) is None
     (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == lost]
     assert retry.state == COMPLETE and retry.params == trials[lost].params
-    assert retry.user_attrs["requeued_by"] != trials[lost].user_attrs["worker"]
+    assert retry.user_attrs[store.REQUEUED_BY] != store.running_on(trials[lost])["worker"]
     assert not [t for t in trials if t.state in (RUNNING, WAITING)]
     assert 4 <= tally(study).counted <= 4 + OVERSHOOT
     assert len(trials) == tally(study).counted + 1  # the lost trial is the one not counted
@@ -157,10 +158,10 @@ def test_a_killed_baseline_worker_is_replaced_and_the_baseline_runs_once(tmp_pat
 
     trials = study.get_trials()
     assert lost == 0 and trials[0].state == FAIL
-    completed_baselines = [t for t in trials if t.user_attrs.get("role") == "baseline" and t.state == COMPLETE]
+    completed_baselines = [t for t in trials if store.role_of(t) == "baseline" and t.state == COMPLETE]
     assert [t.system_attrs.get("failed_trial") for t in completed_baselines] == [0]
-    assert study.user_attrs["reference"]["trial"] == completed_baselines[0].number
-    assert completed_baselines[0].user_attrs["worker"] == completed_baselines[0].user_attrs["requeued_by"]
+    assert store.read_reference(study).trial == completed_baselines[0].number
+    assert store.read_trial(completed_baselines[0]).worker == completed_baselines[0].user_attrs[store.REQUEUED_BY]
     assert 3 <= tally(study).counted <= 3 + OVERSHOOT and not [t for t in trials if t.state in (RUNNING, WAITING)]
 
 
@@ -171,5 +172,5 @@ def test_a_worker_with_another_llama_build_is_refused(tmp_path, env, database, m
     capsys.readouterr()
     assert main(["worker", str(study_file), "--storage", database]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "llama_commit differs: study has '0c1e570', this host has 'deadbee'" in err
+    assert "\n" not in err and "llama_commit differs (the study has \"0c1e570\", this run has \"deadbee\")" in err
     assert len(study_of(database).trials) == 2  # nothing added

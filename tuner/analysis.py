@@ -17,79 +17,21 @@ import shlex
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import optuna
 import pandas as pd
 
-from tuner.errors import UserError
+from tuner import store
+from tuner.records import StudyRecord, TrialRecord
+from tuner.knobs import INT_KNOBS
+from tuner.knobs import NAMES as KNOB_NAMES
 from tuner.host import measure_memory_bandwidth
 from tuner.topology import read_topology
-from tuner.spec import default_storage_url
-from tuner.validate import load_yaml_mapping
 
-KNOBS = ("spec_type", "draft", "draft_max", "draft_min", "draft_p_min", "temperature", "experts", "numa",
-         "numa_node", "threads", "threads_batch")
-INT_KNOBS = ("draft_max", "draft_min", "experts", "numa_node", "threads", "threads_batch")
 METRICS = ("tokens_per_second", "acceptance", "quality", "speedup")
-DEFAULT_OBJECTIVES = ["tokens_per_second", "acceptance", "quality"]
-COLUMNS = ("trial", "state", "role", "feasible", "method", *KNOBS, *METRICS, "cv", "noisy", "drafted", "accepted",
+COLUMNS = ("trial", "state", "role", "feasible", "method", *KNOB_NAMES, *METRICS, "cv", "noisy", "drafted", "accepted",
            "constraint_quality", "failure_reason", "failure_detail", "duration_s", "command",
            "roofline_tokens_per_second", "roofline_fraction")
-
-
-# ------------------------------------------------------------------ opening a study
-
-
-def resolve_ref(ref: str, storage: str | None) -> tuple[str, str]:
-    """(study name, storage URL) from a study name or a study file (its name and storage)."""
-    path = Path(ref)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        data = load_yaml_mapping(path)
-        name = data.get("name") or path.stem
-        return str(name), storage or data.get("storage") or default_storage_url()
-    return ref, storage or default_storage_url()
-
-
-def require_storage(url: str) -> None:
-    """A missing SQLite file is a typo or a study never run, not a new empty database."""
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        raise UserError(f"storage {url}: no such file; run a study first (`tuner run studies/NAME.yaml`) or pass --storage")
-
-
-def open_study(ref: str, storage: str | None = None) -> optuna.Study:
-    """Load a stored study by name or study file; an unknown name lists the known ones."""
-    name, url = resolve_ref(ref, storage)
-    require_storage(url)
-    try:
-        return optuna.load_study(study_name=name, storage=url, sampler=optuna.samplers.RandomSampler(seed=0))
-    except KeyError:
-        known = optuna.get_all_study_names(url)
-        raise UserError(
-            f"study {name!r}: not in {url}; known studies: {', '.join(known) or 'none'}"
-        ) from None
-
-
-def strip_host_port(argv: list[str]) -> list[str]:
-    """A stored argv without the runner's --host/--port (they were the trial's, not yours)."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--host", "--port"):
-            skip = True
-        else:
-            out.append(arg)
-    return out
-
-
-def objectives_of(study: optuna.Study) -> list[str]:
-    return list(study.user_attrs.get("objectives") or DEFAULT_OBJECTIVES)
-
-
-def quality_floor(study: optuna.Study) -> float | None:
-    return (study.user_attrs.get("quality") or {}).get("floor")
 
 
 # ------------------------------------------------------------------ roofline
@@ -104,9 +46,9 @@ class Bandwidth:
     note: str
 
 
-def study_bandwidth(study: optuna.Study, probe: Callable[[], float] | None = None) -> Bandwidth:
+def study_bandwidth(record: StudyRecord, probe: Callable[[], float] | None = None) -> Bandwidth:
     """The fingerprint's bandwidth; without one, measured now (and the report says so)."""
-    fp = study.user_attrs.get("fingerprint") or {}
+    fp = record.fingerprint
     if fp.get("bandwidth_bytes_per_s"):
         return Bandwidth(float(fp["bandwidth_bytes_per_s"]), "fingerprint",
                          "measured when the study started (copy probe, a lower bound)")
@@ -116,18 +58,6 @@ def study_bandwidth(study: optuna.Study, probe: Callable[[], float] | None = Non
     if fp.get("cpu_model") and fp["cpu_model"] != here:
         note += f"; this host's CPU ({here}) is not the study's ({fp['cpu_model']}), so the ceiling is indicative only"
     return Bandwidth(measured, "measured at report time", note)
-
-
-def expert_weights_bytes(target: dict) -> int | None:
-    """Bytes of the routed experts' tensors: from the study, else from the GGUF if it is here."""
-    if target.get("expert_weights_bytes") is not None:
-        return int(target["expert_weights_bytes"])
-    path = Path(target.get("path") or "")
-    if not path.is_file():
-        return None
-    from gguf import GGUFReader  # lazy: only MoE reports from older studies need it
-
-    return sum(int(t.n_bytes) for t in GGUFReader(path).tensors if "_exps." in t.name)
 
 
 @dataclass(frozen=True)
@@ -151,17 +81,15 @@ class Roofline:
         return self.bandwidth.bytes_per_s / self.bytes_per_token(experts)
 
 
-def study_roofline(study: optuna.Study, bandwidth: Bandwidth) -> Roofline | None:
+def study_roofline(record: StudyRecord, bandwidth: Bandwidth) -> Roofline | None:
     """None when the study does not record the target's weight bytes."""
-    target = study.user_attrs.get("target") or {}
+    target = record.target
     if not target.get("weights_bytes"):
         return None
-    expert_bytes = expert_weights_bytes(target) if target.get("is_moe") else None
+    expert_bytes = target.get("expert_weights_bytes") if target.get("is_moe") else None
     note = "weights read per token = all tensor bytes of the target"
     if target.get("is_moe"):
-        note = ("weights read per token = shared tensors + active/total of the routed experts"
-                if expert_bytes else
-                "MoE target whose expert tensor bytes are unknown (GGUF not here): all weights counted, ceiling too low")
+        note = "weights read per token = shared tensors + active/total of the routed experts"
     return Roofline(bandwidth, int(target["weights_bytes"]), expert_bytes or None, target.get("expert_count"),
                     target.get("expert_used_count"), note)
 
@@ -177,40 +105,35 @@ def method_of(config: dict) -> str:
     return spec
 
 
-def trials_frame(study: optuna.Study, roofline: Roofline | None = None) -> pd.DataFrame:
-    """One row per finished trial: knobs, objectives, key attrs, per-suite t/s, roofline share."""
-    objectives = objectives_of(study)
+def trials_frame(records: list[TrialRecord], roofline: Roofline | None = None) -> pd.DataFrame:
+    """One row per finished trial record: knobs, figures, per-suite t/s, roofline share."""
     rows = []
-    for t in study.get_trials(deepcopy=False):
-        if not t.state.is_finished():
-            continue
-        a = t.user_attrs
-        config = a.get("config") or dict(t.params)
-        complete = t.state == optuna.trial.TrialState.COMPLETE
-        metrics = a.get("metrics") or (dict(zip(objectives, t.values)) if complete and t.values else {})
+    for r in records:
+        config = r.config.as_dict()
+        m = r.metrics
         row = {
-            "trial": t.number,
-            "state": t.state.name,
-            "role": a.get("role", "search"),
-            "feasible": complete and a.get("constraint_quality", 1.0) <= 0,
+            "trial": r.number,
+            "state": r.state,
+            "role": r.role,
+            "feasible": r.feasible,
             "method": method_of(config),
-            **{k: config.get(k) for k in KNOBS},
-            **{m: metrics.get(m) for m in METRICS},
-            "cv": a.get("cv"),
-            "noisy": a.get("noisy"),
-            "drafted": a.get("drafted"),
-            "accepted": a.get("accepted"),
-            "constraint_quality": a.get("constraint_quality"),
-            **{f"tps_{s}": v for s, v in (a.get("per_suite_tokens_per_second") or {}).items()},
-            "failure_reason": a.get("failure_reason"),
-            "failure_detail": a.get("failure_detail"),
-            "duration_s": t.duration.total_seconds() if t.duration else None,
-            "command": shlex.join(strip_host_port(a["argv"])) if a.get("argv") else None,
+            **{k: config.get(k) for k in KNOB_NAMES},
+            **{name: getattr(m, name) if m else None for name in METRICS},
+            "cv": r.spread.cv if r.spread else None,
+            "noisy": r.spread.noisy if r.spread else None,
+            "drafted": r.drafted,
+            "accepted": r.accepted,
+            "constraint_quality": r.constraint,
+            **{f"tps_{s}": v for s, v in r.per_suite_tokens_per_second.items()},
+            "failure_reason": r.failure.reason if r.failure else None,
+            "failure_detail": r.failure.detail if r.failure else None,
+            "duration_s": r.duration_s,
+            "command": shlex.join(r.argv) if r.argv else None,
         }
-        if roofline is not None and complete and metrics.get("tokens_per_second") is not None:
-            ceiling = roofline.tokens_per_second(config.get("experts"))
+        if roofline is not None and m is not None:
+            ceiling = roofline.tokens_per_second(r.config.experts)
             row["roofline_tokens_per_second"] = ceiling
-            row["roofline_fraction"] = metrics["tokens_per_second"] / ceiling
+            row["roofline_fraction"] = m.tokens_per_second / ceiling
         rows.append(row)
     frame = pd.DataFrame(rows)
     for column in COLUMNS:  # a study without (complete) trials still has every column
@@ -248,12 +171,12 @@ def pareto_mask(frame: pd.DataFrame, columns: list[str], maximize: list[bool] | 
     return pd.Series(mask, index=frame.index, dtype=bool)
 
 
-def pareto_front(study: optuna.Study, frame: pd.DataFrame) -> pd.DataFrame:
+def pareto_front(study: optuna.Study, record: StudyRecord, frame: pd.DataFrame) -> pd.DataFrame:
     """The feasible trials no feasible trial beats on every objective, fastest first."""
     pool = feasible(frame)
     if pool.empty:
         return pool
-    objectives = objectives_of(study)
+    objectives = list(record.objectives)
     maximize = [d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions]
     front = pool[pareto_mask(pool, objectives, maximize)]
     return front.sort_values("tokens_per_second", ascending=False)
@@ -342,13 +265,13 @@ def effect(frame: pd.DataFrame, by: list[str]) -> pd.DataFrame:
                  acceptance=("acceptance", "mean"), quality=("quality", "mean"), trials=("trial", "count")))
 
 
-def importances(study: optuna.Study) -> pd.DataFrame:
+def importances(study: optuna.Study, record: StudyRecord) -> pd.DataFrame:
     """Parameter importance per objective (Optuna's default evaluator); empty when too few trials."""
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     rows = []
     if len(done) < 3:
         return pd.DataFrame(columns=["objective", "param", "importance"])
-    for i, (objective, direction) in enumerate(zip(objectives_of(study), study.directions)):
+    for i, (objective, direction) in enumerate(zip(record.objectives, study.directions)):
         if len({t.values[i] for t in done}) < 2:
             continue  # a constant objective has no importances
         sign = -1.0 if direction == optuna.study.StudyDirection.MAXIMIZE else 1.0  # the evaluator minimizes
@@ -377,9 +300,7 @@ class ReportData:
     """Everything the HTML report shows, computed from storage alone."""
 
     study_name: str
-    attrs: dict
-    objectives: list[str]
-    floor: float | None
+    record: StudyRecord
     baseline_tokens_per_second: float | None
     bandwidth: Bandwidth | None
     roofline: Roofline | None
@@ -396,23 +317,29 @@ class ReportData:
     importances: pd.DataFrame
     failures: pd.DataFrame
 
+    @property
+    def objectives(self) -> list[str]:
+        return list(self.record.objectives)
 
-def report_data(study: optuna.Study, bandwidth: Bandwidth | None = None) -> ReportData:
+    @property
+    def floor(self) -> float | None:
+        return self.record.floor
+
+
+def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth | None = None) -> ReportData:
     """Compute the report's data; ``bandwidth`` defaults to the study's (or a probe now)."""
-    bandwidth = bandwidth or study_bandwidth(study)
-    roofline = study_roofline(study, bandwidth)
-    frame = trials_frame(study, roofline)
-    reference = study.user_attrs.get("reference") or {}
+    bandwidth = bandwidth or study_bandwidth(record)
+    roofline = study_roofline(record, bandwidth)
+    frame = trials_frame(store.read_trials(study), roofline)
+    reference = store.read_reference(study)
     return ReportData(
         study_name=study.study_name,
-        attrs=dict(study.user_attrs),
-        objectives=objectives_of(study),
-        floor=quality_floor(study),
-        baseline_tokens_per_second=reference.get("tokens_per_second"),
+        record=record,
+        baseline_tokens_per_second=reference.tokens_per_second if reference else None,
         bandwidth=bandwidth,
         roofline=roofline,
         trials=frame,
-        pareto=pareto_front(study, frame),
+        pareto=pareto_front(study, record, frame),
         front_quality=front_2d(frame, "quality"),
         front_acceptance=front_2d(frame, "acceptance"),
         k_by_method=k_by_method(frame),
@@ -421,6 +348,6 @@ def report_data(study: optuna.Study, bandwidth: Bandwidth | None = None) -> Repo
         temperature=effect(frame, ["temperature", "method"]),
         experts=effect(frame, ["experts"]),
         threads_numa=effect(frame, ["numa", "threads"]),
-        importances=importances(study),
+        importances=importances(study, record),
         failures=failures(frame),
     )

@@ -4,8 +4,9 @@ Modelled on llama.cpp's compare-llama-bench: results are joined on identical
 configurations (the trial's stored ``config``), each side reduced to its median
 tokens/s over repeats, and shown as t/s A, t/s B and B/A. The header says which
 fingerprint comparability keys (``tuner.fingerprint.COMPARABILITY_KEYS``) differ, which
-is what the ratio measures; a differing target model makes the ratio meaningless and
-is said first.
+is what the ratio measures. Everything else that makes numbers comparable (the models,
+identified by content rather than path, the workload's texts, the measurement settings,
+the scorer and floor) must be equal: otherwise the comparison is refused, naming it.
 """
 
 from __future__ import annotations
@@ -20,9 +21,15 @@ import optuna
 import pandas as pd
 
 from tuner.fingerprint import COMPARABILITY_KEYS
-from tuner.analysis import INT_KNOBS, KNOBS, complete, open_study, trials_frame
+from tuner import store
+from tuner.analysis import complete, trials_frame
+from tuner.errors import UserError
+from tuner.knobs import INT_KNOBS
+from tuner.knobs import NAMES as KNOBS
+from tuner.records import StudyRecord, changes
 
-TARGET_KEYS = ("path", "architecture", "weights_bytes", "quantization")
+# Differences a comparison reports instead of refusing: what it measures, or what joining on configurations absorbs.
+MEASURED_DIFFERENCES = (*COMPARABILITY_KEYS, "search space", "objectives")
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,6 @@ class Comparison:
     name_a: str
     name_b: str
     differing: list[tuple[str, Any, Any]]  # (fingerprint key, A's value, B's value)
-    target_differs: list[tuple[str, Any, Any]]
     rows: pd.DataFrame  # knob columns, then tps_a, tps_b, ratio, acceptance_a, acceptance_b, n_a, n_b
     only_a: int  # configurations measured in A only
     only_b: int
@@ -58,9 +64,13 @@ def _differences(a: dict, b: dict, keys: tuple[str, ...]) -> list[tuple[str, Any
     return [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)]
 
 
-def compare_studies(a: optuna.Study, b: optuna.Study) -> Comparison:
+def compare_studies(a: optuna.Study, record_a: StudyRecord, b: optuna.Study, record_b: StudyRecord) -> Comparison:
     """Join A and B on identical configurations; B/A ratios and the fingerprint differences."""
-    per_a, per_b = _per_config(trials_frame(a)), _per_config(trials_frame(b))
+    incomparable = changes(record_a, record_b, ignore=MEASURED_DIFFERENCES, sides=("A has", "B has"))
+    if incomparable:
+        raise UserError(f"study {b.study_name!r} cannot be compared with {a.study_name!r}: {incomparable[0]}; "
+                        "compare studies of the same models, workload, measurement settings and scorer")
+    per_a, per_b = _per_config(trials_frame(store.read_trials(a))), _per_config(trials_frame(store.read_trials(b)))
     joined = per_a.merge(per_b, on="key", suffixes=("_a", "_b"))
     knobs = pd.DataFrame([json.loads(k) for k in joined["key"]], columns=list(KNOBS))
     for knob in INT_KNOBS:
@@ -72,12 +82,11 @@ def compare_studies(a: optuna.Study, b: optuna.Study) -> Comparison:
         "n_a": joined["n_a"], "n_b": joined["n_b"],
     })], axis=1).sort_values("tps_a", ascending=False, ignore_index=True)
     ratios = [r for r in rows["ratio"] if r > 0 and math.isfinite(r)]
-    fp_a, fp_b = a.user_attrs.get("fingerprint") or {}, b.user_attrs.get("fingerprint") or {}
+    fp_a, fp_b = record_a.fingerprint, record_b.fingerprint
     return Comparison(
         name_a=a.study_name,
         name_b=b.study_name,
         differing=_differences(fp_a, fp_b, COMPARABILITY_KEYS),
-        target_differs=_differences(a.user_attrs.get("target") or {}, b.user_attrs.get("target") or {}, TARGET_KEYS),
         rows=rows,
         only_a=len(per_a) - len(joined),
         only_b=len(per_b) - len(joined),
@@ -97,8 +106,6 @@ def _cell(value: Any, digits: int = 2) -> str:
 def format_markdown(c: Comparison) -> str:
     """Header (what differs), then a pipe table of the joined configurations."""
     lines = [f"Comparing {c.name_b} (B) against {c.name_a} (A)."]
-    for key, va, vb in c.target_differs:
-        lines.append(f"WARNING: the target differs ({key}: {va!r} vs {vb!r}); the ratios compare different models.")
     if c.differing:
         lines.append("Fingerprint keys that differ: "
                      + "; ".join(f"{k}: {va!r} (A) vs {vb!r} (B)" for k, va, vb in c.differing))
@@ -134,9 +141,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    a = open_study(args.study_a, args.storage)
-    b = open_study(args.study_b, args.storage_b or args.storage)
-    comparison = compare_studies(a, b)
+    a, record_a = store.open_stored_study(args.study_a, args.storage)
+    b, record_b = store.open_stored_study(args.study_b, args.storage_b or args.storage)
+    comparison = compare_studies(a, record_a, b, record_b)
     text = comparison.rows.to_csv(index=False) if args.format == "csv" else format_markdown(comparison)
     print(text.rstrip("\n"))
     return 0

@@ -18,7 +18,9 @@ from tuner.launch import LaunchContext, meaningful_numa_policies
 from tuner.llama_build import binary, find_build_info, resolve_bin_dir
 from tuner.measure import MeasurementSettings
 from tuner.paths import storage_dir
-from tuner.space import KNOB_TYPES, ResolvedSpace, resolve_space
+from tuner.records import StudyRecord
+from tuner.knobs import KNOB_TYPES
+from tuner.space import ResolvedSpace, resolve_space
 from tuner.spec import StudySpec
 from tuner.topology import Topology, read_topology
 from tuner.validate import Fields
@@ -35,10 +37,33 @@ class StudyContext:
     space: ResolvedSpace
     launch: LaunchContext
     workload: Workload
-    settings: MeasurementSettings
     fingerprint: dict
     build: dict
     log_dir: Path
+
+    @property
+    def settings(self) -> MeasurementSettings:
+        return self.spec.measurement
+
+    def study_record(self, created_by: str) -> StudyRecord:
+        """What this run would store for a new study, and compare against a stored one."""
+        spec = self.spec
+        return StudyRecord(
+            name=spec.name,
+            created_by=created_by,
+            fingerprint=self.fingerprint,
+            build=self.build,
+            target=self.target.to_dict(),
+            drafts={name: info.to_dict() for name, info in self.drafts.items()},
+            space=self.space.describe(),
+            space_digest=self.space.digest(),
+            space_notes=tuple(self.space.notes),
+            objectives=tuple(o.metric for o in spec.objectives),
+            quality={"scorer": spec.quality.scorer, "floor": spec.quality.floor},
+            spec_path=str(spec.path.resolve()),
+            workload={"prompts": [p.id for p in self.workload.prompts], "digest": self.workload.digest()},
+            measurement=self.settings.comparability(),
+        )
 
 
 def check_models_and_space(
@@ -83,9 +108,6 @@ def prepare(spec: StudySpec) -> StudyContext:
     server = binary("llama-server", bin_dir)
     build = find_build_info(bin_dir)
     workload = load_workload(list(spec.suites), spec.base_dir)
-    m = spec.measurement
-    settings = MeasurementSettings(warmup=m.warmup, repetitions=m.repetitions, n_predict=m.n_predict,
-                                   seed=m.seed, noise_cv=m.noise_cv)
     launch = LaunchContext(
         server_binary=server,
         target=spec.target.resolve(),
@@ -93,7 +115,7 @@ def prepare(spec: StudySpec) -> StudyContext:
         expert_override_key=target.expert_override_key,
         topology=topo,
         numactl=numactl,
-        ctx_size=m.ctx_size,
+        ctx_size=spec.measurement.ctx_size,
         allow_smt=spec.space.allow_smt,
         extra_args=spec.extra_args,
     )
@@ -104,7 +126,6 @@ def prepare(spec: StudySpec) -> StudyContext:
         space=space,
         launch=launch,
         workload=workload,
-        settings=settings,
         # the bandwidth probe (~1 s) is provenance for the report's roofline, not a comparability key
         fingerprint=fingerprint(topo, build, host=read_host_state(topo),
                                 bandwidth_bytes_per_s=measure_memory_bandwidth()),

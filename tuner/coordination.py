@@ -39,9 +39,11 @@ from typing import IO, Callable
 import optuna
 from optuna.trial import TrialState
 
+from tuner import store
 from tuner.context import StudyContext
 from tuner.errors import UserError
 from tuner.failures import FailureReason
+from tuner.records import Failure
 from tuner.space import baseline_config, enqueue_params
 from tuner.spec import WorkersSpec
 
@@ -63,7 +65,7 @@ class RetryStaleTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
     that worker, and only that one, runs a queued-again baseline (see ``ensure_baseline``)."""
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        trial.user_attrs = {**trial.user_attrs, "requeued_by": worker_id()}
+        trial.user_attrs = {store.ROLE: store.role_of(trial), store.REQUEUED_BY: worker_id()}
         super().__call__(study, trial)
 
 
@@ -125,7 +127,7 @@ def tally(study: optuna.Study) -> Tally:
     counted = sum(
         1 for t in trials
         if t.state.is_finished() and t.number not in replaced
-        and t.user_attrs.get("failure_reason") != FailureReason.INTERRUPTED.value
+        and store.failure_reason(t) != FailureReason.INTERRUPTED.value
     )
     return Tally(counted=counted, running=sum(1 for t in trials if t.state == TrialState.RUNNING))
 
@@ -182,7 +184,7 @@ def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.stora
 
 
 def _baselines(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("role") == "baseline"]
+    return [t for t in study.get_trials(deepcopy=False) if store.role_of(t) == "baseline"]
 
 
 def _baseline_pending(study: optuna.Study, workers: WorkersSpec) -> bool:
@@ -192,17 +194,18 @@ def _baseline_pending(study: optuna.Study, workers: WorkersSpec) -> bool:
     replaced = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
     return any(
         t.state in (TrialState.RUNNING, TrialState.WAITING)
-        or (t.state == TrialState.FAIL and "failure_reason" not in t.user_attrs and t.number not in replaced
+        or (t.state == TrialState.FAIL and store.failure_reason(t) is None and t.number not in replaced
             and len(t.system_attrs.get("retry_history", ())) < workers.max_retry)
-        for t in trials if t.user_attrs.get("role") == "baseline"
+        for t in trials if store.role_of(t) == "baseline"
     )
 
 
 def _baseline_failed(study: optuna.Study, ctx: StudyContext) -> UserError:
-    last = _baselines(study)[-1]
+    last = store.read_trial(_baselines(study)[-1])
+    failure = last.failure or Failure("its worker died", "")
     return UserError(
-        f"the baseline trial {last.number} failed ({last.user_attrs.get('failure_reason', 'its worker died')}: "
-        f"{last.user_attrs.get('failure_detail', '')}); fix it before tuning (log in {ctx.log_dir})"
+        f"the baseline trial {last.number} failed ({failure.reason}: {failure.detail}); "
+        f"fix it before tuning (log in {ctx.log_dir})"
     )
 
 
@@ -215,19 +218,19 @@ def ensure_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[]
     the worker running it. Nothing else is queued before the reference exists, so
     ``run_one`` pops the baseline. The process that ran it queues the warm starts.
     """
-    if "reference" in study.user_attrs:
+    if store.read_reference(study):
         return
-    creator = study.user_attrs.get("created_by")
+    creator = store.created_by(study)
     if creator in (None, worker_id()) or (_baselines(study) and not _baseline_pending(study, ctx.spec.workers)):
-        study.enqueue_trial(enqueue_params(baseline_config(ctx.space), ctx.space), user_attrs={"role": "baseline"})
+        study.enqueue_trial(enqueue_params(baseline_config(ctx.space), ctx.space), user_attrs={store.ROLE: "baseline"})
         run_one()
     else:
         _wait_for_baseline(study, ctx, run_one, progress)
-    if "reference" not in study.user_attrs:
+    if not store.read_reference(study):
         raise _baseline_failed(study, ctx)
-    if any(t.state == TrialState.COMPLETE and t.user_attrs.get("worker") == worker_id() for t in _baselines(study)):
+    if any(r.complete and r.worker == worker_id() for r in map(store.read_trial, _baselines(study))):
         for item in ctx.spec.warm_start:
-            study.enqueue_trial(dict(item), user_attrs={"role": "warm_start"}, skip_if_exists=True)
+            study.enqueue_trial(dict(item), user_attrs={store.ROLE: "warm_start"}, skip_if_exists=True)
 
 
 def _wait_for_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None],
@@ -235,11 +238,11 @@ def _wait_for_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable
     workers = ctx.spec.workers
     deadline = time.monotonic() + workers.baseline_wait_s
     progress(f"waiting for the baseline trial, run by the worker that created the study "
-             f"({study.user_attrs.get('created_by')})")
-    while "reference" not in study.user_attrs:
+             f"({store.created_by(study)})")
+    while not store.read_reference(study):
         fail_stale(study)
         baselines = _baselines(study)
-        mine = [t for t in baselines if t.state == TrialState.WAITING and t.user_attrs.get("requeued_by") == worker_id()]
+        mine = [t for t in baselines if t.state == TrialState.WAITING and t.user_attrs.get(store.REQUEUED_BY) == worker_id()]
         if mine:  # its worker died and this one queued it again: this one runs it
             run_one()
             return
@@ -248,7 +251,7 @@ def _wait_for_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable
         if time.monotonic() > deadline:
             raise UserError(
                 f"no baseline after {workers.baseline_wait_s:g} s: the worker that created study "
-                f"{ctx.spec.name!r} ({study.user_attrs.get('created_by')}) runs it first; check that it is "
+                f"{ctx.spec.name!r} ({store.created_by(study)}) runs it first; check that it is "
                 "running, or raise workers.baseline_wait_s"
             )
         time.sleep(poll_interval(workers))

@@ -17,18 +17,16 @@ import warnings
 import optuna
 
 from tuner.errors import UserError
-from tuner.analysis import DEFAULT_OBJECTIVES, open_study, require_storage, strip_host_port
+from tuner import store
+from tuner.records import StudyRecord, TrialRecord
 from tuner.spec import default_storage_url
-from tuner.study import best_feasible
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def study_note(study: optuna.Study) -> str:
-    a = study.user_attrs
-    target, fp = a.get("target") or {}, a.get("fingerprint") or {}
-    quality = a.get("quality") or {}
-    reference = a.get("reference") or {}
+def study_note(study: optuna.Study, record: StudyRecord) -> str:
+    target, fp, quality = record.target, record.fingerprint, record.quality
+    reference = store.read_reference(study)
     lines = [
         f"## {study.study_name}",
         f"- **target**: {target.get('name') or target.get('path')} ({target.get('architecture')}, "
@@ -36,33 +34,31 @@ def study_note(study: optuna.Study) -> str:
         f"- **machine**: {fp.get('cpu_model')}, {fp.get('physical_cores')} cores, NUMA nodes {fp.get('numa_nodes')}",
         f"- **llama.cpp**: {fp.get('llama_commit')} ({fp.get('llama_build_flags')})",
         f"- **quality**: {quality.get('scorer')} scorer, floor {quality.get('floor')} "
-        "(a trial is feasible when its `constraint_quality` attr is <= 0)",
+        "(a trial is feasible when its record's `constraint` is <= 0)",
     ]
-    if reference.get("tokens_per_second"):
-        lines.append(f"- **baseline**: trial {reference.get('trial')}, {reference['tokens_per_second']:.1f} tokens/s")
-    best = best_feasible(study)
+    if reference is not None:
+        lines.append(f"- **baseline**: trial {reference.trial}, {reference.tokens_per_second:.1f} tokens/s")
+    best = store.best_feasible(study)
     if best is not None:
-        m = best.user_attrs["metrics"]
-        lines.append(f"- **best feasible**: trial {best.number}, {m['tokens_per_second']:.1f} tokens/s, "
-                     f"x{m.get('speedup', 1.0):.2f} over the baseline")
+        lines.append(f"- **best feasible**: trial {best.number}, {best.metrics.tokens_per_second:.1f} tokens/s, "
+                     f"x{best.metrics.speedup:.2f} over the baseline")
     lines += ["", f"`tuner report {study.study_name}` draws the fronts and the roofline; "
                   f"`tuner export {study.study_name}` writes the winner's launch script."]
     return "\n".join(lines)
 
 
-def trial_note(trial: optuna.trial.FrozenTrial) -> str:
-    a = trial.user_attrs
-    lines = [f"**role**: {a.get('role', 'search')}"]
-    m = a.get("metrics")
-    if trial.state == optuna.trial.TrialState.COMPLETE and m:
-        verdict = "feasible" if a.get("constraint_quality", 1.0) <= 0 else "below the quality floor"
-        lines.append(f"{m['tokens_per_second']:.1f} tokens/s, x{m.get('speedup', 1.0):.2f} over the baseline, "
-                     f"acceptance {m.get('acceptance', 0.0):.2f}, quality {m.get('quality', 0.0):.3f}: {verdict}"
-                     + (" (noisy)" if a.get("noisy") else ""))
-    if a.get("failure_reason"):
-        lines.append(f"**failed**: {a['failure_reason']}: {a.get('failure_detail', '')}")
-    if a.get("argv"):
-        lines += ["", "```sh", shlex.join(strip_host_port(a["argv"])) + " --host 127.0.0.1 --port 8080", "```"]
+def trial_note(record: TrialRecord) -> str:
+    lines = [f"**role**: {record.role}"]
+    m = record.metrics
+    if record.complete:
+        verdict = "feasible" if record.feasible else "below the quality floor"
+        lines.append(f"{m.tokens_per_second:.1f} tokens/s, x{m.speedup:.2f} over the baseline, "
+                     f"acceptance {m.acceptance:.2f}, quality {m.quality:.3f}: {verdict}"
+                     + (" (noisy)" if record.spread and record.spread.noisy else ""))
+    if record.failure:
+        lines.append(f"**failed**: {record.failure.reason}: {record.failure.detail}")
+    if record.argv:
+        lines += ["", "```sh", shlex.join(record.argv) + " --host 127.0.0.1 --port 8080", "```"]
     return "\n".join(lines)
 
 
@@ -72,20 +68,20 @@ def annotate(storage_url: str) -> int:
 
     written = 0
     for name in optuna.get_all_study_names(storage_url):
-        study = open_study(name, storage_url)
-        objectives = list(study.user_attrs.get("objectives") or DEFAULT_OBJECTIVES)
+        study, record = store.open_stored_study(name, storage_url)
+        objectives = list(record.objectives)
         if len(objectives) == len(study.directions) and study.metric_names != objectives:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study.set_metric_names(objectives)  # the dashboard's axis and column names
-        note = study_note(study)
+        note = study_note(study, record)
         if get_note(study) != note:
             save_note(study, note)
             written += 1
         for frozen in study.get_trials(deepcopy=False):
             if not frozen.state.is_finished():
                 continue
-            body = trial_note(frozen)
+            body = trial_note(store.read_trial(frozen))
             trial = optuna.trial.Trial(study, frozen._trial_id)
             if get_note(trial) != body:
                 save_note(trial, body)
@@ -108,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from optuna_dashboard import run_server
 
     url = args.storage or default_storage_url()
-    require_storage(url)
+    store.require_storage(url)
     if not 0 < args.port < 65536:
         raise UserError(f"--port: must be 1-65535, got {args.port}")
     if not args.no_notes:

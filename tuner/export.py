@@ -38,10 +38,14 @@ import yaml
 
 from tuner.errors import UserError
 from tuner.fingerprint import COMPARABILITY_KEYS
-from tuner.topology import parse_cpu_list
-from tuner.launch import cpu_mask
-from tuner.paths import reports_dir, storage_dir
-from tuner.analysis import best_per_suite, feasible, front_2d, knee, open_study, quality_floor, strip_host_port, trials_frame
+from tuner.paths import reports_dir
+from tuner import store
+from tuner.analysis import best_per_suite, feasible, front_2d, knee, trials_frame
+from tuner.context import prepare
+from tuner.launch import ServerCommand, cpu_mask
+from tuner.records import StudyRecord, TrialRecord, changes
+from tuner.remeasure import Contender, alternate
+from tuner.spec import load_spec
 
 POLICIES = {
     "max-tps": "highest tokens/s among trials that meet the quality floor",
@@ -54,18 +58,18 @@ INI_UNSAFE = re.compile(r"[;#\r\n]")  # llama.cpp's INI parser ends a value at a
 # ------------------------------------------------------------------ choosing
 
 
-def choose(study: optuna.Study, frame: pd.DataFrame, policy: str = "max-tps",
+def choose(record: StudyRecord, frame: pd.DataFrame, policy: str = "max-tps",
            min_acceptance: float | None = None, trial: int | None = None) -> tuple[int, str]:
     """The exported trial's number and why it was chosen; no candidate is a UserError."""
     if policy not in POLICIES:
         raise UserError(f"--policy: unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
-    name = study.study_name
+    name = record.name
     pool = feasible(frame)
     n_complete = int((frame["state"] == "COMPLETE").sum())
     if pool.empty:
         raise UserError(
             f"study {name!r} has no feasible trial ({n_complete} complete, none meets the quality floor "
-            f"{quality_floor(study)}); run more trials or lower quality.floor in the study file"
+            f"{record.floor}); run more trials or lower quality.floor in the study file"
         )
     if trial is not None:
         if trial not in set(pool["trial"]):
@@ -114,6 +118,7 @@ class Export:
     config: dict
     metrics: dict
     argv: list[str]  # production command without --host/--port
+    command: ServerCommand  # the trial's structured command, for the preset section
     per_content_type: list[dict]
     llama_cpp: dict
     machine: dict
@@ -126,6 +131,7 @@ class Export:
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        del out["command"]  # "command" below is the same, as one line
         out["command"] = shlex.join(self.argv)
         out["preset_section"] = self.section
         if self.confirmation is not None:
@@ -134,25 +140,23 @@ class Export:
 
 
 def production_argv(argv: list[str], temperature: float) -> list[str]:
-    """The trial's argv without --host/--port, with the tuned temperature as the default."""
-    out = strip_host_port(argv)
-    return out if "--temp" in out else [*out, "--temp", f"{temperature:g}"]
+    """The trial's command with the tuned temperature as the server's default."""
+    return argv if "--temp" in argv else [*argv, "--temp", f"{temperature:g}"]
 
 
-def build_export(study: optuna.Study, frame: pd.DataFrame, number: int, policy: str) -> Export:
-    t = study.trials[number]
-    config = t.user_attrs["config"]
-    fp = study.user_attrs.get("fingerprint") or {}
+def build_export(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame, policy: str) -> Export:
+    fp = record.fingerprint
     suites = best_per_suite(frame)
     per_suite = [] if len(suites) < 2 else [
         {k: _plain(v) for k, v in row.items()} for row in suites.to_dict(orient="records")]
     return Export(
-        study=study.study_name,
-        trial=number,
+        study=record.name,
+        trial=trial.number,
         policy=policy,
-        config=config,
-        metrics=t.user_attrs["metrics"],
-        argv=production_argv(t.user_attrs["argv"], config.get("temperature", 0.0)),
+        config=trial.config.as_dict(),
+        metrics=asdict(trial.metrics),
+        argv=production_argv(trial.argv, trial.config.temperature),
+        command=trial.command,
         per_content_type=per_suite,
         llama_cpp={"commit": fp.get("llama_commit"), "build_flags": fp.get("llama_build_flags")},
         machine={k: fp.get(k) for k in COMPARABILITY_KEYS if not k.startswith("llama_")},
@@ -169,72 +173,36 @@ def _plain(value):
 # ------------------------------------------------------------------ confirming
 
 
-def baseline_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
-    ref = (study.user_attrs.get("reference") or {}).get("trial")
-    if ref is not None:
-        return study.trials[ref]
-    base = [t for t in study.trials if t.user_attrs.get("role") == "baseline" and t.user_attrs.get("argv")]
-    if not base:
-        raise UserError(f"study {study.study_name!r} has no baseline trial to confirm against; pass --no-confirm")
-    return base[0]
-
-
-def confirm(study: optuna.Study, export: Export, rounds: int, progress=print) -> Confirmation:
-    """Re-measure the winner and the baseline, both up, passes alternating A/B then B/A."""
-    from tuner.measure import MeasurementSettings, pooled_rate, run_workload
-    from tuner.runner import LlamaServer, free_port
-    from tuner.failures import TrialFailure
-    from tuner.spec import load_spec
-    from tuner.workload import load_workload
-
-    spec_path = study.user_attrs.get("spec_path")
-    if not spec_path or not Path(spec_path).is_file():
-        raise UserError(f"study {study.study_name!r}: its study file {spec_path} is not here, so its workload "
+def confirm(study: optuna.Study, record: StudyRecord, export: Export, rounds: int, progress=print) -> Confirmation:
+    """Re-measure the winner and the baseline now, side by side (``tuner.remeasure``), with the
+    study's own workload and settings; refused if they changed since the study was measured."""
+    spec_path = Path(record.spec_path)
+    if not spec_path.is_file():
+        raise UserError(f"study {record.name!r}: its study file {spec_path} is not here, so its workload "
                         "cannot be re-run; export on the study's host or pass --no-confirm")
-    spec = load_spec(spec_path)
-    workload = load_workload(list(spec.suites), spec.base_dir)
-    stored = study.user_attrs.get("measurement") or {}
-    known = MeasurementSettings.__dataclass_fields__
-    settings = MeasurementSettings(**{k: v for k, v in stored.items() if k in known})
-    base = baseline_trial(study)
-    base_argv = strip_host_port(base.user_attrs["argv"])
-    for argv in (export.argv, base_argv):
+    ctx = prepare(load_spec(spec_path))
+    changed = changes(record, ctx.study_record(record.created_by), ignore=("search space",))
+    if changed:
+        raise UserError(f"{spec_path}: {changed[0]}: a re-measure now would not compare with the study's figures; "
+                        "revert the change, or pass --no-confirm")
+    base = store.baseline_record(study)
+    if base is None:
+        raise UserError(f"study {record.name!r} has no baseline trial to confirm against; pass --no-confirm")
+    for argv in (export.argv, base.argv):
         if not Path(argv[0]).exists():
             raise UserError(f"{argv[0]}: not on this host; export on the study's host or pass --no-confirm")
-    log_dir = storage_dir() / "logs" / study.study_name
-    timeout = spec.measurement.trial_timeout_s
-    winner_t = export.config.get("temperature", 0.0)
-    base_t = base.user_attrs.get("config", {}).get("temperature", 0.0)
-    rates: dict[str, list[float]] = {"winner": [], "baseline": []}
-    drafted = 0
-    try:
-        with LlamaServer(export.argv, free_port(), log_dir / "confirm-winner.log",
-                         ready_timeout_s=timeout, request_timeout_s=timeout) as winner, \
-             LlamaServer(base_argv, free_port(), log_dir / "confirm-baseline.log",
-                         ready_timeout_s=timeout, request_timeout_s=timeout) as baseline:
-            sides = [("winner", winner, winner_t), ("baseline", baseline, base_t)]
-            for r in range(rounds):
-                for label, server, temperature in (sides if r % 2 == 0 else sides[::-1]):
-                    round_settings = MeasurementSettings(
-                        warmup=settings.warmup if r == 0 else 0, repetitions=1, n_predict=settings.n_predict,
-                        seed=settings.seed, noise_cv=settings.noise_cv)
-                    samples = run_workload(server, workload, round_settings, temperature)
-                    rates[label].append(pooled_rate(samples))
-                    if label == "winner":
-                        drafted += sum(s.draft_n for s in samples)
-                progress(f"confirm round {r + 1}/{rounds}: winner {rates['winner'][-1]:.1f} t/s, "
-                         f"baseline {rates['baseline'][-1]:.1f} t/s")
-    except TrialFailure as failure:
-        raise UserError(f"confirmation failed: {failure}; see {log_dir}, or pass --no-confirm") from None
-    speedup = statistics.median(rates["winner"]) / statistics.median(rates["baseline"])
+    rates = alternate([Contender("winner", export.argv, export.config.get("temperature", 0.0)),
+                       Contender("baseline", base.argv, base.config.temperature)],
+                      ctx.workload, ctx.settings, rounds, ctx.log_dir, progress)
+    winner, baseline = rates["winner"].tokens_per_second, rates["baseline"].tokens_per_second
     return Confirmation(
         rounds=rounds,
-        winner_tokens_per_second=rates["winner"],
-        baseline_tokens_per_second=rates["baseline"],
-        speedup=speedup,
+        winner_tokens_per_second=winner,
+        baseline_tokens_per_second=baseline,
+        speedup=statistics.median(winner) / statistics.median(baseline),
         recorded_speedup=export.metrics.get("speedup", 1.0),
-        noise=math.hypot(_cv(rates["winner"]), _cv(rates["baseline"])),
-        drafted=drafted,
+        noise=math.hypot(_cv(winner), _cv(baseline)),
+        drafted=rates["winner"].drafted,
     )
 
 
@@ -271,42 +239,44 @@ def shell_script(export: Export) -> str:
 def preset_lines(export: Export) -> list[str]:
     """The study's `--models-preset` section: one ``key = value`` per llama-server option.
 
-    A preset names options, not a command, so a numactl prefix cannot be kept: its CPU
-    list becomes ``cpu-mask``/``cpu-strict``, and a memory policy is left as a comment
-    (start the router under that numactl policy to keep it).
+    Built from the trial's structured command. A preset names options, not a command, so
+    a numactl prefix cannot be kept: its CPUs become ``cpu-mask``/``cpu-strict``, and a
+    memory policy is left as a comment (start the router under that numactl policy to keep it).
     """
-    argv = list(export.argv)
+    command = export.command
     comments = [f"; tuner export: study {export.study}, trial {export.trial} ({export.policy})"]
     options: dict[str, str] = {}
-    if Path(argv[0]).name == "numactl":
-        prefix = [argv.pop(0)]
-        while argv and argv[0].startswith("-"):
-            prefix.append(argv.pop(0))
-        for opt in prefix[1:]:
-            if opt.startswith("--physcpubind="):
-                options["cpu-mask"] = cpu_mask(parse_cpu_list(opt.split("=", 1)[1]))
-                options["cpu-strict"] = "1"
-            else:
-                comments.append(f"; tuned under numactl {opt}: start the router with it to keep that memory policy")
-    flags = argv[1:]  # argv[0] is llama-server itself: the router runs its own binary
-    i = 0
-    while i < len(flags):
-        flag = flags[i]
-        if not flag.startswith("-"):
-            raise UserError(f"{export.study}: cannot express {flag!r} of the command in a preset (not an option)")
+    if command.prefix:
+        options["cpu-mask"] = cpu_mask(list(command.cpus))
+        options["cpu-strict"] = "1"
+        comments += [f"; tuned under numactl {opt}: start the router with it to keep that memory policy"
+                     for opt in command.prefix[1:] if not opt.startswith("--physcpubind=")]
+    pairs = [*command.options, *_pairs(command.extra), ("--temp", f"{export.config.get('temperature', 0.0):g}")]
+    for flag, value in pairs:
         key = flag.lstrip("-")
-        has_value = i + 1 < len(flags) and not _is_option(flags[i + 1])
-        value = flags[i + 1] if has_value else "true"
-        i += 2 if has_value else 1
-        if key == "numa" and value == "numactl" and "cpu-mask" in options:
+        if key == "numa" and value == "numactl" and command.prefix:
             continue  # the CPUs numactl chose are pinned by cpu-mask now
         if key in options:
             raise UserError(f"{export.study}: the command repeats --{key}; a preset holds one value per option")
+        value = "true" if value is None else value
         if INI_UNSAFE.search(value):
             raise UserError(f"{export.study}: --{key} value {value!r} contains ; # or a newline, "
                             "which the preset format cannot hold; rename the file or pass the flag on the command line")
         options[key] = value
     return [f"[{export.section}]", *comments, *(f"{k} = {v}" for k, v in options.items())]
+
+
+def _pairs(extra: tuple[str, ...]) -> list[tuple[str, str | None]]:
+    """The study's extra_args as (flag, value) pairs: a flag takes the next token unless that is a flag."""
+    pairs: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(extra):
+        if not extra[i].startswith("-"):
+            raise UserError(f"llama_cpp.extra_args: {extra[i]!r} is not an option; a preset cannot hold it")
+        has_value = i + 1 < len(extra) and not _is_option(extra[i + 1])
+        pairs.append((extra[i], extra[i + 1] if has_value else None))
+        i += 2 if has_value else 1
+    return pairs
 
 
 def _is_option(token: str) -> bool:
@@ -383,18 +353,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise UserError(f"--rounds: must be >= 1, got {args.rounds}")
-    study = open_study(args.study, args.storage)
-    frame = trials_frame(study)
-    number, why = choose(study, frame, args.policy, args.min_acceptance, args.trial)
-    export = build_export(study, frame, number, why)
+    study, record = store.open_stored_study(args.study, args.storage)
+    frame = trials_frame(store.read_trials(study))
+    number, why = choose(record, frame, args.policy, args.min_acceptance, args.trial)
+    export = build_export(record, store.read_trial(study.trials[number]), frame, why)
     m = export.metrics
     print(f"chosen: trial {number} ({why}): {m['tokens_per_second']:.1f} tokens/s, "
           f"x{m.get('speedup', 1.0):.2f} over the baseline (recorded)")
     if not args.no_confirm:
-        if number == baseline_trial(study).number:
+        base = store.baseline_record(study)
+        if base is not None and number == base.number:
             print("confirm: the winner is the baseline itself; nothing to confirm")
         else:
-            c = confirm(study, export, args.rounds)
+            c = confirm(study, record, export, args.rounds)
             export = replace(export, confirmation=c)
             print(f"confirmed speedup: x{c.speedup:.2f} over the baseline (recorded x{c.recorded_speedup:.2f}, "
                   f"measured noise ±{c.noise:.0%}, {c.rounds} rounds)")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tuner.failures import FailureReason, TrialFailure
 from tuner.errors import UserError
+from tuner.knobs import NUMA_POLICIES
 from tuner.topology import Topology, format_cpu_list
 from tuner.space import TrialConfig
 
@@ -33,8 +34,6 @@ K_FLAGS = {
     "ngram-mod": "--spec-ngram-mod-n-max",
 }
 MIN_FLAGS = {"draft-simple": "--spec-draft-n-min", "ngram-mod": "--spec-ngram-mod-n-min"}
-
-NUMA_POLICIES = ("none", "interleave", "bind", "distribute", "isolate")
 
 
 # ---------------------------------------------------------------- pinning policy
@@ -133,11 +132,36 @@ def cpu_mask(cpus: list[int]) -> str:
     return hex(sum(1 << cpu for cpu in cpus))
 
 
-def build_server_argv(config: TrialConfig, ctx: LaunchContext) -> list[str]:
-    """The command line of one trial's llama-server; the runner appends --host/--port."""
+@dataclass(frozen=True)
+class ServerCommand:
+    """One trial's llama-server command, structured: what an export turns into a preset section."""
+
+    prefix: tuple[str, ...]  # numactl and its options; empty without numactl
+    binary: str
+    options: tuple[tuple[str, str | None], ...]  # (flag, value) in order; None for a switch
+    extra: tuple[str, ...] = ()  # the study's llama_cpp.extra_args, verbatim
+    cpus: tuple[int, ...] = ()  # the pinned CPUs
+
+    @property
+    def argv(self) -> list[str]:
+        flat = [item for flag, value in self.options for item in ((flag,) if value is None else (flag, value))]
+        return [*self.prefix, self.binary, *flat, *self.extra]
+
+    def to_json(self) -> dict:
+        return {"prefix": list(self.prefix), "binary": self.binary, "options": [list(o) for o in self.options],
+                "extra": list(self.extra), "cpus": list(self.cpus)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ServerCommand:
+        return cls(tuple(data["prefix"]), data["binary"], tuple((f, v) for f, v in data["options"]),
+                   tuple(data.get("extra", ())), tuple(data.get("cpus", ())))
+
+
+def build_server_command(config: TrialConfig, ctx: LaunchContext) -> ServerCommand:
+    """The command of one trial's llama-server; the runner appends --host/--port."""
     cpus = pinned_cpus(config, ctx)
     prefix: list[str] = []
-    flags: list[str] = []
+    pinning: list[tuple[str, str | None]] = []
     if ctx.numactl:
         prefix = [ctx.numactl, f"--physcpubind={format_cpu_list(cpus)}"]
         if config.numa == "interleave":
@@ -145,61 +169,70 @@ def build_server_argv(config: TrialConfig, ctx: LaunchContext) -> list[str]:
         elif config.numa == "bind":
             prefix.append(f"--membind={config.numa_node}")
         if config.numa in ("interleave", "bind"):
-            flags += ["--numa", "numactl"]
+            pinning.append(("--numa", "numactl"))
     else:
         if config.numa in ("interleave", "bind"):
             raise TrialFailure(FailureReason.INVALID_CONFIG, f"numa={config.numa} needs numactl; install it")
-        flags += ["--cpu-mask", cpu_mask(cpus), "--cpu-strict", "1"]
+        pinning += [("--cpu-mask", cpu_mask(cpus)), ("--cpu-strict", "1")]
     if config.numa in ("distribute", "isolate"):
-        flags += ["--numa", config.numa]
-
-    argv = [
-        *prefix,
-        str(ctx.server_binary),
-        *model_flags(config, ctx),
-        "--ctx-size", str(ctx.ctx_size),
-        "--parallel", "1",
-        "--no-webui",
-        *flags,
+        pinning.append(("--numa", config.numa))
+    options = [
+        *model_options(config, ctx),
+        ("--ctx-size", str(ctx.ctx_size)),
+        ("--parallel", "1"),
+        ("--no-webui", None),
+        *pinning,
+        *speculative_options(config, ctx),
     ]
-    argv += speculative_flags(config, ctx)
-    argv += list(ctx.extra_args)
-    return argv
+    return ServerCommand(tuple(prefix), str(ctx.server_binary), tuple(options), tuple(ctx.extra_args), tuple(cpus))
+
+
+def build_server_argv(config: TrialConfig, ctx: LaunchContext) -> list[str]:
+    return build_server_command(config, ctx).argv
+
+
+def model_options(config: TrialConfig, ctx: LaunchContext) -> list[tuple[str, str]]:
+    """The options that decide what the target computes: shared with llama-perplexity."""
+    options = [
+        ("--model", str(ctx.target)),
+        ("--threads", str(config.threads)),
+        ("--threads-batch", str(config.threads_batch or config.threads)),
+    ]
+    if config.experts is not None and ctx.expert_override_key:
+        options.append(("--override-kv", expert_override(ctx.expert_override_key, config.experts)))
+    return options
+
+
+def expert_override(key: str, experts: int) -> str:
+    """``--override-kv`` value that sets the active expert count (key from the GGUF's architecture)."""
+    return f"{key}=int:{experts}"
 
 
 def model_flags(config: TrialConfig, ctx: LaunchContext) -> list[str]:
-    """The flags that decide what the target computes: shared with llama-perplexity."""
-    flags = [
-        "--model", str(ctx.target),
-        "--threads", str(config.threads),
-        "--threads-batch", str(config.threads_batch or config.threads),
-    ]
-    if config.experts is not None and ctx.expert_override_key:
-        flags += ["--override-kv", f"{ctx.expert_override_key}=int:{config.experts}"]
-    return flags
+    return [item for pair in model_options(config, ctx) for item in pair]
 
 
-def speculative_flags(config: TrialConfig, ctx: LaunchContext) -> list[str]:
+def speculative_options(config: TrialConfig, ctx: LaunchContext) -> list[tuple[str, str]]:
     """``--spec-type`` is always explicit: in this llama.cpp ``-md`` alone does not draft."""
     if not config.speculative:
         return []
-    flags = ["--spec-type", config.spec_type]
+    options = [("--spec-type", config.spec_type)]
     if config.spec_type == "draft-simple":
         if config.draft not in ctx.drafts:
             raise TrialFailure(FailureReason.INVALID_CONFIG, f"unknown draft {config.draft!r}")
-        flags += [
-            "--spec-draft-model", str(ctx.drafts[config.draft]),
-            "--spec-draft-threads", str(config.threads),
-            "--spec-draft-threads-batch", str(config.threads_batch or config.threads),
+        options += [
+            ("--spec-draft-model", str(ctx.drafts[config.draft])),
+            ("--spec-draft-threads", str(config.threads)),
+            ("--spec-draft-threads-batch", str(config.threads_batch or config.threads)),
         ]
         if config.draft_p_min is not None:
-            flags += ["--spec-draft-p-min", f"{config.draft_p_min:g}"]
+            options.append(("--spec-draft-p-min", f"{config.draft_p_min:g}"))
     if config.spec_type in K_FLAGS and config.draft_max is not None:
-        flags += [K_FLAGS[config.spec_type], str(config.draft_max)]
+        options.append((K_FLAGS[config.spec_type], str(config.draft_max)))
     if config.spec_type in MIN_FLAGS:
         # ngram-mod's own default minimum (48) exceeds small K, so it is always set.
         default_min = 0 if config.spec_type == "draft-simple" else 1
         n_min = config.draft_min if config.draft_min is not None else default_min
         if config.spec_type == "ngram-mod" or config.draft_min is not None:
-            flags += [MIN_FLAGS[config.spec_type], str(min(n_min, config.draft_max or n_min))]
-    return flags
+            options.append((MIN_FLAGS[config.spec_type], str(min(n_min, config.draft_max or n_min))))
+    return options

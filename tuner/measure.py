@@ -10,19 +10,28 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+from tuner.failures import FailureReason, TrialFailure
 from tuner.runner import LlamaServer
 from tuner.workload import Workload
 
 
 @dataclass(frozen=True)
 class MeasurementSettings:
+    """How every trial of a study is measured (the study file's ``measurement`` section)."""
+
     warmup: int = 1  # requests of the first prompt, discarded
     repetitions: int = 3  # passes over all prompts
     n_predict: int = 128
+    ctx_size: int = 2048
     seed: int = 42  # the same seed every request: repetitions differ in timing only
     noise_cv: float = 0.10  # above this coefficient of variation a trial is flagged noisy
+    trial_timeout_s: float = 600.0
+
+    def comparability(self) -> dict:
+        """What changes the numbers: everything but the timeout."""
+        return {k: v for k, v in asdict(self).items() if k != "trial_timeout_s"}
 
 
 @dataclass(frozen=True)
@@ -44,8 +53,9 @@ class Sample:
 @dataclass(frozen=True)
 class Scores:
     tokens_per_second: float  # median over repetitions of each repetition's pooled rate
-    cv: float  # coefficient of variation of the per-repetition rates (0.0 with one)
-    noisy: bool
+    cv: float | None  # coefficient of variation of the per-repetition rates (None with one: unknown)
+    noisy: bool | None  # cv above settings.noise_cv; None when the spread is unknown
+    repetitions: int
     per_suite_tokens_per_second: dict[str, float]
     drafted: int
     accepted: int
@@ -116,14 +126,15 @@ def summarize(samples: list[Sample], settings: MeasurementSettings) -> Scores:
         raise ValueError("summarize needs at least one sample")
     median, rates = _median_over_repetitions(samples)
     mean = statistics.fmean(rates)
-    cv = statistics.stdev(rates) / mean if len(rates) > 1 and mean > 0 else 0.0
+    cv = (statistics.stdev(rates) / mean if mean > 0 else 0.0) if len(rates) > 1 else None
     suites = dict.fromkeys(s.suite for s in samples)
     drafted = sum(s.draft_n for s in samples)
     accepted = sum(s.draft_n_accepted for s in samples)
     return Scores(
         tokens_per_second=median,
         cv=cv,
-        noisy=cv > settings.noise_cv,
+        noisy=cv > settings.noise_cv if cv is not None else None,
+        repetitions=len(rates),
         per_suite_tokens_per_second={
             suite: _median_over_repetitions([s for s in samples if s.suite == suite])[0] for suite in suites
         },
@@ -138,3 +149,16 @@ def outputs_by_prompt(samples: list[Sample]) -> dict[str, Sample]:
     """Each prompt's sample from the first measured repetition (for quality scoring)."""
     first = min(s.repetition for s in samples)
     return {s.prompt_id: s for s in samples if s.repetition == first}
+
+
+def score_trial(samples: list[Sample], settings: MeasurementSettings, speculative: bool, spec_type: str,
+                spec_problem: str | None, log_tail: str) -> Scores:
+    """The trial's scores; a trial that asked for speculation and drafted nothing is a failure
+    (llama.cpp serves without a draft it cannot use), never a fast result. One rule for
+    studies and recorded grids."""
+    scores = summarize(samples, settings)
+    if speculative and scores.drafted == 0:
+        raise TrialFailure(FailureReason.SPECULATION_UNAVAILABLE,
+                           f"asked for {spec_type} but llama.cpp drafted nothing"
+                           + (f": {spec_problem}" if spec_problem else ""), log_tail)
+    return scores

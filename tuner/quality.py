@@ -20,6 +20,7 @@ from pathlib import Path
 from tuner.errors import UserError
 from tuner.failures import FailureReason, TrialFailure
 from tuner.llama_build import binary
+from tuner.measure import Sample
 from tuner.runner import classify_exit, describe_exit, read_log_tail, stop_process_group
 from tuner.workload import Workload
 
@@ -66,6 +67,16 @@ def answer_score(outputs: dict[str, str], workload: Workload) -> float:
         )
     passed = sum(all(e.met_by(outputs[p.id]) for e in p.expected) for p in graded)
     return passed / len(graded)
+
+
+def output_quality(scorer: str, outputs: dict[str, Sample], workload: Workload,
+                   reference_tokens: dict[str, list[int]]) -> float:
+    """A trial's quality from its outputs: the one rule for studies and recorded grids.
+    (``perplexity`` is not an output score: it needs llama-perplexity runs, see the study.)"""
+    if scorer == "answers":
+        return answer_score({pid: s.text for pid, s in outputs.items()}, workload)
+    return agreement({pid: tuple(s.tokens) for pid, s in outputs.items()},
+                     {pid: tuple(tokens) for pid, tokens in reference_tokens.items()})
 
 
 def measure_perplexity(

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from tuner.fingerprint import COMPARABILITY_KEYS
+from tuner.launch import ServerCommand
 from tuner.space import TrialConfig
 
 SCHEMA_VERSION = 2  # 1: loose user attrs per field (before records); 2: one record per trial and study
@@ -74,7 +75,7 @@ class TrialRecord:
     state: str  # Optuna's state name: COMPLETE, FAIL, PRUNED, RUNNING, WAITING
     role: str  # one of ROLES
     config: TrialConfig
-    argv: tuple[str, ...] = ()  # the launched command without the runner's --host/--port
+    command: ServerCommand | None = None  # what was launched (the runner adds --host/--port)
     metrics: Metrics | None = None
     spread: Spread | None = None
     drafted: int = 0
@@ -89,6 +90,10 @@ class TrialRecord:
     duration_s: float | None = None
 
     @property
+    def argv(self) -> list[str]:
+        return self.command.argv if self.command else []
+
+    @property
     def complete(self) -> bool:
         return self.state == "COMPLETE" and self.metrics is not None
 
@@ -99,7 +104,7 @@ class TrialRecord:
     def to_json(self) -> dict:
         data = asdict(self)
         data["config"] = self.config.as_dict()
-        data["argv"] = list(self.argv)
+        data["command"] = self.command.to_json() if self.command else None
         data["samples"] = list(self.samples)
         return data
 
@@ -112,7 +117,7 @@ class TrialRecord:
             "number": number,
             "state": state,
             "config": config_from_dict(data.get("config") or {}),
-            "argv": tuple(data.get("argv") or ()),
+            "command": ServerCommand.from_json(data["command"]) if data.get("command") else None,
             "metrics": Metrics(**data["metrics"]) if data.get("metrics") else None,
             "spread": Spread(**data["spread"]) if data.get("spread") else None,
             "samples": tuple(data.get("samples") or ()),
@@ -192,10 +197,11 @@ def model_identity(info: dict) -> dict:
     return {key: info.get(key) for key in MODEL_IDENTITY_KEYS}
 
 
-def changes(stored: StudyRecord, current: StudyRecord, ignore: tuple[str, ...] = ()) -> list[str]:
+def changes(stored: StudyRecord, current: StudyRecord, ignore: tuple[str, ...] = (),
+            sides: tuple[str, str] = ("the study has", "this run has")) -> list[str]:
     """What differs between two studies' comparability, one phrase per field."""
     a, b = stored.comparability(), current.comparability()
-    return [f"{key} changed (study has {_short(a[key])}, now {_short(b.get(key))})"
+    return [f"{key} differs ({sides[0]} {_short(a[key])}, {sides[1]} {_short(b.get(key))})"
             for key in a if key not in ignore and a[key] != b.get(key)]
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner.analysis import ReportData, open_study, report_data
+from tuner.analysis import ReportData, report_data
 from tuner.errors import UserError
 from tuner.paths import reports_dir
+from tuner.store import open_stored_study
 from tuner.spec import default_storage_url
 
 
@@ -48,10 +49,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    study = open_study(args.study, args.storage)
+    study, record = open_stored_study(args.study, args.storage)
     if not any(t.state.is_finished() for t in study.get_trials(deepcopy=False)):
         raise UserError(f"study {study.study_name!r} has no finished trial; run it first (`tuner run`)")
-    data = report_data(study)
+    data = report_data(study, record)
     html_path, csv_path = write_report(data, args.out or reports_dir() / study.study_name)
     if data.bandwidth and data.bandwidth.source != "fingerprint":
         print(f"note: {data.bandwidth.note} ({data.bandwidth.bytes_per_s / 1e9:.1f} GB/s)")

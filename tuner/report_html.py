@@ -180,8 +180,7 @@ def _empty(text: str) -> str:
 
 
 def summary_table(data: ReportData) -> str:
-    a = data.attrs
-    fp, target, build = a.get("fingerprint") or {}, a.get("target") or {}, a.get("build") or {}
+    fp, target, build = data.record.fingerprint, data.record.target, data.record.build
     done = complete(data.trials)
     best = done[done["feasible"]].sort_values("tokens_per_second", ascending=False).head(1)
     rows = [
@@ -193,7 +192,7 @@ def summary_table(data: ReportData) -> str:
                     f"NUMA nodes {fp.get('numa_nodes')}, {fp.get('memory_gib')} GiB"),
         ("llama.cpp", f"commit {fp.get('llama_commit') or build.get('commit')}, flags {fp.get('llama_build_flags')}"),
         ("objectives", ", ".join(data.objectives)),
-        ("quality", f"{(a.get('quality') or {}).get('scorer')} scorer, floor {data.floor}"),
+        ("quality", f"{data.record.quality.get('scorer')} scorer, floor {data.floor}"),
         ("trials", f"{len(data.trials)} finished: {len(done)} complete, {int(done['feasible'].sum())} feasible, "
                    f"{len(data.failures)} failed"),
         ("baseline", f"{_fmt(data.baseline_tokens_per_second, 1)} tokens/s (target alone, greedy)"),

@@ -37,6 +37,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.failures import PERMANENT, FailureReason
+from tuner.store import failure_reason
 
 # A trial that failed for one of these reasons may succeed next time: not "measured".
 TRANSIENT = frozenset(r.value for r in FailureReason if r not in PERMANENT)
@@ -91,7 +92,7 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
         for t in trials:
             if t.state == TrialState.COMPLETE:
                 (good if all(v <= 0 for v in t.constraints.values()) else bad).append(t.params)
-            elif t.user_attrs.get("failure_reason") not in TRANSIENT:
+            elif failure_reason(t) not in TRANSIENT:
                 bad.append(t.params)
         measured = good + bad
         blamed = culprits(bad, good)

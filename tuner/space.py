@@ -17,40 +17,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
+from tuner.knobs import KNOB_TYPES, NUMA_POLICIES, SPEC_TYPES, SPEC_TYPES_WITH_K
 from tuner.validate import Fields
-
-# Speculative types of the pinned llama.cpp (`--spec-type`) that need no extra files.
-# draft-eagle3/mtp/dflash/dspark need model-specific sidecars and are not offered.
-SPEC_TYPES = ("none", "draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-# The types whose draft length K we set (ngram-cache drafts a fixed 8 in this version).
-SPEC_TYPES_WITH_K = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
-NUMA_POLICIES = ("none", "interleave", "bind", "distribute", "isolate")
-
-KNOB_TYPES: dict[str, type] = {
-    "spec_type": str,
-    "draft": str,
-    "draft_max": int,
-    "draft_min": int,
-    "draft_p_min": float,
-    "temperature": float,
-    "experts": int,
-    "numa": str,
-    "threads": int,
-    "threads_batch": int,
-}
-KNOB_HELP = {
-    "spec_type": f"speculative decoding type, one of {', '.join(SPEC_TYPES)}",
-    "draft": "draft model name (file stem) among the study's compatible drafts",
-    "draft_max": "draft length K (--spec-draft-n-max, or the n-gram type's size-m)",
-    "draft_min": "minimum draft length (--spec-draft-n-min / --spec-ngram-mod-n-min)",
-    "draft_p_min": "minimum draft probability (--spec-draft-p-min), draft-simple only",
-    "temperature": "sampling temperature, sent per request",
-    "experts": "MoE active experts (--override-kv ARCH.expert_used_count=int:N), MoE targets only",
-    "numa": f"NUMA policy, one of {', '.join(NUMA_POLICIES)}; collapses to what the machine supports",
-    "threads": "generation threads (-t), pinned one per physical core",
-    "threads_batch": "batch/prompt threads (-tb); default: same as threads",
-}
-
 
 @dataclass(frozen=True)
 class Choices:

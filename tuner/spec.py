@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.measure import MeasurementSettings
 from tuner.paths import storage_dir
 from tuner.space import RawSpace, parse_space
 from tuner.validate import Fields, expand_env, load_yaml_mapping
@@ -39,17 +40,6 @@ class QualitySpec:
 
 
 @dataclass(frozen=True)
-class MeasurementSpec:
-    warmup: int = 1
-    repetitions: int = 3
-    n_predict: int = 128
-    ctx_size: int = 2048
-    seed: int = 42
-    noise_cv: float = 0.10
-    trial_timeout_s: float = 600.0
-
-
-@dataclass(frozen=True)
 class WorkersSpec:
     """Database storages: heartbeats fail a dead worker's trial; see tuner.coordination."""
 
@@ -70,7 +60,7 @@ class StudySpec:
     suites: tuple[str, ...]
     objectives: tuple[Objective, ...]
     quality: QualitySpec
-    measurement: MeasurementSpec
+    measurement: MeasurementSettings
     budget_trials: int
     budget_minutes: float | None
     storage: str
@@ -167,7 +157,7 @@ def load_spec(path: str | Path) -> StudySpec:
     q.done()
 
     m = fields.section("measurement")
-    measurement = MeasurementSpec(
+    measurement = MeasurementSettings(
         warmup=m.int("warmup", 1, minimum=0),
         repetitions=m.int("repetitions", 3, minimum=1),
         n_predict=n_predict,

@@ -2,9 +2,10 @@
 
 Optuna's storage is the one database. A study keeps its ``StudyRecord`` in one study
 user attr, and each trial its ``TrialRecord`` in one trial user attr, written in one
-commit when the trial ends. Besides them, Optuna-level coordination keeps three small
-attrs: a trial's ``role`` (set when it is enqueued), ``requeued_by`` (set by the
-heartbeat retry) and the study's ``created_by`` (the worker that runs the baseline),
+commit when the trial ends. Besides them, Optuna-level coordination keeps small attrs:
+a trial's ``role`` (set when it is enqueued), ``requeued_by`` (set by the heartbeat
+retry) and ``running_on`` (worker and server port, set once its server is up: who to
+ask about a running trial), and the study's ``created_by`` (the worker that runs the baseline),
 plus the baseline's ``reference`` outputs and the perplexity cache. Nothing else reads
 or writes user attrs.
 
@@ -30,6 +31,7 @@ STUDY_RECORD = "study_record"
 TRIAL_RECORD = "record"
 ROLE = "role"
 REQUEUED_BY = "requeued_by"
+RUNNING_ON = "running_on"
 CREATED_BY = "created_by"
 REFERENCE = "reference"
 PERPLEXITY = "perplexity"
@@ -97,6 +99,15 @@ def write_perplexity_cache(study: optuna.Study, cache: dict[str, float]) -> None
 def write_trial_record(trial: optuna.Trial, record: TrialRecord) -> None:
     """The trial's one write of everything it measured (or why it could not)."""
     trial.set_user_attr(TRIAL_RECORD, record.to_json())
+
+
+def mark_running(trial: optuna.Trial, worker: str, port: int) -> None:
+    trial.set_user_attr(RUNNING_ON, {"worker": worker, "port": port})
+
+
+def running_on(trial: FrozenTrial) -> dict | None:
+    """{"worker": "HOST:PID", "port": N} of a trial whose server came up, else None."""
+    return trial.user_attrs.get(RUNNING_ON)
 
 
 def role_of(trial: FrozenTrial | optuna.Trial) -> str:

@@ -5,8 +5,9 @@ Lifecycle of ``run_study``:
    the search space for this machine, loads the workload and takes the fingerprint;
    nothing is written before all of it succeeded.
 2. ``open_study`` creates or resumes the Optuna study. A new study records the
-   hardware fingerprint, the llama.cpp build manifest, the model metadata and the
-   space digest; a resumed one is refused if any of those no longer match.
+   ``StudyRecord`` (fingerprint, build, models, space, workload, measurement and scorer);
+   a resumed one is refused, with one line naming what changed, if its numbers would no
+   longer be comparable.
 3. The baseline trial (target alone, default experts, greedy, default threads) runs
    first, once across all workers; its outputs become the quality reference and its
    tokens/s the speedup base. Warm-start configurations are enqueued after it.
@@ -15,7 +16,7 @@ Lifecycle of ``run_study``:
    resumed study just continues.
 
 One measured trial at a time: two llama.cpp runs on one box measure each other. More
-hosts share one study through PostgreSQL (``tuner worker``, see ``tuner.worker``).
+hosts share one study through PostgreSQL (``tuner worker``, see ``tuner.coordination``).
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ from typing import Callable
 
 import optuna
 
+from tuner import store
 from tuner.errors import UserError
 from tuner.failures import PERMANENT, FailureReason, TrialFailure
-from tuner.fingerprint import compare_fingerprints
-from tuner.launch import build_server_argv, model_flags
-from tuner.measure import Sample, outputs_by_prompt, run_workload, summarize
+from tuner.records import Failure, Metrics, Reference, Spread, StudyRecord, TrialRecord, changes
+from tuner.launch import build_server_command, model_flags
+from tuner.measure import Sample, outputs_by_prompt, run_workload, score_trial
 from tuner.runner import LlamaServer, free_port, read_log_tail
 from tuner.sampling import sampler_for
 from tuner.space import TrialConfig, baseline_config, suggest
@@ -52,14 +54,14 @@ from tuner.coordination import (
     worker_id,
 )
 
-INIT_WAIT_S = 10.0  # how long a joining worker waits for the study's creator to record its attrs
+INIT_WAIT_S = 10.0  # how long a joining worker waits for the study's creator to record the study
 
 
 def open_study(ctx: StudyContext) -> optuna.Study:
-    """Create or resume; refuse to mix hardware, builds or search spaces in one study.
+    """Create or resume; refuse to add trials whose numbers would not compare with the stored ones.
 
     Of several workers starting at once exactly one creates the study (and later runs the
-    baseline, see ``tuner.worker``); the others wait for it to record the study's attrs.
+    baseline, see ``tuner.coordination``); the others wait for it to record the study.
     """
     spec = ctx.spec
     storage = make_storage(spec.storage, spec.workers)
@@ -67,46 +69,31 @@ def open_study(ctx: StudyContext) -> optuna.Study:
     try:  # creation is atomic: with several workers starting at once, exactly one creates
         study = optuna.create_study(study_name=spec.name, storage=storage, directions=directions,
                                     sampler=make_sampler(spec))
-        study.set_user_attr("created_by", worker_id())
+        store.set_created_by(study, worker_id())
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec))
     if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
         raise UserError(f"{spec.path}: objectives: study {spec.name!r} exists with other objective directions; use a new name")
-    attrs = study.user_attrs
     waited = time.monotonic() + INIT_WAIT_S
-    while "fingerprint" not in attrs and attrs.get("created_by") != worker_id() and time.monotonic() < waited:
-        # joining a study whose creator is recording them right now
-        time.sleep(0.2)
-        attrs = study.user_attrs
-    if "fingerprint" not in attrs:  # created here, or its creator died before recording them
-        study.set_user_attr("created_by", worker_id())
-        study.set_user_attr("build", ctx.build)
-        study.set_user_attr("target", ctx.target.to_dict())
-        study.set_user_attr("drafts", {name: info.to_dict() for name, info in ctx.drafts.items()})
-        study.set_user_attr("space", ctx.space.describe())
-        study.set_user_attr("space_digest", ctx.space.digest())
-        study.set_user_attr("space_notes", list(ctx.space.notes))
-        study.set_user_attr("objectives", [o.metric for o in spec.objectives])
-        study.set_user_attr("quality", {"scorer": spec.quality.scorer, "floor": spec.quality.floor})
-        study.set_user_attr("spec_path", str(spec.path.resolve()))
-        study.set_user_attr("workload", [p.id for p in ctx.workload.prompts])
-        study.set_user_attr("measurement", asdict(ctx.settings))
-        study.set_user_attr("fingerprint", ctx.fingerprint)  # last: joining workers wait for it
+    while not store.has_study_record(study) and store.created_by(study) != worker_id() and time.monotonic() < waited:
+        time.sleep(0.2)  # joining a study whose creator is recording it right now
+    if not store.has_study_record(study):  # created here, or its creator died before recording it
+        store.set_created_by(study, worker_id())
+        store.write_study_record(study, ctx.study_record(worker_id()))
         return study
-    mismatch = compare_fingerprints(attrs["fingerprint"], ctx.fingerprint)
-    if mismatch:
-        raise UserError(
-            f"study {spec.name!r} was measured on other hardware or another llama.cpp build: {mismatch[0]}; "
-            "this host cannot add comparable trials to it: use a new study name here"
-        )
-    if attrs.get("space_digest") != ctx.space.digest():
-        raise UserError(
-            f"{spec.path}: search_space: study {spec.name!r} exists with a different search space; "
-            "revert the change or use a new study name"
-        )
-    if attrs.get("objectives") != [o.metric for o in spec.objectives]:
-        raise UserError(f"{spec.path}: objectives: study {spec.name!r} exists with other objectives; use a new name")
+    refuse_incomparable(ctx, store.read_study_record(study))
     return study
+
+
+def refuse_incomparable(ctx: StudyContext, stored: StudyRecord) -> None:
+    """One line naming what changed since the study was stored, and how to start a new one."""
+    changed = changes(stored, ctx.study_record(stored.created_by))
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise UserError(
+            f"{ctx.spec.path}: study {ctx.spec.name!r} exists and its {changed[0]}{more}: new trials would not "
+            f"compare with its stored ones; revert the change, or start a new study by changing `name:`"
+        )
 
 
 def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
@@ -114,7 +101,7 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
 
 
 class TrialRunner:
-    """The objective: one trial = one launch, one workload, scores and evidence stored."""
+    """The objective: one trial = one launch, one workload, one record stored."""
 
     def __init__(self, ctx: StudyContext, study: optuna.Study, progress: Callable[[str], None] = print):
         self.ctx = ctx
@@ -122,91 +109,76 @@ class TrialRunner:
         self.progress = progress
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
-        role = trial.user_attrs.get("role", "search")
+        started = time.monotonic()
         config = suggest(trial, self.ctx.space)
-        trial.set_user_attr("config", config.as_dict())
-        trial.set_user_attr("worker", worker_id())
+        record = TrialRecord(number=trial.number, state="RUNNING", role=store.role_of(trial), config=config,
+                             worker=worker_id())
         try:
-            return self._measure(trial, config, role)
-        except TrialFailure as failure:
-            self._record_failure(trial, failure)
+            known = self._known_permanent_failure(config)
+            if known:
+                raise TrialFailure(FailureReason(known.failure.reason),
+                                   f"same configuration already failed permanently in trial {known.number}",
+                                   known.log_tail)
+            record = replace(record, command=build_server_command(config, self.ctx.launch))
+            record = self._measure(trial, record)
+        except (TrialFailure, KeyboardInterrupt) as err:
+            failure = err if isinstance(err, TrialFailure) else TrialFailure(
+                FailureReason.INTERRUPTED, "interrupted by the user or SIGTERM", read_log_tail(self._log_path(trial), 40))
+            store.write_trial_record(trial, replace(
+                record, state="FAIL", failure=Failure(failure.reason.value, failure.detail),
+                log_tail=failure.log_tail or record.log_tail, duration_s=time.monotonic() - started))
             raise
-        except KeyboardInterrupt:
-            self._record_failure(trial, TrialFailure(FailureReason.INTERRUPTED, "interrupted by the user or SIGTERM",
-                                                     read_log_tail(self._log_path(trial), 40)))
-            raise
+        store.write_trial_record(trial, replace(record, state="COMPLETE", duration_s=time.monotonic() - started))
+        return tuple(record.metrics.objective(o.metric) for o in self.ctx.spec.objectives)
 
     def _log_path(self, trial: optuna.Trial) -> Path:
         return self.ctx.log_dir / f"trial-{trial.number}.log"
 
-    def _measure(self, trial: optuna.Trial, config: TrialConfig, role: str) -> tuple[float, ...]:
-        ctx = self.ctx
-        known = self._known_permanent_failure(config)
-        if known:
-            raise TrialFailure(FailureReason(known["reason"]),
-                               f"same configuration already failed permanently in trial {known['trial']}",
-                               known["log_tail"])
-        argv = build_server_argv(config, ctx.launch)
+    def _measure(self, trial: optuna.Trial, record: TrialRecord) -> TrialRecord:
+        ctx, config = self.ctx, record.config
         ctx.log_dir.mkdir(parents=True, exist_ok=True)
-        timeout = ctx.spec.measurement.trial_timeout_s
-        server = LlamaServer(argv, free_port(), self._log_path(trial),
-                             ready_timeout_s=timeout, request_timeout_s=timeout)
-        trial.set_user_attr("argv", argv)
-        with server:
-            trial.set_user_attr("argv", server.argv + ["--host", server.host, "--port", str(server.port)])
+        timeout = ctx.settings.trial_timeout_s
+        with LlamaServer(record.command.argv, free_port(), self._log_path(trial),
+                         ready_timeout_s=timeout, request_timeout_s=timeout) as server:
+            store.mark_running(trial, record.worker, server.port)
             samples = run_workload(server, ctx.workload, ctx.settings, config.temperature)
             spec_problem = server.speculation_log_problem()
             log_tail = server.log_tail()
-        scores = summarize(samples, ctx.settings)
-        trial.set_user_attr("log_tail", log_tail)
-        if config.speculative and scores.drafted == 0:
-            raise TrialFailure(
-                FailureReason.SPECULATION_UNAVAILABLE,
-                f"asked for {config.spec_type} but llama.cpp drafted nothing"
-                + (f": {spec_problem}" if spec_problem else ""),
-                log_tail,
-            )
+        scores = score_trial(samples, ctx.settings, config.speculative, config.spec_type, spec_problem, log_tail)
         outputs = outputs_by_prompt(samples)
-        if role == "baseline":
-            self.study.set_user_attr("reference", {
-                "trial": trial.number,
-                "tokens": {pid: list(s.tokens) for pid, s in outputs.items()},
-                "texts": {pid: s.text for pid, s in outputs.items()},
-                "tokens_per_second": scores.tokens_per_second,
-            })
-        reference = self.study.user_attrs.get("reference") or {}
+        if record.role == "baseline":
+            store.write_reference(self.study, Reference(
+                trial=trial.number, tokens={pid: list(s.tokens) for pid, s in outputs.items()},
+                texts={pid: s.text for pid, s in outputs.items()}, tokens_per_second=scores.tokens_per_second))
+        reference = store.read_reference(self.study)
         quality = self._quality(config, outputs, reference)
-        baseline_tps = reference.get("tokens_per_second")
-        speedup = scores.tokens_per_second / baseline_tps if baseline_tps else 1.0
-        metrics = {
-            "tokens_per_second": scores.tokens_per_second,
-            "acceptance": scores.acceptance,
-            "quality": quality,
-            "speedup": speedup,
-        }
-        trial.set_user_attr("metrics", metrics)
-        trial.set_user_attr("speedup", speedup)
-        trial.set_user_attr("cv", scores.cv)
-        trial.set_user_attr("noisy", scores.noisy)
-        trial.set_user_attr("drafted", scores.drafted)
-        trial.set_user_attr("accepted", scores.accepted)
-        trial.set_user_attr("per_suite_tokens_per_second", scores.per_suite_tokens_per_second)
-        trial.set_user_attr("samples", [sample_record(s) for s in samples])
-        trial.set_user_attr("outputs", {pid: s.text for pid, s in outputs.items()})
-        # Feasible when <= 0: samplers use it, and nothing below the floor is reported as best.
-        trial.set_constraint("quality_floor", self.ctx.spec.quality.floor - quality)
-        trial.set_user_attr("constraint_quality", self.ctx.spec.quality.floor - quality)
-        return tuple(metrics[o.metric] for o in self.ctx.spec.objectives)
+        constraint = ctx.spec.quality.floor - quality
+        # Feasible when <= 0: samplers read it from here, and nothing below the floor is reported as best.
+        trial.set_constraint("quality_floor", constraint)
+        return replace(
+            record,
+            metrics=Metrics(
+                tokens_per_second=scores.tokens_per_second,
+                acceptance=scores.acceptance,
+                quality=quality,
+                speedup=scores.tokens_per_second / reference.tokens_per_second if reference else 1.0,
+            ),
+            spread=Spread(scores.repetitions, scores.cv, scores.noisy),
+            drafted=scores.drafted,
+            accepted=scores.accepted,
+            per_suite_tokens_per_second=scores.per_suite_tokens_per_second,
+            samples=tuple(sample_record(s) for s in samples),
+            outputs={pid: s.text for pid, s in outputs.items()},
+            constraint=constraint,
+            log_tail=log_tail,
+        )
 
-    def _quality(self, config: TrialConfig, outputs: dict, reference: dict) -> float:
+    def _quality(self, config: TrialConfig, outputs: dict, reference: Reference | None) -> float:
         scorer = self.ctx.spec.quality.scorer
-        if scorer == "answers":
-            return quality_scorers.answer_score({pid: s.text for pid, s in outputs.items()}, self.ctx.workload)
         if scorer == "perplexity":
             return quality_scorers.perplexity_ratio(self._perplexity(baseline_config(self.ctx.space)),
                                                     self._perplexity(config))
-        ref_tokens = {pid: tuple(tokens) for pid, tokens in reference.get("tokens", {}).items()}
-        return quality_scorers.agreement({pid: tuple(s.tokens) for pid, s in outputs.items()}, ref_tokens)
+        return quality_scorers.output_quality(scorer, outputs, self.ctx.workload, reference.tokens if reference else {})
 
     def _perplexity(self, config: TrialConfig) -> float:
         """Perplexity depends only on the model flags (experts), not on speculation or
@@ -214,53 +186,38 @@ class TrialRunner:
         baseline = baseline_config(self.ctx.space)
         flags = model_flags(replace(config, threads=baseline.threads, threads_batch=None), self.ctx.launch)
         key = " ".join(flags)
-        cache = dict(self.study.user_attrs.get("perplexity", {}))
+        cache = store.perplexity_cache(self.study)
         if key not in cache:
             cache[key] = quality_scorers.measure_perplexity(
                 flags, self.ctx.spec.quality.text_file, bin_dir=self.ctx.launch.server_binary.parent,
-                timeout_s=self.ctx.spec.measurement.trial_timeout_s)
-            self.study.set_user_attr("perplexity", cache)
+                timeout_s=self.ctx.settings.trial_timeout_s)
+            store.write_perplexity_cache(self.study, cache)
         return cache[key]
 
-    def _known_permanent_failure(self, config: TrialConfig) -> dict | None:
+    def _known_permanent_failure(self, config: TrialConfig) -> TrialRecord | None:
         """A configuration that failed for a reason that will not change is not relaunched."""
-        wanted = config.as_dict()
+        permanent = {r.value for r in PERMANENT}
         for past in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
-            reason = past.user_attrs.get("failure_reason")
-            if past.user_attrs.get("config") == wanted and reason in {r.value for r in PERMANENT}:
-                return {"trial": past.number, "reason": reason, "log_tail": past.user_attrs.get("log_tail", "")}
+            record = store.read_trial(past)
+            if record.config == config and record.failure and record.failure.reason in permanent:
+                return record
         return None
-
-    def _record_failure(self, trial: optuna.Trial, failure: TrialFailure) -> None:
-        trial.set_user_attr("failure_reason", failure.reason.value)
-        trial.set_user_attr("failure_detail", failure.detail)
-        if failure.log_tail:
-            trial.set_user_attr("log_tail", failure.log_tail)
 
 
 def sample_record(sample: Sample) -> dict:
-    """A raw per-prompt sample for the trial's attrs (tokens and text left out: see outputs)."""
+    """A raw per-request sample for the trial's record (tokens and text left out: see outputs)."""
     return {k: v for k, v in asdict(sample).items() if k not in ("tokens", "text")}
 
 
-def best_feasible(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """Highest tokens/s among complete trials that meet the quality floor."""
-    feasible = [
-        t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if t.user_attrs.get("constraint_quality", 1.0) <= 0
-    ]
-    return max(feasible, key=lambda t: t.user_attrs["metrics"]["tokens_per_second"], default=None)
-
-
-def describe_trial(trial: optuna.trial.FrozenTrial) -> str:
-    config = trial.user_attrs.get("config", {})
-    knobs = " ".join(f"{k}={v}" for k, v in config.items())
-    if trial.state == optuna.trial.TrialState.COMPLETE:
-        m = trial.user_attrs["metrics"]
-        flag = " (noisy)" if trial.user_attrs.get("noisy") else ""
-        return (f"{m['tokens_per_second']:.1f} t/s{flag}, x{m['speedup']:.2f}, acceptance {m['acceptance']:.2f}, "
-                f"quality {m['quality']:.3f} | {knobs}")
-    return f"FAILED ({trial.user_attrs.get('failure_reason', 'error')}: {trial.user_attrs.get('failure_detail', '')}) | {knobs}"
+def describe_trial(record: TrialRecord) -> str:
+    knobs = " ".join(f"{k}={v}" for k, v in record.config.as_dict().items())
+    if record.complete:
+        m = record.metrics
+        flag = " (noisy)" if record.spread and record.spread.noisy else ""
+        return (f"{m.tokens_per_second:.1f} t/s{flag}, x{m.speedup:.2f}, acceptance {m.acceptance:.2f}, "
+                f"quality {m.quality:.3f} | {knobs}")
+    failure = record.failure or Failure("error", "")
+    return f"FAILED ({failure.reason}: {failure.detail}) | {knobs}"
 
 
 def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[str], None] = print) -> optuna.Study:
@@ -271,7 +228,7 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress line replaces Optuna's
     try:
         study = open_study(ctx)
-        if study.user_attrs.get("created_by") != worker_id():
+        if store.created_by(study) != worker_id():
             study.sampler.reseed_rng()  # a joining worker or a resumed run must not replay the creator's proposals
         if lock:
             fail_orphans(study, spec.workers)
@@ -282,10 +239,11 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
         deadline = time.monotonic() + spec.budget_minutes * 60 if spec.budget_minutes else None
 
         def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-            best = best_feasible(study)
-            best_text = (f"best feasible {best.user_attrs['metrics']['tokens_per_second']:.1f} t/s (trial {best.number})"
+            best = store.best_feasible(study)
+            best_text = (f"best feasible {best.metrics.tokens_per_second:.1f} t/s (trial {best.number})"
                          if best else "no feasible trial yet")
-            progress(f"[{tally(study).counted}/{budget}] trial {trial.number}: {describe_trial(trial)} | {best_text}")
+            progress(f"[{tally(study).counted}/{budget}] trial {trial.number}: "
+                     f"{describe_trial(store.read_trial(trial))} | {best_text}")
 
         def run_one() -> None:
             timeout = max(1.0, deadline - time.monotonic()) if deadline else None
@@ -330,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"tuner run: interrupted; measured trials are stored, run `tuner run {args.study}` again to resume",
               file=sys.stderr)
         return 130
-    best = best_feasible(study)
+    best = store.best_feasible(study)
     if best is None:
         print("no feasible trial: every trial failed or fell below the quality floor")
         return 1

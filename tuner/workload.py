@@ -17,6 +17,9 @@ answers can score a temperature search.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -61,6 +64,12 @@ class Workload:
     def suites(self) -> tuple[str, ...]:
         """Suite names in the order they were given."""
         return tuple(dict.fromkeys(p.suite for p in self.prompts))
+
+    def digest(self) -> str:
+        """A hash of what is measured and scored: suites, ids, texts and expected answers.
+        An edited prompt file changes it, so a resumed study can refuse to mix the two."""
+        payload = [[p.suite, p.id, p.text, [[e.kind, e.value] for e in p.expected]] for p in self.prompts]
+        return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
 
 def load_workload(suites: list[str], base_dir: Path) -> Workload:

@@ -20,7 +20,7 @@ import argparse
 import itertools
 import json
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,17 +29,17 @@ import pandas as pd
 
 from tuner.bench.table import RESULT_COLUMNS
 from tuner.errors import UserError
+from tuner.knobs import NAMES as KNOBS
 from tuner.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.launch import build_server_argv
-from tuner.measure import outputs_by_prompt, run_workload, summarize
+from tuner.measure import outputs_by_prompt, run_workload, score_trial
 from tuner.paths import reports_dir
-from tuner.quality import agreement, answer_score
+from tuner.quality import output_quality
 from tuner.runner import LlamaServer, free_port
 from tuner.space import Choices, ResolvedSpace, TrialConfig, baseline_config, suggest
 from tuner.spec import load_spec
 from tuner.context import StudyContext, prepare
 
-KNOBS = tuple(f.name for f in fields(TrialConfig))
 
 
 def grid_configs(space: ResolvedSpace, where: str = "search_space") -> list[TrialConfig]:
@@ -170,10 +170,8 @@ class GridRecorder:
         started = time.monotonic()
         samples = run_workload(server, ctx.workload, ctx.settings, config.temperature)
         measure_s = time.monotonic() - started
-        scores = summarize(samples, ctx.settings)
-        if config.speculative and scores.drafted == 0:
-            raise TrialFailure(FailureReason.SPECULATION_UNAVAILABLE,
-                               f"asked for {config.spec_type} but llama.cpp drafted nothing", server.log_tail())
+        scores = score_trial(samples, ctx.settings, config.speculative, config.spec_type,
+                             server.speculation_log_problem(), server.log_tail())
         outputs = outputs_by_prompt(samples)
         if self.reference is None:
             if config != baseline_config(ctx.space):
@@ -181,11 +179,7 @@ class GridRecorder:
             self.reference = {"tokens": {pid: list(s.tokens) for pid, s in outputs.items()},
                               "tokens_per_second": scores.tokens_per_second}
             self.reference_path.write_text(json.dumps(self.reference) + "\n")
-        if ctx.spec.quality.scorer == "answers":
-            quality = answer_score({pid: s.text for pid, s in outputs.items()}, ctx.workload)
-        else:
-            quality = agreement({pid: tuple(s.tokens) for pid, s in outputs.items()},
-                                {pid: tuple(t) for pid, t in self.reference["tokens"].items()})
+        quality = output_quality(ctx.spec.quality.scorer, outputs, ctx.workload, self.reference["tokens"])
         floor = ctx.spec.quality.floor
         return {
             **asdict(config),

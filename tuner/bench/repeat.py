@@ -15,13 +15,11 @@ from pathlib import Path
 from typing import Callable
 
 from tuner.errors import UserError
-from tuner.failures import TrialFailure
-from tuner.measure import pooled_rate, run_workload
-from tuner.analysis import strip_host_port
-from tuner.runner import LlamaServer, free_port
+from tuner.remeasure import Contender, alternate
 from tuner.spec import StudySpec, load_spec
 from tuner.context import prepare
-from tuner.study import best_feasible, run_study
+from tuner.store import best_feasible
+from tuner.study import run_study
 
 TOLERANCE = 0.05
 
@@ -70,9 +68,8 @@ def measure_repeatability(study_file: str | Path, storage_db: Path, *, seeds: tu
         best = best_feasible(study)
         if best is None:
             raise UserError(f"study {seeded.name}: no feasible trial in {budget} trials; raise --repeat-trials")
-        winners.append(Winner(seeded.name, seed, best.number, best.user_attrs["config"],
-                              best.user_attrs["metrics"]["tokens_per_second"],
-                              strip_host_port(best.user_attrs["argv"]), []))
+        winners.append(Winner(seeded.name, seed, best.number, best.config.as_dict(),
+                              best.metrics.tokens_per_second, best.argv, []))
     rates = side_by_side(spec, winners, rounds, progress)
     winners = [replace(w, remeasured_tokens_per_second=r) for w, r in zip(winners, rates)]
     medians = [statistics.median(r) for r in rates]
@@ -81,25 +78,11 @@ def measure_repeatability(study_file: str | Path, storage_db: Path, *, seeds: tu
 
 
 def side_by_side(spec: StudySpec, winners: list[Winner], rounds: int, progress: Callable[[str], None]) -> list[list[float]]:
-    """Both winners up at once; each round one pass of the workload on each, order alternating."""
+    """Both winners up at once, re-measured in alternating rounds (``tuner.remeasure``)."""
     ctx = prepare(spec)
-    timeout = spec.measurement.trial_timeout_s
-    rates: list[list[float]] = [[] for _ in winners]
-    try:
-        with LlamaServer(winners[0].argv, free_port(), ctx.log_dir / "repeat-a.log",
-                         ready_timeout_s=timeout, request_timeout_s=timeout) as a, \
-             LlamaServer(winners[1].argv, free_port(), ctx.log_dir / "repeat-b.log",
-                         ready_timeout_s=timeout, request_timeout_s=timeout) as b:
-            sides = [(0, a), (1, b)]
-            for r in range(rounds):
-                for i, server in (sides if r % 2 == 0 else sides[::-1]):
-                    settings = replace(ctx.settings, warmup=ctx.settings.warmup if r == 0 else 0, repetitions=1)
-                    temperature = winners[i].config.get("temperature", 0.0)
-                    rates[i].append(pooled_rate(run_workload(server, ctx.workload, settings, temperature)))
-                progress(f"repeat round {r + 1}/{rounds}: winner A {rates[0][-1]:.1f} t/s, winner B {rates[1][-1]:.1f} t/s")
-    except TrialFailure as failure:
-        raise UserError(f"re-measuring the winners failed: {failure}; logs in {ctx.log_dir}") from None
-    return rates
+    contenders = [Contender(label, w.argv, w.config.get("temperature", 0.0)) for label, w in zip("AB", winners)]
+    rates = alternate(contenders, ctx.workload, ctx.settings, rounds, ctx.log_dir, progress)
+    return [rates[c.label].tokens_per_second for c in contenders]
 
 
 def markdown(result: RepeatResult) -> str:
