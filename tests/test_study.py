@@ -56,7 +56,7 @@ def test_short_study_persists_objectives_and_evidence(tmp_path, synthetic_models
         assert len(t.values) == 3 and t.values[0] > 0
         assert r.complete and r.metrics.tokens_per_second == t.values[0] and r.log_tail
         assert len(r.samples) == len(r.outputs) and r.spread.repetitions == 1 and r.spread.cv is None
-        assert "--port" not in r.argv and r.argv[0].endswith("llama-server")  # the pure command
+        assert "--port" not in r.argv and r.command.binary.endswith("llama-server")  # the pure command
         if r.config.spec_type == "draft-simple":
             assert r.drafted > 0 and 0 < r.metrics.acceptance <= 1
             # greedy speculation is lossless: same tokens as the baseline
