@@ -65,7 +65,7 @@ class RetryStaleTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
     that worker, and only that one, runs a queued-again baseline (see ``ensure_baseline``)."""
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        trial.user_attrs = {store.ROLE: store.role_of(trial), store.REQUEUED_BY: worker_id()}
+        trial.user_attrs = store.requeue_attrs(trial, worker_id())
         super().__call__(study, trial)
 
 
@@ -222,7 +222,7 @@ def ensure_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[]
         return
     creator = store.created_by(study)
     if creator in (None, worker_id()) or (_baselines(study) and not _baseline_pending(study, ctx.spec.workers)):
-        study.enqueue_trial(enqueue_params(baseline_config(ctx.space), ctx.space), user_attrs={store.ROLE: "baseline"})
+        store.enqueue(study, enqueue_params(baseline_config(ctx.space), ctx.space), "baseline")
         run_one()
     else:
         _wait_for_baseline(study, ctx, run_one, progress)
@@ -230,7 +230,7 @@ def ensure_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[]
         raise _baseline_failed(study, ctx)
     if any(r.complete and r.worker == worker_id() for r in map(store.read_trial, _baselines(study))):
         for item in ctx.spec.warm_start:
-            study.enqueue_trial(dict(item), user_attrs={store.ROLE: "warm_start"}, skip_if_exists=True)
+            store.enqueue(study, dict(item), "warm_start", skip_if_exists=True)
 
 
 def _wait_for_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None],
@@ -242,7 +242,7 @@ def _wait_for_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable
     while not store.read_reference(study):
         fail_stale(study)
         baselines = _baselines(study)
-        mine = [t for t in baselines if t.state == TrialState.WAITING and t.user_attrs.get(store.REQUEUED_BY) == worker_id()]
+        mine = [t for t in baselines if t.state == TrialState.WAITING and store.requeued_by(t) == worker_id()]
         if mine:  # its worker died and this one queued it again: this one runs it
             run_one()
             return

@@ -101,6 +101,19 @@ def write_trial_record(trial: optuna.Trial, record: TrialRecord) -> None:
     trial.set_user_attr(TRIAL_RECORD, record.to_json())
 
 
+def enqueue(study: optuna.Study, params: dict, role: str, skip_if_exists: bool = False) -> None:
+    study.enqueue_trial(params, user_attrs={ROLE: role}, skip_if_exists=skip_if_exists)
+
+
+def requeue_attrs(trial: FrozenTrial, worker: str) -> dict:
+    """The attrs a dead worker's trial is queued again with: its role, and who queued it."""
+    return {ROLE: role_of(trial), REQUEUED_BY: worker}
+
+
+def requeued_by(trial: FrozenTrial) -> str | None:
+    return trial.user_attrs.get(REQUEUED_BY)
+
+
 def mark_running(trial: optuna.Trial, worker: str, port: int) -> None:
     trial.set_user_attr(RUNNING_ON, {"worker": worker, "port": port})
 

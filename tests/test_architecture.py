@@ -1,0 +1,95 @@
+"""The package's shape: no import cycles, ARCHITECTURE.md names modules that exist, one record writer."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "tuner"
+
+
+def module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> tuner modules it imports, at module level or inside functions alike."""
+    files = {module_name(f): f for f in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            graph[module] |= {t for t in targets if t in files and t != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_tuner_has_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_architecture_names_only_modules_that_exist():
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    rows = re.findall(r"^\| `([^|]+)` \|", text, flags=re.MULTILINE)
+    named = {name.strip("`/ ") for row in rows for name in re.split(r"`, `|`\s*,\s*`", row)}
+    assert named, "no module table found"
+    for name in named:
+        path = PACKAGE / name
+        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), name
+
+
+def test_only_the_store_touches_user_attrs():
+    """Records are written and read through tuner.store only. Exceptions: the heartbeat retry hands
+    Optuna the attrs ``store.requeue_attrs`` made; the benchmark replay keys its simulated trials."""
+    allowed = {"tuner/store.py", "tuner/coordination.py", "tuner/bench/replay.py"}
+    offenders = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+                 if re.search(r"user_attrs|set_user_attr", p.read_text()) and str(p.relative_to(ROOT)) not in allowed]
+    assert offenders == []
