@@ -13,7 +13,8 @@ Environment (inherited through the tuner, which passes its environment on):
   FAKE_LLAMA_LAUNCHES  file to append one JSON line per launch: pid, port, argv
   FAKE_LLAMA_FAULTS    JSON {argv substring: fault}; a launch whose argv (joined by
                        spaces, plus a trailing space) contains the substring shows the
-                       fault: launch, exit137, crash, hang, crash_mid_run, http500, nodraft
+                       fault: launch, exit137, crash, hang, crash_mid_run, http500, nodraft,
+                       http200error (an error body with HTTP 200), liar (decode time claimed 10x short)
 
 Install it as a bin folder's ``llama-server`` with ``install`` below. The process then runs
 as ``python .../fake_llama_server.py ARGS``, which conftest's machine-wide ``llama-*``
@@ -37,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 PINNED_COMMIT = "0c1e570"
-FAULTS = ("launch", "exit137", "crash", "hang", "crash_mid_run", "http500", "nodraft")
+FAULTS = ("launch", "exit137", "crash", "hang", "crash_mid_run", "http500", "nodraft", "http200error", "liar")
 
 
 def install(bin_dir: Path) -> Path:
@@ -249,12 +250,18 @@ def main(argv: list[str]) -> int:
             if fault == "http500":
                 self.answer(500, {"error": {"code": 500, "message": "fake internal error"}})
                 return
+            if fault == "http200error":
+                self.answer(200, {"error": {"code": 500, "message": "fake error in a 200"}})
+                return
             time.sleep(delay)
             n = int(request.get("n_predict", 16))
             tokens = tokens_for(request.get("prompt", ""), n, float(request.get("temperature", 0.0)),
                                 int(request.get("seed", 0)))
-            timings = {"prompt_n": 8, "prompt_ms": 4.0, "predicted_n": n, "predicted_ms": 1000.0 * n / tps,
-                       "predicted_per_second": tps}
+            decode_ms = 1000.0 * n / tps
+            time.sleep(decode_ms / 1000.0)  # honest timings: the wall clock holds the decode time it reports
+            claimed = decode_ms / 10 if fault == "liar" else decode_ms
+            timings = {"prompt_n": 8, "prompt_ms": 4.0, "predicted_n": n, "predicted_ms": claimed,
+                       "predicted_per_second": 1000.0 * n / claimed}
             if k:
                 drafted = n * k // 2
                 timings.update(draft_n=drafted, draft_n_accepted=round(drafted * acceptance))

@@ -36,14 +36,14 @@ def test_rate_is_pooled_per_repetition_then_median():
     assert scores.n_samples == 6
 
 
-def test_steady_repetitions_are_not_noisy_and_one_repetition_has_no_spread():
+def test_steady_repetitions_are_not_noisy_and_one_repetition_has_an_unknown_spread():
     steady = [sample(repetition=r, n=100, ms=ms) for r, ms in enumerate([1000, 1010, 990])]
     scores = summarize(steady, MeasurementSettings(noise_cv=0.10))
     assert scores.tokens_per_second == pytest.approx(100.0)
     assert 0 < scores.cv < 0.02 and not scores.noisy
     assert summarize(steady, MeasurementSettings(noise_cv=0.005)).noisy
     single = summarize([sample()], MeasurementSettings())
-    assert single.cv == 0.0 and not single.noisy
+    assert single.cv is None and single.noisy is None and single.repetitions == 1  # unknown, not "not noisy"
 
 
 def test_per_suite_rates_and_acceptance():

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import shlex
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
@@ -23,75 +22,14 @@ import pandas as pd
 
 from tuner import store
 from tuner.records import StudyRecord, TrialRecord
+from tuner.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
 from tuner.knobs import INT_KNOBS
 from tuner.knobs import NAMES as KNOB_NAMES
-from tuner.host import measure_memory_bandwidth
-from tuner.topology import read_topology
 
 METRICS = ("tokens_per_second", "acceptance", "quality", "speedup")
 COLUMNS = ("trial", "state", "role", "feasible", "method", *KNOB_NAMES, *METRICS, "cv", "noisy", "drafted", "accepted",
            "constraint_quality", "failure_reason", "failure_detail", "duration_s", "command",
            "roofline_tokens_per_second", "roofline_fraction")
-
-
-# ------------------------------------------------------------------ roofline
-
-
-@dataclass(frozen=True)
-class Bandwidth:
-    """Memory bandwidth for the roofline, and where the figure came from."""
-
-    bytes_per_s: float
-    source: str  # "fingerprint" or "measured at report time"
-    note: str
-
-
-def study_bandwidth(record: StudyRecord, probe: Callable[[], float] | None = None) -> Bandwidth:
-    """The fingerprint's bandwidth; without one, measured now (and the report says so)."""
-    fp = record.fingerprint
-    if fp.get("bandwidth_bytes_per_s"):
-        return Bandwidth(float(fp["bandwidth_bytes_per_s"]), "fingerprint",
-                         "measured when the study started (copy probe, a lower bound)")
-    measured = (probe or measure_memory_bandwidth)()
-    here = read_topology().cpu_model
-    note = "the study's fingerprint has no bandwidth: measured at report time on this host (copy probe, a lower bound)"
-    if fp.get("cpu_model") and fp["cpu_model"] != here:
-        note += f"; this host's CPU ({here}) is not the study's ({fp['cpu_model']}), so the ceiling is indicative only"
-    return Bandwidth(measured, "measured at report time", note)
-
-
-@dataclass(frozen=True)
-class Roofline:
-    """Decode ceiling without speculation: bandwidth / bytes of weights read per token."""
-
-    bandwidth: Bandwidth
-    weights_bytes: int
-    expert_bytes: int | None  # routed experts (MoE only)
-    expert_count: int | None
-    default_experts: int | None
-    note: str
-
-    def bytes_per_token(self, experts: int | None) -> float:
-        if not self.expert_bytes or not self.expert_count:
-            return float(self.weights_bytes)
-        active = experts or self.default_experts or self.expert_count
-        return self.weights_bytes - self.expert_bytes + self.expert_bytes * active / self.expert_count
-
-    def tokens_per_second(self, experts: int | None = None) -> float:
-        return self.bandwidth.bytes_per_s / self.bytes_per_token(experts)
-
-
-def study_roofline(record: StudyRecord, bandwidth: Bandwidth) -> Roofline | None:
-    """None when the study does not record the target's weight bytes."""
-    target = record.target
-    if not target.get("weights_bytes"):
-        return None
-    expert_bytes = target.get("expert_weights_bytes") if target.get("is_moe") else None
-    note = "weights read per token = all tensor bytes of the target"
-    if target.get("is_moe"):
-        note = "weights read per token = shared tensors + active/total of the routed experts"
-    return Roofline(bandwidth, int(target["weights_bytes"]), expert_bytes or None, target.get("expert_count"),
-                    target.get("expert_used_count"), note)
 
 
 # ------------------------------------------------------------------ the trials frame

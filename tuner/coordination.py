@@ -128,6 +128,7 @@ def tally(study: optuna.Study) -> Tally:
         1 for t in trials
         if t.state.is_finished() and t.number not in replaced
         and store.failure_reason(t) != FailureReason.INTERRUPTED.value
+        and store.role_of(t) != "sentinel"
     )
     return Tally(counted=counted, running=sum(1 for t in trials if t.state == TrialState.RUNNING))
 

@@ -160,7 +160,7 @@ def report(
     lines += _build_text(build, build_reason)
     lines.append(f"NUMA policies worth trying: {', '.join(launch.meaningful_numa_policies(topo))}")
     if bandwidth is not None:
-        lines.append(f"memory bandwidth: {bandwidth / 1e9:.1f} GB/s (single-threaded copy, a lower bound)")
+        lines.append(f"memory bandwidth: {bandwidth / 1e9:.1f} GB/s (copy probe, one thread per core; STREAM-counted read + write)")
     lines += [f"ADVICE: {line}" for line in advice(topo, host, build)]
     return lines
 

@@ -9,10 +9,11 @@ floor (``constraint_quality <= 0``), optionally only those with acceptance at le
   i.e. the best speed before quality starts to be paid for it;
 * ``--trial N`` overrides both with one feasible trial.
 
-Before anything is written the winner is re-measured against the baseline side by
-side (both servers up, workload passes alternating A/B then B/A, a few rounds): a
-study's figure can be luck, and one number confirmed on the spot is what an operator
-trusts. The outputs, under ``reports/STUDY/export/``: ``serve.sh`` (the exact command,
+Before anything is written the finalists are raced (``tuner.race``): the policy's choice
+(with ``max-tps``: every feasible trial within reach of the leader) and the baseline are
+served at once and re-measured in shuffled rounds, and the export is the race's winner,
+with its speedup and a 95% interval. A study's single best figure can be luck; fresh
+interleaved measurements are what an operator can bet on. The outputs, under ``reports/STUDY/export/``: ``serve.sh`` (the exact command,
 ``shlex``-quoted, host and port from ``LLAMA_ARG_HOST``/``LLAMA_ARG_PORT``, default
 127.0.0.1:8080), ``config.json`` and ``config.yaml``, and the study's section in the
 shared ``reports/models-preset.ini`` for one ``llama-server --models-preset`` router.
@@ -28,7 +29,6 @@ import math
 import os
 import re
 import shlex
-import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -44,7 +44,8 @@ from tuner.analysis import best_per_suite, feasible, front_2d, knee, trials_fram
 from tuner.context import prepare
 from tuner.launch import ServerCommand, cpu_mask
 from tuner.records import StudyRecord, TrialRecord, changes
-from tuner.remeasure import Contender, alternate
+from tuner.race import RaceResult, finalists, race_study
+from tuner.race import describe as describe_race
 from tuner.spec import load_spec
 
 POLICIES = {
@@ -92,23 +93,6 @@ def choose(record: StudyRecord, frame: pd.DataFrame, policy: str = "max-tps",
 
 
 @dataclass(frozen=True)
-class Confirmation:
-    """The winner re-measured against the baseline, alternating, on this host now."""
-
-    rounds: int
-    winner_tokens_per_second: list[float]  # one pooled rate per round
-    baseline_tokens_per_second: list[float]
-    speedup: float  # median winner / median baseline
-    recorded_speedup: float
-    noise: float  # relative spread of the ratio: both sides' round-to-round CVs combined
-    drafted: int  # tokens the winner drafted while confirming (0: speculation was off)
-
-    @property
-    def falls_short(self) -> bool:
-        return self.speedup < self.recorded_speedup * (1.0 - self.noise)
-
-
-@dataclass(frozen=True)
 class Export:
     """The chosen configuration and its evidence: one record behind every file export writes."""
 
@@ -122,7 +106,7 @@ class Export:
     per_content_type: list[dict]
     llama_cpp: dict
     machine: dict
-    confirmation: Confirmation | None = None
+    race: RaceResult | None = None
 
     @property
     def section(self) -> str:
@@ -134,8 +118,6 @@ class Export:
         del out["command"]  # "command" below is the same, as one line
         out["command"] = shlex.join(self.argv)
         out["preset_section"] = self.section
-        if self.confirmation is not None:
-            out["confirmation"]["falls_short"] = self.confirmation.falls_short
         return out
 
 
@@ -170,45 +152,27 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else value
 
 
-# ------------------------------------------------------------------ confirming
+# ------------------------------------------------------------------ racing
 
 
-def confirm(study: optuna.Study, record: StudyRecord, export: Export, rounds: int, progress=print) -> Confirmation:
-    """Re-measure the winner and the baseline now, side by side (``tuner.remeasure``), with the
-    study's own workload and settings; refused if they changed since the study was measured."""
+def race_for_export(study: optuna.Study, record: StudyRecord, candidates: list[TrialRecord] | None,
+                    progress=print) -> RaceResult | None:
+    """Race with the study's own workload and settings, refused if they changed since it was measured."""
     spec_path = Path(record.spec_path)
     if not spec_path.is_file():
         raise UserError(f"study {record.name!r}: its study file {spec_path} is not here, so its workload "
-                        "cannot be re-run; export on the study's host or pass --no-confirm")
+                        "cannot be re-run; export on the study's host or pass --no-race")
     ctx = prepare(load_spec(spec_path))
     changed = changes(record, ctx.study_record(record.created_by), ignore=("search space",))
     if changed:
         raise UserError(f"{spec_path}: {changed[0]}: a re-measure now would not compare with the study's figures; "
-                        "revert the change, or pass --no-confirm")
-    base = store.baseline_record(study)
-    if base is None:
-        raise UserError(f"study {record.name!r} has no baseline trial to confirm against; pass --no-confirm")
-    for argv in (export.argv, base.argv):
-        if not Path(argv[0]).exists():
-            raise UserError(f"{argv[0]}: not on this host; export on the study's host or pass --no-confirm")
-    rates = alternate([Contender("winner", export.argv, export.config.get("temperature", 0.0)),
-                       Contender("baseline", base.argv, base.config.temperature)],
-                      ctx.workload, ctx.settings, rounds, ctx.log_dir, progress)
-    winner, baseline = rates["winner"].tokens_per_second, rates["baseline"].tokens_per_second
-    return Confirmation(
-        rounds=rounds,
-        winner_tokens_per_second=winner,
-        baseline_tokens_per_second=baseline,
-        speedup=statistics.median(winner) / statistics.median(baseline),
-        recorded_speedup=export.metrics.get("speedup", 1.0),
-        noise=math.hypot(_cv(winner), _cv(baseline)),
-        drafted=rates["winner"].drafted,
-    )
-
-
-def _cv(values: list[float]) -> float:
-    mean = statistics.fmean(values)
-    return statistics.stdev(values) / mean if len(values) > 1 and mean > 0 else 0.0
+                        "revert the change, or pass --no-race")
+    if candidates is None:
+        candidates = finalists(store.read_trials(study), ctx.settings.noise_cv, ctx.spec.race.max_finalists)
+    for trial in candidates:
+        if not Path(trial.command.binary).exists():
+            raise UserError(f"{trial.command.binary}: not on this host; export on the study's host or pass --no-race")
+    return race_study(ctx, study, progress, candidates)
 
 
 # ------------------------------------------------------------------ writing
@@ -222,9 +186,10 @@ def shell_script(export: Export) -> str:
         f"# Recorded: {m['tokens_per_second']:.1f} tokens/s, x{m.get('speedup', 1.0):.2f} over the baseline, "
         f"acceptance {m.get('acceptance', 0.0):.2f}, quality {m.get('quality', 0.0):.3f}.",
     ]
-    if export.confirmation is not None:
-        c = export.confirmation
-        lines.append(f"# Confirmed at export: x{c.speedup:.2f} over the baseline in {c.rounds} alternating rounds.")
+    if export.race is not None:
+        w = export.race.winning
+        lines.append(f"# Raced at export: x{w.speedup:.2f} over the baseline (95% interval {w.speedup_low:.2f}-"
+                     f"{w.speedup_high:.2f}), median of {export.race.rounds} shuffled rounds.")
     lines += [
         f"# Measured on {export.machine.get('cpu_model')} with llama.cpp {export.llama_cpp.get('commit')}.",
         "# --temp sets the tuned temperature as the default; clients may send their own.",
@@ -344,37 +309,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", choices=tuple(POLICIES), default="max-tps", help="selection policy (default: max-tps)")
     parser.add_argument("--min-acceptance", type=float, help="only trials whose draft acceptance is at least this")
     parser.add_argument("--trial", type=int, help="export this feasible trial instead of applying a policy")
-    parser.add_argument("--no-confirm", action="store_true", help="skip re-measuring the winner against the baseline")
-    parser.add_argument("--rounds", type=int, default=3, help="confirmation rounds (default: 3)")
+    parser.add_argument("--no-race", action="store_true",
+                        help="export the recorded choice without racing it (its figures are single measurements)")
     parser.add_argument("--out", type=Path, help="output folder (default: reports/STUDY/export)")
     parser.add_argument("--preset", type=Path, help=f"shared preset file (default: reports/{PRESET_FILE})")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.rounds < 1:
-        raise UserError(f"--rounds: must be >= 1, got {args.rounds}")
     study, record = store.open_stored_study(args.study, args.storage)
     frame = trials_frame(store.read_trials(study))
     number, why = choose(record, frame, args.policy, args.min_acceptance, args.trial)
-    export = build_export(record, store.read_trial(study.trials[number]), frame, why)
-    m = export.metrics
-    print(f"chosen: trial {number} ({why}): {m['tokens_per_second']:.1f} tokens/s, "
-          f"x{m.get('speedup', 1.0):.2f} over the baseline (recorded)")
-    if not args.no_confirm:
-        base = store.baseline_record(study)
-        if base is not None and number == base.number:
-            print("confirm: the winner is the baseline itself; nothing to confirm")
+    chosen = store.read_trial(study.trials[number])
+    print(f"chosen: trial {number} ({why}): {chosen.metrics.tokens_per_second:.1f} tokens/s, "
+          f"x{chosen.metrics.speedup:.2f} over the baseline (recorded, one measurement)")
+    race = None
+    if not args.no_race:
+        candidates = None if args.policy == "max-tps" and args.trial is None else [chosen]
+        race = race_for_export(study, record, candidates)
+        if race is None:
+            print("race: the choice is the baseline configuration itself; nothing to race")
         else:
-            c = confirm(study, record, export, args.rounds)
-            export = replace(export, confirmation=c)
-            print(f"confirmed speedup: x{c.speedup:.2f} over the baseline (recorded x{c.recorded_speedup:.2f}, "
-                  f"measured noise ±{c.noise:.0%}, {c.rounds} rounds)")
-            if c.falls_short:
-                print(f"WARNING: the confirmation falls short of the recorded speedup by more than the measured noise "
-                      f"(x{c.speedup:.2f} against x{c.recorded_speedup:.2f}, noise ±{c.noise:.0%}): the study's figure "
-                      "was optimistic, or the machine is busier now")
-            if export.config.get("spec_type", "none") != "none" and c.drafted == 0:
-                print("WARNING: the winner drafted nothing while confirming: speculation was off")
+            for line in describe_race(race):
+                print(line)
+            number, why = race.winner, f"won the finalist race ({why} among the finalists)"
+    export = replace(build_export(record, store.read_trial(study.trials[number]), frame, why), race=race)
+    if race is not None and export.config.get("spec_type", "none") != "none" and race.drafted.get(f"trial-{number}") == 0:
+        print("WARNING: the winner drafted nothing while racing: speculation was off")
     for row in export.per_content_type:
         print(f"best on {row['suite']}: trial {row['trial']}, {row['method']}, K={row['draft_max']}, "
               f"T={row['temperature']}: {row['tokens_per_second']:.1f} tokens/s")

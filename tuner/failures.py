@@ -26,6 +26,9 @@ class FailureReason(str, enum.Enum):
     SERVER_UNREACHABLE = "server_unreachable"  # process alive but HTTP failed
     INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM to the tuner during the trial
     INVALID_CONFIG = "invalid_config"  # refused before launch (e.g. incompatible draft)
+    BAD_RESPONSE = "bad_response"  # HTTP 200 whose body is an error, or has no timings
+    IMPOSSIBLE_TIMING = "impossible_timing"  # decode time that wall-clock time cannot hold
+    ABOVE_ROOFLINE = "above_roofline"  # faster than memory bandwidth allows without speculation
 
 
 PERMANENT = frozenset(

@@ -111,23 +111,100 @@ def read_host_state(topo: Topology, root: Path = LIVE_ROOT) -> HostState:
     )
 
 
-def measure_memory_bandwidth(seconds: float = 0.5, size_bytes: int = 256 * 2**20) -> float:
-    """Memory bandwidth in bytes/s from a single-threaded numpy copy (best of several).
+def measure_memory_bandwidth(seconds: float = 0.5, size_bytes: int = 256 * 2**20, threads: int | None = None) -> float:
+    """Memory copy bandwidth in bytes/s with one copy thread per core (best of several rounds).
 
-    A lower bound: one thread cannot saturate a server's memory channels. Bytes are
-    counted STREAM-style (read + write of the array). Used for a roofline estimate of
-    decode speed (bandwidth / bytes of weights read per token).
+    Bytes are counted STREAM-style (read + write of the array). Decode without
+    speculation reads every weight once per token, so bandwidth / weight bytes is its
+    ceiling (the roofline). numpy releases the GIL while copying, so the threads copy
+    their slices at once; a round lasts until the slowest finishes.
     """
     import numpy as np  # lazy: keeps `tuner --help` fast
+    from concurrent.futures import ThreadPoolExecutor
 
-    src = np.ones(max(size_bytes // 8, 1), dtype=np.float64)
-    dst = np.zeros_like(src)  # untouched pages: the first copy faults them in, best-of drops it
+    threads = threads or os.cpu_count() or 1
+    src = np.ones(max(size_bytes // 8, threads), dtype=np.float64)
+    dst = np.zeros_like(src)  # untouched pages: the first round faults them in, best-of drops it
+    slices = [slice(i * len(src) // threads, (i + 1) * len(src) // threads) for i in range(threads)]
     best = float("inf")
     deadline = time.perf_counter() + seconds
     runs = 0
-    while runs < 3 or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
-        runs += 1
+    with ThreadPoolExecutor(threads) as pool:
+        while runs < 3 or time.perf_counter() < deadline:
+            start = time.perf_counter()
+            list(pool.map(lambda part: np.copyto(dst[part], src[part]), slices))
+            best = min(best, time.perf_counter() - start)
+            runs += 1
     return 2 * src.nbytes / best
+
+
+# ---------------------------------------------------------------- per-trial hygiene
+
+BUSY_CORES = 1.0  # another process using more than this many cores during a trial makes the host busy
+BOOST_FILES = (Path("sys/devices/system/cpu/cpufreq/boost"), Path("sys/devices/system/cpu/intel_pstate/no_turbo"))
+
+
+def read_boost(root: Path = LIVE_ROOT) -> bool | None:
+    """CPU boost/turbo on (True), off (False), or unknown (None: most VMs)."""
+    for relative in BOOST_FILES:
+        text = read_text(Path(root), relative)
+        if text is not None and text.strip() in ("0", "1"):
+            on = text.strip() == "1"
+            return (not on) if relative.name == "no_turbo" else on
+    return None
+
+
+def read_temperature_c(root: Path = LIVE_ROOT) -> float | None:
+    """The hottest CPU-looking thermal zone or hwmon sensor in degrees C, None when there is none."""
+    readings = []
+    for zone in sorted(Path(root, "sys/class/thermal").glob("thermal_zone*")):
+        kind = (read_text(zone, Path("type")) or "").strip().lower()
+        value = read_text(zone, Path("temp"))
+        if value and value.strip().lstrip("-").isdigit() and any(k in kind for k in ("cpu", "x86", "pkg", "soc", "k10")):
+            readings.append(int(value) / 1000)
+    for sensor in sorted(Path(root, "sys/class/hwmon").glob("hwmon*/temp*_input")):
+        value = read_text(sensor.parent, Path(sensor.name))
+        if value and value.strip().isdigit():
+            readings.append(int(value) / 1000)
+    return max(readings) if readings else None
+
+
+def cpu_seconds_by_process() -> dict[int, tuple[str, float]]:
+    """pid -> (name, user + system CPU seconds so far), for every readable process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name = text[text.find("(") + 1:text.rfind(")")]
+        fields = text[text.rfind(")") + 2:].split()
+        out[int(stat.parent.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def busy_processes(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float,
+                   ours: set[int]) -> dict[str, float]:
+    """Processes other than ``ours`` that used more than BUSY_CORES cores between two snapshots."""
+    busy: dict[str, float] = {}
+    for pid, (name, seconds) in after.items():
+        if pid in ours or wall_s <= 0:
+            continue
+        cores = (seconds - before.get(pid, (name, 0.0))[1]) / wall_s
+        if cores > BUSY_CORES:
+            busy[f"{name}[{pid}]"] = round(cores, 2)
+    return busy
+
+
+def trial_host_state(topo: Topology, busy: dict[str, float]) -> dict:
+    """What a trial records about its host: a busy host's figures are flagged, never silently kept."""
+    load = read_load_average()
+    return {
+        "governors": summarize_governors(read_governors(LIVE_ROOT, (cpu.id for cpu in topo.cpus))),
+        "boost": read_boost(),
+        "thp_mode": read_thp_mode(),
+        "load_avg_1m": load.one if load else None,
+        "temperature_c": read_temperature_c(),
+        "busy_processes": busy,
+    }

@@ -13,8 +13,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 from tuner.failures import FailureReason, TrialFailure
-from tuner.runner import LlamaServer
+from tuner.runner import Completion, LlamaServer
 from tuner.workload import Workload
+
+
+TIMING_FLOOR_MS = 200.0  # requests shorter than this are not judged against the wall clock
 
 
 @dataclass(frozen=True)
@@ -22,12 +25,14 @@ class MeasurementSettings:
     """How every trial of a study is measured (the study file's ``measurement`` section)."""
 
     warmup: int = 1  # requests of the first prompt, discarded
-    repetitions: int = 3  # passes over all prompts
+    repetitions: int = 3  # passes over all prompts, at least
+    max_repetitions: int | None = None  # more passes while the cv is above noise_cv, up to this
     n_predict: int = 128
     ctx_size: int = 2048
     seed: int = 42  # the same seed every request: repetitions differ in timing only
     noise_cv: float = 0.10  # above this coefficient of variation a trial is flagged noisy
     trial_timeout_s: float = 600.0
+    timing_factor: float = 3.0  # llama.cpp's decode time and the wall clock may differ by at most this
 
     def comparability(self) -> dict:
         """What changes the numbers: everything but the timeout."""
@@ -48,6 +53,7 @@ class Sample:
     draft_n_accepted: int
     text: str
     tokens: tuple[int, ...]
+    wall_ms: float = 0.0  # the request's wall time (0: not measured)
 
 
 @dataclass(frozen=True)
@@ -69,21 +75,26 @@ def run_workload(
     settings: MeasurementSettings,
     temperature: float,
     progress: Callable[[int, int], None] | None = None,
+    after_repetition: Callable[[list[Sample]], None] | None = None,
 ) -> list[Sample]:
-    """Warm up, then ``repetitions`` passes over every prompt; ``progress(done, total)`` after each.
+    """Warm up, then passes over every prompt: ``repetitions`` of them, and more (up to
+    ``max_repetitions``) while the per-pass rates spread more than ``noise_cv``.
 
-    Warm-up sends ``settings.warmup`` requests of the first prompt and discards them:
-    the first request pays for page faults in the mapped weights and buffer
-    allocation, which every prompt shares, so one prompt is enough.
+    Warm-up sends ``settings.warmup`` requests of the first prompt, each generating the
+    full ``n_predict``, and discards them: the first request pays for page faults in the
+    mapped weights and buffer allocation, which every prompt shares, so one prompt is
+    enough. ``after_repetition(samples so far)`` runs after each pass (a pruner's hook).
     """
     first = workload.prompts[0]
     for _ in range(settings.warmup):
-        server.complete(first.text, settings.n_predict, temperature, settings.seed)
-    total = settings.repetitions * len(workload.prompts)
-    samples = []
-    for repetition in range(settings.repetitions):
+        check_timing(server.complete(first.text, settings.n_predict, temperature, settings.seed), settings)
+    cap = max(settings.repetitions, settings.max_repetitions or settings.repetitions)
+    samples: list[Sample] = []
+    for repetition in range(cap):
+        if repetition >= settings.repetitions and not _too_noisy(samples, settings):
+            break
         for prompt in workload.prompts:
-            c = server.complete(prompt.text, settings.n_predict, temperature, settings.seed)
+            c = check_timing(server.complete(prompt.text, settings.n_predict, temperature, settings.seed), settings)
             samples.append(
                 Sample(
                     prompt_id=prompt.id,
@@ -94,13 +105,39 @@ def run_workload(
                     tokens_per_second=c.predicted_per_second,
                     draft_n=c.draft_n,
                     draft_n_accepted=c.draft_n_accepted,
+                    wall_ms=c.wall_ms,
                     text=c.text,
                     tokens=c.tokens,
                 )
             )
             if progress:
-                progress(len(samples), total)
+                progress(len(samples), cap * len(workload.prompts))
+        if after_repetition:
+            after_repetition(samples)
     return samples
+
+
+def _too_noisy(samples: list[Sample], settings: MeasurementSettings) -> bool:
+    _, rates = _median_over_repetitions(samples)
+    return len(rates) < 2 or statistics.stdev(rates) / statistics.fmean(rates) > settings.noise_cv
+
+
+def check_timing(c: Completion, settings: MeasurementSettings) -> Completion:
+    """llama.cpp's decode time must fit in the request's wall time, and not be a small part of it.
+
+    A decode rate that disagrees with the wall clock by more than ``timing_factor`` (after
+    taking out the prompt's own time and a little HTTP overhead) is not a measurement.
+    """
+    decode_wall_ms = c.wall_ms - c.prompt_ms
+    if c.wall_ms <= 0 or decode_wall_ms < TIMING_FLOOR_MS:
+        return c  # too short to judge (or no wall time: a replay)
+    if c.predicted_ms > c.wall_ms * 1.05 + TIMING_FLOOR_MS or c.predicted_ms * settings.timing_factor < decode_wall_ms:
+        raise TrialFailure(
+            FailureReason.IMPOSSIBLE_TIMING,
+            f"llama.cpp says {c.predicted_n} tokens decoded in {c.predicted_ms:.0f} ms, but the request took "
+            f"{c.wall_ms:.0f} ms ({c.prompt_ms:.0f} ms of it prompt): more than x{settings.timing_factor:g} apart",
+        )
+    return c
 
 
 def pooled_rate(samples: Iterable[Sample]) -> float:

@@ -24,7 +24,7 @@ from tuner.space import TrialConfig
 
 SCHEMA_VERSION = 2  # 1: loose user attrs per field (before records); 2: one record per trial and study
 
-ROLES = ("baseline", "warm_start", "search")
+ROLES = ("baseline", "warm_start", "search", "sentinel")  # sentinel: the baseline re-measured (tuner.drift)
 
 # ModelInfo fields that identify a model without its path (compare, resume).
 MODEL_IDENTITY_KEYS = ("architecture", "name", "file_size_bytes", "parameter_count", "file_type",
@@ -88,6 +88,9 @@ class TrialRecord:
     worker: str = ""
     log_tail: str = ""
     duration_s: float | None = None
+    started_at: float | None = None  # seconds since the epoch: sentinels are interpolated in time
+    ended_at: float | None = None
+    host: dict = field(default_factory=dict)  # host state during the trial (tuner.host.trial_host_state)
 
     @property
     def argv(self) -> list[str]:

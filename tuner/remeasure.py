@@ -8,6 +8,7 @@ confirmation against the baseline and the repeatability benchmark both use this.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -34,8 +35,12 @@ class Rates:
 
 
 def alternate(contenders: list[Contender], workload: Workload, settings: MeasurementSettings, rounds: int,
-              log_dir: Path, progress: Callable[[str], None] = print) -> dict[str, Rates]:
-    """Each round one pass of the workload per contender; the first round warms up as a trial does."""
+              log_dir: Path, progress: Callable[[str], None] = print, shuffle_seed: int | None = None) -> dict[str, Rates]:
+    """Each round one pass of the workload per contender; the first round warms up as a trial does.
+
+    The order alternates (forward, then reverse), or with ``shuffle_seed`` is shuffled afresh
+    every round, so no contender always runs first or right after the same neighbour."""
+    rng = random.Random(shuffle_seed)
     rates: dict[str, list[float]] = {c.label: [] for c in contenders}
     drafted = dict.fromkeys(rates, 0)
     timeout = settings.trial_timeout_s
@@ -46,7 +51,10 @@ def alternate(contenders: list[Contender], workload: Workload, settings: Measure
                        for c in contenders]
             for r in range(rounds):
                 once = replace(settings, warmup=settings.warmup if r == 0 else 0, repetitions=1)
-                for contender, server in (servers if r % 2 == 0 else servers[::-1]):
+                order = servers if r % 2 == 0 else servers[::-1]
+                if shuffle_seed is not None:
+                    order = rng.sample(servers, len(servers))
+                for contender, server in order:
                     samples = run_workload(server, workload, once, contender.temperature)
                     rates[contender.label].append(pooled_rate(samples))
                     drafted[contender.label] += sum(s.draft_n for s in samples)

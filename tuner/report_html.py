@@ -244,8 +244,10 @@ def sections(data: ReportData) -> list[Section]:
                 "Each complete trial's tokens/s divided by the baseline's (target alone, greedy, default threads).",
                 speedup_figure(data, "fig-speedup") if not done.empty else _empty("no complete trial")),
         Section("roofline", "Tokens/s as a fraction of the memory-bandwidth ceiling",
-                "Without speculation decode cannot exceed bandwidth ÷ bytes of weights read per token (1.0). "
-                "Above 1 is speculation paying off; far below 1 means compute, threads or NUMA leave bandwidth unused.",
+                "1.0 = the study's copy bandwidth (numpy copy, one thread per core, read + write counted) ÷ bytes of "
+                "weights read per token: an estimate of the ceiling of decode without speculation, not a bound. "
+                "Above 1 is speculation paying off, or a model small enough to be served from the CPU's cache; "
+                "far below 1 means compute, threads or NUMA leave bandwidth unused.",
                 roofline_figure(data, "fig-roofline") if data.roofline is not None and not done.empty
                 else _empty("the study does not record the target's weight bytes")),
         Section("importance", "Parameter importances",

@@ -100,9 +100,14 @@ class Completion:
     draft_n: int  # 0 when the server did not draft (the field is then absent)
     draft_n_accepted: int
     stop_type: str  # "eos", "limit", "word" or "none"
+    wall_ms: float = 0.0  # the request as the client saw it: a check on llama.cpp's own timings
 
     @classmethod
-    def from_response(cls, body: dict) -> Completion:
+    def from_response(cls, body: dict, wall_ms: float = 0.0) -> Completion:
+        """A completion, or BAD_RESPONSE for a body that is an error or lacks its timings."""
+        if not isinstance(body, dict) or "error" in body or not isinstance(body.get("timings"), dict):
+            raise TrialFailure(FailureReason.BAD_RESPONSE,
+                               f"/completion answered HTTP 200 with no result: {json.dumps(body)[:300]}")
         timings = body["timings"]
         return cls(
             text=body["content"],
@@ -115,6 +120,7 @@ class Completion:
             draft_n=int(timings.get("draft_n", 0)),
             draft_n_accepted=int(timings.get("draft_n_accepted", 0)),
             stop_type=body.get("stop_type", "none"),
+            wall_ms=wall_ms,
         )
 
 
@@ -331,9 +337,11 @@ class LlamaServer:
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
+        started = time.monotonic()
         try:
             with self._opener.open(request, timeout=self.request_timeout_s) as resp:
-                return Completion.from_response(json.load(resp))
+                body = json.load(resp)
+            return Completion.from_response(body, wall_ms=1000.0 * (time.monotonic() - started))
         except urllib.error.HTTPError as err:
             self._raise_if_died(grace_s=0)
             detail = err.read().decode("utf-8", errors="replace")[:500]

@@ -50,6 +50,24 @@ class WorkersSpec:
 
 
 @dataclass(frozen=True)
+class SentinelSpec:
+    """Re-measure the baseline configuration during a study, to divide by a reference that
+    drifts with the machine rather than by one early measurement (see tuner.drift)."""
+
+    every_trials: int = 5  # a sentinel after this many measured trials...
+    every_minutes: float | None = 15.0  # ...or this long since the last one, whichever comes first
+
+
+@dataclass(frozen=True)
+class RaceSpec:
+    """The finalist race that declares a winner on fresh, interleaved measurements (see tuner.race)."""
+
+    rounds: int = 5
+    max_finalists: int = 4  # besides the baseline; the closest to the leader first
+    seed: int = 0  # the shuffled order of each round
+
+
+@dataclass(frozen=True)
 class StudySpec:
     path: Path
     name: str
@@ -70,6 +88,8 @@ class StudySpec:
     bin_dir: Path | None = None
     extra_args: tuple[str, ...] = ()
     workers: WorkersSpec = WorkersSpec()
+    sentinel: SentinelSpec = SentinelSpec()
+    race: RaceSpec = RaceSpec()
 
     @property
     def base_dir(self) -> Path:
@@ -160,12 +180,16 @@ def load_spec(path: str | Path) -> StudySpec:
     measurement = MeasurementSettings(
         warmup=m.int("warmup", 1, minimum=0),
         repetitions=m.int("repetitions", 3, minimum=1),
+        max_repetitions=m.int("max_repetitions", None, minimum=1),
         n_predict=n_predict,
         ctx_size=m.int("ctx_size", 2048, minimum=128),
         seed=m.int("seed", 42, minimum=0),
         noise_cv=m.number("noise_cv", 0.10, minimum=0.0),
         trial_timeout_s=m.number("trial_timeout_s", 600.0, minimum=1.0),
     )
+    if measurement.max_repetitions is not None and measurement.max_repetitions < measurement.repetitions:
+        m.fail("max_repetitions", f"must be at least repetitions ({measurement.repetitions}); "
+                                  "repetitions go on past `repetitions` until the cv is below noise_cv or this cap")
     m.done()
     workload.done()
 
@@ -202,6 +226,15 @@ def load_spec(path: str | Path) -> StudySpec:
     if workers.grace_s <= workers.heartbeat_s:
         w.fail("grace_s", f"must exceed heartbeat_s ({workers.heartbeat_s}), or live trials are failed as dead")
     w.done()
+
+    se = fields.section("sentinel")
+    sentinel = SentinelSpec(every_trials=se.int("every_trials", 5, minimum=1),
+                            every_minutes=se.number("every_minutes", 15.0, minimum=0.1))
+    se.done()
+    r = fields.section("race")
+    race = RaceSpec(rounds=r.int("rounds", 5, minimum=2), max_finalists=r.int("max_finalists", 4, minimum=1),
+                    seed=r.int("seed", 0, minimum=0))
+    r.done()
     fields.done()
 
     return StudySpec(
@@ -224,4 +257,6 @@ def load_spec(path: str | Path) -> StudySpec:
         bin_dir=_path(llama, "bin_dir", bin_dir_raw, base) if bin_dir_raw else None,
         extra_args=tuple(extra_args),
         workers=workers,
+        sentinel=sentinel,
+        race=race,
     )

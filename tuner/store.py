@@ -6,7 +6,7 @@ commit when the trial ends. Besides them, Optuna-level coordination keeps small 
 a trial's ``role`` (set when it is enqueued), ``requeued_by`` (set by the heartbeat
 retry) and ``running_on`` (worker and server port, set once its server is up: who to
 ask about a running trial), and the study's ``created_by`` (the worker that runs the baseline),
-plus the baseline's ``reference`` outputs and the perplexity cache. Nothing else reads
+plus the baseline's ``reference`` outputs, the perplexity cache and the last finalist ``race``. Nothing else reads
 or writes user attrs.
 
 Schema versions: 1 stored loose attrs per field (before records); a study of schema 1
@@ -35,6 +35,7 @@ RUNNING_ON = "running_on"
 CREATED_BY = "created_by"
 REFERENCE = "reference"
 PERPLEXITY = "perplexity"
+RACE = "race"  # the last finalist race (tuner.race.RaceResult as JSON)
 ORPHANED = "orphaned"  # the process running the trial died before recording it
 
 
@@ -156,6 +157,35 @@ def best_feasible(study: optuna.Study) -> TrialRecord | None:
     """Highest tokens/s among complete trials that meet the quality floor."""
     return max((r for r in read_trials(study) if r.feasible),
                key=lambda r: r.metrics.tokens_per_second, default=None)
+
+
+def baseline_trial(study: optuna.Study) -> FrozenTrial:
+    """The trial whose outputs are the reference (its params are the baseline configuration's)."""
+    reference = read_reference(study)
+    if reference is None:
+        raise UserError(f"study {study.study_name!r} has no baseline yet; run it first (`tuner run`)")
+    return study.trials[reference.trial]
+
+
+def add_measured_trial(study: optuna.Study, record: TrialRecord, params: dict, distributions: dict,
+                       values: list[float] | None) -> TrialRecord:
+    """Store a trial measured outside Optuna's ask/tell (a sentinel), with its record, in one call."""
+    complete = record.failure is None
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.COMPLETE if complete else TrialState.FAIL,
+        params=params, distributions=distributions, values=values if complete else None,
+        user_attrs={ROLE: record.role, TRIAL_RECORD: record.to_json()},
+        system_attrs={"constraints": [record.constraint]} if complete else {},
+    ))
+    return read_trial(study.trials[-1])
+
+
+def write_race(study: optuna.Study, race: dict) -> None:
+    study.set_user_attr(RACE, race)
+
+
+def read_race(study: optuna.Study) -> dict | None:
+    return study.user_attrs.get(RACE)
 
 
 def baseline_record(study: optuna.Study) -> TrialRecord | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, replace
@@ -37,7 +38,13 @@ from tuner.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.records import Failure, Metrics, Reference, Spread, StudyRecord, TrialRecord, changes
 from tuner.launch import build_server_command, model_flags
 from tuner.measure import Sample, outputs_by_prompt, run_workload, score_trial
+from tuner.host import busy_processes, cpu_seconds_by_process, trial_host_state
+from tuner.placement import contradiction, evict, read_numa_maps
+from tuner.roofline import Bandwidth, impossible, last_level_cache_bytes, study_roofline
 from tuner.runner import LlamaServer, free_port, read_log_tail
+from tuner.drift import sentinel_due
+from tuner.race import describe as describe_race
+from tuner.race import race_study
 from tuner.sampling import sampler_for
 from tuner.space import TrialConfig, baseline_config, suggest
 from tuner.spec import StudySpec, load_spec
@@ -100,6 +107,14 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     return sampler_for(spec.sampler, spec.seed, spec.budget_trials)
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a trial, carrying the trial's record (failed as interrupted)."""
+
+    def __init__(self, record: TrialRecord):
+        super().__init__()
+        self.record = record
+
+
 class TrialRunner:
     """The objective: one trial = one launch, one workload, one record stored."""
 
@@ -107,12 +122,34 @@ class TrialRunner:
         self.ctx = ctx
         self.study = study
         self.progress = progress
+        bandwidth = ctx.fingerprint.get("bandwidth_bytes_per_s")
+        self.roofline = (study_roofline(ctx.study_record(worker_id()), Bandwidth(bandwidth, "fingerprint", ""))
+                         if bandwidth else None)
+        self.llc_bytes = last_level_cache_bytes()
+        self.placed_under: str | None = None  # the NUMA policy the models' cached pages were placed under
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
-        started = time.monotonic()
         config = suggest(trial, self.ctx.space)
-        record = TrialRecord(number=trial.number, state="RUNNING", role=store.role_of(trial), config=config,
-                             worker=worker_id())
+        try:
+            record = self.measure(config, store.role_of(trial), trial.number,
+                                  on_running=lambda port: store.mark_running(trial, worker_id(), port))
+        except Interrupted as stop:
+            store.write_trial_record(trial, stop.record)
+            raise
+        store.write_trial_record(trial, record)
+        if record.failure is not None:
+            raise TrialFailure(FailureReason(record.failure.reason), record.failure.detail, record.log_tail)
+        # Feasible when <= 0: samplers read it from here, and nothing below the floor is reported as best.
+        trial.set_constraint("quality_floor", record.constraint)
+        return tuple(record.metrics.objective(o.metric) for o in self.ctx.spec.objectives)
+
+    def measure(self, config: TrialConfig, role: str, number: int | None,
+                on_running: Callable[[int], None] = lambda port: None) -> TrialRecord:
+        """One configuration measured into a COMPLETE or FAIL record (``Interrupted`` on Ctrl-C)."""
+        started, wall_start = time.monotonic(), time.time()
+        log_path = self.ctx.log_dir / (f"trial-{number}.log" if number is not None else f"sentinel-{wall_start:.0f}.log")
+        record = TrialRecord(number=number if number is not None else -1, state="RUNNING", role=role, config=config,
+                             worker=worker_id(), started_at=wall_start)
         try:
             known = self._known_permanent_failure(config)
             if known:
@@ -120,48 +157,62 @@ class TrialRunner:
                                    f"same configuration already failed permanently in trial {known.number}",
                                    known.log_tail)
             record = replace(record, command=build_server_command(config, self.ctx.launch))
-            record = self._measure(trial, record)
+            record = replace(self._measure(record, log_path, on_running), state="COMPLETE")
         except (TrialFailure, KeyboardInterrupt) as err:
             failure = err if isinstance(err, TrialFailure) else TrialFailure(
-                FailureReason.INTERRUPTED, "interrupted by the user or SIGTERM", read_log_tail(self._log_path(trial), 40))
-            store.write_trial_record(trial, replace(
-                record, state="FAIL", failure=Failure(failure.reason.value, failure.detail),
-                log_tail=failure.log_tail or record.log_tail, duration_s=time.monotonic() - started))
-            raise
-        store.write_trial_record(trial, replace(record, state="COMPLETE", duration_s=time.monotonic() - started))
-        return tuple(record.metrics.objective(o.metric) for o in self.ctx.spec.objectives)
+                FailureReason.INTERRUPTED, "interrupted by the user or SIGTERM", read_log_tail(log_path, 40))
+            record = replace(record, state="FAIL", failure=Failure(failure.reason.value, failure.detail),
+                             log_tail=failure.log_tail or record.log_tail)
+            if not isinstance(err, TrialFailure):
+                raise Interrupted(replace(record, duration_s=time.monotonic() - started, ended_at=time.time())) from err
+        return replace(record, duration_s=time.monotonic() - started, ended_at=time.time())
 
-    def _log_path(self, trial: optuna.Trial) -> Path:
-        return self.ctx.log_dir / f"trial-{trial.number}.log"
+    def _place(self, config: TrialConfig) -> bool:
+        """Evict the models' cached pages when the NUMA policy changes (see tuner.placement)."""
+        evicted = self.placed_under is not None and config.numa != self.placed_under
+        if evicted:
+            launch = self.ctx.launch
+            evict([launch.target, *launch.drafts.values()])
+        self.placed_under = config.numa
+        return evicted
 
-    def _measure(self, trial: optuna.Trial, record: TrialRecord) -> TrialRecord:
+    def _measure(self, record: TrialRecord, log_path: Path, on_running: Callable[[int], None]) -> TrialRecord:
         ctx, config = self.ctx, record.config
         ctx.log_dir.mkdir(parents=True, exist_ok=True)
         timeout = ctx.settings.trial_timeout_s
-        with LlamaServer(record.command.argv, free_port(), self._log_path(trial),
+        evicted = self._place(config)
+        models = [ctx.launch.target, *ctx.launch.drafts.values()]
+        before, wall = cpu_seconds_by_process(), time.monotonic()
+        with LlamaServer(record.command.argv, free_port(), log_path,
                          ready_timeout_s=timeout, request_timeout_s=timeout) as server:
-            store.mark_running(trial, record.worker, server.port)
+            on_running(server.port)
             samples = run_workload(server, ctx.workload, ctx.settings, config.temperature)
+            busy = busy_processes(before, cpu_seconds_by_process(), time.monotonic() - wall, {os.getpid(), server.pid})
+            pages = read_numa_maps(server.pid, models)
             spec_problem = server.speculation_log_problem()
             log_tail = server.log_tail()
         scores = score_trial(samples, ctx.settings, config.speculative, config.spec_type, spec_problem, log_tail)
+        if not config.speculative and self.roofline is not None:
+            why = impossible(scores.tokens_per_second, self.roofline, config.experts, self.llc_bytes)
+            if why:
+                raise TrialFailure(FailureReason.ABOVE_ROOFLINE, why, log_tail)
         outputs = outputs_by_prompt(samples)
         if record.role == "baseline":
             store.write_reference(self.study, Reference(
-                trial=trial.number, tokens={pid: list(s.tokens) for pid, s in outputs.items()},
+                trial=record.number, tokens={pid: list(s.tokens) for pid, s in outputs.items()},
                 texts={pid: s.text for pid, s in outputs.items()}, tokens_per_second=scores.tokens_per_second))
-        reference = store.read_reference(self.study)
-        quality = self._quality(config, outputs, reference)
-        constraint = ctx.spec.quality.floor - quality
-        # Feasible when <= 0: samplers read it from here, and nothing below the floor is reported as best.
-        trial.set_constraint("quality_floor", constraint)
+        quality = self._quality(config, outputs, store.read_reference(self.study))
+        reference_rate = self._reference_rate(record.role, scores.tokens_per_second)
+        host = trial_host_state(ctx.launch.topology, busy)
+        host.update(evicted_pages=evicted, numa_pages={Path(f).name: n for f, n in pages.items()},
+                    placement_problem=contradiction(config.numa, config.numa_node, pages, len(ctx.launch.topology.nodes)))
         return replace(
             record,
             metrics=Metrics(
                 tokens_per_second=scores.tokens_per_second,
                 acceptance=scores.acceptance,
                 quality=quality,
-                speedup=scores.tokens_per_second / reference.tokens_per_second if reference else 1.0,
+                speedup=scores.tokens_per_second / reference_rate if reference_rate else 1.0,
             ),
             spread=Spread(scores.repetitions, scores.cv, scores.noisy),
             drafted=scores.drafted,
@@ -169,9 +220,29 @@ class TrialRunner:
             per_suite_tokens_per_second=scores.per_suite_tokens_per_second,
             samples=tuple(sample_record(s) for s in samples),
             outputs={pid: s.text for pid, s in outputs.items()},
-            constraint=constraint,
+            constraint=self.ctx.spec.quality.floor - quality,
             log_tail=log_tail,
+            host=host,
         )
+
+    def _reference_rate(self, role: str, tokens_per_second: float) -> float | None:
+        """This worker's latest reference (baseline or sentinel) tokens/s: the speedup known at the time.
+        Reports divide by the sentinels interpolated at the trial's time instead (tuner.drift)."""
+        if role in ("baseline", "sentinel"):
+            return tokens_per_second
+        mine = [r for r in store.read_trials(self.study) if r.worker == worker_id() and r.complete
+                and r.role in ("baseline", "sentinel") and r.ended_at is not None]
+        if mine:
+            return max(mine, key=lambda r: r.ended_at).metrics.tokens_per_second
+        reference = store.read_reference(self.study)
+        return reference.tokens_per_second if reference else None
+
+    def run_sentinel(self) -> TrialRecord:
+        """The baseline configuration re-measured now, stored as a trial of role sentinel."""
+        base = store.baseline_trial(self.study)
+        record = self.measure(baseline_config(self.ctx.space), "sentinel", None)
+        values = None if record.failure else [record.metrics.objective(o.metric) for o in self.ctx.spec.objectives]
+        return store.add_measured_trial(self.study, record, base.params, base.distributions, values)
 
     def _quality(self, config: TrialConfig, outputs: dict, reference: Reference | None) -> float:
         scorer = self.ctx.spec.quality.scorer
@@ -220,8 +291,12 @@ def describe_trial(record: TrialRecord) -> str:
     return f"FAILED ({failure.reason}: {failure.detail}) | {knobs}"
 
 
-def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[str], None] = print) -> optuna.Study:
-    """Run or resume a study until its budget is spent, alone or as one of its workers; returns the study."""
+def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[str], None] = print,
+              race: bool = False) -> optuna.Study:
+    """Run or resume a study until its budget is spent, alone or as one of its workers; returns the study.
+
+    Every ``sentinel.every_trials`` trials (or minutes) this process re-measures the baseline
+    configuration first (tuner.drift). With ``race`` the finalists are raced at the end (tuner.race)."""
     ctx = prepare(spec)
     lock = hold_sqlite_study(spec.storage, spec.name)
     verbosity = optuna.logging.get_verbosity()
@@ -246,6 +321,8 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
                      f"{describe_trial(store.read_trial(trial))} | {best_text}")
 
         def run_one() -> None:
+            if sentinel_due(store.read_trials(study), worker_id(), spec.sentinel, time.time()):
+                progress(f"sentinel: {describe_trial(objective.run_sentinel())}")
             timeout = max(1.0, deadline - time.monotonic()) if deadline else None
             study.optimize(objective, n_trials=1, timeout=timeout, catch=(TrialFailure,), callbacks=[report])
 
@@ -254,6 +331,10 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
         if done < budget:
             ensure_baseline(study, ctx, run_one, progress)
             run_until_budget(study, run_one, budget, spec.workers, deadline, progress)
+        if race:
+            result = race_study(ctx, study, progress)
+            for line in describe_race(result) if result else ["race: no feasible trial besides the baseline to race"]:
+                progress(line)
     finally:
         optuna.logging.set_verbosity(verbosity)
         if lock:
@@ -271,6 +352,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study file, e.g. studies/demo.yaml")
     parser.add_argument("--trials", type=int, help="total trial budget (default: the study's budget.trials)")
     parser.add_argument("--check", action="store_true", help="validate the study file and models, print the resolved space, run nothing")
+    parser.add_argument("--no-race", action="store_true",
+                        help="skip the finalist race at the end (the winner is then the best single recorded trial)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -283,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
                           "drafts": list(ctx.drafts), "prompts": len(ctx.workload.prompts)}, indent=2, default=str))
         return 0
     try:
-        study = run_study(spec, args.trials)
+        study = run_study(spec, args.trials, race=not args.no_race)
     except KeyboardInterrupt:
         print(f"tuner run: interrupted; measured trials are stored, run `tuner run {args.study}` again to resume",
               file=sys.stderr)
@@ -292,5 +375,5 @@ def run(args: argparse.Namespace) -> int:
     if best is None:
         print("no feasible trial: every trial failed or fell below the quality floor")
         return 1
-    print(f"best feasible: trial {best.number}: {describe_trial(best)}")
+    print(f"best feasible (recorded, one measurement): trial {best.number}: {describe_trial(best)}")
     return 0

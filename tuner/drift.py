@@ -1,0 +1,97 @@
+"""Drift sentinels: the baseline configuration re-measured during a study, the reference that moves.
+
+Why: on a shared or thermally limited machine one configuration measures 20-30% apart
+minutes later. Dividing every trial by one baseline measured at the start turns that
+drift into fake speedups. A study therefore re-measures the baseline configuration every
+``sentinel.every_trials`` trials or ``sentinel.every_minutes`` (whichever comes first),
+stores each as a trial with role ``sentinel``, and divides each trial's tokens/s by the
+sentinel rate interpolated at the trial's midpoint, from the sentinels of the same
+worker (each host drifts on its own). The baseline trial is the first sentinel.
+
+A trial is flagged ``drifted`` when the two sentinels around it differ by more than the
+noise: twice the larger of their spreads (cv) and the study's noise_cv.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from tuner.records import TrialRecord
+from tuner.spec import SentinelSpec
+
+REFERENCE_ROLES = ("baseline", "sentinel")
+
+
+@dataclass(frozen=True)
+class Point:
+    at: float  # the measurement's midpoint, seconds since the epoch
+    tokens_per_second: float
+    cv: float | None
+
+
+def midpoint(record: TrialRecord) -> float | None:
+    if record.started_at is None or record.ended_at is None:
+        return None
+    return (record.started_at + record.ended_at) / 2
+
+
+class Sentinels:
+    """The reference rate of each worker over time, from its baseline and sentinel trials."""
+
+    def __init__(self, records: list[TrialRecord], noise_cv: float):
+        self.noise_cv = noise_cv
+        self.points: dict[str, list[Point]] = {}
+        for r in records:
+            at = midpoint(r)
+            if r.role in REFERENCE_ROLES and r.complete and at is not None:
+                self.points.setdefault(r.worker, []).append(
+                    Point(at, r.metrics.tokens_per_second, r.spread.cv if r.spread else None))
+        for series in self.points.values():
+            series.sort(key=lambda p: p.at)
+
+    def _around(self, worker: str, at: float) -> tuple[Point, Point] | None:
+        series = self.points.get(worker)
+        if not series:
+            return None
+        i = bisect.bisect_left([p.at for p in series], at)
+        before, after = series[max(i - 1, 0)], series[min(i, len(series) - 1)]
+        return before, after
+
+    def rate_at(self, worker: str, at: float) -> float | None:
+        """Linear between the sentinels around ``at``; the nearest one outside them."""
+        around = self._around(worker, at)
+        if around is None:
+            return None
+        a, b = around
+        if b.at == a.at:
+            return a.tokens_per_second
+        w = min(max((at - a.at) / (b.at - a.at), 0.0), 1.0)
+        return a.tokens_per_second + w * (b.tokens_per_second - a.tokens_per_second)
+
+    def drifted(self, worker: str, at: float) -> bool:
+        """The sentinels around ``at`` moved by more than the noise."""
+        around = self._around(worker, at)
+        if around is None:
+            return False
+        a, b = around
+        noise = 2 * max(a.cv or 0.0, b.cv or 0.0, self.noise_cv)
+        return abs(b.tokens_per_second - a.tokens_per_second) / ((a.tokens_per_second + b.tokens_per_second) / 2) > noise
+
+    def speedup(self, record: TrialRecord) -> float | None:
+        at = midpoint(record)
+        rate = self.rate_at(record.worker, at) if at is not None and record.complete else None
+        return record.metrics.tokens_per_second / rate if rate else None
+
+
+def sentinel_due(records: list[TrialRecord], worker: str, spec: SentinelSpec, now: float) -> bool:
+    """Whether this worker should re-measure the baseline before its next trial."""
+    mine = [r for r in records if r.worker == worker and r.ended_at is not None]
+    references = [r for r in mine if r.role in REFERENCE_ROLES and r.complete]
+    if not references:
+        return False  # no baseline measured here yet: the baseline comes first anyway
+    last = max(r.ended_at for r in references)
+    since = [r for r in mine if r.role not in REFERENCE_ROLES and r.ended_at > last]
+    if len(since) >= spec.every_trials:
+        return True
+    return bool(since) and spec.every_minutes is not None and now - last >= 60 * spec.every_minutes

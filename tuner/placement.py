@@ -1,0 +1,109 @@
+"""NUMA-true placement: a trial's weights sit where its own NUMA policy put them.
+
+Why: llama.cpp mmaps the GGUF, so the weights live in the page cache, on whichever node
+first read them. A trial under ``numactl --interleave=all`` launched right after one
+under ``--membind=0`` would decode from pages the earlier trial placed on node 0: the
+policy being measured would not be the one in force.
+
+Choice: before a trial whose NUMA policy differs from the previous trial's, the model
+files' pages are evicted from the page cache with ``posix_fadvise(POSIX_FADV_DONTNEED)``
+(no root needed; it drops clean pages no process has mapped, and no tuner-started
+server is alive between trials), so the next launch reads them again under its own
+policy. The cost is one cold read of the models per policy change (seconds per GB from
+disk, at most once per trial); nothing extra stays in memory, unlike ``--no-mmap``,
+which would copy the weights into each server's anonymous memory (a second copy for the
+length of the trial) and slow every launch.
+
+After the workload, ``/proc/PID/numa_maps`` of the server says how many of each model
+file's mapped pages sit on each node; a placement that contradicts the policy (bind to
+node N with most pages elsewhere, interleave with nearly all pages on one node of
+several) is flagged on the trial.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+from pathlib import Path
+
+PAGE = mmap.PAGESIZE
+NODE_FIELD = re.compile(r"\bN(\d+)=(\d+)")
+BIND_TOLERANCE = 0.10  # a bound trial may have this share of its pages elsewhere (shared libraries aside)
+INTERLEAVE_MAX_SHARE = 0.90  # an interleaved trial with more than this on one node was not interleaved
+
+
+def evict(paths: list[Path]) -> None:
+    """Drop the files' clean pages from the page cache (advice: the kernel may keep pages still mapped)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def resident_fraction(path: Path) -> float:
+    """Share of the file's pages in the page cache, from mincore(2) on a read-only mapping."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0.0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    pages = (size + PAGE - 1) // PAGE
+    with open(path, "rb") as fh:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fh.fileno(), 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap {path}")
+        try:
+            vector = ctypes.create_string_buffer(pages)
+            if libc.mincore(address, size, vector) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore {path}")
+            return sum(b & 1 for b in vector.raw) / pages
+        finally:
+            libc.munmap(address, size)
+
+
+def parse_numa_maps(text: str, files: list[str]) -> dict[str, dict[int, int]]:
+    """Pages per NUMA node of each of ``files`` (by path) in a ``/proc/PID/numa_maps`` text."""
+    pages: dict[str, dict[int, int]] = {f: {} for f in files}
+    for line in text.splitlines():
+        match = re.search(r"\bfile=(\S+)", line)
+        if not match or match.group(1) not in pages:
+            continue
+        by_node = pages[match.group(1)]
+        for node, count in NODE_FIELD.findall(line):
+            by_node[int(node)] = by_node.get(int(node), 0) + int(count)
+    return pages
+
+
+def read_numa_maps(pid: int, files: list[Path]) -> dict[str, dict[int, int]]:
+    try:
+        text = Path(f"/proc/{pid}/numa_maps").read_text()
+    except OSError:
+        return {}
+    return parse_numa_maps(text, [str(f) for f in files])
+
+
+def contradiction(policy: str, node: int | None, pages: dict[str, dict[int, int]], n_nodes: int) -> str | None:
+    """Why the placement does not follow the policy, or None."""
+    total: dict[int, int] = {}
+    for by_node in pages.values():
+        for n, count in by_node.items():
+            total[n] = total.get(n, 0) + count
+    count = sum(total.values())
+    if not count or n_nodes < 2:
+        return None
+    if policy == "bind" and node is not None:
+        elsewhere = (count - total.get(node, 0)) / count
+        if elsewhere > BIND_TOLERANCE:
+            return f"bound to node {node} but {elsewhere:.0%} of the model's pages sit on other nodes"
+    if policy == "interleave":
+        top_node, top = max(total.items(), key=lambda kv: kv[1])
+        if top / count > INTERLEAVE_MAX_SHARE:
+            return f"interleaved but {top / count:.0%} of the model's pages sit on node {top_node}"
+    return None
