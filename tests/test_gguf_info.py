@@ -48,7 +48,7 @@ def test_dense_model_metadata(tmp_path: Path) -> None:
     assert (info.add_bos, info.add_eos) == (True, False)  # llama.cpp's SPM defaults: no keys written
     assert not info.is_moe and info.expert_override_key is None and info.expert_count is None
     assert not info.is_recurrent
-    assert info.token_texts[:3] == ("<unk>", "<s>", "</s>")
+    assert [info.vocab.text(i) for i in range(3)] == ["<unk>", "<s>", "</s>"]
 
 
 def test_quantization_falls_back_to_dominant_tensor_type(tmp_path: Path) -> None:
@@ -115,7 +115,7 @@ def test_empty_token_text_is_renamed_like_llama_cpp(tmp_path: Path) -> None:
     tokens = spm_tokens()
     tokens[10] = ""
     info = read_model_info(write_gguf(tmp_path / "m.gguf", tokens=tokens))
-    assert info.token_texts[10] == "[EMPTY_10]"
+    assert info.vocab.text(10) == "[EMPTY_10]"
 
 
 # --- draft compatibility: each rule of common_speculative_are_compatible on its own ---
