@@ -154,7 +154,7 @@ def _open_reader(path: Path) -> Any:
 
 @cache
 def _bulk_reader() -> type:
-    """GGUFReader keeping each metadata array whole; defined on first use so importing gguf waits until a file is read.
+    """GGUFReader reading each metadata array whole; made on first use, so gguf is imported only then.
 
     An array field's parts end with [values] for numbers, or [lengths, raw bytes with
     the length prefixes] for strings; `contents()` is not for the string case.
