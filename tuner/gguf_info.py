@@ -6,18 +6,20 @@ guessing: vocab type and BOS/EOS defaults follow ``src/llama-vocab.cpp``, the re
 and hybrid architectures ``src/llama-arch.cpp``, and draft compatibility
 ``common_speculative_are_compatible`` in ``common/speculative.cpp``. An incompatible
 draft matters because llama.cpp does not fail on one: it serves without speculation.
+The file itself is read by tuner.gguf_header, through the cache of tuner.gguf_cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import UserError
+from tuner.gguf_cache import read_header
+from tuner.gguf_header import Vocab
 
 # common/speculative.cpp of the pinned llama.cpp.
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
@@ -56,7 +58,6 @@ _BPE_PRE_NO_BOS = frozenset({"chatglm-bpe", "glm4", "glm5"})
 # Pre-tokenizers of type GEMMA4: llama.cpp forces add_bos on even against the GGUF key.
 _PRE_FORCE_ADD_BOS = frozenset({"gemma4", "granite-embed-multi-311m"})
 
-_GGUF_MAGIC = b"GGUF"
 _MIB = 1024 * 1024
 
 
@@ -87,7 +88,7 @@ class ModelInfo:
     expert_count: int | None
     expert_used_count: int | None
     recurrent_kind: str | None  # "recurrent", "hybrid" or None (plain transformer)
-    token_texts: tuple[str, ...] = field(repr=False)  # as llama.cpp stores them
+    vocab: Vocab = field(repr=False, compare=False)  # token texts as llama.cpp stores them
 
     @property
     def is_moe(self) -> bool:
@@ -153,15 +154,14 @@ class Compatibility:
 
 
 def read_model_info(path: str | Path) -> ModelInfo:
-    """Read a GGUF's header; any unreadable or malformed file is a one-line UserError."""
+    """Read a GGUF's header (cached); any unreadable or malformed file is a one-line UserError."""
     path = Path(path)
-    reader = _open_reader(path)
-    fields = reader.fields
-    size = path.stat().st_size
+    header = read_header(path)
 
     def value(key: str) -> Any:
-        f = fields.get(key)
-        return None if f is None else f.contents()
+        if key in header.array_keys:
+            raise UserError(f"{path}: metadata {key} is an array, expected a single value")
+        return header.metadata.get(key)
 
     def integer(key: str) -> int | None:
         raw = value(key)
@@ -185,14 +185,14 @@ def read_model_info(path: str | Path) -> ModelInfo:
     if vocab_model == "gemma4":
         vocab_pre = "gemma4"  # llama.cpp overrides the pre-tokenizer for this model
 
-    texts = _token_texts(path, fields, vocab_type, integer(f"{arch}.vocab_size"))
+    vocab = _vocab(path, header.vocab, vocab_type, integer(f"{arch}.vocab_size"))
     if vocab_type == "BPE" and vocab_pre in _BPE_PRE_ADD_BOS:
         add_bos = True
     if vocab_type == "BPE" and vocab_pre in _BPE_PRE_NO_BOS:
         bos = None
     if vocab_type != "NONE":  # llama.cpp returns before reading any special-token key
-        bos = _special_id(bos, integer("tokenizer.ggml.bos_token_id"), len(texts))
-        eos = _special_id(eos, integer("tokenizer.ggml.eos_token_id"), len(texts))
+        bos = _special_id(bos, integer("tokenizer.ggml.bos_token_id"), len(vocab))
+        eos = _special_id(eos, integer("tokenizer.ggml.eos_token_id"), len(vocab))
         if value("tokenizer.ggml.add_bos_token") is not None:
             add_bos = bool(value("tokenizer.ggml.add_bos_token"))
         if value("tokenizer.ggml.add_eos_token") is not None:
@@ -200,35 +200,32 @@ def read_model_info(path: str | Path) -> ModelInfo:
         if vocab_type == "BPE" and vocab_pre in _PRE_FORCE_ADD_BOS:
             add_bos = True
 
-    bytes_by_type: Counter[str] = Counter()
-    for tensor in reader.tensors:
-        bytes_by_type[tensor.tensor_type.name] += int(tensor.n_bytes)
-
+    tensor_bytes = header.tensor_bytes
     return ModelInfo(
         path=path,
-        file_size_bytes=size,
+        file_size_bytes=header.file_size_bytes,
         architecture=arch,
         name=value("general.name"),
-        parameter_count=sum(int(t.n_elements) for t in reader.tensors),
-        weights_bytes=sum(bytes_by_type.values()),
-        expert_weights_bytes=sum(int(t.n_bytes) for t in reader.tensors if "_exps." in t.name),
-        file_type=_file_type_name(integer("general.file_type")),
-        dominant_tensor_type=bytes_by_type.most_common(1)[0][0] if bytes_by_type else None,
+        parameter_count=header.parameter_count,
+        weights_bytes=sum(tensor_bytes.values()),
+        expert_weights_bytes=header.expert_weights_bytes,
+        file_type=header.file_type,
+        dominant_tensor_type=max(tensor_bytes, key=tensor_bytes.__getitem__) if tensor_bytes else None,
         context_length=integer(f"{arch}.context_length"),
         block_count=integer(f"{arch}.block_count"),
         embedding_length=integer(f"{arch}.embedding_length"),
         vocab_model=vocab_model,
         vocab_pre=vocab_pre,
         vocab_type=vocab_type,
-        vocab_size=len(texts),
+        vocab_size=len(vocab),
         bos_token_id=bos,
         eos_token_id=eos,
         add_bos=add_bos,
         add_eos=add_eos,
         expert_count=integer(f"{arch}.expert_count"),
         expert_used_count=integer(f"{arch}.expert_used_count"),
-        recurrent_kind=_recurrent_kind(arch, fields),
-        token_texts=texts,
+        recurrent_kind=_recurrent_kind(arch, header.keys),
+        vocab=vocab,
     )
 
 
@@ -253,11 +250,10 @@ def check_draft_compatibility(target: ModelInfo, draft: ModelInfo) -> Compatibil
         reasons.append(f"vocab sizes differ by {size_diff} (target {target.vocab_size}, "
                        f"draft {draft.vocab_size}; llama.cpp allows {SPEC_VOCAB_MAX_SIZE_DIFFERENCE})")
     else:  # llama.cpp compares texts only once the sizes are close
-        mismatch = _first_text_mismatch(target.token_texts, draft.token_texts)
-        if mismatch is not None:
-            i = mismatch
-            reasons.append(f"token {i} differs: target {target.token_texts[i]!r}, "
-                           f"draft {draft.token_texts[i]!r}")
+        i = target.vocab.first_mismatch(draft.vocab, SPEC_VOCAB_CHECK_START_TOKEN_ID)
+        if i is not None:
+            reasons.append(f"token {i} differs: target {target.vocab.text(i)!r}, "
+                           f"draft {draft.vocab.text(i)!r}")
     warnings = [
         f"{role} is a {info.recurrent_kind} model ({info.architecture}): the pinned llama-server "
         "speculates on it by checkpointing its state, which costs memory and time per draft"
@@ -330,43 +326,13 @@ def format_compatibility(draft: ModelInfo, check: Compatibility) -> str:
     return line + "".join(f"; warning: {w}" for w in check.warnings)
 
 
-def _open_reader(path: Path) -> Any:
-    """A GGUFReader over ``path``, with every way of failing turned into a UserError."""
-    if path.is_dir():
-        raise UserError(f"{path}: is a directory; pass a .gguf model file")
-    try:
-        with path.open("rb") as fh:
-            magic = fh.read(4)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file; pass a .gguf model") from None
-    except OSError as err:
-        raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
-    if magic != _GGUF_MAGIC:
-        what = "empty file" if not magic else f"bad magic {magic!r}"
-        raise UserError(f"{path}: not a GGUF file ({what}); pass a .gguf model")
-
-    from gguf import GGUFReader  # imported here so `tuner --help` stays fast
-
-    try:
-        return GGUFReader(path)
-    except Exception as err:  # the reader fails in many ways on truncated or corrupt input
-        raise UserError(f"{path}: truncated or corrupt GGUF ({type(err).__name__}: {err})") from None
-
-
-def _token_texts(path: Path, fields: Any, vocab_type: str, arch_vocab_size: int | None) -> tuple[str, ...]:
-    """Token texts as llama.cpp keeps them: empty ones renamed, dummies for vocab-less models."""
+def _vocab(path: Path, read: Vocab | None, vocab_type: str, arch_vocab_size: int | None) -> Vocab:
+    """Token texts as llama.cpp keeps them: empty ones renamed, blanks for vocab-less models."""
     if vocab_type == "NONE":
-        return ("",) * (arch_vocab_size or 0)
-    tokens = fields.get("tokenizer.ggml.tokens")
-    if tokens is None:
+        return Vocab.blank(arch_vocab_size or 0)
+    if read is None:
         raise UserError(f"{path}: no tokenizer.ggml.tokens key; llama.cpp cannot load its vocab")
-    try:
-        texts = tokens.contents()
-    except UnicodeDecodeError as err:
-        raise UserError(f"{path}: tokenizer.ggml.tokens holds invalid UTF-8 ({err})") from None
-    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-        raise UserError(f"{path}: tokenizer.ggml.tokens is not an array of strings")
-    return tuple(t if t else f"[EMPTY_{i}]" for i, t in enumerate(texts))
+    return read.with_empty_renamed()
 
 
 def _special_id(default: int | None, from_key: int | None, n_tokens: int) -> int | None:
@@ -378,33 +344,14 @@ def _special_id(default: int | None, from_key: int | None, n_tokens: int) -> int
     return from_key
 
 
-def _recurrent_kind(arch: str, fields: Any) -> str | None:
+def _recurrent_kind(arch: str, keys: tuple[str, ...]) -> str | None:
     """llama.cpp decides by architecture; SSM/WKV keys also catch architectures newer than it."""
     if arch in RECURRENT_ARCHITECTURES:
         return "recurrent"
     if arch in HYBRID_ARCHITECTURES:
         return "hybrid"
-    if any(key.startswith((f"{arch}.ssm.", f"{arch}.wkv.")) for key in fields):
+    if any(key.startswith((f"{arch}.ssm.", f"{arch}.wkv.")) for key in keys):
         return "recurrent"
-    return None
-
-
-def _file_type_name(file_type: int | None) -> str | None:
-    if file_type is None:
-        return None
-    from gguf import LlamaFileType
-
-    try:
-        name = LlamaFileType(file_type).name
-    except ValueError:
-        return f"file_type {file_type}"
-    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
-
-
-def _first_text_mismatch(a: tuple[str, ...], b: tuple[str, ...]) -> int | None:
-    for i in range(SPEC_VOCAB_CHECK_START_TOKEN_ID, min(len(a), len(b))):
-        if a[i] != b[i]:
-            return i
     return None
 
 
