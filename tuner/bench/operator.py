@@ -108,6 +108,12 @@ class Objective:
 
 
 def replay(land: OperatorLandscape, strategy: str, seed: int, budget: int, prune: bool) -> list[TrialLog]:
+    """What one strategy tried, in order, with each trial's cost."""
+    return run_study(land, strategy, seed, budget, prune)[1]
+
+
+def run_study(land: OperatorLandscape, strategy: str, seed: int, budget: int,
+              prune: bool) -> tuple[optuna.Study, list[TrialLog]]:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", (FutureWarning, UserWarning, optuna.exceptions.ExperimentalWarning))
@@ -117,7 +123,7 @@ def replay(land: OperatorLandscape, strategy: str, seed: int, budget: int, prune
         study.enqueue_trial(enqueue_params(baseline_config(land.space), land.space), user_attrs={"role": "baseline"})
         objective = Objective(land, np.random.default_rng(seed), prune)
         study.optimize(objective, n_trials=budget, catch=(Failed,))
-    return objective.log
+    return study, objective.log
 
 
 def scores(land: OperatorLandscape, log: list[TrialLog], tolerance: float) -> dict:
@@ -142,13 +148,15 @@ def _median(values: list) -> float | None:
 def run_landscape(land: OperatorLandscape, strategies: tuple[str, ...], seeds: int, budgets: dict[str, int],
                   tolerance: float, jobs: int, prune_modes: tuple[bool, ...] = (False, True)) -> dict:
     land.optimum  # noqa: B018  (computed once, before the workers copy the landscape)
-    runs = [(s, seed, p) for s in strategies for p in prune_modes for seed in range(seeds)]
+    # pruning is measured on the default only: the others are there for their trial counts
+    modes = {s: (prune_modes if s == "default" else (False,)) for s in strategies}
+    runs = [(s, seed, p) for s in strategies for p in modes[s] for seed in range(seeds)]
     logs = Parallel(n_jobs=jobs)(delayed(replay)(land, s, seed, budgets.get(s, 40), p) for s, seed, p in runs)
     result = {"configurations": land.size, "optimum": land.optimum[0], "best_config": land.optimum[1].as_dict(),
               "description": land.description, "strategies": {}}
     for strategy in strategies:
         row = {}
-        for p in prune_modes:
+        for p in modes[strategy]:
             sc = [scores(land, log, tolerance) for (s, _, pp), log in zip(runs, logs) if s == strategy and pp == p]
             budget = budgets.get(strategy, 40)
             row["pruned" if p else "full"] = {

@@ -278,14 +278,16 @@ def _values(domain) -> list:
 
 
 def operator_space(spec_types: tuple[str, ...], drafts: tuple[str, ...], *, temperatures=(0.0, 0.3, 0.5, 0.7),
-                   experts: int | None = None) -> ResolvedSpace:
-    """The space a study would resolve on the 96-core / 192-thread, 4-node box (SMT allowed)."""
+                   experts: int | None = None, k_high: int = 48, threads_high: int = LOGICAL_CPUS) -> ResolvedSpace:
+    """The space a study would resolve on the 96-core / 192-thread, 4-node box (SMT allowed).
+
+    ``k_high`` and ``threads_high`` shrink it for tests."""
     domains = {
         "spec_type": Choices(spec_types),
-        "draft_max": IntRange(1, 48),
+        "draft_max": IntRange(1, k_high),
         "temperature": Choices(tuple(temperatures)),
         "numa": Choices(("none", "interleave", "bind", "distribute")),
-        "threads": IntRange(24, LOGICAL_CPUS, step=24),  # 8 thread counts, SMT above 96
+        "threads": IntRange(24, threads_high, step=24),  # 8 thread counts, SMT above 96
     }
     if drafts:
         domains["draft"] = Choices(drafts)

@@ -11,6 +11,7 @@ not look like a slow configuration. From the log-ratios seen so far:
 
 * the prompts already measured contribute ``mean + z * sd / sqrt(n)`` (the spread's
   standard error, never below ``sigma_floor``: three samples do not measure a spread);
+  a launch-to-launch spread (``launch_sigma``, both trials') is allowed on top;
 * prompts not measured yet may differ in kind (code after prose), so each contributes
   the *best* ratio seen plus ``z * sd``;
 
@@ -30,6 +31,9 @@ from typing import Iterable, Sequence
 
 Z = 2.0
 SIGMA_FLOOR = 0.04  # log-ratio spread assumed at least (a few % per request on a shared box)
+# A launch moves all of its requests together (placement, clocks), the incumbent's too: a spread
+# within one trial cannot see it, so the bound always allows this much on top.
+LAUNCH_SIGMA = 0.02
 MIN_SAMPLES = 3
 NEVER_PRUNED = frozenset({"baseline", "finalist", "sentinel"})
 
@@ -48,7 +52,8 @@ def may_prune(role: str | None) -> bool:
 
 
 def prune_decision(ratios: Sequence[float], unseen: int = 0, *, z: float = Z, sigma_floor: float = SIGMA_FLOOR,
-                   min_samples: int = MIN_SAMPLES, seen: int | None = None) -> PruneDecision:
+                   min_samples: int = MIN_SAMPLES, seen: int | None = None,
+                   launch_sigma: float = LAUNCH_SIGMA) -> PruneDecision:
     """Decide from paired ratios (trial / incumbent, per request) and the number of prompts not yet measured.
 
     ``seen``: prompts measured at least once (default: one per ratio, capped by the ratios).
@@ -62,7 +67,7 @@ def prune_decision(ratios: Sequence[float], unseen: int = 0, *, z: float = Z, si
     seen = n if seen is None else seen
     seen_bound = math.exp(mean + z * sd / math.sqrt(n))
     unseen_bound = math.exp(max(logs) + z * sd)
-    bound = (seen * seen_bound + unseen * unseen_bound) / (seen + unseen)
+    bound = (seen * seen_bound + unseen * unseen_bound) / (seen + unseen) * math.exp(z * launch_sigma)
     estimate = math.exp(mean)
     if bound < 1.0:
         return PruneDecision(True, bound, estimate,
