@@ -124,3 +124,14 @@ def test_operator_benchmark_prints_a_row_per_strategy():
     row = result["landscapes"]["small"]["strategies"]["default"]
     assert set(row) == {"full", "pruned"} and len(row["full"]["trials_to_target"]) == 2
     assert set(result["targets"]["small"]) == {"median_le_20", "all_by_40", "over_tpe", "met"}
+
+
+def test_fitted_models_list_measured_points_against_the_model():
+    from tuner.search.sampler import fitted_models
+
+    study, _ = op.run_study(small_landscape(), "default", seed=0, budget=6, prune=False)
+    rows = fitted_models(study)
+    assert rows and {r["option"] for r in rows} >= {"draft qwen2.5-0.5b-instruct-q8_0"}
+    for r in rows:
+        assert r["model_acceptance"] == pytest.approx(r["acceptance"], abs=0.02)  # the fit passes through its points
+        assert 1 <= r["predicted_best_k"] <= 16

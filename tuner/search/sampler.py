@@ -525,3 +525,30 @@ class StructuredSampler(optuna.samplers.BaseSampler):
 
     def reseed_rng(self) -> None:
         self.fallback.reseed_rng()
+
+
+def fitted_models(study: optuna.Study) -> list[dict]:
+    """For the report: each option's fitted model against its measured points, at the baseline's
+    temperature and experts (the points the sampler fitted). One row per measured point, with the
+    model's acceptance and speedup at that K, and the predicted best K."""
+    described = study.user_attrs.get("space")
+    if not described:
+        return []
+    planner = Planner(Space(described), records(study))
+    if planner.base is None:
+        return []
+    hw0, t0, e0 = planner.context0()
+    from tuner.search.model import measured_acceptance
+
+    rows = []
+    for option in planner.options():
+        f = planner.fit_option(option, t0, e0)
+        if f is None:
+            continue
+        best_k = f.best_k(planner.k_values) if planner.k_values else None
+        for p in sorted(f.points, key=lambda p: p.k):
+            rows.append({"option": planner.name(option), "k": p.k, "acceptance": p.acceptance,
+                         "model_acceptance": measured_acceptance(f.a_at(p.k), p.k), "speedup": p.speedup,
+                         "model_speedup": f.predict(p.k), "a": f.a_at(p.k), "cost_ratio": f.c,
+                         "predicted_best_k": best_k, "predicted_best_speedup": f.predict(best_k) if best_k else None})
+    return rows
