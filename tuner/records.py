@@ -181,6 +181,13 @@ class StudyRecord:
             "quality.floor": self.quality.get("floor"),
         }
 
+    @classmethod
+    def for_replay(cls, name: str, space: dict, objectives: tuple[str, ...]) -> StudyRecord:
+        """A benchmark replay's record: its space and objectives; no machine, model or workload."""
+        return cls(name=name, created_by="replay", fingerprint={}, build={}, target={}, drafts={}, space=space,
+                   space_digest=digest(space), space_notes=(), objectives=tuple(objectives), quality={},
+                   spec_path="", workload={}, measurement={})
+
     def to_json(self) -> dict:
         data = asdict(self)
         data["space_notes"] = list(self.space_notes)

@@ -150,6 +150,10 @@ def sampler_for(name: str, seed: int, budget_trials: int) -> optuna.samplers.Bas
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(20, budget_trials // 3)))
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
+    if name == "structured":  # stages and a model of speculation; NoRepeat(TPE) where it has no plan
+        from tuner.search.sampler import StructuredSampler
+
+        return StructuredSampler(sampler_for("tpe", seed, budget_trials), seed=seed)
     with warnings.catch_warnings():  # multivariate/group are "experimental" since Optuna 2.x
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         tpe = optuna.samplers.TPESampler(

@@ -21,7 +21,7 @@ from tuner.validate import Fields, expand_env, load_yaml_mapping
 
 METRICS = {"tokens_per_second": "maximize", "acceptance": "maximize", "quality": "maximize", "speedup": "maximize"}
 QUALITY_SCORERS = ("agreement", "answers", "perplexity")
-SAMPLERS = ("tpe", "nsga2", "random")
+SAMPLERS = ("structured", "tpe", "nsga2", "random")
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ def load_spec(path: str | Path) -> StudySpec:
 
     storage = fields.str("storage", None) or default_storage_url()
     s = fields.section("sampler")
-    sampler = s.choice("name", SAMPLERS, "tpe")
+    sampler = s.choice("name", SAMPLERS, "structured")
     seed = s.int("seed", 0, minimum=0)
     s.done()
 

@@ -36,6 +36,7 @@ CREATED_BY = "created_by"
 REFERENCE = "reference"
 PERPLEXITY = "perplexity"
 RACE = "race"  # the last finalist race (tuner.race.RaceResult as JSON)
+SEARCH_STAGE, SEARCH_REASON = "search_stage", "search_reason"  # why the sampler chose a trial
 ORPHANED = "orphaned"  # the process running the trial died before recording it
 
 
@@ -113,6 +114,23 @@ def requeue_attrs(trial: FrozenTrial, worker: str) -> dict:
 
 def requeued_by(trial: FrozenTrial) -> str | None:
     return trial.user_attrs.get(REQUEUED_BY)
+
+
+def note_search(study: optuna.Study, trial: FrozenTrial, stage: str, reason: str) -> None:
+    """The sampler's stage and reason for a trial it is about to run (also in the running trial's copy)."""
+    for key, value in ((SEARCH_STAGE, stage), (SEARCH_REASON, reason)):
+        study._storage.set_trial_user_attr(trial._trial_id, key, value)
+        trial.user_attrs[key] = value
+
+
+def search_note(trial: FrozenTrial | optuna.Trial) -> tuple[str | None, str | None]:
+    return trial.user_attrs.get(SEARCH_STAGE), trial.user_attrs.get(SEARCH_REASON)
+
+
+def search_context(study: optuna.Study) -> tuple[dict, list[str]] | None:
+    """(described space, objectives) for a sampler, from the study record; None before it exists."""
+    data = study.user_attrs.get(STUDY_RECORD)
+    return (data["space"], list(data["objectives"])) if data else None
 
 
 def mark_running(trial: optuna.Trial, worker: str, port: int) -> None:

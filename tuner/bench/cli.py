@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from tuner.bench import overhead, repeat, replay
+from tuner.bench import operator, overhead, repeat, replay
 from tuner.bench.grid import record_grid
 from tuner.bench.table import read_table
 from tuner.errors import UserError
@@ -79,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
     search["table"] = str(csv)
     done("search", search, f"1. Search efficiency on the recorded grid of {grid_spec.name}",
          replay.markdown(search), mark)
+    print("== 1b/3 search efficiency at operator scale (modelled 96-core landscapes)", flush=True)
+    mark = time.monotonic()
+    at_scale = operator.benchmark(seeds=args.seeds, jobs=-1)
+    done("search_operator", at_scale, "1b. Search efficiency at operator scale", operator.markdown(at_scale), mark)
 
     print(f"== 2/3 overhead and validity against llama-bench ({args.study})", flush=True)
     mark = time.monotonic()

@@ -14,7 +14,7 @@ failed trial: in a study it would have cost a launch too.
 
 Every strategy starts with the table's first row, as every study starts with its
 baseline (``tuner record-grid`` writes the baseline first); the grid goes on in table
-order. Strategies: ``default`` is the project's sampler (``tuner.sampling.sampler_for("tpe")``
+order. Strategies: ``default`` is the project's sampler (``tuner.sampling.sampler_for("structured")``
 with the replay's length as its budget); ``tpe`` is Optuna's TPE with its own
 defaults; ``nsga2`` the project's NSGA-II settings; ``random``; ``grid`` the table's
 rows in order, which for a record-grid table is llama-bench's order.
@@ -40,7 +40,9 @@ import optuna
 import pandas as pd
 from joblib import Parallel, delayed
 
+from tuner import store
 from tuner.bench.table import parameter_columns, read_table
+from tuner.records import StudyRecord
 from tuner.errors import UserError
 
 STRATEGIES = ("default", "tpe", "nsga2", "random", "grid")
@@ -184,7 +186,7 @@ def make_sampler(strategy: str, seed: int, budget: int) -> optuna.samplers.BaseS
     from tuner.sampling import sampler_for
 
     if strategy == "default":
-        return sampler_for("tpe", seed, budget)
+        return sampler_for("structured", seed, budget)
     if strategy == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     return sampler_for(strategy, seed, budget)
@@ -199,7 +201,10 @@ def replay(landscape: Landscape, strategy: str, seed: int, budget: int) -> list[
         warnings.simplefilter("ignore", (FutureWarning, optuna.exceptions.ExperimentalWarning))
         study = optuna.create_study(directions=["maximize"] * len(landscape.objectives),
                                     sampler=make_sampler(strategy, seed, budget))
-        study.enqueue_trial(landscape.config(landscape.order[0]))  # the baseline, as in a study
+        # what a study records for its sampler: the space (here the table's choices) and the objectives
+        space = {p: ["Choices", {"values": list(landscape.domains[p])}] for p in landscape.params}
+        store.write_study_record(study, StudyRecord.for_replay("replay", space, tuple(landscape.objectives)))
+        store.enqueue(study, landscape.config(landscape.order[0]), "baseline")  # as in a study
         study.optimize(ReplayObjective(landscape, np.random.default_rng(seed)), n_trials=budget, catch=(NotRecorded,))
     return [tuple(t.user_attrs["key"]) for t in study.trials]
 

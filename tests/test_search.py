@@ -1,0 +1,137 @@
+"""The structured search: the analytic model's fit, the pruning rule on crafted samples, the
+sampler on a small operator landscape, and the operator replay (seconds per test).
+
+Only relations are checked (finds the optimum within a budget, prunes what is clearly
+worse), never the benchmark's targets: those are `make bench`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import optuna
+import pytest
+
+from tuner.bench import operator as op
+from tuner.bench.operator_landscapes import CODER_DRAFTS, landscapes, operator_space
+from tuner.search.model import Point, acceptance_probability, fit, measured_acceptance, speedup
+from tuner.search.pruning import prune_decision, should_prune
+from tuner import store
+
+
+def small_landscape():
+    """dense-code on a smaller space: K 1-16, two temperatures, threads 24-96 (1,372 configurations)."""
+    land = landscapes()["dense-code"]
+    space = operator_space(("none", "draft-simple"), tuple(CODER_DRAFTS), temperatures=(0.0, 0.5), k_high=16,
+                           threads_high=96)
+    return replace(land, name="small", space=space)
+
+
+# -- the analytic model -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("a,c", [(0.8, 0.05), (0.95, 0.1), (0.6, 0.02)])
+def test_fit_recovers_acceptance_and_cost_from_one_trial(a, c):
+    k = 8
+    f = fit([Point(k, measured_acceptance(a, k), speedup(a, c, k))])
+    assert f.a_at(k) == pytest.approx(a, abs=1e-6)
+    assert f.c == pytest.approx(c, abs=1e-6)
+    ks = range(1, 49)
+    assert f.best_k(ks) == max(ks, key=lambda kk: speedup(a, c, kk))  # the best K, predicted before measured
+
+
+def test_acceptance_inversion_and_limits():
+    assert acceptance_probability(measured_acceptance(0.7, 24), 24) == pytest.approx(0.7, abs=1e-6)
+    assert speedup(0.0, 0.1, 8) < 1.0  # nothing accepted: speculation only costs
+    assert fit([Point(8, 0.0, 0.5)]) is None  # nothing to model
+
+
+def test_two_points_interpolate_a_decaying_acceptance():
+    f = fit([Point(4, measured_acceptance(0.97, 4), 3.8), Point(24, measured_acceptance(0.9, 24), 6.0)])
+    assert 0.9 < f.a_at(12) < 0.97
+
+
+# -- the pruning rule -------------------------------------------------------------------------
+
+def test_prunes_a_trial_clearly_below_the_incumbent():
+    d = prune_decision([0.55, 0.6, 0.58], unseen=6)
+    assert d.prune and d.bound < 1.0 and "optimistic bound" in d.reason
+
+
+def test_keeps_a_trial_within_the_noise_of_the_incumbent():
+    assert not prune_decision([0.97, 1.01, 0.95], unseen=6).prune
+    assert not prune_decision([0.96, 0.98, 0.97, 0.95, 0.99, 0.97, 0.96, 0.98, 0.97]).prune
+
+
+def test_keeps_a_trial_with_too_few_samples_or_a_spread_that_could_hide_a_win():
+    assert not prune_decision([0.5, 0.5]).prune  # two samples: too few
+    assert not prune_decision([0.5, 0.9, 0.7], unseen=6).prune  # unseen prompts may be as good as the best seen
+    assert prune_decision([0.5, 0.9, 0.7, 0.6, 0.55, 0.8, 0.6, 0.7, 0.65], unseen=0).prune
+
+
+def test_pairs_samples_by_prompt_and_never_prunes_the_baseline_or_a_finalist():
+    incumbent = [{"prompt_id": p, "tokens_per_second": r} for p, r in (("a", 10.0), ("b", 40.0), ("c", 20.0))] * 2
+    slow_prompts = [{"prompt_id": "a", "tokens_per_second": 9.8}, {"prompt_id": "c", "tokens_per_second": 19.5},
+                    {"prompt_id": "a", "tokens_per_second": 10.1}]
+    assert not should_prune(slow_prompts, incumbent).prune  # slow prompts, not a slow configuration
+    bad = [{"prompt_id": p, "tokens_per_second": r} for p, r in (("a", 5.0), ("b", 20.0), ("c", 10.0))]
+    assert should_prune(bad, incumbent).prune
+    assert not should_prune(bad, incumbent, role="baseline").prune
+    assert not should_prune(bad, incumbent, role="finalist").prune
+
+
+# -- the sampler and the replay ---------------------------------------------------------------
+
+def test_replay_asks_integer_ranges_for_k_and_threads_as_a_study_does():
+    study, log = op.run_study(small_landscape(), "default", seed=0, budget=6, prune=False)
+    trials = study.trials
+    assert store.role_of(trials[0]) == "baseline" and log[0].state == "complete"
+    spec = next(t for t in trials if "draft_max" in t.distributions)
+    assert isinstance(spec.distributions["draft_max"], optuna.distributions.IntDistribution)
+    assert isinstance(spec.distributions["threads"], optuna.distributions.IntDistribution)
+    assert isinstance(spec.distributions["numa"], optuna.distributions.CategoricalDistribution)
+    assert all(store.search_note(t)[0] == "speculation" for t in trials[1:4])  # three drafts probed first
+    assert "probe draft" in store.search_note(trials[1])[1]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_structured_sampler_finds_the_optimum_of_a_small_landscape(seed):
+    land = small_landscape()
+    study, log = op.run_study(land, "default", seed=seed, budget=15, prune=False)
+    scores = op.scores(land, log, 0.03)
+    assert scores["trials"] is not None and scores["trials"] <= 15
+    reasons = [store.search_note(t)[1] or "" for t in study.trials]
+    assert any(r.startswith("predicted best K=") and "acceptance" in r for r in reasons)
+    assert {store.search_note(t)[0] for t in study.trials} >= {"speculation", "hardware"}
+
+
+def test_pruned_trials_are_recorded_with_what_they_measured_and_save_seconds():
+    land = small_landscape()
+    full = op.scores(land, op.replay(land, "default", 0, 15, prune=False), 0.03)
+    study, log = op.run_study(land, "default", 0, 15, prune=True)
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned and all(store.read_trial(t).metrics.tokens_per_second > 0 for t in pruned)
+    assert all(store.role_of(t) != "baseline" for t in pruned)
+    with_pruning = op.scores(land, log, 0.03)
+    assert with_pruning["trials"] is not None
+    assert with_pruning["total_seconds"] < full["total_seconds"]
+
+
+def test_operator_benchmark_prints_a_row_per_strategy():
+    result = op.benchmark(names=("small",), strategies=("default", "random"), seeds=2, budget=12,
+                          baseline_budget=12, lands={"small": small_landscape()})
+    text = op.markdown(result)
+    assert "| default |" in text and "| random |" in text and "with pruning" in text
+    row = result["landscapes"]["small"]["strategies"]["default"]
+    assert set(row) == {"full", "pruned"} and len(row["full"]["trials_to_target"]) == 2
+    assert set(result["targets"]["small"]) == {"median_le_20", "all_by_40", "over_tpe", "met"}
+
+
+def test_fitted_models_list_measured_points_against_the_model():
+    from tuner.search.sampler import fitted_models
+
+    study, _ = op.run_study(small_landscape(), "default", seed=0, budget=6, prune=False)
+    rows = fitted_models(study)
+    assert rows and {r["option"] for r in rows} >= {"draft qwen2.5-0.5b-instruct-q8_0"}
+    for r in rows:
+        assert r["model_acceptance"] == pytest.approx(r["acceptance"], abs=0.02)  # the fit passes through its points
+        assert 1 <= r["predicted_best_k"] <= 16

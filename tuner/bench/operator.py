@@ -1,0 +1,287 @@
+"""Search efficiency at operator scale: replay the ``operator_landscapes`` as studies would run them.
+
+Why: the recorded synthetic grid is too small to tell a good search from a lucky one. Here
+each strategy runs a real Optuna study against a modelled 96-core box: parameters are
+asked by ``tuner.space.suggest`` (integer ranges for K and threads, categoricals for the
+rest), the baseline is enqueued first as ``tuner.worker.ensure_baseline`` does, the study
+carries the ``space`` and ``objectives`` attrs a real study has, and each trial is
+simulated request by request (``OperatorLandscape.measure``) with its cost in seconds.
+With pruning on, every request is offered to ``tuner.search.pruning.should_prune``
+against the incumbent's per-prompt rates; a pruned trial is recorded as PRUNED with what
+it measured.
+
+Scores per replay: regret after t trials (1 - best true tokens/s among completed feasible
+trials / the landscape's optimum; noise steers the sampler, it does not move the target),
+trials and measured seconds until the regret is within the tolerance. Strategies:
+``default`` (``tuner.study.sampler_for("structured")``), ``today`` (the previous default,
+``NoRepeatSampler(TPE)``), ``tpe`` (Optuna's TPE), ``random``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, replace
+
+import numpy as np
+import optuna
+from joblib import Parallel, delayed
+
+from tuner import store
+from tuner.bench.operator_landscapes import LANDSCAPES, OperatorLandscape, landscapes
+from tuner.records import Failure, Metrics, StudyRecord, TrialRecord
+from tuner.search.pruning import should_prune
+from tuner.space import baseline_config, enqueue_params, suggest
+
+STRATEGIES = ("default", "today", "tpe", "random")
+OBJECTIVES = ("tokens_per_second", "acceptance", "quality")
+TOLERANCE = 0.03
+CHECKPOINTS = (10, 20, 40)
+
+
+class Failed(Exception):
+    """The simulated server drafted nothing: a failed trial, as in a study."""
+
+
+def make_sampler(strategy: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
+    from tuner.study import sampler_for
+
+    if strategy == "default":
+        return sampler_for("structured", seed, budget)
+    if strategy == "today":
+        return sampler_for("tpe", seed, budget)
+    if strategy == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    return sampler_for(strategy, seed, budget)
+
+
+@dataclass(frozen=True)
+class TrialLog:
+    config: dict
+    state: str  # complete, pruned, failed
+    true_rate: float  # 0 unless completed and feasible
+    seconds: float
+    stage: str
+    reason: str
+
+
+class Objective:
+    """One simulated trial per call, request by request, pruned against the incumbent if asked."""
+
+    def __init__(self, land: OperatorLandscape, rng: np.random.Generator, prune: bool):
+        self.land, self.rng, self.prune = land, rng, prune
+        self.log: list[TrialLog] = []
+        self.incumbent: tuple[float, list[dict]] | None = None  # measured tps and samples of the best feasible trial
+
+    def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
+        land = self.land
+        config = suggest(trial, land.space)
+        role = store.role_of(trial)
+        stop = None
+        if self.prune and self.incumbent is not None:
+            reference = self.incumbent[1]
+            stop = lambda samples: should_prune(samples, reference, role).prune  # noqa: E731
+        out, m = land.measure(config, self.rng, stop)
+        stage, reason = store.search_note(trial)
+        base = TrialRecord(number=trial.number, state="RUNNING", role=role, config=config)
+
+        def log(state: str) -> None:
+            true = land.true_rate(config) if state == "complete" and out.feasible else 0.0
+            self.log.append(TrialLog(config.as_dict(), state, true, m.seconds, stage or role, reason or ""))
+
+        if not out.ok:
+            store.write_trial_record(trial, replace(base, state="FAIL", failure=Failure(out.failure, "simulated")))
+            log("failed")
+            raise Failed(out.failure)
+        constraint = land.quality_floor - out.quality
+        samples = tuple({k: s[k] for k in ("prompt_id", "repetition", "tokens_per_second")} for s in m.samples)
+        metrics = Metrics(m.tokens_per_second, m.acceptance, out.quality, 1.0)
+        trial.set_constraint("quality_floor", constraint)
+        store.write_trial_record(trial, replace(base, state="PRUNED" if m.stopped else "COMPLETE", metrics=metrics,
+                                                samples=samples, constraint=constraint))
+        if m.stopped:
+            log("pruned")
+            raise optuna.TrialPruned()
+        log("complete")
+        if out.feasible and (self.incumbent is None or m.tokens_per_second > self.incumbent[0]):
+            self.incumbent = (m.tokens_per_second, list(m.samples))
+        return tuple(metrics.objective(o) for o in OBJECTIVES)
+
+
+def replay(land: OperatorLandscape, strategy: str, seed: int, budget: int, prune: bool) -> list[TrialLog]:
+    """What one strategy tried, in order, with each trial's cost."""
+    return run_study(land, strategy, seed, budget, prune)[1]
+
+
+def run_study(land: OperatorLandscape, strategy: str, seed: int, budget: int,
+              prune: bool) -> tuple[optuna.Study, list[TrialLog]]:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", (FutureWarning, UserWarning, optuna.exceptions.ExperimentalWarning))
+        study = optuna.create_study(directions=["maximize"] * len(OBJECTIVES), sampler=make_sampler(strategy, seed, budget))
+        store.write_study_record(study, StudyRecord.for_replay(land.name, land.space.describe(), tuple(OBJECTIVES)))
+        store.enqueue(study, enqueue_params(baseline_config(land.space), land.space), "baseline")
+        objective = Objective(land, np.random.default_rng(seed), prune)
+        study.optimize(objective, n_trials=budget, catch=(Failed,))
+    return study, objective.log
+
+
+def scores(land: OperatorLandscape, log: list[TrialLog], tolerance: float) -> dict:
+    best = land.optimum[0]
+    found, spent, curve, hit, hit_s = 0.0, 0.0, [], None, None
+    for t, entry in enumerate(log, start=1):
+        found = max(found, entry.true_rate)
+        spent += entry.seconds
+        curve.append(1.0 - found / best)
+        if hit is None and curve[-1] <= tolerance:
+            hit, hit_s = t, spent
+    return {"curve": curve, "trials": hit, "seconds": hit_s, "pruned": sum(e.state == "pruned" for e in log),
+            "total_seconds": spent}
+
+
+def _median(values: list) -> float | None:
+    """Median counting a miss as infinite; None when more than half missed."""
+    m = float(np.median([math.inf if v is None else v for v in values])) if values else math.inf
+    return None if math.isinf(m) else m
+
+
+def run_landscape(land: OperatorLandscape, strategies: tuple[str, ...], seeds: int, budgets: dict[str, int],
+                  tolerance: float, jobs: int, prune_modes: tuple[bool, ...] = (False, True)) -> dict:
+    land.optimum  # noqa: B018  (computed once, before the workers copy the landscape)
+    # pruning is measured on the default only: the others are there for their trial counts
+    modes = {s: (prune_modes if s == "default" else (False,)) for s in strategies}
+    runs = [(s, seed, p) for s in strategies for p in modes[s] for seed in range(seeds)]
+    logs = Parallel(n_jobs=jobs)(delayed(replay)(land, s, seed, budgets.get(s, 40), p) for s, seed, p in runs)
+    result = {"configurations": land.size, "optimum": land.optimum[0], "best_config": land.optimum[1].as_dict(),
+              "description": land.description, "strategies": {}}
+    for strategy in strategies:
+        row = {}
+        for p in modes[strategy]:
+            sc = [scores(land, log, tolerance) for (s, _, pp), log in zip(runs, logs) if s == strategy and pp == p]
+            budget = budgets.get(strategy, 40)
+            row["pruned" if p else "full"] = {
+                "trials_to_target": [x["trials"] for x in sc],
+                "median_trials": _median([x["trials"] for x in sc]),
+                "reached": sum(x["trials"] is not None for x in sc),
+                "reached_by_40": sum(x["trials"] is not None and x["trials"] <= 40 for x in sc),
+                "regret_at": {n: float(np.median([x["curve"][min(n, len(x["curve"])) - 1] for x in sc]))
+                              for n in CHECKPOINTS if n <= budget},
+                "median_seconds": _median([x["seconds"] for x in sc]),
+                "pruned_trials": float(np.mean([x["pruned"] for x in sc])),
+            }
+        result["strategies"][strategy] = row
+    return result
+
+
+def benchmark(names: tuple[str, ...] = LANDSCAPES, strategies: tuple[str, ...] = STRATEGIES, seeds: int = 20,
+              budget: int = 40, baseline_budget: int = 100, tolerance: float = TOLERANCE, jobs: int = 1,
+              prune_modes: tuple[bool, ...] = (False, True), lands: dict | None = None) -> dict:
+    """Every strategy on every landscape over ``seeds`` seeds; the default with ``budget`` trials,
+    the others with ``baseline_budget`` (they need more to be measured at all)."""
+    lands = lands or landscapes()
+    budgets = {s: (budget if s == "default" else baseline_budget) for s in strategies}
+    result = {"seeds": seeds, "tolerance": tolerance, "budgets": budgets, "landscapes": {}}
+    for name in names:
+        result["landscapes"][name] = run_landscape(lands[name], strategies, seeds, budgets, tolerance, jobs, prune_modes)
+    result["targets"] = targets(result)
+    return result
+
+
+def targets(result: dict) -> dict:
+    """The issue's targets for the default: median <= 20 trials and every seed by 40 on every landscape,
+    at most a third of plain TPE's trials (TPE censored at its budget counts as the budget)."""
+    out = {}
+    for name, land in result["landscapes"].items():
+        d = land["strategies"].get("default", {}).get("full")
+        if not d:
+            continue
+        tpe = land["strategies"].get("tpe", {}).get("full")
+        tpe_median = (tpe["median_trials"] or result["budgets"]["tpe"]) if tpe else None
+        ratio = None if d["median_trials"] is None or not tpe_median else d["median_trials"] / tpe_median
+        out[name] = {
+            "median_le_20": d["median_trials"] is not None and d["median_trials"] <= 20,
+            "all_by_40": d["reached_by_40"] == result["seeds"],
+            "over_tpe": ratio,
+            "met": (d["median_trials"] is not None and d["median_trials"] <= 20 and d["reached_by_40"] == result["seeds"]
+                    and (ratio is None or ratio <= 1 / 3)),
+        }
+    return out
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min"
+
+
+def markdown(result: dict) -> str:
+    tol = f"{result['tolerance']:.0%}"
+    lines = []
+    for name, land in result["landscapes"].items():
+        cfg = " ".join(f"{k}={v}" for k, v in land["best_config"].items())
+        lines += [f"**{name}**: {land['description']}; {land['configurations']} configurations, "
+                  f"best {land['optimum']:.2f} t/s ({cfg})", ""]
+        head = ["strategy", f"median trials to {tol}", "seeds reached (by 40)", "regret@10", "regret@20", "regret@40",
+                f"median time to {tol}", "... with pruning", "pruned trials/run"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for strategy, row in land["strategies"].items():
+            full, pruned = row.get("full"), row.get("pruned")
+            r = full or pruned
+            n = len(r["trials_to_target"])
+            median = f"{r['median_trials']:g}" if r["median_trials"] is not None else f"> {result['budgets'][strategy]}"
+            regrets = [f"{r['regret_at'][c]:.1%}" if c in r["regret_at"] else "-" for c in CHECKPOINTS]
+            lines.append("| " + " | ".join([
+                strategy, median, f"{r['reached']}/{n} ({r['reached_by_40']})", *regrets,
+                _fmt_s(full["median_seconds"]) if full else "-",
+                (_fmt_s(pruned["median_seconds"]) + (f" ({pruned['median_trials']:g} trials)"
+                                                     if pruned["median_trials"] is not None else "")) if pruned else "-",
+                f"{pruned['pruned_trials']:.1f}" if pruned else "-"]) + " |")
+        t = result["targets"].get(name)
+        if t:
+            ratio = "n/a" if t["over_tpe"] is None else f"{t['over_tpe']:.2f}"
+            lines += ["", f"default: median <= 20 {'yes' if t['median_le_20'] else 'NO'}, every seed by 40 "
+                          f"{'yes' if t['all_by_40'] else 'NO'}, default / TPE trials {ratio} (target <= 0.33): "
+                          f"{'met' if t['met'] else 'MISSED'}"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def configure(parser) -> None:
+    parser.description = (
+        "Replay the operator-scale landscapes (a modelled 96-core box: 32B target with three drafts on code, "
+        "prose and a variant with moved optima; a MoE target with experts and n-gram speculation) for each "
+        "strategy over seeds: trials and measured seconds to come within 3% of the best, with and without pruning."
+    )
+    parser.add_argument("--landscapes", default=",".join(LANDSCAPES), help=f"comma-separated (default: all: {','.join(LANDSCAPES)})")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated (default: {','.join(STRATEGIES)})")
+    parser.add_argument("--seeds", type=int, default=20, help="seeds per strategy (default: 20)")
+    parser.add_argument("--trials", type=int, default=40, help="trials per replay of the default (default: 40)")
+    parser.add_argument("--baseline-trials", type=int, default=100, help="trials per replay of the others (default: 100)")
+    parser.add_argument("--jobs", type=int, default=1, help="parallel replays (default: 1)")
+    parser.add_argument("--json", help="also write the full result here")
+
+
+def run(args) -> int:
+    import json
+    from pathlib import Path
+
+    from tuner.errors import UserError
+
+    names = tuple(s.strip() for s in args.landscapes.split(",") if s.strip())
+    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+    for name in names:
+        if name not in LANDSCAPES:
+            raise UserError(f"--landscapes: unknown {name!r}; use some of {', '.join(LANDSCAPES)}")
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise UserError(f"--strategies: unknown {s!r}; use some of {', '.join(STRATEGIES)}")
+    if args.seeds < 1 or args.trials < 1 or args.baseline_trials < 1:
+        raise UserError("--seeds, --trials and --baseline-trials must be >= 1")
+    result = benchmark(names, strategies, seeds=args.seeds, budget=args.trials, baseline_budget=args.baseline_trials,
+                       jobs=args.jobs)
+    print(markdown(result), end="")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if all(t["met"] for t in result["targets"].values()) or "default" not in strategies else 1

@@ -1,0 +1,103 @@
+"""Stop a trial early once it clearly cannot beat the incumbent.
+
+Why: a trial of a 32B target runs 27 requests of 128 tokens; a NUMA policy that halves
+the rate is obvious after three of them, yet would cost the whole 20 minutes. "Clearly"
+means: even an *optimistic* bound of the trial's final rate, given the spread seen so
+far, lies below the incumbent's.
+
+The comparison is paired, prompt by prompt: each measured request is divided by the
+incumbent's rate on the same prompt (its median over repetitions), so a slow prompt does
+not look like a slow configuration. From the log-ratios seen so far:
+
+* the prompts already measured contribute ``mean + z * sd / sqrt(n)`` (the spread's
+  standard error, never below ``sigma_floor``: three samples do not measure a spread);
+  a launch-to-launch spread (``launch_sigma``, both trials') is allowed on top;
+* prompts not measured yet may differ in kind (code after prose), so each contributes
+  the *best* ratio seen plus ``z * sd``;
+
+and the trial is pruned when the prompt-weighted bound is below 1 (the incumbent). With
+per-repetition figures instead of per-prompt ones (one reference rate, ``unseen`` 0) the
+same rule applies. Pruning never applies to the baseline or to a finalist: callers ask
+``may_prune`` first. A pruned trial keeps what it measured (state PRUNED, its partial
+figures in its user attrs).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+Z = 2.0
+SIGMA_FLOOR = 0.04  # log-ratio spread assumed at least (a few % per request on a shared box)
+# A launch moves all of its requests together (placement, clocks), the incumbent's too: a spread
+# within one trial cannot see it, so the bound always allows this much on top.
+LAUNCH_SIGMA = 0.02
+MIN_SAMPLES = 3
+NEVER_PRUNED = frozenset({"baseline", "finalist", "sentinel"})
+
+
+@dataclass(frozen=True)
+class PruneDecision:
+    prune: bool
+    bound: float  # optimistic final rate / incumbent's
+    estimate: float  # mean ratio so far
+    reason: str
+
+
+def may_prune(role: str | None) -> bool:
+    """The baseline is the reference and finalists decide the winner: both always run to the end."""
+    return (role or "search") not in NEVER_PRUNED
+
+
+def prune_decision(ratios: Sequence[float], unseen: int = 0, *, z: float = Z, sigma_floor: float = SIGMA_FLOOR,
+                   min_samples: int = MIN_SAMPLES, seen: int | None = None,
+                   launch_sigma: float = LAUNCH_SIGMA) -> PruneDecision:
+    """Decide from paired ratios (trial / incumbent, per request) and the number of prompts not yet measured.
+
+    ``seen``: prompts measured at least once (default: one per ratio, capped by the ratios).
+    """
+    n = len(ratios)
+    if n < min_samples or any(r <= 0 for r in ratios):
+        return PruneDecision(False, math.inf, math.nan, f"{n} sample(s): too few to judge")
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    sd = max(statistics.stdev(logs) if n > 1 else 0.0, sigma_floor)
+    seen = n if seen is None else seen
+    seen_bound = math.exp(mean + z * sd / math.sqrt(n))
+    unseen_bound = math.exp(max(logs) + z * sd)
+    bound = (seen * seen_bound + unseen * unseen_bound) / (seen + unseen) * math.exp(z * launch_sigma)
+    estimate = math.exp(mean)
+    if bound < 1.0:
+        return PruneDecision(True, bound, estimate,
+                             f"after {n} samples at {estimate:.0%} of the incumbent, optimistic bound {bound:.0%} < 100%")
+    return PruneDecision(False, bound, estimate, f"optimistic bound {bound:.0%} of the incumbent: keep measuring")
+
+
+def paired_ratios(samples: Iterable[dict], incumbent_samples: Iterable[dict]) -> tuple[list[float], int, int]:
+    """(ratios, prompts seen, prompts unseen) of a running trial's samples against the incumbent's.
+
+    Samples are dicts with ``prompt_id`` and ``tokens_per_second`` (as ``tuner.study.sample_record``
+    stores them); the incumbent's per-prompt reference is its median over repetitions.
+    """
+    by_prompt: dict[str, list[float]] = {}
+    for s in incumbent_samples:
+        by_prompt.setdefault(s["prompt_id"], []).append(s["tokens_per_second"])
+    reference = {p: statistics.median(v) for p, v in by_prompt.items() if v}
+    ratios, seen = [], set()
+    for s in samples:
+        ref = reference.get(s["prompt_id"])
+        if ref and s["tokens_per_second"] > 0:
+            ratios.append(s["tokens_per_second"] / ref)
+            seen.add(s["prompt_id"])
+    return ratios, len(seen), len(set(reference) - seen)
+
+
+def should_prune(samples: Sequence[dict], incumbent_samples: Sequence[dict], role: str | None = None,
+                 **kwargs) -> PruneDecision:
+    """The study loop's one call per finished request."""
+    if not may_prune(role):
+        return PruneDecision(False, math.inf, math.nan, f"a {role} trial is never pruned")
+    ratios, seen, unseen = paired_ratios(samples, incumbent_samples)
+    return prune_decision(ratios, unseen, seen=seen, **kwargs)
