@@ -21,13 +21,18 @@ import optuna
 import pandas as pd
 
 from tuner import store
+from tuner.host import host_was_busy
+from tuner.drift import REFERENCE_ROLES, Sentinels, midpoint
+from tuner.race import RaceResult
+from tuner.search.sampler import fitted_models
 from tuner.records import StudyRecord, TrialRecord
 from tuner.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
 from tuner.knobs import INT_KNOBS
 from tuner.knobs import NAMES as KNOB_NAMES
 
 METRICS = ("tokens_per_second", "acceptance", "quality", "speedup")
-COLUMNS = ("trial", "state", "role", "feasible", "method", *KNOB_NAMES, *METRICS, "cv", "noisy", "drafted", "accepted",
+COLUMNS = ("trial", "state", "role", "feasible", "method", *KNOB_NAMES, *METRICS, "recorded_speedup", "drifted",
+           "host_busy", "placement_problem", "pruned", "search_stage", "cv", "noisy", "drafted", "accepted",
            "constraint_quality", "failure_reason", "failure_detail", "duration_s", "command",
            "roofline_tokens_per_second", "roofline_fraction")
 
@@ -43,8 +48,12 @@ def method_of(config: dict) -> str:
     return spec
 
 
-def trials_frame(records: list[TrialRecord], roofline: Roofline | None = None) -> pd.DataFrame:
-    """One row per finished trial record: knobs, figures, per-suite t/s, roofline share."""
+def trials_frame(records: list[TrialRecord], roofline: Roofline | None = None, noise_cv: float = 0.10) -> pd.DataFrame:
+    """One row per finished trial record: knobs, figures, per-suite t/s, roofline share.
+
+    ``speedup`` divides by the worker's sentinel rate interpolated at the trial's time
+    (tuner.drift); ``recorded_speedup`` is what the trial knew then (its latest reference)."""
+    sentinels = Sentinels(records, noise_cv)
     rows = []
     for r in records:
         config = r.config.as_dict()
@@ -57,6 +66,12 @@ def trials_frame(records: list[TrialRecord], roofline: Roofline | None = None) -
             "method": method_of(config),
             **{k: config.get(k) for k in KNOB_NAMES},
             **{name: getattr(m, name) if m else None for name in METRICS},
+            "recorded_speedup": m.speedup if m else None,
+            "drifted": sentinels.drifted(r.worker, midpoint(r)) if midpoint(r) is not None else None,
+            "host_busy": host_was_busy(r.host) if r.host else None,
+            "placement_problem": r.host.get("placement_problem") if r.host else None,
+            "pruned": r.pruned,
+            "search_stage": r.search.get("stage"),
             "cv": r.spread.cv if r.spread else None,
             "noisy": r.spread.noisy if r.spread else None,
             "drafted": r.drafted,
@@ -68,6 +83,8 @@ def trials_frame(records: list[TrialRecord], roofline: Roofline | None = None) -
             "duration_s": r.duration_s,
             "command": shlex.join(r.argv) if r.argv else None,
         }
+        if r.complete and sentinels.speedup(r) is not None:
+            row["speedup"] = sentinels.speedup(r)
         if roofline is not None and m is not None:
             ceiling = roofline.tokens_per_second(r.config.experts)
             row["roofline_tokens_per_second"] = ceiling
@@ -254,6 +271,9 @@ class ReportData:
     threads_numa: pd.DataFrame
     importances: pd.DataFrame
     failures: pd.DataFrame
+    sentinels: pd.DataFrame  # baseline and sentinel trials: time, tokens/s, worker
+    race: RaceResult | None
+    acceptance_model: pd.DataFrame  # the structured sampler's fitted model against measured points
 
     @property
     def objectives(self) -> list[str]:
@@ -268,7 +288,9 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
     """Compute the report's data; ``bandwidth`` defaults to the study's (or a probe now)."""
     bandwidth = bandwidth or study_bandwidth(record)
     roofline = study_roofline(record, bandwidth)
-    frame = trials_frame(store.read_trials(study), roofline)
+    records = store.read_trials(study)
+    frame = trials_frame(records, roofline, record.measurement.get("noise_cv", 0.10))
+    race = store.read_race(study)
     reference = store.read_reference(study)
     return ReportData(
         study_name=study.study_name,
@@ -288,4 +310,15 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         threads_numa=effect(frame, ["numa", "threads"]),
         importances=importances(study, record),
         failures=failures(frame),
+        sentinels=sentinel_frame(records),
+        race=RaceResult.from_json(race) if race else None,
+        acceptance_model=pd.DataFrame(fitted_models(study)),
     )
+
+
+def sentinel_frame(records: list[TrialRecord]) -> pd.DataFrame:
+    """The reference configuration's tokens/s over time, per worker: the drift the study saw."""
+    rows = [{"trial": r.number, "role": r.role, "worker": r.worker, "at": pd.Timestamp(midpoint(r), unit="s"),
+             "tokens_per_second": r.metrics.tokens_per_second, "cv": r.spread.cv if r.spread else None}
+            for r in records if r.role in REFERENCE_ROLES and r.complete and midpoint(r) is not None]
+    return pd.DataFrame(rows, columns=["trial", "role", "worker", "at", "tokens_per_second", "cv"])

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -51,7 +53,11 @@ def find_build() -> tuple[dict | None, str | None]:
         return None, str(err)
 
 
-def advice(topo: Topology, host: HostState, build: dict | None) -> list[str]:
+HOT_C = 85.0
+BUSY_SAMPLE_S = 0.5
+
+
+def advice(topo: Topology, host: HostState, build: dict | None, live: bool = False) -> list[str]:
     """Things that will skew or limit measurements; never a reason to stop."""
     lines = []
     noisy = sorted(set(host.governors.values()) & NOISY_GOVERNORS)
@@ -90,6 +96,28 @@ def advice(topo: Topology, host: HostState, build: dict | None) -> list[str]:
         )
     if build is None:
         lines.append("llama.cpp is not built: run `make llama` before tuning")
+    if live:
+        lines += live_advice()
+    return lines
+
+
+def live_advice() -> list[str]:
+    """This machine right now: boost, temperature, busy processes (not part of a recorded sysfs tree)."""
+    lines = []
+    if hosts.read_boost() is True:
+        lines.append("CPU boost/turbo is on: clocks depend on temperature and how many cores are busy, so figures "
+                     "drift; turn it off for tuning (echo 0 > /sys/devices/system/cpu/cpufreq/boost, or "
+                     "intel_pstate/no_turbo 1)")
+    temperature = hosts.read_temperature_c()
+    if temperature is not None and temperature >= HOT_C:
+        lines.append(f"CPU at {temperature:.0f} C: it may throttle during a study; let it cool or check its cooling")
+    before = hosts.cpu_seconds_by_process()
+    time.sleep(BUSY_SAMPLE_S)
+    busy = hosts.busy_processes(before, hosts.cpu_seconds_by_process(), BUSY_SAMPLE_S, {os.getpid()})
+    if busy.get("all others", 0.0) > hosts.BUSY_CORES:
+        named = ", ".join(f"{k} ({v:g} cores)" for k, v in busy.items() if k != "all others") or "many small ones"
+        lines.append(f"other processes use {busy['all others']:g} cores right now ({named}): "
+                     "stop them, or every trial will be flagged as measured on a busy host")
     return lines
 
 
@@ -161,7 +189,11 @@ def report(
     lines.append(f"NUMA policies worth trying: {', '.join(launch.meaningful_numa_policies(topo))}")
     if bandwidth is not None:
         lines.append(f"memory bandwidth: {bandwidth / 1e9:.1f} GB/s (copy probe, one thread per core; STREAM-counted read + write)")
-    lines += [f"ADVICE: {line}" for line in advice(topo, host, build)]
+    if live:
+        boost, temperature = hosts.read_boost(), hosts.read_temperature_c()
+        lines.append(f"CPU boost: {'unknown (not exposed)' if boost is None else 'on' if boost else 'off'}")
+        lines.append(f"CPU temperature: {'unknown (no sensor exposed)' if temperature is None else f'{temperature:.0f} C'}")
+    lines += [f"ADVICE: {line}" for line in advice(topo, host, build, live)]
     return lines
 
 
@@ -183,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
             "comparability_keys": list(fingerprints.COMPARABILITY_KEYS),
             "topology": asdict(topo),
             "numa_policies": launch.meaningful_numa_policies(topo),
-            "advice": advice(topo, host, build),
+            "advice": advice(topo, host, build, hosts.is_live_root(root)),
         }
         print(json.dumps(document, indent=2))
         return 0

@@ -140,7 +140,8 @@ def measure_memory_bandwidth(seconds: float = 0.5, size_bytes: int = 256 * 2**20
 
 # ---------------------------------------------------------------- per-trial hygiene
 
-BUSY_CORES = 1.0  # another process using more than this many cores during a trial makes the host busy
+BUSY_CORES = 1.0  # other processes together using more than this many cores during a trial: a busy host
+LISTED_CORES = 0.25  # ...and those using more than this are named
 BOOST_FILES = (Path("sys/devices/system/cpu/cpufreq/boost"), Path("sys/devices/system/cpu/intel_pstate/no_turbo"))
 
 
@@ -186,15 +187,22 @@ def cpu_seconds_by_process() -> dict[int, tuple[str, float]]:
 
 def busy_processes(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float,
                    ours: set[int]) -> dict[str, float]:
-    """Processes other than ``ours`` that used more than BUSY_CORES cores between two snapshots."""
+    """CPU cores used between two snapshots by processes other than ``ours``: those above
+    LISTED_CORES by name (``name[pid]``), and ``"all others"``, the total."""
     busy: dict[str, float] = {}
+    total = 0.0
     for pid, (name, seconds) in after.items():
         if pid in ours or wall_s <= 0:
             continue
-        cores = (seconds - before.get(pid, (name, 0.0))[1]) / wall_s
-        if cores > BUSY_CORES:
+        cores = max(0.0, seconds - before.get(pid, (name, 0.0))[1]) / wall_s
+        total += cores
+        if cores > LISTED_CORES:
             busy[f"{name}[{pid}]"] = round(cores, 2)
-    return busy
+    return {**busy, "all others": round(total, 2)}
+
+
+def host_was_busy(host: dict) -> bool:
+    return (host.get("busy_processes") or {}).get("all others", 0.0) > BUSY_CORES
 
 
 def trial_host_state(topo: Topology, busy: dict[str, float]) -> dict:

@@ -85,6 +85,8 @@ class TrialRecord:
     outputs: dict[str, str] = field(default_factory=dict)  # prompt id -> text of the first repetition
     constraint: float | None = None  # quality floor - quality: feasible when <= 0
     failure: Failure | None = None
+    pruned: str | None = None  # why the trial was stopped early (state PRUNED; its figures are partial)
+    search: dict = field(default_factory=dict)  # the sampler's stage and reason for choosing it
     worker: str = ""
     log_tail: str = ""
     duration_s: float | None = None

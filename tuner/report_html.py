@@ -149,6 +149,40 @@ def speedup_figure(data: ReportData, div_id: str) -> str:
     return _figure_html(fig, div_id)
 
 
+def drift_figure(data: ReportData, div_id: str) -> str:
+    fig = go.Figure()
+    for worker, part in data.sentinels.groupby("worker"):
+        fig.add_trace(go.Scatter(x=part["at"], y=part["tokens_per_second"], mode="lines+markers", name=str(worker),
+                                 text=[f"trial {t} ({r})" for t, r in zip(part["trial"], part["role"])]))
+    fig.update_layout(xaxis_title="time", yaxis_title="baseline configuration tokens/s")
+    return _figure_html(fig, div_id)
+
+
+def race_table(data: ReportData) -> str:
+    race = data.race
+    rows = pd.DataFrame([{"trial": e.trial, "winner": "*" if e.trial == race.winner else "",
+                          "median_tps": e.median, "recorded_tps": e.recorded_tokens_per_second,
+                          "speedup": e.speedup, "interval": f"{e.speedup_low:.2f}-{e.speedup_high:.2f}",
+                          "config": " ".join(f"{k}={v}" for k, v in e.config.items())} for e in race.entries])
+    tie = (f"<p>Trials {race.winner} and {race.tied_with} could not be told apart; picked by the rule: "
+           f"{html.escape(race.rule)}.</p>" if race.tied_with is not None else "")
+    return tie + _table(rows, {"trial": "trial", "winner": "winner", "median_tps": "median t/s (race)",
+                               "recorded_tps": "recorded t/s (study)", "speedup": "speedup",
+                               "interval": "95% interval", "config": "configuration"})
+
+
+def acceptance_model_figure(data: ReportData, div_id: str) -> str:
+    fig = go.Figure()
+    for i, (option, part) in enumerate(data.acceptance_model.groupby("option")):
+        color = _palette(i)
+        fig.add_trace(go.Scatter(x=part["k"], y=part["speedup"], mode="markers", name=f"{option} measured",
+                                 marker_color=color))
+        fig.add_trace(go.Scatter(x=part["k"], y=part["model_speedup"], mode="lines", name=f"{option} model",
+                                 line={"color": color, "dash": "dot"}))
+    fig.update_layout(xaxis_title="draft length K", yaxis_title="speedup over the target alone")
+    return _figure_html(fig, div_id)
+
+
 def roofline_figure(data: ReportData, div_id: str) -> str:
     done = complete(data.trials).dropna(subset=["roofline_fraction"]).sort_values("trial")
     fig = go.Figure()
@@ -240,8 +274,23 @@ def sections(data: ReportData) -> list[Section]:
                 "Best tokens/s per thread count, one line per NUMA policy.",
                 lines_figure(data.threads_numa, "numa", "threads", "best_tokens_per_second", "fig-threads-numa", "threads")
                 if not data.threads_numa.empty else _empty("no complete trial")),
+        Section("race", "Finalist race",
+                "The winner, decided on fresh measurements only: the finalists and the baseline served at once and "
+                "re-measured in shuffled rounds. Median over rounds; speedup over the baseline with a 95% bootstrap "
+                "interval over rounds.",
+                race_table(data) if data.race is not None else _empty("no race recorded (tuner run --no-race, or nothing to race)")),
+        Section("drift", "Drift: the baseline configuration over time",
+                "The baseline and its sentinel re-measures (every few trials). Speedups divide by this line "
+                "interpolated at each trial's time; trials measured while it moved more than the noise are flagged.",
+                drift_figure(data, "fig-drift") if len(data.sentinels) else _empty("no baseline measured")),
+        Section("acceptance-model", "Fitted speculation model",
+                "The sampler's fit of Leviathan et al.'s model (acceptance and draft/target cost ratio) per draft, "
+                "against the measured points; it predicts the best K before it is measured.",
+                acceptance_model_figure(data, "fig-acceptance-model") if not data.acceptance_model.empty
+                else _empty("no fitted model (another sampler, or too few speculative trials)")),
         Section("speedup", "Speedup over the baseline",
-                "Each complete trial's tokens/s divided by the baseline's (target alone, greedy, default threads).",
+                "Each complete trial's tokens/s divided by the baseline configuration's rate interpolated between "
+                "the sentinels around it (same worker).",
                 speedup_figure(data, "fig-speedup") if not done.empty else _empty("no complete trial")),
         Section("roofline", "Tokens/s as a fraction of the memory-bandwidth ceiling",
                 "1.0 = the study's copy bandwidth (numpy copy, one thread per core, read + write counted) ÷ bytes of "

@@ -88,6 +88,7 @@ class StudySpec:
     bin_dir: Path | None = None
     extra_args: tuple[str, ...] = ()
     workers: WorkersSpec = WorkersSpec()
+    prune: bool = True  # stop a trial early once it clearly cannot beat the incumbent (tuner.search.pruning)
     sentinel: SentinelSpec = SentinelSpec()
     race: RaceSpec = RaceSpec()
 
@@ -202,6 +203,7 @@ def load_spec(path: str | Path) -> StudySpec:
     s = fields.section("sampler")
     sampler = s.choice("name", SAMPLERS, "structured")
     seed = s.int("seed", 0, minimum=0)
+    prune = s.bool("prune", True)
     s.done()
 
     warm_start = fields.list("warm_start", [])
@@ -257,6 +259,7 @@ def load_spec(path: str | Path) -> StudySpec:
         bin_dir=_path(llama, "bin_dir", bin_dir_raw, base) if bin_dir_raw else None,
         extra_args=tuple(extra_args),
         workers=workers,
+        prune=prune,
         sentinel=sentinel,
         race=race,
     )

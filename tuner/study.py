@@ -37,8 +37,8 @@ from tuner.errors import UserError
 from tuner.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.records import Failure, Metrics, Reference, Spread, StudyRecord, TrialRecord, changes
 from tuner.launch import build_server_command, model_flags
-from tuner.measure import Sample, outputs_by_prompt, run_workload, score_trial
-from tuner.host import busy_processes, cpu_seconds_by_process, trial_host_state
+from tuner.measure import Sample, outputs_by_prompt, run_workload, score_trial, summarize
+from tuner.host import busy_processes, cpu_seconds_by_process, host_was_busy, trial_host_state
 from tuner.placement import contradiction, evict, read_numa_maps
 from tuner.roofline import Bandwidth, impossible, last_level_cache_bytes, study_roofline
 from tuner.runner import LlamaServer, free_port, read_log_tail
@@ -46,6 +46,7 @@ from tuner.drift import sentinel_due
 from tuner.race import describe as describe_race
 from tuner.race import race_study
 from tuner.sampling import sampler_for
+from tuner.search.pruning import may_prune, should_prune
 from tuner.space import TrialConfig, baseline_config, suggest
 from tuner.spec import StudySpec, load_spec
 from tuner import quality as quality_scorers
@@ -115,6 +116,15 @@ class Interrupted(KeyboardInterrupt):
         self.record = record
 
 
+class Pruned(Exception):
+    """The incumbent cannot be beaten: the samples so far and why."""
+
+    def __init__(self, samples: list[Sample], reason: str):
+        super().__init__(reason)
+        self.samples = samples
+        self.reason = reason
+
+
 class TrialRunner:
     """The objective: one trial = one launch, one workload, one record stored."""
 
@@ -136,7 +146,11 @@ class TrialRunner:
         except Interrupted as stop:
             store.write_trial_record(trial, stop.record)
             raise
+        stage, reason = store.search_note(trial)
+        record = replace(record, search={"stage": stage, "reason": reason} if stage else {})
         store.write_trial_record(trial, record)
+        if record.state == "PRUNED":
+            raise optuna.TrialPruned(record.pruned)
         if record.failure is not None:
             raise TrialFailure(FailureReason(record.failure.reason), record.failure.detail, record.log_tail)
         # Feasible when <= 0: samplers read it from here, and nothing below the floor is reported as best.
@@ -157,7 +171,7 @@ class TrialRunner:
                                    f"same configuration already failed permanently in trial {known.number}",
                                    known.log_tail)
             record = replace(record, command=build_server_command(config, self.ctx.launch))
-            record = replace(self._measure(record, log_path, on_running), state="COMPLETE")
+            record = self._measure(record, log_path, on_running)
         except (TrialFailure, KeyboardInterrupt) as err:
             failure = err if isinstance(err, TrialFailure) else TrialFailure(
                 FailureReason.INTERRUPTED, "interrupted by the user or SIGTERM", read_log_tail(log_path, 40))
@@ -183,14 +197,32 @@ class TrialRunner:
         evicted = self._place(config)
         models = [ctx.launch.target, *ctx.launch.drafts.values()]
         before, wall = cpu_seconds_by_process(), time.monotonic()
-        with LlamaServer(record.command.argv, free_port(), log_path,
-                         ready_timeout_s=timeout, request_timeout_s=timeout) as server:
-            on_running(server.port)
-            samples = run_workload(server, ctx.workload, ctx.settings, config.temperature)
-            busy = busy_processes(before, cpu_seconds_by_process(), time.monotonic() - wall, {os.getpid(), server.pid})
-            pages = read_numa_maps(server.pid, models)
-            spec_problem = server.speculation_log_problem()
-            log_tail = server.log_tail()
+        incumbent = store.best_feasible(self.study) if ctx.spec.prune and may_prune(record.role) else None
+
+        def prune_check(samples: list[Sample]) -> None:
+            if incumbent is not None:
+                decision = should_prune([sample_record(s) for s in samples], incumbent.samples, record.role)
+                if decision.prune:
+                    raise Pruned(samples, f"against trial {incumbent.number}: {decision.reason}")
+
+        try:
+            with LlamaServer(record.command.argv, free_port(), log_path,
+                             ready_timeout_s=timeout, request_timeout_s=timeout) as server:
+                on_running(server.port)
+                samples = run_workload(server, ctx.workload, ctx.settings, config.temperature,
+                                       after_repetition=prune_check)
+                busy = busy_processes(before, cpu_seconds_by_process(), time.monotonic() - wall,
+                                      {os.getpid(), server.pid})
+                pages = read_numa_maps(server.pid, models)
+                spec_problem = server.speculation_log_problem()
+                log_tail = server.log_tail()
+        except Pruned as pruned:
+            scores = summarize(pruned.samples, ctx.settings)
+            return replace(record, state="PRUNED", pruned=pruned.reason,
+                           metrics=Metrics(scores.tokens_per_second, scores.acceptance, 0.0, 0.0),
+                           spread=Spread(scores.repetitions, scores.cv, scores.noisy),
+                           drafted=scores.drafted, accepted=scores.accepted,
+                           samples=tuple(sample_record(s) for s in pruned.samples), log_tail=read_log_tail(log_path, 40))
         scores = score_trial(samples, ctx.settings, config.speculative, config.spec_type, spec_problem, log_tail)
         if not config.speculative and self.roofline is not None:
             why = impossible(scores.tokens_per_second, self.roofline, config.experts, self.llc_bytes)
@@ -208,6 +240,7 @@ class TrialRunner:
                     placement_problem=contradiction(config.numa, config.numa_node, pages, len(ctx.launch.topology.nodes)))
         return replace(
             record,
+            state="COMPLETE",
             metrics=Metrics(
                 tokens_per_second=scores.tokens_per_second,
                 acceptance=scores.acceptance,
@@ -282,9 +315,14 @@ def sample_record(sample: Sample) -> dict:
 
 def describe_trial(record: TrialRecord) -> str:
     knobs = " ".join(f"{k}={v}" for k, v in record.config.as_dict().items())
+    if record.state == "PRUNED":
+        return f"PRUNED at {record.metrics.tokens_per_second:.1f} t/s ({record.pruned}) | {knobs}"
     if record.complete:
         m = record.metrics
         flag = " (noisy)" if record.spread and record.spread.noisy else ""
+        if record.host and host_was_busy(record.host):
+            others = {k: v for k, v in record.host["busy_processes"].items() if k != "all others"}
+            flag += f" (host busy: {', '.join(others) or 'many small processes'})"
         return (f"{m.tokens_per_second:.1f} t/s{flag}, x{m.speedup:.2f}, acceptance {m.acceptance:.2f}, "
                 f"quality {m.quality:.3f} | {knobs}")
     failure = record.failure or Failure("error", "")
@@ -317,8 +355,9 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
             best = store.best_feasible(study)
             best_text = (f"best feasible {best.metrics.tokens_per_second:.1f} t/s (trial {best.number})"
                          if best else "no feasible trial yet")
-            progress(f"[{tally(study).counted}/{budget}] trial {trial.number}: "
-                     f"{describe_trial(store.read_trial(trial))} | {best_text}")
+            record = store.read_trial(trial)
+            why = f" [{record.search['stage']}: {record.search['reason']}]" if record.search else ""
+            progress(f"[{tally(study).counted}/{budget}] trial {trial.number}{why}: {describe_trial(record)} | {best_text}")
 
         def run_one() -> None:
             if sentinel_due(store.read_trials(study), worker_id(), spec.sentinel, time.time()):
