@@ -10,6 +10,7 @@ Everything around it (workers, storage, Optuna, runner, measurement) is real.
 Environment (inherited through the tuner, which passes its environment on):
   FAKE_LLAMA_COMMIT    commit printed by ``--version`` (default: the pinned 0c1e570)
   FAKE_LLAMA_DELAY_S   seconds to sleep in each /completion (a slow, measurable trial)
+  FAKE_LLAMA_JITTER    each request's rate varies by up to +- this fraction (a noisy machine)
   FAKE_LLAMA_LAUNCHES  file to append one JSON line per launch: pid, port, argv
   FAKE_LLAMA_FAULTS    JSON {argv substring: fault}; a launch whose argv (joined by
                        spaces, plus a trailing space) contains the substring shows the
@@ -223,6 +224,7 @@ def main(argv: list[str]) -> int:
         acceptance, k = 0.0, 0
     delay = float(os.environ.get("FAKE_LLAMA_DELAY_S") or 0)
     tasks = iter(range(10**9))
+    requests = iter(range(10**9))
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:
@@ -257,7 +259,10 @@ def main(argv: list[str]) -> int:
             n = int(request.get("n_predict", 16))
             tokens = tokens_for(request.get("prompt", ""), n, float(request.get("temperature", 0.0)),
                                 int(request.get("seed", 0)))
-            decode_ms = 1000.0 * n / tps
+            task = next(requests)
+            jitter = float(os.environ.get("FAKE_LLAMA_JITTER") or 0)  # a noisy machine: +-jitter per request
+            rate = tps * (1 + jitter * (2 * ((task * 2654435761) % 1000) / 999 - 1))
+            decode_ms = 1000.0 * n / rate
             time.sleep(decode_ms / 1000.0)  # honest timings: the wall clock holds the decode time it reports
             claimed = decode_ms / 10 if fault == "liar" else decode_ms
             timings = {"prompt_n": 8, "prompt_ms": 4.0, "predicted_n": n, "predicted_ms": claimed,

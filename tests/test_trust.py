@@ -1,0 +1,219 @@
+"""Numbers to bet on: sentinels, the race decision, placement, impossible numbers, adaptive repetitions.
+
+Crafted records and measurements test the rules; the stand-in server tests the checks on a
+running study; the real build runs a short study with a sentinel, a race and a pruned trial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import optuna
+import pytest
+
+from fake_llama_server import write_study
+from tuner import store
+from tuner.drift import Sentinels, sentinel_due
+from tuner.measure import MeasurementSettings, check_timing
+from tuner.paths import models_dir
+from tuner.placement import contradiction, evict, parse_numa_maps, resident_fraction
+from tuner.race import TIE_RULE, decide, finalists
+from tuner.records import Metrics, Spread, StudyRecord, TrialRecord
+from tuner.roofline import Bandwidth, Roofline, impossible
+from tuner.runner import Completion
+from tuner.space import TrialConfig
+from tuner.spec import SentinelSpec, load_spec
+from tuner.study import run_study
+
+DATA = Path(__file__).parent / "data"
+
+
+def record(number: int, tps: float, *, role: str = "search", at: float = 0.0, worker: str = "h:1", cv: float | None = 0.02,
+           threads: int = 2, k: int | None = None, constraint: float = -0.01) -> TrialRecord:
+    config = TrialConfig(spec_type="draft-simple" if k else "none", draft="d" if k else None, draft_max=k,
+                         threads=threads)
+    return TrialRecord(number=number, state="COMPLETE", role=role, config=config, worker=worker,
+                       metrics=Metrics(tps, 0.5, 1.0, 1.0), spread=Spread(3, cv, False), constraint=constraint,
+                       started_at=at - 1, ended_at=at + 1)
+
+
+# ------------------------------------------------------------------ sentinels
+
+
+def test_speedup_divides_by_the_sentinels_interpolated_at_the_trials_time_per_worker():
+    records = [record(0, 100.0, role="baseline", at=0), record(5, 80.0, role="sentinel", at=100),
+               record(2, 180.0, at=50), record(3, 150.0, at=200),
+               record(9, 100.0, role="baseline", at=0, worker="other:2"), record(10, 300.0, at=50, worker="other:2")]
+    s = Sentinels(records, noise_cv=0.05)
+    assert s.rate_at("h:1", 50) == pytest.approx(90.0)  # halfway from 100 to 80
+    assert s.speedup(records[2]) == pytest.approx(2.0)
+    assert s.speedup(records[3]) == pytest.approx(150.0 / 80.0)  # after the last sentinel: the last one
+    assert s.speedup(records[5]) == pytest.approx(3.0)  # the other worker divides by its own
+    assert s.drifted("h:1", 50)  # 100 -> 80 is far more than 2 x 5% noise
+    assert not s.drifted("other:2", 50)
+
+
+def test_a_sentinel_is_due_after_every_n_trials_or_m_minutes_of_this_worker():
+    spec = SentinelSpec(every_trials=2, every_minutes=10)
+    base = [record(0, 100.0, role="baseline", at=0)]
+    assert not sentinel_due(base, "h:1", spec, now=10)
+    assert not sentinel_due(base + [record(1, 90.0, at=5)], "h:1", spec, now=10)
+    assert sentinel_due(base + [record(1, 90.0, at=5), record(2, 90.0, at=8)], "h:1", spec, now=10)
+    assert sentinel_due(base + [record(1, 90.0, at=5)], "h:1", spec, now=601)  # ten minutes on
+    assert not sentinel_due(base + [record(1, 90.0, at=5), record(2, 90.0, at=8)], "other:2", spec, now=10)
+
+
+# ------------------------------------------------------------------ the race
+
+
+STUDY = StudyRecord.for_replay("t", {}, ("tokens_per_second",))
+
+
+def test_finalists_are_the_leader_and_those_whose_interval_overlaps_it():
+    records = [record(0, 100.0, role="baseline"), record(1, 200.0, k=4), record(2, 190.0, k=8, cv=None),
+               record(3, 120.0, k=2), record(4, 210.0, k=6, constraint=0.2)]  # 4: below the floor
+    chosen = finalists(records, noise_cv=0.05, max_finalists=5)
+    assert [r.number for r in chosen] == [1, 2]  # 2's unknown spread takes the study's noise_cv
+
+
+def test_the_race_decides_on_fresh_rates_with_an_interval():
+    records = {0: record(0, 100.0, role="baseline"), 1: record(1, 300.0, k=4), 2: record(2, 150.0, k=8)}
+    rates = {0: [100, 102, 98, 101, 99], 1: [150, 155, 149, 152, 151], 2: [200, 205, 198, 202, 199]}
+    entries, winner, tied = decide(rates, 0, records, STUDY)
+    assert winner == 2 and tied is None  # the recorded leader (trial 1) lost on fresh measurements
+    best = entries[0]
+    assert best.trial == 2 and best.speedup == pytest.approx(200 / 100)
+    assert best.speedup_low <= best.speedup <= best.speedup_high and best.speedup_low > 1.9
+
+
+def test_finalists_that_cannot_be_told_apart_are_picked_by_the_documented_rule():
+    records = {0: record(0, 100.0, role="baseline"), 1: record(1, 200.0, k=4, threads=2),
+               2: record(2, 200.0, k=4, threads=1)}
+    rates = {0: [100, 101, 99, 100], 1: [200, 180, 215, 190], 2: [190, 205, 185, 200]}
+    entries, winner, tied = decide(rates, 0, records, STUDY)
+    assert entries[0].trial == 1  # faster by a hair...
+    assert (winner, tied) == (2, 1)  # ...but within the noise: fewer threads wins
+    assert TIE_RULE.startswith("fewer threads")
+
+
+# ------------------------------------------------------------------ placement
+
+
+def test_eviction_drops_a_files_pages_from_the_page_cache():
+    folder = Path(__file__).resolve().parent.parent / "storage" / "test-eviction"  # a disk, not a tmpfs
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "weights.bin"
+    try:
+        with open(path, "wb") as fh:  # written and synced: clean pages, as a model file's are
+            fh.write(b"\1" * (8 * 2**20))
+            fh.flush()
+            os.fsync(fh.fileno())
+        path.read_bytes()
+        assert resident_fraction(path) > 0.9
+        evict([path])
+        assert resident_fraction(path) < 0.1
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_numa_maps_of_a_multi_node_host_give_pages_per_node_and_flag_a_contradiction():
+    text = (DATA / "numa_maps" / "four-node-interleave-after-bind.txt").read_text()
+    model = "/srv/models/qwen2.5-coder-32b-q4_k_m.gguf"
+    pages = parse_numa_maps(text, [model, "/srv/models/absent.gguf"])
+    assert pages["/srv/models/absent.gguf"] == {}
+    assert sum(pages[model].values()) > 0 and max(pages[model], key=pages[model].get) == 0
+    assert "node 0" in contradiction("interleave", None, pages, n_nodes=4)
+    assert contradiction("bind", 0, pages, n_nodes=4) is None
+    assert "other nodes" in contradiction("bind", 2, pages, n_nodes=4)
+    assert contradiction("interleave", None, pages, n_nodes=1) is None  # one node: nothing to contradict
+
+
+# ------------------------------------------------------------------ impossible numbers
+
+
+def completion(predicted_ms: float, wall_ms: float, prompt_ms: float = 10.0) -> Completion:
+    return Completion("x", (1,), 64, predicted_ms, 64_000 / predicted_ms, 8, prompt_ms, 0, 0, "limit", wall_ms)
+
+
+def test_a_decode_time_the_wall_clock_cannot_hold_is_refused():
+    settings = MeasurementSettings(timing_factor=3.0)
+    assert check_timing(completion(900.0, 1000.0), settings)
+    for c in (completion(2000.0, 1000.0), completion(100.0, 1000.0)):  # longer than the request; 10x short
+        with pytest.raises(Exception, match="more than x3 apart"):
+            check_timing(c, settings)
+    assert check_timing(completion(10.0, 100.0), settings)  # too short to judge
+
+
+def test_a_rate_far_above_the_roofline_without_speculation_is_impossible_unless_cache_resident():
+    roof = Roofline(Bandwidth(20e9, "fingerprint", ""), 1_000_000_000, None, None, None, "")  # 20 t/s ceiling
+    assert impossible(25.0, roof, None, llc_bytes=32 * 2**20) is None
+    assert "roofline" in impossible(40.0, roof, None, llc_bytes=32 * 2**20)
+    assert impossible(40.0, roof, None, llc_bytes=2**30) is None  # weights fit in 4 caches: not memory-bound
+
+
+@pytest.mark.parametrize("fault, reason", [("liar", "impossible_timing"), ("http200error", "bad_response")])
+def test_impossible_numbers_from_a_server_are_failed_trials_with_their_reason(tmp_path, env, monkeypatch, fault, reason):
+    monkeypatch.setenv("FAKE_LLAMA_FAULTS", json.dumps({"--spec-draft-n-max 4 ": fault}))
+    path = write_study(tmp_path, f"sqlite:///{tmp_path / 's.db'}", budget={"trials": 2},
+                       workload={"suites": ["suite.yaml"], "n_predict": 16},
+                       warm_start=[{"spec_type": "draft-simple", "draft": "draft", "draft_max": 4}])
+    study = run_study(load_spec(path), progress=lambda _: None)
+    base, bad = store.read_trials(study)
+    assert base.complete and bad.state == "FAIL" and bad.failure.reason == reason, bad.failure
+
+
+def test_repetitions_go_on_while_the_spread_is_above_the_noise(tmp_path, env, monkeypatch):
+    """With rates jittering by +-40%, a loose noise target stops at the minimum, a tight one at the cap."""
+    monkeypatch.setenv("FAKE_LLAMA_JITTER", "0.4")
+    path = write_study(tmp_path, f"sqlite:///{tmp_path / 's.db'}", budget={"trials": 1},
+                       measurement={"warmup": 0, "repetitions": 2, "max_repetitions": 5, "noise_cv": 0.5,
+                                    "ctx_size": 256, "trial_timeout_s": 10})
+    (base,) = store.read_trials(run_study(load_spec(path), progress=lambda _: None))
+    assert base.spread.repetitions == 2 and base.spread.cv is not None
+    path = write_study(tmp_path, f"sqlite:///{tmp_path / 's2.db'}", budget={"trials": 1},
+                       measurement={"warmup": 0, "repetitions": 2, "max_repetitions": 4, "noise_cv": 0.001,
+                                    "ctx_size": 256, "trial_timeout_s": 10})
+    (base,) = store.read_trials(run_study(load_spec(path), progress=lambda _: None))
+    assert base.spread.repetitions == 4 and base.spread.cv > 0.001  # not met: the cap stops it
+
+
+# ------------------------------------------------------------------ the real build
+
+
+@pytest.mark.llama
+def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path, synthetic_models):
+    synth = models_dir() / "synthetic"
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(json.dumps({
+        "name": "trust",
+        "target": str(synth / "target.gguf"),
+        "drafts": [str(synth / "draft-large.gguf"), str(synth / "draft-small.gguf")],
+        "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4, 8, 16],
+                                       "temperature": 0.0, "threads": 2}},
+        "workload": {"suites": ["code"], "n_predict": 32},
+        "measurement": {"warmup": 1, "repetitions": 3, "ctx_size": 512, "trial_timeout_s": 120},
+        "quality": {"scorer": "agreement", "floor": 0.99},
+        "budget": {"trials": 4},
+        "storage": f"sqlite:///{tmp_path / 's.db'}",
+        "sentinel": {"every_trials": 2},
+        "race": {"rounds": 2, "max_finalists": 3},
+        # a fast incumbent first, then draft-small at K=16, about half the target's speed alone
+        "warm_start": [{"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 8},
+                       {"spec_type": "draft-simple", "draft": "draft-small", "draft_max": 16},
+                       {"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4}],
+    }))
+    lines: list[str] = []
+    study = run_study(load_spec(study_file), progress=lines.append, race=True)
+    records = store.read_trials(study)
+    roles = [r.role for r in records]
+    assert roles.count("sentinel") >= 1 and roles[0] == "baseline"
+    small = next(r for r in records if r.config.draft == "draft-small")
+    assert small.state == "PRUNED" and small.pruned and small.metrics.tokens_per_second > 0
+    assert small.spread.repetitions < 3  # stopped before its three repetitions
+    assert study.trials[small.number].state == optuna.trial.TrialState.PRUNED
+    race = store.read_race(study)
+    assert race is not None and len(race["entries"]) >= 3 and race["rounds"] == 2
+    assert any(line.startswith("winner: trial") and "interval" in line for line in lines)
+    assert all(r.host.get("busy_processes") is not None for r in records if r.complete)
