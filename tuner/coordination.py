@@ -9,9 +9,9 @@ rules; Optuna's RDB storage is the only coordination:
   ``workers.max_retry`` times (Optuna's retry callback). Such a trial has no
   ``failure_reason``: its worker died before it could write one.
 - The budget counts finished trials except those failed as interrupted (Ctrl-C measured
-  nothing) and those a retry replaced (the retry counts instead), so nothing counts
-  twice. A worker starts a trial only while counted plus running trials are below the
-  budget, waits while the rest runs elsewhere (a trial that dies there comes back as a
+  nothing), those a retry replaced (the retry counts instead) and sentinels (the
+  baseline re-measured, on top of the budget), so nothing counts twice. A worker starts
+  a trial only while counted plus running trials are below the budget, waits while the rest runs elsewhere (a trial that dies there comes back as a
   retry, which it then runs), and stops once the budget is counted. Two workers passing
   that check in the same instant may each start one: at most workers-1 over.
 - The baseline runs once: the process that created the study runs it, the others wait

@@ -1,13 +1,16 @@
-"""`tuner bench`: the tuner's three benchmarks in one session, results under reports/bench/.
+"""`tuner bench`: the tuner's benchmarks in one session, results under reports/bench/.
 
 1. Search efficiency: record the grid study's landscape fresh, replay it for every
-   strategy over the seeds (`tuner bench-search`).
+   strategy over the seeds (`tuner bench-search`); 1b. the same at operator scale, on
+   modelled 96-core landscapes built from the research tables (`tuner bench-operator`).
 2. Overhead and validity: alternating rounds against llama-bench on the study's target.
 3. Repeatability: two seeds of the study, winners re-measured side by side.
+4. GGUF metadata: today's full parse against the fast, cached read (the Gemma 3 270M file
+   when its package is installed, and the study's target).
 
 Measurements run one after another (never two measurements at once), the replays,
 CPU-bound, after the grid is recorded. Writes ``bench.json`` (everything), ``bench.md``
-(the three tables) and the recorded grid (CSV and JSONL).
+(the tables) and the recorded grid (CSV and JSONL).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-from tuner.bench import operator, overhead, repeat, replay
+from tuner.bench import gguf_read, operator, overhead, repeat, replay
 from tuner.bench.grid import record_grid
 from tuner.bench.table import read_table
 from tuner.errors import UserError
@@ -93,6 +96,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"== 3/3 repeatability: two seeds of {args.study}, {repeat_trials} trials each", flush=True)
     mark = time.monotonic()
     rep = repeat.measure_repeatability(args.study, out / "repeat.db", trials=repeat_trials, rounds=args.rounds)
-    done("repeatability", rep.to_dict(), "3. Repeatability", repeat.markdown(rep), mark, last=True)
+    done("repeatability", rep.to_dict(), "3. Repeatability", repeat.markdown(rep), mark)
+
+    files = [p for p in (gguf_read.gemma_270m(), load_spec(args.study).target) if p is not None]
+    print(f"== 4 GGUF metadata: today's full parse against the fast, cached read ({', '.join(f.name for f in files)})",
+          flush=True)
+    mark = time.monotonic()
+    reading = gguf_read.benchmark(files)
+    done("gguf_read", reading, "4. GGUF metadata read", gguf_read.markdown(reading), mark, last=True)
     print(f"wrote {out / 'bench.json'} and {out / 'bench.md'} in {result['timings']['total_s'] / 60:.1f} min")
     return 0
