@@ -42,7 +42,7 @@ from tuner.host import busy_processes, cpu_seconds_by_process, host_was_busy, tr
 from tuner.placement import contradiction, evict, read_numa_maps
 from tuner.roofline import Bandwidth, impossible, last_level_cache_bytes, study_roofline
 from tuner.runner import LlamaServer, free_port, read_log_tail
-from tuner.drift import sentinel_due
+from tuner.drift import Sentinels, midpoint, sentinel_due
 from tuner.race import describe as describe_race
 from tuner.race import race_study
 from tuner.sampling import sampler_for
@@ -198,10 +198,11 @@ class TrialRunner:
         models = [ctx.launch.target, *ctx.launch.drafts.values()]
         before, wall = cpu_seconds_by_process(), time.monotonic()
         incumbent = store.best_feasible(self.study) if ctx.spec.prune and may_prune(record.role) else None
+        against = self._drift_corrected(incumbent) if incumbent is not None else []
 
         def prune_check(samples: list[Sample]) -> None:
             if incumbent is not None:
-                decision = should_prune([sample_record(s) for s in samples], incumbent.samples, record.role)
+                decision = should_prune([sample_record(s) for s in samples], against, record.role)
                 if decision.prune:
                     raise Pruned(samples, f"against trial {incumbent.number}: {decision.reason}")
 
@@ -257,6 +258,17 @@ class TrialRunner:
             log_tail=log_tail,
             host=host,
         )
+
+    def _drift_corrected(self, incumbent: TrialRecord) -> list[dict]:
+        """The incumbent's samples as the machine would measure them now: scaled by this worker's
+        reference rate now over the reference rate when the incumbent ran (tuner.drift), so a
+        machine that slowed down since does not prune everything after it."""
+        sentinels = Sentinels(store.read_trials(self.study), self.ctx.settings.noise_cv)
+        now, then = sentinels.rate_at(worker_id(), time.time()), None
+        if midpoint(incumbent) is not None:
+            then = sentinels.rate_at(incumbent.worker, midpoint(incumbent))
+        scale = now / then if now and then else 1.0
+        return [{**s, "tokens_per_second": s["tokens_per_second"] * scale} for s in incumbent.samples]
 
     def _reference_rate(self, role: str, tokens_per_second: float) -> float | None:
         """This worker's latest reference (baseline or sentinel) tokens/s: the speedup known at the time.
