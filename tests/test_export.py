@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from fake_llama_server import (
-    DEMO_FAULTS, PINNED_COMMIT, get_json, run_study_file, wait_for_json, write_demo_study, write_moe_study, write_study,
+    PINNED_COMMIT, get_json, run_study_file, wait_for_json, write_moe_study, write_study,
 )
 from tuner import store
 from tuner.analysis import front_2d, trials_frame
@@ -31,18 +31,6 @@ from tuner.llama_build import binary
 from tuner.paths import models_dir
 from tuner.runner import free_port
 from tuner.topology import read_topology
-
-
-@pytest.fixture(scope="module")
-def storage(tmp_path_factory) -> str:
-    """One SQLite file for the module: creating an Optuna schema costs seconds on a busy box."""
-    return f"sqlite:///{tmp_path_factory.mktemp('storage') / 'studies.db'}"
-
-
-@pytest.fixture(scope="module")
-def demo(storage, tmp_path_factory):
-    """(study, record) of the demo study, run once for the module."""
-    return run_study_file(write_demo_study(tmp_path_factory.mktemp("demo"), storage), FAKE_LLAMA_FAULTS=DEMO_FAULTS)
 
 
 # ------------------------------------------------------------------ choosing

@@ -15,23 +15,11 @@ import pandas as pd
 import pytest
 
 import browser
-from fake_llama_server import DEMO_FAULTS, run_study_file, write_demo_study, write_moe_study, write_study
+from fake_llama_server import run_study_file, write_moe_study, write_study
 from tuner import analysis, report, store
 from tuner.cli import main
 from tuner.errors import UserError
 from tuner.report_html import render
-
-
-@pytest.fixture(scope="module")
-def storage(tmp_path_factory) -> str:
-    """One SQLite file for the module: creating an Optuna schema costs seconds on a busy box."""
-    return f"sqlite:///{tmp_path_factory.mktemp('storage') / 'studies.db'}"
-
-
-@pytest.fixture(scope="module")
-def demo(storage, tmp_path_factory):
-    """(study, record) of the demo study, run once for the module."""
-    return run_study_file(write_demo_study(tmp_path_factory.mktemp("demo"), storage), FAKE_LLAMA_FAULTS=DEMO_FAULTS)
 
 
 @pytest.fixture(scope="module")
