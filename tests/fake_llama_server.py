@@ -40,7 +40,7 @@ from pathlib import Path
 
 PINNED_COMMIT = "0c1e570"
 FAULTS = ("launch", "exit137", "crash", "hang", "crash_mid_run", "http500", "nodraft")
-DEFAULT_EXPERTS = 4  # a MoE target's expert_used_count, as write_moe_target writes it
+DEFAULT_EXPERTS = 4  # a MoE target's expert_used_count, as write_moe_study writes it
 
 
 def install(bin_dir: Path) -> Path:
@@ -108,7 +108,6 @@ def demo_warm_start() -> list[dict]:
     return warm
 
 
-BANDWIDTH = 20e9  # bytes/s: what run_study_file's runs record as the host's memory bandwidth
 DEMO_FAULTS = json.dumps({"--spec-draft-n-max 12 ": "exit137"})
 
 
@@ -152,6 +151,9 @@ def write_moe_study(folder: Path, storage: str, name: str = "moe") -> Path:
                                                    "threads": 1}},
                        warm_start=warm_start, budget={"trials": 1 + len(warm_start)},
                        quality={"scorer": "agreement", "floor": 0.7})
+
+
+BANDWIDTH = 20e9  # bytes/s: what run_study_file's runs record as the host's memory bandwidth
 
 
 def run_study_file(path: Path, trials: int | None = None, **env: str):
@@ -292,8 +294,8 @@ def active_experts(argv: list[str]) -> int | None:
 def speed(argv: list[str], prompt: str) -> tuple[float, float, int]:
     """(tokens/s, acceptance, K) of this configuration on this prompt.
 
-    Threads help. Fewer MoE experts read fewer weights: as if the experts held 80% of
-    them, and 8 experts (DEFAULT_EXPERTS used by default). A draft's acceptance falls
+    Threads help. Fewer active MoE experts read fewer weights: the experts hold 80% of
+    them, 8 experts of which DEFAULT_EXPERTS are used by default. A draft's acceptance falls
     with K, more slowly on code (a prompt starting "def ") than on prose, so the best K
     differs by content type; an n-gram lookup accepts 30% everywhere.
     """

@@ -56,7 +56,8 @@ def test_repeated_configs_are_reduced_to_their_median(demo, storage, tmp_path):
     c = compare_studies(*repeats, *demo)
     assert "All comparability keys are equal" in format_markdown(c)
     same = next(r for r in store.read_trials(demo[0]) if r.config == store.read_trials(repeats[0])[0].config)
-    assert c.rows[["tps_a", "tps_b", "n_a", "n_b"]].values.tolist() == [[speeds[1], same.metrics.tokens_per_second, 3, 1]]
+    assert c.rows[["tps_a", "tps_b", "n_a", "n_b"]].values.tolist() == [
+        [speeds[1], same.metrics.tokens_per_second, 3, 1]]
 
 
 def test_markdown_names_what_differs_and_only_the_varying_knobs(demo, b):

@@ -33,7 +33,8 @@ def test_annotate_names_objectives_and_notes_every_trial_once(storage, demo):
     assert study.metric_names == ["tokens_per_second", "acceptance", "quality"]
     best = store.best_feasible(study)
     m = best.metrics
-    assert f"best feasible**: trial {best.number}, {m.tokens_per_second:.1f} tokens/s, x{m.speedup:.2f}" in get_note(study)
+    assert (f"best feasible**: trial {best.number}, {m.tokens_per_second:.1f} tokens/s, "
+            f"x{m.speedup:.2f}") in get_note(study)
     note = note_of(study, best.number)
     assert (f"{m.tokens_per_second:.1f} tokens/s, x{m.speedup:.2f} over the baseline, acceptance {m.acceptance:.2f}, "
             "quality 1.000: feasible") in note

@@ -18,9 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fake_llama_server import (
-    PINNED_COMMIT, get_json, run_study_file, wait_for_json, write_moe_study, write_study,
-)
+from fake_llama_server import PINNED_COMMIT, get_json, run_study_file, wait_for_json, write_moe_study, write_study
 from tuner import store
 from tuner.analysis import front_2d, trials_frame
 from tuner.cli import main
@@ -48,7 +46,7 @@ def test_policies_choose_among_trials_that_meet_the_floor(demo):
     floor = min(r.metrics.acceptance for r in feasible if r.metrics.acceptance > best.metrics.acceptance)
     accepting = max((r for r in feasible if r.metrics.acceptance >= floor), key=lambda r: r.metrics.tokens_per_second)
     assert choose(record, frame, min_acceptance=floor)[0] == accepting.number != best.number
-    other = feasible[-1].number
+    other = next(r.number for r in feasible if r.number != best.number)
     assert choose(record, frame, trial=other) == (other, f"trial {other} chosen with --trial")
     with pytest.raises(UserError, match=rf"--trial {fastest.number}: not a complete trial of 'demo' that meets the "
                                         "quality floor"):
@@ -67,7 +65,7 @@ def test_knee_policy_pays_little_quality_for_much_speed(storage, tmp_path):
     knee = choose(record, frame, "knee")[0]
     assert knee in set(front_2d(frame, "quality")["trial"])
     chosen = store.read_trial(study.trials[knee])
-    assert chosen.metrics.quality > fastest.metrics.quality and chosen.role != "baseline"
+    assert chosen.metrics.quality > fastest.metrics.quality and chosen.metrics.speedup > 1
 
 
 def test_no_feasible_trial_is_a_one_line_error(storage, tmp_path, capsys):
@@ -102,7 +100,8 @@ def test_files_script_json_yaml_and_preset(storage, demo, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"chosen: trial {best.number} (highest tokens/s among trials that meet the quality floor)" in printed
     feasible = [r for r in store.read_trials(study) if r.feasible]
-    per_suite = {suite: max(feasible, key=lambda r: r.per_suite_tokens_per_second[suite]) for suite in ("code", "prose")}
+    per_suite = {suite: max(feasible, key=lambda r: r.per_suite_tokens_per_second[suite])
+                 for suite in ("code", "prose")}
     for suite, r in per_suite.items():
         assert (f"best on {suite}: trial {r.number}, draft, K={r.config.draft_max}, T=0.0: "
                 f"{r.per_suite_tokens_per_second[suite]:.1f} tokens/s") in printed
@@ -188,7 +187,8 @@ def served(synthetic_models, storage, tmp_path_factory):
     of the two the real build measures faster depends on how busy the machine is."""
     folder = tmp_path_factory.mktemp("served")
     (folder / "prompts.yaml").write_text(yaml.safe_dump({"prompts": [
-        {"id": "code-1", "text": "def add(a, b):\n    return"}, {"id": "code-2", "text": "for i in range(10):\n    print("}]}))
+        {"id": "code-1", "text": "def add(a, b):\n    return"},
+        {"id": "code-2", "text": "for i in range(10):\n    print("}]}))
     threads = min(2, read_topology().physical_cores)
     (folder / "served.yaml").write_text(yaml.safe_dump({
         "name": "served", "target": str(synthetic("target")), "drafts": [str(synthetic("draft-small"))],
