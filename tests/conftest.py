@@ -69,11 +69,7 @@ def env(tmp_path, monkeypatch) -> dict:
     """For tests with the stand-in llama-server: logs under tmp_path, every launch recorded."""
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     monkeypatch.setenv("FAKE_LLAMA_LAUNCHES", str(tmp_path / "launches.jsonl"))
-<<<<<<< HEAD
-    for var in ("FAKE_LLAMA_FAULTS", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_COMMIT", "FAKE_LLAMA_JITTER"):
-=======
-    for var in ("FAKE_LLAMA_FAULTS", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_COMMIT", "FAKE_LLAMA_SPEED"):
->>>>>>> real-studies-in-tests
+    for var in ("FAKE_LLAMA_FAULTS", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_COMMIT", "FAKE_LLAMA_SPEED", "FAKE_LLAMA_JITTER"):
         monkeypatch.delenv(var, raising=False)
     return dict(os.environ)
 
