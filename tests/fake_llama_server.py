@@ -56,7 +56,8 @@ def install(bin_dir: Path) -> Path:
 
 def write_study(folder: Path, storage: str, name: str = "t", **fields) -> Path:
     """``folder/study.yaml``: metadata-only models, a two-prompt suite and this stand-in as
-    ``llama_cpp.bin_dir``, measured quickly; ``fields`` replace top-level keys."""
+    ``llama_cpp.bin_dir``, measured quickly; ``fields`` replace top-level keys. Pruning and
+    sentinels are off unless a test asks for them, so a study measures exactly its trials."""
     import yaml  # test side only: the stand-in server itself starts on the standard library
 
     from gguf_factory import write_gguf
@@ -80,7 +81,8 @@ def write_study(folder: Path, storage: str, name: str = "t", **fields) -> Path:
         "quality": {"scorer": "agreement", "floor": 0.9},
         "budget": {"trials": 4},
         "storage": storage,
-        "sampler": {"name": "tpe", "seed": 1},
+        "sampler": {"name": "tpe", "seed": 1, "prune": False},
+        "sentinel": {"every_trials": 1000},
         "llama_cpp": {"bin_dir": "bin"},
         **fields,
     }
