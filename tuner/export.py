@@ -39,7 +39,7 @@ import yaml
 from tuner.errors import UserError
 from tuner.fingerprint import COMPARABILITY_KEYS
 from tuner.paths import reports_dir
-from tuner import store
+from tuner import hostlock, store
 from tuner.analysis import best_per_suite, feasible, front_2d, knee, trials_frame
 from tuner.context import prepare
 from tuner.launch import ServerCommand, cpu_mask
@@ -191,9 +191,10 @@ def confirm(study: optuna.Study, record: StudyRecord, export: Export, rounds: in
     for argv in (export.argv, base.argv):
         if not Path(argv[0]).exists():
             raise UserError(f"{argv[0]}: not on this host; export on the study's host or pass --no-confirm")
-    rates = alternate([Contender("winner", export.argv, export.config.get("temperature", 0.0)),
-                       Contender("baseline", base.argv, base.config.temperature)],
-                      ctx.workload, ctx.settings, rounds, ctx.log_dir, progress)
+    with hostlock.measuring(record.name, progress=progress):  # one measurement per host
+        rates = alternate([Contender("winner", export.argv, export.config.get("temperature", 0.0)),
+                           Contender("baseline", base.argv, base.config.temperature)],
+                          ctx.workload, ctx.settings, rounds, ctx.log_dir, progress)
     winner, baseline = rates["winner"].tokens_per_second, rates["baseline"].tokens_per_second
     return Confirmation(
         rounds=rounds,
@@ -347,6 +348,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-confirm", action="store_true", help="skip re-measuring the winner against the baseline")
     parser.add_argument("--rounds", type=int, default=3, help="confirmation rounds (default: 3)")
     parser.add_argument("--out", type=Path, help="output folder (default: reports/STUDY/export)")
+    hostlock.add_argument(parser)
     parser.add_argument("--preset", type=Path, help=f"shared preset file (default: reports/{PRESET_FILE})")
 
 

@@ -47,6 +47,7 @@ class WorkersSpec:
     grace_s: int = 120  # a running trial without a heartbeat this long is failed
     max_retry: int = 1  # a trial failed that way is queued again at most this often
     baseline_wait_s: float = 1800.0  # how long a joining worker waits for the baseline
+    storage_retry_s: float = 120.0  # how long a storage outage is retried before the run stops (see tuner.outage)
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ def load_spec(path: str | Path) -> StudySpec:
         grace_s=w.int("grace_s", 120, minimum=1),
         max_retry=w.int("max_retry", 1, minimum=0),
         baseline_wait_s=w.number("baseline_wait_s", 1800.0, minimum=1.0),
+        storage_retry_s=w.number("storage_retry_s", 120.0, minimum=0.0),
     )
     if workers.grace_s <= workers.heartbeat_s:
         w.fail("grace_s", f"must exceed heartbeat_s ({workers.heartbeat_s}), or live trials are failed as dead")

@@ -101,6 +101,12 @@ def write_trial_record(trial: optuna.Trial, record: TrialRecord) -> None:
     trial.set_user_attr(TRIAL_RECORD, record.to_json())
 
 
+def write_finished_record(study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
+    """The record of a trial this process does not run (an orphan being failed): written
+    while it is still RUNNING, before it is told finished."""
+    study._storage.set_trial_user_attr(trial._trial_id, TRIAL_RECORD, record.to_json())
+
+
 def mark_running(trial: optuna.Trial, worker: str, port: int) -> None:
     trial.set_user_attr(RUNNING_ON, {"worker": worker, "port": port})
 

@@ -43,6 +43,8 @@ from tuner.space import TrialConfig, baseline_config, suggest
 from tuner.spec import StudySpec, load_spec
 from tuner import quality as quality_scorers
 from tuner.context import StudyContext, prepare
+from tuner import hostlock, outage
+from tuner.journal import Journal
 from tuner.coordination import (
     ensure_baseline,
     make_storage,
@@ -103,13 +105,17 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
 class TrialRunner:
     """The objective: one trial = one launch, one workload, one record stored."""
 
-    def __init__(self, ctx: StudyContext, study: optuna.Study, progress: Callable[[str], None] = print):
+    def __init__(self, ctx: StudyContext, study: optuna.Study, progress: Callable[[str], None] = print,
+                 journal: Journal | None = None):
         self.ctx = ctx
         self.study = study
         self.progress = progress
+        self.journal = journal
+        self._reference: Reference | None = None  # a baseline's, stored with its record
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
         started = time.monotonic()
+        self._reference = None
         config = suggest(trial, self.ctx.space)
         record = TrialRecord(number=trial.number, state="RUNNING", role=store.role_of(trial), config=config,
                              worker=worker_id())
@@ -124,12 +130,26 @@ class TrialRunner:
         except (TrialFailure, KeyboardInterrupt) as err:
             failure = err if isinstance(err, TrialFailure) else TrialFailure(
                 FailureReason.INTERRUPTED, "interrupted by the user or SIGTERM", read_log_tail(self._log_path(trial), 40))
-            store.write_trial_record(trial, replace(
+            self._store(trial, replace(
                 record, state="FAIL", failure=Failure(failure.reason.value, failure.detail),
-                log_tail=failure.log_tail or record.log_tail, duration_s=time.monotonic() - started))
+                log_tail=failure.log_tail or record.log_tail, duration_s=time.monotonic() - started), None)
             raise
-        store.write_trial_record(trial, replace(record, state="COMPLETE", duration_s=time.monotonic() - started))
-        return tuple(record.metrics.objective(o.metric) for o in self.ctx.spec.objectives)
+        values = tuple(record.metrics.objective(o.metric) for o in self.ctx.spec.objectives)
+        self._store(trial, replace(record, state="COMPLETE", duration_s=time.monotonic() - started), values)
+        return values
+
+    def _store(self, trial: optuna.Trial, record: TrialRecord, values: tuple[float, ...] | None) -> None:
+        """The journal first (a storage outage loses no measurement, see ``tuner.journal``),
+        then the trial's storage writes: a baseline's reference, the constraint, the record."""
+        reference, self._reference = self._reference, None
+        if self.journal is not None:
+            self.journal.keep(trial, record, values, reference)
+        if reference is not None:
+            store.write_reference(self.study, reference)
+        if record.constraint is not None:
+            # Feasible when <= 0: samplers read it from here, and nothing below the floor is reported as best.
+            trial.set_constraint("quality_floor", record.constraint)
+        store.write_trial_record(trial, record)
 
     def _log_path(self, trial: optuna.Trial) -> Path:
         return self.ctx.log_dir / f"trial-{trial.number}.log"
@@ -146,15 +166,14 @@ class TrialRunner:
             log_tail = server.log_tail()
         scores = score_trial(samples, ctx.settings, config.speculative, config.spec_type, spec_problem, log_tail)
         outputs = outputs_by_prompt(samples)
-        if record.role == "baseline":
-            store.write_reference(self.study, Reference(
+        if record.role == "baseline":  # the study's reference, stored with this trial's record
+            self._reference = reference = Reference(
                 trial=trial.number, tokens={pid: list(s.tokens) for pid, s in outputs.items()},
-                texts={pid: s.text for pid, s in outputs.items()}, tokens_per_second=scores.tokens_per_second))
-        reference = store.read_reference(self.study)
+                texts={pid: s.text for pid, s in outputs.items()}, tokens_per_second=scores.tokens_per_second)
+        else:
+            reference = store.read_reference(self.study)
         quality = self._quality(config, outputs, reference)
         constraint = ctx.spec.quality.floor - quality
-        # Feasible when <= 0: samplers read it from here, and nothing below the floor is reported as best.
-        trial.set_constraint("quality_floor", constraint)
         return replace(
             record,
             metrics=Metrics(
@@ -221,8 +240,21 @@ def describe_trial(record: TrialRecord) -> str:
 
 
 def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[str], None] = print) -> optuna.Study:
-    """Run or resume a study until its budget is spent, alone or as one of its workers; returns the study."""
+    """Run or resume a study until its budget is spent, alone or as one of its workers; returns the study.
+
+    Measures under the host's measurement lock (``tuner.hostlock``); a storage outage stops
+    it in one line with the measured trials kept in the journal (``tuner.journal``), which
+    the next run stores first."""
     ctx = prepare(spec)
+    journal = Journal(spec.name, spec.storage)
+    with hostlock.measuring(spec.name, progress=progress), outage.guard(spec.storage, journal.pending):
+        study = _run_locked(ctx, journal, trials, progress)
+        journal.settle()
+    return study
+
+
+def _run_locked(ctx: StudyContext, journal: Journal, trials: int | None, progress: Callable[[str], None]) -> optuna.Study:
+    spec = ctx.spec
     lock = hold_sqlite_study(spec.storage, spec.name)
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress line replaces Optuna's
@@ -230,15 +262,17 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
         study = open_study(ctx)
         if store.created_by(study) != worker_id():
             study.sampler.reseed_rng()  # a joining worker or a resumed run must not replay the creator's proposals
+        journal.replay(study, progress)  # trials measured before a storage outage, before orphans are failed
         if lock:
-            fail_orphans(study, spec.workers)
+            fail_orphans(study, spec.workers, progress)
         for note in ctx.space.notes:
             progress(f"note: {note}")
         budget = trials or spec.budget_trials
-        objective = TrialRunner(ctx, study, progress)
+        objective = TrialRunner(ctx, study, progress, journal)
         deadline = time.monotonic() + spec.budget_minutes * 60 if spec.budget_minutes else None
 
         def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+            journal.stored(trial.number)
             best = store.best_feasible(study)
             best_text = (f"best feasible {best.metrics.tokens_per_second:.1f} t/s (trial {best.number})"
                          if best else "no feasible trial yet")
@@ -271,6 +305,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study file, e.g. studies/demo.yaml")
     parser.add_argument("--trials", type=int, help="total trial budget (default: the study's budget.trials)")
     parser.add_argument("--check", action="store_true", help="validate the study file and models, print the resolved space, run nothing")
+    hostlock.add_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
