@@ -119,6 +119,9 @@ def load_spec(path: str | Path) -> StudySpec:
     merged: dict[str, Any] = {}
     if space_section.has("file"):
         space_file = _path(space_section, "file", space_section.str("file"), base)
+        if not space_file.is_file():
+            space_section.fail("file", f"{space_file}: {'is a directory' if space_file.is_dir() else 'no such file'}; "
+                                       "fix the path (relative to the study file's folder)")
         merged.update(load_yaml_mapping(space_file))
         parse_space(Fields(space_file, dict(merged)))  # errors point at the space file itself
     overrides = space_section.raw("overrides", {})

@@ -24,7 +24,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UserError
 from tuner.records import SCHEMA_VERSION, Failure, Reference, StudyRecord, TrialRecord, config_from_dict
+from tuner.outage import problem_of
 from tuner.spec import default_storage_url
+from tuner.urls import safe_url, with_driver
 from tuner.validate import load_yaml_mapping
 
 STUDY_RECORD = "study_record"
@@ -175,18 +177,30 @@ def resolve_ref(ref: str, storage: str | None) -> tuple[str, str]:
 def require_storage(url: str) -> None:
     """A missing SQLite file is a typo or a study never run, not a new empty database."""
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        raise UserError(f"storage {url}: no such file; run a study first (`tuner run studies/NAME.yaml`) or pass --storage")
+        raise UserError(f"storage {safe_url(url)}: no such file; run a study first (`tuner run studies/NAME.yaml`) "
+                        "or pass --storage")
 
 
 def open_stored_study(ref: str, storage: str | None = None) -> tuple[optuna.Study, StudyRecord]:
-    """A stored study by name or study file, with its record; an unknown name lists the known ones."""
+    """A stored study by name or study file, with its record; an unknown name lists the known ones,
+    an unreachable or missing database is one line."""
     name, url = resolve_ref(ref, storage)
     require_storage(url)
     try:
-        study = optuna.load_study(study_name=name, storage=url, sampler=optuna.samplers.RandomSampler(seed=0))
-    except KeyError:
-        known = optuna.get_all_study_names(url)
-        raise UserError(
-            f"study {name!r}: not in {url}; known studies: {', '.join(known) or 'none'}"
-        ) from None
+        try:
+            study = optuna.load_study(study_name=name, storage=with_driver(url),
+                                      sampler=optuna.samplers.RandomSampler(seed=0))
+        except KeyError:
+            known = optuna.get_all_study_names(with_driver(url))
+            raise UserError(
+                f"study {name!r}: not in {safe_url(url)}; known studies: {', '.join(known) or 'none'}"
+            ) from None
+    except UserError:
+        raise
+    except Exception as err:  # sqlalchemy and the drivers raise many kinds; all mean "cannot use this URL"
+        if not isinstance(err, ImportError) and type(err).__module__.split(".")[0] not in ("sqlalchemy", "psycopg",
+                                                                                          "psycopg2", "sqlite3"):
+            raise
+        raise UserError(f"storage {safe_url(url)}: cannot open ({problem_of(err, url)}); "
+                        "check the URL and that the database is reachable") from None
     return study, read_study_record(study)
