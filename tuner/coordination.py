@@ -132,7 +132,10 @@ def sqlite_path(url: str) -> Path | None:
     """The database file of a SQLite URL (None for other storages and in-memory SQLite)."""
     if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
         return None
-    return Path(url.removeprefix("sqlite:///"))
+    path = url.removeprefix("sqlite:///")
+    if path.startswith("file:"):  # sqlite:///file:PATH?mode=ro&uri=true
+        path = path.removeprefix("file:").split("?", 1)[0]
+    return Path(path)
 
 
 def prepare_sqlite_dir(url: str) -> None:

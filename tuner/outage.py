@@ -170,7 +170,6 @@ def guard(url: str, kept: Callable[[], tuple[int, str]]) -> Iterator[None]:
             raise
         problem = _down.problem if _down is not None else problem_of(err, url)
         count, journal = kept()
-        raise StorageUnavailable(
-            f"storage unavailable: {safe_url(url)}: {problem}; {count} measured trial(s) kept in {journal}, "
-            "run again to store them"
-        ) from None
+        kept_text = (f"{count} measured trial(s) kept in {journal}, run again to store them" if count
+                     else "no measured trial is waiting to be stored")
+        raise StorageUnavailable(f"storage unavailable: {safe_url(url)}: {problem}; {kept_text}") from None
