@@ -13,8 +13,8 @@ is dropped from the journal; any other is added to the study as a new finished t
 (``study.add_trial``) carrying its record, a ``replay_of`` system attr naming the original
 number and, in ``retry_history``, that number (so the budget counts it once). The original,
 if still RUNNING, is failed with reason ``orphaned`` naming its replacement. The journal
-then keeps only what could not be replayed. A run that ends normally drops the lines it
-stored. One process per host measures (``tuner.hostlock``), so one process writes a
+then keeps only what could not be replayed. A line goes as soon as storage confirms its
+trial, so the journal holds exactly the measured trials storage lacks. One process per host measures (``tuner.hostlock``), so one process writes a
 journal at a time.
 """
 
@@ -92,8 +92,10 @@ class Journal:
         self.unstored.add(trial.number)
 
     def stored(self, number: int) -> None:
-        """Storage confirmed the trial (it is finished there, with its record)."""
-        self.unstored.discard(number)
+        """Storage confirmed the trial (it is finished there, with its record): its line goes."""
+        if number in self.unstored:
+            self.unstored.discard(number)
+            self.settle()
 
     def pending(self) -> tuple[int, str]:
         """(measured trials not yet confirmed in storage, where they are kept)."""

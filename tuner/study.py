@@ -158,6 +158,8 @@ class TrialRunner:
         ctx, config = self.ctx, record.config
         ctx.log_dir.mkdir(parents=True, exist_ok=True)
         timeout = ctx.settings.trial_timeout_s
+        # read before measuring: from the measurement on, storage is written only after the journal
+        reference = None if record.role == "baseline" else store.read_reference(self.study)
         with LlamaServer(record.command.argv, free_port(), self._log_path(trial),
                          ready_timeout_s=timeout, request_timeout_s=timeout) as server:
             store.mark_running(trial, record.worker, server.port)
@@ -170,8 +172,6 @@ class TrialRunner:
             self._reference = reference = Reference(
                 trial=trial.number, tokens={pid: list(s.tokens) for pid, s in outputs.items()},
                 texts={pid: s.text for pid, s in outputs.items()}, tokens_per_second=scores.tokens_per_second)
-        else:
-            reference = store.read_reference(self.study)
         quality = self._quality(config, outputs, reference)
         constraint = ctx.spec.quality.floor - quality
         return replace(
