@@ -12,7 +12,15 @@ or writes user attrs.
 Schema versions: 1 stored loose attrs per field (before records); a study of schema 1
 is refused with a one-line message naming its version. A trial that ended without
 writing a record (its process was killed, or a heartbeat failed it) reads back as a
-failed record with reason ``orphaned``.
+failed record with reason ``orphaned``; one failed on resume under the SQLite lock
+(``coordination.fail_orphans``) stores that reason itself.
+
+A measured trial reaches storage through the local journal (``tuner.journal``): its
+record is appended there (fsynced) first, then written here; a storage outage
+(``tuner.outage``) leaves it in the journal, and the next run adds it to the study as a
+new finished trial carrying the same record, with system attrs ``replay_of`` (the
+original number) and ``retry_history`` (so the budget counts it once). Storage URLs are
+shown only through ``tuner.urls.safe_url`` (password as ``***``).
 """
 
 from __future__ import annotations
