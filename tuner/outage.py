@@ -165,11 +165,19 @@ def guard(url: str, kept: Callable[[], tuple[int, str]]) -> Iterator[None]:
         yield
     except (KeyboardInterrupt, StorageUnavailable):
         raise
+    except UserError:
+        if _down is None:
+            raise  # already one line (a storage that cannot be opened at all says how to fix its URL)
+        raise StorageUnavailable(_unavailable(url, _down.problem, kept)) from None
     except Exception as err:
         if _down is None and classify(err) is None:
             raise
         problem = _down.problem if _down is not None else problem_of(err, url)
-        count, journal = kept()
-        kept_text = (f"{count} measured trial(s) kept in {journal}, run again to store them" if count
-                     else "no measured trial is waiting to be stored")
-        raise StorageUnavailable(f"storage unavailable: {safe_url(url)}: {problem}; {kept_text}") from None
+        raise StorageUnavailable(_unavailable(url, problem, kept)) from None
+
+
+def _unavailable(url: str, problem: str, kept: Callable[[], tuple[int, str]]) -> str:
+    count, journal = kept()
+    kept_text = (f"{count} measured trial(s) kept in {journal}, run again to store them" if count
+                 else "no measured trial is waiting to be stored")
+    return f"storage unavailable: {safe_url(url)}: {problem}; {kept_text}"
