@@ -197,10 +197,11 @@ def run_until_third_launch(study: Path, env: dict, tmp_path: Path) -> subprocess
 
 
 def test_filesystem_filling_mid_trial_keeps_the_trial_in_the_journal(fenv, tmp_path, small_fs):
-    env = {**fenv, "FAKE_LLAMA_DELAY_S": "0.5"}
+    env = {**fenv, "FAKE_LLAMA_DELAY_S": "1.5"}  # two prompts: 3 s of measuring per trial
     url = f"sqlite:///{small_fs / 'tuner.db'}"
-    study = write_study(tmp_path / "s", url, name="full", budget={"trials": 5}, workers={"storage_retry_s": 2})
+    study = write_study(tmp_path / "s", url, name="full", budget={"trials": 4}, workers={"storage_retry_s": 2})
     proc = run_until_third_launch(study, env, tmp_path)
+    time.sleep(1.2)  # its server is up and measuring
     filler = fill(small_fs)
     assert proc.wait(timeout=120) == 69
     out = (tmp_path / "run.log").read_text()
