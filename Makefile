@@ -96,7 +96,8 @@ dashboard: setup
 .PHONY: worker
 STORAGE ?=
 worker: models
-	$(TUNER) worker studies/$(STUDY).yaml $(if $(STORAGE),--storage '$(STORAGE)')
+	@echo "$(TUNER) worker studies/$(STUDY).yaml$(if $(STORAGE), --storage <STORAGE: password not shown>)"
+	@$(TUNER) worker studies/$(STUDY).yaml $(if $(STORAGE),--storage '$(STORAGE)')
 
 # Benchmarks of the tuner itself (issue 7): search efficiency on a recorded grid, overhead
 # and validity against llama-bench, repeatability over two seeds. Results in reports/bench/.

@@ -39,7 +39,7 @@ import yaml
 from tuner.errors import UserError
 from tuner.fingerprint import COMPARABILITY_KEYS
 from tuner.paths import reports_dir
-from tuner import store
+from tuner import hostlock, store
 from tuner.analysis import best_per_suite, feasible, front_2d, knee, trials_frame
 from tuner.context import prepare
 from tuner.launch import ServerCommand, cpu_mask
@@ -172,7 +172,8 @@ def race_for_export(study: optuna.Study, record: StudyRecord, candidates: list[T
     for trial in candidates:
         if not Path(trial.command.binary).exists():
             raise UserError(f"{trial.command.binary}: not on this host; export on the study's host or pass --no-race")
-    return race_study(ctx, study, progress, candidates)
+    with hostlock.measuring(record.name, progress=progress):  # one measurement per host
+        return race_study(ctx, study, progress, candidates)
 
 
 # ------------------------------------------------------------------ writing
@@ -312,6 +313,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-race", action="store_true",
                         help="export the recorded choice without racing it (its figures are single measurements)")
     parser.add_argument("--out", type=Path, help="output folder (default: reports/STUDY/export)")
+    hostlock.add_argument(parser)
     parser.add_argument("--preset", type=Path, help=f"shared preset file (default: reports/{PRESET_FILE})")
 
 

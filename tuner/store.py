@@ -12,7 +12,15 @@ or writes user attrs.
 Schema versions: 1 stored loose attrs per field (before records); a study of schema 1
 is refused with a one-line message naming its version. A trial that ended without
 writing a record (its process was killed, or a heartbeat failed it) reads back as a
-failed record with reason ``orphaned``.
+failed record with reason ``orphaned``; one failed on resume under the SQLite lock
+(``coordination.fail_orphans``) stores that reason itself.
+
+A measured trial reaches storage through the local journal (``tuner.journal``): its
+record is appended there (fsynced) first, then written here; a storage outage
+(``tuner.outage``) leaves it in the journal, and the next run adds it to the study as a
+new finished trial carrying the same record, with system attrs ``replay_of`` (the
+original number) and ``retry_history`` (so the budget counts it once). Storage URLs are
+shown only through ``tuner.urls.safe_url`` (password as ``***``).
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UserError
 from tuner.records import SCHEMA_VERSION, Failure, Reference, StudyRecord, TrialRecord, config_from_dict
+from tuner.outage import problem_of
 from tuner.spec import default_storage_url
+from tuner.urls import safe_url, with_driver
 from tuner.validate import load_yaml_mapping
 
 STUDY_RECORD = "study_record"
@@ -133,6 +143,12 @@ def search_context(study: optuna.Study) -> tuple[dict, list[str]] | None:
     return (data["space"], list(data["objectives"])) if data else None
 
 
+def write_finished_record(study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
+    """The record of a trial this process does not run (an orphan being failed): written
+    while it is still RUNNING, before it is told finished."""
+    study._storage.set_trial_user_attr(trial._trial_id, TRIAL_RECORD, record.to_json())
+
+
 def mark_running(trial: optuna.Trial, worker: str, port: int) -> None:
     trial.set_user_attr(RUNNING_ON, {"worker": worker, "port": port})
 
@@ -230,18 +246,30 @@ def resolve_ref(ref: str, storage: str | None) -> tuple[str, str]:
 def require_storage(url: str) -> None:
     """A missing SQLite file is a typo or a study never run, not a new empty database."""
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        raise UserError(f"storage {url}: no such file; run a study first (`tuner run studies/NAME.yaml`) or pass --storage")
+        raise UserError(f"storage {safe_url(url)}: no such file; run a study first (`tuner run studies/NAME.yaml`) "
+                        "or pass --storage")
 
 
 def open_stored_study(ref: str, storage: str | None = None) -> tuple[optuna.Study, StudyRecord]:
-    """A stored study by name or study file, with its record; an unknown name lists the known ones."""
+    """A stored study by name or study file, with its record; an unknown name lists the known ones,
+    an unreachable or missing database is one line."""
     name, url = resolve_ref(ref, storage)
     require_storage(url)
     try:
-        study = optuna.load_study(study_name=name, storage=url, sampler=optuna.samplers.RandomSampler(seed=0))
-    except KeyError:
-        known = optuna.get_all_study_names(url)
-        raise UserError(
-            f"study {name!r}: not in {url}; known studies: {', '.join(known) or 'none'}"
-        ) from None
+        try:
+            study = optuna.load_study(study_name=name, storage=with_driver(url),
+                                      sampler=optuna.samplers.RandomSampler(seed=0))
+        except KeyError:
+            known = optuna.get_all_study_names(with_driver(url))
+            raise UserError(
+                f"study {name!r}: not in {safe_url(url)}; known studies: {', '.join(known) or 'none'}"
+            ) from None
+    except UserError:
+        raise
+    except Exception as err:  # sqlalchemy and the drivers raise many kinds; all mean "cannot use this URL"
+        if not isinstance(err, ImportError) and type(err).__module__.split(".")[0] not in ("sqlalchemy", "psycopg",
+                                                                                          "psycopg2", "sqlite3"):
+            raise
+        raise UserError(f"storage {safe_url(url)}: cannot open ({problem_of(err, url)}); "
+                        "check the URL and that the database is reachable") from None
     return study, read_study_record(study)

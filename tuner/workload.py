@@ -96,6 +96,8 @@ def load_workload(suites: list[str], base_dir: Path) -> Workload:
                 text = path.read_text()
             except OSError as err:
                 raise UserError(f"{entry}: cannot read suite file ({err.strerror}; relative to {base_dir})") from err
+            except UnicodeDecodeError as err:
+                raise UserError(f"{entry}: not a text file (no UTF-8 at byte {err.start}); pass a suite YAML file") from None
             where = entry
             suite_prompts = parse_suite(text, suite=path.stem, where=where)
         for prompt in suite_prompts:
