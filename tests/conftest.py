@@ -33,8 +33,10 @@ def running_llama_processes() -> list[str]:
 
 @pytest.fixture(autouse=True, scope="session")
 def storage_outside_the_repo(tmp_path_factory):
-    """Trial logs and default storages of tests go to a temporary folder, not storage/."""
+    """Trial logs and default storages of tests go to a temporary folder, not storage/; the
+    host's measurement lock is this session's own, so parallel sessions do not wait on each other."""
     os.environ["TUNER_STORAGE_DIR"] = str(tmp_path_factory.mktemp("storage"))
+    os.environ["TUNER_MEASURE_LOCK"] = str(tmp_path_factory.mktemp("lock") / "measure.lock")
 
 
 @pytest.fixture(scope="session")
