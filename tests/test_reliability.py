@@ -119,7 +119,7 @@ def test_each_fault_fails_its_trial_with_reason_and_log_tail_and_the_study_goes_
 
 
 def test_an_exception_mid_trial_still_stops_the_server(tmp_path, env, monkeypatch):
-    def buggy_measurement(server, *args):
+    def buggy_measurement(server, *args, **kwargs):
         assert server.complete("def f():\n", 4, 0.0, 1).predicted_n == 4  # the server is up and answering
         raise RuntimeError("a bug while measuring")
 

@@ -76,7 +76,7 @@ class Journal:
             "values": list(values) if values is not None else None,
             "params": trial.params,
             "distributions": {k: distribution_to_json(d) for k, d in trial.distributions.items()},
-            "user_attrs": {store.ROLE: record.role, store.TRIAL_RECORD: record.to_json()},
+            "attrs": store.record_attrs(record),
             "constraint": record.constraint,
             "reference": asdict(reference) if reference is not None else None,
         }
@@ -126,10 +126,10 @@ class Journal:
             number = entry["number"]
             original = trials.get(number)
             if number in replayed or (original is not None and original.state.is_finished()
-                                      and store.TRIAL_RECORD in original.user_attrs):
+                                      and store.has_record(original)):
                 self.unstored.discard(number)
                 continue
-            record = json.loads(json.dumps(entry["user_attrs"][store.TRIAL_RECORD]))
+            record = json.loads(json.dumps(entry["attrs"][store.TRIAL_RECORD]))
             if ((record.get("failure") or {}).get("reason")) == "interrupted":
                 self.unstored.discard(number)  # measured nothing
                 continue
@@ -139,7 +139,7 @@ class Journal:
                 values=entry["values"] if state == TrialState.COMPLETE else None,
                 params=entry["params"],
                 distributions={k: json_to_distribution(d) for k, d in entry["distributions"].items()},
-                user_attrs=entry["user_attrs"],
+                user_attrs=entry["attrs"],
                 system_attrs={REPLAY_OF: number, "retry_history": [number]},
                 constraints={"quality_floor": entry["constraint"]} if entry.get("constraint") is not None else None,
             ))

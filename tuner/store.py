@@ -158,6 +158,15 @@ def running_on(trial: FrozenTrial) -> dict | None:
     return trial.user_attrs.get(RUNNING_ON)
 
 
+def record_attrs(record: TrialRecord) -> dict:
+    """The user attrs that hold a finished trial's record (a trial added whole, e.g. from the journal)."""
+    return {ROLE: record.role, TRIAL_RECORD: record.to_json()}
+
+
+def has_record(trial: FrozenTrial) -> bool:
+    return TRIAL_RECORD in trial.user_attrs
+
+
 def role_of(trial: FrozenTrial | optuna.Trial) -> str:
     return trial.user_attrs.get(ROLE, "search")
 
@@ -208,7 +217,7 @@ def add_measured_trial(study: optuna.Study, record: TrialRecord, params: dict, d
     study.add_trial(optuna.trial.create_trial(
         state=TrialState.COMPLETE if complete else TrialState.FAIL,
         params=params, distributions=distributions, values=values if complete else None,
-        user_attrs={ROLE: record.role, TRIAL_RECORD: record.to_json()},
+        user_attrs=record_attrs(record),
         system_attrs={"constraints": [record.constraint]} if complete else {},
     ))
     return read_trial(study.trials[-1])
