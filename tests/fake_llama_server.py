@@ -10,7 +10,7 @@ active MoE experts, so greedy trials agree with the baseline. Everything around 
 
 Environment (inherited through the tuner, which passes its environment on):
   FAKE_LLAMA_COMMIT    commit printed by ``--version`` (default: the pinned 0c1e570)
-  FAKE_LLAMA_DELAY_S   seconds to sleep in each /completion (a slow, measurable trial)
+  FAKE_LLAMA_DELAY_S   seconds to sleep in each /completion before decoding (reported as prompt time)
   FAKE_LLAMA_JITTER    each request's rate varies by up to +- this fraction (a noisy machine)
   FAKE_LLAMA_SPEED     factor on every speed (default 1: another build, or a busier machine)
   FAKE_LLAMA_LAUNCHES  file to append one JSON line per launch: pid, port, argv
@@ -407,7 +407,7 @@ def main(argv: list[str]) -> int:
             decode_ms = 1000.0 * n / rate
             time.sleep(decode_ms / 1000.0)  # honest timings: the wall clock holds the decode time it reports
             claimed = decode_ms / 10 if fault == "liar" else decode_ms
-            timings = {"prompt_n": 8, "prompt_ms": 4.0, "predicted_n": n, "predicted_ms": claimed,
+            timings = {"prompt_n": 8, "prompt_ms": 4.0 + 1000 * delay, "predicted_n": n, "predicted_ms": claimed,
                        "predicted_per_second": 1000.0 * n / claimed}
             if k:
                 drafted = n * k // 2
