@@ -11,6 +11,8 @@ Environment (inherited through the tuner, which passes its environment on):
   FAKE_LLAMA_COMMIT    commit printed by ``--version`` (default: the pinned 0c1e570)
   FAKE_LLAMA_DELAY_S   seconds to sleep in each /completion (a slow, measurable trial)
   FAKE_LLAMA_JITTER    each request's rate varies by up to +- this fraction (a noisy machine)
+  FAKE_LLAMA_SHORT_K   a prompt containing this text drafts badly: its acceptance falls fast with K
+                       (content whose best draft length is short, like prose against code)
   FAKE_LLAMA_LAUNCHES  file to append one JSON line per launch: pid, port, argv
   FAKE_LLAMA_FAULTS    JSON {argv substring: fault}; a launch whose argv (joined by
                        spaces, plus a trailing space) contains the substring shows the
@@ -261,7 +263,12 @@ def main(argv: list[str]) -> int:
                                 int(request.get("seed", 0)))
             task = next(requests)
             jitter = float(os.environ.get("FAKE_LLAMA_JITTER") or 0)  # a noisy machine: +-jitter per request
-            rate = tps * (1 + jitter * (2 * ((task * 2654435761) % 1000) / 999 - 1))
+            rate, accept = tps, acceptance
+            short_k = os.environ.get("FAKE_LLAMA_SHORT_K")
+            if k and short_k and short_k in request.get("prompt", ""):
+                accept = max(0.05, 0.6 - 0.15 * k)
+                rate = tps / (1 + acceptance * k) * (1 + accept * k)
+            rate = rate * (1 + jitter * (2 * ((task * 2654435761) % 1000) / 999 - 1))
             decode_ms = 1000.0 * n / rate
             time.sleep(decode_ms / 1000.0)  # honest timings: the wall clock holds the decode time it reports
             claimed = decode_ms / 10 if fault == "liar" else decode_ms
@@ -269,7 +276,7 @@ def main(argv: list[str]) -> int:
                        "predicted_per_second": 1000.0 * n / claimed}
             if k:
                 drafted = n * k // 2
-                timings.update(draft_n=drafted, draft_n_accepted=round(drafted * acceptance))
+                timings.update(draft_n=drafted, draft_n_accepted=round(drafted * accept))
             self.answer(200, {"content": " ".join(f"w{t}" for t in tokens), "tokens": tokens,
                               "stop_type": "limit", "timings": timings})
 
