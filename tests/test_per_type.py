@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import urllib.request
@@ -17,13 +18,21 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import running_llama_processes
 from fake_llama_server import assert_no_leftover, get_json, wait_for, wait_for_json, write_study
 from tuner import store
 from tuner.cli import main
-from tuner.export import merge_sections
+from tuner.export import Export, merge_sections, write_export
+from tuner.launch import ServerCommand
+from tuner.llama_build import binary
+from tuner.paths import models_dir
 from tuner.per_type import PerTypeResult, tuning_rate
+from tuner.analysis import report_data
 from tuner.records import TrialRecord
+from tuner.report_html import render
+from tuner.roofline import Bandwidth
 from tuner.route import accuracy, content_type
+from tuner.runner import free_port
 from tuner.space import TrialConfig
 from tuner.spec import load_spec
 from tuner.study import run_study
@@ -142,6 +151,11 @@ def test_per_type_export_races_on_held_out_prompts_and_writes_the_sections_that_
     assert "--models-preset" in router and str(preset.resolve()) in router
     assert "mixed-code" in (out / "ROUTER.md").read_text() and '"model"' in (out / "ROUTER.md").read_text()
     assert json.loads((out / "config.json").read_text())["per_type"]["types"]
+    # the report's per-type section: the K curves and the table with the held-out figures
+    page = render(report_data(study, store.read_study_record(study), Bandwidth(1e10, "test", "test")))
+    section = page.split('<section id="per-type">')[1].split("</section>")[0]
+    assert 'id="fig-per-type"' in section and "own entry" in section and "t/s held-out" in section
+    assert f"{code.held_out_tokens_per_second:.2f}" in section
     assert_no_leftover(tmp_path)
 
 
@@ -155,3 +169,78 @@ def test_per_type_export_of_a_one_type_study_is_a_clear_message_not_an_empty_fil
     assert "--per-type: study 't' measured one content type (suite)" in err and "export without --per-type" in err
     assert not preset.exists() and not out.exists()
     assert_no_leftover(tmp_path)
+
+
+# ------------------------------------------------------------------ the real router
+
+
+def served_export(study: str, trial: int, k: int, section: str = "") -> Export:
+    """An export of target + draft-small at draft length K, as `tuner export` builds it from a trial."""
+    synth = models_dir() / "synthetic"
+    command = ServerCommand((), str(binary("llama-server")), (
+        ("--model", str(synth / "target.gguf")), ("--threads", "1"), ("--ctx-size", "512"), ("--parallel", "1"),
+        ("--no-webui", None), ("-md", str(synth / "draft-small.gguf")), ("--spec-type", "draft-simple"),
+        ("--spec-draft-n-max", str(k)), ("-td", "1")))
+    config = {"spec_type": "draft-simple", "draft": "draft-small", "draft_max": k, "temperature": 0.0}
+    per_type = {"types": [{"suite": "code", "held_out_tokens_per_second": 1.0, "gain": 1.1, "gain_low": 1.05,
+                           "gain_high": 1.2}]}
+    return Export(study=study, trial=trial, policy="test", config=config,
+                  metrics={"tokens_per_second": 1.0, "speedup": 1.0, "acceptance": 0.5, "quality": 1.0},
+                  argv=command.argv, command=command, per_content_type=[], llama_cpp={}, machine={},
+                  per_type=per_type, section_name=section)
+
+
+def post_json(url: str, body: dict, timeout: float = 180.0) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
+        return json.load(resp)
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_the_exported_router_serves_every_section_with_its_own_speculative_settings(synthetic_models, tmp_path):
+    out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
+    preset.write_text(OTHERS.replace("[other-study]", "[other-study]\nload-on-startup = false"))
+    pooled, code = served_export("synth", 3, 2), served_export("synth", 5, 12, "synth-code")
+    write_export(pooled, out, preset, [code])
+    assert preset.read_text().startswith(OTHERS.split("[other-study]")[0])
+    port = free_port()
+    log = tmp_path / "router.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([str(out / "serve-router.sh")], stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "LLAMA_ARG_PORT": str(port)})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_json(proc, f"{base}/health", 90, "the router")
+        listed = {m["id"] for m in get_json(f"{base}/models")["data"]}
+        assert {"synth", "synth-code", "other-study", "hand-written"} <= listed
+        lengths: dict[str, float] = {}
+        for name, k in (("synth", 2), ("synth-code", 12)):
+            answer = post_json(f"{base}/v1/completions", {"model": name, "prompt": "def add(a, b):\n    return",
+                                                          "max_tokens": 16, "temperature": 0})
+            assert answer["usage"]["completion_tokens"] > 0
+            props = get_json(f"{base}/props?model={name}")
+            assert props["model_alias"] == name  # answered by that section's own server
+            # (the pinned build's /props shows speculative.types "none" even while drafting: not evidence)
+            entry = next(m for m in get_json(f"{base}/models")["data"] if m["id"] == name)
+            args = entry["status"]["args"]
+            child = int(args[args.index("--port") + 1])
+            # the child's own log, forwarded by the router as "[PORT] ...": how long its drafts were
+            lines = wait_for(lambda: [line for line in log.read_text(errors="replace").splitlines()
+                                      if line.startswith(f"[{child:5d}]") and "draft acceptance" in line],
+                             30, f"{name}'s draft statistics in the log")
+            mean_len = float(re.search(r"mean len =\s*([\d.]+)", lines[-1]).group(1))
+            lengths[name] = mean_len
+            assert 0 < mean_len <= k, lines
+        assert lengths["synth"] <= 2 < lengths["synth-code"], lengths  # K=2 against K=12, each its own
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    # every child the router started has stopped too (conftest's check sees this session's llama-* processes)
+    wait_for(lambda: not running_llama_processes(), 30, "the router's child servers to stop")
