@@ -133,6 +133,18 @@ def assert_no_leftover(tmp_path: Path) -> None:
     assert not leftover, f"llama.cpp processes left running: {leftover}"
 
 
+def stop_group(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """SIGTERM a process started with ``start_new_session`` and its group (a router's children
+    too), SIGKILL whatever is left after ``timeout_s``, and reap the leader."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.1):
     """Poll ``condition()`` until it returns something truthy; fail the test naming ``what``."""
     deadline = time.monotonic() + timeout_s

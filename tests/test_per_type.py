@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import running_llama_processes
-from fake_llama_server import assert_no_leftover, get_json, wait_for, wait_for_json, write_study
+from fake_llama_server import assert_no_leftover, get_json, stop_group, wait_for, wait_for_json, write_study
 from tuner import store
 from tuner.cli import main
 from tuner.export import Export, merge_sections, write_export
@@ -235,12 +234,6 @@ def test_the_exported_router_serves_every_section_with_its_own_speculative_setti
             assert 0 < mean_len <= k, lines
         assert lengths["synth"] <= 2 < lengths["synth-code"], lengths  # K=2 against K=12, each its own
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc)
     # every child the router started has stopped too (conftest's check sees this session's llama-* processes)
     wait_for(lambda: not running_llama_processes(), 30, "the router's child servers to stop")

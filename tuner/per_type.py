@@ -33,7 +33,7 @@ from tuner.context import StudyContext
 from tuner.race import bootstrap_ratio, label
 from tuner.records import TrialRecord
 from tuner.remeasure import Contender, alternate
-from tuner.workload import HELD_OUT_MIN, Split, Workload, restrict, split
+from tuner.workload import HELD_OUT_MIN, Split, restrict, split
 
 RULE = ("a type gets its own entry when its winner beats the pooled winner on the type's held-out prompts with the "
         "whole 95% bootstrap interval of the gain above 1")
