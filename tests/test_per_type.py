@@ -129,7 +129,8 @@ def test_per_type_export_races_on_held_out_prompts_and_writes_the_sections_that_
     path = two_type_study(tmp_path)
     run_study(load_spec(path), progress=lambda _: None)
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
-    preset.write_text(OTHERS)
+    stale = "[mixed-prose]\n; an earlier export's\nmodel = /m/old.gguf\n\n"
+    preset.write_text(OTHERS + stale)
     url = f"sqlite:///{tmp_path / 's.db'}"
     assert main(["export", "mixed", "--storage", url, "--out", str(out), "--preset", str(preset)]) == 0
     printed = capsys.readouterr().out
@@ -144,8 +145,9 @@ def test_per_type_export_races_on_held_out_prompts_and_writes_the_sections_that_
     assert code.config["draft_max"] == 4 and code.pays and code.gain_low > 1.0
     assert code.held_out_tokens_per_second > code.pooled_held_out_tokens_per_second
     text = preset.read_text()
-    assert text.startswith(OTHERS) and "[mixed]" in text and "[mixed-code]" in text and "[mixed-prose]" not in text
-    assert "prose: no own entry" in printed
+    assert text.startswith(OTHERS + stale) and "[mixed]" in text and "[mixed-code]" in text
+    assert text.count("[mixed-prose]") == 1  # an earlier export's section is kept, and the export says so
+    assert "prose: no own entry" in printed and "note: section [mixed-prose] of an earlier export is kept" in printed
     router = (out / "serve-router.sh").read_text()
     assert "--models-preset" in router and str(preset.resolve()) in router
     assert "mixed-code" in (out / "ROUTER.md").read_text() and '"model"' in (out / "ROUTER.md").read_text()

@@ -470,9 +470,22 @@ def run(args: argparse.Namespace) -> int:
         export = replace(export, per_type=per_type[0].to_json() if per_type[0] else None)
         per_type = [replace(e, per_type=export.per_type) for e in per_type[1]]
     out_dir = args.out or reports_dir() / study.study_name / "export"
-    for path in write_export(export, out_dir, args.preset or reports_dir() / PRESET_FILE, per_type):
+    preset = args.preset or reports_dir() / PRESET_FILE
+    for path in write_export(export, out_dir, preset, per_type):
         print(f"wrote {path}")
+    if export.per_type:
+        kept = [section_name(f"{export.section}-{t['suite']}") for t in export.per_type["types"] if not t["pays"]]
+        for name in set(kept) & set(preset_sections(preset)):
+            print(f"note: section [{name}] of an earlier export is kept in {preset}, but this export found no "
+                  f"gain for it on held-out prompts; remove it by hand to serve that type with [{export.section}]")
     return 0
+
+
+def preset_sections(path: Path) -> list[str]:
+    """The section names of a preset file, in order (none when it does not exist)."""
+    if not path.exists():
+        return []
+    return [m.group(1) for line in path.read_text().splitlines() if (m := _HEADER.fullmatch(line))]
 
 
 def _wants_per_type(args: argparse.Namespace, record: StudyRecord, frame: pd.DataFrame) -> bool:
