@@ -145,7 +145,8 @@ def race_per_type(ctx: StudyContext, study: optuna.Study, pooled: TrialRecord,
             low, high = bootstrap_ratio(mine, theirs, ctx.spec.race.seed)
             pays = low > 1.0
             why = (f"x{gain:.2f} over the pooled winner on held-out prompts, 95% interval {low:.2f}-{high:.2f}"
-                   + ("" if pays else ": within the noise, no separate entry"))
+                   + ("" if pays else ": slower than the pooled winner there" if high < 1.0
+                      else ": within the noise, no separate entry"))
         types.append(TypeResult(
             suite=suite, tuning_prompts=list(splits[suite].tuning), held_out_prompts=list(splits[suite].held_out),
             winner=winner.number, config=winner.config.as_dict(), pooled=pooled.number,
