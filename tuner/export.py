@@ -366,6 +366,10 @@ def client_note(pooled: Export, per_type: list[Export]) -> str:
         "",
         f"- `{pooled.section}`: the pooled winner (trial {pooled.trial}), for any content",
         *(f"- `{e.section}`: {_type_note(e)}" for e in per_type),
+        *([f"- no content type's own winner beat the pooled winner on its held-out prompts beyond the noise: "
+           f"every type is served by `{pooled.section}` ("
+           + "; ".join(f"{t['suite']}: {t['why']}" for t in (pooled.per_type or {}).get("types", [])) + ")"]
+          if not per_type else []),
         "",
         "```sh",
         "curl -s http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\",
