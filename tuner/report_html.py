@@ -201,8 +201,8 @@ def per_type_body(data: ReportData) -> str:
         parts.append(_empty("no per-type race recorded yet: `tuner export STUDY --per-type` runs it"))
     else:
         result = data.per_type
-        parts.append(f"<p>Pooled winner: trial {result.pooled}. {html.escape(result.rule)}; "
-                     f"{result.rounds} shuffled rounds.</p>")
+        parts.append(f"<p>Pooled winner: trial {result.pooled}. Rule: {html.escape(result.rule)}; "
+                     f"{result.rounds} shuffled rounds on the held-out prompts.</p>")
         parts.append(_table(per_type_frame(result), {
             "suite": "type", "trial": "winner (tuning)", "method": "draft", "K": "K",
             "tuning_tokens_per_second": "t/s tuning prompts", "held_out_tokens_per_second": "t/s held-out",
