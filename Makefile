@@ -68,9 +68,10 @@ demo: models
 	$(TUNER) doctor
 	$(MAKE) --no-print-directory inspect
 	$(TUNER) run studies/demo.yaml $(if $(TRIALS),--trials $(TRIALS))
-	$(TUNER) report demo
 	$(TUNER) export demo
-	@echo "demo: report in reports/demo/index.html, exported configuration in reports/demo/export/;"
+	$(TUNER) report demo
+	@echo "demo: report in reports/demo/index.html, exported configuration in reports/demo/export/"
+	@echo "      (per content type, when it pays: sections demo-TYPE of reports/models-preset.ini, serve-router.sh);"
 	@echo "      browse every study with \`make dashboard\` (http://127.0.0.1:8080)"
 
 test: models

@@ -13,6 +13,8 @@ Environment (inherited through the tuner, which passes its environment on):
   FAKE_LLAMA_DELAY_S   seconds to sleep in each /completion before decoding (reported as prompt time)
   FAKE_LLAMA_JITTER    each request's rate varies by up to +- this fraction (a noisy machine)
   FAKE_LLAMA_SPEED     factor on every speed (default 1: another build, or a busier machine)
+  FAKE_LLAMA_SHORT_K   a prompt containing this text drafts badly: its acceptance falls fast with K
+                       (content whose best draft length is short, like prose against code)
   FAKE_LLAMA_LAUNCHES  file to append one JSON line per launch: pid, port, argv
   FAKE_LLAMA_FAULTS    JSON {argv substring: fault}; a launch whose argv (joined by
                        spaces, plus a trailing space) contains the substring shows the
@@ -249,6 +251,18 @@ def assert_no_leftover(tmp_path: Path) -> None:
     assert not leftover, f"llama.cpp processes left running: {leftover}"
 
 
+def stop_group(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """SIGTERM a process started with ``start_new_session`` and its group (a router's children
+    too), SIGKILL whatever is left after ``timeout_s``, and reap the leader."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.1):
     """Poll ``condition()`` until it returns something truthy; fail the test naming ``what``."""
     deadline = time.monotonic() + timeout_s
@@ -403,7 +417,12 @@ def main(argv: list[str]) -> int:
                                 active_experts(argv))
             task = next(requests)
             jitter = float(os.environ.get("FAKE_LLAMA_JITTER") or 0)  # a noisy machine: +-jitter per request
-            rate = tps * (1 + jitter * (2 * ((task * 2654435761) % 1000) / 999 - 1))
+            rate, accept = tps, acceptance
+            short_k = os.environ.get("FAKE_LLAMA_SHORT_K")
+            if k and short_k and short_k in request.get("prompt", ""):
+                accept = max(0.05, 0.6 - 0.15 * k)
+                rate = tps / (1 + acceptance * k) * (1 + accept * k)
+            rate = rate * (1 + jitter * (2 * ((task * 2654435761) % 1000) / 999 - 1))
             decode_ms = 1000.0 * n / rate
             time.sleep(decode_ms / 1000.0)  # honest timings: the wall clock holds the decode time it reports
             claimed = decode_ms / 10 if fault == "liar" else decode_ms
@@ -411,7 +430,7 @@ def main(argv: list[str]) -> int:
                        "predicted_per_second": 1000.0 * n / claimed}
             if k:
                 drafted = n * k // 2
-                timings.update(draft_n=drafted, draft_n_accepted=round(drafted * acceptance))
+                timings.update(draft_n=drafted, draft_n_accepted=round(drafted * accept))
             self.answer(200, {"content": " ".join(f"w{t}" for t in tokens), "tokens": tokens,
                               "stop_type": "limit", "timings": timings})
 

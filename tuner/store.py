@@ -6,7 +6,8 @@ commit when the trial ends. Besides them, Optuna-level coordination keeps small 
 a trial's ``role`` (set when it is enqueued), ``requeued_by`` (set by the heartbeat
 retry) and ``running_on`` (worker and server port, set once its server is up: who to
 ask about a running trial), and the study's ``created_by`` (the worker that runs the baseline),
-plus the baseline's ``reference`` outputs, the perplexity cache and the last finalist ``race``. Nothing else reads
+plus the baseline's ``reference`` outputs, the perplexity cache, the last finalist ``race`` and
+the last ``per_type`` race. Nothing else reads
 or writes user attrs.
 
 Schema versions: 1 stored loose attrs per field (before records); a study of schema 1
@@ -46,6 +47,7 @@ CREATED_BY = "created_by"
 REFERENCE = "reference"
 PERPLEXITY = "perplexity"
 RACE = "race"  # the last finalist race (tuner.race.RaceResult as JSON)
+PER_TYPE = "per_type"  # the last per-type race (tuner.per_type.PerTypeResult as JSON)
 SEARCH_STAGE, SEARCH_REASON = "search_stage", "search_reason"  # why the sampler chose a trial
 ORPHANED = "orphaned"  # the process running the trial died before recording it
 
@@ -229,6 +231,14 @@ def write_race(study: optuna.Study, race: dict) -> None:
 
 def read_race(study: optuna.Study) -> dict | None:
     return study.user_attrs.get(RACE)
+
+
+def write_per_type(study: optuna.Study, result: dict) -> None:
+    study.set_user_attr(PER_TYPE, result)
+
+
+def read_per_type(study: optuna.Study) -> dict | None:
+    return study.user_attrs.get(PER_TYPE)
 
 
 def baseline_record(study: optuna.Study) -> TrialRecord | None:
