@@ -22,6 +22,7 @@ from fake_llama_server import PINNED_COMMIT, get_json, run_study_file, wait_for_
 from tuner import store
 from tuner.analysis import front_2d, trials_frame
 from tuner.cli import main
+from tuner.spec import load_spec
 from tuner.errors import UserError
 from tuner.export import Export, build_export, choose, merge_preset, preset_lines, production_argv, shell_script
 from tuner.launch import ServerCommand, cpu_mask
@@ -76,7 +77,7 @@ def test_no_feasible_trial_is_a_one_line_error(storage, tmp_path, capsys):
                                           workload={"suites": ["answers.yaml"], "n_predict": 8},
                                           quality={"scorer": "answers", "floor": 0.99}))
     assert [r.metrics.quality for r in store.read_trials(study)] == [0.0]
-    assert main(["export", "hopeless", "--storage", storage, "--no-confirm"]) == 2
+    assert main(["export", "hopeless", "--storage", storage, "--no-race"]) == 2
     err = capsys.readouterr().err
     assert err == ("tuner export: error: study 'hopeless' has no feasible trial (1 complete, none meets the quality "
                    "floor 0.99); run more trials or lower quality.floor in the study file\n")
@@ -96,14 +97,14 @@ def test_files_script_json_yaml_and_preset(storage, demo, tmp_path, capsys):
     study, record = demo
     best = store.best_feasible(study)
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
-    assert main(["export", "demo", "--storage", storage, "--no-confirm", "--out", str(out), "--preset", str(preset)]) == 0
+    assert main(["export", "demo", "--storage", storage, "--no-race", "--out", str(out), "--preset", str(preset)]) == 0
     printed = capsys.readouterr().out
     assert f"chosen: trial {best.number} (highest tokens/s among trials that meet the quality floor)" in printed
     feasible = [r for r in store.read_trials(study) if r.feasible]
     per_suite = {suite: max(feasible, key=lambda r: r.per_suite_tokens_per_second[suite])
                  for suite in ("code", "prose")}
     for suite, r in per_suite.items():
-        assert (f"best on {suite}: trial {r.number}, draft, K={r.config.draft_max}, T=0.0: "
+        assert (f"best on {suite} (recorded, all its prompts): trial {r.number}, draft, K={r.config.draft_max}, T=0.0: "
                 f"{r.per_suite_tokens_per_second[suite]:.1f} tokens/s") in printed
 
     script = (out / "serve.sh").read_text()
@@ -115,7 +116,7 @@ def test_files_script_json_yaml_and_preset(storage, demo, tmp_path, capsys):
     exported = json.loads((out / "config.json").read_text())
     assert exported == yaml.safe_load((out / "config.yaml").read_text())
     assert (exported["trial"], exported["config"], exported["argv"]) == (best.number, best.config.as_dict(), argv)
-    assert exported["metrics"] == asdict(best.metrics) and exported["confirmation"] is None
+    assert exported["metrics"] == asdict(best.metrics) and exported["race"] is None
     assert [(r["suite"], r["trial"], r["draft_max"]) for r in exported["per_content_type"]] == [
         (suite, r.number, r.config.draft_max) for suite, r in per_suite.items()]
     assert exported["llama_cpp"]["commit"] == record.fingerprint["llama_commit"] == PINNED_COMMIT
@@ -199,6 +200,7 @@ def served(synthetic_models, storage, tmp_path_factory):
         "budget": {"trials": 2},
         "workload": {"suites": ["prompts.yaml"], "n_predict": 16},
         "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 120},
+        "race": {"rounds": 2},
         "storage": storage,
     }))
     study, record = run_study_file(folder / "served.yaml")
@@ -229,7 +231,7 @@ def stop(proc: subprocess.Popen) -> None:
 def test_exported_script_serves_the_synthetic_family(served, storage, tmp_path):
     draft = served[2]
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
-    assert main(["export", "served", "--storage", storage, "--trial", str(draft.number), "--no-confirm",
+    assert main(["export", "served", "--storage", storage, "--trial", str(draft.number), "--no-race",
                  "--out", str(out), "--preset", str(preset)]) == 0
     port = free_port()
     proc = start([str(out / "serve.sh")], tmp_path / "serve.log", env={**os.environ, "LLAMA_ARG_PORT": str(port)})
@@ -269,17 +271,18 @@ def test_preset_file_is_accepted_by_the_llama_server_router(served, tmp_path):
 
 @pytest.mark.llama
 @pytest.mark.slow
-def test_confirmation_remeasures_winner_and_baseline_side_by_side(served, storage, tmp_path, capsys, monkeypatch):
-    draft = served[2]
-    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path))  # the confirmation's server logs
+def test_export_races_the_choice_against_the_baseline_side_by_side(served, storage, tmp_path, capsys, monkeypatch):
+    study, record, draft = served
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path))  # the race's server logs
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
-    assert main(["export", "served", "--storage", storage, "--trial", str(draft.number), "--rounds", "2",
+    assert main(["export", "served", "--storage", storage, "--trial", str(draft.number),
                  "--out", str(out), "--preset", str(preset)]) == 0
     printed = capsys.readouterr().out
-    assert "re-measure round 2/2: winner" in printed
-    assert "confirmed speedup: x" in printed and f"(recorded x{draft.metrics.speedup:.2f}" in printed
-    c = json.loads((out / "config.json").read_text())["confirmation"]
-    assert c["rounds"] == 2 and len(c["winner_tokens_per_second"]) == len(c["baseline_tokens_per_second"]) == 2
-    assert c["drafted"] > 0 and c["speedup"] > 0
-    assert c["falls_short"] == ("WARNING: the confirmation falls short" in printed)
-    assert (tmp_path / "logs" / "served" / "remeasure-winner.log").is_file()
+    rounds = load_spec(record.spec_path).race.rounds
+    assert f"re-measure round {rounds}/{rounds}:" in printed and "winner: trial" in printed
+    race = json.loads((out / "config.json").read_text())["race"]
+    assert race["rounds"] == rounds and {e["trial"] for e in race["entries"]} == {draft.number, race["baseline_trial"]}
+    assert all(len(e["rates"]) == rounds and e["speedup_low"] <= e["speedup"] <= e["speedup_high"] for e in race["entries"])
+    assert race["drafted"][f"trial-{draft.number}"] > 0  # the draft configuration drafted while racing
+    assert store.read_race(study) is not None  # recorded with the study
+    assert (tmp_path / "logs" / "served" / f"remeasure-trial-{draft.number}.log").is_file()
