@@ -129,7 +129,7 @@ _RETRIED = (
     "create_new_trial", "set_trial_param", "get_trial_param", "set_trial_state_values",
     "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr",
     "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id", "get_trial", "get_all_trials",
-    "get_n_trials", "get_best_trial", "_get_stale_trial_ids",
+    "get_n_trials", "get_best_trial", "_get_stale_trial_ids", "_get_trials",  # Optuna's trial cache reads via _get_trials
 )
 
 

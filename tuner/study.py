@@ -216,7 +216,8 @@ class TrialRunner:
         models = [ctx.launch.target, *ctx.launch.drafts.values()]
         before, wall = cpu_seconds_by_process(), time.monotonic()
         # read before measuring: from the measurement on, storage is written only after the journal
-        reference = None if record.role in ("baseline", "sentinel") else store.read_reference(self.study)
+        reference = None if record.role == "baseline" else store.read_reference(self.study)
+        reference_rate = None if record.role in ("baseline", "sentinel") else self._latest_reference_rate()
         incumbent = store.best_feasible(self.study) if ctx.spec.prune and may_prune(record.role) else None
         against = self._drift_corrected(incumbent) if incumbent is not None else []
 
@@ -254,10 +255,8 @@ class TrialRunner:
             self._reference = reference = Reference(
                 trial=record.number, tokens={pid: list(s.tokens) for pid, s in outputs.items()},
                 texts={pid: s.text for pid, s in outputs.items()}, tokens_per_second=scores.tokens_per_second)
-        elif record.role == "sentinel":
-            reference = store.read_reference(self.study)
         quality = self._quality(config, outputs, reference)
-        reference_rate = self._reference_rate(record.role, scores.tokens_per_second)
+        reference_rate = reference_rate or scores.tokens_per_second  # a baseline or sentinel is its own reference
         host = trial_host_state(ctx.launch.topology, busy)
         host.update(evicted_pages=evicted, numa_pages={Path(f).name: n for f, n in pages.items()},
                     placement_problem=contradiction(config.numa, config.numa_node, pages, len(ctx.launch.topology.nodes)))
@@ -292,11 +291,9 @@ class TrialRunner:
         scale = now / then if now and then else 1.0
         return [{**s, "tokens_per_second": s["tokens_per_second"] * scale} for s in incumbent.samples]
 
-    def _reference_rate(self, role: str, tokens_per_second: float) -> float | None:
+    def _latest_reference_rate(self) -> float | None:
         """This worker's latest reference (baseline or sentinel) tokens/s: the speedup known at the time.
         Reports divide by the sentinels interpolated at the trial's time instead (tuner.drift)."""
-        if role in ("baseline", "sentinel"):
-            return tokens_per_second
         mine = [r for r in store.read_trials(self.study) if r.worker == worker_id() and r.complete
                 and r.role in ("baseline", "sentinel") and r.ended_at is not None]
         if mine:
