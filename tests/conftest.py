@@ -16,6 +16,9 @@ LLAMA_PROCESS_NAME = r"^llama-"
 # sees our llama.cpp processes only, never another session's on the same machine.
 SESSION_MARKER = f"TUNER_TEST_SESSION={uuid.uuid4().hex}"
 os.environ["TUNER_TEST_SESSION"] = SESSION_MARKER.split("=", 1)[1]
+# Studies the tests start record this bandwidth instead of running the ~1 s copy probe
+# (test_hardware tests the probe); fake_llama_server.BANDWIDTH is the same figure.
+os.environ["TUNER_MEMORY_BANDWIDTH"] = "20e9"
 
 
 def _ours(pid: str) -> bool:
