@@ -43,6 +43,13 @@ def running_llama_processes() -> list[str]:
     return found
 
 
+def pytest_collection_modifyitems(items):
+    """Tests that run the pinned build get the ``llama`` mark: ``-m "not llama"`` is the unit suite."""
+    for item in items:
+        if {"llama_bin_dir", "synthetic_models"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.llama)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def storage_outside_the_repo(tmp_path_factory):
     """Trial logs and default storages of tests go to a temporary folder, not storage/; the

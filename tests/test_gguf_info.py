@@ -410,7 +410,6 @@ def test_inspect_unreadable_draft_exits_2_with_one_line(tmp_path: Path, capsys) 
 # --- the real vocab-only GGUFs shipped with the pinned llama.cpp source ---
 
 
-@pytest.mark.llama
 def test_real_llama_cpp_vocabs(llama_bin_dir) -> None:
     from tuner.llama_build import source_dir
 

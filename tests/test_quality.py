@@ -60,7 +60,6 @@ def test_perplexity_ratio():
     assert perplexity_ratio(10.0, 12.5) == pytest.approx(0.8)
 
 
-@pytest.mark.llama
 def test_measure_perplexity_on_a_real_model(synthetic_models, llama_bin_dir, tmp_path):
     text_file = tmp_path / "text.txt"
     text_file.write_text(inspect.getsource(tuner.runner))  # Python source: what the synthetic models know

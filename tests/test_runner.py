@@ -48,7 +48,6 @@ def small(synthetic_models) -> Path:
 # --- real llama-server --------------------------------------------------------------
 
 
-@pytest.mark.llama
 def test_ready_completion_deterministic_greedy_and_clean_stop(small, tmp_path):
     port = free_port()
     server = LlamaServer(server_argv(small), port, tmp_path / "server.log", ready_timeout_s=60)
@@ -71,7 +70,6 @@ def test_ready_completion_deterministic_greedy_and_clean_stop(small, tmp_path):
     server.stop()  # idempotent
 
 
-@pytest.mark.llama
 def test_draft_model_drafts(synthetic_models, target, tmp_path):
     argv = server_argv(target, *draft_flags(synthetic_models.path("draft-small")))
     with LlamaServer(argv, free_port(), tmp_path / "server.log", ready_timeout_s=60) as server:
@@ -81,7 +79,6 @@ def test_draft_model_drafts(synthetic_models, target, tmp_path):
     assert 0 < completion.draft_n_accepted <= completion.draft_n  # the family's drafts do predict the target
 
 
-@pytest.mark.llama
 def test_incompatible_draft_serves_without_drafting_and_says_why(synthetic_models, target, tmp_path):
     argv = server_argv(target, *draft_flags(synthetic_models.path("incompatible-draft")))
     with LlamaServer(argv, free_port(), tmp_path / "server.log", ready_timeout_s=60) as server:
@@ -91,7 +88,6 @@ def test_incompatible_draft_serves_without_drafting_and_says_why(synthetic_model
     assert problem and "the target and draft vocabs are not compatible" in problem
 
 
-@pytest.mark.llama
 def test_unknown_flag_is_launch_failed(small, tmp_path):
     argv = server_argv(small, "--no-such-flag")
     with pytest.raises(TrialFailure) as err:
@@ -101,7 +97,6 @@ def test_unknown_flag_is_launch_failed(small, tmp_path):
     assert "--no-such-flag" in err.value.log_tail
 
 
-@pytest.mark.llama
 def test_truncated_gguf_is_model_load_failed(small, tmp_path):
     data = small.read_bytes()
     broken = tmp_path / "truncated.gguf"
@@ -113,7 +108,6 @@ def test_truncated_gguf_is_model_load_failed(small, tmp_path):
     assert "load" in err.value.log_tail
 
 
-@pytest.mark.llama
 def test_port_taken_between_free_port_and_bind_retries_on_another(small, tmp_path):
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
@@ -126,7 +120,6 @@ def test_port_taken_between_free_port_and_bind_retries_on_another(small, tmp_pat
     assert "couldn't bind HTTP server socket" in log and "listening on http" in log
 
 
-@pytest.mark.llama
 def test_stopped_server_times_out_a_request_and_is_still_reaped(small, tmp_path):
     server = LlamaServer(server_argv(small), free_port(), tmp_path / "server.log",
                          ready_timeout_s=60, request_timeout_s=1.0)
@@ -138,7 +131,6 @@ def test_stopped_server_times_out_a_request_and_is_still_reaped(small, tmp_path)
     assert not alive(server.pid)
 
 
-@pytest.mark.llama
 def test_ctrl_c_inside_the_block_still_stops_the_server(small, tmp_path):
     server = LlamaServer(server_argv(small), free_port(), tmp_path / "server.log", ready_timeout_s=60)
     with pytest.raises(KeyboardInterrupt):
@@ -147,7 +139,6 @@ def test_ctrl_c_inside_the_block_still_stops_the_server(small, tmp_path):
     assert not alive(server.pid)
 
 
-@pytest.mark.llama
 def test_server_killed_mid_run_is_reported_not_unreachable(small, tmp_path):
     with pytest.raises(TrialFailure) as err:
         with LlamaServer(server_argv(small), free_port(), tmp_path / "server.log", ready_timeout_s=60) as server:

@@ -14,7 +14,6 @@ from tuner.paths import models_dir
 from tuner.spec import load_spec
 from tuner.study import TrialRunner, open_study, prepare, run_study
 
-pytestmark = pytest.mark.llama
 SYNTH = models_dir() / "synthetic"
 
 

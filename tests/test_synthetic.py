@@ -72,7 +72,6 @@ def test_spec_errors_name_the_member_and_the_field(tmp_path):
 # ---------------------------------------------------------------- generation
 
 
-@pytest.mark.llama
 def test_generation_is_deterministic_fast_small_and_skipped_when_current(synthetic_models, tmp_path):
     start = time.monotonic()
     fresh = family.generate(tmp_path / "family")
@@ -97,7 +96,6 @@ def test_generation_is_deterministic_fast_small_and_skipped_when_current(synthet
     assert damaged.stat().st_size == fresh.model("draft-small").size
 
 
-@pytest.mark.llama
 def test_index_pairs_targets_with_drafts(synthetic_models):
     loaded = family.load(synthetic_models.directory)
     assert loaded == synthetic_models
@@ -106,7 +104,6 @@ def test_index_pairs_targets_with_drafts(synthetic_models):
     assert family.Pair("target", "incompatible-draft", False) in loaded.pairs
 
 
-@pytest.mark.llama
 def test_llama_tokenize_reads_the_vocabulary_back(synthetic_models):
     text = "    def get(self, key, default=None):\n        return self.data.get(key, default)  # é\n"
     out = subprocess.run(
@@ -121,7 +118,6 @@ def test_llama_tokenize_reads_the_vocabulary_back(synthetic_models):
     assert any(voc.types[i] == BYTE for i in ids)  # é falls back to bytes
 
 
-@pytest.mark.llama
 def test_llama_cpp_computes_what_the_draft_is_defined_to_compute(synthetic_models, tmp_path):
     """draft-large's greedy text in llama.cpp equals its float64 definition, token by
     token, up to the first near-tie (which quantization may break either way)."""
@@ -192,24 +188,20 @@ def measured(synthetic_models):
     return points
 
 
-@pytest.mark.llama
 def test_best_draft_acceptance_is_in_band_and_falls_with_k(measured):
     acceptance = [measured[(("large", k), 0.0)].acceptance for k in K_GRID]
     assert 0.40 <= measured[(("large", 4), 0.0)].acceptance <= 0.95, acceptance
     assert all(a > b for a, b in zip(acceptance, acceptance[1:])), acceptance
 
 
-@pytest.mark.llama
 def test_temperature_lowers_acceptance(measured):
     assert measured[(("large", 4), 0.7)].acceptance < measured[(("large", 4), 0.0)].acceptance - 0.05
 
 
-@pytest.mark.llama
 def test_smaller_draft_accepts_less(measured):
     assert measured[(("small", 4), 0.0)].acceptance < measured[(("large", 4), 0.0)].acceptance - 0.05
 
 
-@pytest.mark.llama
 def test_the_drafts_have_different_best_k(measured):
     """The weaker draft wants a shorter draft: its best K is below the better draft's."""
     large = {k: measured[(("large", k), 0.0)].tokens_per_second for k in K_GRID}
@@ -217,7 +209,6 @@ def test_the_drafts_have_different_best_k(measured):
     assert max(small, key=small.get) < max(large, key=large.get), (small, large)
 
 
-@pytest.mark.llama
 def test_greedy_output_is_identical_with_and_without_a_draft(measured):
     base = measured[("base", 0.0)].texts
     assert all(len(t) > 50 for t in base)
@@ -225,7 +216,6 @@ def test_greedy_output_is_identical_with_and_without_a_draft(measured):
         assert measured[(config, 0.0)].texts == base, config
 
 
-@pytest.mark.llama
 def test_best_k_speeds_code_up_and_the_optimum_is_interior(measured):
     base = measured[("base", 0.0)].tokens_per_second
     speed = {k: measured[(("large", k), 0.0)].tokens_per_second / base for k in K_GRID}
@@ -234,14 +224,12 @@ def test_best_k_speeds_code_up_and_the_optimum_is_interior(measured):
     assert best not in (K_GRID[0], K_GRID[-1]), speed
 
 
-@pytest.mark.llama
 def test_one_expert_is_faster_and_changes_the_greedy_output(measured):
     default, one = measured[("moe", 0.0)], measured[("moe-1", 0.0)]
     assert one.tokens_per_second >= 1.3 * default.tokens_per_second
     assert one.texts != default.texts
 
 
-@pytest.mark.llama
 def test_incompatible_draft_serves_without_drafting(synthetic_models, tmp_path):
     launch = landscape.Launch(synthetic_models.path("target"), synthetic_models.path("incompatible-draft"), 4)
     (point,) = landscape.measure(launch, landscape.code_prompts()[:1], log_dir=tmp_path)
@@ -249,7 +237,6 @@ def test_incompatible_draft_serves_without_drafting(synthetic_models, tmp_path):
     assert "the target and draft vocabs are not compatible" in (tmp_path / "server.log").read_text()
 
 
-@pytest.mark.llama
 def test_corrupt_model_fails_to_load(synthetic_models, tmp_path):
     argv = landscape.Launch(synthetic_models.path("corrupt")).argv()
     with pytest.raises(TrialFailure) as failure:
@@ -258,7 +245,6 @@ def test_corrupt_model_fails_to_load(synthetic_models, tmp_path):
     assert failure.value.reason == FailureReason.MODEL_LOAD_FAILED
 
 
-@pytest.mark.llama
 def test_recurrent_member_is_mamba_and_computes_the_small_drafts_text(synthetic_models):
     import gguf
 
