@@ -2,33 +2,52 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import subprocess
+import signal
 import uuid
 from pathlib import Path
 
 import pytest
 
-# Matched against the process *name* (not the command line, which would also match a
-# compiler building llama-server's sources); the kernel keeps 15 characters of it.
-LLAMA_PROCESS_NAME = r"^llama-"
 # Every process this test session starts inherits this marker, so the leftover check
-# sees our llama.cpp processes only, never another session's on the same machine.
+# sees our processes only, never another session's on the same machine.
 SESSION_MARKER = f"TUNER_TEST_SESSION={uuid.uuid4().hex}"
 os.environ["TUNER_TEST_SESSION"] = SESSION_MARKER.split("=", 1)[1]
-
-
-def _ours(pid: str) -> bool:
-    try:
-        return SESSION_MARKER.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:  # gone already, or not ours to read
-        return False
+# Studies the tests start record this bandwidth instead of running the ~1 s copy probe
+# (test_hardware tests the probe); fake_llama_server.BANDWIDTH is the same figure.
+os.environ["TUNER_MEMORY_BANDWIDTH"] = "20e9"
+# A real llama.cpp process is known by its *name* (its command line would also match a
+# compiler building llama-server's sources); the stand-in server runs as
+# ``python .../fake_llama_server.py``, known by that script in its command line.
+LLAMA_PROCESS_PREFIX = "llama-"
+STAND_IN_SCRIPT = b"fake_llama_server.py"
 
 
 def running_llama_processes() -> list[str]:
-    """llama.cpp processes started by this test session (``PID NAME`` lines)."""
-    proc = subprocess.run(["pgrep", "-a", LLAMA_PROCESS_NAME], capture_output=True, text=True)
-    return [line for line in proc.stdout.splitlines() if _ours(line.split()[0])]
+    """llama.cpp processes and stand-in servers started by this test session (``PID COMMAND`` lines).
+
+    A zombie (exited, not reaped yet) has no environment left, so it is not one.
+    """
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or SESSION_MARKER.encode() not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            name = (proc / "comm").read_text().strip()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:  # gone already, or not ours to read
+            continue
+        if name.startswith(LLAMA_PROCESS_PREFIX) or STAND_IN_SCRIPT in cmdline:
+            found.append(f"{proc.name} {cmdline.decode(errors='replace').strip()[:200]}")
+    return found
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that run the pinned build get the ``llama`` mark: ``-m "not llama"`` is the unit suite."""
+    for item in items:
+        if {"llama_bin_dir", "synthetic_models"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.llama)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -57,12 +76,14 @@ def synthetic_models(llama_bin_dir):
 
 @pytest.fixture(autouse=True)
 def no_llama_process_left_behind():
-    """After every test, no llama.cpp process may still run: one left behind skews the rest."""
+    """After every test, none of its llama.cpp servers or stand-ins may still run (a killed
+    tuner's orphan included): one left behind skews the rest."""
     before = set(running_llama_processes())
     yield
     leftover = [p for p in running_llama_processes() if p not in before]
     for line in leftover:  # kill them so one failure does not cascade, then fail loudly
-        subprocess.run(["kill", "-9", line.split()[0]], check=False)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
     assert not leftover, f"llama.cpp processes left running: {leftover}"
 
 

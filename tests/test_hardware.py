@@ -203,9 +203,38 @@ def test_live_affinity_is_within_online_cpus():
     assert affinity and set(affinity) <= {cpu.id for cpu in topo.cpus}
 
 
-def test_memory_bandwidth_probe_is_plausible():
-    bandwidth = hosts.measure_memory_bandwidth(seconds=0.05, size_bytes=16 * 2**20)
-    assert 1e8 < bandwidth < 1e13  # between 0.1 GB/s and 10 TB/s
+@pytest.mark.parametrize(
+    ("seconds", "readings", "best_s"),
+    [
+        # the deadline (0 + 5) passes during the first copy: still three copies, the best one counts
+        (5.0, [0, 10, 13, 20, 21, 30, 32, 99], 1.0),
+        # more copies while the deadline (0 + 50) has not passed
+        (50.0, [0, 10, 13, 20, 21, 30, 32, 40, 41, 41.5, 60], 0.5),
+    ],
+)
+def test_memory_bandwidth_is_bytes_read_and_written_over_the_best_copy(seconds, readings, best_s):
+    clock = iter(readings)
+    bandwidth = hosts.measure_memory_bandwidth(seconds=seconds, size_bytes=8 * KIB, clock=lambda: next(clock))
+    assert bandwidth == 2 * 8 * KIB / best_s
+    assert next(clock, None) is None  # read exactly as scripted: no copy more, none fewer
+
+
+def test_a_study_fingerprint_probes_bandwidth_unless_given_a_figure(tmp_path, monkeypatch):
+    from fake_llama_server import write_study
+
+    from tuner import context
+    from tuner.spec import load_spec
+
+    spec = load_spec(write_study(tmp_path, f"sqlite:///{tmp_path / 'studies.db'}"))
+    monkeypatch.setattr(context, "measure_memory_bandwidth", lambda: 12.5e9)
+    monkeypatch.delenv(context.BANDWIDTH_ENV)
+    assert context.prepare(spec).fingerprint["bandwidth_bytes_per_s"] == 12.5e9
+    monkeypatch.setenv(context.BANDWIDTH_ENV, "3.5e10")  # a figure given: no probe (conftest gives one)
+    assert context.prepare(spec).fingerprint["bandwidth_bytes_per_s"] == 3.5e10
+    for bad in ("fast", "0", "nan"):
+        monkeypatch.setenv(context.BANDWIDTH_ENV, bad)
+        with pytest.raises(UserError, match=f"TUNER_MEMORY_BANDWIDTH='{bad}': expected bytes per second"):
+            context.prepare(spec)
 
 
 # ---------------------------------------------------------------- fingerprint

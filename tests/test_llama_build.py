@@ -20,8 +20,6 @@ from tuner.llama_build import (
     resolve_bin_dir,
 )
 
-pytestmark = pytest.mark.llama
-
 
 def test_pinned_server_reports_the_manifest_commit(llama_bin_dir, monkeypatch):
     monkeypatch.delenv(ENV_BIN_DIR, raising=False)

@@ -73,7 +73,6 @@ def test_outputs_by_prompt_takes_the_first_measured_repetition():
     assert {k: v.text for k, v in outputs.items()} == {"a": "a1", "b": "b1"}
 
 
-@pytest.mark.llama
 def test_run_workload_on_a_real_server(synthetic_models, tmp_path):
     workload = Workload(prompts=(
         Prompt("a", "code", "def flatten(items):\n"),

@@ -14,17 +14,17 @@ from tuner.paths import models_dir
 from tuner.spec import load_spec
 from tuner.study import TrialRunner, open_study, prepare, run_study
 
-pytestmark = pytest.mark.llama
 SYNTH = models_dir() / "synthetic"
 
 
 def write_study(tmp_path: Path, **fields) -> Path:
+    """One thread per server: two spin-wait on each other whenever a busy machine preempts one."""
     study = {
         "name": "t",
         "target": str(SYNTH / "target.gguf"),
         "drafts": [str(SYNTH / "draft-large.gguf"), str(SYNTH / "draft-small.gguf")],
         "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 4, 8],
-                                       "temperature": 0.0, "threads": 2}},
+                                       "temperature": 0.0, "threads": 1}},
         "workload": {"suites": ["code"], "n_predict": 32},
         "measurement": {"warmup": 1, "repetitions": 1, "ctx_size": 512, "trial_timeout_s": 120},
         "quality": {"scorer": "agreement", "floor": 0.99},
@@ -71,19 +71,20 @@ def test_short_study_persists_objectives_and_evidence(tmp_path, synthetic_models
 
 def test_expert_reduction_changes_speed_and_quality(tmp_path, synthetic_models):
     path = write_study(tmp_path, target=str(SYNTH / "moe-target.gguf"), drafts=[],
-                       search_space={"overrides": {"spec_type": "none", "threads": 2, "temperature": 0.0}},
+                       search_space={"overrides": {"spec_type": "none", "threads": 1, "temperature": 0.0}},
                        workload={"suites": ["code"], "n_predict": 48})
     spec = load_spec(path)
     ctx = prepare(spec)
     study = open_study(ctx)
     assert ctx.space.default_experts and ctx.space.default_experts > 1
     runner = TrialRunner(ctx, study, progress=lambda _: None)
-    study.enqueue_trial({"spec_type": "none", "experts": ctx.space.default_experts, "threads": 2},
+    study.enqueue_trial({"spec_type": "none", "experts": ctx.space.default_experts, "threads": 1},
                         user_attrs={store.ROLE: "baseline"})
-    study.enqueue_trial({"spec_type": "none", "experts": 1, "threads": 2})
+    study.enqueue_trial({"spec_type": "none", "experts": 1, "threads": 1})
     study.optimize(runner, n_trials=2)
     full, one = store.read_trials(study)
-    assert one.metrics.tokens_per_second > full.metrics.tokens_per_second
+    # each trial's fastest request (a busy machine only slows requests down), with a margin: measured 1.6x to 2.8x
+    assert max(s["tokens_per_second"] for s in one.samples) >= 1.2 * max(s["tokens_per_second"] for s in full.samples)
     assert full.metrics.quality == pytest.approx(1.0)
     assert one.metrics.quality < 1.0
 
@@ -96,7 +97,7 @@ def test_speculation_that_drafts_nothing_fails_with_its_reason(tmp_path, synthet
     # bypass the validation that refuses this draft, to see what llama.cpp does with it
     ctx.launch.drafts["draft-large"] = (SYNTH / "incompatible-draft.gguf").resolve()
     runner = TrialRunner(ctx, study, progress=lambda _: None)
-    study.enqueue_trial({"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4, "threads": 2})
+    study.enqueue_trial({"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4, "threads": 1})
     study.optimize(runner, n_trials=1, catch=(TrialFailure,))
     trial = store.read_trial(study.trials[0])
     assert trial.state == "FAIL"

@@ -11,7 +11,7 @@ import platform
 import re
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,13 +111,14 @@ def read_host_state(topo: Topology, root: Path = LIVE_ROOT) -> HostState:
     )
 
 
-def measure_memory_bandwidth(seconds: float = 0.5, size_bytes: int = 256 * 2**20, threads: int | None = None) -> float:
+def measure_memory_bandwidth(seconds: float = 0.5, size_bytes: int = 256 * 2**20, threads: int | None = None,
+                             clock: Callable[[], float] = time.perf_counter) -> float:
     """Memory copy bandwidth in bytes/s with one copy thread per core (best of several rounds).
 
     Bytes are counted STREAM-style (read + write of the array). Decode without
     speculation reads every weight once per token, so bandwidth / weight bytes is its
     ceiling (the roofline). numpy releases the GIL while copying, so the threads copy
-    their slices at once; a round lasts until the slowest finishes.
+    their slices at once; a round lasts until the slowest finishes. ``clock`` is for tests.
     """
     import numpy as np  # lazy: keeps `tuner --help` fast
     from concurrent.futures import ThreadPoolExecutor
@@ -127,13 +128,13 @@ def measure_memory_bandwidth(seconds: float = 0.5, size_bytes: int = 256 * 2**20
     dst = np.zeros_like(src)  # untouched pages: the first round faults them in, best-of drops it
     slices = [slice(i * len(src) // threads, (i + 1) * len(src) // threads) for i in range(threads)]
     best = float("inf")
-    deadline = time.perf_counter() + seconds
+    deadline = clock() + seconds
     runs = 0
     with ThreadPoolExecutor(threads) as pool:
-        while runs < 3 or time.perf_counter() < deadline:
-            start = time.perf_counter()
+        while runs < 3 or clock() < deadline:
+            start = clock()
             list(pool.map(lambda part: np.copyto(dst[part], src[part]), slices))
-            best = min(best, time.perf_counter() - start)
+            best = min(best, clock() - start)
             runs += 1
     return 2 * src.nbytes / best
 

@@ -213,8 +213,9 @@ class LlamaServer:
     command, launcher prefix and binary included, without ``--host``/``--port``) and
     polls ``GET /health`` until it answers 200, raising a classified ``TrialFailure``
     if the process exits or the wait times out; ``complete`` sends requests;
-    ``__exit__`` (or ``stop``) ends the process group on every path. If ``__enter__``
-    fails, it has already stopped the process.
+    ``__exit__`` (or ``stop``) ends the process group on every path: SIGTERM, then
+    SIGKILL after ``stop_grace_s`` (tests of the stop path pass a short one). If
+    ``__enter__`` fails, it has already stopped the process.
     """
 
     def __init__(
@@ -225,6 +226,7 @@ class LlamaServer:
         ready_timeout_s: float = 120.0,
         request_timeout_s: float = 120.0,
         host: str = "127.0.0.1",
+        stop_grace_s: float = STOP_GRACE_S,
     ):
         self.argv = list(argv)
         self.port = port
@@ -232,6 +234,7 @@ class LlamaServer:
         self.ready_timeout_s = ready_timeout_s
         self.request_timeout_s = request_timeout_s
         self.host = host
+        self.stop_grace_s = stop_grace_s
         self._proc: subprocess.Popen | None = None
         # Never through an HTTP proxy from the environment: the server is local.
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -375,9 +378,9 @@ class LlamaServer:
         raise TrialFailure(reason, f"llama-server died during a request ({describe_exit(returncode)})", self.log_tail())
 
     def stop(self) -> None:
-        """End the process group (SIGTERM, then SIGKILL after 5 s) and reap it; idempotent."""
+        """End the process group (SIGTERM, then SIGKILL after ``stop_grace_s``) and reap it; idempotent."""
         if self._proc is not None:
-            stop_process_group(self._proc)
+            stop_process_group(self._proc, self.stop_grace_s)
 
     def log_tail(self, n: int = 40) -> str:
         return read_log_tail(self.log_path, n)
