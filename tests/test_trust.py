@@ -148,8 +148,8 @@ def test_a_decode_time_the_wall_clock_cannot_hold_is_refused():
 
 def test_a_rate_far_above_the_roofline_without_speculation_is_impossible_unless_cache_resident():
     roof = Roofline(Bandwidth(20e9, "fingerprint", ""), 1_000_000_000, None, None, None, "")  # 20 t/s ceiling
-    assert impossible(25.0, roof, None, llc_bytes=32 * 2**20) is None
-    assert "roofline" in impossible(40.0, roof, None, llc_bytes=32 * 2**20)
+    assert impossible(35.0, roof, None, llc_bytes=32 * 2**20) is None
+    assert "roofline" in impossible(45.0, roof, None, llc_bytes=32 * 2**20)
     assert impossible(40.0, roof, None, llc_bytes=2**30) is None  # weights fit in 4 caches: not memory-bound
 
 

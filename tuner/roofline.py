@@ -18,7 +18,7 @@ from tuner.host import measure_memory_bandwidth
 from tuner.records import StudyRecord
 from tuner.topology import read_topology
 
-ABOVE_ROOFLINE_FACTOR = 1.5  # a non-speculative trial this far above the ceiling is impossible
+ABOVE_ROOFLINE_FACTOR = 2.0  # a non-speculative trial this far above the (estimated) ceiling is impossible
 CACHE_RESIDENT_FACTOR = 4  # weights below this many last-level caches may be served from cache
 LLC_SIZE_FILE = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
 
