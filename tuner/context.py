@@ -18,6 +18,7 @@ from tuner.launch import LaunchContext, meaningful_numa_policies
 from tuner.llama_build import binary, find_build_info, resolve_bin_dir
 from tuner.measure import MeasurementSettings
 from tuner.paths import storage_dir
+from tuner.quantize import Variant, ensure_variant
 from tuner.records import StudyRecord
 from tuner.knobs import KNOB_TYPES
 from tuner.space import ResolvedSpace, resolve_space
@@ -40,6 +41,7 @@ class StudyContext:
     fingerprint: dict
     build: dict
     log_dir: Path
+    quantized: dict[str, Variant] | None = None  # draft name -> variant made by llama-quantize
 
     @property
     def settings(self) -> MeasurementSettings:
@@ -63,24 +65,28 @@ class StudyContext:
             spec_path=str(spec.path.resolve()),
             workload={"prompts": [p.id for p in self.workload.prompts], "digest": self.workload.digest()},
             measurement=self.settings.comparability(),
+            quantized_drafts={name: v.provenance for name, v in (self.quantized or {}).items()},
         )
 
 
 def check_models_and_space(
-    spec: StudySpec, topo: Topology, numactl: str | None
+    spec: StudySpec, topo: Topology, numactl: str | None, quantized: dict[str, Path] | None = None
 ) -> tuple[ModelInfo, dict[str, ModelInfo], ResolvedSpace]:
-    """Read the GGUF headers, refuse incompatible drafts, fit the space to this machine."""
+    """Read the GGUF headers, refuse incompatible drafts, fit the space to this machine.
+    ``quantized``: the quantize variants' files by draft name (see ``make_variants``)."""
     target = read_model_info(spec.target)
     drafts: dict[str, ModelInfo] = {}
-    for i, path in enumerate(spec.drafts):
+    named = [(f"drafts[{i}]", path.stem, path) for i, path in enumerate(spec.drafts)]
+    named += [(f"drafts (quantize {name})", name, path) for name, path in (quantized or {}).items()]
+    for where, name, path in named:
         info = read_model_info(path)
         compat = check_draft_compatibility(target, info)
         if not compat.ok:
             raise UserError(
-                f"{spec.path}: drafts[{i}]: {path.name} cannot draft for {spec.target.name} "
+                f"{spec.path}: {where}: {path.name} cannot draft for {spec.target.name} "
                 f"({'; '.join(compat.reasons)}); remove it from drafts"
             )
-        drafts[path.stem] = info
+        drafts[name] = info
     space = resolve_space(
         spec.space,
         fields=Fields(spec.path, {}),
@@ -99,12 +105,24 @@ def check_models_and_space(
     return target, drafts, space
 
 
-def prepare(spec: StudySpec) -> StudyContext:
+def make_variants(spec: StudySpec, bin_dir: Path, progress=print) -> dict[str, Variant]:
+    """Every quantize variant the study asks for, made now or taken from the cache (tuner.quantize)."""
+    variants = {}
+    for request in spec.quantize:
+        variant = ensure_variant(request, bin_dir, source_file_type=read_model_info(request.source).file_type)
+        progress(f"draft {request.name}: {'made' if variant.made else 'cached'} {variant.path}")
+        variants[request.name] = variant
+    return variants
+
+
+def prepare(spec: StudySpec, progress=print) -> StudyContext:
     """Check everything a study needs before anything is written or launched."""
     topo = read_topology()
     numactl = numactl_path()
-    target, drafts, space = check_models_and_space(spec, topo, numactl)
     bin_dir = resolve_bin_dir(spec.bin_dir)
+    quantized = make_variants(spec, bin_dir, progress)
+    target, drafts, space = check_models_and_space(spec, topo, numactl,
+                                                   {name: v.path for name, v in quantized.items()})
     server = binary("llama-server", bin_dir)
     build = find_build_info(bin_dir)
     workload = load_workload(list(spec.suites), spec.base_dir)
@@ -131,4 +149,5 @@ def prepare(spec: StudySpec) -> StudyContext:
                                 bandwidth_bytes_per_s=measure_memory_bandwidth()),
         build=build,
         log_dir=storage_dir() / "logs" / spec.name,
+        quantized=quantized,
     )
