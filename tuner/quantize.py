@@ -117,8 +117,9 @@ def ensure_variant(request: QuantizeRequest, bin_dir: str | Path | None = None, 
     if done.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
         lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
-        why = next((ln for ln in reversed(lines) if "error" in ln.lower() or "failed" in ln.lower()),
-                   lines[-1] if lines else f"exit {done.returncode}")
+        # "llama_model_quantize: failed to quantize: <reason>" names the cause; the last line only the file
+        why = next((ln.split("failed to quantize:", 1)[1].strip() for ln in lines if "failed to quantize:" in ln),
+                   next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else f"exit {done.returncode}"))
         raise UserError(f"cannot quantize {request.source.name} to {request.type}: {why}")
     os.replace(tmp, out)
     return Variant(request, out, True, provenance)
