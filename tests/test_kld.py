@@ -67,3 +67,32 @@ def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(synth
     fewer = [at(n) for n in (2, 1)]
     assert 0 < fewer[0]["mean_kld"] < fewer[1]["mean_kld"]
     assert 1.0 > fewer[0]["same_top"] >= fewer[1]["same_top"]
+
+
+@pytest.mark.llama
+def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(tmp_path, synthetic_models):
+    from tuner import store
+    from tuner.study import TrialRunner, open_study, prepare
+
+    text = tmp_path / "text.txt"
+    text.write_text(inspect.getsource(tuner.runner))
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "kld", "target": str(synthetic_models.path("moe-target")),
+        "search_space": {"overrides": {"spec_type": "none", "threads": 1, "temperature": 0.0}},
+        "workload": {"suites": ["code"], "n_predict": 16},
+        "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 512, "trial_timeout_s": 120},
+        "quality": {"scorer": "kld", "floor": 0.5, "max_kld": 0.0005, "text_file": str(text)},
+        "storage": f"sqlite:///{tmp_path / 'studies.db'}", "sampler": {"name": "tpe"}}))
+    ctx = prepare(load_spec(path), progress=lambda _: None)
+    study = open_study(ctx)
+    study.enqueue_trial({"spec_type": "none", "experts": ctx.space.default_experts, "threads": 1},
+                        user_attrs={store.ROLE: "baseline"})
+    study.enqueue_trial({"spec_type": "none", "experts": 1, "threads": 1})
+    study.optimize(TrialRunner(ctx, study, progress=lambda _: None), n_trials=2)
+    full, one = store.read_trials(study)
+    assert full.scores == {"mean_kld": 0.0, "same_top": 1.0} and full.metrics.quality == 1.0 and full.feasible
+    assert one.scores["mean_kld"] > 0.0005 and one.metrics.quality == one.scores["same_top"] > 0.5
+    assert not one.feasible  # above the floor, but over max_kld
+    assert len(list(ctx.log_dir.glob("kld-base-*.bin"))) == 1  # the base logits, saved once
+    assert len(store.kld_cache(study)) == 1  # the baseline model is not scored against itself

@@ -315,6 +315,8 @@ class TrialRunner:
         if key not in cache:
             text_file = ctx.spec.quality.text_file
             base_flags = self._model_flags(baseline_config(ctx.space))
+            if flags == base_flags:  # the baseline's own model: zero by definition (a rerun differs by
+                return {"mean_kld": 0.0, "same_top": 1.0}  # batch-order rounding only, ~1e-6)
             base_key = digest([base_flags, hashlib.sha256(text_file.read_bytes()).hexdigest()])
             base = quality_scorers.save_kld_base(
                 base_flags, text_file, ctx.log_dir / f"kld-base-{base_key}.bin",
