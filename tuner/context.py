@@ -7,6 +7,7 @@ fingerprint. Study runs, the grid recorder and the benchmarks all start here.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,7 +106,11 @@ def check_models_and_space(
     return target, drafts, space
 
 
-def make_variants(spec: StudySpec, bin_dir: Path, progress=print) -> dict[str, Variant]:
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def make_variants(spec: StudySpec, bin_dir: Path, progress=_to_stderr) -> dict[str, Variant]:
     """Every quantize variant the study asks for, made now or taken from the cache (tuner.quantize)."""
     variants = {}
     for request in spec.quantize:
@@ -115,7 +120,7 @@ def make_variants(spec: StudySpec, bin_dir: Path, progress=print) -> dict[str, V
     return variants
 
 
-def prepare(spec: StudySpec, progress=print) -> StudyContext:
+def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
     """Check everything a study needs before anything is written or launched."""
     topo = read_topology()
     numactl = numactl_path()

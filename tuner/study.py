@@ -376,7 +376,7 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
 
     Every ``sentinel.every_trials`` trials (or minutes) this process re-measures the baseline
     configuration first (tuner.drift). With ``race`` the finalists are raced at the end (tuner.race)."""
-    ctx = prepare(spec)
+    ctx = prepare(spec, progress)
     lock = hold_sqlite_study(spec.storage, spec.name)
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress line replaces Optuna's
