@@ -83,7 +83,7 @@ def test_a_variant_is_made_once_then_taken_from_the_cache(synthetic_models, llam
     made = ensure_variant(request, llama_bin_dir, cache=tmp_path, source_file_type="F16")
     assert made.made and made.path.is_file() and made.path.parent == tmp_path
     assert made.path.name == f"{made.provenance['source_sha256'][:16]}-Q8_0.gguf"
-    assert made.provenance["command"][1:] == [str(source), str(made.path), "Q8_0"]  # F16 source: no requantize
+    assert made.provenance["command"][1:] == [str(source.resolve()), str(made.path), "Q8_0"]  # F16 source: no requantize
     assert not list(tmp_path.glob("*.tmp.gguf"))
     mtime = made.path.stat().st_mtime_ns
     again = ensure_variant(request, llama_bin_dir, cache=tmp_path, source_file_type="F16")

@@ -101,7 +101,7 @@ def ensure_variant(request: QuantizeRequest, bin_dir: str | Path | None = None, 
     digest = source_digest(request.source, cache)
     out = cache / f"{digest[:16]}-{request.type}.gguf"
     requantize = (source_file_type or "").upper() not in UNQUANTIZED
-    command = quantize_command(tool, request.source, out, request.type, requantize)
+    command = quantize_command(tool, request.source.resolve(), out, request.type, requantize)
     provenance = {"source": str(request.source.resolve()), "source_sha256": digest, "type": request.type,
                   "command": command}
     if out.is_file():
@@ -109,7 +109,7 @@ def ensure_variant(request: QuantizeRequest, bin_dir: str | Path | None = None, 
     cache.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.stem}.{os.getpid()}.tmp.gguf")
     try:
-        done = subprocess.run(quantize_command(tool, request.source, tmp, request.type, requantize),
+        done = subprocess.run(quantize_command(tool, request.source.resolve(), tmp, request.type, requantize),
                               capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         tmp.unlink(missing_ok=True)
