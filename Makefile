@@ -82,9 +82,10 @@ demo: models
 	$(TUNER) doctor
 	$(MAKE) --no-print-directory inspect
 	$(TUNER) run studies/demo.yaml $(if $(TRIALS),--trials $(TRIALS))
-	$(TUNER) report demo
 	$(TUNER) export demo
-	@echo "demo: report in reports/demo/index.html, exported configuration in reports/demo/export/;"
+	$(TUNER) report demo
+	@echo "demo: report in reports/demo/index.html, exported configuration in reports/demo/export/"
+	@echo "      (per content type, when it pays: sections demo-TYPE of reports/models-preset.ini, serve-router.sh);"
 	@echo "      browse every study with \`make dashboard\` (http://127.0.0.1:8080)"
 
 test: models
@@ -110,7 +111,8 @@ dashboard: setup
 .PHONY: worker
 STORAGE ?=
 worker: models
-	$(TUNER) worker studies/$(STUDY).yaml $(if $(STORAGE),--storage '$(STORAGE)')
+	@echo "$(TUNER) worker studies/$(STUDY).yaml$(if $(STORAGE), --storage <STORAGE: password not shown>)"
+	@$(TUNER) worker studies/$(STUDY).yaml $(if $(STORAGE),--storage '$(STORAGE)')
 
 # Benchmarks of the tuner itself (issue 7): search efficiency on a recorded grid, overhead
 # and validity against llama-bench, repeatability over two seeds. Results in reports/bench/.

@@ -33,8 +33,10 @@ def running_llama_processes() -> list[str]:
 
 @pytest.fixture(autouse=True, scope="session")
 def storage_outside_the_repo(tmp_path_factory):
-    """Trial logs and default storages of tests go to a temporary folder, not storage/."""
+    """Trial logs and default storages of tests go to a temporary folder, not storage/; the
+    host's measurement lock is this session's own, so parallel sessions do not wait on each other."""
     os.environ["TUNER_STORAGE_DIR"] = str(tmp_path_factory.mktemp("storage"))
+    os.environ["TUNER_MEASURE_LOCK"] = str(tmp_path_factory.mktemp("lock") / "measure.lock")
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +71,22 @@ def env(tmp_path, monkeypatch) -> dict:
     """For tests with the stand-in llama-server: logs under tmp_path, every launch recorded."""
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     monkeypatch.setenv("FAKE_LLAMA_LAUNCHES", str(tmp_path / "launches.jsonl"))
-    for var in ("FAKE_LLAMA_FAULTS", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_COMMIT", "FAKE_LLAMA_JITTER"):
+    for var in ("FAKE_LLAMA_FAULTS", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_COMMIT", "FAKE_LLAMA_SPEED", "FAKE_LLAMA_JITTER"):
         monkeypatch.delenv(var, raising=False)
     return dict(os.environ)
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory) -> str:
+    """One SQLite file for a test module's studies: creating an Optuna schema costs seconds on a busy box."""
+    return f"sqlite:///{tmp_path_factory.mktemp('storage') / 'studies.db'}"
+
+
+@pytest.fixture(scope="module")
+def demo(storage, tmp_path_factory):
+    """(study, record) of the stand-in's demo study (``fake_llama_server.write_demo_study``),
+    measured by the real runner once per test module that reads it."""
+    from fake_llama_server import DEMO_FAULTS, run_study_file, write_demo_study
+
+    folder = tmp_path_factory.mktemp("demo")
+    return run_study_file(write_demo_study(folder, storage), FAKE_LLAMA_FAULTS=DEMO_FAULTS)

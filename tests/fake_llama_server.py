@@ -2,15 +2,19 @@
 
 It speaks the part of llama-server's interface the tuner uses: ``--version`` on stderr,
 ``--host``/``--port``, ``GET /health`` and ``POST /completion`` with llama.cpp's
-``timings``. Speed and acceptance are pure functions of the argv, so different
-configurations measure differently and the same one always the same; tokens are a pure
-function of the prompt (and temperature), so greedy trials agree with the baseline.
-Everything around it (workers, storage, Optuna, runner, measurement) is real.
+``timings``. Speed and acceptance are pure functions of the argv and the prompt, so
+different configurations (and content types) measure differently and the same one
+always the same; tokens are a pure function of the prompt, the temperature and the
+active MoE experts, so greedy trials agree with the baseline. Everything around it
+(workers, storage, Optuna, runner, measurement) is real.
 
 Environment (inherited through the tuner, which passes its environment on):
   FAKE_LLAMA_COMMIT    commit printed by ``--version`` (default: the pinned 0c1e570)
-  FAKE_LLAMA_DELAY_S   seconds to sleep in each /completion (a slow, measurable trial)
+  FAKE_LLAMA_DELAY_S   seconds to sleep in each /completion before decoding (reported as prompt time)
   FAKE_LLAMA_JITTER    each request's rate varies by up to +- this fraction (a noisy machine)
+  FAKE_LLAMA_SPEED     factor on every speed (default 1: another build, or a busier machine)
+  FAKE_LLAMA_SHORT_K   a prompt containing this text drafts badly: its acceptance falls fast with K
+                       (content whose best draft length is short, like prose against code)
   FAKE_LLAMA_LAUNCHES  file to append one JSON line per launch: pid, port, argv
   FAKE_LLAMA_FAULTS    JSON {argv substring: fault}; a launch whose argv (joined by
                        spaces, plus a trailing space) contains the substring shows the
@@ -40,6 +44,7 @@ from pathlib import Path
 
 PINNED_COMMIT = "0c1e570"
 FAULTS = ("launch", "exit137", "crash", "hang", "crash_mid_run", "http500", "nodraft", "http200error", "liar")
+DEFAULT_EXPERTS = 4  # a MoE target's expert_used_count, as write_moe_study writes it
 
 
 def install(bin_dir: Path) -> Path:
@@ -53,7 +58,8 @@ def install(bin_dir: Path) -> Path:
 
 def write_study(folder: Path, storage: str, name: str = "t", **fields) -> Path:
     """``folder/study.yaml``: metadata-only models, a two-prompt suite and this stand-in as
-    ``llama_cpp.bin_dir``, measured quickly; ``fields`` replace top-level keys."""
+    ``llama_cpp.bin_dir``, measured quickly; ``fields`` replace top-level keys. Pruning and
+    sentinels are off unless a test asks for them, so a study measures exactly its trials."""
     import yaml  # test side only: the stand-in server itself starts on the standard library
 
     from gguf_factory import write_gguf
@@ -77,13 +83,109 @@ def write_study(folder: Path, storage: str, name: str = "t", **fields) -> Path:
         "quality": {"scorer": "agreement", "floor": 0.9},
         "budget": {"trials": 4},
         "storage": storage,
-        "sampler": {"name": "tpe", "seed": 1},
+        "sampler": {"name": "tpe", "seed": 1, "prune": False},
+        "sentinel": {"every_trials": 1000},
         "llama_cpp": {"bin_dir": "bin"},
         **fields,
     }
     path = folder / "study.yaml"
     path.write_text(yaml.safe_dump(study))
     return path
+
+
+def demo_warm_start() -> list[dict]:
+    """The demo's configurations after its baseline: a draft over K (K=12 is the one
+    DEMO_FAULTS kills as out of memory), one above temperature 0 at the K that is fastest
+    overall (its tokens change, so it falls below the agreement floor), an n-gram type,
+    and, with two cores, a draft and the target alone on one thread."""
+    from tuner.topology import read_topology
+
+    top = min(2, read_topology().physical_cores)
+
+    def config(spec_type: str, k: int | None = None, threads: int = top, temperature: float = 0.0) -> dict:
+        draft = {"draft": "draft"} if spec_type == "draft-simple" else {}
+        return {"spec_type": spec_type, **draft, **({"draft_max": k} if k else {}), "temperature": temperature,
+                "threads": threads}
+
+    warm = [config("draft-simple", k) for k in (2, 4, 8)]
+    warm += [config("draft-simple", 3, temperature=0.7), config("ngram-simple", 4), config("draft-simple", 12)]
+    if top > 1:
+        warm += [config("draft-simple", 3, threads=1), config("none", threads=1)]
+    return warm
+
+
+DEMO_FAULTS = json.dumps({"--spec-draft-n-max 12 ": "exit137"})
+
+
+def write_demo_study(folder: Path, storage: str, name: str = "demo", warm_start: list[dict] | None = None,
+                     **fields) -> Path:
+    """``write_study`` with a code suite and a prose suite, measuring exactly the baseline
+    and ``warm_start`` (default ``demo_warm_start()``): the budget leaves the sampler nothing."""
+    import yaml
+
+    warm_start = demo_warm_start() if warm_start is None else warm_start
+    folder.mkdir(parents=True, exist_ok=True)
+    for suite, text in (("code", "def add(a, b):\n"), ("prose", "Once upon a time")):
+        (folder / f"{suite}.yaml").write_text(yaml.safe_dump({"prompts": [{"id": suite, "text": text}]}))
+    threads = sorted({1, *(w["threads"] for w in warm_start)})
+    return write_study(folder, storage, name, **{
+        "search_space": {"overrides": {"spec_type": ["none", "draft-simple", "ngram-simple"],
+                                       "draft_max": [2, 3, 4, 8, 12], "temperature": [0.0, 0.7], "threads": threads}},
+        "workload": {"suites": ["code.yaml", "prose.yaml"], "n_predict": 8},
+        "measurement": {"warmup": 0, "repetitions": 2, "ctx_size": 256, "trial_timeout_s": 10},
+        "warm_start": warm_start,
+        "budget": {"trials": 1 + len(warm_start)},
+        **fields,
+    })
+
+
+def write_moe_study(folder: Path, storage: str, name: str = "moe") -> Path:
+    """``write_study`` on a mixture-of-experts target (8 experts, DEFAULT_EXPERTS used; the
+    expert tensors hold 1024 of its 1280 weight bytes), measuring 3, 2 and 1 active experts."""
+    import numpy as np
+
+    from gguf_factory import write_gguf
+
+    (folder / "models").mkdir(parents=True, exist_ok=True)
+    write_gguf(folder / "models" / "moe.gguf", architecture="qwen3moe", expert_count=8,
+               expert_used_count=DEFAULT_EXPERTS,
+               tensors={"output_norm.weight": np.ones(64, dtype=np.float32),
+                        "blk.0.ffn_up_exps.weight": np.ones((8, 32), dtype=np.float32)})
+    warm_start = [{"spec_type": "none", "experts": n, "temperature": 0.0} for n in (3, 2, 1)]
+    return write_study(folder, storage, name, target="models/moe.gguf", drafts=[],
+                       search_space={"overrides": {"spec_type": "none", "experts": [1, 2, 3, 4], "temperature": 0.0,
+                                                   "threads": 1}},
+                       warm_start=warm_start, budget={"trials": 1 + len(warm_start)},
+                       quality={"scorer": "agreement", "floor": 0.7})
+
+
+BANDWIDTH = 20e9  # bytes/s: what run_study_file's runs record as the host's memory bandwidth
+
+
+def run_study_file(path: Path, trials: int | None = None, **env: str):
+    """Run a study file with the real runner (on the stand-in when the file names it as
+    ``llama_cpp.bin_dir``) and return the stored (study, StudyRecord); ``env`` (FAKE_LLAMA_*)
+    holds for this run only, and trial logs go beside the study file.
+
+    The fingerprint's memory bandwidth is BANDWIDTH instead of the host's copy probe: the
+    probe streams 512 MiB for half a second per run, which a busy shared machine feels,
+    and only the report's roofline reads the figure."""
+    import pytest
+
+    from tuner.spec import load_spec
+    from tuner.store import open_stored_study
+    from tuner.study import run_study
+
+    spec = load_spec(path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TUNER_STORAGE_DIR", str(path.parent / "storage"))
+        for var in ("FAKE_LLAMA_COMMIT", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_FAULTS", "FAKE_LLAMA_SPEED"):
+            patch.delenv(var, raising=False)
+        for var, value in env.items():
+            patch.setenv(var, value)
+        patch.setattr("tuner.context.measure_memory_bandwidth", lambda: BANDWIDTH)
+        run_study(spec, trials, progress=lambda line: None)
+    return open_stored_study(spec.name, spec.storage)
 
 
 def launches(path: Path) -> list[dict]:
@@ -114,13 +216,31 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+def own_descendants() -> set[int]:
+    """Pids of every live process descending from this test process."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if fields[0] != "Z":
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [os.getpid()]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def assert_no_leftover(tmp_path: Path) -> None:
     """No llama.cpp process of this test may still run: none of the test process's
     descendants, and no stand-in run from ``tmp_path`` (a killed tuner's orphan included).
     Other processes are left alone: on a shared machine they are someone else's. Leftovers
     are killed so one failure does not cascade, then reported."""
     from conftest import running_llama_processes
-    from study_factory import own_descendants
 
     mine = own_descendants()
     stand_ins = subprocess.run(["pgrep", "-a", "-f", Path(__file__).name], capture_output=True, text=True).stdout
@@ -129,6 +249,18 @@ def assert_no_leftover(tmp_path: Path) -> None:
     for line in leftover:
         os.kill(int(line.split()[0]), signal.SIGKILL)
     assert not leftover, f"llama.cpp processes left running: {leftover}"
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """SIGTERM a process started with ``start_new_session`` and its group (a router's children
+    too), SIGKILL whatever is left after ``timeout_s``, and reap the leader."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.1):
@@ -171,24 +303,47 @@ def fault_for(argv: list[str]) -> str | None:
     return next((fault for needle, fault in faults.items() if needle in joined), None)
 
 
-def speed(argv: list[str]) -> tuple[float, float, int]:
-    """(tokens/s, acceptance, K) of this configuration: threads help, K has a sweet spot."""
+def active_experts(argv: list[str]) -> int | None:
+    """The MoE expert count an ``--override-kv ARCH.expert_used_count=int:N`` sets, else None."""
+    override = flag(argv, "--override-kv") or ""
+    return int(override.rsplit(":", 1)[1]) if ".expert_used_count=int:" in override else None
+
+
+def speed(argv: list[str], prompt: str) -> tuple[float, float, int]:
+    """(tokens/s, acceptance, K) of this configuration on this prompt.
+
+    Threads help. Fewer active MoE experts read fewer weights: the experts hold 80% of
+    them, 8 experts of which DEFAULT_EXPERTS are used by default. A draft's acceptance falls
+    with K, more slowly on code (a prompt starting "def ") than on prose, so the best K
+    differs by content type; an n-gram lookup accepts 30% everywhere.
+    """
     threads = int(flag(argv, "--threads", "1"))
-    base = 40.0 * threads ** 0.8
+    base = 40.0 * threads ** 0.8 * float(os.environ.get("FAKE_LLAMA_SPEED") or 1)
+    experts = active_experts(argv)
+    if experts is not None:
+        base *= (0.2 + 0.1 * DEFAULT_EXPERTS) / (0.2 + 0.1 * experts)
     spec_type = flag(argv, "--spec-type", "none")
     if spec_type == "none":
         return base, 0.0, 0
     k = int(flag(argv, "--spec-draft-n-max", None) or flag(argv, "--spec-ngram-simple-size-m", None) or "4")
-    acceptance = max(0.1, 0.85 - 0.06 * k) if spec_type == "draft-simple" else 0.3
+    if spec_type != "draft-simple":
+        acceptance = 0.3
+    elif prompt.startswith("def "):
+        acceptance = max(0.05, 0.9 - 0.03 * k)
+    else:
+        acceptance = max(0.05, 0.75 - 0.1 * k)
     return base * (1 + acceptance * k) / (1 + 0.2 * k), acceptance, k
 
 
-def tokens_for(prompt: str, n: int, temperature: float, seed: int) -> list[int]:
-    """Deterministic tokens; above temperature 0 every fifth one depends on the seed."""
+def tokens_for(prompt: str, n: int, temperature: float, seed: int, experts: int | None = None) -> list[int]:
+    """Deterministic tokens; above temperature 0 every fifth one depends on the seed, and
+    each expert fewer than the default changes one token in eight."""
     h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "big")
     tokens = [(h + 7 * i) % 1000 for i in range(n)]
     if temperature > 0:
         tokens = [t if i % 5 else (t + seed + int(temperature * 100)) % 1000 for i, t in enumerate(tokens)]
+    if experts is not None:
+        tokens = [(t + 500) % 1000 if i % 8 < DEFAULT_EXPERTS - experts else t for i, t in enumerate(tokens)]
     return tokens
 
 
@@ -217,11 +372,9 @@ def main(argv: list[str]) -> int:
         while True:
             time.sleep(60)
     host, port = flag(argv, "--host", "127.0.0.1"), int(flag(argv, "--port", "8080"))
-    tps, acceptance, k = speed(argv)
     if fault == "nodraft":
         log("common_speculative_are_compatible: the target and draft vocabs are not compatible")
         log("srv load_model: failed to initialize speculative decoding context")
-        acceptance, k = 0.0, 0
     delay = float(os.environ.get("FAKE_LLAMA_DELAY_S") or 0)
     tasks = iter(range(10**9))
     requests = iter(range(10**9))
@@ -256,20 +409,28 @@ def main(argv: list[str]) -> int:
                 self.answer(200, {"error": {"code": 500, "message": "fake error in a 200"}})
                 return
             time.sleep(delay)
-            n = int(request.get("n_predict", 16))
-            tokens = tokens_for(request.get("prompt", ""), n, float(request.get("temperature", 0.0)),
-                                int(request.get("seed", 0)))
+            n, prompt = int(request.get("n_predict", 16)), request.get("prompt", "")
+            tps, acceptance, k = speed(argv, prompt)
+            if fault == "nodraft":
+                k = 0
+            tokens = tokens_for(prompt, n, float(request.get("temperature", 0.0)), int(request.get("seed", 0)),
+                                active_experts(argv))
             task = next(requests)
             jitter = float(os.environ.get("FAKE_LLAMA_JITTER") or 0)  # a noisy machine: +-jitter per request
-            rate = tps * (1 + jitter * (2 * ((task * 2654435761) % 1000) / 999 - 1))
+            rate, accept = tps, acceptance
+            short_k = os.environ.get("FAKE_LLAMA_SHORT_K")
+            if k and short_k and short_k in request.get("prompt", ""):
+                accept = max(0.05, 0.6 - 0.15 * k)
+                rate = tps / (1 + acceptance * k) * (1 + accept * k)
+            rate = rate * (1 + jitter * (2 * ((task * 2654435761) % 1000) / 999 - 1))
             decode_ms = 1000.0 * n / rate
             time.sleep(decode_ms / 1000.0)  # honest timings: the wall clock holds the decode time it reports
             claimed = decode_ms / 10 if fault == "liar" else decode_ms
-            timings = {"prompt_n": 8, "prompt_ms": 4.0, "predicted_n": n, "predicted_ms": claimed,
+            timings = {"prompt_n": 8, "prompt_ms": 4.0 + 1000 * delay, "predicted_n": n, "predicted_ms": claimed,
                        "predicted_per_second": 1000.0 * n / claimed}
             if k:
                 drafted = n * k // 2
-                timings.update(draft_n=drafted, draft_n_accepted=round(drafted * acceptance))
+                timings.update(draft_n=drafted, draft_n_accepted=round(drafted * accept))
             self.answer(200, {"content": " ".join(f"w{t}" for t in tokens), "tokens": tokens,
                               "stop_type": "limit", "timings": timings})
 

@@ -88,8 +88,9 @@ def test_architecture_names_only_modules_that_exist():
 
 def test_only_the_store_touches_user_attrs():
     """Records are written and read through tuner.store only. Exceptions: the heartbeat retry hands
-    Optuna the attrs ``store.requeue_attrs`` made; the benchmark replay keys its simulated trials."""
-    allowed = {"tuner/store.py", "tuner/coordination.py", "tuner/bench/replay.py"}
+    Optuna the attrs ``store.requeue_attrs`` made, and the journal a trial with ``store.record_attrs``;
+    the outage wrapper names storage methods; the benchmark replay keys its simulated trials."""
+    allowed = {"tuner/store.py", "tuner/coordination.py", "tuner/journal.py", "tuner/outage.py", "tuner/bench/replay.py"}
     offenders = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
                  if re.search(r"user_attrs|set_user_attr", p.read_text()) and str(p.relative_to(ROOT)) not in allowed]
     assert offenders == []

@@ -13,7 +13,6 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
-from study_factory import no_llama_process_left_behind  # noqa: F401  (only this run's processes)
 
 from tuner.bench import replay
 from tuner.bench.grid import grid_configs

@@ -1,84 +1,96 @@
-"""`tuner compare`: two studies joined on identical configurations, as compare-llama-bench does."""
+"""`tuner compare`: two studies joined on identical configurations, as compare-llama-bench does.
+
+The studies are measured by the real runner on the stand-in llama-server: A is the demo
+study, B another build (FAKE_LLAMA_COMMIT) that decodes 10% faster (FAKE_LLAMA_SPEED), in
+its own storage.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-
-import optuna
 import pytest
 
-from study_factory import FINGERPRINT, Row, demo_rows, make_study
-from study_factory import no_llama_process_left_behind  # noqa: F401  (overrides conftest's machine-wide check)
+from fake_llama_server import PINNED_COMMIT, demo_warm_start, run_study_file, write_demo_study
+from tuner import store
 from tuner.cli import main
 from tuner.compare import compare_studies, format_markdown
+from tuner.errors import UserError
+
+NEW_COMMIT = "deadbee"
 
 
-def faster(rows: list[Row], factor: float) -> list[Row]:
-    return [dataclasses.replace(r, tokens_per_second=r.tokens_per_second * factor) for r in rows]
+@pytest.fixture(scope="module")
+def b(tmp_path_factory):
+    """The baseline and the first three demo configurations again on a build 10% faster,
+    plus one configuration A did not measure."""
+    folder = tmp_path_factory.mktemp("b")  # a storage of its own: `tuner compare` across two storages
+    warm_start = [*demo_warm_start()[:3], {"spec_type": "ngram-simple", "draft_max": 8, "temperature": 0.0,
+                                          "threads": demo_warm_start()[0]["threads"]}]
+    return run_study_file(write_demo_study(folder, f"sqlite:///{folder / 'studies.db'}", "b", warm_start),
+                          FAKE_LLAMA_COMMIT=NEW_COMMIT, FAKE_LLAMA_SPEED="1.1")
 
 
-def new_build() -> dict:
-    return {**FINGERPRINT, "llama_commit": "abc1234", "hostname": "bench-2"}
-
-
-def test_join_on_identical_configs_with_ratio_and_differing_keys():
-    storage = optuna.storages.InMemoryStorage()
-    a = make_study(storage, "a")
-    extra = Row({"spec_type": "ngram-simple", "draft_max": 8, "temperature": 0.0, "numa": "none", "threads": 2}, 40.0)
-    b = make_study(storage, "b", faster(demo_rows(), 1.1) + [extra], fingerprint=new_build())
-    c = compare_studies(a, b)
-    # only comparability keys count: the hostname differs too but is provenance
-    assert c.differing == [("llama_commit", "0c1e570", "abc1234")]
-    assert c.target_differs == []
-    assert len(c.rows) == 10  # the 10 complete configurations; the failed trial has no speed
-    assert (c.only_a, c.only_b) == (0, 1)
-    assert c.rows["ratio"].tolist() == pytest.approx([1.1] * 10)
+def test_join_on_identical_configs_with_ratio_and_differing_keys(demo, b):
+    c = compare_studies(*demo, *b)
+    # only comparability keys count: the bin folder, free memory and load differ too but are provenance
+    assert c.differing == [("llama_commit", PINNED_COMMIT, NEW_COMMIT)]
+    complete_a = {r.config for r in store.read_trials(demo[0]) if r.complete}
+    complete_b = {r.config for r in store.read_trials(b[0]) if r.complete}
+    assert len(c.rows) == len(complete_a & complete_b) == 4  # the failed trial has no speed to join
+    assert (c.only_a, c.only_b) == (len(complete_a - complete_b), 1)
+    assert c.rows["ratio"].tolist() == pytest.approx([1.1] * 4)
     assert c.geomean_ratio == pytest.approx(1.1)
-    top = c.rows.iloc[0]
-    assert (top["spec_type"], top["draft"], top["draft_max"], top["tps_a"]) == ("draft-simple", "draft-small", 8, 120.0)
+    top = max((r for r in store.read_trials(demo[0]) if r.config in complete_b),
+              key=lambda r: r.metrics.tokens_per_second)
+    assert c.rows.iloc[0][["spec_type", "draft_max", "tps_a"]].tolist() == [
+        top.config.spec_type, top.config.draft_max, top.metrics.tokens_per_second]
 
 
-def test_repeated_configs_are_reduced_to_their_median():
-    storage = optuna.storages.InMemoryStorage()
-    base = {"spec_type": "none", "temperature": 0.0, "numa": "none", "threads": 2}
-    a = make_study(storage, "a", [Row(base, 50.0, role="baseline"), Row(base, 40.0), Row(base, 70.0)])
-    b = make_study(storage, "b", [Row(base, 60.0, role="baseline")])
-    c = compare_studies(a, b)
-    assert c.rows[["tps_a", "tps_b", "n_a", "n_b"]].values.tolist() == [[50.0, 60.0, 3, 1]]
+def test_repeated_configs_are_reduced_to_their_median(demo, storage, tmp_path):
+    """One configuration measured in three sessions of one study, each on a machine of another speed."""
+    path = write_demo_study(tmp_path, storage, "repeats", warm_start=[],
+                            search_space={"overrides": {"spec_type": "none", "temperature": 0.0, "threads": 1}})
+    for trials, speed in ((1, "0.8"), (2, "1.0"), (3, "1.4")):
+        repeats = run_study_file(path, trials, FAKE_LLAMA_SPEED=speed)
+    speeds = [r.metrics.tokens_per_second for r in store.read_trials(repeats[0])]
+    assert speeds == sorted(speeds) and len(set(speeds)) == 3
+    c = compare_studies(*repeats, *demo)
+    assert "All comparability keys are equal" in format_markdown(c)
+    same = next(r for r in store.read_trials(demo[0]) if r.config == store.read_trials(repeats[0])[0].config)
+    assert c.rows[["tps_a", "tps_b", "n_a", "n_b"]].values.tolist() == [
+        [speeds[1], same.metrics.tokens_per_second, 3, 1]]
 
 
-def test_markdown_names_what_differs_and_only_the_varying_knobs():
-    storage = optuna.storages.InMemoryStorage()
-    a = make_study(storage, "a")
-    b = make_study(storage, "b", faster(demo_rows(), 0.5), fingerprint=new_build())
-    text = format_markdown(compare_studies(a, b))
-    lines = text.splitlines()
-    assert lines[0] == "Comparing b (B) against a (A)."
-    assert lines[1] == "Fingerprint keys that differ: llama_commit: '0c1e570' (A) vs 'abc1234' (B)"
+def test_markdown_names_what_differs_and_only_the_varying_knobs(demo, b):
+    lines = format_markdown(compare_studies(*demo, *b)).splitlines()
+    assert lines[0] == "Comparing b (B) against demo (A)."
+    assert lines[1] == f"Fingerprint keys that differ: llama_commit: '{PINNED_COMMIT}' (A) vs '{NEW_COMMIT}' (B)"
     header = next(line for line in lines if line.startswith("| "))
-    assert header == "| spec_type | draft | draft_max | temperature | numa | threads | t/s A | t/s B | B/A | accept A | accept B |"
-    assert "| draft-simple | draft-small | 8 | 0 | none | 2 | 95.00 | 47.50 | 0.50 | 0.62 | 0.62 |" in lines
-    assert lines[-1] == "Geometric mean B/A over 10 configurations: 0.500"
+    assert header == "| spec_type | draft_max | t/s A | t/s B | B/A | accept A | accept B |"  # one draft: no column
+    k8 = next(r for r in store.read_trials(b[0]) if r.config.draft_max == 8 and r.config.spec_type == "draft-simple")
+    tps_a = next(r.metrics.tokens_per_second for r in store.read_trials(demo[0]) if r.config == k8.config)
+    assert (f"| draft-simple | 8 | {tps_a:.2f} | {k8.metrics.tokens_per_second:.2f} | 1.10 | "
+            f"{k8.metrics.acceptance:.2f} | {k8.metrics.acceptance:.2f} |") in lines
+    assert lines[-1] == "Geometric mean B/A over 4 configurations: 1.100"
 
 
-def test_equal_fingerprints_and_a_different_target_are_said():
-    storage = optuna.storages.InMemoryStorage()
-    a = make_study(storage, "a")
-    b = make_study(storage, "b")
-    text = format_markdown(compare_studies(a, b))
-    assert "All comparability keys are equal" in text
-    other = make_study(storage, "c", target={"path": "/srv/models/other.gguf", "weights_bytes": 5})
-    assert "WARNING: the target differs (path" in format_markdown(compare_studies(a, other))
+def test_studies_of_other_prompts_are_refused_in_one_line(demo, storage, tmp_path, capsys):
+    path = write_demo_study(tmp_path, storage, "reworded", warm_start=[])
+    (tmp_path / "prose.yaml").write_text("prompts:\n  - {id: prose, text: It was a dark and stormy night}\n")
+    reworded = run_study_file(path)
+    with pytest.raises(UserError, match="workload") as refused:
+        compare_studies(*demo, *reworded)
+    assert "\n" not in str(refused.value) and ": workload (prompt texts) differs (A has " in str(refused.value)
+    assert main(["compare", demo[1].spec_path, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "workload (prompt texts) differs" in err
 
 
-def test_compare_command_across_two_storages(tmp_path, capsys):
-    url_a, url_b = (f"sqlite:///{tmp_path / name}" for name in ("a.db", "b.db"))
-    make_study(url_a, "demo")
-    make_study(url_b, "demo", faster(demo_rows(), 2.0), fingerprint={**FINGERPRINT, "cpu_model": "Intel Xeon 6980P"})
-    assert main(["compare", "demo", "demo", "--storage", url_a, "--storage-b", url_b]) == 0
+def test_compare_command_across_two_storages(demo, b, storage, capsys):
+    assert main(["compare", demo[1].spec_path, b[1].spec_path]) == 0  # each study file names its storage
     out = capsys.readouterr().out
-    assert "cpu_model: 'AMD EPYC 9654 96-Core Processor' (A) vs 'Intel Xeon 6980P' (B)" in out
-    assert "Geometric mean B/A over 10 configurations: 2.000" in out
-    assert main(["compare", "demo", "demo", "--storage", url_a, "--storage-b", url_b, "--format", "csv"]) == 0
+    assert f"llama_commit: '{PINNED_COMMIT}' (A) vs '{NEW_COMMIT}' (B)" in out
+    assert "Geometric mean B/A over 4 configurations: 1.100" in out
+    storage_b = store.resolve_ref(b[1].spec_path, None)[1]
+    assert main(["compare", "demo", "b", "--storage", storage, "--storage-b", storage_b, "--format", "csv"]) == 0
     csv = capsys.readouterr().out.splitlines()
-    assert csv[0].startswith("spec_type,draft,draft_max") and len(csv) == 11
+    assert csv[0].startswith("spec_type,draft,draft_max") and len(csv) == 1 + 4

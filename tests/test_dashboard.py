@@ -1,8 +1,10 @@
-"""`tuner dashboard`: notes with each trial's command line, and optuna-dashboard serving the study."""
+"""`tuner dashboard`: notes with each trial's command line, and optuna-dashboard serving the study,
+on a study the real runner measured with the stand-in llama-server."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,36 +15,41 @@ from optuna_dashboard import get_note
 
 import browser
 from fake_llama_server import get_json, wait_for_json
-from study_factory import make_study
-from study_factory import no_llama_process_left_behind  # noqa: F401  (overrides conftest's machine-wide check)
+from tuner import store
 from tuner.dashboard import annotate
 from tuner.paths import REPO_ROOT
 from tuner.runner import free_port
 
 
-@pytest.fixture(scope="module")
-def storage(tmp_path_factory):
-    url = f"sqlite:///{tmp_path_factory.mktemp('storage') / 'studies.db'}"
-    make_study(url, "demo")
-    return url
+def note_of(study: optuna.Study, number: int) -> str:
+    return get_note(optuna.trial.Trial(study, study.trials[number]._trial_id))
 
 
-def test_annotate_names_objectives_and_notes_every_trial_once(storage):
-    assert annotate(storage) == 12  # the study note and one note per finished trial
+def test_annotate_names_objectives_and_notes_every_trial_once(storage, demo):
+    study = demo[0]
+    records = store.read_trials(study)
+    assert annotate(storage) == 1 + len(records)  # the study note and one note per finished trial
     assert annotate(storage) == 0  # nothing changed: nothing rewritten
-    study = optuna.load_study(study_name="demo", storage=storage)
     assert study.metric_names == ["tokens_per_second", "acceptance", "quality"]
-    assert "best feasible**: trial 2, 95.0 tokens/s, x1.90" in get_note(study)
-    note = get_note(optuna.trial.Trial(study, study.trials[2]._trial_id))
-    assert "95.0 tokens/s, x1.90 over the baseline, acceptance 0.62, quality 1.000: feasible" in note
-    assert "```sh\n" in note and "/opt/llama/bin/llama-server --model /srv/models/target.gguf" in note
-    assert "--spec-draft-n-max 8 --host 127.0.0.1 --port 8080\n```" in note
-    failed = get_note(optuna.trial.Trial(study, study.trials[10]._trial_id))
-    assert "**failed**: out_of_memory" in failed
+    best = store.best_feasible(study)
+    m = best.metrics
+    assert (f"best feasible**: trial {best.number}, {m.tokens_per_second:.1f} tokens/s, "
+            f"x{m.speedup:.2f}") in get_note(study)
+    note = note_of(study, best.number)
+    assert (f"{m.tokens_per_second:.1f} tokens/s, x{m.speedup:.2f} over the baseline, acceptance {m.acceptance:.2f}, "
+            "quality 1.000: feasible") in note
+    assert f"```sh\n{shlex.join(best.argv)} --host 127.0.0.1 --port 8080\n```" in note
+    hot = next(r for r in records if r.complete and not r.feasible)
+    assert "below the quality floor" in note_of(study, hot.number)
+    failed = next(r for r in records if r.state == "FAIL")
+    assert "**failed**: out_of_memory" in note_of(study, failed.number)
 
 
 @pytest.mark.slow
-def test_dashboard_serves_the_study_over_http_and_in_a_browser(storage, tmp_path):
+def test_dashboard_serves_the_study_over_http_and_in_a_browser(storage, demo, tmp_path):
+    """The module's storage holds the demo study alone: the dashboard shows every study in it."""
+    study = demo[0]
+    records, best = store.read_trials(study), store.best_feasible(study)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with open(tmp_path / "dashboard.log", "wb") as log:
@@ -55,16 +62,17 @@ def test_dashboard_serves_the_study_over_http_and_in_a_browser(storage, tmp_path
         study_id = studies[0]["study_id"]
         detail = get_json(f"{base}/api/studies/{study_id}")
         assert detail["objective_names"] == ["tokens_per_second", "acceptance", "quality"]
-        assert len(detail["trials"]) == 11
-        assert "llama-server --model" in detail["trials"][2]["note"]["body"]
-        assert {"argv", "metrics", "per_suite_tokens_per_second"} <= {a["key"] for a in detail["trials"][2]["user_attrs"]}
+        assert len(detail["trials"]) == len(records)
+        shown = detail["trials"][best.number]
+        assert shlex.join(best.argv) in shown["note"]["body"]
+        assert {"record", "role"} <= {a["key"] for a in shown["user_attrs"]}  # the trial's record, as stored
 
         root = browser.render(f"{base}/dashboard/studies/{study_id}", screenshot="dashboard-demo.png", budget_ms=10000)
         text = root.all_text()
         assert "demo (id=" in text and "Pareto Front" in text and "tokens_per_second" in text
         pareto = root.find_all("svg", "main-svg")[0]  # the first plot on the study page
         points = sum(len(t.find_all("path", "point")) for t in pareto.parent.find_all("g", "trace"))
-        assert points == 10, "the Pareto plot should show every complete trial"
+        assert points == sum(r.complete for r in records), "the Pareto plot should show every complete trial"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)

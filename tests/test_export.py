@@ -1,138 +1,163 @@
-"""`tuner export`: the policy's choice, the files it writes, and that llama-server runs them."""
+"""`tuner export`: the policy's choice, the files it writes, and that llama-server runs them.
+
+The chosen trials and the written files are checked against the records the real runner
+stored, on the stand-in llama-server; the files are then run on the real one.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
 
-import optuna
 import pytest
 import yaml
 
-from fake_llama_server import get_json, wait_for_json
-from study_factory import Paths, Row, baseline_row, make_study
-from study_factory import no_llama_process_left_behind  # noqa: F401  (overrides conftest's machine-wide check)
+from fake_llama_server import PINNED_COMMIT, get_json, run_study_file, wait_for_json, write_moe_study, write_study
+from tuner import store
+from tuner.analysis import front_2d, trials_frame
 from tuner.cli import main
+from tuner.spec import load_spec
 from tuner.errors import UserError
-from tuner.export import Export, build_export, choose, merge_preset, preset_lines, shell_script
+from tuner.export import Export, build_export, choose, merge_preset, preset_lines, production_argv, shell_script
+from tuner.launch import ServerCommand, cpu_mask
 from tuner.llama_build import binary
 from tuner.paths import models_dir
-from tuner.analysis import trials_frame
 from tuner.runner import free_port
-
-
-@pytest.fixture(scope="module")
-def storage(tmp_path_factory):
-    """One SQLite file for the module: creating an Optuna schema costs seconds on a busy box."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('storage') / 'studies.db'}"
-    make_study(url, "demo")
-    return url
-
-
-@pytest.fixture
-def demo():
-    return make_study(optuna.storages.InMemoryStorage(), "demo")
+from tuner.topology import read_topology
 
 
 # ------------------------------------------------------------------ choosing
 
 
 def test_policies_choose_among_trials_that_meet_the_floor(demo):
-    frame = trials_frame(demo)
-    assert choose(demo, frame)[0] == 2  # 95 t/s; trial 6 is faster (120) but below the floor
-    assert choose(demo, frame, min_acceptance=0.75)[0] == 5  # 88 t/s at 0.75
-    assert choose(demo, frame, trial=4) == (4, "trial 4 chosen with --trial")
-    with pytest.raises(UserError, match=r"--trial 6: not a complete trial of 'demo' that meets the quality floor"):
-        choose(demo, frame, trial=6)
-    with pytest.raises(UserError, match=r"--min-acceptance 0.95: no feasible trial .* \(best feasible acceptance 0.85\)"):
-        choose(demo, frame, min_acceptance=0.95)
+    study, record = demo
+    records = store.read_trials(study)
+    frame = trials_frame(records)
+    best = store.best_feasible(study)
+    fastest = max((r for r in records if r.complete), key=lambda r: r.metrics.tokens_per_second)
+    assert not fastest.feasible  # the stand-in's trial above temperature 0: fast, but below the floor
+    assert choose(record, frame)[0] == best.number
+    feasible = [r for r in records if r.feasible]
+    floor = min(r.metrics.acceptance for r in feasible if r.metrics.acceptance > best.metrics.acceptance)
+    accepting = max((r for r in feasible if r.metrics.acceptance >= floor), key=lambda r: r.metrics.tokens_per_second)
+    assert choose(record, frame, min_acceptance=floor)[0] == accepting.number != best.number
+    other = next(r.number for r in feasible if r.number != best.number)
+    assert choose(record, frame, trial=other) == (other, f"trial {other} chosen with --trial")
+    with pytest.raises(UserError, match=rf"--trial {fastest.number}: not a complete trial of 'demo' that meets the "
+                                        "quality floor"):
+        choose(record, frame, trial=fastest.number)
+    top = max(r.metrics.acceptance for r in feasible)
+    with pytest.raises(UserError, match=rf"--min-acceptance 0.95: no feasible trial .* \(best feasible acceptance "
+                                        rf"{top:.2f}\)"):
+        choose(record, frame, min_acceptance=0.95)
 
 
-def test_knee_policy_pays_little_quality_for_much_speed():
-    rows = [Row({"spec_type": "none", "temperature": 0.0, "experts": n, "numa": "none", "threads": 2}, tps, 0.0, q,
-                role="baseline" if n == 4 else None)
-            for n, tps, q in [(4, 50.0, 1.0), (3, 60.0, 0.99), (2, 75.0, 0.97), (1, 80.0, 0.90)]]
-    study = make_study(optuna.storages.InMemoryStorage(), "moe", rows, floor=0.85)
-    frame = trials_frame(study)
-    assert choose(study, frame, "max-tps")[0] == 3
-    assert choose(study, frame, "knee")[0] == 2
+def test_knee_policy_pays_little_quality_for_much_speed(storage, tmp_path):
+    study, record = run_study_file(write_moe_study(tmp_path, storage))
+    frame = trials_frame(store.read_trials(study))
+    fastest = store.best_feasible(study)
+    assert choose(record, frame, "max-tps")[0] == fastest.number
+    knee = choose(record, frame, "knee")[0]
+    assert knee in set(front_2d(frame, "quality")["trial"])
+    chosen = store.read_trial(study.trials[knee])
+    assert chosen.metrics.quality > fastest.metrics.quality and chosen.metrics.speedup > 1
 
 
-def test_no_feasible_trial_is_a_one_line_error(storage, capsys):
-    rows = [baseline_row(50.0), Row({"spec_type": "none", "temperature": 0.9, "numa": "none", "threads": 2}, 70.0, 0.0, 0.5)]
-    rows[0] = Row(rows[0].config, 50.0, quality=0.5, role="baseline")
-    make_study(storage, "hopeless", rows)
-    assert main(["export", "hopeless", "--storage", storage, "--no-confirm"]) == 2
+def test_no_feasible_trial_is_a_one_line_error(storage, tmp_path, capsys):
+    """Scored on expected answers the stand-in never gives, even the baseline falls below the floor."""
+    (tmp_path / "answers.yaml").write_text(yaml.safe_dump({"prompts": [
+        {"id": "add", "text": "def add(a, b):\n", "expected": [{"kind": "contains", "value": "return a + b"}]}]}))
+    study, _ = run_study_file(write_study(tmp_path, storage, "hopeless", budget={"trials": 1},
+                                          workload={"suites": ["answers.yaml"], "n_predict": 8},
+                                          quality={"scorer": "answers", "floor": 0.99}))
+    assert [r.metrics.quality for r in store.read_trials(study)] == [0.0]
+    assert main(["export", "hopeless", "--storage", storage, "--no-race"]) == 2
     err = capsys.readouterr().err
-    assert err == ("tuner export: error: study 'hopeless' has no feasible trial (2 complete, none meets the quality "
+    assert err == ("tuner export: error: study 'hopeless' has no feasible trial (1 complete, none meets the quality "
                    "floor 0.99); run more trials or lower quality.floor in the study file\n")
 
 
 # ------------------------------------------------------------------ what is written
 
 
-def test_files_script_json_yaml_and_preset(storage, tmp_path, capsys):
+def preset_options(command: ServerCommand, temperature: float) -> list[str]:
+    """What a preset section holds for a command: numactl's CPUs as a mask, then every option."""
+    pinning = [f"cpu-mask = {cpu_mask(list(command.cpus))}", "cpu-strict = 1"] if command.prefix else []
+    options = [f"{flag.lstrip('-')} = {'true' if value is None else value}" for flag, value in command.options]
+    return pinning + options + [f"temp = {temperature:g}"]
+
+
+def test_files_script_json_yaml_and_preset(storage, demo, tmp_path, capsys):
+    study, record = demo
+    best = store.best_feasible(study)
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
-    assert main(["export", "demo", "--storage", storage, "--no-confirm", "--out", str(out), "--preset", str(preset)]) == 0
+    assert main(["export", "demo", "--storage", storage, "--no-race", "--out", str(out), "--preset", str(preset)]) == 0
     printed = capsys.readouterr().out
-    assert "chosen: trial 2 (highest tokens/s among trials that meet the quality floor)" in printed
-    assert "best on code: trial 2, draft-small, K=8, T=0.0: 130.0 tokens/s" in printed
-    assert "best on prose: trial 8, ngram-simple, K=4, T=0.0: 64.0 tokens/s" in printed
+    assert f"chosen: trial {best.number} (highest tokens/s among trials that meet the quality floor)" in printed
+    feasible = [r for r in store.read_trials(study) if r.feasible]
+    per_suite = {suite: max(feasible, key=lambda r: r.per_suite_tokens_per_second[suite])
+                 for suite in ("code", "prose")}
+    for suite, r in per_suite.items():
+        assert (f"best on {suite} (recorded, all its prompts): trial {r.number}, draft, K={r.config.draft_max}, T=0.0: "
+                f"{r.per_suite_tokens_per_second[suite]:.1f} tokens/s") in printed
 
     script = (out / "serve.sh").read_text()
     assert os.access(out / "serve.sh", os.X_OK)
-    exec_line = script.splitlines()[-1]
-    assert exec_line.startswith("exec ")  # then numactl and its CPU list, when this machine has numactl
-    assert " /opt/llama/bin/llama-server --model /srv/models/target.gguf " in exec_line
-    assert "--spec-draft-n-max 8 --temp 0 --host" in exec_line
-    assert exec_line.endswith('--host "${LLAMA_ARG_HOST:-127.0.0.1}" --port "${LLAMA_ARG_PORT:-8080}" "$@"')
+    argv = [*best.argv, "--temp", "0"]  # the tuned temperature becomes the server's default
+    assert script.splitlines()[-1] == ("exec " + shlex.join(argv) + ' --host "${LLAMA_ARG_HOST:-127.0.0.1}" '
+                                       '--port "${LLAMA_ARG_PORT:-8080}" "$@"')
 
-    record = json.loads((out / "config.json").read_text())
-    assert record == yaml.safe_load((out / "config.yaml").read_text())
-    assert (record["trial"], record["config"]["draft"], record["config"]["draft_max"]) == (2, "draft-small", 8)
-    assert record["metrics"]["tokens_per_second"] == 95.0 and record["confirmation"] is None
-    assert record["argv"][-2:] == ["--temp", "0"] and "--port" not in record["argv"]
-    assert [(r["suite"], r["trial"], r["draft_max"]) for r in record["per_content_type"]] == [("code", 2, 8), ("prose", 8, 4)]
-    assert record["llama_cpp"]["commit"] == "0c1e570" and record["preset_section"] == "demo"
+    exported = json.loads((out / "config.json").read_text())
+    assert exported == yaml.safe_load((out / "config.yaml").read_text())
+    assert (exported["trial"], exported["config"], exported["argv"]) == (best.number, best.config.as_dict(), argv)
+    assert exported["metrics"] == asdict(best.metrics) and exported["race"] is None
+    assert [(r["suite"], r["trial"], r["draft_max"]) for r in exported["per_content_type"]] == [
+        (suite, r.number, r.config.draft_max) for suite, r in per_suite.items()]
+    assert exported["llama_cpp"]["commit"] == record.fingerprint["llama_commit"] == PINNED_COMMIT
+    assert exported["preset_section"] == "demo"
 
     text = preset.read_text()
     assert text.startswith("version = 1\n")
-    assert "[demo]\n" in text and "model = /srv/models/target.gguf\n" in text
-    assert "spec-draft-n-max = 8\n" in text and "no-webui = true\n" in text and "temp = 0\n" in text
+    section = text.split("[demo]\n", 1)[1].splitlines()
+    assert [line for line in section if not line.startswith(";")] == preset_options(best.command, 0.0)
 
 
-def quoted_export(argv: list[str]) -> Export:
-    return Export(study="big model", trial=3, policy="max-tps", config={"temperature": 0.0},
+def quoted_export(command: ServerCommand, temperature: float = 0.0) -> Export:
+    return Export(study="big model", trial=3, policy="max-tps", config={"temperature": temperature},
                   metrics={"tokens_per_second": 10.0, "speedup": 1.5, "acceptance": 0.5, "quality": 1.0},
-                  argv=argv, per_content_type=[], llama_cpp={"commit": "0c1e570"}, machine={"cpu_model": "x"})
+                  argv=production_argv(command.argv, temperature), command=command, per_content_type=[],
+                  llama_cpp={"commit": "0c1e570"}, machine={"cpu_model": "x"})
 
 
 def test_script_quotes_every_argument():
-    export = quoted_export(["/opt/my llama/llama-server", "--model", "/m/it's.gguf", "--temp", "0"])
+    export = quoted_export(ServerCommand((), "/opt/my llama/llama-server", (("--model", "/m/it's.gguf"),)))
     exec_line = shell_script(export).splitlines()[-1]
     assert exec_line.startswith("""exec '/opt/my llama/llama-server' --model '/m/it'"'"'s.gguf' --temp 0 --host""")
 
 
 def test_preset_turns_numactl_pinning_into_cpu_mask_and_keeps_policy_as_a_comment():
-    export = quoted_export([
-        "/usr/bin/numactl", "--physcpubind=0-3", "--interleave=all", "/opt/llama/llama-server", "--model", "/m/t.gguf",
-        "--threads", "4", "--no-webui", "--numa", "numactl", "--override-kv", "qwen3moe.expert_used_count=int:3",
-        "--temp", "0.7",
-    ])
-    lines = preset_lines(export)
+    command = ServerCommand(
+        prefix=("/usr/bin/numactl", "--physcpubind=0-3", "--interleave=all"), binary="/opt/llama/llama-server",
+        options=(("--model", "/m/t.gguf"), ("--threads", "4"), ("--no-webui", None), ("--numa", "numactl"),
+                 ("--override-kv", "qwen3moe.expert_used_count=int:3")),
+        cpus=(0, 1, 2, 3))
+    lines = preset_lines(quoted_export(command, temperature=0.7))
     assert lines[0] == "[big-model]"  # the study name made INI-safe
     assert "; tuned under numactl --interleave=all: start the router with it to keep that memory policy" in lines
     options = [line for line in lines if not line.startswith((";", "["))]
     assert options == ["cpu-mask = 0xf", "cpu-strict = 1", "model = /m/t.gguf", "threads = 4", "no-webui = true",
                        "override-kv = qwen3moe.expert_used_count=int:3", "temp = 0.7"]
     with pytest.raises(UserError, match="contains ; # or a newline"):
-        preset_lines(quoted_export(["/opt/llama-server", "--model", "/m/a#b.gguf"]))
+        preset_lines(quoted_export(ServerCommand((), "/opt/llama-server", (("--model", "/m/a#b.gguf"),))))
     with pytest.raises(UserError, match="repeats --override-kv"):
-        preset_lines(quoted_export(["/opt/llama-server", "--override-kv", "a=int:1", "--override-kv", "b=int:2"]))
+        preset_lines(quoted_export(ServerCommand((), "/opt/llama-server", (("--override-kv", "a=int:1"),),
+                                                 extra=("--override-kv", "b=int:2"))))
 
 
 def test_preset_file_keeps_other_sections_and_replaces_its_own(tmp_path):
@@ -156,29 +181,30 @@ def synthetic(name: str) -> Path:
     return path
 
 
-def real_paths() -> Paths:
-    return Paths(server=binary("llama-server"), target=synthetic("target"),
-                 drafts={"draft-large": synthetic("draft-large"), "draft-small": synthetic("draft-small")})
-
-
-def real_study(storage: str, tmp_path: Path, name: str) -> optuna.Study:
-    """A study whose commands launch the pinned server on the synthetic family, with a tiny workload."""
-    suite = tmp_path / "prompts.yaml"
-    suite.write_text("prompts:\n  - id: code-1\n    text: \"def add(a, b):\\n    return\"\n"
-                     "  - id: code-2\n    text: \"for i in range(10):\\n    print(\"\n")
-    paths = real_paths()
-    spec = tmp_path / f"{name}.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": name, "target": str(paths.target), "drafts": [str(p) for p in paths.drafts.values()],
+@pytest.fixture(scope="module")
+def served(synthetic_models, storage, tmp_path_factory):
+    """(study, record, the draft's trial) of a tiny study on the pinned llama-server and the
+    synthetic family: the baseline, then one draft. Tests export the draft with --trial: which
+    of the two the real build measures faster depends on how busy the machine is."""
+    folder = tmp_path_factory.mktemp("served")
+    (folder / "prompts.yaml").write_text(yaml.safe_dump({"prompts": [
+        {"id": "code-1", "text": "def add(a, b):\n    return"},
+        {"id": "code-2", "text": "for i in range(10):\n    print("}]}))
+    threads = min(2, read_topology().physical_cores)
+    (folder / "served.yaml").write_text(yaml.safe_dump({
+        "name": "served", "target": str(synthetic("target")), "drafts": [str(synthetic("draft-small"))],
+        "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4], "temperature": 0.0,
+                                       "threads": threads}},
+        "warm_start": [{"spec_type": "draft-simple", "draft": "draft-small", "draft_max": 4, "temperature": 0.0,
+                        "threads": threads}],
+        "budget": {"trials": 2},
         "workload": {"suites": ["prompts.yaml"], "n_predict": 16},
-        "measurement": {"warmup": 1, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 60},
+        "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 120},
+        "race": {"rounds": 2},
         "storage": storage,
     }))
-    rows = [baseline_row(50.0),
-            Row({"spec_type": "draft-simple", "draft": "draft-small", "draft_max": 4, "temperature": 0.0,
-                 "numa": "none", "threads": 2}, 80.0, 0.7)]
-    return make_study(storage, name, rows, paths=paths, spec_path=str(spec),
-                      measurement={"warmup": 1, "repetitions": 1, "n_predict": 16, "seed": 42, "noise_cv": 0.1})
+    study, record = run_study_file(folder / "served.yaml")
+    return study, record, store.read_trials(study)[1]
 
 
 def post_json(url: str, body: dict, timeout: float = 60.0) -> dict:
@@ -202,10 +228,11 @@ def stop(proc: subprocess.Popen) -> None:
 
 @pytest.mark.llama
 @pytest.mark.slow
-def test_exported_script_serves_the_synthetic_family(synthetic_models, storage, tmp_path, capsys):
-    real_study(storage, tmp_path, "served")
+def test_exported_script_serves_the_synthetic_family(served, storage, tmp_path):
+    draft = served[2]
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
-    assert main(["export", "served", "--storage", storage, "--no-confirm", "--out", str(out), "--preset", str(preset)]) == 0
+    assert main(["export", "served", "--storage", storage, "--trial", str(draft.number), "--no-race",
+                 "--out", str(out), "--preset", str(preset)]) == 0
     port = free_port()
     proc = start([str(out / "serve.sh")], tmp_path / "serve.log", env={**os.environ, "LLAMA_ARG_PORT": str(port)})
     try:
@@ -222,22 +249,21 @@ def test_exported_script_serves_the_synthetic_family(synthetic_models, storage, 
 
 @pytest.mark.llama
 @pytest.mark.slow
-def test_preset_file_is_accepted_by_the_llama_server_router(synthetic_models, storage, tmp_path):
-    real_study(storage, tmp_path, "routed")
+def test_preset_file_is_accepted_by_the_llama_server_router(served, tmp_path):
+    study, record, draft = served
     preset = tmp_path / "models-preset.ini"
     preset.write_text("version = 1\n\n[*]\nc = 1024\n")
-    frame = trials_frame(optuna.load_study(study_name="routed", storage=storage))
-    study = optuna.load_study(study_name="routed", storage=storage)
-    merge_preset(preset, "routed", preset_lines(build_export(study, frame, 1, "max-tps")))
+    merge_preset(preset, "served", preset_lines(build_export(record, draft, trials_frame(store.read_trials(study)),
+                                                             "max-tps")))
     port = free_port()
     proc = start([str(binary("llama-server")), "--models-preset", str(preset), "--host", "127.0.0.1",
                   "--port", str(port)], tmp_path / "router.log")
     try:
         wait_for_json(proc, f"http://127.0.0.1:{port}/health", 90, "llama-server")
         models = get_json(f"http://127.0.0.1:{port}/models")
-        assert "routed" in [m["id"] for m in models["data"]]
+        assert "served" in [m["id"] for m in models["data"]]
         answer = post_json(f"http://127.0.0.1:{port}/v1/completions",
-                           {"model": "routed", "prompt": "def add(a, b):\n    return", "max_tokens": 8, "temperature": 0})
+                           {"model": "served", "prompt": "def add(a, b):\n    return", "max_tokens": 8, "temperature": 0})
         assert answer["choices"][0]["text"] != "" or answer["usage"]["completion_tokens"] > 0
     finally:
         stop(proc)
@@ -245,18 +271,18 @@ def test_preset_file_is_accepted_by_the_llama_server_router(synthetic_models, st
 
 @pytest.mark.llama
 @pytest.mark.slow
-def test_confirmation_remeasures_winner_and_baseline_side_by_side(synthetic_models, storage, tmp_path, capsys,
-                                                                  monkeypatch):
-    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path))  # the confirmation's server logs
-    real_study(storage, tmp_path, "confirmed")
+def test_export_races_the_choice_against_the_baseline_side_by_side(served, storage, tmp_path, capsys, monkeypatch):
+    study, record, draft = served
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path))  # the race's server logs
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
-    assert main(["export", "confirmed", "--storage", storage, "--rounds", "2", "--out", str(out),
-                 "--preset", str(preset)]) == 0
+    assert main(["export", "served", "--storage", storage, "--trial", str(draft.number),
+                 "--out", str(out), "--preset", str(preset)]) == 0
     printed = capsys.readouterr().out
-    assert "confirm round 2/2: winner" in printed
-    assert "confirmed speedup: x" in printed and "(recorded x1.60" in printed
-    c = json.loads((out / "config.json").read_text())["confirmation"]
-    assert c["rounds"] == 2 and len(c["winner_tokens_per_second"]) == len(c["baseline_tokens_per_second"]) == 2
-    assert c["drafted"] > 0 and c["speedup"] > 0
-    assert c["falls_short"] == ("WARNING: the confirmation falls short" in printed)
-    assert (tmp_path / "logs" / "confirmed" / "confirm-winner.log").is_file()
+    rounds = load_spec(record.spec_path).race.rounds
+    assert f"re-measure round {rounds}/{rounds}:" in printed and "winner: trial" in printed
+    race = json.loads((out / "config.json").read_text())["race"]
+    assert race["rounds"] == rounds and {e["trial"] for e in race["entries"]} == {draft.number, race["baseline_trial"]}
+    assert all(len(e["rates"]) == rounds and e["speedup_low"] <= e["speedup"] <= e["speedup_high"] for e in race["entries"])
+    assert race["drafted"][f"trial-{draft.number}"] > 0  # the draft configuration drafted while racing
+    assert store.read_race(study) is not None  # recorded with the study
+    assert (tmp_path / "logs" / "served" / f"remeasure-trial-{draft.number}.log").is_file()

@@ -119,7 +119,7 @@ def test_each_fault_fails_its_trial_with_reason_and_log_tail_and_the_study_goes_
 
 
 def test_an_exception_mid_trial_still_stops_the_server(tmp_path, env, monkeypatch):
-    def buggy_measurement(server, *args):
+    def buggy_measurement(server, *args, **kwargs):
         assert server.complete("def f():\n", 4, 0.0, 1).predicted_n == 4  # the server is up and answering
         raise RuntimeError("a bug while measuring")
 
@@ -166,14 +166,22 @@ def test_interrupt_mid_trial_records_it_stops_the_server_and_resumes(tmp_path, e
     assert tally(study).counted == 2
 
 
-def test_sqlite_takes_one_process_and_a_killed_run_resumes(tmp_path, env, capsys):
+def test_sqlite_takes_one_process_and_a_killed_run_resumes(tmp_path, env, capsys, monkeypatch):
     path = write_study(tmp_path, sqlite(tmp_path), budget={"trials": 3},
                        measurement={"warmup": 0, "repetitions": 1, "ctx_size": 256, "trial_timeout_s": 60})
     proc = tuner(["run", str(path)], {**env, "FAKE_LLAMA_DELAY_S": "120"})
     try:
         launch = wait_for(lambda: launches(tmp_path / "launches.jsonl"), 60, "the baseline's server")[0]
+        assert main(["run", str(path), "--no-wait"]) == 75  # the host's measurement lock (tuner.hostlock)
+        assert f"another measurement runs on this host (pid {proc.pid}, tuner run, study " in capsys.readouterr().err
+        host_lock = os.environ.get("TUNER_MEASURE_LOCK")
+        monkeypatch.setenv("TUNER_MEASURE_LOCK", str(tmp_path / "other-host.lock"))  # then the study's own lock
         assert main(["run", str(path)]) == 2
         assert f"is being run by pid {proc.pid} on " in capsys.readouterr().err
+        if host_lock is None:
+            monkeypatch.delenv("TUNER_MEASURE_LOCK")
+        else:
+            monkeypatch.setenv("TUNER_MEASURE_LOCK", host_lock)
         assert main(["worker", str(path)]) == 2
         assert "workers need a database server" in capsys.readouterr().err
     finally:

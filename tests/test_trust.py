@@ -157,7 +157,7 @@ def test_a_rate_far_above_the_roofline_without_speculation_is_impossible_unless_
 def test_impossible_numbers_from_a_server_are_failed_trials_with_their_reason(tmp_path, env, monkeypatch, fault, reason):
     monkeypatch.setenv("FAKE_LLAMA_FAULTS", json.dumps({"--spec-draft-n-max 4 ": fault}))
     path = write_study(tmp_path, f"sqlite:///{tmp_path / 's.db'}", budget={"trials": 2},
-                       workload={"suites": ["suite.yaml"], "n_predict": 16},
+                       workload={"suites": ["suite.yaml"], "n_predict": 64},  # long enough to judge
                        warm_start=[{"spec_type": "draft-simple", "draft": "draft", "draft_max": 4}])
     study = run_study(load_spec(path), progress=lambda _: None)
     base, bad = store.read_trials(study)

@@ -56,11 +56,14 @@ def database(cluster, request) -> str:
 
 
 def start_workers(n: int, study: Path, storage: str, env: dict, tmp_path: Path) -> list[subprocess.Popen]:
+    """``n`` workers, each standing for one host: each its own measurement lock (tuner.hostlock),
+    which on one real host they share, measuring one after the other."""
     procs = []
     for i in range(n):
         out = open(tmp_path / f"worker-{i}.log", "w")
         procs.append(subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", str(study), "--storage", storage],
-                                      env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
+                                      env={**env, "TUNER_MEASURE_LOCK": str(tmp_path / f"host-{i}.lock")},
+                                      stdout=out, stderr=subprocess.STDOUT, text=True))
         out.close()
     return procs
 

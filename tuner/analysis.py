@@ -23,6 +23,7 @@ import pandas as pd
 from tuner import store
 from tuner.host import host_was_busy
 from tuner.drift import REFERENCE_ROLES, Sentinels, midpoint
+from tuner.per_type import PerTypeResult
 from tuner.race import RaceResult
 from tuner.search.sampler import fitted_models
 from tuner.records import StudyRecord, TrialRecord
@@ -274,6 +275,7 @@ class ReportData:
     sentinels: pd.DataFrame  # baseline and sentinel trials: time, tokens/s, worker
     race: RaceResult | None
     acceptance_model: pd.DataFrame  # the structured sampler's fitted model against measured points
+    per_type: PerTypeResult | None = None  # the last per-type race (tuner export --per-type)
 
     @property
     def objectives(self) -> list[str]:
@@ -313,7 +315,21 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         sentinels=sentinel_frame(records),
         race=RaceResult.from_json(race) if race else None,
         acceptance_model=pd.DataFrame(fitted_models(study)),
+        per_type=PerTypeResult.from_json(per_type) if (per_type := store.read_per_type(study)) else None,
     )
+
+
+def per_type_frame(result: PerTypeResult) -> pd.DataFrame:
+    """One row per content type of a per-type race: its winner, K, tuning and held-out figures, gain."""
+    rows = [{"suite": t.suite, "trial": t.winner, "method": method_of(t.config),
+             "K": (t.config.get("draft_max") or 0) if t.config.get("spec_type", "none") != "none" else 0,
+             "tuning_tokens_per_second": t.tuning_tokens_per_second,
+             "held_out_tokens_per_second": t.held_out_tokens_per_second,
+             "pooled_held_out_tokens_per_second": t.pooled_held_out_tokens_per_second,
+             "baseline_held_out_tokens_per_second": t.baseline_held_out_tokens_per_second,
+             "gain": t.gain, "interval": f"{t.gain_low:.2f}-{t.gain_high:.2f}",
+             "entry": "own entry" if t.pays else "pooled winner", "why": t.why} for t in result.types]
+    return pd.DataFrame(rows)
 
 
 def sentinel_frame(records: list[TrialRecord]) -> pd.DataFrame:

@@ -64,6 +64,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 1
     module = importlib.import_module(args._module)
+    from tuner import hostlock
+
+    hostlock.apply(args)  # --no-wait, and the command named to whoever waits for this one
+    try:
+        return _run(module, args)
+    finally:
+        hostlock.apply(argparse.Namespace())  # main() called in-process leaves no --no-wait behind
+
+
+def _run(module, args: argparse.Namespace) -> int:
     try:
         with sigterm_as_interrupt():  # a stopped tuner stops its servers and records the trial, as on Ctrl-C
             return int(module.run(args) or 0)

@@ -22,7 +22,7 @@ from tuner.paths import storage_dir
 from tuner.quantize import Variant, ensure_variant
 from tuner.records import StudyRecord
 from tuner.knobs import KNOB_TYPES
-from tuner.space import ResolvedSpace, resolve_space
+from tuner.space import Choices, Domain, IntRange, ResolvedSpace, resolve_space
 from tuner.spec import StudySpec
 from tuner.topology import Topology, read_topology
 from tuner.validate import Fields
@@ -99,11 +99,39 @@ def check_models_and_space(
         numa_policies=tuple(p for p in meaningful_numa_policies(topo) if numactl or p not in ("interleave", "bind")),
         numa_nodes=tuple(n.id for n in topo.nodes),
     )
-    for i, item in enumerate(spec.warm_start):
-        unknown = [k for k in item if k not in KNOB_TYPES and k != "numa_node"]
-        if unknown:
-            raise UserError(f"{spec.path}: warm_start[{i}].{unknown[0]}: unknown knob; known: {', '.join(KNOB_TYPES)}")
+    check_warm_starts(spec, space)
     return target, drafts, space
+
+
+def check_warm_starts(spec: StudySpec, space: ResolvedSpace) -> None:
+    """Every warm-start value lies in the resolved space, or one line names the entry and knob."""
+    for i, item in enumerate(spec.warm_start):
+        for knob, value in item.items():
+            where = f"{spec.path}: warm_start[{i}].{knob}"
+            if knob not in KNOB_TYPES and knob != "numa_node":
+                raise UserError(f"{where}: unknown knob; known: {', '.join(KNOB_TYPES)}")
+            domain = space.domains.get(knob)
+            if domain is None:
+                raise UserError(f"{where}: not searched by this study on this machine (resolved space: "
+                                f"{', '.join(space.domains)}); remove it from the warm start")
+            problem = _outside(domain, value)
+            if problem:
+                raise UserError(f"{where}: {value!r} {problem}; use a value of the resolved space "
+                                "(`tuner run STUDY --check` prints it)")
+
+
+def _outside(domain: Domain, value: object) -> str | None:
+    if isinstance(domain, Choices):
+        if any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in domain.values):
+            return None
+        return f"is not one of {', '.join(map(str, domain.values))}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "is not a number"
+    if isinstance(domain, IntRange) and (not float(value).is_integer() or (int(value) - domain.low) % domain.step):
+        return f"is not an integer of {domain.low}..{domain.high} step {domain.step}"
+    if not domain.low <= value <= domain.high:
+        return f"is outside {domain.low}..{domain.high}"
+    return None
 
 
 def _to_stderr(line: str) -> None:
@@ -130,7 +158,10 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
                                                    {name: v.path for name, v in quantized.items()})
     server = binary("llama-server", bin_dir)
     build = find_build_info(bin_dir)
-    workload = load_workload(list(spec.suites), spec.base_dir)
+    try:
+        workload = load_workload(list(spec.suites), spec.base_dir)
+    except UserError as err:  # name the study file and its field
+        raise UserError(f"{spec.path}: workload.suites: {str(err).removeprefix('workload: ')}") from None
     launch = LaunchContext(
         server_binary=server,
         target=spec.target.resolve(),

@@ -19,20 +19,23 @@ rules; Optuna's RDB storage is the only coordination:
   worker that fails the stale trial runs its retry. A baseline that failed or was
   interrupted runs again in the next process to start.
 - SQLite takes one process per study: a lock beside the database refuses a second, and
-  ``tuner worker`` refuses SQLite (a database file is not safely shared across hosts,
-  and two workers on one host measure each other).
+  ``tuner worker`` refuses SQLite (a database file is not safely shared across hosts).
+  Under that lock a RUNNING trial is a dead process's: ``fail_orphans`` fails it at once
+  with reason ``orphaned`` and says so.
+- One host measures one thing at a time whatever the study or storage: see
+  ``tuner.hostlock``. Storage outages are retried, then stop the run with the measured
+  trials kept in a local journal: see ``tuner.outage`` and ``tuner.journal``.
 """
 
 from __future__ import annotations
 
 import fcntl
-import importlib.util
 import os
 import re
 import socket
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Callable
 
@@ -46,6 +49,7 @@ from tuner.failures import FailureReason
 from tuner.records import Failure
 from tuner.space import baseline_config, enqueue_params
 from tuner.spec import WorkersSpec
+from tuner.urls import safe_url, scrub, with_driver  # noqa: F401 (re-exported)
 
 SCHEMA_ATTEMPTS = 3  # workers starting together on a fresh database race to create its tables
 
@@ -53,11 +57,6 @@ SCHEMA_ATTEMPTS = 3  # workers starting together on a fresh database race to cre
 def worker_id() -> str:
     """Who runs a trial: recorded with every trial and as the study's creator."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def safe_url(url: str) -> str:
-    """The storage URL without its password, for messages and logs."""
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
 
 
 class RetryStaleTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
@@ -76,20 +75,14 @@ def retry_callback(workers: WorkersSpec) -> RetryStaleTrial:
         return RetryStaleTrial(max_retry=workers.max_retry)
 
 
-def with_driver(url: str) -> str:
-    """``postgresql://`` means psycopg2 to SQLAlchemy 2.0 and psycopg 3 to 2.1: name the
-    driver that is installed, so the documented URL works with either."""
-    if url.startswith("postgresql://"):
-        for module in ("psycopg", "psycopg2"):
-            if importlib.util.find_spec(module):
-                return url.replace("postgresql://", f"postgresql+{module}://", 1)
-    return url
-
-
 def open_storage(url: str, workers: WorkersSpec) -> optuna.storages.RDBStorage:
-    """An RDB storage with heartbeats; retried when workers race to create a fresh schema."""
+    """An RDB storage with heartbeats, retried through outages (``tuner.outage``); retried
+    when workers race to create a fresh schema."""
     import sqlalchemy.exc  # an optuna dependency; lazy like the rest of the database side
 
+    from tuner.outage import ResilientRDBStorage
+
+    display = url
     url = with_driver(url)
     engine_kwargs = None if url.startswith("sqlite") else {"pool_pre_ping": True}
     attempt = 1
@@ -97,9 +90,12 @@ def open_storage(url: str, workers: WorkersSpec) -> optuna.storages.RDBStorage:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
+                storage = ResilientRDBStorage(
                     url, engine_kwargs=engine_kwargs, heartbeat_interval=workers.heartbeat_s,
                     grace_period=workers.grace_s, heartbeat_stale_trial_callback=retry_callback(workers))
+                storage.retry_s = workers.storage_retry_s
+                storage.display_url = display
+                return storage
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
             if attempt == SCHEMA_ATTEMPTS:
                 raise
@@ -133,17 +129,45 @@ def tally(study: optuna.Study) -> Tally:
     return Tally(counted=counted, running=sum(1 for t in trials if t.state == TrialState.RUNNING))
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a SQLite URL (None for other storages and in-memory SQLite)."""
+    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+        return None
+    path = url.removeprefix("sqlite:///")
+    if path.startswith("file:"):  # sqlite:///file:PATH?mode=ro&uri=true
+        path = path.removeprefix("file:").split("?", 1)[0]
+    return Path(path)
+
+
+def prepare_sqlite_dir(url: str) -> None:
+    """Create a SQLite file's folder; one that cannot be created is a one-line error."""
+    db = sqlite_path(url)
+    if db is None:
+        return
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"storage {url}: cannot create the folder {db.parent} ({err.strerror}); "
+                        "check the path of the SQLite file") from None
+
+
 def hold_sqlite_study(url: str, name: str) -> IO | None:
     """One process per SQLite study: an exclusive lock beside the database file.
 
     The kernel drops the lock when the process ends however it ends, so a killed run
     never blocks the next one. Returns the open lock file (None for other storages).
+    Who holds it is written into it when the disk has room (a full disk still locks).
     """
-    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+    db = sqlite_path(url)
+    if db is None:
         return None
-    db = Path(url.removeprefix("sqlite:///"))
-    db.parent.mkdir(parents=True, exist_ok=True)
-    lock = open(db.with_name(f"{db.name}.{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.lock"), "a+")
+    prepare_sqlite_dir(url)
+    path = db.with_name(f"{db.name}.{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.lock")
+    try:
+        lock = open(path, "a+")
+    except OSError as err:
+        raise UserError(f"storage {url}: cannot open the study lock {path} ({err.strerror}); "
+                        "check the folder's permissions and free space") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -155,30 +179,39 @@ def hold_sqlite_study(url: str, name: str) -> IO | None:
             "(two measured runs on one host measure each other): wait for it or stop it, or share the study "
             "across hosts with PostgreSQL and `tuner worker`"
         ) from None
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    lock.flush()
+    try:
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        lock.flush()
+    except OSError:
+        pass  # a full disk: the lock holds all the same, its holder is just not named
     return lock
 
 
-def fail_orphans(study: optuna.Study, workers: WorkersSpec) -> None:
-    """Under the SQLite lock a running trial can only be a dead process's: fail it now
-    (and queue it again like a stale one) rather than after the heartbeat grace."""
+def fail_orphans(study: optuna.Study, workers: WorkersSpec, progress: Callable[[str], None] = print) -> None:
+    """Under the SQLite lock a running trial can only be a dead process's: fail it now, with
+    reason ``orphaned``, and queue it again like a stale one, rather than after the heartbeat grace."""
     retry = retry_callback(workers)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        record = store.read_trial(trial)
+        store.write_finished_record(study, trial, replace(
+            record, state="FAIL", failure=Failure(store.ORPHANED, "the process running it died")))
         study.tell(trial.number, state=TrialState.FAIL)
         retry(study, study.get_trials()[trial.number])
+        again = "queued again" if len(trial.system_attrs.get("retry_history", ())) < workers.max_retry else \
+            "not queued again (workers.max_retry reached)"
+        progress(f"trial {trial.number} ({record.role}) was left running by a process that died: failed as "
+                 f"orphaned, {again}")
 
 
 def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.storages.BaseStorage:
     """An RDB storage with heartbeats; an unreachable URL is a one-line error, not a traceback."""
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    prepare_sqlite_dir(url)
     try:
         return open_storage(url, workers)
     except Exception as err:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = scrub(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__, url)
         fix = ("install the PostgreSQL driver: pip install -e '.[postgres]'" if isinstance(err, ImportError)
                else "check the URL and that the database is reachable")
         raise UserError(f"storage {safe_url(url)}: cannot open ({first}); {fix}") from err
@@ -222,7 +255,9 @@ def ensure_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[]
     if store.read_reference(study):
         return
     creator = store.created_by(study)
-    if creator in (None, worker_id()) or (_baselines(study) and not _baseline_pending(study, ctx.spec.workers)):
+    if _requeued_here(study):  # its worker died and this one queued it again: this one runs it
+        run_one()
+    elif creator in (None, worker_id()) or (_baselines(study) and not _baseline_pending(study, ctx.spec.workers)):
         store.enqueue(study, enqueue_params(baseline_config(ctx.space), ctx.space), "baseline")
         run_one()
     else:
@@ -234,17 +269,39 @@ def ensure_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[]
             store.enqueue(study, dict(item), "warm_start", skip_if_exists=True)
 
 
+def _requeued_here(study: optuna.Study) -> bool:
+    """A baseline this worker queued again after its worker died (this one runs it)."""
+    return any(t.state == TrialState.WAITING and store.requeued_by(t) == worker_id() for t in _baselines(study))
+
+
+def worker_gone(worker: str | None) -> bool:
+    """Whether ``worker`` (HOST:PID) ran on this host and its process has exited."""
+    host, _, pid = (worker or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
 def _wait_for_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None],
                        progress: Callable[[str], None]) -> None:
     workers = ctx.spec.workers
     deadline = time.monotonic() + workers.baseline_wait_s
-    progress(f"waiting for the baseline trial, run by the worker that created the study "
-             f"({store.created_by(study)})")
+    creator = store.created_by(study)
+    if worker_gone(creator):
+        progress(f"waiting for the baseline trial: the worker that created the study ({creator}) ran on this host "
+                 f"and has exited; its trial is failed after {workers.grace_s} s without a heartbeat and runs here")
+    else:
+        progress(f"waiting for the baseline trial, run by the worker that created the study ({creator})")
     while not store.read_reference(study):
         fail_stale(study)
         baselines = _baselines(study)
-        mine = [t for t in baselines if t.state == TrialState.WAITING and store.requeued_by(t) == worker_id()]
-        if mine:  # its worker died and this one queued it again: this one runs it
+        if _requeued_here(study):  # its worker died and this one queued it again: this one runs it
             run_one()
             return
         if baselines and not _baseline_pending(study, workers):

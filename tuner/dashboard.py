@@ -20,6 +20,7 @@ from tuner.errors import UserError
 from tuner import store
 from tuner.records import StudyRecord, TrialRecord
 from tuner.spec import default_storage_url
+from tuner.urls import with_driver
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
     url = args.storage or default_storage_url()
     store.require_storage(url)
+    url = with_driver(url)  # a raw '/', ':' or '@' in the password, percent-encoded
     if not 0 < args.port < 65536:
         raise UserError(f"--port: must be 1-65535, got {args.port}")
     if not args.no_notes:

@@ -39,13 +39,16 @@ import yaml
 from tuner.errors import UserError
 from tuner.fingerprint import COMPARABILITY_KEYS
 from tuner.paths import reports_dir
-from tuner import store
-from tuner.analysis import best_per_suite, feasible, front_2d, knee, trials_frame
+from tuner import hostlock, store
+from tuner.analysis import best_per_suite, feasible, front_2d, knee, suites_of, trials_frame
 from tuner.context import prepare
 from tuner.launch import ServerCommand, cpu_mask
 from tuner.records import StudyRecord, TrialRecord, changes
 from tuner.race import RaceResult, finalists, race_study
 from tuner.race import describe as describe_race
+from tuner.per_type import PerTypeResult, race_per_type
+from tuner.per_type import describe as describe_per_type
+from tuner.route import describe_accuracy
 from tuner.spec import load_spec
 
 POLICIES = {
@@ -107,11 +110,13 @@ class Export:
     llama_cpp: dict
     machine: dict
     race: RaceResult | None = None
+    per_type: dict | None = None  # tuner.per_type.PerTypeResult as JSON (the pooled export's), else None
+    section_name: str = ""  # the router model name; default the study's (per-type: STUDY-TYPE)
 
     @property
     def section(self) -> str:
-        """The preset section (router model) name: the study name, INI-safe."""
-        return re.sub(r"[^A-Za-z0-9_.-]", "-", self.study)
+        """The preset section (router model) name: the study name (or ``section_name``), INI-safe."""
+        return section_name(self.section_name or self.study)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -119,6 +124,10 @@ class Export:
         out["command"] = shlex.join(self.argv)
         out["preset_section"] = self.section
         return out
+
+
+def section_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", name)
 
 
 def production_argv(argv: list[str], temperature: float) -> list[str]:
@@ -158,6 +167,18 @@ def _plain(value):
 def race_for_export(study: optuna.Study, record: StudyRecord, candidates: list[TrialRecord] | None,
                     progress=print) -> RaceResult | None:
     """Race with the study's own workload and settings, refused if they changed since it was measured."""
+    ctx = export_context(record)
+    if candidates is None:
+        candidates = finalists(store.read_trials(study), ctx.settings.noise_cv, ctx.spec.race.max_finalists)
+    for trial in candidates:
+        if not Path(trial.command.binary).exists():
+            raise UserError(f"{trial.command.binary}: not on this host; export on the study's host or pass --no-race")
+    with hostlock.measuring(record.name, progress=progress):  # one measurement per host
+        return race_study(ctx, study, progress, candidates)
+
+
+def export_context(record: StudyRecord):
+    """The study's context from its study file, refused if what it measures changed since."""
     spec_path = Path(record.spec_path)
     if not spec_path.is_file():
         raise UserError(f"study {record.name!r}: its study file {spec_path} is not here, so its workload "
@@ -167,12 +188,7 @@ def race_for_export(study: optuna.Study, record: StudyRecord, candidates: list[T
     if changed:
         raise UserError(f"{spec_path}: {changed[0]}: a re-measure now would not compare with the study's figures; "
                         "revert the change, or pass --no-race")
-    if candidates is None:
-        candidates = finalists(store.read_trials(study), ctx.settings.noise_cv, ctx.spec.race.max_finalists)
-    for trial in candidates:
-        if not Path(trial.command.binary).exists():
-            raise UserError(f"{trial.command.binary}: not on this host; export on the study's host or pass --no-race")
-    return race_study(ctx, study, progress, candidates)
+    return ctx
 
 
 # ------------------------------------------------------------------ writing
@@ -254,33 +270,133 @@ def _is_option(token: str) -> bool:
     return False  # a negative number is a value
 
 
+_HEADER = re.compile(r"\s*\[\s*([^\]]*?)\s*\]\s*(?:[;#].*)?")
+
+
 def merge_preset(path: Path, section: str, lines: list[str]) -> None:
     """Replace (or add) one section of a shared preset file, keeping every other section."""
-    preamble: list[str] = []
-    sections: dict[str, list[str]] = {}
-    current = None
-    if path.exists():
-        for line in path.read_text().splitlines():
-            header = re.fullmatch(r"\s*\[\s*([^\]]*?)\s*\]\s*(?:[;#].*)?", line)
-            if header:
-                current = header.group(1)
-                sections[current] = []
-            if current is None:
-                preamble.append(line)
-            else:
-                sections[current].append(line)
-    if not any(re.match(r"\s*version\s*=", line) for line in preamble):
-        preamble = ["version = 1", "; llama-server --models-preset FILE: one section per exported study (tuner export)",
-                    *preamble]
-    sections[section] = lines
-    blocks = ["\n".join(block).strip("\n") for block in (preamble, *sections.values())]
+    merge_sections(path, {section: lines})
+
+
+def merge_sections(path: Path, new: dict[str, list[str]]) -> None:
+    """Replace (or add) several sections of a shared preset file in one write.
+
+    Every other section, and the preamble, is kept byte for byte (its lines, blank lines and
+    comments as they were). A replaced section keeps its place; one that appears more than once
+    (a hand edit) keeps its first place and loses the copies, so no section is ever duplicated.
+    New sections are appended in the given order. Written to a temporary file, then renamed.
+    """
+    text = path.read_text() if path.exists() else ""
+    blocks: list[tuple[str | None, str]] = []  # (section name or None for the preamble, raw text)
+    current: list[str] = []
+    name: str | None = None
+    for line in text.splitlines(keepends=True):
+        header = _HEADER.fullmatch(line.rstrip("\r\n"))
+        if header:
+            blocks.append((name, "".join(current)))
+            name, current = header.group(1), []
+        current.append(line)
+    blocks.append((name, "".join(current)))
+    preamble = blocks[0][1]
+    if not any(re.match(r"\s*version\s*=", line) for line in preamble.splitlines()):
+        preamble = ("version = 1\n; llama-server --models-preset FILE: one section per exported study "
+                    "(tuner export)\n\n" + preamble)
+    out = [preamble]
+    written: set[str] = set()
+    for block_name, raw in blocks[1:]:
+        if block_name in new:
+            if block_name in written:
+                continue
+            written.add(block_name)
+            raw = _section_text(new[block_name], raw)
+        out.append(raw)
+    for block_name, lines in new.items():
+        if block_name not in written:
+            if out[-1] and not out[-1].endswith("\n\n"):  # one blank line between sections
+                out[-1] += "\n" if out[-1].endswith("\n") else "\n\n"
+            out.append(_section_text(lines, ""))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("\n\n".join(b for b in blocks if b) + "\n")
+    tmp.write_text("".join(out))
     os.replace(tmp, path)
 
 
-def write_export(export: Export, out_dir: Path, preset_path: Path) -> list[Path]:
+def _section_text(lines: list[str], replaced: str) -> str:
+    """A section's lines, then the blank lines that followed the section it replaces."""
+    stripped = replaced.rstrip("\r\n")
+    return "\n".join(lines) + "\n" + replaced[len(stripped):].replace("\r", "")[1:]
+
+
+def router_script(pooled: Export, per_type: list[Export], preset_path: Path) -> str:
+    """``serve-router.sh``: one llama-server in router mode on the shared preset."""
+    names = [pooled.section, *(e.section for e in per_type)]
+    binary = pooled.command.binary if pooled.command else "llama-server"
+    lines = [
+        "#!/bin/sh",
+        f"# Generated by `tuner export --per-type` from study {pooled.study}: one llama-server in router mode",
+        f"# on {preset_path}, one configuration per section. The request's \"model\" field picks it:",
+        f"#   {pooled.section}: the pooled winner (trial {pooled.trial}), for any content",
+        *(f"#   {e.section}: {_type_note(e)}" for e in per_type),
+        "# The preset may hold other studies' sections too; each is served under its own name.",
+        "# Usage: LLAMA_ARG_HOST=0.0.0.0 LLAMA_ARG_PORT=9000 ./serve-router.sh [more llama-server flags]",
+        "set -eu",
+        "exec " + shlex.join([binary, "--models-preset", str(preset_path.resolve()), "--models-max", str(len(names))])
+        + ' --host "${LLAMA_ARG_HOST:-127.0.0.1}" --port "${LLAMA_ARG_PORT:-8080}" "$@"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _type_note(export: Export) -> str:
+    t = next(t for t in export.per_type["types"] if export.section.endswith("-" + section_name(t["suite"])))
+    k = export.config.get("draft_max") if export.config.get("spec_type", "none") != "none" else 0
+    return (f"{t['suite']} (trial {export.trial}, K={k}): {t['held_out_tokens_per_second']:.1f} tokens/s on held-out "
+            f"{t['suite']} prompts, x{t['gain']:.2f} over the pooled winner [{t['gain_low']:.2f}, {t['gain_high']:.2f}]")
+
+
+def client_note(pooled: Export, per_type: list[Export]) -> str:
+    """``ROUTER.md``: how a client picks a configuration."""
+    sections = [pooled.section, *(e.section for e in per_type)]
+    example = per_type[0].section if per_type else pooled.section
+    return "\n".join([
+        f"# Serving study {pooled.study} per content type",
+        "",
+        "Start the router: `./serve-router.sh` (one llama-server, one child server per configuration, started on "
+        "first use). Every request names its configuration in the `model` field (POST endpoints), or the `model` "
+        "query parameter (GET endpoints such as `/props?model=NAME`):",
+        "",
+        f"- `{pooled.section}`: the pooled winner (trial {pooled.trial}), for any content",
+        *(f"- `{e.section}`: {_type_note(e)}" for e in per_type),
+        *([f"- no content type's own winner beat the pooled winner on its held-out prompts beyond the noise: "
+           f"every type is served by `{pooled.section}` ("
+           + "; ".join(f"{t['suite']}: {t['why']}" for t in (pooled.per_type or {}).get("types", [])) + ")"]
+          if not per_type else []),
+        "",
+        "```sh",
+        "curl -s http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\",
+        f"  -d '{{\"model\": \"{example}\", \"prompt\": \"def add(a, b):\", \"max_tokens\": 64}}'",
+        "```",
+        "",
+        "Mixed traffic: classify each prompt, then fall back to the pooled section:",
+        "",
+        "```python",
+        "from tuner.route import content_type",
+        f"SECTIONS = {sections!r}",
+        f"name = f\"{pooled.section}-{{content_type(prompt)}}\"",
+        f"model = name if name in SECTIONS else {pooled.section!r}",
+        "```",
+        "",
+        describe_accuracy() + ".",
+        "",
+        "The configurations share the machine: under concurrent traffic their servers compete for the same cores "
+        "and memory bandwidth, unlike when they were measured one at a time.",
+        "",
+    ])
+
+
+def write_export(export: Export, out_dir: Path, preset_path: Path, per_type: list[Export] | None = None) -> list[Path]:
+    """The pooled export's files and its preset section; with ``per_type`` exports, their sections too
+    (one merge), ``serve-router.sh`` and ``ROUTER.md``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     script = out_dir / "serve.sh"
     script.write_text(shell_script(export))
@@ -290,8 +406,16 @@ def write_export(export: Export, out_dir: Path, preset_path: Path) -> list[Path]
     json_path.write_text(json.dumps(record, indent=2) + "\n")
     yaml_path = out_dir / "config.yaml"
     yaml_path.write_text(yaml.safe_dump(record, sort_keys=False))
-    merge_preset(preset_path, export.section, preset_lines(export))
-    return [script, json_path, yaml_path, preset_path]
+    if per_type is None:
+        merge_preset(preset_path, export.section, preset_lines(export))
+        return [script, json_path, yaml_path, preset_path]
+    merge_sections(preset_path, {e.section: preset_lines(e) for e in (export, *per_type)})
+    router = out_dir / "serve-router.sh"
+    router.write_text(router_script(export, per_type, preset_path))
+    router.chmod(0o755)
+    note = out_dir / "ROUTER.md"
+    note.write_text(client_note(export, per_type))
+    return [script, json_path, yaml_path, preset_path, router, note]
 
 
 # ------------------------------------------------------------------ command
@@ -311,7 +435,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trial", type=int, help="export this feasible trial instead of applying a policy")
     parser.add_argument("--no-race", action="store_true",
                         help="export the recorded choice without racing it (its figures are single measurements)")
+    per_type = parser.add_mutually_exclusive_group()
+    per_type.add_argument("--per-type", action="store_true", default=None,
+                          help="also export one configuration per content type (STUDY-TYPE preset sections, "
+                               "serve-router.sh, ROUTER.md); the default when the study measured several types: "
+                               "each type's winner on its tuning prompts is raced on held-out prompts and gets a "
+                               "section only when it beats the pooled winner there beyond the noise")
+    per_type.add_argument("--no-per-type", dest="per_type", action="store_false",
+                          help="export the pooled winner only")
     parser.add_argument("--out", type=Path, help="output folder (default: reports/STUDY/export)")
+    hostlock.add_argument(parser)
     parser.add_argument("--preset", type=Path, help=f"shared preset file (default: reports/{PRESET_FILE})")
 
 
@@ -336,9 +469,76 @@ def run(args: argparse.Namespace) -> int:
     if race is not None and export.config.get("spec_type", "none") != "none" and race.drafted.get(f"trial-{number}") == 0:
         print("WARNING: the winner drafted nothing while racing: speculation was off")
     for row in export.per_content_type:
-        print(f"best on {row['suite']}: trial {row['trial']}, {row['method']}, K={row['draft_max']}, "
-              f"T={row['temperature']}: {row['tokens_per_second']:.1f} tokens/s")
+        print(f"best on {row['suite']} (recorded, all its prompts): trial {row['trial']}, {row['method']}, "
+              f"K={row['draft_max']}, T={row['temperature']}: {row['tokens_per_second']:.1f} tokens/s")
+    per_type = per_type_exports(args, study, record, frame, export) if _wants_per_type(args, record, frame) else None
+    if per_type is not None:
+        export = replace(export, per_type=per_type[0].to_json() if per_type[0] else None)
+        per_type = [replace(e, per_type=export.per_type) for e in per_type[1]]
     out_dir = args.out or reports_dir() / study.study_name / "export"
-    for path in write_export(export, out_dir, args.preset or reports_dir() / PRESET_FILE):
+    preset = args.preset or reports_dir() / PRESET_FILE
+    for path in write_export(export, out_dir, preset, per_type):
         print(f"wrote {path}")
+    if export.per_type:
+        kept = [section_name(f"{export.section}-{t['suite']}") for t in export.per_type["types"] if not t["pays"]]
+        for name in set(kept) & set(preset_sections(preset)):
+            print(f"note: section [{name}] of an earlier export is kept in {preset}, but this export found no "
+                  f"gain for it on held-out prompts; remove it by hand to serve that type with [{export.section}]")
     return 0
+
+
+def preset_sections(path: Path) -> list[str]:
+    """The section names of a preset file, in order (none when it does not exist)."""
+    if not path.exists():
+        return []
+    return [m.group(1) for line in path.read_text().splitlines() if (m := _HEADER.fullmatch(line))]
+
+
+def _wants_per_type(args: argparse.Namespace, record: StudyRecord, frame: pd.DataFrame) -> bool:
+    """Per-type export: asked for, or by default when the study measured several content types."""
+    types = suites_of(frame)
+    if args.per_type is False:
+        return False
+    if len(types) < 2:
+        if args.per_type:
+            raise UserError(f"--per-type: study {record.name!r} measured one content type "
+                            f"({', '.join(types) or 'none'}), so there is no per-type winner to serve; export "
+                            "without --per-type (its pooled winner is that type's winner), or run a study whose "
+                            "workload has several suites")
+        return False
+    if args.no_race:
+        if args.per_type:
+            raise UserError("--per-type re-measures each type's winner on held-out prompts; it cannot be "
+                            "combined with --no-race")
+        print("per-type: skipped with --no-race (per-type winners are only exported on held-out figures)")
+        return False
+    return True
+
+
+def per_type_exports(args: argparse.Namespace, study: optuna.Study, record: StudyRecord, frame: pd.DataFrame,
+                     pooled: Export) -> tuple[PerTypeResult | None, list[Export]]:
+    """Race the per-type winners on held-out prompts; the exports of the types that pay."""
+    ctx = export_context(record)
+    with hostlock.measuring(record.name):  # one measurement per host
+        result = race_per_type(ctx, study, store.read_trial(study.trials[pooled.trial]))
+    if result is None:
+        print("per-type: the study has no baseline; nothing to race")
+        return None, []
+    for line in describe_per_type(result):
+        print(line)
+    if not result.types and args.per_type:
+        raise UserError(f"--per-type: no content type of {record.name!r} can be split into tuning and held-out "
+                        "prompts (" + "; ".join(f"{s}: {why}" for s, why in result.unsplit.items())
+                        + "); add prompts to its suites")
+    print(describe_accuracy())
+    exports = [replace(build_export(record, store.read_trial(study.trials[t.winner]), frame,
+                                    f"fastest on the {t.suite} tuning prompts; {t.why}"),
+                       section_name=f"{pooled.section}-{t.suite}")
+               for t in result.paying]
+    if not exports:
+        print(f"per-type: no type's winner beats the pooled winner beyond the noise on held-out prompts; "
+              f"the router serves the pooled winner only, as {pooled.section!r}")
+    else:
+        print("per-type sections: " + ", ".join(e.section for e in exports)
+              + f" (and {pooled.section!r}, the pooled winner)")
+    return result, exports

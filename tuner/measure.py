@@ -83,7 +83,7 @@ def run_workload(
     Warm-up sends ``settings.warmup`` requests of the first prompt, each generating the
     full ``n_predict``, and discards them: the first request pays for page faults in the
     mapped weights and buffer allocation, which every prompt shares, so one prompt is
-    enough. ``after_repetition(samples so far)`` runs after each pass (a pruner's hook).
+    enough. ``after_repetition(samples so far)`` runs after each pass but the last (a pruner's hook).
     """
     first = workload.prompts[0]
     for _ in range(settings.warmup):
@@ -112,7 +112,7 @@ def run_workload(
             )
             if progress:
                 progress(len(samples), cap * len(workload.prompts))
-        if after_repetition:
+        if after_repetition and repetition + 1 < cap:  # after the last pass there is nothing left to save
             after_repetition(samples)
     return samples
 

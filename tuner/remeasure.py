@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tuner.errors import UserError
@@ -32,6 +32,7 @@ class Contender:
 class Rates:
     tokens_per_second: list[float]  # one pooled rate per round
     drafted: int  # draft tokens over all rounds (0 with speculation on: it was off)
+    per_suite: dict[str, list[float]] = field(default_factory=dict)  # suite -> one pooled rate per round
 
 
 def alternate(contenders: list[Contender], workload: Workload, settings: MeasurementSettings, rounds: int,
@@ -43,6 +44,7 @@ def alternate(contenders: list[Contender], workload: Workload, settings: Measure
     rng = random.Random(shuffle_seed)
     rates: dict[str, list[float]] = {c.label: [] for c in contenders}
     drafted = dict.fromkeys(rates, 0)
+    per_suite: dict[str, dict[str, list[float]]] = {c.label: {s: [] for s in workload.suites} for c in contenders}
     timeout = settings.trial_timeout_s
     try:
         with ExitStack() as stack:
@@ -58,8 +60,10 @@ def alternate(contenders: list[Contender], workload: Workload, settings: Measure
                     samples = run_workload(server, workload, once, contender.temperature)
                     rates[contender.label].append(pooled_rate(samples))
                     drafted[contender.label] += sum(s.draft_n for s in samples)
+                    for suite, values in per_suite[contender.label].items():
+                        values.append(pooled_rate(s for s in samples if s.suite == suite))
                 progress(f"re-measure round {r + 1}/{rounds}: "
                          + ", ".join(f"{label} {values[-1]:.1f} t/s" for label, values in rates.items()))
     except TrialFailure as failure:
         raise UserError(f"re-measuring failed: {failure}; see the logs in {log_dir}") from None
-    return {label: Rates(values, drafted[label]) for label, values in rates.items()}
+    return {label: Rates(values, drafted[label], per_suite[label]) for label, values in rates.items()}

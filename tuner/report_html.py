@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from tuner.analysis import ReportData, complete
+from tuner.analysis import ReportData, complete, per_type_frame
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 FEASIBLE_COLOR = "#1f77b4"
@@ -171,6 +171,51 @@ def race_table(data: ReportData) -> str:
                                "interval": "95% interval", "config": "configuration"})
 
 
+def per_type_figure(data: ReportData, div_id: str) -> str:
+    """K curves per content type (best feasible recorded tokens/s on the suite), each type's winner
+    on its tuning prompts (circle) and its held-out figure (diamond) at its K."""
+    fig = go.Figure()
+    rows = per_type_frame(data.per_type) if data.per_type is not None else pd.DataFrame()
+    for i, (suite, part) in enumerate(data.k_by_suite.groupby("suite", sort=True)):
+        color = _palette(i)
+        part = part.sort_values("K")
+        fig.add_trace(go.Scatter(x=part["K"], y=part["tokens_per_second"], mode="lines+markers", name=str(suite),
+                                 line={"color": color}, legendgroup=str(suite)))
+        own = rows[rows["suite"] == suite] if not rows.empty else rows
+        for r in own.itertuples():
+            fig.add_trace(go.Scatter(x=[r.K], y=[r.tuning_tokens_per_second], mode="markers", legendgroup=str(suite),
+                                     name=f"{suite} winner, tuning prompts (trial {r.trial})",
+                                     marker={"color": color, "size": 14, "symbol": "circle-open", "line": {"width": 3}}))
+            fig.add_trace(go.Scatter(x=[r.K], y=[r.held_out_tokens_per_second], mode="markers", legendgroup=str(suite),
+                                     name=f"{suite} winner, held-out prompts (x{r.gain:.2f} over pooled)",
+                                     marker={"color": color, "size": 14, "symbol": "diamond"}))
+    fig.update_layout(xaxis_title="K (draft length; 0 = no speculation)", yaxis_title="tokens/s on the content type")
+    return _figure_html(fig, div_id)
+
+
+def per_type_body(data: ReportData) -> str:
+    from tuner.route import describe_accuracy
+
+    parts = [per_type_figure(data, "fig-per-type") if not data.k_by_suite.empty else _empty("no per-suite measurements")]
+    if data.per_type is None:
+        parts.append(_empty("no per-type race recorded yet: `tuner export STUDY --per-type` runs it"))
+    else:
+        result = data.per_type
+        parts.append(f"<p>Pooled winner: trial {result.pooled}. Rule: {html.escape(result.rule)}; "
+                     f"{result.rounds} shuffled rounds on the held-out prompts.</p>")
+        parts.append(_table(per_type_frame(result), {
+            "suite": "type", "trial": "winner (tuning)", "method": "draft", "K": "K",
+            "tuning_tokens_per_second": "t/s tuning prompts", "held_out_tokens_per_second": "t/s held-out",
+            "pooled_held_out_tokens_per_second": "pooled winner, held-out", "baseline_held_out_tokens_per_second":
+            "baseline, held-out", "gain": "gain over pooled", "interval": "95% interval", "entry": "served as"}))
+        if result.unsplit:
+            parts.append("<p>" + html.escape("; ".join(f"{s}: no per-type figure ({why})"
+                                                       for s, why in result.unsplit.items())) + "</p>")
+    parts.append(f"<p>{html.escape(describe_accuracy())} (<code>tuner.route.content_type</code>, for routing "
+                 "mixed traffic).</p>")
+    return "".join(parts)
+
+
 def acceptance_model_figure(data: ReportData, div_id: str) -> str:
     fig = go.Figure()
     for i, (option, part) in enumerate(data.acceptance_model.groupby("option")):
@@ -262,6 +307,12 @@ def sections(data: ReportData) -> list[Section]:
                 "Best feasible tokens/s on each prompt suite at each K: the best K differs by content.",
                 lines_figure(data.k_by_suite, "suite", "K", "tokens_per_second", "fig-k-suite", "K (draft length)")
                 if not data.k_by_suite.empty else _empty("no per-suite measurements")),
+        Section("per-type", "Per content type: winners on tuning prompts, checked on held-out prompts",
+                "K curves per type (best feasible recorded tokens/s on each suite). Each type's winner is picked on "
+                "its tuning prompts (circle) and re-measured on its held-out prompts against the pooled winner "
+                "(diamond); a type is served as its own router model (STUDY-TYPE) only when that gain is above "
+                "the noise.",
+                per_type_body(data)),
         Section("temperature", "Temperature effect",
                 "Sampling above 0 lowers acceptance (the draft guesses the target's sample) and changes outputs.",
                 temperature_figure(data.temperature, "fig-temperature") if data.temperature["temperature"].nunique() > 1

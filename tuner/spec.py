@@ -50,6 +50,7 @@ class WorkersSpec:
     grace_s: int = 120  # a running trial without a heartbeat this long is failed
     max_retry: int = 1  # a trial failed that way is queued again at most this often
     baseline_wait_s: float = 1800.0  # how long a joining worker waits for the baseline
+    storage_retry_s: float = 120.0  # how long a storage outage is retried before the run stops (see tuner.outage)
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,9 @@ def load_spec(path: str | Path) -> StudySpec:
     merged: dict[str, Any] = {}
     if space_section.has("file"):
         space_file = _path(space_section, "file", space_section.str("file"), base)
+        if not space_file.is_file():
+            space_section.fail("file", f"{space_file}: {'is a directory' if space_file.is_dir() else 'no such file'}; "
+                                       "fix the path (relative to the study file's folder)")
         merged.update(load_yaml_mapping(space_file))
         parse_space(Fields(space_file, dict(merged)))  # errors point at the space file itself
     overrides = space_section.raw("overrides", {})
@@ -232,6 +236,7 @@ def load_spec(path: str | Path) -> StudySpec:
         grace_s=w.int("grace_s", 120, minimum=1),
         max_retry=w.int("max_retry", 1, minimum=0),
         baseline_wait_s=w.number("baseline_wait_s", 1800.0, minimum=1.0),
+        storage_retry_s=w.number("storage_retry_s", 120.0, minimum=0.0),
     )
     if workers.grace_s <= workers.heartbeat_s:
         w.fail("grace_s", f"must exceed heartbeat_s ({workers.heartbeat_s}), or live trials are failed as dead")

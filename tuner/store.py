@@ -6,13 +6,22 @@ commit when the trial ends. Besides them, Optuna-level coordination keeps small 
 a trial's ``role`` (set when it is enqueued), ``requeued_by`` (set by the heartbeat
 retry) and ``running_on`` (worker and server port, set once its server is up: who to
 ask about a running trial), and the study's ``created_by`` (the worker that runs the baseline),
-plus the baseline's ``reference`` outputs, the perplexity cache and the last finalist ``race``. Nothing else reads
+plus the baseline's ``reference`` outputs, the perplexity cache, the last finalist ``race`` and
+the last ``per_type`` race. Nothing else reads
 or writes user attrs.
 
 Schema versions: 1 stored loose attrs per field (before records); a study of schema 1
 is refused with a one-line message naming its version. A trial that ended without
 writing a record (its process was killed, or a heartbeat failed it) reads back as a
-failed record with reason ``orphaned``.
+failed record with reason ``orphaned``; one failed on resume under the SQLite lock
+(``coordination.fail_orphans``) stores that reason itself.
+
+A measured trial reaches storage through the local journal (``tuner.journal``): its
+record is appended there (fsynced) first, then written here; a storage outage
+(``tuner.outage``) leaves it in the journal, and the next run adds it to the study as a
+new finished trial carrying the same record, with system attrs ``replay_of`` (the
+original number) and ``retry_history`` (so the budget counts it once). Storage URLs are
+shown only through ``tuner.urls.safe_url`` (password as ``***``).
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UserError
 from tuner.records import SCHEMA_VERSION, Failure, Reference, StudyRecord, TrialRecord, config_from_dict
+from tuner.outage import problem_of
 from tuner.spec import default_storage_url
+from tuner.urls import safe_url, with_driver
 from tuner.validate import load_yaml_mapping
 
 STUDY_RECORD = "study_record"
@@ -37,6 +48,7 @@ REFERENCE = "reference"
 PERPLEXITY = "perplexity"
 KLD = "kld"  # model flags -> {"mean_kld", "same_top"} (the kld scorer)
 RACE = "race"  # the last finalist race (tuner.race.RaceResult as JSON)
+PER_TYPE = "per_type"  # the last per-type race (tuner.per_type.PerTypeResult as JSON)
 SEARCH_STAGE, SEARCH_REASON = "search_stage", "search_reason"  # why the sampler chose a trial
 ORPHANED = "orphaned"  # the process running the trial died before recording it
 
@@ -142,6 +154,12 @@ def search_context(study: optuna.Study) -> tuple[dict, list[str]] | None:
     return (data["space"], list(data["objectives"])) if data else None
 
 
+def write_finished_record(study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
+    """The record of a trial this process does not run (an orphan being failed): written
+    while it is still RUNNING, before it is told finished."""
+    study._storage.set_trial_user_attr(trial._trial_id, TRIAL_RECORD, record.to_json())
+
+
 def mark_running(trial: optuna.Trial, worker: str, port: int) -> None:
     trial.set_user_attr(RUNNING_ON, {"worker": worker, "port": port})
 
@@ -149,6 +167,15 @@ def mark_running(trial: optuna.Trial, worker: str, port: int) -> None:
 def running_on(trial: FrozenTrial) -> dict | None:
     """{"worker": "HOST:PID", "port": N} of a trial whose server came up, else None."""
     return trial.user_attrs.get(RUNNING_ON)
+
+
+def record_attrs(record: TrialRecord) -> dict:
+    """The user attrs that hold a finished trial's record (a trial added whole, e.g. from the journal)."""
+    return {ROLE: record.role, TRIAL_RECORD: record.to_json()}
+
+
+def has_record(trial: FrozenTrial) -> bool:
+    return TRIAL_RECORD in trial.user_attrs
 
 
 def role_of(trial: FrozenTrial | optuna.Trial) -> str:
@@ -201,7 +228,7 @@ def add_measured_trial(study: optuna.Study, record: TrialRecord, params: dict, d
     study.add_trial(optuna.trial.create_trial(
         state=TrialState.COMPLETE if complete else TrialState.FAIL,
         params=params, distributions=distributions, values=values if complete else None,
-        user_attrs={ROLE: record.role, TRIAL_RECORD: record.to_json()},
+        user_attrs=record_attrs(record),
         system_attrs={"constraints": [record.constraint]} if complete else {},
     ))
     return read_trial(study.trials[-1])
@@ -213,6 +240,14 @@ def write_race(study: optuna.Study, race: dict) -> None:
 
 def read_race(study: optuna.Study) -> dict | None:
     return study.user_attrs.get(RACE)
+
+
+def write_per_type(study: optuna.Study, result: dict) -> None:
+    study.set_user_attr(PER_TYPE, result)
+
+
+def read_per_type(study: optuna.Study) -> dict | None:
+    return study.user_attrs.get(PER_TYPE)
 
 
 def baseline_record(study: optuna.Study) -> TrialRecord | None:
@@ -239,18 +274,30 @@ def resolve_ref(ref: str, storage: str | None) -> tuple[str, str]:
 def require_storage(url: str) -> None:
     """A missing SQLite file is a typo or a study never run, not a new empty database."""
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        raise UserError(f"storage {url}: no such file; run a study first (`tuner run studies/NAME.yaml`) or pass --storage")
+        raise UserError(f"storage {safe_url(url)}: no such file; run a study first (`tuner run studies/NAME.yaml`) "
+                        "or pass --storage")
 
 
 def open_stored_study(ref: str, storage: str | None = None) -> tuple[optuna.Study, StudyRecord]:
-    """A stored study by name or study file, with its record; an unknown name lists the known ones."""
+    """A stored study by name or study file, with its record; an unknown name lists the known ones,
+    an unreachable or missing database is one line."""
     name, url = resolve_ref(ref, storage)
     require_storage(url)
     try:
-        study = optuna.load_study(study_name=name, storage=url, sampler=optuna.samplers.RandomSampler(seed=0))
-    except KeyError:
-        known = optuna.get_all_study_names(url)
-        raise UserError(
-            f"study {name!r}: not in {url}; known studies: {', '.join(known) or 'none'}"
-        ) from None
+        try:
+            study = optuna.load_study(study_name=name, storage=with_driver(url),
+                                      sampler=optuna.samplers.RandomSampler(seed=0))
+        except KeyError:
+            known = optuna.get_all_study_names(with_driver(url))
+            raise UserError(
+                f"study {name!r}: not in {safe_url(url)}; known studies: {', '.join(known) or 'none'}"
+            ) from None
+    except UserError:
+        raise
+    except Exception as err:  # sqlalchemy and the drivers raise many kinds; all mean "cannot use this URL"
+        if not isinstance(err, ImportError) and type(err).__module__.split(".")[0] not in ("sqlalchemy", "psycopg",
+                                                                                          "psycopg2", "sqlite3"):
+            raise
+        raise UserError(f"storage {safe_url(url)}: cannot open ({problem_of(err, url)}); "
+                        "check the URL and that the database is reachable") from None
     return study, read_study_record(study)

@@ -43,9 +43,11 @@ from tuner.host import busy_processes, cpu_seconds_by_process, host_was_busy, tr
 from tuner.placement import contradiction, evict, read_numa_maps
 from tuner.roofline import Bandwidth, impossible, last_level_cache_bytes, study_roofline
 from tuner.runner import LlamaServer, free_port, read_log_tail
-from tuner.drift import sentinel_due
+from tuner.drift import Sentinels, midpoint, sentinel_due
 from tuner.race import describe as describe_race
 from tuner.race import race_study
+from tuner import hostlock, outage
+from tuner.journal import Journal
 from tuner.sampling import sampler_for
 from tuner.search.pruning import may_prune, should_prune
 from tuner.space import TrialConfig, baseline_config, suggest
@@ -129,10 +131,13 @@ class Pruned(Exception):
 class TrialRunner:
     """The objective: one trial = one launch, one workload, one record stored."""
 
-    def __init__(self, ctx: StudyContext, study: optuna.Study, progress: Callable[[str], None] = print):
+    def __init__(self, ctx: StudyContext, study: optuna.Study, progress: Callable[[str], None] = print,
+                 journal: Journal | None = None):
         self.ctx = ctx
         self.study = study
         self.progress = progress
+        self.journal = journal
+        self._reference: Reference | None = None  # a baseline's, stored with its record
         bandwidth = ctx.fingerprint.get("bandwidth_bytes_per_s")
         self.roofline = (study_roofline(ctx.study_record(worker_id()), Bandwidth(bandwidth, "fingerprint", ""))
                          if bandwidth else None)
@@ -141,22 +146,35 @@ class TrialRunner:
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
         config = suggest(trial, self.ctx.space)
+        self._reference = None
         try:
             record = self.measure(config, store.role_of(trial), trial.number,
                                   on_running=lambda port: store.mark_running(trial, worker_id(), port))
         except Interrupted as stop:
-            store.write_trial_record(trial, stop.record)
+            self._store(trial, stop.record, None)
             raise
         stage, reason = store.search_note(trial)
         record = replace(record, search={"stage": stage, "reason": reason} if stage else {})
-        store.write_trial_record(trial, record)
+        values = tuple(record.metrics.objective(o.metric) for o in self.ctx.spec.objectives) if record.complete else None
+        self._store(trial, record, values)
         if record.state == "PRUNED":
             raise optuna.TrialPruned(record.pruned)
         if record.failure is not None:
             raise TrialFailure(FailureReason(record.failure.reason), record.failure.detail, record.log_tail)
-        # Feasible when <= 0: samplers read it from here, and nothing below the floor is reported as best.
-        trial.set_constraint("quality_floor", record.constraint)
-        return tuple(record.metrics.objective(o.metric) for o in self.ctx.spec.objectives)
+        return values
+
+    def _store(self, trial: optuna.Trial, record: TrialRecord, values: tuple[float, ...] | None) -> None:
+        """The journal first (a storage outage loses no measurement, see ``tuner.journal``),
+        then the trial's storage writes: a baseline's reference, the constraint, the record."""
+        reference, self._reference = self._reference, None
+        if self.journal is not None:
+            self.journal.keep(trial, record, values, reference)
+        if reference is not None:
+            store.write_reference(self.study, reference)
+        if record.complete:
+            # Feasible when <= 0: samplers read it from here, and nothing below the floor is reported as best.
+            trial.set_constraint("quality_floor", record.constraint)
+        store.write_trial_record(trial, record)
 
     def measure(self, config: TrialConfig, role: str, number: int | None,
                 on_running: Callable[[int], None] = lambda port: None) -> TrialRecord:
@@ -198,11 +216,14 @@ class TrialRunner:
         evicted = self._place(config)
         models = [ctx.launch.target, *ctx.launch.drafts.values()]
         before, wall = cpu_seconds_by_process(), time.monotonic()
+        # read before measuring: from the measurement on, storage is written only after the journal
+        reference = None if record.role in ("baseline", "sentinel") else store.read_reference(self.study)
         incumbent = store.best_feasible(self.study) if ctx.spec.prune and may_prune(record.role) else None
+        against = self._drift_corrected(incumbent) if incumbent is not None else []
 
         def prune_check(samples: list[Sample]) -> None:
             if incumbent is not None:
-                decision = should_prune([sample_record(s) for s in samples], incumbent.samples, record.role)
+                decision = should_prune([sample_record(s) for s in samples], against, record.role)
                 if decision.prune:
                     raise Pruned(samples, f"against trial {incumbent.number}: {decision.reason}")
 
@@ -230,11 +251,13 @@ class TrialRunner:
             if why:
                 raise TrialFailure(FailureReason.ABOVE_ROOFLINE, why, log_tail)
         outputs = outputs_by_prompt(samples)
-        if record.role == "baseline":
-            store.write_reference(self.study, Reference(
+        if record.role == "baseline":  # the study's reference, stored with this trial's record
+            self._reference = reference = Reference(
                 trial=record.number, tokens={pid: list(s.tokens) for pid, s in outputs.items()},
-                texts={pid: s.text for pid, s in outputs.items()}, tokens_per_second=scores.tokens_per_second))
-        quality, extra_scores = self._quality(config, outputs, store.read_reference(self.study))
+                texts={pid: s.text for pid, s in outputs.items()}, tokens_per_second=scores.tokens_per_second)
+        elif record.role == "sentinel":
+            reference = store.read_reference(self.study)
+        quality, extra_scores = self._quality(config, outputs, reference)
         reference_rate = self._reference_rate(record.role, scores.tokens_per_second)
         host = trial_host_state(ctx.launch.topology, busy)
         host.update(evicted_pages=evicted, numa_pages={Path(f).name: n for f, n in pages.items()},
@@ -259,6 +282,17 @@ class TrialRunner:
             host=host,
             scores=extra_scores,
         )
+
+    def _drift_corrected(self, incumbent: TrialRecord) -> list[dict]:
+        """The incumbent's samples as the machine would measure them now: scaled by this worker's
+        reference rate now over the reference rate when the incumbent ran (tuner.drift), so a
+        machine that slowed down since does not prune everything after it."""
+        sentinels = Sentinels(store.read_trials(self.study), self.ctx.settings.noise_cv)
+        now, then = sentinels.rate_at(worker_id(), time.time()), None
+        if midpoint(incumbent) is not None:
+            then = sentinels.rate_at(incumbent.worker, midpoint(incumbent))
+        scale = now / then if now and then else 1.0
+        return [{**s, "tokens_per_second": s["tokens_per_second"] * scale} for s in incumbent.samples]
 
     def _reference_rate(self, role: str, tokens_per_second: float) -> float | None:
         """This worker's latest reference (baseline or sentinel) tokens/s: the speedup known at the time.
@@ -375,24 +409,39 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
     """Run or resume a study until its budget is spent, alone or as one of its workers; returns the study.
 
     Every ``sentinel.every_trials`` trials (or minutes) this process re-measures the baseline
-    configuration first (tuner.drift). With ``race`` the finalists are raced at the end (tuner.race)."""
+    configuration first (tuner.drift). With ``race`` the finalists are raced at the end (tuner.race).
+    Measures under the host's measurement lock (``tuner.hostlock``); a storage outage stops
+    it in one line with the measured trials kept in the journal (``tuner.journal``), which
+    the next run stores first."""
     ctx = prepare(spec, progress)
+    journal = Journal(spec.name, spec.storage)
+    with hostlock.measuring(spec.name, progress=progress), outage.guard(spec.storage, journal.pending):
+        study = _run_locked(ctx, journal, trials, progress, race)
+        journal.settle()
+    return study
+
+
+def _run_locked(ctx: StudyContext, journal: Journal, trials: int | None, progress: Callable[[str], None],
+                race: bool) -> optuna.Study:
+    spec = ctx.spec
     lock = hold_sqlite_study(spec.storage, spec.name)
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress line replaces Optuna's
     try:
         study = open_study(ctx)
+        journal.replay(study, progress)  # trials measured before a storage outage, before orphans are failed
         if store.created_by(study) != worker_id():
             study.sampler.reseed_rng()  # a joining worker or a resumed run must not replay the creator's proposals
         if lock:
-            fail_orphans(study, spec.workers)
+            fail_orphans(study, spec.workers, progress)
         for note in ctx.space.notes:
             progress(f"note: {note}")
         budget = trials or spec.budget_trials
-        objective = TrialRunner(ctx, study, progress)
+        objective = TrialRunner(ctx, study, progress, journal)
         deadline = time.monotonic() + spec.budget_minutes * 60 if spec.budget_minutes else None
 
         def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+            journal.stored(trial.number)
             best = store.best_feasible(study)
             best_text = (f"best feasible {best.metrics.tokens_per_second:.1f} t/s (trial {best.number})"
                          if best else "no feasible trial yet")
@@ -434,6 +483,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true", help="validate the study file and models, print the resolved space, run nothing")
     parser.add_argument("--no-race", action="store_true",
                         help="skip the finalist race at the end (the winner is then the best single recorded trial)")
+    hostlock.add_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,13 +30,17 @@ def load_yaml_mapping(path: Path) -> dict:
         data = yaml.safe_load(path.read_text())
     except OSError as err:
         raise UserError(f"{path}: cannot read ({err.strerror})") from err
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not a text file (no UTF-8 at byte {err.start}); pass a YAML file") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "somewhere"
         problem = getattr(err, "problem", None) or "invalid YAML"
         raise UserError(f"{path}: malformed YAML at {where}: {problem}; fix the syntax") from err
+    if data is None:
+        raise UserError(f"{path}: the file is empty; expected a mapping of fields (see studies/demo.yaml)")
     if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
+        raise UserError(f"{path}: expected a mapping of fields at the top level, got {type_name(data)}")
     return data
 
 

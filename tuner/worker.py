@@ -11,7 +11,8 @@ import argparse
 import sys
 from dataclasses import replace
 
-from tuner.coordination import tally, worker_id
+from tuner.coordination import safe_url, tally, worker_id
+from tuner import hostlock
 from tuner.errors import UserError
 from tuner.spec import load_spec
 from tuner.study import run_study
@@ -20,7 +21,7 @@ from tuner.study import run_study
 def refuse_sqlite(url: str) -> None:
     if url.startswith("sqlite"):
         raise UserError(
-            f"storage {url}: workers need a database server: SQLite is not safely shared across hosts, "
+            f"storage {safe_url(url)}: workers need a database server: SQLite is not safely shared across hosts, "
             "and two workers on one host measure each other; use PostgreSQL "
             "(--storage postgresql://USER:PASSWORD@HOST:5432/DB), or `tuner run` alone on one host"
         )
@@ -37,6 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study file, the same on every host, e.g. studies/demo.yaml")
     parser.add_argument("--storage", help="the shared database, e.g. postgresql://tuner:PASSWORD@db-host:5432/tuner "
                                           "(default: the study file's storage)")
+    hostlock.add_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

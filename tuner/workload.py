@@ -13,6 +13,13 @@ Which suite suits which knob matters: prompt-lookup drafting only helps where th
 output copies the input (summarization), a draft model only where it predicts the
 target well (code, for the built-in synthetic family), and only prompts with expected
 answers can score a temperature search.
+
+Tuning and held-out prompts (``split``): a per-content-type winner is picked on some of a
+type's prompts and checked on the others, so a winner that only fits the prompts it was
+picked on shows up. The rule is positional and deterministic: the last
+``max(HELD_OUT_MIN, n // 3)`` prompts of each suite, in the suite file's order, are held
+out; the rest tune. A suite with fewer than ``SPLIT_MIN_PROMPTS`` prompts has no split
+(it cannot keep one tuning prompt and two held-out ones), and gets no per-type entry.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from tuner.errors import UserError
 
 BUILTIN_SUITES = ("code", "summarize", "prose", "math", "json")
 EXPECTATION_KINDS = ("exact", "regex", "contains")
+HELD_OUT_MIN = 2  # held-out prompts per suite, at least
+SPLIT_MIN_PROMPTS = HELD_OUT_MIN + 1  # a suite needs one tuning prompt besides them
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,39 @@ class Workload:
         return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class Split:
+    """One suite's prompt ids: those a per-type winner is picked on, and those it is checked on."""
+
+    suite: str
+    tuning: tuple[str, ...]
+    held_out: tuple[str, ...]
+
+
+def split(workload: Workload) -> tuple[dict[str, Split], dict[str, str]]:
+    """(suite -> Split for every suite that can be split, suite -> why not for the others).
+
+    Deterministic: the last ``max(HELD_OUT_MIN, n // 3)`` prompts of a suite of n prompts,
+    in their order in the workload, are held out."""
+    splits: dict[str, Split] = {}
+    unsplit: dict[str, str] = {}
+    for suite in workload.suites:
+        ids = [p.id for p in workload.prompts if p.suite == suite]
+        if len(ids) < SPLIT_MIN_PROMPTS:
+            unsplit[suite] = (f"{len(ids)} prompt(s); a per-type winner needs at least {SPLIT_MIN_PROMPTS} "
+                              f"({HELD_OUT_MIN} held out, 1 to tune on)")
+            continue
+        n_held = max(HELD_OUT_MIN, len(ids) // 3)
+        splits[suite] = Split(suite, tuple(ids[:-n_held]), tuple(ids[-n_held:]))
+    return splits, unsplit
+
+
+def restrict(workload: Workload, prompt_ids: tuple[str, ...] | list[str] | set[str]) -> Workload:
+    """The workload's prompts whose id is in ``prompt_ids``, in the workload's order."""
+    keep = set(prompt_ids)
+    return Workload(tuple(p for p in workload.prompts if p.id in keep))
+
+
 def load_workload(suites: list[str], base_dir: Path) -> Workload:
     """Load suites by built-in name or by path (relative to ``base_dir``, the study file's folder)."""
     if not suites:
@@ -96,6 +138,8 @@ def load_workload(suites: list[str], base_dir: Path) -> Workload:
                 text = path.read_text()
             except OSError as err:
                 raise UserError(f"{entry}: cannot read suite file ({err.strerror}; relative to {base_dir})") from err
+            except UnicodeDecodeError as err:
+                raise UserError(f"{entry}: not a text file (no UTF-8 at byte {err.start}); pass a suite YAML file") from None
             where = entry
             suite_prompts = parse_suite(text, suite=path.stem, where=where)
         for prompt in suite_prompts:

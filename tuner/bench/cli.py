@@ -23,6 +23,7 @@ from pathlib import Path
 from tuner.bench import gguf_read, operator, overhead, repeat, replay
 from tuner.bench.grid import record_grid
 from tuner.bench.table import read_table
+from tuner import hostlock
 from tuner.errors import UserError
 from tuner.paths import REPO_ROOT, reports_dir
 from tuner.spec import load_spec
@@ -47,9 +48,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat-trials", type=int,
                         help="trials per repeatability study (default: the study's own budget, 20 for the demo)")
     parser.add_argument("--out", type=Path, help="output folder (default: reports/bench)")
+    hostlock.add_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    with hostlock.measuring(f"bench ({args.grid_study.name}, {args.study.name})"):  # the whole session measures
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     for name in ("seeds", "rounds", "repeat_trials"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")

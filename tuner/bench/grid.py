@@ -27,6 +27,7 @@ from typing import Any, Callable
 import optuna
 import pandas as pd
 
+from tuner import hostlock
 from tuner.bench.table import RESULT_COLUMNS
 from tuner.errors import UserError
 from tuner.knobs import NAMES as KNOBS
@@ -239,7 +240,8 @@ def record_grid(study_file: str | Path, out: Path | None = None, progress: Calla
     todo = sum(config_key(c) not in recorder.done for launch in launches for c in launch.configs)
     progress(f"grid {spec.name}: {sum(len(launch.configs) for launch in launches)} configurations in "
              f"{len(launches)} launch(es), {todo} to measure; rows in {recorder.jsonl}")
-    rows = recorder.record(launches)
+    with hostlock.measuring(spec.name, progress=progress):  # one measurement per host
+        rows = recorder.record(launches)
     write_table(rows, csv)
     return csv
 
@@ -253,6 +255,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("study", help="study file, e.g. studies/bench-grid.yaml")
     parser.add_argument("--out", type=Path, help="CSV table (default: reports/bench/grid-NAME.csv; rows in .jsonl beside it)")
+    hostlock.add_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,456 @@
+"""Fault drills (issue 12): each fault reproduced against the real study runner, as a user meets it.
+
+Every drill runs the real ``tuner`` command in a subprocess (storage, Optuna, runner,
+measurement all real) with the fast stand-in llama-server (tests/fake_llama_server.py),
+and asserts the one-line message, the exit code, and that every trial measured before
+the fault is in storage afterwards, or in the journal and then in storage after a rerun.
+
+- host lock: two studies (two storages) started together measure one after the other;
+  --no-wait refuses run, worker, export, record-grid and bench in one line.
+- storage outages: a SQLite filesystem that fills mid-trial, or is full at start (a real
+  tmpfs: needs root, else skipped saying why), a read-only database at start (Linux
+  refuses to remount a filesystem read-only while the database is open for writing), PostgreSQL stopped for 15 s mid-trial (the worker goes on),
+  PostgreSQL stopped for good mid-trial (journal, then stored by the rerun).
+- passwords with ``/``, ``@``, ``:`` and percent-encoding never printed.
+- a warm start outside the resolved space is refused before anything runs.
+- one-line errors for a binary or empty study file, an unusable SQLite path, an unreachable or
+  missing PostgreSQL database, an unknown suite, a missing space file.
+- a run killed -9 during its baseline: the rerun fails the orphan with a reason and says so.
+
+The host's measurement lock is pointed at a per-test file (TUNER_MEASURE_LOCK): test
+sessions sharing a machine must not block each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import optuna
+import pytest
+
+from fake_llama_server import launches, wait_for, write_study
+from tuner.urls import safe_url, with_driver
+
+COMPLETE, FAIL, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING
+
+
+# ------------------------------------------------------------------ helpers
+
+
+@pytest.fixture
+def fenv(env, tmp_path, monkeypatch) -> dict:
+    """conftest's stand-in environment plus a measurement lock of this test's own."""
+    monkeypatch.setenv("TUNER_MEASURE_LOCK", str(tmp_path / "measure.lock"))
+    return dict(os.environ)
+
+
+def tuner(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def start(*args: str, env: dict, out: Path) -> subprocess.Popen:
+    with open(out, "w") as f:
+        return subprocess.Popen([sys.executable, "-m", "tuner.cli", *map(str, args)], env=env, stdout=f,
+                                stderr=subprocess.STDOUT, text=True)
+
+
+def error_line(proc: subprocess.CompletedProcess | str) -> str:
+    """The one error line: no traceback anywhere, the error is stderr's last line."""
+    text = proc if isinstance(proc, str) else proc.stdout + proc.stderr
+    assert "Traceback" not in text, text
+    lines = (text if isinstance(proc, str) else proc.stderr).strip().splitlines()
+    assert lines, text
+    return lines[-1]
+
+
+def stored(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=name, storage=with_driver(url)).get_trials(deepcopy=False)
+
+
+def measured_numbers(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
+    """Numbers of the trials whose measurement is in storage: finished with a record, in their
+    own number or replayed from the journal (``replay_of``)."""
+    out = set()
+    for t in trials:
+        if t.state.is_finished() and "record" in t.user_attrs:
+            out.add(t.system_attrs.get("replay_of", t.number))
+    return out
+
+
+def kill_stand_ins(launch_file: Path) -> None:
+    for launch in launches(launch_file):
+        try:
+            os.kill(launch["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ------------------------------------------------------------------ 1. one measurement per host
+
+
+def test_two_studies_started_together_measure_one_after_the_other(fenv, tmp_path):
+    env = {**fenv, "FAKE_LLAMA_DELAY_S": "0.2"}
+    a = write_study(tmp_path / "a", f"sqlite:///{tmp_path / 'a.db'}", name="a", budget={"trials": 3})
+    b = write_study(tmp_path / "b", f"sqlite:///{tmp_path / 'b.db'}", name="b", budget={"trials": 3})
+    first = start("run", a, env={**env, "FAKE_LLAMA_DELAY_S": "2"}, out=tmp_path / "a.log")  # still running when b starts
+    try:
+        wait_for(lambda: "study a" in (tmp_path / "measure.lock").read_text(errors="replace")
+                 if (tmp_path / "measure.lock").exists() else False, 60, "run a to hold the measurement lock")
+        refused = tuner("run", b, "--no-wait", env=env)
+        assert refused.returncode == 75
+        assert error_line(refused) == (
+            f"tuner run: error: another measurement runs on this host (pid {first.pid}, tuner run, study a; lock "
+            f"{tmp_path / 'measure.lock'}): two measurements on one host measure each other; run again when it "
+            "is done, or drop --no-wait to wait for it")
+        second = tuner("run", b, env=env, timeout=180)
+    finally:
+        first.wait(timeout=180)
+    assert first.returncode == 0, (tmp_path / "a.log").read_text()
+    assert second.returncode == 0, second.stderr
+    assert f"waiting for the measurement running on this host to finish (pid {first.pid}, tuner run, study a" \
+        in second.stdout
+    order = ["a" if f"{tmp_path / 'a'}/" in " ".join(launch["argv"]) else "b" for launch in launches(tmp_path / "launches.jsonl")]
+    assert order == sorted(order) and set(order) == {"a", "b"}, order  # every launch of b after all of a's
+    for name in "ab":
+        assert measured_numbers(stored(f"sqlite:///{tmp_path / (name + '.db')}", name)) == {0, 1, 2}
+
+
+def test_every_measuring_command_takes_the_host_lock(fenv, tmp_path):
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    study = write_study(tmp_path / "a", url, name="a", budget={"trials": 2})
+    assert tuner("run", study, env=fenv).returncode == 0
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from tuner import hostlock\n"
+                               "with hostlock.measuring('other'):\n    print('held', flush=True); time.sleep(120)"],
+                              env=fenv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for command, args in [
+            ("run", [study]),
+            ("worker", [study, "--storage", "postgresql://tuner:pw@127.0.0.1:1/tuner"]),
+            ("export", [study, "--out", tmp_path / "export"]),
+            ("record-grid", [study, "--out", tmp_path / "grid.csv"]),
+            ("bench", ["--grid-study", study, "--study", study, "--out", tmp_path / "bench"]),
+        ]:
+            proc = tuner(command, *args, "--no-wait", env=fenv)
+            assert proc.returncode == 75, (command, proc.stderr)
+            assert error_line(proc).startswith(f"tuner {command}: error: another measurement runs on this host "
+                                               f"(pid {holder.pid}, tuner, study other;"), (command, proc.stderr)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (tmp_path / "grid.jsonl").exists() and not (tmp_path / "bench").exists()
+
+
+# ------------------------------------------------------------------ 2. storage outages
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 4 MB tmpfs for the SQLite file (a filesystem this test can fill or make read-only)."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem to fill (needs root): {proc.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Fill the filesystem of ``folder`` to the last byte."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for size in (1 << 16, 4096, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def journal_lines(storage_dir: Path) -> list[dict]:
+    return [json.loads(line) for p in sorted((storage_dir / "journal").glob("*.jsonl"))
+            for line in p.read_text().splitlines()]
+
+
+def run_until_third_launch(study: Path, env: dict, tmp_path: Path) -> subprocess.Popen:
+    proc = start("run", study, env=env, out=tmp_path / "run.log")
+    wait_for(lambda: len(launches(tmp_path / "launches.jsonl")) >= 3 or proc.poll() is not None, 120,
+             "the third trial to start")
+    assert proc.poll() is None, (tmp_path / "run.log").read_text()
+    return proc
+
+
+def test_filesystem_filling_mid_trial_keeps_the_trial_in_the_journal(fenv, tmp_path, small_fs):
+    env = {**fenv, "FAKE_LLAMA_DELAY_S": "1.5"}  # two prompts: 3 s of measuring per trial
+    url = f"sqlite:///{small_fs / 'tuner.db'}"
+    study = write_study(tmp_path / "s", url, name="full", budget={"trials": 4}, workers={"storage_retry_s": 2})
+    proc = run_until_third_launch(study, env, tmp_path)
+    time.sleep(1.2)  # its server is up and measuring
+    filler = fill(small_fs)
+    assert proc.wait(timeout=120) == 69
+    out = (tmp_path / "run.log").read_text()
+    line = error_line(out)
+    journal = journal_lines(tmp_path / "storage")
+    assert len(journal) == 1 and journal[0]["number"] == 2 and journal[0]["state"] == "COMPLETE"
+    journal_file = next((tmp_path / "storage" / "journal").glob("*.jsonl"))
+    assert line == (f"tuner run: error: storage unavailable: {url}: database or disk is full; 1 measured trial(s) "
+                    f"kept in {journal_file}, run again to store them")
+    filler.unlink()  # space again: the rerun stores the journalled trial first
+    rerun = tuner("run", study, env=env, timeout=180)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "trial 2: measured before the storage failed, stored from the journal as trial" in rerun.stdout
+    trials = stored(url, "full")
+    assert {0, 1, 2} <= measured_numbers(trials)
+    orphan = trials[2]
+    assert orphan.state == FAIL and orphan.user_attrs["record"]["failure"]["reason"] == "orphaned"
+    assert not journal_file.exists()
+
+
+def test_full_filesystem_at_start_is_one_line(fenv, tmp_path, small_fs):
+    study = write_study(tmp_path / "s", f"sqlite:///{small_fs / 'db' / 'tuner.db'}", name="full")
+    (small_fs / "db").mkdir()
+    fill(small_fs)
+    proc = tuner("run", study, env=fenv)
+    assert proc.returncode == 69
+    assert error_line(proc) == (f"tuner run: error: storage unavailable: sqlite:///{small_fs / 'db' / 'tuner.db'}: "
+                                "database or disk is full; no measured trial is waiting to be stored")
+    assert launches(tmp_path / "launches.jsonl") == []
+
+
+def test_read_only_database_at_start_is_one_line(fenv, tmp_path):
+    db = tmp_path / "tuner.db"
+    study = write_study(tmp_path / "s", f"sqlite:///{db}", name="ro", budget={"trials": 2})
+    assert tuner("run", study, env=fenv).returncode == 0
+    read_only = f"sqlite:///file:{db}?mode=ro&uri=true"
+    study = write_study(tmp_path / "s", read_only, name="ro", budget={"trials": 4})
+    proc = tuner("run", study, env=fenv)
+    assert proc.returncode == 69
+    assert error_line(proc) == (f"tuner run: error: storage unavailable: {read_only}: attempt to write a readonly "
+                                "database; no measured trial is waiting to be stored")
+    assert measured_numbers(stored(f"sqlite:///{db}", "ro")) == {0, 1}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    pytest.importorskip("psycopg2", reason="the PostgreSQL driver is the `postgres` extra: pip install -e '.[postgres]'")
+    from postgres import ClusterUnavailable, private_cluster
+
+    with ExitStack() as stack:
+        try:
+            yield stack.enter_context(private_cluster())
+        except ClusterUnavailable as err:
+            pytest.skip(f"PostgreSQL cannot start on this machine: {err}")
+
+
+@pytest.fixture
+def database(cluster, request) -> str:
+    return cluster.create_database(request.node.name.lower()[:60])
+
+
+def pg_ctl(cluster, action: str) -> None:
+    from postgres import _as_server_user, server_bin_dir
+
+    options = (f"-p {cluster.port} -k {cluster.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+               "-c max_connections=200")
+    args = {"stop": ["-m", "fast", "stop"], "start": ["-o", options, "-l", str(cluster.root / "server.log"),
+                                                      "-w", "-t", "60", "start"]}[action]
+    subprocess.run([*_as_server_user(), str(server_bin_dir() / "pg_ctl"), "-D", str(cluster.root / "data"), *args],
+                   check=True, capture_output=True, timeout=90)
+
+
+@contextmanager
+def stopped(cluster):
+    pg_ctl(cluster, "stop")
+    try:
+        yield
+    finally:
+        pg_ctl(cluster, "start")
+
+
+PG_WORKERS = {"heartbeat_s": 1, "grace_s": 30, "max_retry": 1, "baseline_wait_s": 60}
+
+
+def test_postgres_stopped_15_s_mid_trial_the_worker_goes_on(fenv, tmp_path, cluster, database):
+    env = {**fenv, "FAKE_LLAMA_DELAY_S": "0.5"}
+    study = write_study(tmp_path / "s", database, name="pg", budget={"trials": 5},
+                        workers={**PG_WORKERS, "storage_retry_s": 60})
+    proc = start("worker", study, env=env, out=tmp_path / "worker.log")
+    wait_for(lambda: len(launches(tmp_path / "launches.jsonl")) >= 3 or proc.poll() is not None, 120,
+             "the third trial to start")
+    with stopped(cluster):
+        time.sleep(15)
+    assert proc.wait(timeout=180) == 0, (tmp_path / "worker.log").read_text()
+    out = (tmp_path / "worker.log").read_text()
+    assert "Traceback" not in out and "retrying for up to 60 s" in out
+    trials = stored(database, "pg")
+    assert measured_numbers(trials) >= {0, 1, 2, 3, 4} and not [t for t in trials if t.state == RUNNING]
+
+
+def test_postgres_down_for_good_keeps_the_trial_and_the_rerun_stores_it(fenv, tmp_path, cluster, database):
+    env = {**fenv, "FAKE_LLAMA_DELAY_S": "1.5"}  # two prompts: 3 s of measuring per trial
+    study = write_study(tmp_path / "s", database, name="pg", budget={"trials": 4},
+                        workers={**PG_WORKERS, "storage_retry_s": 3})
+    proc = start("worker", study, env=env, out=tmp_path / "worker.log")
+    wait_for(lambda: len(launches(tmp_path / "launches.jsonl")) >= 3 or proc.poll() is not None, 120,
+             "the third trial to start")
+    time.sleep(1.2)  # its server is up and measuring
+    with stopped(cluster):
+        code = proc.wait(timeout=120)
+    assert code == 69, (tmp_path / "worker.log").read_text()
+    line = error_line((tmp_path / "worker.log").read_text())
+    journal = next((tmp_path / "storage" / "journal").glob("*.jsonl"))
+    assert line.startswith(f"tuner worker: error: storage unavailable: {database}: ")
+    assert line.endswith(f"; 1 measured trial(s) kept in {journal}, run again to store them")
+    rerun = tuner("worker", study, env=env, timeout=180)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert measured_numbers(stored(database, "pg")) >= {0, 1, 2}
+    assert not journal.exists()
+
+
+def test_heartbeat_thread_survives_an_outage(tmp_path, monkeypatch):
+    """A heartbeat that cannot be written is skipped: Optuna's thread would end at its first exception."""
+    import sqlalchemy.exc
+    from optuna.storages import RDBStorage
+    from optuna.storages._heartbeat import HeartbeatThread
+
+    from tuner.coordination import open_storage
+    from tuner.spec import WorkersSpec
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'x.db'}", WorkersSpec(heartbeat_s=1, grace_s=3))
+    trial = optuna.create_study(storage=storage).ask()
+    calls = []
+
+    def down(self, trial_id):
+        calls.append(trial_id)
+        raise sqlalchemy.exc.OperationalError("UPDATE trial_heartbeats", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(RDBStorage, "record_heartbeat", down)
+    thread = HeartbeatThread(trial._trial_id, storage)
+    thread.start()
+    try:
+        wait_for(lambda: len(calls) >= 3, 10, "three heartbeats through the outage")
+        assert thread._thread.is_alive()
+    finally:
+        thread.join()
+
+
+# ------------------------------------------------------------------ 3. passwords
+
+
+@pytest.mark.parametrize("password", ["Sl/ash-Pw-42", "p@ss@word", "a:b:c", "p%40ss%2Fx%3A", "pl@in/and:all"])
+def test_passwords_are_never_printed(password):
+    url = f"postgresql://tuner:{password}@db-host:5432/tuner"
+    assert safe_url(url) == "postgresql://tuner:***@db-host:5432/tuner"
+    from sqlalchemy.engine import make_url
+    from urllib.parse import unquote
+
+    assert make_url(with_driver(url)).password == unquote(password)
+
+
+def test_password_with_special_characters_works_and_never_shows(fenv, tmp_path, cluster, database):
+    password = "Sl/ash@Pw:42%"
+    url = database.replace("postgresql://postgres@", f"postgresql://postgres:{password}@")
+    study = write_study(tmp_path / "s", url, name="pw", budget={"trials": 2}, workers=PG_WORKERS)
+    ran = tuner("worker", study, env=fenv, timeout=180)
+    assert ran.returncode == 0, ran.stderr
+    unreachable = url.replace(f":{cluster.port}/", ":1/")
+    outputs = [ran, tuner("report", "pw", "--storage", url, env=fenv),
+               tuner("report", "pw", "--storage", unreachable, env=fenv),
+               tuner("worker", study, "--storage", unreachable, env=fenv)]
+    for proc in outputs:
+        for secret in ("Sl/ash", "ash@Pw", "Pw:42", "Sl%2Fash"):
+            assert secret not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert f"storage {safe_url(url)}" in ran.stdout
+    assert error_line(outputs[2]).startswith(f"tuner report: error: storage {safe_url(unreachable)}: cannot open (")
+
+
+# ------------------------------------------------------------------ 4. warm starts
+
+
+def test_warm_start_outside_the_space_is_refused_before_anything_runs(fenv, tmp_path):
+    study = write_study(tmp_path / "s", f"sqlite:///{tmp_path / 'db.sqlite'}", name="w",
+                        warm_start=[{"spec_type": "draft-simple", "draft": "draft-huge", "draft_max": 4}])
+    for args in (["--check"], []):
+        proc = tuner("run", study, *args, env=fenv)
+        assert proc.returncode == 2
+        assert error_line(proc) == (f"tuner run: error: {study}: warm_start[0].draft: 'draft-huge' is not one of draft; "
+                                    "use a value of the resolved space (`tuner run STUDY --check` prints it)")
+    study = write_study(tmp_path / "s", f"sqlite:///{tmp_path / 'db.sqlite'}", name="w",
+                        warm_start=[{"spec_type": "draft-simple", "draft_max": 7}])
+    proc = tuner("run", study, env=fenv)
+    assert error_line(proc) == (f"tuner run: error: {study}: warm_start[0].draft_max: 7 is not one of 2, 3, 4, 5, 6, "
+                                "8; use a value of the resolved space (`tuner run STUDY --check` prints it)")
+    assert launches(tmp_path / "launches.jsonl") == [] and not (tmp_path / "db.sqlite").exists()
+
+
+# ------------------------------------------------------------------ 5. one-line errors
+
+
+def test_unusable_inputs_are_one_line(fenv, tmp_path, cluster):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    proc_path = write_study(tmp_path / "p", "sqlite:////proc/x/x.db", name="p")
+    suite = write_study(tmp_path / "u", f"sqlite:///{tmp_path / 'u.db'}", name="u", workload={"suites": ["x"]})
+    space = write_study(tmp_path / "f", f"sqlite:///{tmp_path / 'f.db'}", name="f",
+                        search_space={"file": "nope.yaml"})
+    cases = [
+        (["run", binary], 2, f"tuner run: error: {binary}: not a text file (no UTF-8 at byte 0); pass a YAML file"),
+        (["run", empty], 2, f"tuner run: error: {empty}: the file is empty; expected a mapping of fields "
+                            "(see studies/demo.yaml)"),
+        (["run", proc_path], 2, "tuner run: error: storage sqlite:////proc/x/x.db: cannot create the folder /proc/x "
+                                "(No such file or directory); check the path of the SQLite file"),
+        (["run", suite], 2, f"tuner run: error: {suite}: workload.suites: unknown suite 'x'; use one of "),
+        (["run", space], 2, f"tuner run: error: {space}: search_space.file: {tmp_path / 'f' / 'nope.yaml'}: no such "
+                            "file; fix the path (relative to the study file's folder)"),
+        (["report", "x", "--storage", f"postgresql://postgres@127.0.0.1:{cluster.port}/missing"], 2,
+         f"tuner report: error: storage postgresql://postgres@127.0.0.1:{cluster.port}/missing: cannot open ("),
+        (["report", "x", "--storage", "postgresql://postgres@127.0.0.1:1/tuner"], 2,
+         "tuner report: error: storage postgresql://postgres@127.0.0.1:1/tuner: cannot open ("),
+    ]
+    for args, code, expected in cases:
+        proc = tuner(*args, env=fenv)
+        assert proc.returncode == code, (args, proc.stderr)
+        assert error_line(proc).startswith(expected), (args, proc.stderr)
+    assert launches(tmp_path / "launches.jsonl") == []
+
+
+# ------------------------------------------------------------------ 6. misleading messages
+
+
+def test_kill_9_during_the_baseline_rerun_names_the_orphan(fenv, tmp_path):
+    env = {**fenv, "FAKE_LLAMA_DELAY_S": "3"}
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    study = write_study(tmp_path / "s", url, name="k", budget={"trials": 2})
+    proc = start("run", study, env=env, out=tmp_path / "run.log")
+    try:
+        wait_for(lambda: launches(tmp_path / "launches.jsonl"), 60, "the baseline's server")
+        time.sleep(1.5)  # inside its measurement
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        kill_stand_ins(tmp_path / "launches.jsonl")
+    rerun = tuner("run", study, env={**env, "FAKE_LLAMA_DELAY_S": "0"}, timeout=180)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "trial 0 (baseline) was left running by a process that died: failed as orphaned, queued again" in rerun.stdout
+    assert "waiting for the baseline" not in rerun.stdout
+    trials = stored(url, "k")
+    assert trials[0].state == FAIL
+    assert trials[0].user_attrs["record"]["failure"] == {"reason": "orphaned", "detail": "the process running it died"}
+    assert trials[1].user_attrs["role"] == "baseline" and trials[1].state == COMPLETE

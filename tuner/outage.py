@@ -1,0 +1,182 @@
+"""Storage outages: retried for a bounded time, then one line and a non-zero exit.
+
+Every call the tuner (and Optuna on its behalf) makes to an RDB storage goes through
+``ResilientRDBStorage``: an error that can pass (a connection refused or dropped, a
+database server restarting, a full disk, a locked SQLite file) is retried with backoff for
+up to ``workers.storage_retry_s`` (one message on stderr when it starts). When the time is
+up, or at once for an error that cannot pass (a read-only database), the storage is
+*down* for the rest of the process: every later call fails at once, and ``guard`` turns
+whatever Optuna raised on its way out into one ``StorageUnavailable`` line naming the
+journal (``tuner.journal``) that keeps the measured trials for the next run.
+
+The heartbeat thread never dies of an outage: a heartbeat that cannot be recorded is
+skipped (the next one, ``heartbeat_s`` later, tries again).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from optuna.storages import RDBStorage
+
+from tuner.errors import UserError
+from tuner.urls import safe_url, scrub
+
+_down: "StorageDown | None" = None  # the process's storage outage, once retries ran out
+
+
+class StorageDown(Exception):
+    """Raised by every storage call once the storage is down (caught by ``guard``)."""
+
+    def __init__(self, problem: str):
+        super().__init__(problem)
+        self.problem = problem
+
+
+class StorageUnavailable(UserError):
+    """The storage stayed unavailable: measured trials are in the journal."""
+
+    exit_code = 69  # EX_UNAVAILABLE
+
+
+def _cause_chain(err: BaseException) -> list[BaseException]:
+    chain, seen = [], set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    return chain
+
+
+def classify(err: BaseException) -> str | None:
+    """'transient', 'permanent' (a storage problem that will not pass), or None (not an outage)."""
+    import sqlalchemy.exc
+
+    for link in _cause_chain(err):
+        if isinstance(link, sqlalchemy.exc.IntegrityError):
+            return None  # a race between workers, handled where it happens
+        if isinstance(link, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+                             sqlalchemy.exc.PendingRollbackError, sqlalchemy.exc.TimeoutError)) or (
+                isinstance(link, sqlalchemy.exc.DBAPIError) and link.connection_invalidated):
+            return "permanent" if "readonly database" in str(link) or "read-only" in str(link) else "transient"
+    return None
+
+
+def problem_of(err: BaseException, url: str) -> str:
+    """One line about a storage error, password removed."""
+    import sqlalchemy.exc
+
+    for link in _cause_chain(err):
+        if isinstance(link, sqlalchemy.exc.DBAPIError) and link.orig is not None:
+            err = link.orig
+            break
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return scrub(text, url)
+
+
+def is_down() -> bool:
+    return _down is not None
+
+
+class ResilientRDBStorage(RDBStorage):
+    """Optuna's RDB storage, each call retried through an outage (see the module docstring)."""
+
+    retry_s: float = 120.0
+    display_url: str = ""
+
+    def _call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
+        global _down
+        if _down is not None:
+            raise _down
+        deadline = None
+        delay = 0.5
+        while True:
+            try:
+                return method(*args, **kwargs)
+            except Exception as err:
+                kind = classify(err)
+                if kind is None:
+                    raise
+                now = time.monotonic()
+                problem = problem_of(err, self.display_url)
+                if deadline is None and kind == "transient" and self.retry_s > 0:
+                    deadline = now + self.retry_s
+                    print(f"storage {safe_url(self.display_url)}: {problem}; retrying for up to {self.retry_s:g} s",
+                          file=sys.stderr, flush=True)
+                if deadline is None or now >= deadline:
+                    _down = StorageDown(problem)
+                    raise _down from err
+                time.sleep(min(delay, max(0.0, deadline - now)))
+                delay = min(delay * 2, 5.0)
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        """Optuna's heartbeat thread ends at its first exception: a missed heartbeat is skipped instead."""
+        if _down is not None:
+            return
+        try:
+            super().record_heartbeat(trial_id)
+        except Exception:  # the next heartbeat tries again; a long outage fails the trial as stale elsewhere
+            pass
+
+
+_RETRIED = (
+    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
+    "get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
+    "get_study_system_attrs", "get_trial_user_attrs", "get_trial_system_attrs", "get_all_studies",
+    "create_new_trial", "set_trial_param", "get_trial_param", "set_trial_state_values",
+    "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr",
+    "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id", "get_trial", "get_all_trials",
+    "get_n_trials", "get_best_trial", "_get_stale_trial_ids",
+)
+
+
+def _retried(name: str) -> Callable:
+    base = getattr(RDBStorage, name)
+
+    def method(self: ResilientRDBStorage, *args: Any, **kwargs: Any) -> Any:
+        return self._call(base, self, *args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = base.__doc__
+    return method
+
+
+for _name in _RETRIED:
+    if hasattr(RDBStorage, _name):
+        setattr(ResilientRDBStorage, _name, _retried(_name))
+
+
+def reset() -> None:
+    """A new run starts with its storage up (tests run several in one process)."""
+    global _down
+    _down = None
+
+
+@contextmanager
+def guard(url: str, kept: Callable[[], tuple[int, str]]) -> Iterator[None]:
+    """Turn an outage, however Optuna surfaced it, into one line; ``kept()`` is
+    (measured trials not yet in storage, the journal holding them)."""
+    reset()
+    try:
+        yield
+    except (KeyboardInterrupt, StorageUnavailable):
+        raise
+    except UserError:
+        if _down is None:
+            raise  # already one line (a storage that cannot be opened at all says how to fix its URL)
+        raise StorageUnavailable(_unavailable(url, _down.problem, kept)) from None
+    except Exception as err:
+        if _down is None and classify(err) is None:
+            raise
+        problem = _down.problem if _down is not None else problem_of(err, url)
+        raise StorageUnavailable(_unavailable(url, problem, kept)) from None
+
+
+def _unavailable(url: str, problem: str, kept: Callable[[], tuple[int, str]]) -> str:
+    count, journal = kept()
+    kept_text = (f"{count} measured trial(s) kept in {journal}, run again to store them" if count
+                 else "no measured trial is waiting to be stored")
+    return f"storage unavailable: {safe_url(url)}: {problem}; {kept_text}"

@@ -1,0 +1,180 @@
+"""Per-content-type winners, picked on tuning prompts and checked on held-out prompts.
+
+Why: the best draft length depends on content (code drafts well at long K, prose does
+not), so one pooled winner leaves speed on the table for a server that sees both. But a
+type's best trial is picked on few prompts and is biased upwards, like any maximum.
+
+The rule:
+
+1. Each suite's prompts are split (``tuner.workload.split``: the last ``max(2, n // 3)``
+   prompts of a suite are held out; a suite with fewer than 3 prompts has no split).
+2. A type's winner is the feasible trial (not a sentinel) with the highest tokens/s on the
+   type's *tuning* prompts, from the trial's recorded samples (pooled rate per repetition,
+   median over repetitions; ties go to the earlier trial).
+3. The type winners, the pooled winner (the finalist race's) and the baseline are served
+   at once and re-measured on the *held-out* prompts in shuffled rounds
+   (``tuner.remeasure.alternate``), one pooled rate per suite and round.
+4. A type's gain is its winner's median over the pooled winner's median on that type's
+   held-out prompts, with a 95% bootstrap interval over rounds (``tuner.race.bootstrap_ratio``).
+   The type gets its own served configuration only when the whole interval lies above 1:
+   a gain inside the round-to-round noise gets no separate entry.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import optuna
+
+from tuner import store
+from tuner.context import StudyContext
+from tuner.race import bootstrap_ratio, label
+from tuner.records import TrialRecord
+from tuner.remeasure import Contender, alternate
+from tuner.workload import HELD_OUT_MIN, Split, restrict, split
+
+RULE = ("a type gets its own entry when its winner beats the pooled winner on the type's held-out prompts with the "
+        "whole 95% bootstrap interval of the gain above 1")
+
+
+def _pooled(samples: list[dict]) -> float:
+    ms = sum(s["predicted_ms"] for s in samples)
+    return 1000.0 * sum(s["predicted_n"] for s in samples) / ms if ms > 0 else 0.0
+
+
+def tuning_rate(record: TrialRecord, prompt_ids: tuple[str, ...] | list[str]) -> float | None:
+    """A trial's tokens/s on some of its prompts: pooled per repetition, median over repetitions.
+    None when it has no recorded sample of those prompts."""
+    keep = set(prompt_ids)
+    chosen = [s for s in record.samples if s.get("prompt_id") in keep]
+    if not chosen:
+        return None
+    repetitions = sorted({s.get("repetition", 0) for s in chosen})
+    return statistics.median(_pooled([s for s in chosen if s.get("repetition", 0) == r]) for r in repetitions)
+
+
+def type_winners(records: list[TrialRecord], splits: dict[str, Split]) -> dict[str, tuple[TrialRecord, float]]:
+    """For each split suite, the feasible trial fastest on its tuning prompts, with that rate."""
+    pool = [r for r in records if r.feasible and r.role != "sentinel"]
+    winners: dict[str, tuple[TrialRecord, float]] = {}
+    for suite, s in splits.items():
+        rated = [(r, rate) for r in pool if (rate := tuning_rate(r, s.tuning)) is not None]
+        if rated:
+            winners[suite] = max(rated, key=lambda pair: (pair[1], -pair[0].number))
+    return winners
+
+
+@dataclass(frozen=True)
+class TypeResult:
+    suite: str
+    tuning_prompts: list[str]
+    held_out_prompts: list[str]
+    winner: int  # trial picked on the tuning prompts
+    config: dict
+    pooled: int  # the pooled winner's trial
+    tuning_tokens_per_second: float  # the type winner on the tuning prompts (recorded samples)
+    pooled_tuning_tokens_per_second: float | None
+    held_out_tokens_per_second: float  # median over rounds on the held-out prompts
+    pooled_held_out_tokens_per_second: float
+    baseline_held_out_tokens_per_second: float
+    held_out_rates: list[float]  # the type winner, one per round
+    gain: float  # held-out: the type winner over the pooled winner
+    gain_low: float
+    gain_high: float
+    pays: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class PerTypeResult:
+    rounds: int
+    pooled: int
+    baseline: int
+    types: list[TypeResult]
+    unsplit: dict[str, str] = field(default_factory=dict)  # suite -> why it has no per-type figure
+    rule: str = RULE
+
+    @property
+    def paying(self) -> list[TypeResult]:
+        return [t for t in self.types if t.pays]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> PerTypeResult:
+        return cls(**{**data, "types": [TypeResult(**t) for t in data["types"]]})
+
+
+def race_per_type(ctx: StudyContext, study: optuna.Study, pooled: TrialRecord,
+                  progress: Callable[[str], None] = print, rounds: int | None = None) -> PerTypeResult | None:
+    """Per-type winners on the tuning prompts, re-measured on the held-out prompts against the
+    pooled winner and the baseline; stored with the study. None when there is no baseline."""
+    baseline = store.baseline_record(study)
+    if baseline is None:
+        return None
+    rounds = rounds or ctx.spec.race.rounds
+    splits, unsplit = split(ctx.workload)
+    winners = type_winners(store.read_trials(study), splits)
+    for suite in splits:
+        if suite not in winners:
+            unsplit[suite] = "no feasible trial has samples of its tuning prompts"
+    if not winners:
+        return PerTypeResult(rounds, pooled.number, baseline.number, [], unsplit)
+    contenders: dict[object, TrialRecord] = {}
+    for r in (pooled, baseline, *(w for w, _ in winners.values())):
+        contenders.setdefault(r.config, r)
+    held_out = restrict(ctx.workload, [i for suite in winners for i in splits[suite].held_out])
+    progress(f"per-type race: {len(contenders)} configurations on {len(held_out.prompts)} held-out prompts "
+             f"({', '.join(winners)}) x {rounds} rounds, shuffled order each round")
+    measured = alternate([Contender(label(r), r.argv, r.config.temperature) for r in contenders.values()],
+                         held_out, ctx.settings, rounds, ctx.log_dir, progress, shuffle_seed=ctx.spec.race.seed)
+    types = []
+    for suite, (winner, tuning) in winners.items():
+        own = contenders[winner.config]
+        mine = measured[label(own)].per_suite[suite]
+        theirs = measured[label(contenders[pooled.config])].per_suite[suite]
+        base = measured[label(contenders[baseline.config])].per_suite[suite]
+        if winner.config == pooled.config:
+            low = high = gain = 1.0
+            pays, why = False, "its winner on the tuning prompts is the pooled winner"
+        else:
+            gain = statistics.median(mine) / statistics.median(theirs)
+            low, high = bootstrap_ratio(mine, theirs, ctx.spec.race.seed)
+            pays = low > 1.0
+            why = (f"x{gain:.2f} over the pooled winner on held-out prompts, 95% interval {low:.2f}-{high:.2f}"
+                   + ("" if pays else ": slower than the pooled winner there" if high < 1.0
+                      else ": within the noise, no separate entry"))
+        types.append(TypeResult(
+            suite=suite, tuning_prompts=list(splits[suite].tuning), held_out_prompts=list(splits[suite].held_out),
+            winner=winner.number, config=winner.config.as_dict(), pooled=pooled.number,
+            tuning_tokens_per_second=tuning, pooled_tuning_tokens_per_second=tuning_rate(pooled, splits[suite].tuning),
+            held_out_tokens_per_second=statistics.median(mine), pooled_held_out_tokens_per_second=statistics.median(theirs),
+            baseline_held_out_tokens_per_second=statistics.median(base), held_out_rates=mine,
+            gain=gain, gain_low=low, gain_high=high, pays=pays, why=why))
+    result = PerTypeResult(rounds, pooled.number, baseline.number, types, unsplit)
+    store.write_per_type(study, result.to_json())
+    return result
+
+
+def describe(result: PerTypeResult) -> list[str]:
+    """The per-type table an operator reads, and which types get their own entry."""
+    lines = [f"per-type winners (picked on tuning prompts, re-measured on {HELD_OUT_MIN}+ held-out prompts per type "
+             f"over {result.rounds} rounds against the pooled winner, trial {result.pooled}):",
+             f"  {'type':<10} {'trial':>5} {'K':>3} {'draft':<12} {'tuning t/s':>10} {'held-out t/s':>12} "
+             f"{'pooled held-out':>15} {'gain [95%]':>18}  entry"]
+    for t in result.types:
+        c = t.config
+        k = c.get("draft_max") if c.get("spec_type", "none") != "none" else 0
+        draft = (c.get("draft") or c.get("spec_type") or "none") if k else "none"
+        lines.append(f"  {t.suite:<10} {t.winner:>5} {k if k is not None else '-':>3} {str(draft)[:12]:<12} "
+                     f"{t.tuning_tokens_per_second:>10.1f} {t.held_out_tokens_per_second:>12.1f} "
+                     f"{t.pooled_held_out_tokens_per_second:>15.1f} "
+                     f"{f'x{t.gain:.2f} [{t.gain_low:.2f}, {t.gain_high:.2f}]':>18}  {'yes' if t.pays else 'no'}")
+    for t in result.types:
+        lines.append(f"  {t.suite}: {'own entry' if t.pays else 'no own entry'}: {t.why}")
+    for suite, why in result.unsplit.items():
+        lines.append(f"  {suite}: no per-type figure: {why}")
+    return lines

@@ -1,0 +1,67 @@
+"""Which content type a request is: ``content_type(text)``, for a proxy or client in front of a router.
+
+Why: ``tuner export --per-type`` serves one configuration per content type behind one
+llama-server router; the request's ``model`` field picks it. Traffic that mixes types
+needs someone to pick, and the research suggests content marks do: code, JSON shape,
+arithmetic, long passages, prose. This is that pick as a small, pure function (no
+proxy server): call it on the prompt, then send the request to ``STUDY-TYPE`` if that
+section exists, else to ``STUDY`` (the pooled winner).
+
+The rules, first match wins (each name is a built-in suite of ``tuner.workload``):
+
+- ``json``: JSON asked for or shown: ``JSON:``/``as a JSON``/``json.dumps``, an object
+  with a quoted key (``{"name":``), or a text ending in an open ``{`` or ``[``;
+- ``math``: a ``Q:`` with digits and an arithmetic word or sign, or a Python ``>>>``
+  expression (an evaluation, not a program);
+- ``code``: code marks: a line starting ``def``/``class``/``import``/``from .. import``/
+  ``#include``, a docstring quote, several indented lines ending in ``:`` or ``)``, or
+  braces together with semicolons;
+- ``summarize``: an ask to summarize, or a long passage (at least 5 lines or 350 characters);
+- ``prose``: everything else.
+
+Its accuracy on the built-in suites' prompts is ``accuracy()`` (printed by
+``tuner export --per-type``, asserted in tests/test_per_type.py). Heuristics misfire on
+prompts unlike these: measure on your own traffic before relying on it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tuner.workload import BUILTIN_SUITES, load_workload
+
+_JSON = re.compile(r"\bJSON\s*:|\bas an? JSON\b|\bjson\.(dumps|loads)\b|\{\s*\"[^\"\n]+\"\s*:", re.IGNORECASE)
+_MATH_WORDS = re.compile(r"[-+*/=]|\b(plus|minus|times|divided|sum|how many|how much|next|number)\b", re.IGNORECASE)
+_CODE_LINE = re.compile(r"^\s*(def |class |import |from \S+ import |#include|async def |@\w+)", re.MULTILINE)
+_SUMMARIZE = re.compile(r"\bsummar(y|ize|ise)\b|\btl;?dr\b", re.IGNORECASE)
+
+
+def content_type(text: str) -> str:
+    """One of the built-in suite names: json, math, code, summarize or prose."""
+    stripped = text.strip()
+    if _JSON.search(text) or stripped.endswith(("{", "[")):
+        return "json"
+    if stripped.startswith(">>>") or (re.search(r"^\s*Q:", text, re.MULTILINE) and re.search(r"\d", text)
+                                      and _MATH_WORDS.search(text)):
+        return "math"
+    lines = text.splitlines()
+    indented_code = sum(1 for line in lines if line.startswith(("    ", "\t")) and line.rstrip().endswith((":", ")")))
+    if (_CODE_LINE.search(text) or '"""' in text or indented_code >= 2
+            or ("{" in text and "}" in text and text.count(";") >= 2)):
+        return "code"
+    if _SUMMARIZE.search(text) or len([line for line in lines if line.strip()]) >= 5 or len(stripped) >= 350:
+        return "summarize"
+    return "prose"
+
+
+def accuracy(suites: tuple[str, ...] = BUILTIN_SUITES) -> tuple[int, int, list[tuple[str, str, str]]]:
+    """(correct, total, misses as (prompt id, its suite, the guess)) over the built-in suites' prompts."""
+    workload = load_workload(list(suites), base_dir=".")
+    misses = [(p.id, p.suite, guess) for p in workload.prompts if (guess := content_type(p.text)) != p.suite]
+    return len(workload.prompts) - len(misses), len(workload.prompts), misses
+
+
+def describe_accuracy() -> str:
+    correct, total, misses = accuracy()
+    text = f"tuner.route.content_type: {correct} of {total} built-in prompts classified as their suite"
+    return text + ("" if not misses else "; missed: " + ", ".join(f"{i} ({s} taken for {g})" for i, s, g in misses))
