@@ -72,6 +72,7 @@ def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(synth
 @pytest.mark.llama
 def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(tmp_path, synthetic_models):
     from tuner import store
+    from tuner.records import changes
     from tuner.study import TrialRunner, open_study, prepare
 
     text = tmp_path / "text.txt"
@@ -96,3 +97,9 @@ def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(
     assert not one.feasible  # above the floor, but over max_kld
     assert len(list(ctx.log_dir.glob("kld-base-*.bin"))) == 1  # the base logits, saved once
     assert len(store.kld_cache(study)) == 1  # the baseline model is not scored against itself
+    # the ceiling and the scored text are part of what makes two studies comparable
+    stored = store.read_study_record(study)
+    assert stored.quality["max_kld"] == 0.0005 and stored.comparability()["quality.text"]
+    text.write_text(text.read_text() + "\n# changed\n")
+    assert "quality.text" in changes(stored, prepare(load_spec(path), progress=lambda _: None)
+                                     .study_record(stored.created_by))[0]

@@ -7,6 +7,7 @@ fingerprint. Study runs, the grid recorder and the benchmarks all start here.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,12 +63,23 @@ class StudyContext:
             space_digest=self.space.digest(),
             space_notes=tuple(self.space.notes),
             objectives=tuple(o.metric for o in spec.objectives),
-            quality={"scorer": spec.quality.scorer, "floor": spec.quality.floor},
+            quality=quality_record(spec),
             spec_path=str(spec.path.resolve()),
             workload={"prompts": [p.id for p in self.workload.prompts], "digest": self.workload.digest()},
             measurement=self.settings.comparability(),
             quantized_drafts={name: v.provenance for name, v in (self.quantized or {}).items()},
         )
+
+
+def quality_record(spec: StudySpec) -> dict:
+    """The scorer as stored: name, floor and, for kld/perplexity, the ceiling and the text's digest."""
+    q = spec.quality
+    record = {"scorer": q.scorer, "floor": q.floor}
+    if q.max_kld is not None:
+        record["max_kld"] = q.max_kld
+    if q.text_file is not None:
+        record["text_digest"] = hashlib.sha256(q.text_file.read_bytes()).hexdigest()[:16]
+    return record
 
 
 def check_models_and_space(

@@ -184,6 +184,8 @@ class StudyRecord:
             **{f"measurement.{k}": v for k, v in sorted(self.measurement.items())},
             "quality.scorer": self.quality.get("scorer"),
             "quality.floor": self.quality.get("floor"),
+            "quality.max_kld": self.quality.get("max_kld"),  # kld scorer; None for the others and old records
+            "quality.text": self.quality.get("text_digest"),  # the text perplexity and kld score on
             "quantized drafts": {name: [q.get("source_sha256"), q.get("type")]
                                  for name, q in sorted(self.quantized_drafts.items())},
         }
