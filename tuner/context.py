@@ -7,7 +7,9 @@ fingerprint. Study runs, the grid recorder and the benchmarks all start here.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from tuner.launch import LaunchContext, meaningful_numa_policies
 from tuner.llama_build import binary, find_build_info, resolve_bin_dir
 from tuner.measure import MeasurementSettings
 from tuner.paths import storage_dir
+from tuner.quantize import Variant, ensure_variant
 from tuner.records import StudyRecord
 from tuner.knobs import KNOB_TYPES
 from tuner.space import Choices, Domain, IntRange, ResolvedSpace, resolve_space
@@ -44,6 +47,7 @@ class StudyContext:
     fingerprint: dict
     build: dict
     log_dir: Path
+    quantized: dict[str, Variant] | None = None  # draft name -> variant made by llama-quantize
 
     @property
     def settings(self) -> MeasurementSettings:
@@ -63,28 +67,43 @@ class StudyContext:
             space_digest=self.space.digest(),
             space_notes=tuple(self.space.notes),
             objectives=tuple(o.metric for o in spec.objectives),
-            quality={"scorer": spec.quality.scorer, "floor": spec.quality.floor},
+            quality=quality_record(spec),
             spec_path=str(spec.path.resolve()),
             workload={"prompts": [p.id for p in self.workload.prompts], "digest": self.workload.digest()},
             measurement=self.settings.comparability(),
+            quantized_drafts={name: v.provenance for name, v in (self.quantized or {}).items()},
         )
 
 
+def quality_record(spec: StudySpec) -> dict:
+    """The scorer as stored: name, floor and, for kld/perplexity, the ceiling and the text's digest."""
+    q = spec.quality
+    record = {"scorer": q.scorer, "floor": q.floor}
+    if q.max_kld is not None:
+        record["max_kld"] = q.max_kld
+    if q.text_file is not None:
+        record["text_digest"] = hashlib.sha256(q.text_file.read_bytes()).hexdigest()[:16]
+    return record
+
+
 def check_models_and_space(
-    spec: StudySpec, topo: Topology, numactl: str | None
+    spec: StudySpec, topo: Topology, numactl: str | None, quantized: dict[str, Path] | None = None
 ) -> tuple[ModelInfo, dict[str, ModelInfo], ResolvedSpace]:
-    """Read the GGUF headers, refuse incompatible drafts, fit the space to this machine."""
+    """Read the GGUF headers, refuse incompatible drafts, fit the space to this machine.
+    ``quantized``: the quantize variants' files by draft name (see ``make_variants``)."""
     target = read_model_info(spec.target)
     drafts: dict[str, ModelInfo] = {}
-    for i, path in enumerate(spec.drafts):
+    named = [(f"drafts[{i}]", path.stem, path) for i, path in enumerate(spec.drafts)]
+    named += [(f"drafts (quantize {name})", name, path) for name, path in (quantized or {}).items()]
+    for where, name, path in named:
         info = read_model_info(path)
         compat = check_draft_compatibility(target, info)
         if not compat.ok:
             raise UserError(
-                f"{spec.path}: drafts[{i}]: {path.name} cannot draft for {spec.target.name} "
+                f"{spec.path}: {where}: {path.name} cannot draft for {spec.target.name} "
                 f"({'; '.join(compat.reasons)}); remove it from drafts"
             )
-        drafts[path.stem] = info
+        drafts[name] = info
     space = resolve_space(
         spec.space,
         fields=Fields(spec.path, {}),
@@ -146,12 +165,28 @@ def fingerprint_bandwidth() -> float:
     return value
 
 
-def prepare(spec: StudySpec) -> StudyContext:
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def make_variants(spec: StudySpec, bin_dir: Path, progress=_to_stderr) -> dict[str, Variant]:
+    """Every quantize variant the study asks for, made now or taken from the cache (tuner.quantize)."""
+    variants = {}
+    for request in spec.quantize:
+        variant = ensure_variant(request, bin_dir, source_file_type=read_model_info(request.source).file_type)
+        progress(f"draft {request.name}: {'made' if variant.made else 'cached'} {variant.path}")
+        variants[request.name] = variant
+    return variants
+
+
+def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
     """Check everything a study needs before anything is written or launched."""
     topo = read_topology()
     numactl = numactl_path()
-    target, drafts, space = check_models_and_space(spec, topo, numactl)
     bin_dir = resolve_bin_dir(spec.bin_dir)
+    quantized = make_variants(spec, bin_dir, progress)
+    target, drafts, space = check_models_and_space(spec, topo, numactl,
+                                                   {name: v.path for name, v in quantized.items()})
     server = binary("llama-server", bin_dir)
     build = find_build_info(bin_dir)
     try:
@@ -180,4 +215,5 @@ def prepare(spec: StudySpec) -> StudyContext:
         fingerprint=fingerprint(topo, build, host=read_host_state(topo), bandwidth_bytes_per_s=fingerprint_bandwidth()),
         build=build,
         log_dir=storage_dir() / "logs" / spec.name,
+        quantized=quantized,
     )

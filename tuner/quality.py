@@ -5,8 +5,16 @@
   and K, threads, pinning, NUMA; and, as a drift measure, expert count.
 - ``answer_score``: fraction of prompts whose text meets their expected answers. For
   temperature searches, where agreement would punish every temperature above 0.
-- ``perplexity_ratio``: baseline perplexity over the trial's, on a text file. For MoE
-  expert reduction, which changes the model itself.
+- ``perplexity_ratio``: baseline perplexity over the trial's, on a text file. Blunt:
+  two models with the same perplexity can disagree on many tokens.
+- ``kld``: the documented scorer for MoE expert reduction, which changes the model
+  itself. The baseline's token distributions on a text file are saved once
+  (``llama-perplexity --kl-divergence-base``); each expert count is compared with them
+  (``--kl-divergence``). Quality is the fraction of positions whose top token is the
+  baseline's ("same top p"), 1.0 for the unchanged model; the mean KLD is stored
+  beside it and may be capped (``quality.max_kld``). Same-top is the quality rather
+  than 1 - KLD because it is bounded in [0, 1] like the other scorers, so one floor
+  reads the same way; KLD is unbounded and its scale depends on the vocabulary.
 """
 
 from __future__ import annotations
@@ -26,6 +34,10 @@ from tuner.workload import Workload
 
 # llama-perplexity has no structured output: this line on its log is the only result.
 FINAL_ESTIMATE = re.compile(r"Final estimate: PPL = ([0-9.]+|nan|inf)")
+# tools/perplexity/perplexity.cpp, kl_divergence(): "Mean    KLD:   0.012345 ±   0.001234"
+# and "Same top p: 98.765 ± 0.123 %"
+MEAN_KLD = re.compile(r"Mean\s+KLD:\s+(-?[0-9.]+|nan|inf)")
+SAME_TOP = re.compile(r"Same top p:\s+([0-9.]+|nan)\s")
 PERPLEXITY_ATTEMPTS = 3
 
 
@@ -114,6 +126,51 @@ def measure_perplexity(
         f"is {text_file} at least {2 * ctx} tokens long?",
         tail,
     )
+
+
+def save_kld_base(model_argv_flags: list[str], text_file: Path, base_file: Path, ctx: int = 128,
+                  chunks: int = 8, timeout_s: float = 600.0, bin_dir: str | Path | None = None) -> Path:
+    """The baseline's logits on ``text_file``, written once to ``base_file`` (a temp name, then renamed)."""
+    if base_file.is_file():
+        return base_file
+    base_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = base_file.with_name(base_file.name + ".tmp")
+    argv = [str(binary("llama-perplexity", bin_dir)), *model_argv_flags, "-f", str(text_file),
+            "-c", str(ctx), "--chunks", str(chunks), "--kl-divergence-base", str(tmp)]
+    for _ in range(PERPLEXITY_ATTEMPTS):
+        returncode, text = _run_to_exit(argv, timeout_s)
+        if "you need at least" in text:
+            raise UserError(f"{text_file}: too short for the kld scorer with a context of {ctx}; "
+                            f"it needs {2 * ctx} tokens or more")
+        if returncode == 0 and FINAL_ESTIMATE.search(text) and tmp.is_file():
+            tmp.replace(base_file)
+            return base_file
+        if returncode != 0:
+            raise TrialFailure(classify_exit(returncode, text, started=False),
+                               f"llama-perplexity --kl-divergence-base failed ({describe_exit(returncode)})",
+                               "\n".join(text.splitlines()[-40:]))
+    raise TrialFailure(FailureReason.LAUNCH_FAILED, "llama-perplexity --kl-divergence-base never finished its log")
+
+
+def measure_kld(model_argv_flags: list[str], base_file: Path, ctx: int = 128, timeout_s: float = 600.0,
+                bin_dir: str | Path | None = None) -> dict[str, float]:
+    """``{"mean_kld", "same_top"}`` of a model configuration against the saved base logits
+    (the tokens come from the base file). Repeated like perplexity when the log is cut short."""
+    argv = [str(binary("llama-perplexity", bin_dir)), *model_argv_flags, "-c", str(ctx),
+            "--kl-divergence-base", str(base_file), "--kl-divergence"]
+    for _ in range(PERPLEXITY_ATTEMPTS):
+        returncode, text = _run_to_exit(argv, timeout_s)
+        kld, same = MEAN_KLD.search(text), SAME_TOP.search(text)
+        if kld and same:
+            # -0.000001 is rounding of an identical model: KLD is never negative
+            return {"mean_kld": max(0.0, float(kld.group(1))), "same_top": float(same.group(1)) / 100.0}
+        if returncode != 0:
+            raise TrialFailure(classify_exit(returncode, text, started=False),
+                               f"llama-perplexity --kl-divergence failed ({describe_exit(returncode)})",
+                               "\n".join(text.splitlines()[-40:]))
+    raise TrialFailure(FailureReason.LAUNCH_FAILED,
+                       f"llama-perplexity --kl-divergence exited {PERPLEXITY_ATTEMPTS} times without its summary; "
+                       f"it prints one only for 100 scored tokens or more: use a longer text or more chunks")
 
 
 def _run_to_exit(argv: list[str], timeout_s: float) -> tuple[int, str]:

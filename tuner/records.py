@@ -93,6 +93,7 @@ class TrialRecord:
     started_at: float | None = None  # seconds since the epoch: sentinels are interpolated in time
     ended_at: float | None = None
     host: dict = field(default_factory=dict)  # host state during the trial (tuner.host.trial_host_state)
+    scores: dict = field(default_factory=dict)  # a scorer's figures besides quality, e.g. kld: mean_kld, same_top
 
     @property
     def argv(self) -> list[str]:
@@ -164,6 +165,8 @@ class StudyRecord:
     workload: dict  # {"prompts": [ids], "digest": hash of suites, ids and texts}
     measurement: dict  # MeasurementSettings as a dict, plus ctx_size
     schema: int = SCHEMA_VERSION
+    # draft name -> provenance of a llama-quantize variant: source, source_sha256, type, command
+    quantized_drafts: dict = field(default_factory=dict)
 
     @property
     def floor(self) -> float | None:
@@ -181,6 +184,10 @@ class StudyRecord:
             **{f"measurement.{k}": v for k, v in sorted(self.measurement.items())},
             "quality.scorer": self.quality.get("scorer"),
             "quality.floor": self.quality.get("floor"),
+            "quality.max_kld": self.quality.get("max_kld"),  # kld scorer; None for the others and old records
+            "quality.text": self.quality.get("text_digest"),  # the text perplexity and kld score on
+            "quantized drafts": {name: [q.get("source_sha256"), q.get("type")]
+                                 for name, q in sorted(self.quantized_drafts.items())},
         }
 
     @classmethod

@@ -16,11 +16,13 @@ from typing import Any
 
 from tuner.measure import MeasurementSettings
 from tuner.paths import storage_dir
+from tuner.quantize import QuantizeRequest
 from tuner.space import RawSpace, parse_space
 from tuner.validate import Fields, expand_env, load_yaml_mapping
 
 METRICS = {"tokens_per_second": "maximize", "acceptance": "maximize", "quality": "maximize", "speedup": "maximize"}
-QUALITY_SCORERS = ("agreement", "answers", "perplexity")
+QUALITY_SCORERS = ("agreement", "answers", "perplexity", "kld")
+TEXT_SCORERS = ("perplexity", "kld")  # scorers that run llama-perplexity on quality.text_file
 SAMPLERS = ("structured", "tpe", "nsga2", "random")
 
 
@@ -36,7 +38,8 @@ class QualitySpec:
 
     scorer: str = "agreement"
     floor: float = 0.95
-    text_file: Path | None = None  # perplexity scorer only
+    text_file: Path | None = None  # perplexity and kld scorers only
+    max_kld: float | None = None  # kld scorer: a trial whose mean KLD exceeds this is infeasible too
 
 
 @dataclass(frozen=True)
@@ -92,13 +95,14 @@ class StudySpec:
     prune: bool = True  # stop a trial early once it clearly cannot beat the incumbent (tuner.search.pruning)
     sentinel: SentinelSpec = SentinelSpec()
     race: RaceSpec = RaceSpec()
+    quantize: tuple[QuantizeRequest, ...] = ()  # drafts made by llama-quantize (tuner.quantize)
 
     @property
     def base_dir(self) -> Path:
         return self.path.parent
 
     def draft_names(self) -> tuple[str, ...]:
-        return tuple(p.stem for p in self.drafts)
+        return tuple(p.stem for p in self.drafts) + tuple(q.name for q in self.quantize)
 
 
 def default_storage_url() -> str:
@@ -130,10 +134,11 @@ def load_spec(path: str | Path) -> StudySpec:
 
     name = fields.str("name", path.stem)
     target = _model_path(fields, "target", fields.raw("target"), base)
-    drafts = tuple(_model_path(fields, f"drafts[{i}]", d, base) for i, d in enumerate(fields.list("drafts", [])))
-    stems = [d.stem for d in drafts]
+    drafts, quantize = _drafts(fields, base)
+    stems = [d.stem for d in drafts] + [q.name for q in quantize]
     if len(set(stems)) != len(stems):
-        fields.fail("drafts", "two drafts share a file name; drafts are named by file stem, rename one")
+        fields.fail("drafts", "two drafts share a name; drafts are named by file stem (plus -TYPE for quantize "
+                              "variants), rename one or drop a duplicate type")
 
     space_section = fields.section("search_space")
     space_file = None
@@ -174,8 +179,11 @@ def load_spec(path: str | Path) -> StudySpec:
     scorer = q.choice("scorer", QUALITY_SCORERS, "agreement")
     floor = q.number("floor", 0.95, minimum=0.0, maximum=1.0)
     text_file = q.str("text_file", None)
-    if scorer == "perplexity" and text_file is None:
-        q.fail("text_file", "the perplexity scorer needs a text file to score; add quality.text_file")
+    if scorer in TEXT_SCORERS and text_file is None:
+        q.fail("text_file", f"the {scorer} scorer needs a text file to score; add quality.text_file")
+    max_kld = q.number("max_kld", None, minimum=0.0)
+    if max_kld is not None and scorer != "kld":
+        q.fail("max_kld", "only the kld scorer has a mean-KLD ceiling; remove it or use scorer: kld")
     text_path = _path(q, "text_file", text_file, base) if text_file else None
     if text_path is not None and not text_path.is_file():
         q.fail("text_file", f"{text_path} is not a readable file")
@@ -253,7 +261,7 @@ def load_spec(path: str | Path) -> StudySpec:
         space_file=space_file,
         suites=tuple(suites),
         objectives=tuple(objectives),
-        quality=QualitySpec(scorer, floor, text_path),
+        quality=QualitySpec(scorer, floor, text_path, max_kld),
         measurement=measurement,
         budget_trials=budget_trials,
         budget_minutes=budget_minutes,
@@ -267,4 +275,24 @@ def load_spec(path: str | Path) -> StudySpec:
         prune=prune,
         sentinel=sentinel,
         race=race,
+        quantize=quantize,
     )
+
+
+def _drafts(fields: Fields, base: Path) -> tuple[tuple[Path, ...], tuple[QuantizeRequest, ...]]:
+    """``drafts:`` entries: a path, or ``{path, quantize: [TYPE, ...]}`` asking for requantized variants
+    of that file (only the variants are offered; the target itself may be the path: self-speculation)."""
+    paths: list[Path] = []
+    requests: list[QuantizeRequest] = []
+    for i, entry in enumerate(fields.list("drafts", [])):
+        if not isinstance(entry, dict):
+            paths.append(_model_path(fields, f"drafts[{i}]", entry, base))
+            continue
+        item = Fields(fields.file, entry, fields.name(f"drafts[{i}]"))
+        source = _model_path(item, "path", item.raw("path"), base)
+        types = item.list("quantize", [])
+        if not types or not all(isinstance(t, str) and t.strip() for t in types):
+            item.fail("quantize", "expected a non-empty list of llama-quantize types, e.g. [Q8_0, Q4_0]")
+        item.done()
+        requests += [QuantizeRequest(source, t.strip().upper()) for t in types]
+    return tuple(paths), tuple(requests)

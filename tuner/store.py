@@ -46,6 +46,7 @@ RUNNING_ON = "running_on"
 CREATED_BY = "created_by"
 REFERENCE = "reference"
 PERPLEXITY = "perplexity"
+KLD = "kld"  # model flags -> {"mean_kld", "same_top"} (the kld scorer)
 RACE = "race"  # the last finalist race (tuner.race.RaceResult as JSON)
 PER_TYPE = "per_type"  # the last per-type race (tuner.per_type.PerTypeResult as JSON)
 SEARCH_STAGE, SEARCH_REASON = "search_stage", "search_reason"  # why the sampler chose a trial
@@ -105,6 +106,14 @@ def perplexity_cache(study: optuna.Study) -> dict[str, float]:
 
 def write_perplexity_cache(study: optuna.Study, cache: dict[str, float]) -> None:
     study.set_user_attr(PERPLEXITY, cache)
+
+
+def kld_cache(study: optuna.Study) -> dict[str, dict]:
+    return dict(study.user_attrs.get(KLD, {}))
+
+
+def write_kld_cache(study: optuna.Study, cache: dict[str, dict]) -> None:
+    study.set_user_attr(KLD, cache)
 
 
 # ------------------------------------------------------------------ trials

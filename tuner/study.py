@@ -22,6 +22,7 @@ hosts share one study through PostgreSQL (``tuner worker``, see ``tuner.coordina
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -35,7 +36,7 @@ import optuna
 from tuner import store
 from tuner.errors import UserError
 from tuner.failures import PERMANENT, FailureReason, TrialFailure
-from tuner.records import Failure, Metrics, Reference, Spread, StudyRecord, TrialRecord, changes
+from tuner.records import Failure, Metrics, Reference, Spread, StudyRecord, TrialRecord, changes, digest
 from tuner.launch import build_server_command, model_flags
 from tuner.measure import Sample, outputs_by_prompt, run_workload, score_trial, summarize
 from tuner.host import busy_processes, cpu_seconds_by_process, host_was_busy, trial_host_state
@@ -255,7 +256,7 @@ class TrialRunner:
             self._reference = reference = Reference(
                 trial=record.number, tokens={pid: list(s.tokens) for pid, s in outputs.items()},
                 texts={pid: s.text for pid, s in outputs.items()}, tokens_per_second=scores.tokens_per_second)
-        quality = self._quality(config, outputs, reference)
+        quality, extra_scores = self._quality(config, outputs, reference)
         reference_rate = reference_rate or scores.tokens_per_second  # a baseline or sentinel is its own reference
         host = trial_host_state(ctx.launch.topology, busy)
         host.update(evicted_pages=evicted, numa_pages={Path(f).name: n for f, n in pages.items()},
@@ -275,9 +276,10 @@ class TrialRunner:
             per_suite_tokens_per_second=scores.per_suite_tokens_per_second,
             samples=tuple(sample_record(s) for s in samples),
             outputs={pid: s.text for pid, s in outputs.items()},
-            constraint=self.ctx.spec.quality.floor - quality,
+            constraint=self._constraint(quality, extra_scores),
             log_tail=log_tail,
             host=host,
+            scores=extra_scores,
         )
 
     def _drift_corrected(self, incumbent: TrialRecord) -> list[dict]:
@@ -308,18 +310,57 @@ class TrialRunner:
         values = None if record.failure else [record.metrics.objective(o.metric) for o in self.ctx.spec.objectives]
         return store.add_measured_trial(self.study, record, base.params, base.distributions, values)
 
-    def _quality(self, config: TrialConfig, outputs: dict, reference: Reference | None) -> float:
+    def _quality(self, config: TrialConfig, outputs: dict, reference: Reference | None) -> tuple[float, dict]:
+        """The trial's quality, and the scorer's other figures (kld: mean_kld, same_top)."""
         scorer = self.ctx.spec.quality.scorer
         if scorer == "perplexity":
             return quality_scorers.perplexity_ratio(self._perplexity(baseline_config(self.ctx.space)),
-                                                    self._perplexity(config))
-        return quality_scorers.output_quality(scorer, outputs, self.ctx.workload, reference.tokens if reference else {})
+                                                    self._perplexity(config)), {}
+        if scorer == "kld":
+            scores = self._kld(config)
+            return scores["same_top"], scores
+        return quality_scorers.output_quality(scorer, outputs, self.ctx.workload,
+                                              reference.tokens if reference else {}), {}
+
+    def _constraint(self, quality: float, scores: dict) -> float:
+        """Feasible when <= 0: quality at or above the floor and, for kld, mean KLD at or below max_kld."""
+        spec = self.ctx.spec.quality
+        constraint = spec.floor - quality
+        if spec.max_kld is not None and "mean_kld" in scores:
+            constraint = max(constraint, scores["mean_kld"] - spec.max_kld)
+        return constraint
+
+    def _model_flags(self, config: TrialConfig) -> list[str]:
+        """What the model computes (experts), with the baseline's threads: speculation, temperature and
+        threads do not change the logits, so text scorers run once per distinct expert count."""
+        baseline = baseline_config(self.ctx.space)
+        return model_flags(replace(config, threads=baseline.threads, threads_batch=None), self.ctx.launch)
+
+    def _kld(self, config: TrialConfig) -> dict:
+        """KL divergence from the baseline's logits, saved once per study in its log folder, keyed by the
+        baseline's model flags and the text file's digest (a changed text or model makes a new base)."""
+        ctx = self.ctx
+        flags = self._model_flags(config)
+        key = " ".join(flags)
+        cache = store.kld_cache(self.study)
+        if key not in cache:
+            text_file = ctx.spec.quality.text_file
+            base_flags = self._model_flags(baseline_config(ctx.space))
+            if flags == base_flags:  # the baseline's own model: zero by definition (a rerun differs by
+                return {"mean_kld": 0.0, "same_top": 1.0}  # batch-order rounding only, ~1e-6)
+            base_key = digest([base_flags, hashlib.sha256(text_file.read_bytes()).hexdigest()])
+            base = quality_scorers.save_kld_base(
+                base_flags, text_file, ctx.log_dir / f"kld-base-{base_key}.bin",
+                bin_dir=ctx.launch.server_binary.parent, timeout_s=ctx.settings.trial_timeout_s)
+            cache[key] = quality_scorers.measure_kld(flags, base, bin_dir=ctx.launch.server_binary.parent,
+                                                     timeout_s=ctx.settings.trial_timeout_s)
+            store.write_kld_cache(self.study, cache)
+        return cache[key]
 
     def _perplexity(self, config: TrialConfig) -> float:
         """Perplexity depends only on the model flags (experts), not on speculation or
         temperature or threads, so it is measured once per distinct expert count."""
-        baseline = baseline_config(self.ctx.space)
-        flags = model_flags(replace(config, threads=baseline.threads, threads_batch=None), self.ctx.launch)
+        flags = self._model_flags(config)
         key = " ".join(flags)
         cache = store.perplexity_cache(self.study)
         if key not in cache:
@@ -369,7 +410,7 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
     Measures under the host's measurement lock (``tuner.hostlock``); a storage outage stops
     it in one line with the measured trials kept in the journal (``tuner.journal``), which
     the next run stores first."""
-    ctx = prepare(spec)
+    ctx = prepare(spec, progress)
     journal = Journal(spec.name, spec.storage)
     with hostlock.measuring(spec.name, progress=progress), outage.guard(spec.storage, journal.pending):
         study = _run_locked(ctx, journal, trials, progress, race)
