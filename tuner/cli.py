@@ -26,7 +26,7 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("worker", "tuner.worker", "join a study shared through PostgreSQL and run its trials on this host"),
     ("report", "tuner.report", "write a study's HTML report (fronts, effects, roofline) and CSV under reports/STUDY/"),
     ("compare", "tuner.compare", "compare two studies (two builds or machines) on identical configurations"),
-    ("export", "tuner.export", "confirm and export a study's best configuration: serve.sh, JSON/YAML, models-preset"),
+    ("export", "tuner.export", "race the finalists and export the winner (and per-type winners): serve.sh, JSON/YAML, models-preset"),
     ("dashboard", "tuner.dashboard", "serve optuna-dashboard on the studies' storage (127.0.0.1 by default)"),
     ("record-grid", "tuner.bench.grid", "measure every configuration of a small space into a table for bench-search"),
     ("bench-search", "tuner.bench.replay", "replay a recorded table: trials each sampler needs to find the best configuration"),
