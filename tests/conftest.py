@@ -17,6 +17,10 @@ os.environ["TUNER_TEST_SESSION"] = SESSION_MARKER.split("=", 1)[1]
 # Studies the tests start record this bandwidth instead of running the ~1 s copy probe
 # (test_hardware tests the probe); fake_llama_server.BANDWIDTH is the same figure.
 os.environ["TUNER_MEMORY_BANDWIDTH"] = "20e9"
+# Started with SIGINT ignored (nohup, `cmd &`, some CI runners), pytest would pass that on to
+# every child: a tuner under test would then ignore the Ctrl-C a test sends it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # A real llama.cpp process is known by its *name* (its command line would also match a
 # compiler building llama-server's sources); the stand-in server runs as
 # ``python .../fake_llama_server.py``, known by that script in its command line.
