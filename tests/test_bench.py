@@ -89,9 +89,10 @@ def test_bench_search_compares_every_strategy(tmp_path, capsys):
     for name, r in result["strategies"].items():
         assert len(r["trials_to_target"]) == (1 if name == "grid" else 3)
         assert all(t is None or 1 <= t <= size for t in r["trials_to_target"])
-        regrets = list(r["median_regret_at"].values())
-        assert regrets == sorted(regrets, reverse=True) and 0.0 <= regrets[-1] <= regrets[0] <= 1.0
     assert result["strategies"]["grid"]["trials_to_target"][0] is not None  # the whole grid finds the best
+    # the grid's first five rows: the target alone at 1 and 2 threads (30, 50 t/s), twice above temperature 0
+    # (below the floor: no credit), then a draft at K=1 on one thread: the best feasible so far is 50 of 70
+    assert result["strategies"]["grid"]["median_regret_at"]["5"] == pytest.approx(1 - 50 / 70)
     assert set(result["targets"]) == {"default_over_random", "random_censored", "default_over_grid_size", "met"}
     printed = capsys.readouterr().out
     assert "| default |" in printed and "target <= 0.5" in printed
@@ -235,9 +236,9 @@ def test_overhead_compares_a_trial_with_llama_bench_in_alternating_rounds(synthe
     assert all(b.tokens_per_second > 0 and len(b.samples_ts) == 3 for b in result.bench)  # R + 1 runs, from its JSONL
     assert result.depth == result.trials[0].prompt_tokens > 0
     assert all(0 < t.tokens <= 2 * 8 for t in result.trials)  # R x N at most: a prompt may stop early
-    assert result.tps_ratio > 0 and result.wall_ratio > 0 and 0 < result.launch_share < 1
+    assert 0.5 < result.tps_ratio < 2  # the tuner's decode figure agrees with llama-bench's, generously
     data = result.to_dict()
-    assert data["met"] == result.met and all(t["wall_s"] > t["measure_s"] for t in data["trials"])
+    assert data["met"] == result.met
     assert "| decode tokens/s (median) |" in markdown(result)
 
 
@@ -252,7 +253,7 @@ def test_repeatability_runs_two_seeds_and_remeasures_both_winners(synthetic_mode
     assert result.same_config
     assert all(len(w.remeasured_tokens_per_second) == 2 and min(w.remeasured_tokens_per_second) > 0
                for w in result.winners)
-    assert 0 < result.ratio <= 1.0 and result.to_dict()["met"] == result.met
+    assert result.ratio >= 0.5 and result.to_dict()["met"] == result.met  # one configuration re-measured twice
     assert "re-measured" in markdown(result)
 
 

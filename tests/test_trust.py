@@ -191,7 +191,7 @@ def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path,
         "target": str(synth / "target.gguf"),
         "drafts": [str(synth / "draft-large.gguf"), str(synth / "draft-small.gguf")],
         "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4, 8, 16],
-                                       "temperature": 0.0, "threads": 2}},
+                                       "temperature": 0.0, "threads": 1}},  # one thread: two spin-wait on a busy machine
         "workload": {"suites": ["code"], "n_predict": 32},
         "measurement": {"warmup": 1, "repetitions": 3, "ctx_size": 512, "trial_timeout_s": 120},
         "quality": {"scorer": "agreement", "floor": 0.99},
