@@ -94,3 +94,11 @@ def test_only_the_store_touches_user_attrs():
     offenders = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
                  if re.search(r"user_attrs|set_user_attr", p.read_text()) and str(p.relative_to(ROOT)) not in allowed]
     assert offenders == []
+
+
+def test_architecture_names_every_module():
+    """A module added without a line in ARCHITECTURE.md is a module nobody can find."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    unnamed = [p.stem for folder in (PACKAGE, PACKAGE / "bench") for p in folder.glob("*.py")
+               if p.stem != "__init__" and f"`{p.stem}`" not in text]
+    assert unnamed == []
