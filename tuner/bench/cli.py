@@ -47,6 +47,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "shared VM, the median of 7 by a few %% (default: 7)")
     parser.add_argument("--repeat-trials", type=int,
                         help="trials per repeatability study (default: the study's own budget, 20 for the demo)")
+    parser.add_argument("--gguf", type=Path, action="append",
+                        help="a GGUF for the metadata-read section, repeatable (default: Gemma 3 270M when its package "
+                             "is installed, and the --study's target)")
     parser.add_argument("--out", type=Path, help="output folder (default: reports/bench)")
     hostlock.add_argument(parser)
 
@@ -105,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
     rep = repeat.measure_repeatability(args.study, out / "repeat.db", trials=repeat_trials, rounds=args.rounds)
     done("repeatability", rep.to_dict(), "3. Repeatability", repeat.markdown(rep), mark)
 
-    files = [p for p in (gguf_read.gemma_270m(), load_spec(args.study).target) if p is not None]
+    files = args.gguf or [p for p in (gguf_read.gemma_270m(), load_spec(args.study).target) if p is not None]
     print(f"== 4 GGUF metadata: today's full parse against the fast, cached read ({', '.join(f.name for f in files)})",
           flush=True)
     mark = time.monotonic()
