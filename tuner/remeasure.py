@@ -2,8 +2,9 @@
 
 Why: a figure recorded minutes ago on a shared machine can be luck. Measuring the
 contenders now, each round one pass of the workload on each, in forward then reverse
-order, compares configurations rather than moments of a noisy machine. Export's
-confirmation against the baseline and the repeatability benchmark both use this.
+order (or a shuffled one), compares configurations rather than moments of a noisy machine.
+The finalist race (``tuner.race``, at the end of a run and in export), the per-type race
+and the repeatability benchmark all use this.
 """
 
 from __future__ import annotations
