@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import urllib.request
 from dataclasses import asdict
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fake_llama_server import PINNED_COMMIT, get_json, run_study_file, wait_for_json, write_moe_study, write_study
+from fake_llama_server import PINNED_COMMIT, get_json, run_study_file, stop_group, wait_for_json, write_moe_study, write_study
 from tuner import store
 from tuner.analysis import front_2d, trials_frame
 from tuner.cli import main
@@ -219,13 +218,6 @@ def start(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Pop
                                 start_new_session=True, env=env)
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """SIGKILL the whole group (router children included) and reap the leader."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
 @pytest.mark.llama
 @pytest.mark.slow
 def test_exported_script_serves_the_synthetic_family(served, storage, tmp_path):
@@ -242,7 +234,7 @@ def test_exported_script_serves_the_synthetic_family(served, storage, tmp_path):
         assert answer["timings"]["predicted_n"] > 0
         assert answer["timings"].get("draft_n", 0) > 0, "the exported command did not speculate"
     finally:
-        stop(proc)
+        stop_group(proc)  # SIGTERM: a router stops its children itself
     log = (tmp_path / "serve.log").read_text()
     assert "draft-small.gguf" in log
 
@@ -266,7 +258,7 @@ def test_preset_file_is_accepted_by_the_llama_server_router(served, tmp_path):
                            {"model": "served", "prompt": "def add(a, b):\n    return", "max_tokens": 8, "temperature": 0})
         assert answer["choices"][0]["text"] != "" or answer["usage"]["completion_tokens"] > 0
     finally:
-        stop(proc)
+        stop_group(proc)  # SIGTERM: a router stops its children itself
 
 
 @pytest.mark.llama

@@ -19,7 +19,8 @@ from tuner.drift import Sentinels, sentinel_due
 from tuner.measure import MeasurementSettings, check_timing
 from tuner.paths import models_dir
 from tuner.placement import contradiction, evict, parse_numa_maps, resident_fraction
-from tuner.race import TIE_RULE, decide, finalists
+from tuner.context import prepare
+from tuner.race import TIE_RULE, decide, describe, finalists, race_study
 from tuner.records import Metrics, Spread, StudyRecord, TrialRecord
 from tuner.roofline import Bandwidth, Roofline, impossible
 from tuner.runner import Completion
@@ -190,22 +191,24 @@ def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path,
         "name": "trust",
         "target": str(synth / "target.gguf"),
         "drafts": [str(synth / "draft-large.gguf"), str(synth / "draft-small.gguf")],
-        "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4, 8, 16],
+        "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4, 6, 8, 16],
                                        "temperature": 0.0, "threads": 1}},  # one thread: two spin-wait on a busy machine
         "workload": {"suites": ["code"], "n_predict": 32},
         "measurement": {"warmup": 1, "repetitions": 3, "ctx_size": 512, "trial_timeout_s": 120},
         "quality": {"scorer": "agreement", "floor": 0.99},
-        "budget": {"trials": 4},
+        "budget": {"trials": 5},
         "storage": f"sqlite:///{tmp_path / 's.db'}",
         "sentinel": {"every_trials": 2},
         "race": {"rounds": 2, "max_finalists": 3},
         # a fast incumbent first, then draft-small at K=16, about half the target's speed alone
         "warm_start": [{"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 8},
                        {"spec_type": "draft-simple", "draft": "draft-small", "draft_max": 16},
-                       {"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4}],
+                       {"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4},
+                       {"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 6}],
     }))
     lines: list[str] = []
-    study = run_study(load_spec(study_file), progress=lines.append, race=True)
+    spec = load_spec(study_file)
+    study = run_study(spec, progress=lines.append)
     records = store.read_trials(study)
     roles = [r.role for r in records]
     assert roles.count("sentinel") >= 1 and roles[0] == "baseline"
@@ -213,7 +216,12 @@ def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path,
     assert small.state == "PRUNED" and small.pruned and small.metrics.tokens_per_second > 0
     assert small.spread.repetitions < 3  # stopped before its three repetitions
     assert study.trials[small.number].state == optuna.trial.TrialState.PRUNED
+    # the two fastest complete trials and the baseline: a race of three, decided on its own rounds
+    two = sorted((r for r in records if r.feasible and r.role != "baseline"),
+                 key=lambda r: r.metrics.tokens_per_second, reverse=True)[:2]
+    result = race_study(prepare(spec), study, lines.append, two)
     race = store.read_race(study)
-    assert race is not None and len(race["entries"]) >= 3 and race["rounds"] == 2
-    assert any(line.startswith("winner: trial") and "interval" in line for line in lines)
+    assert race == result.to_json() and len(race["entries"]) == 3 and race["rounds"] == 2
+    assert all(len(e["rates"]) == 2 for e in race["entries"])
+    assert any(line.startswith("winner: trial") and "interval" in line for line in describe(result))
     assert all(r.host.get("busy_processes") is not None for r in records if r.complete)
