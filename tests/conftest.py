@@ -115,3 +115,24 @@ def demo(storage, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("demo")
     return run_study_file(write_demo_study(folder, storage), FAKE_LLAMA_FAULTS=DEMO_FAULTS)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A private PostgreSQL cluster per test module (workers and fault drills); a skip where none can start."""
+    pytest.importorskip("psycopg2", reason="the PostgreSQL driver is the `postgres` extra: pip install -e '.[postgres]'")
+    from contextlib import ExitStack
+
+    from postgres import ClusterUnavailable, private_cluster
+
+    with ExitStack() as stack:
+        try:
+            yield stack.enter_context(private_cluster())
+        except ClusterUnavailable as err:
+            pytest.skip(f"PostgreSQL cannot start on this machine: {err}")
+
+
+@pytest.fixture
+def database(cluster, request) -> str:
+    """A fresh database per test, named after it."""
+    return cluster.create_database(request.node.name.lower()[:60])

@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
@@ -243,23 +243,6 @@ def test_read_only_database_at_start_is_one_line(fenv, tmp_path):
     assert error_line(proc) == (f"tuner run: error: storage unavailable: {read_only}: attempt to write a readonly "
                                 "database; no measured trial is waiting to be stored")
     assert measured_numbers(stored(f"sqlite:///{db}", "ro")) == {0, 1}
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    pytest.importorskip("psycopg2", reason="the PostgreSQL driver is the `postgres` extra: pip install -e '.[postgres]'")
-    from postgres import ClusterUnavailable, private_cluster
-
-    with ExitStack() as stack:
-        try:
-            yield stack.enter_context(private_cluster())
-        except ClusterUnavailable as err:
-            pytest.skip(f"PostgreSQL cannot start on this machine: {err}")
-
-
-@pytest.fixture
-def database(cluster, request) -> str:
-    return cluster.create_database(request.node.name.lower()[:60])
 
 
 def pg_ctl(cluster, action: str) -> None:

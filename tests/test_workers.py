@@ -12,14 +12,12 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from contextlib import ExitStack
 from pathlib import Path
 
 import optuna
 import pytest
 
 from fake_llama_server import alive, launches, wait_for, write_study
-from postgres import ClusterUnavailable, private_cluster
 from tuner import store
 from tuner.cli import main
 from tuner.coordination import tally, with_driver
@@ -31,21 +29,6 @@ COMPLETE, FAIL, RUNNING, WAITING = (optuna.trial.TrialState.COMPLETE, optuna.tri
 # Two workers that pass the budget check in the same instant each start a trial (see tuner.worker).
 OVERSHOOT = 3 - 1
 FAST_HEARTBEAT = {"heartbeat_s": 1, "grace_s": 3, "max_retry": 1, "baseline_wait_s": 60}
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with ExitStack() as stack:
-        try:
-            yield stack.enter_context(private_cluster())
-        except ClusterUnavailable as err:
-            pytest.skip(f"PostgreSQL cannot start on this machine: {err}")
-
-
-@pytest.fixture
-def database(cluster, request) -> str:
-    """A fresh database per test, named after it."""
-    return cluster.create_database(request.node.name.lower()[:60])
 
 
 def start_workers(n: int, study: Path, storage: str, env: dict, tmp_path: Path) -> list[subprocess.Popen]:
