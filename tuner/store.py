@@ -208,9 +208,12 @@ def read_trials(study: optuna.Study, finished_only: bool = True) -> list[TrialRe
 
 
 def best_feasible(study: optuna.Study) -> TrialRecord | None:
+    return best_of(read_trials(study))
+
+
+def best_of(records: list[TrialRecord]) -> TrialRecord | None:
     """Highest tokens/s among complete trials that meet the quality floor."""
-    return max((r for r in read_trials(study) if r.feasible),
-               key=lambda r: r.metrics.tokens_per_second, default=None)
+    return max((r for r in records if r.feasible), key=lambda r: r.metrics.tokens_per_second, default=None)
 
 
 def baseline_trial(study: optuna.Study) -> FrozenTrial:

@@ -218,9 +218,14 @@ class TrialRunner:
         before, wall = cpu_seconds_by_process(), time.monotonic()
         # read before measuring: from the measurement on, storage is written only after the journal
         reference = None if record.role == "baseline" else store.read_reference(self.study)
-        reference_rate = None if record.role in ("baseline", "sentinel") else self._latest_reference_rate()
-        incumbent = store.best_feasible(self.study) if ctx.spec.prune and may_prune(record.role) else None
-        against = self._drift_corrected(incumbent) if incumbent is not None else []
+        records = store.read_trials(self.study)
+        sentinels = Sentinels(records, ctx.settings.noise_cv)
+        reference_rate = None  # a baseline or sentinel is its own reference
+        if record.role not in ("baseline", "sentinel"):  # this worker's latest reference: the speedup known now
+            reference_rate = sentinels.rate_at(worker_id(), time.time()) or (reference.tokens_per_second
+                                                                              if reference else None)
+        incumbent = store.best_of(records) if ctx.spec.prune and may_prune(record.role) else None
+        against = drift_corrected(incumbent, sentinels) if incumbent is not None else []
 
         def prune_check(samples: list[Sample]) -> None:
             if incumbent is not None:
@@ -281,27 +286,6 @@ class TrialRunner:
             host=host,
             scores=extra_scores,
         )
-
-    def _drift_corrected(self, incumbent: TrialRecord) -> list[dict]:
-        """The incumbent's samples as the machine would measure them now: scaled by this worker's
-        reference rate now over the reference rate when the incumbent ran (tuner.drift), so a
-        machine that slowed down since does not prune everything after it."""
-        sentinels = Sentinels(store.read_trials(self.study), self.ctx.settings.noise_cv)
-        now, then = sentinels.rate_at(worker_id(), time.time()), None
-        if midpoint(incumbent) is not None:
-            then = sentinels.rate_at(incumbent.worker, midpoint(incumbent))
-        scale = now / then if now and then else 1.0
-        return [{**s, "tokens_per_second": s["tokens_per_second"] * scale} for s in incumbent.samples]
-
-    def _latest_reference_rate(self) -> float | None:
-        """This worker's latest reference (baseline or sentinel) tokens/s: the speedup known at the time.
-        Reports divide by the sentinels interpolated at the trial's time instead (tuner.drift)."""
-        mine = [r for r in store.read_trials(self.study) if r.worker == worker_id() and r.complete
-                and r.role in ("baseline", "sentinel") and r.ended_at is not None]
-        if mine:
-            return max(mine, key=lambda r: r.ended_at).metrics.tokens_per_second
-        reference = store.read_reference(self.study)
-        return reference.tokens_per_second if reference else None
 
     def run_sentinel(self) -> TrialRecord:
         """The baseline configuration re-measured now, stored as a trial of role sentinel."""
@@ -378,6 +362,18 @@ class TrialRunner:
             if record.config == config and record.failure and record.failure.reason in permanent:
                 return record
         return None
+
+
+def drift_corrected(incumbent: TrialRecord, sentinels: Sentinels) -> list[dict]:
+    """The incumbent's samples as the machine would measure them now: scaled by this worker's
+    reference rate now over the reference rate when the incumbent ran (tuner.drift), so a
+    machine that slowed down since does not prune everything after it. Reports divide by the
+    sentinels interpolated at each trial's time."""
+    now, then = sentinels.rate_at(worker_id(), time.time()), None
+    if midpoint(incumbent) is not None:
+        then = sentinels.rate_at(incumbent.worker, midpoint(incumbent))
+    scale = now / then if now and then else 1.0
+    return [{**s, "tokens_per_second": s["tokens_per_second"] * scale} for s in incumbent.samples]
 
 
 def sample_record(sample: Sample) -> dict:
