@@ -93,7 +93,8 @@ def test_bench_search_compares_every_strategy(tmp_path, capsys):
     # the grid's first five rows: the target alone at 1 and 2 threads (30, 50 t/s), twice above temperature 0
     # (below the floor: no credit), then a draft at K=1 on one thread: the best feasible so far is 50 of 70
     assert result["strategies"]["grid"]["median_regret_at"]["5"] == pytest.approx(1 - 50 / 70)
-    assert set(result["targets"]) == {"default_over_random", "random_censored", "default_over_grid_size", "met"}
+    assert set(result["targets"]) == {"default_over_random", "random_censored", "default_over_grid_size",
+                                      "no_worse_than_today", "met"}
     printed = capsys.readouterr().out
     assert "| default |" in printed and "target <= 0.5" in printed
 

@@ -15,6 +15,7 @@ import pytest
 from tuner.bench import operator as op
 from tuner.bench.operator_landscapes import CODER_DRAFTS, landscapes, operator_space
 from tuner.search.model import Point, acceptance_probability, fit, measured_acceptance, speedup
+from tuner.search.prior import admitted, find_prior
 from tuner.search.pruning import prune_decision, should_prune
 from tuner import store
 
@@ -135,3 +136,56 @@ def test_fitted_models_list_measured_points_against_the_model():
     for r in rows:
         assert r["model_acceptance"] == pytest.approx(r["acceptance"], abs=0.02)  # the fit passes through its points
         assert 1 <= r["predicted_best_k"] <= 16
+
+
+# -- warm starts from earlier studies in the same storage --------------------------------------
+
+def test_warm_start_takes_the_hardware_of_the_same_host_and_the_whole_winner_of_the_same_target():
+    storage = optuna.storages.InMemoryStorage()
+    earlier, _ = op.run_study(small_landscape(), "default", seed=0, budget=12, prune=False, storage=storage)
+    winner = store.best_feasible(earlier)
+    objectives = tuple(op.OBJECTIVES)
+
+    other_host = replace(small_landscape(), name="other-host", host="Intel Xeon 6980P (SNC3)")
+    assert find_prior(storage, other_host.study_record(objectives), other_host.space) is None
+
+    other_model = replace(small_landscape(), name="other-model", target="Qwen3-Coder-30B-A3B-Instruct Q4_K_M")
+    prior = find_prior(storage, other_model.study_record(objectives), other_model.space)
+    assert prior["study"] == "small" and prior["trial"] == winner.number and not prior["same_target"]
+    assert prior["params"] is None  # another model: only the host's knobs carry over
+    assert prior["hardware"]["threads"] == winner.config.threads and prior["hardware"]["numa"] == winner.config.numa
+
+    prose = replace(small_landscape(), name="prose", prompts=("prose",) * 9)
+    prior = find_prior(storage, prose.study_record(objectives), prose.space)
+    assert prior["same_target"] and not prior["same_workload"] and prior["params"] is None  # K depends on content
+
+    again = replace(small_landscape(), name="small again")  # the same target and workload: a re-tune
+    study, _ = op.run_study(again, "default", seed=0, budget=3, prune=False, storage=storage)
+    prior = store.read_prior(study)
+    assert prior["same_workload"] and prior["params"] == dict(earlier.trials[winner.number].params)
+    assert store.search_note(study.trials[1])[0] == "warm start"  # right after the baseline
+    assert study.trials[1].params == prior["params"]
+
+
+def test_a_prior_keeps_only_the_values_the_new_space_admits():
+    space = operator_space(("none", "draft-simple"), tuple(CODER_DRAFTS), temperatures=(0.0,), k_high=8,
+                           threads_high=48)
+    kept = admitted({"spec_type": "draft-simple", "draft": "qwen2.5-0.5b-instruct-q8_0", "draft_max": 24,
+                     "numa": "interleave", "numa_node": 2, "threads": 96, "temperature": 0.0}, space)
+    assert kept == {"spec_type": "draft-simple", "draft": "qwen2.5-0.5b-instruct-q8_0", "numa": "interleave",
+                    "temperature": 0.0}  # K 24 > 8, 96 threads > 48, a node only under bind
+
+
+def test_the_hardware_stage_tries_the_prior_pair_first_and_skips_policy_probes_when_it_leads():
+    storage = optuna.storages.InMemoryStorage()
+    op.run_study(small_landscape(), "default", seed=1, budget=14, prune=False, storage=storage)
+    other_model = replace(small_landscape(), name="other-model", target="another model")
+    study, _ = op.run_study(other_model, "default", seed=1, budget=14, prune=False, storage=storage)
+    prior = store.read_prior(study)
+    hardware = [t for t in study.trials if store.search_note(t)[0] == "hardware"]
+    first = hardware[0].params
+    assert {k: first.get(k) for k in prior["hardware"]} == prior["hardware"]
+    assert "best on this host in study small" in store.search_note(hardware[0])[1]
+    policies = {t.params["numa"] for t in hardware}
+    # the interleaved pair beats the baseline's first-touch placement on this landscape: no other policy probed
+    assert policies == {prior["hardware"]["numa"]}

@@ -24,7 +24,7 @@ from tuner.paths import storage_dir
 from tuner.quantize import Variant, ensure_variant
 from tuner.records import StudyRecord
 from tuner.knobs import KNOB_TYPES
-from tuner.space import Choices, Domain, IntRange, ResolvedSpace, resolve_space
+from tuner.space import ResolvedSpace, outside, resolve_space
 from tuner.spec import StudySpec
 from tuner.topology import Topology, read_topology
 from tuner.validate import Fields
@@ -130,24 +130,11 @@ def check_warm_starts(spec: StudySpec, space: ResolvedSpace) -> None:
             if domain is None:
                 raise UserError(f"{where}: not searched by this study on this machine (resolved space: "
                                 f"{', '.join(space.domains)}); remove it from the warm start")
-            problem = _outside(domain, value)
+            problem = outside(domain, value)
             if problem:
                 raise UserError(f"{where}: {value!r} {problem}; use a value of the resolved space "
                                 "(`tuner run STUDY --check` prints it)")
 
-
-def _outside(domain: Domain, value: object) -> str | None:
-    if isinstance(domain, Choices):
-        if any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in domain.values):
-            return None
-        return f"is not one of {', '.join(map(str, domain.values))}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return "is not a number"
-    if isinstance(domain, IntRange) and (not float(value).is_integer() or (int(value) - domain.low) % domain.step):
-        return f"is not an integer of {domain.low}..{domain.high} step {domain.step}"
-    if not domain.low <= value <= domain.high:
-        return f"is outside {domain.low}..{domain.high}"
-    return None
 
 
 def fingerprint_bandwidth() -> float:

@@ -191,11 +191,14 @@ class StudyRecord:
         }
 
     @classmethod
-    def for_replay(cls, name: str, space: dict, objectives: tuple[str, ...]) -> StudyRecord:
-        """A benchmark replay's record: its space and objectives; no machine, model or workload."""
-        return cls(name=name, created_by="replay", fingerprint={}, build={}, target={}, drafts={}, space=space,
+    def for_replay(cls, name: str, space: dict, objectives: tuple[str, ...], fingerprint: dict | None = None,
+                   target: dict | None = None, workload: dict | None = None) -> StudyRecord:
+        """A benchmark replay's record: its space and objectives (and, for a modelled host, the machine,
+        target and workload the warm start matches on); no build."""
+        return cls(name=name, created_by="replay", fingerprint=fingerprint or {}, build={}, target=target or {},
+                   drafts={}, space=space,
                    space_digest=digest(space), space_notes=(), objectives=tuple(objectives), quality={},
-                   spec_path="", workload={}, measurement={})
+                   spec_path="", workload=workload or {}, measurement={})
 
     def to_json(self) -> dict:
         data = asdict(self)

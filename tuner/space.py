@@ -293,6 +293,21 @@ def _baseline_threads(space: ResolvedSpace) -> int:
     return min(top, space.physical_cores)
 
 
+def outside(domain: Domain, value: object) -> str | None:
+    """Why ``value`` is not in ``domain`` (a phrase for a one-line error), None when it is."""
+    if isinstance(domain, Choices):
+        if any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in domain.values):
+            return None
+        return f"is not one of {', '.join(map(str, domain.values))}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "is not a number"
+    if isinstance(domain, IntRange) and (not float(value).is_integer() or (int(value) - domain.low) % domain.step):
+        return f"is not an integer of {domain.low}..{domain.high} step {domain.step}"
+    if not domain.low <= value <= domain.high:
+        return f"is outside {domain.low}..{domain.high}"
+    return None
+
+
 def enqueue_params(config: TrialConfig, space: ResolvedSpace) -> dict[str, Any]:
     """The Optuna params that make ``suggest`` return ``config`` (for enqueue_trial)."""
     return {k: v for k, v in config.as_dict().items() if k in space.domains or k == "numa_node"}

@@ -93,6 +93,7 @@ class StudySpec:
     extra_args: tuple[str, ...] = ()
     workers: WorkersSpec = WorkersSpec()
     prune: bool = True  # stop a trial early once it clearly cannot beat the incumbent (tuner.search.pruning)
+    reuse: bool = True  # warm start from earlier studies in the same storage on this host (tuner.search.prior)
     sentinel: SentinelSpec = SentinelSpec()
     race: RaceSpec = RaceSpec()
     quantize: tuple[QuantizeRequest, ...] = ()  # drafts made by llama-quantize (tuner.quantize)
@@ -216,6 +217,7 @@ def load_spec(path: str | Path) -> StudySpec:
     sampler = s.choice("name", SAMPLERS, "structured")
     seed = s.int("seed", 0, minimum=0)
     prune = s.bool("prune", True)
+    reuse = s.bool("reuse", True)
     s.done()
 
     warm_start = fields.list("warm_start", [])
@@ -273,6 +275,7 @@ def load_spec(path: str | Path) -> StudySpec:
         extra_args=tuple(extra_args),
         workers=workers,
         prune=prune,
+        reuse=reuse,
         sentinel=sentinel,
         race=race,
         quantize=quantize,

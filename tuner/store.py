@@ -7,7 +7,7 @@ a trial's ``role`` (set when it is enqueued), ``requeued_by`` (set by the heartb
 retry) and ``running_on`` (worker and server port, set once its server is up: who to
 ask about a running trial), and the study's ``created_by`` (the worker that runs the baseline),
 plus the baseline's ``reference`` outputs, the perplexity cache, the last finalist ``race`` and
-the last ``per_type`` race. Nothing else reads
+the last ``per_type`` race and the ``search_prior`` (a warm start from earlier studies). Nothing else reads
 or writes user attrs.
 
 Schema versions: 1 stored loose attrs per field (before records); a study of schema 1
@@ -50,6 +50,7 @@ KLD = "kld"  # model flags -> {"mean_kld", "same_top"} (the kld scorer)
 RACE = "race"  # the last finalist race (tuner.race.RaceResult as JSON)
 PER_TYPE = "per_type"  # the last per-type race (tuner.per_type.PerTypeResult as JSON)
 SEARCH_STAGE, SEARCH_REASON = "search_stage", "search_reason"  # why the sampler chose a trial
+SEARCH_PRIOR = "search_prior"  # what earlier studies in this storage found (tuner.search.prior), set at creation
 ORPHANED = "orphaned"  # the process running the trial died before recording it
 
 
@@ -152,6 +153,35 @@ def search_context(study: optuna.Study) -> tuple[dict, list[str]] | None:
     """(described space, objectives) for a sampler, from the study record; None before it exists."""
     data = study.user_attrs.get(STUDY_RECORD)
     return (data["space"], list(data["objectives"])) if data else None
+
+
+def write_prior(study: optuna.Study, prior: dict) -> None:
+    study.set_user_attr(SEARCH_PRIOR, prior)
+
+
+def read_prior(study: optuna.Study) -> dict | None:
+    return study.user_attrs.get(SEARCH_PRIOR)
+
+
+def stored_winners(storage, exclude: str) -> list[tuple[str, StudyRecord, TrialRecord, dict]]:
+    """Every other study in ``storage`` with a record and a winner: (name, its record, the winning
+    trial's record, its params), oldest first. The winner is the raced one, else the best feasible trial."""
+    out = []
+    for name in optuna.get_all_study_names(storage):
+        if name == exclude:
+            continue
+        study = optuna.load_study(study_name=name, storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
+        data = study.user_attrs.get(STUDY_RECORD)
+        if not data or data.get("schema") != SCHEMA_VERSION:
+            continue
+        trials = study.get_trials(deepcopy=False)
+        race = read_race(study)
+        winner = next((t for t in trials if race and t.number == race.get("winner")), None)
+        record = read_trial(winner) if winner else best_of([read_trial(t) for t in trials if t.state.is_finished()])
+        if record is not None and record.feasible:
+            params = dict(trials[record.number].params)
+            out.append((name, StudyRecord.from_json(data), record, params))
+    return out
 
 
 def write_finished_record(study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:

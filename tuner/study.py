@@ -49,6 +49,8 @@ from tuner.race import race_study
 from tuner import hostlock, outage
 from tuner.journal import Journal
 from tuner.sampling import sampler_for
+from tuner.search.prior import describe as describe_prior
+from tuner.search.prior import find_prior
 from tuner.search.pruning import may_prune, should_prune
 from tuner.space import TrialConfig, baseline_config, suggest
 from tuner.spec import StudySpec, load_spec
@@ -90,7 +92,11 @@ def open_study(ctx: StudyContext) -> optuna.Study:
         time.sleep(0.2)  # joining a study whose creator is recording it right now
     if not store.has_study_record(study):  # created here, or its creator died before recording it
         store.set_created_by(study, worker_id())
-        store.write_study_record(study, ctx.study_record(worker_id()))
+        record = ctx.study_record(worker_id())
+        store.write_study_record(study, record)
+        prior = find_prior(storage, record, ctx.space) if spec.reuse and spec.sampler == "structured" else None
+        if prior:
+            store.write_prior(study, prior)
         return study
     refuse_incomparable(ctx, store.read_study_record(study))
     return study
@@ -429,6 +435,10 @@ def _run_locked(ctx: StudyContext, journal: Journal, trials: int | None, progres
             fail_orphans(study, spec.workers, progress)
         for note in ctx.space.notes:
             progress(f"note: {note}")
+        prior = store.read_prior(study)
+        if prior:
+            progress(f"warm start from {describe_prior(prior)}: its hardware is tried first"
+                     + (", its configuration right after the baseline" if prior["params"] else ""))
         budget = trials or spec.budget_trials
         objective = TrialRunner(ctx, study, progress, journal)
         deadline = time.monotonic() + spec.budget_minutes * 60 if spec.budget_minutes else None

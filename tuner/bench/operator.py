@@ -13,8 +13,10 @@ it measured.
 Scores per replay: regret after t trials (1 - best true tokens/s among completed feasible
 trials / the landscape's optimum; noise steers the sampler, it does not move the target),
 trials and measured seconds until the regret is within the tolerance. Strategies:
-``default`` (``tuner.study.sampler_for("structured")``), ``today`` (the previous default,
-``NoRepeatSampler(TPE)``), ``tpe`` (Optuna's TPE), ``random``.
+``default`` (``tuner.study.sampler_for("structured")``), ``warm`` (the default in a storage
+that holds an earlier study on the same host, ``WARM_FROM``: the warm start of
+``tuner.search.prior``), ``today`` (the previous default, ``NoRepeatSampler(TPE)``), ``tpe``
+(Optuna's TPE), ``random``.
 """
 
 from __future__ import annotations
@@ -29,11 +31,16 @@ from joblib import Parallel, delayed
 
 from tuner import store
 from tuner.bench.operator_landscapes import LANDSCAPES, OperatorLandscape, landscapes
-from tuner.records import Failure, Metrics, StudyRecord, TrialRecord
+from tuner.records import Failure, Metrics, TrialRecord
+from tuner.search.prior import find_prior
 from tuner.search.pruning import should_prune
 from tuner.space import baseline_config, enqueue_params, suggest
 
-STRATEGIES = ("default", "today", "tpe", "random")
+STRATEGIES = ("default", "warm", "today", "tpe", "random")
+# The earlier study a ``warm`` replay follows in the same storage, on the same host: the same target on another
+# workload (its hardware carries over), the same target and workload again (a re-tune after an upgrade: its
+# winner too), another model (its hardware). ``dense-moved`` is another host: nothing to reuse.
+WARM_FROM = {"dense-code": "dense-prose", "dense-prose": "dense-prose", "moe-lookup": "dense-code"}
 OBJECTIVES = ("tokens_per_second", "acceptance", "quality")
 TOLERANCE = 0.03
 CHECKPOINTS = (10, 20, 40)
@@ -46,7 +53,7 @@ class Failed(Exception):
 def make_sampler(strategy: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
     from tuner.study import sampler_for
 
-    if strategy == "default":
+    if strategy in ("default", "warm"):
         return sampler_for("structured", seed, budget)
     if strategy == "today":
         return sampler_for("tpe", seed, budget)
@@ -108,18 +115,29 @@ class Objective:
         return tuple(metrics.objective(o) for o in OBJECTIVES)
 
 
-def replay(land: OperatorLandscape, strategy: str, seed: int, budget: int, prune: bool) -> list[TrialLog]:
-    """What one strategy tried, in order, with each trial's cost."""
-    return run_study(land, strategy, seed, budget, prune)[1]
+def replay(land: OperatorLandscape, strategy: str, seed: int, budget: int, prune: bool,
+           earlier: OperatorLandscape | None = None) -> list[TrialLog]:
+    """What one strategy tried, in order, with each trial's cost. ``warm`` is the default after a
+    study of ``earlier`` in the same storage; that study's trials are not counted."""
+    storage = optuna.storages.InMemoryStorage()
+    if strategy == "warm":
+        run_study(replace(earlier, name=f"{earlier.name} (earlier)"), "default", seed + 1000, budget, prune, storage)
+    return run_study(land, strategy, seed, budget, prune, storage)[1]
 
 
-def run_study(land: OperatorLandscape, strategy: str, seed: int, budget: int,
-              prune: bool) -> tuple[optuna.Study, list[TrialLog]]:
+def run_study(land: OperatorLandscape, strategy: str, seed: int, budget: int, prune: bool,
+              storage: optuna.storages.BaseStorage | None = None) -> tuple[optuna.Study, list[TrialLog]]:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = storage or optuna.storages.InMemoryStorage()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", (FutureWarning, UserWarning, optuna.exceptions.ExperimentalWarning))
-        study = optuna.create_study(directions=["maximize"] * len(OBJECTIVES), sampler=make_sampler(strategy, seed, budget))
-        store.write_study_record(study, StudyRecord.for_replay(land.name, land.space.describe(), tuple(OBJECTIVES)))
+        study = optuna.create_study(study_name=land.name, storage=storage, directions=["maximize"] * len(OBJECTIVES),
+                                    sampler=make_sampler(strategy, seed, budget))
+        record = land.study_record(tuple(OBJECTIVES))
+        store.write_study_record(study, record)
+        prior = find_prior(storage, record, land.space) if strategy in ("default", "warm") else None
+        if prior:  # as tuner.study.open_study does
+            store.write_prior(study, prior)
         store.enqueue(study, enqueue_params(baseline_config(land.space), land.space), "baseline")
         objective = Objective(land, np.random.default_rng(seed), prune)
         study.optimize(objective, n_trials=budget, catch=(Failed,))
@@ -146,12 +164,16 @@ def _median(values: list) -> float | None:
 
 
 def run_landscape(land: OperatorLandscape, strategies: tuple[str, ...], seeds: int, budgets: dict[str, int],
-                  tolerance: float, jobs: int, prune_modes: tuple[bool, ...] = (False, True)) -> dict:
+                  tolerance: float, jobs: int, prune_modes: tuple[bool, ...] = (False, True),
+                  earlier: OperatorLandscape | None = None) -> dict:
     land.optimum  # noqa: B018  (computed once, before the workers copy the landscape)
     # pruning is measured on the default only: the others are there for their trial counts
+    if earlier is None:
+        strategies = tuple(s for s in strategies if s != "warm")
     modes = {s: (prune_modes if s == "default" else (False,)) for s in strategies}
     runs = [(s, seed, p) for s in strategies for p in modes[s] for seed in range(seeds)]
-    logs = Parallel(n_jobs=jobs)(delayed(replay)(land, s, seed, budgets.get(s, 40), p) for s, seed, p in runs)
+    logs = Parallel(n_jobs=jobs)(delayed(replay)(land, s, seed, budgets.get(s, 40), p, earlier)
+                                 for s, seed, p in runs)
     result = {"configurations": land.size, "optimum": land.optimum[0], "best_config": land.optimum[1].as_dict(),
               "description": land.description, "strategies": {}}
     for strategy in strategies:
@@ -179,10 +201,11 @@ def benchmark(names: tuple[str, ...] = LANDSCAPES, strategies: tuple[str, ...] =
     """Every strategy on every landscape over ``seeds`` seeds; the default with ``budget`` trials,
     the others with ``baseline_budget`` (they need more to be measured at all)."""
     lands = lands or landscapes()
-    budgets = {s: (budget if s == "default" else baseline_budget) for s in strategies}
+    budgets = {s: (budget if s in ("default", "warm") else baseline_budget) for s in strategies}
     result = {"seeds": seeds, "tolerance": tolerance, "budgets": budgets, "landscapes": {}}
     for name in names:
-        result["landscapes"][name] = run_landscape(lands[name], strategies, seeds, budgets, tolerance, jobs, prune_modes)
+        result["landscapes"][name] = run_landscape(lands[name], strategies, seeds, budgets, tolerance, jobs, prune_modes,
+                                                   earlier=lands.get(WARM_FROM.get(name, "")))
     result["targets"] = targets(result)
     return result
 

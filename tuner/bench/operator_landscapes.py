@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable
 
 import numpy as np
 
 from tuner.failures import FailureReason
+from tuner.records import StudyRecord, digest
 from tuner.space import Choices, FloatRange, IntRange, RawSpace, ResolvedSpace, TrialConfig, resolve_space
 from tuner.validate import Fields
 
@@ -117,6 +118,15 @@ class OperatorLandscape:
     request_overhead_s: float = 0.3
     cv_request: float = 0.03  # spread of one request's rate
     cv_launch: float = 0.012  # spread of a whole launch (placement, clocks)
+    host: str = "AMD EPYC 9655 (NPS4)"  # the machine (warm starts match on it: tuner.search.prior)
+    target: str = "Qwen2.5-Coder-32B-Instruct Q4_K_M"  # the target model's identity
+
+    def study_record(self, objectives: tuple[str, ...]) -> StudyRecord:
+        """The record a study of this landscape stores: its space, objectives, machine and target."""
+        fingerprint = {"cpu_model": self.host, "logical_cpus": LOGICAL_CPUS, "physical_cores": PHYSICAL_CORES,
+                       "numa_nodes": [str(n) for n in NODES], "memory_gib": 768}
+        return StudyRecord.for_replay(self.name, self.space.describe(), objectives, fingerprint=fingerprint,
+                                      target={"name": self.target}, workload={"digest": digest(self.prompts)})
 
     # -- the true landscape -------------------------------------------------------------
 
@@ -380,7 +390,7 @@ def _moe() -> OperatorLandscape:
         expert_speed=lambda e: (0.0196 + 0.00225 * 8) / (0.0196 + 0.00225 * e),
         expert_quality=lambda e: _MOE_QUALITY[e],
         prompt_tokens={"code": 60, "prose": 600},  # summarization prompts are long: that is why lookup works
-        prefill_rate=150.0, launch_s=12.0,
+        prefill_rate=150.0, launch_s=12.0, target="Qwen3-Coder-30B-A3B-Instruct Q4_K_M",
     )
 
 
@@ -391,9 +401,11 @@ def landscapes() -> dict[str, OperatorLandscape]:
                              CODER_DRAFTS, EPYC),
         "dense-prose": _dense("dense-prose", "Qwen2.5-Coder-32B, three drafts, nine prose prompts", prose,
                               CODER_DRAFTS, EPYC),
-        "dense-moved": _dense("dense-moved", "another host: mixed prompts, optima moved (draft, K, temperature, "
-                              "NUMA, threads)", ("code", "prose") * 4 + ("code",), MOVED_DRAFTS, MOVED_HARDWARE,
-                              quality_temp=0.05, quality_floor=0.97),
+        "dense-moved": replace(
+            _dense("dense-moved", "another host: mixed prompts, optima moved (draft, K, temperature, NUMA, threads)",
+                   ("code", "prose") * 4 + ("code",), MOVED_DRAFTS, MOVED_HARDWARE, quality_temp=0.05,
+                   quality_floor=0.97),
+            host="Intel Xeon 6980P (SNC3)"),
         "moe-lookup": _moe(),
     }
 

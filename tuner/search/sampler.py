@@ -7,24 +7,28 @@ model (``tuner.search.model``) whose two numbers one trial measures. TPE ignores
 it and needs 60-75 trials on such a space; this sampler plans each trial from the study's
 history instead, in stages:
 
+0. **warm start** (``tuner.search.prior``): the winner of an earlier study of the same target
+   and workload on this host, when the storage has one.
 1. **speculation** (at the baseline's hardware and temperature): probe every draft and
    n-gram type at K=8 (the research's starting point), fit acceptance and cost ratio per
    option, then measure the predicted best K of the best options, fitting again with each
    new point. Options that fail for a permanent reason are dropped (blamed).
-2. **hardware**: with the best speculation so far, each NUMA policy at the baseline's
-   threads, then a unimodal walk over thread counts on the best policy. Tuned on the
-   speculative configuration rather than the target alone: the factor is about the same,
+2. **hardware**: with the best speculation so far, the pair an earlier study found best on
+   this host (if any; when it beats the baseline's, the policy probes are skipped), each NUMA
+   policy at the baseline's threads, then a unimodal walk over thread counts on the best
+   policy. Tuned on the speculative configuration rather than the target alone: the factor is about the same,
    the trial is several times shorter, and a draft's cost grows with threads, so the
    pair is right for the configuration that will be used.
-3. **speculation** again: other temperatures (acceptance changes with them; a
-   temperature below the quality floor rules out the hotter ones), the best K predicted
-   for each, and, for a MoE target, the expert count walked down to the quality floor.
+3. **speculation** again: for a MoE target, the expert count walked down to the quality
+   floor; then a unimodal walk over temperature from the best (acceptance changes with it;
+   a temperature below the quality floor rules out the hotter ones), and the best K
+   predicted for each.
 4. **refinement**: unmeasured neighbours of the incumbent (K, threads, experts, the
    pair of hardware knobs again) and other options at their predicted best K.
 
 When nothing is left to plan, or the space lacks the expected shape, proposals come from
-the project's ``NoRepeatSampler(TPE)``. The plan is a pure function of the stored trials,
-so any worker, or a resumed study, computes the same next step; each planned trial
+the project's ``NoRepeatSampler(TPE)``. The plan is a pure function of the stored trials
+(and the prior stored with the study), so any worker, or a resumed study, computes the same next step; each planned trial
 records ``search_stage`` and ``search_reason`` user attrs ("predicted best K=24 for draft
 X from acceptance 0.83 ...") for the study output and the dashboard.
 
@@ -50,12 +54,12 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.failures import PERMANENT
 from tuner import store
 from tuner.search.model import DraftFit, Point, fit
+from tuner.search.prior import HW_KNOBS, describe
 
 PLAN_ATTR = "search:plan"  # a system attr: the running trial's planned configuration, for other workers
 # What a pruned trial measured before it stopped, as the study loop stores it (user attr).
 K_PROBE = 8  # the research's first K for any draft (seed 003, "K-Tuning Methodology": start with K=8)
 PERMANENT_REASONS = frozenset(r.value for r in PERMANENT)
-HW_KNOBS = ("numa", "numa_node", "threads")
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,8 @@ def nearest(values: Sequence, target: float):
 class Planner:
     """Decides the next configuration from the history; stateless between calls."""
 
-    def __init__(self, space: Space, recs: list[Rec]):
-        self.space, self.recs = space, recs
+    def __init__(self, space: Space, recs: list[Rec], prior: dict | None = None):
+        self.space, self.recs, self.prior = space, recs, prior or {}
         self.taken = [r.params for r in recs if r.state != "failed" or r.failure in PERMANENT_REASONS or r.failure is None]
         self.k_values = space.values("draft_max")
         self.base = next((r for r in recs if r.role == "baseline" and r.measured and r.feasible), None) or next(
@@ -197,7 +201,8 @@ class Planner:
     def next(self) -> Proposal | None:
         if self.base is None:
             return None
-        for stage in (self.speculation, self.hardware, self.temperature, self.experts, self.refinement):
+        for stage in (self.warm_start, self.speculation, self.hardware, self.experts, self.temperature,
+                      self.refinement):
             proposal = stage()
             if proposal is not None:
                 return proposal
@@ -212,6 +217,13 @@ class Planner:
     def context0(self) -> tuple[dict, Any, Any]:
         p = self.base.params
         return self.hw_of(p), p.get("temperature"), p.get("experts")
+
+    def warm_start(self) -> Proposal | None:
+        """The winner of an earlier study of the same target and workload on this host, right after the baseline."""
+        params = self.prior.get("params")
+        if not params:
+            return None
+        return self._first_new([(params, "warm start", f"the winner of {describe(self.prior)}")])
 
     def speculation(self) -> Proposal | None:
         """Probe each option at K=8, then measure the predicted best K (fitting again each time)."""
@@ -271,9 +283,18 @@ class Planner:
             if self.option_of(inc.params) else "the target alone"
         nodes = self.space.values("numa_node")
         policies = {r.params.get("numa") for r in fam}
+        prior_hw = self.prior.get("hardware")
+        if prior_hw:  # an earlier study's pair on this host first; if it beats the baseline's, no policy probes
+            found = self._first_new([({**rest, **self.hw_params(prior_hw)}, "hardware",
+                                      f"NUMA {prior_hw.get('numa')}, {prior_hw.get('threads')} threads with {what}: "
+                                      f"best on this host in {describe(self.prior)}")])
+            if found:
+                return found
+        # the policy carries over (threads are walked below): no probes once the prior's policy leads
+        trusted = prior_hw and self.best(fam) is not None and self.best(fam).params.get("numa") == prior_hw.get("numa")
         candidates = []
         for policy in self.space.values("numa"):
-            if policy not in policies:
+            if policy not in policies and not trusted:
                 hw = {"numa": policy, "threads": hw0.get("threads"),
                       "numa_node": nodes[0] if policy == "bind" and nodes else None}
                 candidates.append(({**rest, **self.hw_params(hw)}, "hardware", f"NUMA {policy} with {what}"))
@@ -308,21 +329,26 @@ class Planner:
         return self.best([r for r in self.recs if r.measured])
 
     def temperature(self) -> Proposal | None:
-        """Other temperatures with the best configuration, then the best K predicted for each."""
-        temps = self.space.values("temperature")
+        """A unimodal walk over temperature with the best configuration (its neighbours, until the
+        rate falls or quality does), then the best K predicted for each temperature."""
+        temps = sorted(self.space.values("temperature"))
         inc = self.overall_best()
         if len(temps) < 2 or inc is None or not self.option_of(inc.params):
             return None
         option, p = self.option_of(inc.params), inc.params
-        fam = self.family(p, "temperature", "experts")
-        hot = min((r.params.get("temperature") for r in fam if not r.feasible), default=math.inf)
-        seen = {r.params.get("temperature") for r in fam}
+        walk = self.family(p, "temperature")
+        hot = min((r.params.get("temperature") for r in walk if not r.feasible), default=math.inf)
+        seen = {r.params.get("temperature") for r in walk}
+        best_t = p.get("temperature")
+        i = temps.index(best_t) if best_t in temps else 0
         candidates = [({**p, "temperature": t}, "speculation",
-                       f"temperature {t} with the best configuration so far (acceptance changes with it)")
-                      for t in temps if t < hot and t not in seen]
+                       f"temperature {t} next to the best so far ({best_t}) with the best configuration "
+                       f"(acceptance changes with it)")
+                      for t in temps[max(0, i - 1):i + 2] if t < hot and t not in seen]
         found = self._first_new(candidates)
         if found or not self.k_values:
             return found
+        fam = self.family(p, "temperature", "experts")
         _, t0, e0 = self.context0()
         f0 = self.fit_option(option, t0, e0)
         if f0 is None:
@@ -474,7 +500,7 @@ class StructuredSampler(optuna.samplers.BaseSampler):
         proposal = None
         context = store.search_context(study)
         if context:
-            proposal = Planner(Space(context[0]), records(study)).next()
+            proposal = Planner(Space(context[0]), records(study), store.read_prior(study)).next()
         if proposal is None:
             self._plans[trial.number] = None
             self._note(study, trial, "refinement", "no structured step left: TPE proposes")
