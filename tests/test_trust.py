@@ -180,6 +180,34 @@ def test_repetitions_go_on_while_the_spread_is_above_the_noise(tmp_path, env, mo
     assert base.spread.repetitions == 4 and base.spread.cv > 0.001  # not met: the cap stops it
 
 
+def test_a_second_study_on_this_host_starts_from_the_first_ones_winner(tmp_path, env):
+    """Warm start (tuner.search.prior) through real studies in one SQLite file: the first study's winner
+    is the second's first trial after the baseline; `reuse: false` turns it off."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    space = {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 3, 4, 5, 6, 8],
+                           "temperature": 0.0, "threads": [1, 2]}}
+    sampler = {"name": "structured", "seed": 1, "prune": False}
+    first = run_study(load_spec(write_study(tmp_path / "a", storage, name="a", search_space=space, sampler=sampler,
+                                            budget={"trials": 4})), progress=lambda _: None)
+    winner = store.best_feasible(first)
+    lines: list[str] = []
+    second = run_study(load_spec(write_study(tmp_path / "b", storage, name="b", search_space=space, sampler=sampler,
+                                             budget={"trials": 2})), progress=lines.append)
+    prior = store.read_prior(second)
+    assert prior["study"] == "a" and prior["trial"] == winner.number and prior["same_workload"]
+    assert prior["params"] == dict(first.trials[winner.number].params)
+    assert prior["hardware"] == {"threads": winner.config.threads, **({"numa": winner.config.numa}
+                                                                       if "numa" in prior["params"] else {})}
+    warm = second.trials[1]
+    assert store.search_note(warm)[0] == "warm start" and warm.params == prior["params"]
+    assert any(line.startswith("warm start from study a (trial ") for line in lines)
+
+    third = run_study(load_spec(write_study(tmp_path / "c", storage, name="c", search_space=space,
+                                            sampler={**sampler, "reuse": False}, budget={"trials": 1})),
+                      progress=lambda _: None)
+    assert store.read_prior(third) is None
+
+
 # ------------------------------------------------------------------ the real build
 
 

@@ -259,6 +259,9 @@ def markdown(result: dict) -> str:
                 (_fmt_s(pruned["median_seconds"]) + (f" ({pruned['median_trials']:g} trials)"
                                                      if pruned["median_trials"] is not None else "")) if pruned else "-",
                 f"{pruned['pruned_trials']:.1f}" if pruned else "-"]) + " |")
+        if "warm" in land["strategies"]:
+            lines += ["", f"warm: the default in a storage that already holds a study of {WARM_FROM[name]} on this "
+                          "host (tuner.search.prior; that study's trials are not counted)."]
         t = result["targets"].get(name)
         if t:
             ratio = "n/a" if t["over_tpe"] is None else f"{t['over_tpe']:.2f}"
