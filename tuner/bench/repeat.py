@@ -62,8 +62,9 @@ def measure_repeatability(study_file: str | Path, storage_db: Path, *, seeds: tu
     budget = trials or spec.budget_trials
     winners = []
     for seed in seeds:
+        # reuse off: the second seed must not warm-start from the first one's winner (independent runs)
         seeded = replace(spec, name=f"{spec.name}-repeat-seed{seed}", seed=seed, budget_trials=budget,
-                         budget_minutes=None, storage=f"sqlite:///{storage_db}")
+                         budget_minutes=None, storage=f"sqlite:///{storage_db}", reuse=False)
         study = run_study(seeded, progress=progress)
         best = best_feasible(study)
         if best is None:
