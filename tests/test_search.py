@@ -124,7 +124,7 @@ def test_operator_benchmark_prints_a_row_per_strategy():
     assert "| default |" in text and "| random |" in text and "with pruning" in text
     row = result["landscapes"]["small"]["strategies"]["default"]
     assert set(row) == {"full", "pruned"} and len(row["full"]["trials_to_target"]) == 2
-    assert set(result["targets"]["small"]) == {"median_le_20", "all_by_40", "over_tpe", "met"}
+    assert set(result["targets"]["small"]) == {"median_le_20", "all_by_40", "over_tpe", "tpe_censored", "met"}
 
 
 def test_fitted_models_list_measured_points_against_the_model():

@@ -437,8 +437,9 @@ def _run_locked(ctx: StudyContext, journal: Journal, trials: int | None, progres
             progress(f"note: {note}")
         prior = store.read_prior(study)
         if prior:
-            progress(f"warm start from {describe_prior(prior)}: its hardware is tried first"
-                     + (", its configuration right after the baseline" if prior["params"] else ""))
+            uses = ([f"its {', '.join(f'{k}={v}' for k, v in prior['hardware'].items())} first in the hardware stage"]
+                    if prior["hardware"] else []) + (["its winner right after the baseline"] if prior["params"] else [])
+            progress(f"warm start from {describe_prior(prior)}: {' and '.join(uses)} (sampler.reuse: false turns it off)")
         budget = trials or spec.budget_trials
         objective = TrialRunner(ctx, study, progress, journal)
         deadline = time.monotonic() + spec.budget_minutes * 60 if spec.budget_minutes else None

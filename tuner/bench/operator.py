@@ -225,6 +225,7 @@ def targets(result: dict) -> dict:
             "median_le_20": d["median_trials"] is not None and d["median_trials"] <= 20,
             "all_by_40": d["reached_by_40"] == result["seeds"],
             "over_tpe": ratio,
+            "tpe_censored": bool(tpe) and tpe["median_trials"] is None,  # TPE missed in most seeds: a bound
             "met": (d["median_trials"] is not None and d["median_trials"] <= 20 and d["reached_by_40"] == result["seeds"]
                     and (ratio is None or ratio <= 1 / 3)),
         }
@@ -264,7 +265,7 @@ def markdown(result: dict) -> str:
                           "host (tuner.search.prior; that study's trials are not counted)."]
         t = result["targets"].get(name)
         if t:
-            ratio = "n/a" if t["over_tpe"] is None else f"{t['over_tpe']:.2f}"
+            ratio = "n/a" if t["over_tpe"] is None else f"{'<= ' if t['tpe_censored'] else ''}{t['over_tpe']:.2f}"
             lines += ["", f"default: median <= 20 {'yes' if t['median_le_20'] else 'NO'}, every seed by 40 "
                           f"{'yes' if t['all_by_40'] else 'NO'}, default / TPE trials {ratio} (target <= 0.33): "
                           f"{'met' if t['met'] else 'MISSED'}"]
