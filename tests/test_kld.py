@@ -95,6 +95,10 @@ def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(
     assert full.scores == {"mean_kld": 0.0, "same_top": 1.0} and full.metrics.quality == 1.0 and full.feasible
     assert one.scores["mean_kld"] > 0.0005 and one.metrics.quality == one.scores["same_top"] > 0.5
     assert not one.feasible  # above the floor, but over max_kld
+    from tuner.analysis import trials_frame
+
+    frame = trials_frame([full, one])  # the report's trials.csv carries them
+    assert list(frame["score_mean_kld"]) == [0.0, one.scores["mean_kld"]]
     assert len(list(ctx.log_dir.glob("kld-base-*.bin"))) == 1  # the base logits, saved once
     assert len(store.kld_cache(study)) == 1  # the baseline model is not scored against itself
     # the ceiling and the scored text are part of what makes two studies comparable

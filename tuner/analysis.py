@@ -78,6 +78,7 @@ def trials_frame(records: list[TrialRecord], roofline: Roofline | None = None, n
             "drafted": r.drafted,
             "accepted": r.accepted,
             "constraint_quality": r.constraint,
+            **{f"score_{k}": v for k, v in r.scores.items()},  # a scorer's figures besides quality (kld)
             **{f"tps_{s}": v for s, v in r.per_suite_tokens_per_second.items()},
             "failure_reason": r.failure.reason if r.failure else None,
             "failure_detail": r.failure.detail if r.failure else None,

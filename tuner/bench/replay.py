@@ -16,9 +16,11 @@ Every strategy starts with the table's first row, as every study starts with its
 baseline (``tuner record-grid`` writes the baseline first); the grid goes on in table
 order. Strategies: ``default`` is the project's sampler (``tuner.sampling.sampler_for("structured")``
 with the replay's length as its budget); ``today`` the default before it (the no-repeat
-wrapper around TPE, ``sampler_for("tpe")``), which the default must not do worse than; ``tpe`` is Optuna's TPE with its own
-defaults; ``nsga2`` the project's NSGA-II settings; ``random``; ``grid`` the table's
-rows in order, which for a record-grid table is llama-bench's order.
+wrapper around TPE, ``sampler_for("tpe")``), which the default must not do worse than;
+``tpe`` is Optuna's TPE with its own defaults; ``nsga2`` the project's NSGA-II settings;
+``random``; ``grid`` the table's rows in order, which for a record-grid table is
+llama-bench's order. Each replayed trial writes the record a study writes (metrics,
+constraint, the table's failure reason), so samplers that plan from records see it.
 
 Scores per replay: regret after t trials, 1 - best feasible tokens/s tried so far /
 best feasible tokens/s of the table (recorded values: noise steers the sampler, it

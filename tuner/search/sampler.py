@@ -16,9 +16,9 @@ history instead, in stages:
 2. **hardware**: with the best speculation so far, the pair an earlier study found best on
    this host (if any; when it beats the baseline's, the policy probes are skipped), each NUMA
    policy at the baseline's threads, then a unimodal walk over thread counts on the best
-   policy. Tuned on the speculative configuration rather than the target alone: the factor is about the same,
-   the trial is several times shorter, and a draft's cost grows with threads, so the
-   pair is right for the configuration that will be used.
+   policy. Tuned on the speculative configuration rather than the target alone: the factor
+   is about the same, the trial is several times shorter, and a draft's cost grows with
+   threads, so the pair is right for the configuration that will be used.
 3. **speculation** again: for a MoE target, the expert count walked down to the quality
    floor; then a unimodal walk over temperature from the best (acceptance changes with it;
    a temperature below the quality floor rules out the hotter ones), and the best K
@@ -28,9 +28,10 @@ history instead, in stages:
 
 When nothing is left to plan, or the space lacks the expected shape, proposals come from
 the project's ``NoRepeatSampler(TPE)``. The plan is a pure function of the stored trials
-(and the prior stored with the study), so any worker, or a resumed study, computes the same next step; each planned trial
-records ``search_stage`` and ``search_reason`` user attrs ("predicted best K=24 for draft
-X from acceptance 0.83 ...") for the study output and the dashboard.
+(and the prior stored with the study), so any worker, or a resumed study, computes the
+same next step; each planned trial records ``search_stage`` and ``search_reason`` user
+attrs ("predicted best K=24 for draft X from acceptance 0.83 ...") for the study output
+and the dashboard.
 
 Lifecycle (Optuna's sampler interface): ``before_trial`` plans the whole configuration
 (enqueued trials, such as the baseline, are left alone); ``sample_independent`` returns
