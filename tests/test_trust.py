@@ -171,13 +171,19 @@ def test_repetitions_go_on_while_the_spread_is_above_the_noise(tmp_path, env, mo
     path = write_study(tmp_path, f"sqlite:///{tmp_path / 's.db'}", budget={"trials": 1},
                        measurement={"warmup": 0, "repetitions": 2, "max_repetitions": 5, "noise_cv": 0.5,
                                     "ctx_size": 256, "trial_timeout_s": 10})
-    (base,) = store.read_trials(run_study(load_spec(path), progress=lambda _: None))
+    study = run_study(load_spec(path), progress=lambda _: None)
+    (base,) = store.read_trials(study)
     assert base.spread.repetitions == 2 and base.spread.cv is not None
+    # the running tokens/s reached Optuna after every pass another could follow (the dashboard plots it)
+    assert set(study.trials[0].intermediate_values) == {1, 2}
+    assert study.trials[0].intermediate_values[2] == pytest.approx(base.metrics.tokens_per_second)
     path = write_study(tmp_path, f"sqlite:///{tmp_path / 's2.db'}", budget={"trials": 1},
                        measurement={"warmup": 0, "repetitions": 2, "max_repetitions": 4, "noise_cv": 0.001,
                                     "ctx_size": 256, "trial_timeout_s": 10})
-    (base,) = store.read_trials(run_study(load_spec(path), progress=lambda _: None))
+    study = run_study(load_spec(path), progress=lambda _: None)
+    (base,) = store.read_trials(study)
     assert base.spread.repetitions == 4 and base.spread.cv > 0.001  # not met: the cap stops it
+    assert set(study.trials[0].intermediate_values) == {1, 2, 3}  # not after the last pass the cap allows
 
 
 def test_a_second_study_on_this_host_starts_from_the_first_ones_winner(tmp_path, env):

@@ -184,6 +184,16 @@ def stored_winners(storage, exclude: str) -> list[tuple[str, StudyRecord, TrialR
     return out
 
 
+def report_running_rate(trial: optuna.Trial, step: int, tokens_per_second: float) -> None:
+    """A running trial's tokens/s after ``step`` passes, as an Optuna intermediate value (the dashboard
+    plots it). ``Trial.report`` refuses multi-objective studies, so it goes through the storage. Best
+    effort: a storage hiccup costs the point, never the measurement (the record holds every sample)."""
+    try:
+        trial.study._storage.set_trial_intermediate_value(trial._trial_id, step, tokens_per_second)
+    except Exception:  # noqa: BLE001 - any storage error; the journal path handles real outages
+        pass
+
+
 def write_finished_record(study: optuna.Study, trial: FrozenTrial, record: TrialRecord) -> None:
     """The record of a trial this process does not run (an orphan being failed): written
     while it is still RUNNING, before it is told finished."""

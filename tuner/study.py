@@ -155,7 +155,8 @@ class TrialRunner:
         self._reference = None
         try:
             record = self.measure(config, store.role_of(trial), trial.number,
-                                  on_running=lambda port: store.mark_running(trial, worker_id(), port))
+                                  on_running=lambda port: store.mark_running(trial, worker_id(), port),
+                                  on_pass=lambda step, rate: store.report_running_rate(trial, step, rate))
         except Interrupted as stop:
             self._store(trial, stop.record, None)
             raise
@@ -183,8 +184,10 @@ class TrialRunner:
         store.write_trial_record(trial, record)
 
     def measure(self, config: TrialConfig, role: str, number: int | None,
-                on_running: Callable[[int], None] = lambda port: None) -> TrialRecord:
-        """One configuration measured into a COMPLETE or FAIL record (``Interrupted`` on Ctrl-C)."""
+                on_running: Callable[[int], None] = lambda port: None,
+                on_pass: Callable[[int, float], None] = lambda step, rate: None) -> TrialRecord:
+        """One configuration measured into a COMPLETE, PRUNED or FAIL record (``Interrupted`` on Ctrl-C);
+        ``on_pass(passes done, running tokens/s)`` after every pass another may follow."""
         started, wall_start = time.monotonic(), time.time()
         log_path = self.ctx.log_dir / (f"trial-{number}.log" if number is not None else f"sentinel-{wall_start:.0f}.log")
         record = TrialRecord(number=number if number is not None else -1, state="RUNNING", role=role, config=config,
@@ -196,7 +199,7 @@ class TrialRunner:
                                    f"same configuration already failed permanently in trial {known.number}",
                                    known.log_tail)
             record = replace(record, command=build_server_command(config, self.ctx.launch))
-            record = self._measure(record, log_path, on_running)
+            record = self._measure(record, log_path, on_running, on_pass)
         except (TrialFailure, KeyboardInterrupt) as err:
             failure = err if isinstance(err, TrialFailure) else TrialFailure(
                 FailureReason.INTERRUPTED, "interrupted by the user or SIGTERM", read_log_tail(log_path, 40))
@@ -215,7 +218,8 @@ class TrialRunner:
         self.placed_under = config.numa
         return evicted
 
-    def _measure(self, record: TrialRecord, log_path: Path, on_running: Callable[[int], None]) -> TrialRecord:
+    def _measure(self, record: TrialRecord, log_path: Path, on_running: Callable[[int], None],
+                 on_pass: Callable[[int, float], None]) -> TrialRecord:
         ctx, config = self.ctx, record.config
         ctx.log_dir.mkdir(parents=True, exist_ok=True)
         timeout = ctx.settings.trial_timeout_s
@@ -233,7 +237,8 @@ class TrialRunner:
         incumbent = store.best_of(records) if ctx.spec.prune and may_prune(record.role) else None
         against = drift_corrected(incumbent, sentinels) if incumbent is not None else []
 
-        def prune_check(samples: list[Sample]) -> None:
+        def after_pass(samples: list[Sample]) -> None:
+            on_pass(len({s.repetition for s in samples}), summarize(samples, ctx.settings).tokens_per_second)
             if incumbent is not None:
                 decision = should_prune([sample_record(s) for s in samples], against, record.role)
                 if decision.prune:
@@ -244,7 +249,7 @@ class TrialRunner:
                              ready_timeout_s=timeout, request_timeout_s=timeout) as server:
                 on_running(server.port)
                 samples = run_workload(server, ctx.workload, ctx.settings, config.temperature,
-                                       after_repetition=prune_check)
+                                       after_repetition=after_pass)
                 busy = busy_processes(before, cpu_seconds_by_process(), time.monotonic() - wall,
                                       {os.getpid(), server.pid})
                 pages = read_numa_maps(server.pid, models)
