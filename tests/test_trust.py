@@ -20,7 +20,9 @@ from tuner.measure import MeasurementSettings, check_timing
 from tuner.paths import models_dir
 from tuner.placement import contradiction, evict, parse_numa_maps, resident_fraction
 from tuner.context import prepare
+from tuner.analysis import report_data
 from tuner.race import TIE_RULE, decide, describe, finalists, race_study
+from tuner.report_html import summary_table
 from tuner.records import Metrics, Spread, StudyRecord, TrialRecord
 from tuner.roofline import Bandwidth, Roofline, impossible
 from tuner.runner import Completion
@@ -207,6 +209,8 @@ def test_a_second_study_on_this_host_starts_from_the_first_ones_winner(tmp_path,
     warm = second.trials[1]
     assert store.search_note(warm)[0] == "warm start" and warm.params == prior["params"]
     assert any(line.startswith("warm start from study a (trial ") for line in lines)
+    summary = summary_table(report_data(second, store.read_study_record(second)))  # the report's header says so
+    assert "warm start</th><td>from study a (trial " in summary
 
     third = run_study(load_spec(write_study(tmp_path / "c", storage, name="c", search_space=space,
                                             sampler={**sampler, "reuse": False}, budget={"trials": 1})),

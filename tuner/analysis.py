@@ -277,6 +277,7 @@ class ReportData:
     race: RaceResult | None
     acceptance_model: pd.DataFrame  # the structured sampler's fitted model against measured points
     per_type: PerTypeResult | None = None  # the last per-type race (tuner export --per-type)
+    prior: dict | None = None  # the warm start from an earlier study (tuner.search.prior)
 
     @property
     def objectives(self) -> list[str]:
@@ -317,6 +318,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         race=RaceResult.from_json(race) if race else None,
         acceptance_model=pd.DataFrame(fitted_models(study)),
         per_type=PerTypeResult.from_json(per_type) if (per_type := store.read_per_type(study)) else None,
+        prior=store.read_prior(study),
     )
 
 

@@ -17,6 +17,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from tuner.analysis import ReportData, complete, per_type_frame
+from tuner.search.prior import describe as describe_prior
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 FEASIBLE_COLOR = "#1f77b4"
@@ -280,6 +281,10 @@ def summary_table(data: ReportData) -> str:
         b = best.iloc[0]
         rows.append(("best feasible", f"trial {b['trial']}: {b['tokens_per_second']:.1f} tokens/s, "
                                       f"x{_fmt(b['speedup'])} over the baseline"))
+    if data.prior:
+        reused = [k for k, v in (("its NUMA policy and threads", data.prior["hardware"]),
+                                 ("its winner", data.prior["params"])) if v]
+        rows.append(("warm start", f"from {describe_prior(data.prior)}: {' and '.join(reused)} tried early"))
     if data.roofline is not None:
         r = data.roofline
         rows.append(("roofline", f"{r.bandwidth.bytes_per_s / 1e9:.1f} GB/s ({r.bandwidth.note}); "
