@@ -186,10 +186,10 @@ def stored_winners(storage, exclude: str) -> list[tuple[str, StudyRecord, TrialR
 
 def report_running_rate(trial: optuna.Trial, step: int, tokens_per_second: float) -> None:
     """A running trial's tokens/s after ``step`` passes, as an Optuna intermediate value (the dashboard
-    plots it). ``Trial.report`` refuses multi-objective studies, so it goes through the storage. Best
+    plots it); for a study whose one objective is tokens/s (see ``tuner.study.TrialRunner``). Best
     effort: a storage hiccup costs the point, never the measurement (the record holds every sample)."""
     try:
-        trial.study._storage.set_trial_intermediate_value(trial._trial_id, step, tokens_per_second)
+        trial.report(tokens_per_second, step)
     except Exception:  # noqa: BLE001 - any storage error; the journal path handles real outages
         pass
 

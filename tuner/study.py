@@ -156,7 +156,7 @@ class TrialRunner:
         try:
             record = self.measure(config, store.role_of(trial), trial.number,
                                   on_running=lambda port: store.mark_running(trial, worker_id(), port),
-                                  on_pass=lambda step, rate: store.report_running_rate(trial, step, rate))
+                                  on_pass=self._reporter(trial))
         except Interrupted as stop:
             self._store(trial, stop.record, None)
             raise
@@ -169,6 +169,14 @@ class TrialRunner:
         if record.failure is not None:
             raise TrialFailure(FailureReason(record.failure.reason), record.failure.detail, record.log_tail)
         return values
+
+    def _reporter(self, trial: optuna.Trial) -> Callable[[int, float], None]:
+        """Running tokens/s to Optuna after each pass, where Optuna has intermediate values: a study whose
+        one objective is tokens/s. A multi-objective study has none (``Trial.report`` refuses it, and TPE
+        fails on pruned trials that carry them); its running rates are in the record's samples."""
+        if [o.metric for o in self.ctx.spec.objectives] != ["tokens_per_second"]:
+            return lambda step, rate: None
+        return lambda step, rate: store.report_running_rate(trial, step, rate)
 
     def _store(self, trial: optuna.Trial, record: TrialRecord, values: tuple[float, ...] | None) -> None:
         """The journal first (a storage outage loses no measurement, see ``tuner.journal``),
