@@ -81,11 +81,14 @@ def test_run_workload_on_a_real_server(synthetic_models, tmp_path):
     settings = MeasurementSettings(warmup=1, repetitions=2, n_predict=12)
     argv = [str(binary("llama-server")), "-m", str(synthetic_models.path("draft-small")),
             "-t", "2", "-c", "512", "-np", "1", "--no-webui"]
-    progress = []
+    progress, hooked = [], []
     with LlamaServer(argv, free_port(), tmp_path / "server.log", ready_timeout_s=60) as server:
         samples = run_workload(server, workload, settings, temperature=0.0,
-                               progress=lambda done, total: progress.append((done, total)))
+                               progress=lambda done, total: progress.append((done, total)),
+                               after_request=lambda so_far, *flags: hooked.append((len(so_far), *flags)))
     assert progress == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    # the pruner's hook after every request: a pass's end marked, and whether another request follows
+    assert hooked == [(1, False, True), (2, True, True), (3, False, True), (4, True, False)]
     assert [(s.prompt_id, s.repetition) for s in samples] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
     assert all(0 < s.predicted_n <= 12 and s.predicted_ms > 0 for s in samples)
     scores = summarize(samples, settings)
@@ -95,3 +98,33 @@ def test_run_workload_on_a_real_server(synthetic_models, tmp_path):
     second = {s.prompt_id: s.tokens for s in samples if s.repetition == 1}
     assert agreement(second, first) == 1.0  # greedy decoding repeats itself exactly
     assert (tmp_path / "server.log").read_text().count("processing task") == 1 + 4  # warm-up, then measured
+
+
+class ScriptedServer:
+    """Answers /completion with rates from a script (a unit stand-in for LlamaServer.complete)."""
+
+    def __init__(self, rates):
+        self.rates = iter(rates)
+
+    def complete(self, prompt, n_predict, temperature, seed):
+        from tuner.runner import Completion
+
+        rate = next(self.rates)
+        return Completion(text="t", tokens=(1,), predicted_n=n_predict, predicted_ms=1000.0 * n_predict / rate,
+                          predicted_per_second=rate, prompt_n=1, prompt_ms=1.0, draft_n=0, draft_n_accepted=0,
+                          stop_type="limit")
+
+
+@pytest.mark.parametrize("rates, passes", [
+    ([100.0] * 5, 2),  # warm-up and two steady passes: no third
+    ([100.0] * 3 + [50.0] * 2 + [100.0] * 4, 4),  # noisy: passes go on to max_repetitions, the hook up to its last
+])
+def test_the_hook_says_no_request_follows_the_last(rates, passes):
+    workload = Workload(prompts=(Prompt("a", "code", "x"), Prompt("b", "code", "y")))
+    settings = MeasurementSettings(warmup=1, repetitions=2, max_repetitions=4, n_predict=10, noise_cv=0.05)
+    hooked = []
+    samples = run_workload(ScriptedServer(rates), workload, settings, 0.0,
+                           after_request=lambda so_far, done, more: hooked.append((len(so_far), done, more)))
+    assert {s.repetition for s in samples} == set(range(passes))
+    assert [n for n, _, more in hooked if more] == list(range(1, 2 * passes))  # every request but the last
+    assert [n for n, done, _ in hooked if done] == [2 * p for p in range(1, passes + 1)]

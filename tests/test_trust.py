@@ -177,7 +177,7 @@ def test_repetitions_go_on_while_the_spread_is_above_the_noise(tmp_path, env, mo
     study = run_study(load_spec(path), progress=lambda _: None)
     (base,) = store.read_trials(study)
     assert base.spread.repetitions == 2 and base.spread.cv is not None
-    # one objective: the running tokens/s reached Optuna after every pass another could follow (dashboard plots)
+    # one objective: the running tokens/s reached Optuna after every pass (dashboard plots)
     assert set(study.trials[0].intermediate_values) == {1, 2}
     assert study.trials[0].intermediate_values[2] == pytest.approx(base.metrics.tokens_per_second)
     path = write_study(tmp_path, f"sqlite:///{tmp_path / 's2.db'}", budget={"trials": 1},

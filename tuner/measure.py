@@ -75,7 +75,7 @@ def run_workload(
     settings: MeasurementSettings,
     temperature: float,
     progress: Callable[[int, int], None] | None = None,
-    after_repetition: Callable[[list[Sample]], None] | None = None,
+    after_request: Callable[[list[Sample], bool, bool], None] | None = None,
 ) -> list[Sample]:
     """Warm up, then passes over every prompt: ``repetitions`` of them, and more (up to
     ``max_repetitions``) while the per-pass rates spread more than ``noise_cv``.
@@ -83,7 +83,9 @@ def run_workload(
     Warm-up sends ``settings.warmup`` requests of the first prompt, each generating the
     full ``n_predict``, and discards them: the first request pays for page faults in the
     mapped weights and buffer allocation, which every prompt shares, so one prompt is
-    enough. ``after_repetition(samples so far)`` runs after each pass but the last (a pruner's hook).
+    enough. ``after_request(samples so far, pass_done, more)`` runs after every request: ``pass_done``
+    when it ended a pass (a running rate to report), ``more`` when another request follows (a
+    pruner acts only then: after the last one there is nothing left to save).
     """
     first = workload.prompts[0]
     for _ in range(settings.warmup):
@@ -91,9 +93,9 @@ def run_workload(
     cap = max(settings.repetitions, settings.max_repetitions or settings.repetitions)
     samples: list[Sample] = []
     for repetition in range(cap):
-        if repetition >= settings.repetitions and not _too_noisy(samples, settings):
+        if repetition and not _another_pass(samples, repetition, cap, settings):
             break
-        for prompt in workload.prompts:
+        for i, prompt in enumerate(workload.prompts):
             c = check_timing(server.complete(prompt.text, settings.n_predict, temperature, settings.seed), settings)
             samples.append(
                 Sample(
@@ -112,9 +114,15 @@ def run_workload(
             )
             if progress:
                 progress(len(samples), cap * len(workload.prompts))
-        if after_repetition and repetition + 1 < cap:  # after the last pass there is nothing left to save
-            after_repetition(samples)
+            if after_request:
+                pass_done = i + 1 == len(workload.prompts)
+                after_request(samples, pass_done, not pass_done or _another_pass(samples, repetition + 1, cap, settings))
     return samples
+
+
+def _another_pass(samples: list[Sample], passes_done: int, cap: int, settings: MeasurementSettings) -> bool:
+    """Whether ``run_workload`` starts another pass after ``passes_done`` (the one rule its loop follows)."""
+    return passes_done < cap and (passes_done < settings.repetitions or _too_noisy(samples, settings))
 
 
 def _too_noisy(samples: list[Sample], settings: MeasurementSettings) -> bool:

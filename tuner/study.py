@@ -195,7 +195,7 @@ class TrialRunner:
                 on_running: Callable[[int], None] = lambda port: None,
                 on_pass: Callable[[int, float], None] = lambda step, rate: None) -> TrialRecord:
         """One configuration measured into a COMPLETE, PRUNED or FAIL record (``Interrupted`` on Ctrl-C);
-        ``on_pass(passes done, running tokens/s)`` after every pass another may follow."""
+        ``on_pass(passes done, running tokens/s)`` after every pass."""
         started, wall_start = time.monotonic(), time.time()
         log_path = self.ctx.log_dir / (f"trial-{number}.log" if number is not None else f"sentinel-{wall_start:.0f}.log")
         record = TrialRecord(number=number if number is not None else -1, state="RUNNING", role=role, config=config,
@@ -245,9 +245,11 @@ class TrialRunner:
         incumbent = store.best_of(records) if ctx.spec.prune and may_prune(record.role) else None
         against = drift_corrected(incumbent, sentinels) if incumbent is not None else []
 
-        def after_pass(samples: list[Sample]) -> None:
-            on_pass(len({s.repetition for s in samples}), summarize(samples, ctx.settings).tokens_per_second)
-            if incumbent is not None:
+        def after_request(samples: list[Sample], pass_done: bool, more: bool) -> None:
+            """Running tokens/s after a pass; before another request, stop once it cannot beat the incumbent."""
+            if pass_done:
+                on_pass(len({s.repetition for s in samples}), summarize(samples, ctx.settings).tokens_per_second)
+            if incumbent is not None and more:
                 decision = should_prune([sample_record(s) for s in samples], against, record.role)
                 if decision.prune:
                     raise Pruned(samples, f"against trial {incumbent.number}: {decision.reason}")
@@ -257,7 +259,7 @@ class TrialRunner:
                              ready_timeout_s=timeout, request_timeout_s=timeout) as server:
                 on_running(server.port)
                 samples = run_workload(server, ctx.workload, ctx.settings, config.temperature,
-                                       after_repetition=after_pass)
+                                       after_request=after_request)
                 busy = busy_processes(before, cpu_seconds_by_process(), time.monotonic() - wall,
                                       {os.getpid(), server.pid})
                 pages = read_numa_maps(server.pid, models)

@@ -235,7 +235,7 @@ class OperatorLandscape:
                 stop: Callable[[list[dict]], bool] | None = None) -> tuple[Outcome, Measurement]:
         """Launch, warm up with one request of the first prompt, then repetitions over the prompts.
 
-        ``stop(samples)`` is asked after every request; True ends the trial there.
+        ``stop(samples)`` is asked after every request but the last; True ends the trial there.
         """
         out = self.evaluate(config)
         draft = self.drafts.get(config.draft or "")
@@ -260,7 +260,8 @@ class OperatorLandscape:
                 seconds += secs
                 samples.append({"prompt_id": f"p{i}", "content": content, "repetition": repetition,
                                 "tokens_per_second": rate})
-                if stop and stop(samples):
+                last = repetition + 1 == REPETITIONS and i + 1 == len(self.prompts)
+                if stop and not last and stop(samples):  # as a study: never after the last request
                     return out, Measurement(tuple(samples), pooled(samples), out.acceptance, seconds, True)
         per_rep = [pooled([s for s in samples if s["repetition"] == r]) for r in range(REPETITIONS)]
         return out, Measurement(tuple(samples), float(np.median(per_rep)), out.acceptance, seconds, False)
