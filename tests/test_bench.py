@@ -122,6 +122,25 @@ def test_default_sampler_measures_each_configuration_once_until_all_are_measured
     assert len(study.trials) == 9
 
 
+def test_default_sampler_never_proposes_a_pruned_configuration_again():
+    # `make bench`'s demo studies: TPE re-proposed configurations pruned a few trials before
+    def objective(trial):
+        spec = trial.suggest_categorical("spec_type", ["none", "ngram-simple"])
+        k = trial.suggest_categorical("draft_max", [1, 2, 4]) if spec != "none" else 0
+        threads = trial.suggest_categorical("threads", [1, 2])
+        if threads == 1 and trial.number > 0:
+            raise optuna.TrialPruned()  # one thread: clearly slower than the incumbent
+        trial.set_constraint("quality_floor", -1.0)
+        return k * threads + (spec == "none"), 1.0, 1.0
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    for seed in range(3):
+        study = optuna.create_study(directions=["maximize"] * 3, sampler=sampler_for("tpe", seed, 8))
+        study.optimize(objective, n_trials=8)  # 8 configurations: each once, pruned or not
+        configs = [tuple(sorted(t.params.items())) for t in study.trials]
+        assert len(set(configs)) == 8 and any(t.state == optuna.trial.TrialState.PRUNED for t in study.trials)
+
+
 def test_default_sampler_stops_proposing_a_knob_value_that_only_fails():
     class NothingDrafted(Exception):
         pass

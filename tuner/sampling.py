@@ -12,7 +12,8 @@ trial costs a server launch and a workload. Replaying recorded grids
   this workload, keeps its prior share of the proposals and fails again and again.
 
 ``NoRepeatSampler`` asks the wrapped sampler first and accepts its proposal unless it
-repeats a measured configuration or uses a *culprit*: a knob value blamed for bad
+repeats a measured configuration (a pruned one included: it was measured enough to know
+it cannot win) or uses a *culprit*: a knob value blamed for bad
 trials (below the quality floor, or failed for a reason that will recur) by
 ``culprits``. Otherwise it tries neighbours of the proposal (one knob resampled at
 random, then two, ...), which keeps the search near what TPE believes is good. If no
@@ -87,14 +88,16 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
         proposal = self.base.sample_relative(study, trial, search_space)
         if not search_space:
             return proposal
-        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-        good, bad = [], []  # bad: below the quality floor, or failed for a reason that will recur
+        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))
+        good, bad, pruned = [], [], []  # bad: below the quality floor, or failed for a reason that will recur
         for t in trials:
             if t.state == TrialState.COMPLETE:
                 (good if all(v <= 0 for v in t.constraints.values()) else bad).append(t.params)
+            elif t.state == TrialState.PRUNED:  # measured enough to know it cannot win: taken, blamed for nothing
+                pruned.append(t.params)
             elif failure_reason(t) not in TRANSIENT:
                 bad.append(t.params)
-        measured = good + bad
+        measured = good + bad + pruned
         blamed = culprits(bad, good)
 
         def is_new(params: dict[str, Any]) -> bool:
