@@ -84,7 +84,7 @@ def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(
         "workload": {"suites": ["code"], "n_predict": 16},
         "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 512, "trial_timeout_s": 120},
         "quality": {"scorer": "kld", "floor": 0.5, "max_kld": 0.0005, "text_file": str(text)},
-        "storage": f"sqlite:///{tmp_path / 'studies.db'}", "sampler": {"name": "tpe"}}))
+        "storage": f"sqlite:///{tmp_path / 'studies.db'}", "sampler": {"name": "tpe", "prune": False}}))
     ctx = prepare(load_spec(path), progress=lambda _: None)
     study = open_study(ctx)
     study.enqueue_trial({"spec_type": "none", "experts": ctx.space.default_experts, "threads": 1},

@@ -281,6 +281,7 @@ def real_study(tmp_path: Path, **fields) -> Path:
         "workload": {"suites": ["code"], "n_predict": 32},  # ten requests: long enough to sabotage mid-way
         "measurement": {"warmup": 0, "repetitions": 2, "ctx_size": 512, "trial_timeout_s": 10},
         "budget": {"trials": 4},
+        "sampler": {"prune": False},  # every trial measured whole
         "storage": sqlite(tmp_path),
         **fields,
     }

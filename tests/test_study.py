@@ -30,7 +30,7 @@ def write_study(tmp_path: Path, **fields) -> Path:
         "quality": {"scorer": "agreement", "floor": 0.99},
         "budget": {"trials": 4},
         "storage": f"sqlite:///{tmp_path / 'studies.db'}",
-        "sampler": {"name": "tpe", "seed": 1},
+        "sampler": {"name": "tpe", "seed": 1, "prune": False},  # every trial measured whole (pruning: test_trust)
     }
     study.update(fields)
     path = tmp_path / "study.yaml"
