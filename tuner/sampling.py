@@ -13,9 +13,8 @@ trial costs a server launch and a workload. Replaying recorded grids
 
 ``NoRepeatSampler`` asks the wrapped sampler first and accepts its proposal unless it
 repeats a measured configuration (a pruned one included: it was measured enough to know
-it cannot win) or uses a *culprit*: a knob value blamed for bad
-trials (below the quality floor, or failed for a reason that will recur) by
-``culprits``. Otherwise it tries neighbours of the proposal (one knob resampled at
+it cannot win) or uses a *culprit*: a knob value blamed for bad trials (below the quality
+floor, or failed for a reason that will recur) by ``culprits``. Otherwise it tries neighbours of the proposal (one knob resampled at
 random, then two, ...), which keeps the search near what TPE believes is good. If no
 neighbour is acceptable the blame is dropped (it may be wrong) before repeats are, and
 only when every neighbour was measured does the proposal go through as it was.
