@@ -80,6 +80,18 @@ def test_pairs_samples_by_prompt_and_never_prunes_the_baseline_or_a_finalist():
     assert not should_prune(bad, incumbent, role="finalist").prune
 
 
+def test_no_bound_before_every_suite_was_measured():
+    """A configuration slow on code may be the best on prose (a shorter K): the code prompts alone do not prune it."""
+    incumbent = [{"prompt_id": p, "suite": suite, "tokens_per_second": 20.0}
+                 for p, suite in (("c1", "code"), ("c2", "code"), ("c3", "code"), ("p1", "prose"), ("p2", "prose"))]
+    slow_on_code = [{"prompt_id": p, "suite": "code", "tokens_per_second": 10.0} for p in ("c1", "c2", "c3")]
+    decision = should_prune(slow_on_code, incumbent)
+    assert not decision.prune and "prose not measured yet" in decision.reason
+    assert should_prune(slow_on_code + [{"prompt_id": "p1", "suite": "prose", "tokens_per_second": 10.0}],
+                        incumbent).prune  # every suite seen: the usual bound
+    assert should_prune(slow_on_code, incumbent[:3]).prune  # a code-only workload
+
+
 # -- the sampler and the replay ---------------------------------------------------------------
 
 def test_replay_asks_integer_ranges_for_k_and_threads_as_a_study_does():

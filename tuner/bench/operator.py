@@ -101,7 +101,7 @@ class Objective:
             log("failed")
             raise Failed(out.failure)
         constraint = land.quality_floor - out.quality
-        samples = tuple({k: s[k] for k in ("prompt_id", "repetition", "tokens_per_second")} for s in m.samples)
+        samples = tuple({k: s[k] for k in ("prompt_id", "suite", "repetition", "tokens_per_second")} for s in m.samples)
         metrics = Metrics(m.tokens_per_second, m.acceptance, out.quality, 1.0)
         trial.set_constraint("quality_floor", constraint)
         store.write_trial_record(trial, replace(base, state="PRUNED" if m.stopped else "COMPLETE", metrics=metrics,

@@ -90,7 +90,7 @@ class Outcome:
 class Measurement:
     """One simulated trial: what ``run_workload`` would have returned, and what it cost."""
 
-    samples: tuple[dict, ...]  # per request: prompt_id, content, repetition, tokens_per_second
+    samples: tuple[dict, ...]  # per request: prompt_id, suite (content type), repetition, tokens_per_second
     tokens_per_second: float  # median over repetitions of each repetition's pooled rate (0 when stopped early)
     acceptance: float
     seconds: float
@@ -258,7 +258,7 @@ class OperatorLandscape:
             for i, content in enumerate(self.prompts):
                 rate, secs = request(content, i)
                 seconds += secs
-                samples.append({"prompt_id": f"p{i}", "content": content, "repetition": repetition,
+                samples.append({"prompt_id": f"p{i}", "suite": content, "repetition": repetition,
                                 "tokens_per_second": rate})
                 last = repetition + 1 == REPETITIONS and i + 1 == len(self.prompts)
                 if stop and not last and stop(samples):  # as a study: never after the last request

@@ -12,8 +12,12 @@ not look like a slow configuration. From the log-ratios seen so far:
 * the prompts already measured contribute ``mean + z * sd / sqrt(n)`` (the spread's
   standard error, never below ``sigma_floor``: three samples do not measure a spread);
   a launch-to-launch spread (``launch_sigma``, both trials') is allowed on top;
-* prompts not measured yet may differ in kind (code after prose), so each contributes
-  the *best* ratio seen plus ``z * sd``;
+* prompts not measured yet may differ (a slower answer), so each contributes the *best*
+  ratio seen plus ``z * sd``; a prompt of a suite (content type) none of whose prompts was
+  measured yet gives no bound at all: the best K for prose is not the best for code, and
+  a configuration that loses on the code prompts may still win the pooled rate or the
+  per-type export on prose (``tuner.per_type``), so nothing is pruned before every suite
+  was seen;
 
 and the trial is pruned when the prompt-weighted bound is below 1 (the incumbent). With
 per-repetition figures instead of per-prompt ones (one reference rate, ``unseen`` 0) the
@@ -75,15 +79,28 @@ def prune_decision(ratios: Sequence[float], unseen: int = 0, *, z: float = Z, si
     return PruneDecision(False, bound, estimate, f"optimistic bound {bound:.0%} of the incumbent: keep measuring")
 
 
-def paired_ratios(samples: Iterable[dict], incumbent_samples: Iterable[dict]) -> tuple[list[float], int, int]:
-    """(ratios, prompts seen, prompts unseen) of a running trial's samples against the incumbent's.
+@dataclass(frozen=True)
+class Pairing:
+    """A running trial's requests paired with the incumbent's, prompt by prompt."""
 
-    Samples are dicts with ``prompt_id`` and ``tokens_per_second`` (as ``tuner.study.sample_record``
-    stores them); the incumbent's per-prompt reference is its median over repetitions.
+    ratios: list[float]  # trial / incumbent, per request
+    seen: int  # prompts measured at least once
+    unseen: int  # the incumbent's prompts not measured yet
+    unseen_suites: list[str]  # suites none of whose prompts was measured yet
+
+
+def paired_ratios(samples: Iterable[dict], incumbent_samples: Iterable[dict]) -> Pairing:
+    """A running trial's samples against the incumbent's.
+
+    Samples are dicts with ``prompt_id``, ``tokens_per_second`` and ``suite`` (as
+    ``tuner.study.sample_record`` stores them; without a suite, one suite is assumed); the
+    incumbent's per-prompt reference is its median over repetitions.
     """
     by_prompt: dict[str, list[float]] = {}
+    suite_of: dict[str, str | None] = {}
     for s in incumbent_samples:
         by_prompt.setdefault(s["prompt_id"], []).append(s["tokens_per_second"])
+        suite_of[s["prompt_id"]] = s.get("suite")
     reference = {p: statistics.median(v) for p, v in by_prompt.items() if v}
     ratios, seen = [], set()
     for s in samples:
@@ -91,7 +108,9 @@ def paired_ratios(samples: Iterable[dict], incumbent_samples: Iterable[dict]) ->
         if ref and s["tokens_per_second"] > 0:
             ratios.append(s["tokens_per_second"] / ref)
             seen.add(s["prompt_id"])
-    return ratios, len(seen), len(set(reference) - seen)
+    seen_suites = {suite_of.get(p) for p in seen}
+    unseen_suites = sorted({str(suite_of[p]) for p in reference if suite_of.get(p) not in seen_suites})
+    return Pairing(ratios, len(seen), len(set(reference) - seen), unseen_suites)
 
 
 def should_prune(samples: Sequence[dict], incumbent_samples: Sequence[dict], role: str | None = None,
@@ -99,5 +118,8 @@ def should_prune(samples: Sequence[dict], incumbent_samples: Sequence[dict], rol
     """The study loop's one call per finished request."""
     if not may_prune(role):
         return PruneDecision(False, math.inf, math.nan, f"a {role} trial is never pruned")
-    ratios, seen, unseen = paired_ratios(samples, incumbent_samples)
-    return prune_decision(ratios, unseen, seen=seen, **kwargs)
+    pairing = paired_ratios(samples, incumbent_samples)
+    if pairing.unseen_suites:
+        return PruneDecision(False, math.inf, math.nan,
+                             f"suite(s) {', '.join(pairing.unseen_suites)} not measured yet: no bound")
+    return prune_decision(pairing.ratios, pairing.unseen, seen=pairing.seen, **kwargs)
