@@ -16,6 +16,7 @@ import pytest
 from fake_llama_server import write_study
 from tuner import store
 from tuner.drift import Sentinels, sentinel_due
+from tuner.search.pruning import prune_decision
 from tuner.measure import MeasurementSettings, check_timing
 from tuner.paths import models_dir
 from tuner.placement import contradiction, evict, parse_numa_maps, resident_fraction
@@ -56,6 +57,18 @@ def test_speedup_divides_by_the_sentinels_interpolated_at_the_trials_time_per_wo
     assert s.speedup(records[5]) == pytest.approx(3.0)  # the other worker divides by its own
     assert s.drifted("h:1", 50)  # 100 -> 80 is far more than 2 x 5% noise
     assert not s.drifted("other:2", 50)
+
+
+def test_the_launch_spread_comes_from_the_sentinels_and_widens_the_pruning_bound():
+    steady = Sentinels([record(0, 100.0, role="baseline", at=0), record(5, 101.0, role="sentinel", at=100)], 0.05)
+    shaky = Sentinels([record(0, 100.0, role="baseline", at=0), record(5, 88.0, role="sentinel", at=100),
+                       record(8, 100.0, role="sentinel", at=200)], 0.05)
+    assert Sentinels([record(0, 100.0, role="baseline", at=0)], 0.05).launch_sigma("h:1") is None  # one launch
+    assert steady.launch_sigma("h:1") < 0.01 < 0.05 < shaky.launch_sigma("h:1") < 0.15
+    # a trial at 87% of the incumbent after six requests: pruned on a steady host, measured on at a shaky one's spread
+    ratios = [0.87, 0.86, 0.88, 0.87, 0.86, 0.88]
+    assert prune_decision(ratios, unseen=6).prune
+    assert not prune_decision(ratios, unseen=6, launch_sigma=shaky.launch_sigma("h:1")).prune
 
 
 def test_a_sentinel_is_due_after_every_n_trials_or_m_minutes_of_this_worker():

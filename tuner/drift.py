@@ -15,6 +15,7 @@ noise: twice the larger of their spreads (cv) and the study's noise_cv.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 from tuner.records import TrialRecord
@@ -68,6 +69,17 @@ class Sentinels:
             return a.tokens_per_second
         w = min(max((at - a.at) / (b.at - a.at), 0.0), 1.0)
         return a.tokens_per_second + w * (b.tokens_per_second - a.tokens_per_second)
+
+    def launch_sigma(self, worker: str) -> float | None:
+        """The launch-to-launch spread of one configuration on this worker, in log terms: the RMS of the
+        log-ratios of consecutive reference runs over sqrt(2) (drift counts as spread: a pruner that
+        uses it errs towards measuring on). None before the second reference run."""
+        series = self.points.get(worker) or []
+        steps = [math.log(b.tokens_per_second / a.tokens_per_second) for a, b in zip(series, series[1:])
+                 if a.tokens_per_second > 0 and b.tokens_per_second > 0]
+        if not steps:
+            return None
+        return math.sqrt(sum(d * d for d in steps) / len(steps) / 2)
 
     def drifted(self, worker: str, at: float) -> bool:
         """The sentinels around ``at`` moved by more than the noise."""

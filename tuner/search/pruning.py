@@ -11,7 +11,8 @@ not look like a slow configuration. From the log-ratios seen so far:
 
 * the prompts already measured contribute ``mean + z * sd / sqrt(n)`` (the spread's
   standard error, never below ``sigma_floor``: three samples do not measure a spread);
-  a launch-to-launch spread (``launch_sigma``, both trials') is allowed on top;
+  a launch-to-launch spread (``launch_sigma``, at least 2%, more when the study's sentinels
+  measured more) is allowed on top;
 * prompts not measured yet may differ (a slower answer), so each contributes the *best*
   ratio seen plus ``z * sd``; a prompt of a suite (content type) none of whose prompts was
   measured yet gives no bound at all: the best K for prose is not the best for code, and
@@ -36,7 +37,9 @@ from typing import Iterable, Sequence
 Z = 2.0
 SIGMA_FLOOR = 0.04  # log-ratio spread assumed at least (a few % per request on a shared box)
 # A launch moves all of its requests together (placement, clocks), the incumbent's too: a spread
-# within one trial cannot see it, so the bound always allows this much on top.
+# within one trial cannot see it, so the bound always allows this much on top; a study passes the
+# spread its sentinels measured between launches when that is larger (tuner.drift.Sentinels.launch_sigma:
+# 5-15% on a shared 2-core VM).
 LAUNCH_SIGMA = 0.02
 MIN_SAMPLES = 3
 NEVER_PRUNED = frozenset({"baseline", "finalist", "sentinel"})
