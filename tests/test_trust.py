@@ -69,6 +69,7 @@ def test_the_launch_spread_comes_from_the_sentinels_and_widens_the_pruning_bound
     ratios = [0.87, 0.86, 0.88, 0.87, 0.86, 0.88]
     assert prune_decision(ratios, unseen=6).prune
     assert not prune_decision(ratios, unseen=6, launch_sigma=shaky.launch_sigma("h:1")).prune
+    assert prune_decision(ratios, unseen=6, launch_sigma=steady.launch_sigma("h:1")) == prune_decision(ratios, unseen=6)
 
 
 def test_a_sentinel_is_due_after_every_n_trials_or_m_minutes_of_this_worker():

@@ -51,7 +51,7 @@ from tuner.journal import Journal
 from tuner.sampling import sampler_for
 from tuner.search.prior import describe as describe_prior
 from tuner.search.prior import find_prior
-from tuner.search.pruning import LAUNCH_SIGMA, may_prune, should_prune
+from tuner.search.pruning import may_prune, should_prune
 from tuner.space import TrialConfig, baseline_config, suggest
 from tuner.spec import StudySpec, load_spec
 from tuner import quality as quality_scorers
@@ -245,7 +245,7 @@ class TrialRunner:
         incumbent = store.best_of(records) if ctx.spec.prune and may_prune(record.role) else None
         against = drift_corrected(incumbent, sentinels) if incumbent is not None else []
         # the incumbent ran in another launch: allow the spread this host's sentinels show between launches
-        launch_sigma = max(LAUNCH_SIGMA, sentinels.launch_sigma(worker_id()) or 0.0)
+        launch_sigma = sentinels.launch_sigma(worker_id())
 
         def after_request(samples: list[Sample], pass_done: bool, more: bool) -> None:
             """Running tokens/s after a pass; before another request, stop once it cannot beat the incumbent."""

@@ -60,7 +60,7 @@ def may_prune(role: str | None) -> bool:
 
 def prune_decision(ratios: Sequence[float], unseen: int = 0, *, z: float = Z, sigma_floor: float = SIGMA_FLOOR,
                    min_samples: int = MIN_SAMPLES, seen: int | None = None,
-                   launch_sigma: float = LAUNCH_SIGMA) -> PruneDecision:
+                   launch_sigma: float | None = None) -> PruneDecision:
     """Decide from paired ratios (trial / incumbent, per request) and the number of prompts not yet measured.
 
     ``seen``: prompts measured at least once (default: one per ratio, capped by the ratios).
@@ -74,7 +74,8 @@ def prune_decision(ratios: Sequence[float], unseen: int = 0, *, z: float = Z, si
     seen = n if seen is None else seen
     seen_bound = math.exp(mean + z * sd / math.sqrt(n))
     unseen_bound = math.exp(max(logs) + z * sd)
-    bound = (seen * seen_bound + unseen * unseen_bound) / (seen + unseen) * math.exp(z * launch_sigma)
+    launch = max(LAUNCH_SIGMA, launch_sigma or 0.0)  # a measured spread widens the bound, never narrows it
+    bound = (seen * seen_bound + unseen * unseen_bound) / (seen + unseen) * math.exp(z * launch)
     estimate = math.exp(mean)
     if bound < 1.0:
         return PruneDecision(True, bound, estimate,
