@@ -1,0 +1,2 @@
+"""The study file: YAML read with errors that name file and field (``validate``), parsed into a ``StudySpec`` (``spec``).
+"""
