@@ -65,7 +65,7 @@ def storage_outside_the_repo(tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama_bin_dir():
     """The pinned build (`make test` builds it first); its absence is an error, not a skip."""
-    from tuner.llama_build import resolve_bin_dir
+    from tuner.machine.llama_build import resolve_bin_dir
 
     return resolve_bin_dir()
 

@@ -97,7 +97,7 @@ def demo_warm_start() -> list[dict]:
     DEMO_FAULTS kills as out of memory), one above temperature 0 at the K that is fastest
     overall (its tokens change, so it falls below the agreement floor), an n-gram type,
     and, with two cores, a draft and the target alone on one thread."""
-    from tuner.topology import read_topology
+    from tuner.machine.topology import read_topology
 
     top = min(2, read_topology().physical_cores)
 
@@ -171,8 +171,8 @@ def run_study_file(path: Path, trials: int | None = None, **env: str):
     and only the report's roofline reads the figure."""
     import pytest
 
-    from tuner.spec import load_spec
-    from tuner.store import open_stored_study
+    from tuner.studyfile.spec import load_spec
+    from tuner.storage.store import open_stored_study
     from tuner.study import run_study
 
     spec = load_spec(path)

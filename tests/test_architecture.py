@@ -87,18 +87,34 @@ def test_architecture_names_only_modules_that_exist():
 
 
 def test_only_the_store_touches_user_attrs():
-    """Records are written and read through tuner.store only. Exceptions: the heartbeat retry hands
+    """Records are written and read through tuner.storage.store only. Exceptions: the heartbeat retry hands
     Optuna the attrs ``store.requeue_attrs`` made, and the journal a trial with ``store.record_attrs``;
     the outage wrapper names storage methods; the benchmark replay keys its simulated trials."""
-    allowed = {"tuner/store.py", "tuner/coordination.py", "tuner/journal.py", "tuner/outage.py", "tuner/bench/replay.py"}
+    allowed = {"tuner/storage/store.py", "tuner/storage/coordination.py", "tuner/storage/journal.py", "tuner/storage/outage.py", "tuner/bench/replay.py"}
     offenders = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
                  if re.search(r"user_attrs|set_user_attr", p.read_text()) and str(p.relative_to(ROOT)) not in allowed]
     assert offenders == []
 
 
+def stage_modules() -> list[str]:
+    """Every module of ``tuner/`` and its stage subpackages (the synthetic family is named as a whole), as paths."""
+    folders = [PACKAGE] + [d for d in PACKAGE.iterdir() if (d / "__init__.py").is_file() and d.name != "synthetic"]
+    return [str(p.relative_to(PACKAGE).with_suffix("")) for folder in folders for p in folder.glob("*.py")
+            if p.stem != "__init__"]
+
+
 def test_architecture_names_every_module():
     """A module added without a line in ARCHITECTURE.md is a module nobody can find."""
     text = (ROOT / "ARCHITECTURE.md").read_text()
-    unnamed = [p.stem for folder in (PACKAGE, PACKAGE / "bench") for p in folder.glob("*.py")
-               if p.stem != "__init__" and f"`{p.stem}`" not in text]
+    unnamed = [m for m in stage_modules() if f"`{m}`" not in text]
     assert unnamed == []
+
+
+def test_the_top_level_shows_stages_not_modules():
+    """At most 15 modules directly in tuner/; every subpackage says in its __init__ what it offers."""
+    top = [p for p in PACKAGE.glob("*.py")]
+    assert len(top) <= 15, sorted(p.name for p in top)
+    for folder in PACKAGE.iterdir():
+        if (folder / "__init__.py").is_file():
+            assert ast.get_docstring(ast.parse((folder / "__init__.py").read_text())), folder.name
+

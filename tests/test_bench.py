@@ -19,9 +19,9 @@ from tuner.bench.grid import grid_configs
 from tuner.bench.table import read_table
 from tuner.cli import main
 from tuner.errors import UserError
-from tuner.space import Choices, IntRange, ResolvedSpace
-from tuner.sampling import culprits
-from tuner.sampling import sampler_for
+from tuner.search.space import Choices, IntRange, ResolvedSpace
+from tuner.search.sampling import culprits
+from tuner.search.sampling import sampler_for
 
 
 def landscape_table(path: Path) -> Path:
@@ -246,7 +246,7 @@ def test_record_grid_refuses_a_range(synthetic_models, tmp_path, monkeypatch, ca
 
 def test_overhead_compares_a_trial_with_llama_bench_in_alternating_rounds(synthetic_models, tmp_path, monkeypatch):
     from tuner.bench.overhead import markdown, measure_overhead
-    from tuner.spec import load_spec
+    from tuner.studyfile.spec import load_spec
     from tuner.context import prepare
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))

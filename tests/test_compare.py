@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from fake_llama_server import PINNED_COMMIT, demo_warm_start, run_study_file, write_demo_study
-from tuner import store
+from tuner.storage import store
 from tuner.cli import main
-from tuner.compare import compare_studies, format_markdown
+from tuner.output.compare import compare_studies, format_markdown
 from tuner.errors import UserError
 
 NEW_COMMIT = "deadbee"

@@ -15,10 +15,10 @@ from optuna_dashboard import get_note
 
 import browser
 from fake_llama_server import get_json, wait_for_json
-from tuner import store
-from tuner.dashboard import annotate
+from tuner.storage import store
+from tuner.output.dashboard import annotate
 from tuner.paths import REPO_ROOT
-from tuner.runner import free_port
+from tuner.measurement.runner import free_port
 
 
 def note_of(study: optuna.Study, number: int) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import fingerprint as fingerprints, topology
+from tuner.machine import fingerprint as fingerprints, topology
 from tuner.cli import main
 
 SYSFS = Path(__file__).parent / "data" / "sysfs"

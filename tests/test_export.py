@@ -18,17 +18,17 @@ import pytest
 import yaml
 
 from fake_llama_server import PINNED_COMMIT, get_json, run_study_file, stop_group, wait_for_json, write_moe_study, write_study
-from tuner import store
-from tuner.analysis import front_2d, trials_frame
+from tuner.storage import store
+from tuner.output.analysis import front_2d, trials_frame
 from tuner.cli import main
-from tuner.spec import load_spec
+from tuner.studyfile.spec import load_spec
 from tuner.errors import UserError
-from tuner.export import Export, build_export, choose, merge_preset, preset_lines, production_argv, shell_script
-from tuner.launch import ServerCommand, cpu_mask
-from tuner.llama_build import binary
+from tuner.output.export import Export, build_export, choose, merge_preset, preset_lines, production_argv, shell_script
+from tuner.measurement.launch import ServerCommand, cpu_mask
+from tuner.machine.llama_build import binary
 from tuner.paths import models_dir
-from tuner.runner import free_port
-from tuner.topology import read_topology
+from tuner.measurement.runner import free_port
+from tuner.machine.topology import read_topology
 
 
 # ------------------------------------------------------------------ choosing

@@ -36,7 +36,7 @@ import optuna
 import pytest
 
 from fake_llama_server import launches, wait_for, write_study
-from tuner.urls import safe_url, with_driver
+from tuner.storage.urls import safe_url, with_driver
 
 COMPLETE, FAIL, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING
 
@@ -127,7 +127,7 @@ def test_every_measuring_command_takes_the_host_lock(fenv, tmp_path):
     url = f"sqlite:///{tmp_path / 'a.db'}"
     study = write_study(tmp_path / "a", url, name="a", budget={"trials": 2})
     assert tuner("run", study, env=fenv).returncode == 0
-    holder = subprocess.Popen([sys.executable, "-c", "import time; from tuner import hostlock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from tuner.machine import hostlock\n"
                                "with hostlock.measuring('other'):\n    print('held', flush=True); time.sleep(120)"],
                               env=fenv, stdout=subprocess.PIPE, text=True)
     try:
@@ -311,8 +311,8 @@ def test_heartbeat_thread_survives_an_outage(tmp_path, monkeypatch):
     from optuna.storages import RDBStorage
     from optuna.storages._heartbeat import HeartbeatThread
 
-    from tuner.coordination import open_storage
-    from tuner.spec import WorkersSpec
+    from tuner.storage.coordination import open_storage
+    from tuner.studyfile.spec import WorkersSpec
 
     storage = open_storage(f"sqlite:///{tmp_path / 'x.db'}", WorkersSpec(heartbeat_s=1, grace_s=3))
     trial = optuna.create_study(storage=storage).ask()

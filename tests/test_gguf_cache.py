@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gguf_factory import spm_tokens, write_gguf
-from tuner import gguf_cache
-from tuner.gguf_info import check_draft_compatibility, read_model_info
+from tuner.models import gguf_cache
+from tuner.models.gguf_info import check_draft_compatibility, read_model_info
 
 
 @pytest.fixture

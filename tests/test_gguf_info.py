@@ -14,8 +14,8 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, LlamaFileType
 from gguf_factory import DEFAULT_VOCAB_SIZE, spm_tokens, write_gguf
 from tuner.cli import main
 from tuner.errors import UserError
-from tuner.gguf_header import Vocab, _bulk_reader, parse_header
-from tuner.gguf_info import (
+from tuner.models.gguf_header import Vocab, _bulk_reader, parse_header
+from tuner.models.gguf_info import (
     SPEC_VOCAB_CHECK_START_TOKEN_ID,
     SPEC_VOCAB_MAX_SIZE_DIFFERENCE,
     check_draft_compatibility,
@@ -411,7 +411,7 @@ def test_inspect_unreadable_draft_exits_2_with_one_line(tmp_path: Path, capsys) 
 
 
 def test_real_llama_cpp_vocabs(llama_bin_dir) -> None:
-    from tuner.llama_build import source_dir
+    from tuner.machine.llama_build import source_dir
 
     models = source_dir() / "models"  # the pinned source `make llama` fetched
     spm = read_model_info(models / "ggml-vocab-llama-spm.gguf")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner import fingerprint as fingerprints, host as hosts, launch, topology
+from tuner.machine import fingerprint as fingerprints, host as hosts, topology
+from tuner.measurement import launch
 from tuner.errors import UserError
 
 SYSFS = Path(__file__).parent / "data" / "sysfs"
@@ -223,7 +224,7 @@ def test_a_study_fingerprint_probes_bandwidth_unless_given_a_figure(tmp_path, mo
     from fake_llama_server import write_study
 
     from tuner import context
-    from tuner.spec import load_spec
+    from tuner.studyfile.spec import load_spec
 
     spec = load_spec(write_study(tmp_path, f"sqlite:///{tmp_path / 'studies.db'}"))
     monkeypatch.setattr(context, "measure_memory_bandwidth", lambda: 12.5e9)

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-import tuner.runner
+import tuner.measurement.runner
 from gguf_factory import write_gguf
 from tuner.errors import UserError
-from tuner.quality import MEAN_KLD, SAME_TOP, measure_kld, save_kld_base
-from tuner.spec import load_spec
+from tuner.measurement.quality import MEAN_KLD, SAME_TOP, measure_kld, save_kld_base
+from tuner.studyfile.spec import load_spec
 
 # The summary as tools/perplexity/perplexity.cpp prints it (kl_divergence()).
 SUMMARY = """
@@ -52,7 +52,7 @@ def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(synth
     """Expert reduction changes the model: the scorer must see it, and see nothing when nothing changed."""
     target = synthetic_models.path("moe-target")
     text = tmp_path / "text.txt"
-    text.write_text(inspect.getsource(tuner.runner))  # Python source: what the synthetic models know
+    text.write_text(inspect.getsource(tuner.measurement.runner))  # Python source: what the synthetic models know
     flags = ["--model", str(target), "--threads", "1"]
     base = save_kld_base(flags, text, tmp_path / "base.bin", ctx=128, chunks=4, bin_dir=llama_bin_dir)
     assert base.is_file() and not list(tmp_path.glob("*.tmp"))
@@ -71,12 +71,12 @@ def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(synth
 
 @pytest.mark.llama
 def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(tmp_path, synthetic_models):
-    from tuner import store
-    from tuner.records import changes
+    from tuner.storage import store
+    from tuner.storage.records import changes
     from tuner.study import TrialRunner, open_study, prepare
 
     text = tmp_path / "text.txt"
-    text.write_text(inspect.getsource(tuner.runner))
+    text.write_text(inspect.getsource(tuner.measurement.runner))
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump({
         "name": "kld", "target": str(synthetic_models.path("moe-target")),
@@ -95,7 +95,7 @@ def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(
     assert full.scores == {"mean_kld": 0.0, "same_top": 1.0} and full.metrics.quality == 1.0 and full.feasible
     assert one.scores["mean_kld"] > 0.0005 and one.metrics.quality == one.scores["same_top"] > 0.5
     assert not one.feasible  # above the floor, but over max_kld
-    from tuner.analysis import trials_frame
+    from tuner.output.analysis import trials_frame
 
     frame = trials_frame([full, one])  # the report's trials.csv carries them
     assert list(frame["score_mean_kld"]) == [0.0, one.scores["mean_kld"]]

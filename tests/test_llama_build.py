@@ -7,7 +7,7 @@ import pytest
 
 from tuner.cli import main
 from tuner.errors import MissingBinaryError
-from tuner.llama_build import (
+from tuner.machine.llama_build import (
     ENV_BIN_DIR,
     PINNED_LLAMA_COMMIT,
     TOOLS,

@@ -6,11 +6,11 @@ import statistics
 
 import pytest
 
-from tuner.llama_build import binary
-from tuner.measure import MeasurementSettings, Sample, outputs_by_prompt, run_workload, summarize
-from tuner.quality import agreement
-from tuner.runner import LlamaServer, free_port
-from tuner.workload import Prompt, Workload
+from tuner.machine.llama_build import binary
+from tuner.measurement.measure import MeasurementSettings, Sample, outputs_by_prompt, run_workload, summarize
+from tuner.measurement.quality import agreement
+from tuner.measurement.runner import LlamaServer, free_port
+from tuner.measurement.workload import Prompt, Workload
 
 
 def sample(prompt_id="p", suite="code", repetition=0, n=100, ms=1000.0, draft_n=0, accepted=0, text="t"):
@@ -107,7 +107,7 @@ class ScriptedServer:
         self.rates = iter(rates)
 
     def complete(self, prompt, n_predict, temperature, seed):
-        from tuner.runner import Completion
+        from tuner.measurement.runner import Completion
 
         rate = next(self.rates)
         return Completion(text="t", tokens=(1,), predicted_n=n_predict, predicted_ms=1000.0 * n_predict / rate,

@@ -19,23 +19,23 @@ import yaml
 
 from conftest import running_llama_processes
 from fake_llama_server import get_json, stop_group, wait_for, wait_for_json, write_study
-from tuner import store
+from tuner.storage import store
 from tuner.cli import main
-from tuner.export import Export, merge_sections, write_export
-from tuner.launch import ServerCommand
-from tuner.llama_build import binary
+from tuner.output.export import Export, merge_sections, write_export
+from tuner.measurement.launch import ServerCommand
+from tuner.machine.llama_build import binary
 from tuner.paths import models_dir
-from tuner.per_type import PerTypeResult, tuning_rate
-from tuner.analysis import report_data
-from tuner.records import TrialRecord
-from tuner.report_html import render
-from tuner.roofline import Bandwidth
-from tuner.route import accuracy, content_type
-from tuner.runner import free_port
-from tuner.space import TrialConfig
-from tuner.spec import load_spec
+from tuner.decisions.per_type import PerTypeResult, tuning_rate
+from tuner.output.analysis import report_data
+from tuner.storage.records import TrialRecord
+from tuner.output.report_html import render
+from tuner.machine.roofline import Bandwidth
+from tuner.decisions.route import accuracy, content_type
+from tuner.measurement.runner import free_port
+from tuner.search.space import TrialConfig
+from tuner.studyfile.spec import load_spec
 from tuner.study import run_study
-from tuner.workload import BUILTIN_SUITES, Prompt, Workload, load_workload, split
+from tuner.measurement.workload import BUILTIN_SUITES, Prompt, Workload, load_workload, split
 
 
 # ------------------------------------------------------------------ the split
@@ -134,7 +134,7 @@ def test_per_type_export_races_on_held_out_prompts_and_writes_the_sections_that_
     url = f"sqlite:///{tmp_path / 's.db'}"
     assert main(["export", "mixed", "--storage", url, "--out", str(out), "--preset", str(preset)]) == 0
     printed = capsys.readouterr().out
-    assert "per-type winners" in printed and "tuner.route.content_type: " in printed
+    assert "per-type winners" in printed and "tuner.decisions.route.content_type: " in printed
     study, _ = store.open_stored_study("mixed", url)
     result = PerTypeResult.from_json(store.read_per_type(study))
     by_type = {t.suite: t for t in result.types}

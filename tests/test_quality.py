@@ -6,11 +6,11 @@ import inspect
 
 import pytest
 
-import tuner.runner
+import tuner.measurement.runner
 from tuner.errors import UserError
-from tuner.failures import TrialFailure
-from tuner.quality import agreement, answer_score, edit_similarity, measure_perplexity, perplexity_ratio
-from tuner.workload import Expectation, Prompt, Workload
+from tuner.measurement.failures import TrialFailure
+from tuner.measurement.quality import agreement, answer_score, edit_similarity, measure_perplexity, perplexity_ratio
+from tuner.measurement.workload import Expectation, Prompt, Workload
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,7 @@ def test_perplexity_ratio():
 
 def test_measure_perplexity_on_a_real_model(synthetic_models, llama_bin_dir, tmp_path):
     text_file = tmp_path / "text.txt"
-    text_file.write_text(inspect.getsource(tuner.runner))  # Python source: what the synthetic models know
+    text_file.write_text(inspect.getsource(tuner.measurement.runner))  # Python source: what the synthetic models know
     flags = ["-m", str(synthetic_models.path("draft-small")), "-t", "2"]
     ppl = measure_perplexity(flags, text_file, ctx=64, chunks=2, bin_dir=llama_bin_dir)
     assert measure_perplexity(flags, text_file, ctx=64, chunks=2, bin_dir=llama_bin_dir) == ppl  # deterministic

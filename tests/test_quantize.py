@@ -9,11 +9,11 @@ import yaml
 from gguf_factory import write_gguf
 from tuner.context import check_models_and_space
 from tuner.errors import UserError
-from tuner.gguf_info import read_model_info
-from tuner.quantize import QuantizeRequest, ensure_variant, source_digest
-from tuner.records import StudyRecord, changes
-from tuner.spec import load_spec
-from tuner.topology import read_topology
+from tuner.models.gguf_info import read_model_info
+from tuner.models.quantize import QuantizeRequest, ensure_variant, source_digest
+from tuner.storage.records import StudyRecord, changes
+from tuner.studyfile.spec import load_spec
+from tuner.machine.topology import read_topology
 
 ONE_NODE = read_topology(Path(__file__).parent / "data" / "sysfs" / "one-node-2core")
 

@@ -23,14 +23,14 @@ import pytest
 import yaml
 
 from fake_llama_server import alive, launches, port_is_free, wait_for, write_study
-from tuner import store
+from tuner.storage import store
 from tuner.cli import main
 from tuner.errors import UserError
-from tuner.failures import TrialFailure
+from tuner.measurement.failures import TrialFailure
 from tuner.paths import models_dir
-from tuner.spec import load_spec
+from tuner.studyfile.spec import load_spec
 from tuner.study import TrialRunner, open_study, prepare, run_study
-from tuner.coordination import tally
+from tuner.storage.coordination import tally
 
 COMPLETE, FAIL, RUNNING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
                            optuna.trial.TrialState.RUNNING)
@@ -165,7 +165,7 @@ def test_sqlite_takes_one_process_and_a_killed_run_resumes(tmp_path, env, capsys
     proc = tuner(["run", str(path)], {**env, "FAKE_LLAMA_DELAY_S": "120"})
     try:
         launch = wait_for(lambda: launches(tmp_path / "launches.jsonl"), 60, "the baseline's server")[0]
-        assert main(["run", str(path), "--no-wait"]) == 75  # the host's measurement lock (tuner.hostlock)
+        assert main(["run", str(path), "--no-wait"]) == 75  # the host's measurement lock (tuner.machine.hostlock)
         assert f"another measurement runs on this host (pid {proc.pid}, tuner run, study " in capsys.readouterr().err
         host_lock = os.environ.get("TUNER_MEASURE_LOCK")
         monkeypatch.setenv("TUNER_MEASURE_LOCK", str(tmp_path / "other-host.lock"))  # then the study's own lock

@@ -16,10 +16,11 @@ import pytest
 
 import browser
 from fake_llama_server import run_study_file, write_moe_study, write_study
-from tuner import analysis, report, store
+from tuner.output import analysis, report
+from tuner.storage import store
 from tuner.cli import main
 from tuner.errors import UserError
-from tuner.report_html import render
+from tuner.output.report_html import render
 
 
 @pytest.fixture(scope="module")

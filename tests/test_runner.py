@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from fake_llama_server import alive, port_is_free, wait_for
 
-from tuner.failures import FailureReason, TrialFailure
-from tuner.llama_build import binary
-from tuner.runner import LlamaServer, classify_exit, free_port
+from tuner.measurement.failures import FailureReason, TrialFailure
+from tuner.machine.llama_build import binary
+from tuner.measurement.runner import LlamaServer, classify_exit, free_port
 
 
 def server_argv(model: Path, *extra: str) -> list[str]:

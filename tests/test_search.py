@@ -17,7 +17,7 @@ from tuner.bench.operator_landscapes import CODER_DRAFTS, landscapes, operator_s
 from tuner.search.model import Point, acceptance_probability, fit, measured_acceptance, speedup
 from tuner.search.prior import admitted, find_prior
 from tuner.search.pruning import prune_decision, should_prune
-from tuner import store
+from tuner.storage import store
 
 
 def small_landscape():

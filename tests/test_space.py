@@ -2,7 +2,7 @@
 
 import optuna
 
-from tuner.space import Choices, FloatRange, IntRange, ResolvedSpace, TrialConfig, baseline_config, enqueue_params, suggest
+from tuner.search.space import Choices, FloatRange, IntRange, ResolvedSpace, TrialConfig, baseline_config, enqueue_params, suggest
 
 
 def space(**domains) -> ResolvedSpace:

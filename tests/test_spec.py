@@ -8,9 +8,9 @@ import yaml
 from gguf_factory import bpe_tokens, write_gguf
 from tuner.cli import main
 from tuner.errors import UserError
-from tuner.topology import read_topology
-from tuner.space import Choices, IntRange
-from tuner.spec import load_spec
+from tuner.machine.topology import read_topology
+from tuner.search.space import Choices, IntRange
+from tuner.studyfile.spec import load_spec
 from tuner.context import check_models_and_space
 
 REPO = Path(__file__).resolve().parent.parent

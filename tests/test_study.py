@@ -8,10 +8,10 @@ import yaml
 
 from dataclasses import replace
 
-from tuner import store
-from tuner.failures import FailureReason, TrialFailure
+from tuner.storage import store
+from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.paths import models_dir
-from tuner.spec import load_spec
+from tuner.studyfile.spec import load_spec
 from tuner.study import TrialRunner, open_study, prepare, run_study
 
 SYNTH = models_dir() / "synthetic"

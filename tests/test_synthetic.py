@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from tuner.errors import UserError
-from tuner.failures import FailureReason, TrialFailure
+from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.synthetic import family, landscape, pinned, tables
 from tuner.synthetic.ngrams import NgramCounts
 from tuner.synthetic.vocab import BYTE, NORMAL, train
-from tuner.llama_build import binary
-from tuner.runner import LlamaServer, free_port
+from tuner.machine.llama_build import binary
+from tuner.measurement.runner import LlamaServer, free_port
 
 # ---------------------------------------------------------------- pure Python
 

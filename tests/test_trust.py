@@ -14,21 +14,21 @@ import optuna
 import pytest
 
 from fake_llama_server import write_study
-from tuner import store
-from tuner.drift import Sentinels, sentinel_due
+from tuner.storage import store
+from tuner.decisions.drift import Sentinels, sentinel_due
 from tuner.search.pruning import prune_decision
-from tuner.measure import MeasurementSettings, check_timing
+from tuner.measurement.measure import MeasurementSettings, check_timing
 from tuner.paths import models_dir
-from tuner.placement import contradiction, evict, parse_numa_maps, resident_fraction
+from tuner.machine.placement import contradiction, evict, parse_numa_maps, resident_fraction
 from tuner.context import prepare
-from tuner.analysis import report_data
-from tuner.race import TIE_RULE, decide, describe, finalists, race_study
-from tuner.report_html import summary_table
-from tuner.records import Metrics, Spread, StudyRecord, TrialRecord
-from tuner.roofline import Bandwidth, Roofline, impossible
-from tuner.runner import Completion
-from tuner.space import TrialConfig
-from tuner.spec import SentinelSpec, load_spec
+from tuner.output.analysis import report_data
+from tuner.decisions.race import TIE_RULE, decide, describe, finalists, race_study
+from tuner.output.report_html import summary_table
+from tuner.storage.records import Metrics, Spread, StudyRecord, TrialRecord
+from tuner.machine.roofline import Bandwidth, Roofline, impossible
+from tuner.measurement.runner import Completion
+from tuner.search.space import TrialConfig
+from tuner.studyfile.spec import SentinelSpec, load_spec
 from tuner.study import run_study
 
 DATA = Path(__file__).parent / "data"

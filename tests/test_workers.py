@@ -18,9 +18,9 @@ import optuna
 import pytest
 
 from fake_llama_server import alive, launches, wait_for, write_study
-from tuner import store
+from tuner.storage import store
 from tuner.cli import main
-from tuner.coordination import tally, with_driver
+from tuner.storage.coordination import tally, with_driver
 
 pytest.importorskip("psycopg2", reason="the PostgreSQL driver is the `postgres` extra: pip install -e '.[postgres]'")
 
@@ -32,7 +32,7 @@ FAST_HEARTBEAT = {"heartbeat_s": 1, "grace_s": 3, "max_retry": 1, "baseline_wait
 
 
 def start_workers(n: int, study: Path, storage: str, env: dict, tmp_path: Path) -> list[subprocess.Popen]:
-    """``n`` workers, each standing for one host: each its own measurement lock (tuner.hostlock),
+    """``n`` workers, each standing for one host: each its own measurement lock (tuner.machine.hostlock),
     which on one real host they share, measuring one after the other."""
     procs = []
     for i in range(n):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.errors import UserError
-from tuner.workload import BUILTIN_SUITES, Expectation, load_workload
+from tuner.measurement.workload import BUILTIN_SUITES, Expectation, load_workload
 
 
 def test_builtin_suites_load_with_unique_ids_and_a_handful_of_prompts(tmp_path):

@@ -14,21 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import UserError
-from tuner.fingerprint import fingerprint
-from tuner.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
-from tuner.host import measure_memory_bandwidth, numactl_path, read_host_state
-from tuner.launch import LaunchContext, meaningful_numa_policies
-from tuner.llama_build import binary, find_build_info, resolve_bin_dir
-from tuner.measure import MeasurementSettings
+from tuner.machine.fingerprint import fingerprint
+from tuner.models.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
+from tuner.machine.host import measure_memory_bandwidth, numactl_path, read_host_state
+from tuner.measurement.launch import LaunchContext, meaningful_numa_policies
+from tuner.machine.llama_build import binary, find_build_info, resolve_bin_dir
+from tuner.measurement.measure import MeasurementSettings
 from tuner.paths import storage_dir
-from tuner.quantize import Variant, ensure_variant
-from tuner.records import StudyRecord
-from tuner.knobs import KNOB_TYPES
-from tuner.space import ResolvedSpace, outside, resolve_space
-from tuner.spec import StudySpec
-from tuner.topology import Topology, read_topology
-from tuner.validate import Fields
-from tuner.workload import Workload, load_workload
+from tuner.models.quantize import Variant, ensure_variant
+from tuner.storage.records import StudyRecord
+from tuner.search.knobs import KNOB_TYPES
+from tuner.search.space import ResolvedSpace, outside, resolve_space
+from tuner.studyfile.spec import StudySpec
+from tuner.machine.topology import Topology, read_topology
+from tuner.studyfile.validate import Fields
+from tuner.measurement.workload import Workload, load_workload
 
 
 BANDWIDTH_ENV = "TUNER_MEMORY_BANDWIDTH"
@@ -157,7 +157,7 @@ def _to_stderr(line: str) -> None:
 
 
 def make_variants(spec: StudySpec, bin_dir: Path, progress=_to_stderr) -> dict[str, Variant]:
-    """Every quantize variant the study asks for, made now or taken from the cache (tuner.quantize)."""
+    """Every quantize variant the study asks for, made now or taken from the cache (tuner.models.quantize)."""
     variants = {}
     for request in spec.quantize:
         variant = ensure_variant(request, bin_dir, source_file_type=read_model_info(request.source).file_type)

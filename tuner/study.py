@@ -16,7 +16,7 @@ Lifecycle of ``run_study``:
    resumed study just continues.
 
 One measured trial at a time: two llama.cpp runs on one box measure each other. More
-hosts share one study through PostgreSQL (``tuner worker``, see ``tuner.coordination``).
+hosts share one study through PostgreSQL (``tuner worker``, see ``tuner.storage.coordination``).
 """
 
 from __future__ import annotations
@@ -33,30 +33,31 @@ from typing import Callable
 
 import optuna
 
-from tuner import store
+from tuner.storage import store
 from tuner.errors import UserError
-from tuner.failures import PERMANENT, FailureReason, TrialFailure
-from tuner.records import Failure, Metrics, Reference, Spread, StudyRecord, TrialRecord, changes, digest
-from tuner.launch import build_server_command, model_flags
-from tuner.measure import Sample, outputs_by_prompt, run_workload, score_trial, summarize
-from tuner.host import busy_processes, cpu_seconds_by_process, host_was_busy, trial_host_state
-from tuner.placement import contradiction, evict, read_numa_maps
-from tuner.roofline import Bandwidth, impossible, last_level_cache_bytes, study_roofline
-from tuner.runner import LlamaServer, free_port, read_log_tail
-from tuner.drift import Sentinels, midpoint, sentinel_due
-from tuner.race import describe as describe_race
-from tuner.race import race_study
-from tuner import hostlock, outage
-from tuner.journal import Journal
-from tuner.sampling import sampler_for
+from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
+from tuner.storage.records import Failure, Metrics, Reference, Spread, StudyRecord, TrialRecord, changes, digest
+from tuner.measurement.launch import build_server_command, model_flags
+from tuner.measurement.measure import Sample, outputs_by_prompt, run_workload, score_trial, summarize
+from tuner.machine.host import busy_processes, cpu_seconds_by_process, host_was_busy, trial_host_state
+from tuner.machine.placement import contradiction, evict, read_numa_maps
+from tuner.machine.roofline import Bandwidth, impossible, last_level_cache_bytes, study_roofline
+from tuner.measurement.runner import LlamaServer, free_port, read_log_tail
+from tuner.decisions.drift import Sentinels, midpoint, sentinel_due
+from tuner.decisions.race import describe as describe_race
+from tuner.decisions.race import race_study
+from tuner.machine import hostlock
+from tuner.storage import outage
+from tuner.storage.journal import Journal
+from tuner.search.sampling import sampler_for
 from tuner.search.prior import describe as describe_prior
 from tuner.search.prior import find_prior
 from tuner.search.pruning import may_prune, should_prune
-from tuner.space import TrialConfig, baseline_config, suggest
-from tuner.spec import StudySpec, load_spec
-from tuner import quality as quality_scorers
+from tuner.search.space import TrialConfig, baseline_config, suggest
+from tuner.studyfile.spec import StudySpec, load_spec
+from tuner.measurement import quality as quality_scorers
 from tuner.context import StudyContext, prepare
-from tuner.coordination import (
+from tuner.storage.coordination import (
     ensure_baseline,
     make_storage,
     fail_orphans,
@@ -74,7 +75,7 @@ def open_study(ctx: StudyContext) -> optuna.Study:
     """Create or resume; refuse to add trials whose numbers would not compare with the stored ones.
 
     Of several workers starting at once exactly one creates the study (and later runs the
-    baseline, see ``tuner.coordination``); the others wait for it to record the study.
+    baseline, see ``tuner.storage.coordination``); the others wait for it to record the study.
     """
     spec = ctx.spec
     storage = make_storage(spec.storage, spec.workers)
@@ -179,7 +180,7 @@ class TrialRunner:
         return lambda step, rate: store.report_running_rate(trial, step, rate)
 
     def _store(self, trial: optuna.Trial, record: TrialRecord, values: tuple[float, ...] | None) -> None:
-        """The journal first (a storage outage loses no measurement, see ``tuner.journal``),
+        """The journal first (a storage outage loses no measurement, see ``tuner.storage.journal``),
         then the trial's storage writes: a baseline's reference, the constraint, the record."""
         reference, self._reference = self._reference, None
         if self.journal is not None:
@@ -218,7 +219,7 @@ class TrialRunner:
         return replace(record, duration_s=time.monotonic() - started, ended_at=time.time())
 
     def _place(self, config: TrialConfig) -> bool:
-        """Evict the models' cached pages when the NUMA policy changes (see tuner.placement)."""
+        """Evict the models' cached pages when the NUMA policy changes (see tuner.machine.placement)."""
         evicted = self.placed_under is not None and config.numa != self.placed_under
         if evicted:
             launch = self.ctx.launch
@@ -390,7 +391,7 @@ class TrialRunner:
 
 def drift_corrected(incumbent: TrialRecord, sentinels: Sentinels) -> list[dict]:
     """The incumbent's samples as the machine would measure them now: scaled by this worker's
-    reference rate now over the reference rate when the incumbent ran (tuner.drift), so a
+    reference rate now over the reference rate when the incumbent ran (tuner.decisions.drift), so a
     machine that slowed down since does not prune everything after it. Reports divide by the
     sentinels interpolated at each trial's time."""
     now, then = sentinels.rate_at(worker_id(), time.time()), None
@@ -426,9 +427,9 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
     """Run or resume a study until its budget is spent, alone or as one of its workers; returns the study.
 
     Every ``sentinel.every_trials`` trials (or minutes) this process re-measures the baseline
-    configuration first (tuner.drift). With ``race`` the finalists are raced at the end (tuner.race).
-    Measures under the host's measurement lock (``tuner.hostlock``); a storage outage stops
-    it in one line with the measured trials kept in the journal (``tuner.journal``), which
+    configuration first (tuner.decisions.drift). With ``race`` the finalists are raced at the end (tuner.decisions.race).
+    Measures under the host's measurement lock (``tuner.machine.hostlock``); a storage outage stops
+    it in one line with the measured trials kept in the journal (``tuner.storage.journal``), which
     the next run stores first."""
     ctx = prepare(spec, progress)
     journal = Journal(spec.name, spec.storage)

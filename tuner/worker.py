@@ -2,7 +2,7 @@
 
 Any number of hosts may run one each (one per host: two measured runs on one host
 measure each other); how they share the budget and the baseline is
-``tuner.coordination``'s.
+``tuner.storage.coordination``'s.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import argparse
 import sys
 from dataclasses import replace
 
-from tuner.coordination import safe_url, tally, worker_id
-from tuner import hostlock
+from tuner.storage.coordination import safe_url, tally, worker_id
+from tuner.machine import hostlock
 from tuner.errors import UserError
-from tuner.spec import load_spec
+from tuner.studyfile.spec import load_spec
 from tuner.study import run_study
 
 

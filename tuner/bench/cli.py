@@ -23,10 +23,10 @@ from pathlib import Path
 from tuner.bench import gguf_read, operator, overhead, repeat, replay
 from tuner.bench.grid import record_grid
 from tuner.bench.table import read_table
-from tuner import hostlock
+from tuner.machine import hostlock
 from tuner.errors import UserError
 from tuner.paths import REPO_ROOT, reports_dir
-from tuner.spec import load_spec
+from tuner.studyfile.spec import load_spec
 from tuner.context import prepare
 
 

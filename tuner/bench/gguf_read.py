@@ -118,8 +118,8 @@ def _read_reference(path: Path) -> dict:
 
 def _read_tuner(path: Path) -> dict:
     """The tuner's read, then the same again, counting how often the file itself was parsed."""
-    from tuner import gguf_cache
-    from tuner.gguf_info import read_model_info
+    from tuner.models import gguf_cache
+    from tuner.models.gguf_info import read_model_info
 
     parsed = []
     parse = gguf_cache.parse_header

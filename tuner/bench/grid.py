@@ -27,18 +27,18 @@ from typing import Any, Callable
 import optuna
 import pandas as pd
 
-from tuner import hostlock
+from tuner.machine import hostlock
 from tuner.bench.table import RESULT_COLUMNS
 from tuner.errors import UserError
-from tuner.knobs import NAMES as KNOBS
-from tuner.failures import PERMANENT, FailureReason, TrialFailure
-from tuner.launch import build_server_argv
-from tuner.measure import outputs_by_prompt, run_workload, score_trial
+from tuner.search.knobs import NAMES as KNOBS
+from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
+from tuner.measurement.launch import build_server_argv
+from tuner.measurement.measure import outputs_by_prompt, run_workload, score_trial
 from tuner.paths import reports_dir
-from tuner.quality import output_quality
-from tuner.runner import LlamaServer, free_port
-from tuner.space import Choices, ResolvedSpace, TrialConfig, baseline_config, suggest
-from tuner.spec import load_spec
+from tuner.measurement.quality import output_quality
+from tuner.measurement.runner import LlamaServer, free_port
+from tuner.search.space import Choices, ResolvedSpace, TrialConfig, baseline_config, suggest
+from tuner.studyfile.spec import load_spec
 from tuner.context import StudyContext, prepare
 
 

@@ -2,7 +2,7 @@
 
 Why: the recorded synthetic grid is too small to tell a good search from a lucky one. Here
 each strategy runs a real Optuna study against a modelled 96-core box: parameters are
-asked by ``tuner.space.suggest`` (integer ranges for K and threads, categoricals for the
+asked by ``tuner.search.space.suggest`` (integer ranges for K and threads, categoricals for the
 rest), the baseline is enqueued first as ``tuner.worker.ensure_baseline`` does, the study
 carries the ``space`` and ``objectives`` attrs a real study has, and each trial is
 simulated request by request (``OperatorLandscape.measure``) with its cost in seconds.
@@ -29,12 +29,12 @@ import numpy as np
 import optuna
 from joblib import Parallel, delayed
 
-from tuner import store
+from tuner.storage import store
 from tuner.bench.operator_landscapes import LANDSCAPES, OperatorLandscape, landscapes
-from tuner.records import Failure, Metrics, TrialRecord
+from tuner.storage.records import Failure, Metrics, TrialRecord
 from tuner.search.prior import find_prior
 from tuner.search.pruning import should_prune
-from tuner.space import baseline_config, enqueue_params, suggest
+from tuner.search.space import baseline_config, enqueue_params, suggest
 
 STRATEGIES = ("default", "warm", "today", "tpe", "random")
 # The earlier study a ``warm`` replay follows in the same storage, on the same host: the same target on another

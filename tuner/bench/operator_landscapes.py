@@ -11,10 +11,10 @@ the shape of the speculative curve is deliberately not the sampler's own model
 one step, the draft's cost grows with the thread count): a search must find optima, not
 recompute them.
 
-A configuration is a ``tuner.space.TrialConfig`` from the real ``suggest`` on a
-``ResolvedSpace`` made by ``tuner.space.resolve_space`` for a 96-core / 192-thread,
+A configuration is a ``tuner.search.space.TrialConfig`` from the real ``suggest`` on a
+``ResolvedSpace`` made by ``tuner.search.space.resolve_space`` for a 96-core / 192-thread,
 4-node topology. ``evaluate`` gives its true per-content rates, acceptance, quality and
-feasibility; ``measure`` simulates a trial the way ``tuner.measure.run_workload`` runs
+feasibility; ``measure`` simulates a trial the way ``tuner.measurement.measure.run_workload`` runs
 one (launch, one warm-up request, repetitions over the prompts, one sample per request)
 with noise, and its seconds; a ``stop`` callback sees every sample, so pruning shows up
 in the seconds.
@@ -41,10 +41,10 @@ from typing import Callable
 
 import numpy as np
 
-from tuner.failures import FailureReason
-from tuner.records import StudyRecord, digest
-from tuner.space import Choices, FloatRange, IntRange, RawSpace, ResolvedSpace, TrialConfig, resolve_space
-from tuner.validate import Fields
+from tuner.measurement.failures import FailureReason
+from tuner.storage.records import StudyRecord, digest
+from tuner.search.space import Choices, FloatRange, IntRange, RawSpace, ResolvedSpace, TrialConfig, resolve_space
+from tuner.studyfile.validate import Fields
 
 N_PREDICT = 128  # tokens per request, as in the research's protocol (seed 000, 3.3)
 REPETITIONS = 3  # passes over the prompts (seed 000, 3.3: "3+ runs per configuration")
@@ -274,7 +274,7 @@ class OperatorLandscape:
 
 
 def pooled(samples: list[dict]) -> float:
-    """Total tokens over total decode time, equal tokens per request (``tuner.measure.pooled_rate``)."""
+    """Total tokens over total decode time, equal tokens per request (``tuner.measurement.measure.pooled_rate``)."""
     return len(samples) / sum(1.0 / s["tokens_per_second"] for s in samples) if samples else 0.0
 
 

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Callable
 
 from tuner.errors import UserError
-from tuner.launch import build_server_argv
-from tuner.llama_build import binary
-from tuner.measure import MeasurementSettings, run_workload, summarize
-from tuner.runner import LlamaServer, free_port
-from tuner.space import TrialConfig, baseline_config
+from tuner.measurement.launch import build_server_argv
+from tuner.machine.llama_build import binary
+from tuner.measurement.measure import MeasurementSettings, run_workload, summarize
+from tuner.measurement.runner import LlamaServer, free_port
+from tuner.search.space import TrialConfig, baseline_config
 from tuner.context import StudyContext
-from tuner.workload import Workload
+from tuner.measurement.workload import Workload
 
 TPS_TOLERANCE = 0.05
 WALL_RATIO_TARGET = 1.25

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Callable
 
 from tuner.errors import UserError
-from tuner.remeasure import Contender, alternate
-from tuner.spec import StudySpec, load_spec
+from tuner.decisions.remeasure import Contender, alternate
+from tuner.studyfile.spec import StudySpec, load_spec
 from tuner.context import prepare
-from tuner.store import best_feasible
+from tuner.storage.store import best_feasible
 from tuner.study import run_study
 
 TOLERANCE = 0.05
@@ -79,7 +79,7 @@ def measure_repeatability(study_file: str | Path, storage_db: Path, *, seeds: tu
 
 
 def side_by_side(spec: StudySpec, winners: list[Winner], rounds: int, progress: Callable[[str], None]) -> list[list[float]]:
-    """Both winners up at once, re-measured in alternating rounds (``tuner.remeasure``)."""
+    """Both winners up at once, re-measured in alternating rounds (``tuner.decisions.remeasure``)."""
     ctx = prepare(spec)
     contenders = [Contender(label, w.argv, w.config.get("temperature", 0.0)) for label, w in zip("AB", winners)]
     rates = alternate(contenders, ctx.workload, ctx.settings, rounds, ctx.log_dir, progress)

@@ -9,12 +9,12 @@ sampler sees what a study on that machine would have seen.
 The space is the table's: each parameter column is a categorical of its values, asked
 in column order and only where it applies (a column empty in every row that agrees
 with the choices so far is not asked: no draft without speculation), the way
-``tuner.space.suggest`` asks. A configuration the table lacks or recorded as failed is a
+``tuner.search.space.suggest`` asks. A configuration the table lacks or recorded as failed is a
 failed trial: in a study it would have cost a launch too.
 
 Every strategy starts with the table's first row, as every study starts with its
 baseline (``tuner record-grid`` writes the baseline first); the grid goes on in table
-order. Strategies: ``default`` is the project's sampler (``tuner.sampling.sampler_for("structured")``
+order. Strategies: ``default`` is the project's sampler (``tuner.search.sampling.sampler_for("structured")``
 with the replay's length as its budget); ``today`` the default before it (the no-repeat
 wrapper around TPE, ``sampler_for("tpe")``), which the default must not do worse than;
 ``tpe`` is Optuna's TPE with its own defaults; ``nsga2`` the project's NSGA-II settings;
@@ -43,9 +43,9 @@ import optuna
 import pandas as pd
 from joblib import Parallel, delayed
 
-from tuner import store
+from tuner.storage import store
 from tuner.bench.table import parameter_columns, read_table
-from tuner.records import Failure, Metrics, StudyRecord, TrialRecord, config_from_dict
+from tuner.storage.records import Failure, Metrics, StudyRecord, TrialRecord, config_from_dict
 from tuner.errors import UserError
 
 STRATEGIES = ("default", "today", "tpe", "nsga2", "random", "grid")
@@ -198,7 +198,7 @@ class ReplayObjective:
 
 
 def make_sampler(strategy: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
-    from tuner.sampling import sampler_for
+    from tuner.search.sampling import sampler_for
 
     if strategy == "default":
         return sampler_for("structured", seed, budget)

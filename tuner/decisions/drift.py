@@ -18,8 +18,8 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from tuner.records import TrialRecord
-from tuner.spec import SentinelSpec
+from tuner.storage.records import TrialRecord
+from tuner.studyfile.spec import SentinelSpec
 
 REFERENCE_ROLES = ("baseline", "sentinel")
 

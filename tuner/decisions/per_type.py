@@ -6,16 +6,16 @@ type's best trial is picked on few prompts and is biased upwards, like any maxim
 
 The rule:
 
-1. Each suite's prompts are split (``tuner.workload.split``: the last ``max(2, n // 3)``
+1. Each suite's prompts are split (``tuner.measurement.workload.split``: the last ``max(2, n // 3)``
    prompts of a suite are held out; a suite with fewer than 3 prompts has no split).
 2. A type's winner is the feasible trial (not a sentinel) with the highest tokens/s on the
    type's *tuning* prompts, from the trial's recorded samples (pooled rate per repetition,
    median over repetitions; ties go to the earlier trial).
 3. The type winners, the pooled winner (the finalist race's) and the baseline are served
    at once and re-measured on the *held-out* prompts in shuffled rounds
-   (``tuner.remeasure.alternate``), one pooled rate per suite and round.
+   (``tuner.decisions.remeasure.alternate``), one pooled rate per suite and round.
 4. A type's gain is its winner's median over the pooled winner's median on that type's
-   held-out prompts, with a 95% bootstrap interval over rounds (``tuner.race.bootstrap_ratio``).
+   held-out prompts, with a 95% bootstrap interval over rounds (``tuner.decisions.race.bootstrap_ratio``).
    The type gets its own served configuration only when the whole interval lies above 1:
    a gain inside the round-to-round noise gets no separate entry.
 """
@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass, field
 
 import optuna
 
-from tuner import store
+from tuner.storage import store
 from tuner.context import StudyContext
-from tuner.race import bootstrap_ratio, label
-from tuner.records import TrialRecord
-from tuner.remeasure import Contender, alternate
-from tuner.workload import HELD_OUT_MIN, Split, restrict, split
+from tuner.decisions.race import bootstrap_ratio, label
+from tuner.storage.records import TrialRecord
+from tuner.decisions.remeasure import Contender, alternate
+from tuner.measurement.workload import HELD_OUT_MIN, Split, restrict, split
 
 RULE = ("a type gets its own entry when its winner beats the pooled winner on the type's held-out prompts with the "
         "whole 95% bootstrap interval of the gain above 1")

@@ -6,7 +6,7 @@ of ``tuner run``, and ``tuner export``), the leader, every feasible configuratio
 tokens/s interval overlaps the leader's (at most ``race.max_finalists``, the closest
 first) and the baseline are all served at once and re-measured for ``race.rounds``
 rounds, each round one pass of the workload on each in a freshly shuffled order
-(``tuner.remeasure``). The decision uses these fresh rates only:
+(``tuner.decisions.remeasure``). The decision uses these fresh rates only:
 
 - each finalist's figure is its median over rounds;
 - the winner's speedup is its median over the baseline's, with a 95% bootstrap interval
@@ -29,12 +29,12 @@ from pathlib import Path
 
 import optuna
 
-from tuner import store
+from tuner.storage import store
 from tuner.context import StudyContext
-from tuner.measure import MeasurementSettings
-from tuner.records import StudyRecord, TrialRecord
-from tuner.remeasure import Contender, alternate
-from tuner.workload import Workload
+from tuner.measurement.measure import MeasurementSettings
+from tuner.storage.records import StudyRecord, TrialRecord
+from tuner.decisions.remeasure import Contender, alternate
+from tuner.measurement.workload import Workload
 
 TIE_RULE = "fewer threads, then the smaller draft model, then the shorter draft length K, then the earlier trial"
 BOOTSTRAP_SAMPLES = 2000

@@ -3,7 +3,7 @@
 Why: a figure recorded minutes ago on a shared machine can be luck. Measuring the
 contenders now, each round one pass of the workload on each, in forward then reverse
 order (or a shuffled one), compares configurations rather than moments of a noisy machine.
-The finalist race (``tuner.race``, at the end of a run and in export), the per-type race
+The finalist race (``tuner.decisions.race``, at the end of a run and in export), the per-type race
 and the repeatability benchmark all use this.
 """
 
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tuner.errors import UserError
-from tuner.failures import TrialFailure
-from tuner.measure import MeasurementSettings, pooled_rate, run_workload
-from tuner.runner import LlamaServer, free_port
-from tuner.workload import Workload
+from tuner.measurement.failures import TrialFailure
+from tuner.measurement.measure import MeasurementSettings, pooled_rate, run_workload
+from tuner.measurement.runner import LlamaServer, free_port
+from tuner.measurement.workload import Workload
 
 
 @dataclass(frozen=True)

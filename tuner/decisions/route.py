@@ -7,7 +7,7 @@ arithmetic, long passages, prose. This is that pick as a small, pure function (n
 proxy server): call it on the prompt, then send the request to ``STUDY-TYPE`` if that
 section exists, else to ``STUDY`` (the pooled winner).
 
-The rules, first match wins (each name is a built-in suite of ``tuner.workload``):
+The rules, first match wins (each name is a built-in suite of ``tuner.measurement.workload``):
 
 - ``json``: JSON asked for or shown: ``JSON:``/``as a JSON``/``json.dumps``, an object
   with a quoted key (``{"name":``), or a text ending in an open ``{`` or ``[``;
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from tuner.workload import BUILTIN_SUITES, load_workload
+from tuner.measurement.workload import BUILTIN_SUITES, load_workload
 
 _JSON = re.compile(r"\bJSON\s*:|\bas an? JSON\b|\bjson\.(dumps|loads)\b|\{\s*\"[^\"\n]+\"\s*:", re.IGNORECASE)
 _MATH_WORDS = re.compile(r"[-+*/=]|\b(plus|minus|times|divided|sum|how many|how much|next|number)\b", re.IGNORECASE)
@@ -63,5 +63,5 @@ def accuracy(suites: tuple[str, ...] = BUILTIN_SUITES) -> tuple[int, int, list[t
 
 def describe_accuracy() -> str:
     correct, total, misses = accuracy()
-    text = f"tuner.route.content_type: {correct} of {total} built-in prompts classified as their suite"
+    text = f"tuner.decisions.route.content_type: {correct} of {total} built-in prompts classified as their suite"
     return text + ("" if not misses else "; missed: " + ", ".join(f"{i} ({s} taken for {g})" for i, s, g in misses))

@@ -15,10 +15,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tuner import fingerprint as fingerprints, host as hosts, launch, topology
+from tuner.machine import fingerprint as fingerprints, host as hosts, topology
+from tuner.measurement import launch
 from tuner.errors import UserError
-from tuner.host import HostState
-from tuner.topology import Topology
+from tuner.machine.host import HostState
+from tuner.machine.topology import Topology
 
 NOISY_GOVERNORS = frozenset({"powersave", "ondemand", "conservative", "schedutil"})
 LOAD_ADVICE_FRACTION = 0.10
@@ -44,7 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def find_build() -> tuple[dict | None, str | None]:
     """The llama.cpp build manifest, or None and the reason it is unavailable."""
     try:
-        from tuner.llama_build import find_build_info
+        from tuner.machine.llama_build import find_build_info
     except ImportError as err:
         return None, f"the build module is unavailable ({err})"
     try:

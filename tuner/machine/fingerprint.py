@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tuner.host import HostState, summarize_governors
-from tuner.topology import Topology, format_cpu_list
+from tuner.machine.host import HostState, summarize_governors
+from tuner.machine.topology import Topology, format_cpu_list
 
 # SIMD features that change llama.cpp's kernels; recorded as provenance.
 SIMD_FLAGS = frozenset({

@@ -1,7 +1,7 @@
 """Host state: what may change between runs on the same machine (provenance, never a key).
 
 THP mode, cpufreq governors, load, numactl, affinity, and a memory bandwidth probe for
-the report's roofline. Read under a ``root`` like ``tuner.topology``.
+the report's roofline. Read under a ``root`` like ``tuner.machine.topology``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.topology import (
+from tuner.machine.topology import (
     CPU_GOVERNOR_FILE,
     LIVE_ROOT,
     PROC_LOADAVG,

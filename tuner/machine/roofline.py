@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.host import measure_memory_bandwidth
-from tuner.records import StudyRecord
-from tuner.topology import read_topology
+from tuner.machine.host import measure_memory_bandwidth
+from tuner.storage.records import StudyRecord
+from tuner.machine.topology import read_topology
 
 ABOVE_ROOFLINE_FACTOR = 2.0  # a non-speculative trial this far above the (estimated) ceiling is impossible
 CACHE_RESIDENT_FACTOR = 4  # weights below this many last-level caches may be served from cache

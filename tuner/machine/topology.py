@@ -2,7 +2,7 @@
 
 Read from sysfs and procfs under a ``root`` directory so that tests (and users
 reporting a bug) can pass a recorded tree instead of the live machine; see
-``record_sysfs``. What changes between runs on one machine is ``tuner.host``'s.
+``record_sysfs``. What changes between runs on one machine is ``tuner.machine.host``'s.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tuner.errors import UserError
 
 LIVE_ROOT = Path("/")
 
-# Paths relative to the root, shared by the readers (here and in tuner.host) and by ``record_sysfs``.
+# Paths relative to the root, shared by the readers (here and in tuner.machine.host) and by ``record_sysfs``.
 SYS_CPU = Path("sys/devices/system/cpu")
 SYS_NODE = Path("sys/devices/system/node")
 PROC_CPUINFO = Path("proc/cpuinfo")

@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.failures import FailureReason, TrialFailure
+from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.errors import UserError
-from tuner.knobs import NUMA_POLICIES
-from tuner.topology import Topology, format_cpu_list
-from tuner.space import TrialConfig
+from tuner.search.knobs import NUMA_POLICIES
+from tuner.machine.topology import Topology, format_cpu_list
+from tuner.search.space import TrialConfig
 
 # Which flag carries the draft length K for each speculative type of the pinned build.
 K_FLAGS = {

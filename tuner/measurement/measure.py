@@ -12,9 +12,9 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
-from tuner.failures import FailureReason, TrialFailure
-from tuner.runner import Completion, LlamaServer
-from tuner.workload import Workload
+from tuner.measurement.failures import FailureReason, TrialFailure
+from tuner.measurement.runner import Completion, LlamaServer
+from tuner.measurement.workload import Workload
 
 
 TIMING_FLOOR_MS = 200.0  # requests shorter than this are not judged against the wall clock

@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tuner.errors import UserError
-from tuner.failures import FailureReason, TrialFailure
-from tuner.llama_build import binary
-from tuner.measure import Sample
-from tuner.runner import classify_exit, describe_exit, read_log_tail, stop_process_group
-from tuner.workload import Workload
+from tuner.measurement.failures import FailureReason, TrialFailure
+from tuner.machine.llama_build import binary
+from tuner.measurement.measure import Sample
+from tuner.measurement.runner import classify_exit, describe_exit, read_log_tail, stop_process_group
+from tuner.measurement.workload import Workload
 
 # llama-perplexity has no structured output: this line on its log is the only result.
 FINAL_ESTIMATE = re.compile(r"Final estimate: PPL = ([0-9.]+|nan|inf)")

@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.failures import FailureReason, TrialFailure
+from tuner.measurement.failures import FailureReason, TrialFailure
 
 STOP_GRACE_S = 5.0
 HEALTH_POLL_S = 0.02  # a launch is ~0.1 s on small models: a coarse poll would add half of it

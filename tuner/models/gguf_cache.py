@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.gguf_header import Header, Vocab, parse_header
+from tuner.models.gguf_header import Header, Vocab, parse_header
 from tuner.paths import cache_dir
 
 FORMAT = 1  # bump when Header changes: older entries then miss

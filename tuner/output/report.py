@@ -1,6 +1,6 @@
 """`tuner report STUDY`: one self-contained HTML page and a CSV of all trials under reports/STUDY/.
 
-The numbers come from ``tuner.analysis``; the page from ``tuner.report_html``.
+The numbers come from ``tuner.output.analysis``; the page from ``tuner.output.report_html``.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner.analysis import ReportData, report_data
+from tuner.output.analysis import ReportData, report_data
 from tuner.errors import UserError
 from tuner.paths import reports_dir
-from tuner.store import open_stored_study
-from tuner.spec import default_storage_url
+from tuner.storage.store import open_stored_study
+from tuner.studyfile.spec import default_storage_url
 
 
 def csv_frame(frame: pd.DataFrame) -> pd.DataFrame:
@@ -27,7 +27,7 @@ def csv_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 def write_report(data: ReportData, out_dir: Path) -> tuple[Path, Path]:
     """Write ``index.html`` and ``trials.csv`` under ``out_dir``; returns both paths."""
-    from tuner.report_html import render  # plotly is imported only when rendering
+    from tuner.output.report_html import render  # plotly is imported only when rendering
 
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / "trials.csv"

@@ -3,7 +3,7 @@
 Report machines are often air-gapped, so the page carries plotly.js itself (once, in
 the head) and every figure is a ``div`` with a stable id (``fig-pareto-quality`` ...)
 that tests and readers can find. Nothing here computes: it only draws what
-``tuner.report`` returned.
+``tuner.output.report`` returned.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from tuner.analysis import ReportData, complete, per_type_frame
+from tuner.output.analysis import ReportData, complete, per_type_frame
 from tuner.search.prior import describe as describe_prior
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -195,7 +195,7 @@ def per_type_figure(data: ReportData, div_id: str) -> str:
 
 
 def per_type_body(data: ReportData) -> str:
-    from tuner.route import describe_accuracy
+    from tuner.decisions.route import describe_accuracy
 
     parts = [per_type_figure(data, "fig-per-type") if not data.k_by_suite.empty else _empty("no per-suite measurements")]
     if data.per_type is None:
@@ -212,7 +212,7 @@ def per_type_body(data: ReportData) -> str:
         if result.unsplit:
             parts.append("<p>" + html.escape("; ".join(f"{s}: no per-type figure ({why})"
                                                        for s, why in result.unsplit.items())) + "</p>")
-    parts.append(f"<p>{html.escape(describe_accuracy())} (<code>tuner.route.content_type</code>, for routing "
+    parts.append(f"<p>{html.escape(describe_accuracy())} (<code>tuner.decisions.route.content_type</code>, for routing "
                  "mixed traffic).</p>")
     return "".join(parts)
 

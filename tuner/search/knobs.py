@@ -1,8 +1,8 @@
 """The knob registry: every launch knob a study can search, its type and what it does.
 
-One place: the search space (``tuner.space``), the argv builder, the report's and
+One place: the search space (``tuner.search.space``), the argv builder, the report's and
 compare's columns, the grid recorder and the benchmark tables all read these names.
-``TrialConfig`` (``tuner.space``) has exactly these fields, in this order.
+``TrialConfig`` (``tuner.search.space``) has exactly these fields, in this order.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ baseline's hardware is simply outvoted by the measurements.
 
 "The same machine" is the fingerprint's machine keys (CPU model, logical CPUs, physical cores,
 NUMA layout, memory), not the llama.cpp build: a rebuild does not move the best thread count.
-"The same target" is the model's content identity (``tuner.records.model_identity``), "the same
+"The same target" is the model's content identity (``tuner.storage.records.model_identity``), "the same
 workload" the digest of the prompt texts. Of several earlier studies, one of the same target
 and workload wins, then one of the same target, then another model's; then the newest.
 Values the new study's space does not admit are dropped (a draft it does not have, a thread
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner import store
-from tuner.records import StudyRecord, TrialRecord, model_identity
-from tuner.space import ResolvedSpace, outside
+from tuner.storage import store
+from tuner.storage.records import StudyRecord, TrialRecord, model_identity
+from tuner.search.space import ResolvedSpace, outside
 
 MACHINE_KEYS = ("cpu_model", "logical_cpus", "physical_cores", "numa_nodes", "memory_gib")
 HW_KNOBS = ("numa", "numa_node", "threads")

@@ -17,7 +17,7 @@ not look like a slow configuration. From the log-ratios seen so far:
   ratio seen plus ``z * sd``; a prompt of a suite (content type) none of whose prompts was
   measured yet gives no bound at all: the best K for prose is not the best for code, and
   a configuration that loses on the code prompts may still win the pooled rate or the
-  per-type export on prose (``tuner.per_type``), so nothing is pruned before every suite
+  per-type export on prose (``tuner.decisions.per_type``), so nothing is pruned before every suite
   was seen;
 
 and the trial is pruned when the prompt-weighted bound is below 1 (the incumbent). With
@@ -38,7 +38,7 @@ Z = 2.0
 SIGMA_FLOOR = 0.04  # log-ratio spread assumed at least (a few % per request on a shared box)
 # A launch moves all of its requests together (placement, clocks), the incumbent's too: a spread
 # within one trial cannot see it, so the bound always allows this much on top; a study passes the
-# spread its sentinels measured between launches when that is larger (tuner.drift.Sentinels.launch_sigma:
+# spread its sentinels measured between launches when that is larger (tuner.decisions.drift.Sentinels.launch_sigma:
 # 5-15% on a shared 2-core VM).
 LAUNCH_SIGMA = 0.02
 MIN_SAMPLES = 3

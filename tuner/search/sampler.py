@@ -35,7 +35,7 @@ and the dashboard.
 
 Lifecycle (Optuna's sampler interface): ``before_trial`` plans the whole configuration
 (enqueued trials, such as the baseline, are left alone); ``sample_independent`` returns
-the planned value for each parameter ``tuner.space.suggest`` asks, so K and threads
+the planned value for each parameter ``tuner.search.space.suggest`` asks, so K and threads
 stay ``IntDistribution`` as in any study; the relative methods and everything unplanned
 go to the fallback.
 """
@@ -52,8 +52,8 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.failures import PERMANENT
-from tuner import store
+from tuner.measurement.failures import PERMANENT
+from tuner.storage import store
 from tuner.search.model import DraftFit, Point, fit
 from tuner.search.prior import HW_KNOBS, describe
 

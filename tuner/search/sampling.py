@@ -36,8 +36,8 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.failures import PERMANENT, FailureReason
-from tuner.store import failure_reason
+from tuner.measurement.failures import PERMANENT, FailureReason
+from tuner.storage.store import failure_reason
 
 # A trial that failed for one of these reasons may succeed next time: not "measured".
 TRANSIENT = frozenset(r.value for r in FailureReason if r not in PERMANENT)
@@ -146,7 +146,7 @@ def sampler_for(name: str, seed: int, budget_trials: int) -> optuna.samplers.Bas
     speculating); the quality floor reaches every sampler through ``trial.set_constraint``;
     its startup is short because budgets are;
     it never re-measures a configuration nor proposes a knob value blamed for failed or
-    infeasible trials (see tuner.sampling). Separate from the spec so
+    infeasible trials (see tuner.search.sampling). Separate from the spec so
     `tuner bench-search` replays exactly these settings."""
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(20, budget_trials // 3)))

@@ -17,8 +17,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
-from tuner.knobs import KNOB_TYPES, NUMA_POLICIES, SPEC_TYPES, SPEC_TYPES_WITH_K
-from tuner.validate import Fields
+from tuner.search.knobs import KNOB_TYPES, NUMA_POLICIES, SPEC_TYPES, SPEC_TYPES_WITH_K
+from tuner.studyfile.validate import Fields
 
 @dataclass(frozen=True)
 class Choices:

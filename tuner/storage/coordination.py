@@ -23,8 +23,8 @@ rules; Optuna's RDB storage is the only coordination:
   Under that lock a RUNNING trial is a dead process's: ``fail_orphans`` fails it at once
   with reason ``orphaned`` and says so.
 - One host measures one thing at a time whatever the study or storage: see
-  ``tuner.hostlock``. Storage outages are retried, then stop the run with the measured
-  trials kept in a local journal: see ``tuner.outage`` and ``tuner.journal``.
+  ``tuner.machine.hostlock``. Storage outages are retried, then stop the run with the measured
+  trials kept in a local journal: see ``tuner.storage.outage`` and ``tuner.storage.journal``.
 """
 
 from __future__ import annotations
@@ -42,14 +42,14 @@ from typing import IO, Callable
 import optuna
 from optuna.trial import TrialState
 
-from tuner import store
+from tuner.storage import store
 from tuner.context import StudyContext
 from tuner.errors import UserError
-from tuner.failures import FailureReason
-from tuner.records import Failure
-from tuner.space import baseline_config, enqueue_params
-from tuner.spec import WorkersSpec
-from tuner.urls import safe_url, scrub, with_driver  # noqa: F401 (re-exported)
+from tuner.measurement.failures import FailureReason
+from tuner.storage.records import Failure
+from tuner.search.space import baseline_config, enqueue_params
+from tuner.studyfile.spec import WorkersSpec
+from tuner.storage.urls import safe_url, scrub, with_driver  # noqa: F401 (re-exported)
 
 SCHEMA_ATTEMPTS = 3  # workers starting together on a fresh database race to create its tables
 
@@ -76,11 +76,11 @@ def retry_callback(workers: WorkersSpec) -> RetryStaleTrial:
 
 
 def open_storage(url: str, workers: WorkersSpec) -> optuna.storages.RDBStorage:
-    """An RDB storage with heartbeats, retried through outages (``tuner.outage``); retried
+    """An RDB storage with heartbeats, retried through outages (``tuner.storage.outage``); retried
     when workers race to create a fresh schema."""
     import sqlalchemy.exc  # an optuna dependency; lazy like the rest of the database side
 
-    from tuner.outage import ResilientRDBStorage
+    from tuner.storage.outage import ResilientRDBStorage
 
     display = url
     url = with_driver(url)

@@ -14,7 +14,7 @@ is dropped from the journal; any other is added to the study as a new finished t
 number and, in ``retry_history``, that number (so the budget counts it once). The original,
 if still RUNNING, is failed with reason ``orphaned`` naming its replacement. The journal
 then keeps only what could not be replayed. A line goes as soon as storage confirms its
-trial, so the journal holds exactly the measured trials storage lacks. One process per host measures (``tuner.hostlock``), so one process writes a
+trial, so the journal holds exactly the measured trials storage lacks. One process per host measures (``tuner.machine.hostlock``), so one process writes a
 journal at a time.
 """
 
@@ -32,10 +32,10 @@ import optuna
 from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.trial import TrialState
 
-from tuner import store
+from tuner.storage import store
 from tuner.paths import storage_dir
-from tuner.records import Failure, Reference, TrialRecord
-from tuner.urls import safe_url
+from tuner.storage.records import Failure, Reference, TrialRecord
+from tuner.storage.urls import safe_url
 
 REPLAY_OF = "replay_of"
 

@@ -7,7 +7,7 @@ up to ``workers.storage_retry_s`` (one message on stderr when it starts). When t
 up, or at once for an error that cannot pass (a read-only database), the storage is
 *down* for the rest of the process: every later call fails at once, and ``guard`` turns
 whatever Optuna raised on its way out into one ``StorageUnavailable`` line naming the
-journal (``tuner.journal``) that keeps the measured trials for the next run.
+journal (``tuner.storage.journal``) that keeps the measured trials for the next run.
 
 The heartbeat thread never dies of an outage: a heartbeat that cannot be recorded is
 skipped (the next one, ``heartbeat_s`` later, tries again).
@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 from optuna.storages import RDBStorage
 
 from tuner.errors import UserError
-from tuner.urls import safe_url, scrub
+from tuner.storage.urls import safe_url, scrub
 
 _down: "StorageDown | None" = None  # the process's storage outage, once retries ran out
 

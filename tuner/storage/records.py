@@ -1,7 +1,7 @@
 """The typed records a study stores: one ``TrialRecord`` per trial, one ``StudyRecord`` per study.
 
 Why: report, export, compare, dashboard, the sampler and the benchmarks all read what a
-study measured. They read these records (through ``tuner.store``, which owns how they
+study measured. They read these records (through ``tuner.storage.store``, which owns how they
 sit in Optuna's storage), never attribute strings, so a field has one name, one type
 and one meaning everywhere.
 
@@ -18,13 +18,13 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from tuner.fingerprint import COMPARABILITY_KEYS
-from tuner.launch import ServerCommand
-from tuner.space import TrialConfig
+from tuner.machine.fingerprint import COMPARABILITY_KEYS
+from tuner.measurement.launch import ServerCommand
+from tuner.search.space import TrialConfig
 
 SCHEMA_VERSION = 2  # 1: loose user attrs per field (before records); 2: one record per trial and study
 
-ROLES = ("baseline", "warm_start", "search", "sentinel")  # sentinel: the baseline re-measured (tuner.drift)
+ROLES = ("baseline", "warm_start", "search", "sentinel")  # sentinel: the baseline re-measured (tuner.decisions.drift)
 
 # ModelInfo fields that identify a model without its path (compare, resume).
 MODEL_IDENTITY_KEYS = ("architecture", "name", "file_size_bytes", "parameter_count", "file_type",
@@ -63,7 +63,7 @@ class Spread:
 
 @dataclass(frozen=True)
 class Failure:
-    reason: str  # a tuner.failures.FailureReason value, or "orphaned" for a dead process's trial
+    reason: str  # a tuner.measurement.failures.FailureReason value, or "orphaned" for a dead process's trial
     detail: str
 
 
@@ -81,7 +81,7 @@ class TrialRecord:
     drafted: int = 0
     accepted: int = 0
     per_suite_tokens_per_second: dict[str, float] = field(default_factory=dict)
-    samples: tuple[dict, ...] = ()  # one per measured request (tuner.measure.Sample without text/tokens)
+    samples: tuple[dict, ...] = ()  # one per measured request (tuner.measurement.measure.Sample without text/tokens)
     outputs: dict[str, str] = field(default_factory=dict)  # prompt id -> text of the first repetition
     constraint: float | None = None  # quality floor - quality: feasible when <= 0
     failure: Failure | None = None
@@ -92,7 +92,7 @@ class TrialRecord:
     duration_s: float | None = None
     started_at: float | None = None  # seconds since the epoch: sentinels are interpolated in time
     ended_at: float | None = None
-    host: dict = field(default_factory=dict)  # host state during the trial (tuner.host.trial_host_state)
+    host: dict = field(default_factory=dict)  # host state during the trial (tuner.machine.host.trial_host_state)
     scores: dict = field(default_factory=dict)  # a scorer's figures besides quality, e.g. kld: mean_kld, same_top
 
     @property
@@ -152,9 +152,9 @@ class StudyRecord:
 
     name: str
     created_by: str
-    fingerprint: dict  # tuner.fingerprint.fingerprint(): machine and build
+    fingerprint: dict  # tuner.machine.fingerprint.fingerprint(): machine and build
     build: dict  # the llama.cpp build manifest
-    target: dict  # tuner.gguf_info.ModelInfo.to_dict()
+    target: dict  # tuner.models.gguf_info.ModelInfo.to_dict()
     drafts: dict[str, dict]
     space: dict  # ResolvedSpace.describe()
     space_digest: str

@@ -16,12 +16,12 @@ writing a record (its process was killed, or a heartbeat failed it) reads back a
 failed record with reason ``orphaned``; one failed on resume under the SQLite lock
 (``coordination.fail_orphans``) stores that reason itself.
 
-A measured trial reaches storage through the local journal (``tuner.journal``): its
+A measured trial reaches storage through the local journal (``tuner.storage.journal``): its
 record is appended there (fsynced) first, then written here; a storage outage
-(``tuner.outage``) leaves it in the journal, and the next run adds it to the study as a
+(``tuner.storage.outage``) leaves it in the journal, and the next run adds it to the study as a
 new finished trial carrying the same record, with system attrs ``replay_of`` (the
 original number) and ``retry_history`` (so the budget counts it once). Storage URLs are
-shown only through ``tuner.urls.safe_url`` (password as ``***``).
+shown only through ``tuner.storage.urls.safe_url`` (password as ``***``).
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UserError
-from tuner.records import SCHEMA_VERSION, Failure, Reference, StudyRecord, TrialRecord, config_from_dict
-from tuner.outage import problem_of
-from tuner.spec import default_storage_url
-from tuner.urls import safe_url, with_driver
-from tuner.validate import load_yaml_mapping
+from tuner.storage.records import SCHEMA_VERSION, Failure, Reference, StudyRecord, TrialRecord, config_from_dict
+from tuner.storage.outage import problem_of
+from tuner.studyfile.spec import default_storage_url
+from tuner.storage.urls import safe_url, with_driver
+from tuner.studyfile.validate import load_yaml_mapping
 
 STUDY_RECORD = "study_record"
 TRIAL_RECORD = "record"
@@ -47,8 +47,8 @@ CREATED_BY = "created_by"
 REFERENCE = "reference"
 PERPLEXITY = "perplexity"
 KLD = "kld"  # model flags -> {"mean_kld", "same_top"} (the kld scorer)
-RACE = "race"  # the last finalist race (tuner.race.RaceResult as JSON)
-PER_TYPE = "per_type"  # the last per-type race (tuner.per_type.PerTypeResult as JSON)
+RACE = "race"  # the last finalist race (tuner.decisions.race.RaceResult as JSON)
+PER_TYPE = "per_type"  # the last per-type race (tuner.decisions.per_type.PerTypeResult as JSON)
 SEARCH_STAGE, SEARCH_REASON = "search_stage", "search_reason"  # why the sampler chose a trial
 SEARCH_PRIOR = "search_prior"  # what earlier studies in this storage found (tuner.search.prior), set at creation
 ORPHANED = "orphaned"  # the process running the trial died before recording it

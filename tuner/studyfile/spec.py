@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.measure import MeasurementSettings
+from tuner.measurement.measure import MeasurementSettings
 from tuner.paths import storage_dir
-from tuner.quantize import QuantizeRequest
-from tuner.space import RawSpace, parse_space
-from tuner.validate import Fields, expand_env, load_yaml_mapping
+from tuner.models.quantize import QuantizeRequest
+from tuner.search.space import RawSpace, parse_space
+from tuner.studyfile.validate import Fields, expand_env, load_yaml_mapping
 
 METRICS = {"tokens_per_second": "maximize", "acceptance": "maximize", "quality": "maximize", "speedup": "maximize"}
 QUALITY_SCORERS = ("agreement", "answers", "perplexity", "kld")
@@ -34,7 +34,7 @@ class Objective:
 
 @dataclass(frozen=True)
 class QualitySpec:
-    """How output quality is scored; see tuner.quality for which scorer suits which knob."""
+    """How output quality is scored; see tuner.measurement.quality for which scorer suits which knob."""
 
     scorer: str = "agreement"
     floor: float = 0.95
@@ -44,19 +44,19 @@ class QualitySpec:
 
 @dataclass(frozen=True)
 class WorkersSpec:
-    """Database storages: heartbeats fail a dead worker's trial; see tuner.coordination."""
+    """Database storages: heartbeats fail a dead worker's trial; see tuner.storage.coordination."""
 
     heartbeat_s: int = 30  # each running trial records a heartbeat this often
     grace_s: int = 120  # a running trial without a heartbeat this long is failed
     max_retry: int = 1  # a trial failed that way is queued again at most this often
     baseline_wait_s: float = 1800.0  # how long a joining worker waits for the baseline
-    storage_retry_s: float = 120.0  # how long a storage outage is retried before the run stops (see tuner.outage)
+    storage_retry_s: float = 120.0  # how long a storage outage is retried before the run stops (see tuner.storage.outage)
 
 
 @dataclass(frozen=True)
 class SentinelSpec:
     """Re-measure the baseline configuration during a study, to divide by a reference that
-    drifts with the machine rather than by one early measurement (see tuner.drift)."""
+    drifts with the machine rather than by one early measurement (see tuner.decisions.drift)."""
 
     every_trials: int = 5  # a sentinel after this many measured trials...
     every_minutes: float | None = 15.0  # ...or this long since the last one, whichever comes first
@@ -64,7 +64,7 @@ class SentinelSpec:
 
 @dataclass(frozen=True)
 class RaceSpec:
-    """The finalist race that declares a winner on fresh, interleaved measurements (see tuner.race)."""
+    """The finalist race that declares a winner on fresh, interleaved measurements (see tuner.decisions.race)."""
 
     rounds: int = 5
     max_finalists: int = 4  # besides the baseline; the closest to the leader first
@@ -96,7 +96,7 @@ class StudySpec:
     reuse: bool = True  # warm start from earlier studies in the same storage on this host (tuner.search.prior)
     sentinel: SentinelSpec = SentinelSpec()
     race: RaceSpec = RaceSpec()
-    quantize: tuple[QuantizeRequest, ...] = ()  # drafts made by llama-quantize (tuner.quantize)
+    quantize: tuple[QuantizeRequest, ...] = ()  # drafts made by llama-quantize (tuner.models.quantize)
 
     @property
     def base_dir(self) -> Path:
