@@ -56,6 +56,11 @@ CMAKE_FLAGS = (
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     f"-DLLAMA_BUILD_COMMIT={PINNED_LLAMA_COMMIT}",
+    # Without AMX: some VMs list it in /proc/cpuinfo but fault on it (a Firecracker guest here: SIGILL in
+    # ggml's tinygemm_kernel_amx on the first matmul). ggml uses AMX for batched matmuls (prompts), not
+    # for single-token decode (an AVX512-VNNI path); an operator who wants it points LLAMA_CPP_BIN at a build.
+    "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
 )
 ENV_BIN_DIR = "LLAMA_CPP_BIN"
 
