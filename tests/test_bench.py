@@ -281,13 +281,15 @@ def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, mon
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     study, out = grid_study(tmp_path), tmp_path / "bench"
     assert main(["bench", "--grid-study", str(study), "--study", str(study), "--seeds", "2", "--rounds", "1",
-                 "--repeat-trials", "2", "--gguf", str(synthetic_models.path("draft-small")), "--out", str(out)]) == 0
+                 "--repeat-trials", "2", "--decision-runs", "4", "--gguf", str(synthetic_models.path("draft-small")),
+                 "--out", str(out)]) == 0
     result = json.loads((out / "bench.json").read_text())
-    assert {"search", "overhead", "repeatability", "timings"} <= set(result)
+    assert {"search", "decisions", "overhead", "repeatability", "timings"} <= set(result)
     assert set(result["search"]["strategies"]) >= {"default", "random", "grid"}
     assert result["overhead"]["rounds"] == 1 and len(result["repeatability"]["winners"]) == 2
     md = (out / "bench.md").read_text()
-    assert md.count("\n## ") == 5 and "Whole bench:" in md  # 1, 1b (operator scale), 2, 3, 4 (GGUF read)
+    assert md.count("\n## ") == 6 and "Whole bench:" in md  # 1, 1b (operator scale), 1c (decisions), 2, 3, 4
+    assert result["decisions"]["runs"] == 4 and len(result["decisions"]["races"]) == 27
     assert [Path(row["path"]).name for row in result["gguf_read"]["files"]] == ["draft-small.gguf"]
     assert (out / "grid-grid-test.csv").exists()
 

@@ -199,7 +199,7 @@ def served(synthetic_models, storage, tmp_path_factory):
         "budget": {"trials": 2},
         "workload": {"suites": ["prompts.yaml"], "n_predict": 16},
         "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 120},
-        "race": {"rounds": 2},
+        "race": {"min_rounds": 3, "max_rounds": 3, "confirm_rounds": 3},
         "storage": storage,
     }))
     study, record = run_study_file(folder / "served.yaml")
@@ -270,11 +270,13 @@ def test_export_races_the_choice_against_the_baseline_side_by_side(served, stora
     assert main(["export", "served", "--storage", storage, "--trial", str(draft.number),
                  "--out", str(out), "--preset", str(preset)]) == 0
     printed = capsys.readouterr().out
-    rounds = load_spec(record.spec_path).race.rounds
-    assert f"re-measure round {rounds}/{rounds}:" in printed and "winner: trial" in printed
+    assert "race round 3:" in printed and "winner: trial" in printed and "verdict: " in printed
     race = json.loads((out / "config.json").read_text())["race"]
-    assert race["rounds"] == rounds and {e["trial"] for e in race["entries"]} == {draft.number, race["baseline_trial"]}
-    assert all(len(e["rates"]) == rounds and e["speedup_low"] <= e["speedup"] <= e["speedup_high"] for e in race["entries"])
+    assert race["rounds"] == 3 and {e["trial"] for e in race["entries"]} == {draft.number, race["baseline_trial"]}
+    assert all(len(e["rates"]) == 3 and e["speedup_low"] <= e["speedup"] <= e["speedup_high"] for e in race["entries"])
     assert race["drafted"][f"trial-{draft.number}"] > 0  # the draft configuration drafted while racing
     assert store.read_race(study) is not None  # recorded with the study
-    assert (tmp_path / "logs" / "served" / f"remeasure-trial-{draft.number}.log").is_file()
+    # one launch per contender and round (selection and confirmation), each with its own log
+    logs = list((tmp_path / "logs" / "served").glob(f"remeasure-trial-{draft.number}-*.log"))
+    assert len(logs) == 3 + (race["confirmation"]["rounds"] if race["confirmation"] else 0) + sum(
+        1 for line in race["outliers"] if f"trial-{draft.number} measured" in line)

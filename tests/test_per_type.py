@@ -116,7 +116,7 @@ def two_type_study(tmp_path: Path, **fields) -> Path:
     (tmp_path / "prose.yaml").write_text(yaml.safe_dump({"prompts": [
         {"id": f"p{i}", "text": f"PROSE: the story number {i} begins"} for i in range(3)]}))
     data.update(workload={"suites": ["code.yaml", "prose.yaml"], "n_predict": 8},
-                budget={"trials": 3}, race={"rounds": 2, "max_finalists": 2},
+                budget={"trials": 3}, race={"min_rounds": 3, "max_rounds": 3, "confirm_rounds": 3, "max_finalists": 2},
                 warm_start=[{"spec_type": "draft-simple", "draft": "draft", "draft_max": k} for k in (2, 4)])
     data.update(fields)
     path.write_text(yaml.safe_dump(data))

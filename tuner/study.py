@@ -246,14 +246,15 @@ class TrialRunner:
         incumbent = store.best_of(records) if ctx.spec.prune and may_prune(record.role) else None
         against = drift_corrected(incumbent, sentinels) if incumbent is not None else []
         # the incumbent ran in another launch: allow the spread this host's sentinels show between launches
-        launch_sigma = sentinels.launch_sigma(worker_id())
+        launch_sigma = sentinels.launch_spread(worker_id())
+        planned = len(ctx.workload.prompts) * ctx.settings.repetitions
 
         def after_request(samples: list[Sample], pass_done: bool, more: bool) -> None:
             """Running tokens/s after a pass; before another request, stop once it cannot beat the incumbent."""
             if pass_done:
                 on_pass(len({s.repetition for s in samples}), summarize(samples, ctx.settings).tokens_per_second)
             if incumbent is not None and more:
-                decision = should_prune([sample_record(s) for s in samples], against, record.role,
+                decision = should_prune([sample_record(s) for s in samples], against, record.role, planned,
                                         launch_sigma=launch_sigma)
                 if decision.prune:
                     raise Pruned(samples, f"against trial {incumbent.number}: {decision.reason}")

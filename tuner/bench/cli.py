@@ -2,7 +2,8 @@
 
 1. Search efficiency: record the grid study's landscape fresh, replay it for every
    strategy over the seeds (`tuner bench-search`); 1b. the same at operator scale, on
-   modelled 96-core landscapes built from the research tables (`tuner bench-operator`).
+   modelled 96-core landscapes built from the research tables (`tuner bench-operator`);
+   1c. the decision rules' error rates on a simulated host with launch effects.
 2. Overhead and validity: alternating rounds against llama-bench on the study's target.
 3. Repeatability: two seeds of the study, winners re-measured side by side.
 4. GGUF metadata: today's full parse against the fast, cached read (the Gemma 3 270M file
@@ -20,7 +21,7 @@ import json
 import time
 from pathlib import Path
 
-from tuner.bench import gguf_read, operator, overhead, repeat, replay
+from tuner.bench import decisions, gguf_read, operator, overhead, repeat, replay
 from tuner.bench.grid import record_grid
 from tuner.bench.table import read_table
 from tuner.machine import hostlock
@@ -45,6 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=7,
                         help="alternating rounds for overhead and re-measuring; one round varies by about 10%% on a "
                              "shared VM, the median of 7 by a few %% (default: 7)")
+    parser.add_argument("--decision-runs", type=int, default=400,
+                        help="simulated races per cell of the decision section (default: 400)")
     parser.add_argument("--repeat-trials", type=int,
                         help="trials per repeatability study (default: the study's own budget, 20 for the demo)")
     parser.add_argument("--gguf", type=Path, action="append",
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    for name in ("seeds", "rounds", "repeat_trials"):
+    for name in ("seeds", "rounds", "repeat_trials", "decision_runs"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
     out = args.out or reports_dir() / "bench"
@@ -96,6 +99,12 @@ def _run(args: argparse.Namespace) -> int:
     mark = time.monotonic()
     at_scale = operator.benchmark(seeds=args.seeds, jobs=-1)
     done("search_operator", at_scale, "1b. Search efficiency at operator scale", operator.markdown(at_scale), mark)
+
+    print("== 1c decisions: race, finalists and pruning on a simulated host with launch effects", flush=True)
+    mark = time.monotonic()
+    choosing = decisions.measure_decisions(runs=args.decision_runs)
+    done("decisions", choosing, "1c. Decisions: error rates of the race, the finalist cut and pruning",
+         decisions.markdown(choosing), mark)
 
     print(f"== 2/3 overhead and validity against llama-bench ({args.study})", flush=True)
     mark = time.monotonic()

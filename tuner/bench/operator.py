@@ -30,7 +30,7 @@ import optuna
 from joblib import Parallel, delayed
 
 from tuner.storage import store
-from tuner.bench.operator_landscapes import LANDSCAPES, OperatorLandscape, landscapes
+from tuner.bench.operator_landscapes import LANDSCAPES, REPETITIONS, OperatorLandscape, landscapes
 from tuner.storage.records import Failure, Metrics, TrialRecord
 from tuner.search.prior import find_prior
 from tuner.search.pruning import should_prune
@@ -87,7 +87,8 @@ class Objective:
         stop = None
         if self.prune and self.incumbent is not None:
             reference = self.incumbent[1]
-            stop = lambda samples: should_prune(samples, reference, role).prune  # noqa: E731
+            planned = REPETITIONS * len(land.prompts)
+            stop = lambda samples: should_prune(samples, reference, role, planned).prune  # noqa: E731
         out, m = land.measure(config, self.rng, stop)
         stage, reason = store.search_note(trial)
         base = TrialRecord(number=trial.number, state="RUNNING", role=role, config=config)

@@ -3,7 +3,7 @@
 Why: a study's winner is only worth exporting if another run of the same study would
 have found something as fast. Two studies that differ only in the sampler seed each
 pick their best feasible trial; both winners are then served at once and measured in
-alternating rounds (A then B, then B then A), so the comparison is of configurations,
+rounds of fresh launches (A then B, then B then A), so the comparison is of configurations,
 not of two moments of a noisy machine. Target: tokens/s within 5% of each other.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from tuner.errors import UserError
-from tuner.decisions.remeasure import Contender, alternate
+from tuner.decisions.remeasure import Contender, rounds_of_launches
 from tuner.studyfile.spec import StudySpec, load_spec
 from tuner.context import prepare
 from tuner.storage.store import best_feasible
@@ -79,10 +79,10 @@ def measure_repeatability(study_file: str | Path, storage_db: Path, *, seeds: tu
 
 
 def side_by_side(spec: StudySpec, winners: list[Winner], rounds: int, progress: Callable[[str], None]) -> list[list[float]]:
-    """Both winners up at once, re-measured in alternating rounds (``tuner.decisions.remeasure``)."""
+    """Both winners re-measured over rounds of fresh launches (``tuner.decisions.remeasure``)."""
     ctx = prepare(spec)
     contenders = [Contender(label, w.argv, w.config.get("temperature", 0.0)) for label, w in zip("AB", winners)]
-    rates = alternate(contenders, ctx.workload, ctx.settings, rounds, ctx.log_dir, progress)
+    rates = rounds_of_launches(contenders, ctx.workload, ctx.settings, rounds, ctx.log_dir, progress)
     return [rates[c.label].tokens_per_second for c in contenders]
 
 
@@ -93,6 +93,6 @@ def markdown(result: RepeatResult) -> str:
         lines.append(f"| {w.study} | {w.seed} | trial {w.trial}: {knobs} | {w.recorded_tokens_per_second:.1f} | "
                      f"{statistics.median(w.remeasured_tokens_per_second):.1f} |")
     lines += ["", f"{result.trials_per_study} trials per study; winners {'identical' if result.same_config else 'differ'}; "
-              f"slower / faster re-measured: {result.ratio:.3f} over {result.rounds} alternating rounds "
+              f"slower / faster re-measured: {result.ratio:.3f} over {result.rounds} rounds of fresh launches "
               f"(target >= {1 - TOLERANCE:.2f}): {'met' if result.met else 'MISSED'}.", ""]
     return "\n".join(lines)

@@ -22,6 +22,9 @@ from tuner.storage.records import TrialRecord
 from tuner.studyfile.spec import SentinelSpec
 
 REFERENCE_ROLES = ("baseline", "sentinel")
+PRIOR_LAUNCH_SIGMA = 0.05  # launch-to-launch spread assumed until three reference runs of a worker measured it
+PRIOR_WEIGHT = 2  # the prior counts as this many measured steps: two steps barely measure a spread
+MIN_LAUNCH_SIGMA = 0.02
 
 
 @dataclass(frozen=True)
@@ -70,16 +73,24 @@ class Sentinels:
         w = min(max((at - a.at) / (b.at - a.at), 0.0), 1.0)
         return a.tokens_per_second + w * (b.tokens_per_second - a.tokens_per_second)
 
+    def steps(self, worker: str) -> list[float]:
+        """Log-ratios of consecutive reference runs of one worker: each a difference of two launches."""
+        series = self.points.get(worker) or []
+        return [math.log(b.tokens_per_second / a.tokens_per_second) for a, b in zip(series, series[1:])
+                if a.tokens_per_second > 0 and b.tokens_per_second > 0]
+
     def launch_sigma(self, worker: str) -> float | None:
         """The launch-to-launch spread of one configuration on this worker, in log terms: the RMS of the
         log-ratios of consecutive reference runs over sqrt(2) (drift counts as spread: a pruner that
         uses it errs towards measuring on). None before the second reference run."""
-        series = self.points.get(worker) or []
-        steps = [math.log(b.tokens_per_second / a.tokens_per_second) for a, b in zip(series, series[1:])
-                 if a.tokens_per_second > 0 and b.tokens_per_second > 0]
-        if not steps:
-            return None
-        return math.sqrt(sum(d * d for d in steps) / len(steps) / 2)
+        steps = self.steps(worker)
+        return math.sqrt(sum(d * d for d in steps) / len(steps) / 2) if steps else None
+
+    def launch_spread(self, worker: str | None = None) -> float:
+        """The launch spread a decision allows (pruning bound, finalists), the widest worker's when none is
+        named: ``allowed_launch_spread`` of its reference runs."""
+        workers = [worker] if worker is not None else list(self.points) or [""]
+        return max(allowed_launch_spread(self.steps(w)) for w in workers)
 
     def drifted(self, worker: str, at: float) -> bool:
         """The sentinels around ``at`` moved by more than the noise."""
@@ -94,6 +105,17 @@ class Sentinels:
         at = midpoint(record)
         rate = self.rate_at(record.worker, at) if at is not None and record.complete else None
         return record.metrics.tokens_per_second / rate if rate else None
+
+
+def allowed_launch_spread(steps: list[float]) -> float:
+    """From consecutive reference runs' log-ratios: the conservative prior before two steps (three runs),
+    then the measured spread shrunk towards the prior by ``PRIOR_WEIGHT`` pseudo-steps (three sentinels
+    underestimate a spread half of the time), floored at ``MIN_LAUNCH_SIGMA``."""
+    if len(steps) < 2:
+        return PRIOR_LAUNCH_SIGMA
+    measured = sum(d * d for d in steps) / 2
+    return max(math.sqrt((measured + PRIOR_WEIGHT * PRIOR_LAUNCH_SIGMA ** 2) / (len(steps) + PRIOR_WEIGHT)),
+               MIN_LAUNCH_SIGMA)
 
 
 def sentinel_due(records: list[TrialRecord], worker: str, spec: SentinelSpec, now: float) -> bool:

@@ -11,13 +11,13 @@ The rule:
 2. A type's winner is the feasible trial (not a sentinel) with the highest tokens/s on the
    type's *tuning* prompts, from the trial's recorded samples (pooled rate per repetition,
    median over repetitions; ties go to the earlier trial).
-3. The type winners, the pooled winner (the finalist race's) and the baseline are served
-   at once and re-measured on the *held-out* prompts in shuffled rounds
-   (``tuner.decisions.remeasure.alternate``), one pooled rate per suite and round.
-4. A type's gain is its winner's median over the pooled winner's median on that type's
-   held-out prompts, with a 95% bootstrap interval over rounds (``tuner.decisions.race.bootstrap_ratio``).
-   The type gets its own served configuration only when the whole interval lies above 1:
-   a gain inside the round-to-round noise gets no separate entry.
+3. The type winners, the pooled winner (the finalist race's) and the baseline are re-measured
+   on the *held-out* prompts, each round launching each of them once
+   (``tuner.decisions.remeasure.rounds_of_launches``), one pooled rate per suite and launch.
+4. A type's gain is the geometric mean of its winner's per-round ratios over the pooled winner
+   on that type's held-out prompts, with a 95% t-interval over rounds (``tuner.decisions.evidence``).
+   The type gets its own served configuration only when there are enough rounds and the whole
+   interval lies above 1: a gain inside the launch-to-launch noise gets no separate entry.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ import optuna
 
 from tuner.storage import store
 from tuner.context import StudyContext
-from tuner.decisions.race import bootstrap_ratio, label
+from tuner.decisions import evidence
+from tuner.decisions.race import label
 from tuner.storage.records import TrialRecord
-from tuner.decisions.remeasure import Contender, alternate
+from tuner.decisions.remeasure import contender, rounds_of_launches
 from tuner.measurement.workload import HELD_OUT_MIN, Split, restrict, split
 
 RULE = ("a type gets its own entry when its winner beats the pooled winner on the type's held-out prompts with the "
-        "whole 95% bootstrap interval of the gain above 1")
+        f"whole 95% t-interval of the gain (paired launches, at least {evidence.MIN_ROUNDS} rounds) above 1")
 
 
 def _pooled(samples: list[dict]) -> float:
@@ -115,7 +116,7 @@ def race_per_type(ctx: StudyContext, study: optuna.Study, pooled: TrialRecord,
     baseline = store.baseline_record(study)
     if baseline is None:
         return None
-    rounds = rounds or ctx.spec.race.rounds
+    rounds = rounds or max(ctx.spec.race.min_rounds, ctx.spec.race.confirm_rounds)
     splits, unsplit = split(ctx.workload)
     winners = type_winners(store.read_trials(study), splits)
     for suite in splits:
@@ -128,9 +129,9 @@ def race_per_type(ctx: StudyContext, study: optuna.Study, pooled: TrialRecord,
         contenders.setdefault(r.config, r)
     held_out = restrict(ctx.workload, [i for suite in winners for i in splits[suite].held_out])
     progress(f"per-type race: {len(contenders)} configurations on {len(held_out.prompts)} held-out prompts "
-             f"({', '.join(winners)}) x {rounds} rounds, shuffled order each round")
-    measured = alternate([Contender(label(r), r.argv, r.config.temperature) for r in contenders.values()],
-                         held_out, ctx.settings, rounds, ctx.log_dir, progress, shuffle_seed=ctx.spec.race.seed)
+             f"({', '.join(winners)}) x {rounds} rounds, one launch each per round")
+    measured = rounds_of_launches([contender(label(r), r) for r in contenders.values()],
+                                  held_out, ctx.settings, rounds, ctx.log_dir, progress)
     types = []
     for suite, (winner, tuning) in winners.items():
         own = contenders[winner.config]
@@ -141,18 +142,20 @@ def race_per_type(ctx: StudyContext, study: optuna.Study, pooled: TrialRecord,
             low = high = gain = 1.0
             pays, why = False, "its winner on the tuning prompts is the pooled winner"
         else:
-            gain = statistics.median(mine) / statistics.median(theirs)
-            low, high = bootstrap_ratio(mine, theirs, ctx.spec.race.seed)
-            pays = low > 1.0
-            why = (f"x{gain:.2f} over the pooled winner on held-out prompts, 95% interval {low:.2f}-{high:.2f}"
-                   + ("" if pays else ": slower than the pooled winner there" if high < 1.0
+            ratio = evidence.ratio(mine, theirs)
+            gain, low, high = ratio.estimate, ratio.low, ratio.high
+            pays = ratio.enough and low > 1.0
+            why = (f"{ratio.text()} over the pooled winner on held-out prompts"
+                   + ("" if pays else ": too few rounds, no separate entry" if not ratio.enough
+                      else ": slower than the pooled winner there" if high < 1.0
                       else ": within the noise, no separate entry"))
         types.append(TypeResult(
             suite=suite, tuning_prompts=list(splits[suite].tuning), held_out_prompts=list(splits[suite].held_out),
             winner=winner.number, config=winner.config.as_dict(), pooled=pooled.number,
             tuning_tokens_per_second=tuning, pooled_tuning_tokens_per_second=tuning_rate(pooled, splits[suite].tuning),
-            held_out_tokens_per_second=statistics.median(mine), pooled_held_out_tokens_per_second=statistics.median(theirs),
-            baseline_held_out_tokens_per_second=statistics.median(base), held_out_rates=mine,
+            held_out_tokens_per_second=evidence.geometric_mean(mine),
+            pooled_held_out_tokens_per_second=evidence.geometric_mean(theirs),
+            baseline_held_out_tokens_per_second=evidence.geometric_mean(base), held_out_rates=mine,
             gain=gain, gain_low=low, gain_high=high, pays=pays, why=why))
     result = PerTypeResult(rounds, pooled.number, baseline.number, types, unsplit)
     store.write_per_type(study, result.to_json())

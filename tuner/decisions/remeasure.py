@@ -1,70 +1,123 @@
-"""Re-measure several configurations side by side: all servers up, rounds in alternating order.
+"""Re-measure configurations launch by launch: one live server at a time, in a carry-over-balanced order.
 
-Why: a figure recorded minutes ago on a shared machine can be luck. Measuring the
-contenders now, each round one pass of the workload on each, in forward then reverse
-order (or a shuffled one), compares configurations rather than moments of a noisy machine.
-The finalist race (``tuner.decisions.race``, at the end of a run and in export), the per-type race
-and the repeatability benchmark all use this.
+Why: a server launch lands its threads, pages and allocations somewhere, and the next launch
+of the same configuration runs a few percent faster or slower. Requests within one launch
+are not independent samples of a configuration, so a re-measure round *launches* each
+contender, warms it up (discarded), measures one pass of the workload and stops it. Stateful
+speculation (ngram-cache remembers earlier requests) starts fresh in every round, and only
+the first pass of a launch counts. Rounds follow a Williams design (every contender equally
+often first, and right after each other one), and the models' cached pages are evicted when
+consecutive launches use different NUMA policies, as a study does between trials.
+
+The finalist race (``tuner.decisions.race``), the per-type race and the repeatability
+benchmark all re-measure through here.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tuner.errors import UserError
+from tuner.machine.placement import evict
 from tuner.measurement.failures import TrialFailure
 from tuner.measurement.measure import MeasurementSettings, pooled_rate, run_workload
 from tuner.measurement.runner import LlamaServer, free_port
 from tuner.measurement.workload import Workload
+from tuner.storage.records import TrialRecord
+
+MODEL_FLAGS = ("--model", "--spec-draft-model")
 
 
 @dataclass(frozen=True)
 class Contender:
-    label: str  # also the log file's name: remeasure-LABEL.log
+    label: str  # also the log files' name: remeasure-LABEL-N.log
     argv: list[str]  # without --host/--port
     temperature: float
+    numa: str = "none"
+    models: tuple[str, ...] = ()  # files whose cached pages follow the NUMA policy
+
+
+def contender(label: str, record: TrialRecord) -> Contender:
+    """A stored trial as a contender: its command, temperature, NUMA policy and model files."""
+    models = tuple(v for f, v in (record.command.options if record.command else ()) if f in MODEL_FLAGS and v)
+    return Contender(label, record.argv, record.config.temperature, record.config.numa, models)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch's measured pass."""
+
+    rate: float  # pooled tokens/s of the pass
+    drafted: int
+    accepted: int
+    per_suite: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Rates:
-    tokens_per_second: list[float]  # one pooled rate per round
+    tokens_per_second: list[float]  # one launch per round
     drafted: int  # draft tokens over all rounds (0 with speculation on: it was off)
     per_suite: dict[str, list[float]] = field(default_factory=dict)  # suite -> one pooled rate per round
+    accepted: list[int] = field(default_factory=list)  # accepted draft tokens, per round
 
 
-def alternate(contenders: list[Contender], workload: Workload, settings: MeasurementSettings, rounds: int,
-              log_dir: Path, progress: Callable[[str], None] = print, shuffle_seed: int | None = None) -> dict[str, Rates]:
-    """Each round one pass of the workload per contender; the first round warms up as a trial does.
+def williams_order(n: int, round_index: int) -> list[int]:
+    """Row ``round_index`` of a Williams design for ``n`` contenders: over n rounds (2n for odd n) each
+    contender is equally often in each position and follows every other one equally often."""
+    first = [0]
+    for k in range(1, n):
+        first.append((k + 1) // 2 if k % 2 else n - k // 2)
+    rows = [[(x + i) % n for x in first] for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return rows[round_index % len(rows)] if n else []
 
-    The order alternates (forward, then reverse), or with ``shuffle_seed`` is shuffled afresh
-    every round, so no contender always runs first or right after the same neighbour."""
-    rng = random.Random(shuffle_seed)
-    rates: dict[str, list[float]] = {c.label: [] for c in contenders}
-    drafted = dict.fromkeys(rates, 0)
-    per_suite: dict[str, dict[str, list[float]]] = {c.label: {s: [] for s in workload.suites} for c in contenders}
-    timeout = settings.trial_timeout_s
-    try:
-        with ExitStack() as stack:
-            servers = [(c, stack.enter_context(LlamaServer(c.argv, free_port(), log_dir / f"remeasure-{c.label}.log",
-                                                           ready_timeout_s=timeout, request_timeout_s=timeout)))
-                       for c in contenders]
-            for r in range(rounds):
-                once = replace(settings, warmup=settings.warmup if r == 0 else 0, repetitions=1)
-                order = servers if r % 2 == 0 else servers[::-1]
-                if shuffle_seed is not None:
-                    order = rng.sample(servers, len(servers))
-                for contender, server in order:
-                    samples = run_workload(server, workload, once, contender.temperature)
-                    rates[contender.label].append(pooled_rate(samples))
-                    drafted[contender.label] += sum(s.draft_n for s in samples)
-                    for suite, values in per_suite[contender.label].items():
-                        values.append(pooled_rate(s for s in samples if s.suite == suite))
-                progress(f"re-measure round {r + 1}/{rounds}: "
-                         + ", ".join(f"{label} {values[-1]:.1f} t/s" for label, values in rates.items()))
-    except TrialFailure as failure:
-        raise UserError(f"re-measuring failed: {failure}; see the logs in {log_dir}") from None
-    return {label: Rates(values, drafted[label], per_suite[label]) for label, values in rates.items()}
+
+class Remeasure:
+    """Launches contenders one at a time; remembers the NUMA policy its pages were placed under."""
+
+    def __init__(self, workload: Workload, settings: MeasurementSettings, log_dir: Path,
+                 progress: Callable[[str], None] = print):
+        self.workload, self.log_dir, self.progress = workload, log_dir, progress
+        self.settings = replace(settings, repetitions=1, max_repetitions=None)
+        self.placed_under: str | None = None
+        self.launches = 0
+
+    def launch(self, c: Contender) -> Launch:
+        """Start ``c``'s server, warm up, measure one pass, stop it."""
+        if self.placed_under is not None and c.numa != self.placed_under and c.models:
+            evict([Path(m) for m in c.models])
+        self.placed_under = c.numa
+        self.launches += 1
+        timeout = self.settings.trial_timeout_s
+        log = self.log_dir / f"remeasure-{c.label}-{self.launches}.log"
+        try:
+            with LlamaServer(c.argv, free_port(), log, ready_timeout_s=timeout, request_timeout_s=timeout) as server:
+                samples = run_workload(server, self.workload, self.settings, c.temperature)
+        except TrialFailure as failure:
+            raise UserError(f"re-measuring {c.label} failed: {failure}; see {log}") from None
+        return Launch(pooled_rate(samples), sum(s.draft_n for s in samples), sum(s.draft_n_accepted for s in samples),
+                      {suite: pooled_rate(s for s in samples if s.suite == suite) for suite in self.workload.suites})
+
+    def round(self, contenders: Sequence[Contender], round_index: int) -> dict[str, Launch]:
+        """Each contender launched once, in the Williams order of this round."""
+        order = [contenders[i] for i in williams_order(len(contenders), round_index)]
+        return {c.label: self.launch(c) for c in order}
+
+
+def rounds_of_launches(contenders: list[Contender], workload: Workload, settings: MeasurementSettings, rounds: int,
+                       log_dir: Path, progress: Callable[[str], None] = print) -> dict[str, Rates]:
+    """A fixed number of rounds, each launching every contender once (per-type race, repeatability bench)."""
+    remeasure = Remeasure(workload, settings, log_dir, progress)
+    launches: dict[str, list[Launch]] = {c.label: [] for c in contenders}
+    for r in range(rounds):
+        for label, launch in remeasure.round(contenders, r).items():
+            launches[label].append(launch)
+        progress(f"re-measure round {r + 1}/{rounds} (one launch each): "
+                 + ", ".join(f"{label} {values[-1].rate:.1f} t/s" for label, values in launches.items()))
+    return {label: Rates([x.rate for x in values], sum(x.drafted for x in values),
+                         {s: [x.per_suite.get(s, 0.0) for x in values] for s in workload.suites},
+                         [x.accepted for x in values])
+            for label, values in launches.items()}

@@ -315,7 +315,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         importances=importances(study, record),
         failures=failures(frame),
         sentinels=sentinel_frame(records),
-        race=RaceResult.from_json(race) if race else None,
+        race=RaceResult.from_json(race) if race else None,  # None: stored by an older version
         acceptance_model=pd.DataFrame(fitted_models(study)),
         per_type=PerTypeResult.from_json(per_type) if (per_type := store.read_per_type(study)) else None,
         prior=store.read_prior(study),

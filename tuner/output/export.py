@@ -204,9 +204,8 @@ def shell_script(export: Export) -> str:
         f"acceptance {m.get('acceptance', 0.0):.2f}, quality {m.get('quality', 0.0):.3f}.",
     ]
     if export.race is not None:
-        w = export.race.winning
-        lines.append(f"# Raced at export: x{w.speedup:.2f} over the baseline (95% interval {w.speedup_low:.2f}-"
-                     f"{w.speedup_high:.2f}), median of {export.race.rounds} shuffled rounds.")
+        lines.append(f"# Raced at export: {export.race.figure()}.")
+        lines.append(f"# Race verdict: {export.race.verdict}.")
     lines += [
         f"# Measured on {export.machine.get('cpu_model')} with llama.cpp {export.llama_cpp.get('commit')}.",
         "# --temp sets the tuned temperature as the default; clients may send their own.",

@@ -162,14 +162,17 @@ def drift_figure(data: ReportData, div_id: str) -> str:
 def race_table(data: ReportData) -> str:
     race = data.race
     rows = pd.DataFrame([{"trial": e.trial, "winner": "*" if e.trial == race.winner else "",
-                          "median_tps": e.median, "recorded_tps": e.recorded_tokens_per_second,
+                          "launches": len(e.rates), "mean_tps": e.median, "recorded_tps": e.recorded_tokens_per_second,
                           "speedup": e.speedup, "interval": f"{e.speedup_low:.2f}-{e.speedup_high:.2f}",
+                          "status": e.status,
                           "config": " ".join(f"{k}={v}" for k, v in e.config.items())} for e in race.entries])
-    tie = (f"<p>Trials {race.winner} and {race.tied_with} could not be told apart; picked by the rule: "
-           f"{html.escape(race.rule)}.</p>" if race.tied_with is not None else "")
-    return tie + _table(rows, {"trial": "trial", "winner": "winner", "median_tps": "median t/s (race)",
-                               "recorded_tps": "recorded t/s (study)", "speedup": "speedup",
-                               "interval": "95% interval", "config": "configuration"})
+    notes = [f"<p>Verdict: {html.escape(race.verdict)}. Winner: {html.escape(race.figure())}.</p>"]
+    notes += [f"<p>Outlier: {html.escape(line)}</p>" for line in race.outliers]
+    return "".join(notes) + _table(rows, {
+        "trial": "trial", "winner": "winner", "launches": "launches (selection)",
+        "mean_tps": "geometric mean t/s (race)", "recorded_tps": "recorded t/s (study)",
+        "speedup": "speedup (paired rounds)", "interval": "95% t-interval", "status": "status",
+        "config": "configuration"})
 
 
 def per_type_figure(data: ReportData, div_id: str) -> str:
@@ -203,7 +206,7 @@ def per_type_body(data: ReportData) -> str:
     else:
         result = data.per_type
         parts.append(f"<p>Pooled winner: trial {result.pooled}. Rule: {html.escape(result.rule)}; "
-                     f"{result.rounds} shuffled rounds on the held-out prompts.</p>")
+                     f"{result.rounds} rounds of fresh launches on the held-out prompts.</p>")
         parts.append(_table(per_type_frame(result), {
             "suite": "type", "trial": "winner (tuning)", "method": "draft", "K": "K",
             "tuning_tokens_per_second": "t/s tuning prompts", "held_out_tokens_per_second": "t/s held-out",

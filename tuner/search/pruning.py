@@ -9,16 +9,20 @@ The comparison is paired, prompt by prompt: each measured request is divided by 
 incumbent's rate on the same prompt (its median over repetitions), so a slow prompt does
 not look like a slow configuration. From the log-ratios seen so far:
 
-* the prompts already measured contribute ``mean + z * sd / sqrt(n)`` (the spread's
-  standard error, never below ``sigma_floor``: three samples do not measure a spread);
-  a launch-to-launch spread (``launch_sigma``, at least 2%, more when the study's sentinels
-  measured more) is allowed on top;
+* the prompts already measured contribute ``mean + z * sqrt(sd^2 / n + 2 launch^2)``: the
+  spread's standard error (``sd`` never below ``sigma_floor``: three samples do not measure a
+  spread), and the launch-to-launch spread on both sides (the trial and the incumbent each ran
+  in one launch, which moves all its requests together; ``launch`` from the study's sentinels,
+  ``tuner.decisions.drift.Sentinels.launch_spread``, a conservative 5% until three exist);
 * prompts not measured yet may differ (a slower answer), so each contributes the *best*
-  ratio seen plus ``z * sd``; a prompt of a suite (content type) none of whose prompts was
+  ratio seen plus ``z * sqrt(sd^2 + 2 launch^2)``; a prompt of a suite (content type) none of whose prompts was
   measured yet gives no bound at all: the best K for prose is not the best for code, and
   a configuration that loses on the code prompts may still win the pooled rate or the
   per-type export on prose (``tuner.decisions.per_type``), so nothing is pruned before every suite
   was seen;
+* the rule looks after every request, so its error is spent over the looks as O'Brien-Fleming
+  does: at a fraction f of the trial's requests the bound uses ``z / sqrt(f)`` (early looks
+  prune only the hopeless);
 
 and the trial is pruned when the prompt-weighted bound is below 1 (the incumbent). With
 per-repetition figures instead of per-prompt ones (one reference rate, ``unseen`` 0) the
@@ -34,13 +38,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-Z = 2.0
+from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA
+
+Z = 2.0  # the final look's one-sided boundary; earlier looks use Z / sqrt(fraction) (O'Brien-Fleming)
 SIGMA_FLOOR = 0.04  # log-ratio spread assumed at least (a few % per request on a shared box)
-# A launch moves all of its requests together (placement, clocks), the incumbent's too: a spread
-# within one trial cannot see it, so the bound always allows this much on top; a study passes the
-# spread its sentinels measured between launches when that is larger (tuner.decisions.drift.Sentinels.launch_sigma:
-# 5-15% on a shared 2-core VM).
-LAUNCH_SIGMA = 0.02
 MIN_SAMPLES = 3
 NEVER_PRUNED = frozenset({"baseline", "finalist", "sentinel"})
 
@@ -60,10 +61,11 @@ def may_prune(role: str | None) -> bool:
 
 def prune_decision(ratios: Sequence[float], unseen: int = 0, *, z: float = Z, sigma_floor: float = SIGMA_FLOOR,
                    min_samples: int = MIN_SAMPLES, seen: int | None = None,
-                   launch_sigma: float | None = None) -> PruneDecision:
+                   launch_sigma: float = PRIOR_LAUNCH_SIGMA, fraction: float = 1.0) -> PruneDecision:
     """Decide from paired ratios (trial / incumbent, per request) and the number of prompts not yet measured.
 
-    ``seen``: prompts measured at least once (default: one per ratio, capped by the ratios).
+    ``seen``: prompts measured at least once (default: one per ratio, capped by the ratios);
+    ``fraction``: the share of the trial's requests measured so far (the look's information).
     """
     n = len(ratios)
     if n < min_samples or any(r <= 0 for r in ratios):
@@ -72,10 +74,11 @@ def prune_decision(ratios: Sequence[float], unseen: int = 0, *, z: float = Z, si
     mean = statistics.fmean(logs)
     sd = max(statistics.stdev(logs) if n > 1 else 0.0, sigma_floor)
     seen = n if seen is None else seen
-    seen_bound = math.exp(mean + z * sd / math.sqrt(n))
-    unseen_bound = math.exp(max(logs) + z * sd)
-    launch = max(LAUNCH_SIGMA, launch_sigma or 0.0)  # a measured spread widens the bound, never narrows it
-    bound = (seen * seen_bound + unseen * unseen_bound) / (seen + unseen) * math.exp(z * launch)
+    z_look = z / math.sqrt(min(max(fraction, 1e-6), 1.0))
+    both_launches = 2 * launch_sigma ** 2
+    seen_bound = math.exp(mean + z_look * math.sqrt(sd ** 2 / n + both_launches))
+    unseen_bound = math.exp(max(logs) + z_look * math.sqrt(sd ** 2 + both_launches))
+    bound = (seen * seen_bound + unseen * unseen_bound) / (seen + unseen)
     estimate = math.exp(mean)
     if bound < 1.0:
         return PruneDecision(True, bound, estimate,
@@ -118,12 +121,13 @@ def paired_ratios(samples: Iterable[dict], incumbent_samples: Iterable[dict]) ->
 
 
 def should_prune(samples: Sequence[dict], incumbent_samples: Sequence[dict], role: str | None = None,
-                 **kwargs) -> PruneDecision:
-    """The study loop's one call per finished request."""
+                 planned: int | None = None, **kwargs) -> PruneDecision:
+    """The study loop's one call per finished request; ``planned``: the trial's requests in all (the looks' scale)."""
     if not may_prune(role):
         return PruneDecision(False, math.inf, math.nan, f"a {role} trial is never pruned")
     pairing = paired_ratios(samples, incumbent_samples)
     if pairing.unseen_suites:
         return PruneDecision(False, math.inf, math.nan,
                              f"suite(s) {', '.join(pairing.unseen_suites)} not measured yet: no bound")
-    return prune_decision(pairing.ratios, pairing.unseen, seen=pairing.seen, **kwargs)
+    fraction = len(samples) / planned if planned else 1.0
+    return prune_decision(pairing.ratios, pairing.unseen, seen=pairing.seen, fraction=fraction, **kwargs)

@@ -1,0 +1,228 @@
+"""Decisions an operator deploys: launch-level evidence, the sequential race, outliers, pruning's error spending.
+
+Crafted rates test each rule; the real build races synthetic configurations launch by launch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections import Counter
+
+import pytest
+
+from tuner.decisions import evidence
+from tuner.decisions.drift import MIN_LAUNCH_SIGMA, PRIOR_LAUNCH_SIGMA, allowed_launch_spread
+from tuner.decisions.race import confirm, sequential_race, within_reach
+from tuner.decisions.remeasure import williams_order
+from tuner.search.pruning import prune_decision
+from tuner.studyfile.spec import RaceSpec
+
+# ------------------------------------------------------------------ evidence
+
+
+def test_t_quantiles_match_the_tables():
+    for df, q975, q95 in [(1, 12.706, 6.314), (2, 4.303, 2.920), (5, 2.571, 2.015), (30, 2.042, 1.697)]:
+        assert evidence.t_quantile(0.975, df) == pytest.approx(q975, abs=1e-3)
+        assert evidence.t_quantile(0.95, df) == pytest.approx(q95, abs=1e-3)
+    assert evidence.t_cdf(0.0, 3) == pytest.approx(0.5)
+
+
+def test_a_speedup_is_the_geometric_mean_of_paired_round_ratios_with_a_t_interval():
+    a, b = [110.0, 121.0, 99.0, 104.5], [100.0, 110.0, 90.0, 95.0]  # every round x1.10, whatever the launch gave
+    r = evidence.ratio(a, b)
+    assert r.estimate == pytest.approx(1.10) and r.low == pytest.approx(1.10) and r.high == pytest.approx(1.10)
+    # unpaired medians would have mixed the launches: 107.25 / 97.5 = 1.1 only by luck; a noisy pair widens it
+    r = evidence.ratio([110.0, 100.0, 120.0], [100.0, 100.0, 100.0])
+    assert r.low < r.estimate < r.high and r.enough
+
+
+def test_two_rounds_are_too_few_rounds_and_decide_nothing():
+    # the bootstrap of two rounds claimed (0.90, 9.49) for these; the t-interval says it knows nothing
+    r = evidence.ratio([9.0, 0.0355], [10.0, 0.00374])
+    assert not r.enough and "too few rounds" in r.text()
+    assert not evidence.shown_better([200.0, 210.0], [100.0, 101.0])
+    assert not evidence.shown_equivalent([100.0, 100.0], [100.0, 100.0], 0.02)
+
+
+def test_shown_better_and_shown_equivalent_on_crafted_rounds():
+    lead = [100.0, 104.0, 98.0, 102.0, 101.0]
+    assert evidence.shown_better(lead, [x * 0.9 for x in lead])
+    assert not evidence.shown_better(lead, [x * 0.995 for x in lead[::-1]])
+    tight = [x * 1.005 for x in lead]
+    assert evidence.shown_equivalent(lead, tight, margin=0.02)
+    assert not evidence.shown_equivalent(lead, [x * 0.97 for x in lead], margin=0.02)  # 3% apart is not within 2%
+
+
+def test_an_outlier_round_is_impossible_or_far_from_the_others():
+    rounds = [480.0, 455.0, 490.0, 383.0]
+    assert evidence.is_outlier(47.7, rounds)  # make demo's round 4
+    assert evidence.is_outlier(0.0, rounds) and evidence.is_outlier(math.nan, rounds)
+    assert not evidence.is_outlier(430.0, rounds)
+    assert not evidence.is_outlier(47.7, [480.0])  # one other round is no context
+
+
+# ------------------------------------------------------------------ the order of launches
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_williams_rounds_balance_position_and_carry_over(n):
+    rows = [williams_order(n, r) for r in range(n if n % 2 == 0 else 2 * n)]
+    assert all(sorted(row) == list(range(n)) for row in rows)
+    positions = Counter((pos, c) for row in rows for pos, c in enumerate(row))
+    assert len(set(positions.values())) == 1  # each contender equally often in each position
+    follows = Counter((a, b) for row in rows for a, b in zip(row, row[1:]))
+    assert len(follows) == n * (n - 1) and len(set(follows.values())) == 1  # and after each other one
+
+
+# ------------------------------------------------------------------ the sequential race
+
+
+def scripted(mus: dict[str, float], noise: float, seed: int = 0, outliers: dict[tuple[str, int], float] | None = None):
+    """Launch functions over true rates with lognormal noise; ``outliers`` fixes (label, launch number) rates."""
+    rng = random.Random(seed)
+    count: Counter = Counter()
+    log: list[str] = []
+
+    def launch(name: str) -> float:
+        count[name] += 1
+        log.append(name)
+        fixed = (outliers or {}).get((name, count[name]))
+        return fixed if fixed is not None else mus[name] * math.exp(rng.gauss(0, noise))
+
+    def launch_round(names: list[str], r: int) -> dict[str, float]:
+        return {n: launch(n) for n in (names[i] for i in williams_order(len(names), r))}
+
+    return launch, launch_round, log
+
+
+SPEC = RaceSpec(min_rounds=3, max_rounds=10, equivalence=0.02, confirm_rounds=4)
+
+
+def test_a_clearly_faster_leader_wins_and_the_others_are_dropped_as_they_go():
+    mus = {"fast": 200.0, "slow": 150.0, "base": 100.0}
+    launch, launch_round, log = scripted(mus, 0.02)
+    contest, outcome = sequential_race(["fast", "slow"], "base", launch_round, launch,
+                                       {"fast": (2, 9), "slow": (1, 0), "base": (1, 0)}, SPEC, progress=lambda _: None)
+    assert outcome.winner == "fast" and outcome.decided and "shown faster" in outcome.verdict
+    assert set(contest.dropped) == {"slow", "base"} and len(contest.rates["fast"]) == SPEC.min_rounds
+    assert contest.launches == len(log) == 3 * SPEC.min_rounds
+
+
+def test_resources_decide_only_between_configurations_shown_equivalent():
+    mus = {"k8": 200.0, "k6": 199.5, "base": 100.0}
+    launch, launch_round, _ = scripted(mus, 0.002)
+    resources = {"k8": (2, 100), "k6": (1, 100), "base": (2, 0)}  # k6 uses fewer threads
+    _, outcome = sequential_race(["k8", "k6"], "base", launch_round, launch, resources, SPEC, progress=lambda _: None)
+    assert outcome.decided and outcome.winner == "k6" and "equivalent" in outcome.verdict
+    # 3% apart is not equivalent: the faster one wins although it uses more threads
+    launch, launch_round, _ = scripted({"k8": 200.0, "k6": 194.0, "base": 100.0}, 0.002)
+    _, outcome = sequential_race(["k8", "k6"], "base", launch_round, launch, resources, SPEC, progress=lambda _: None)
+    assert outcome.winner == "k8" and "k6" not in outcome.equivalent
+
+
+def test_a_race_out_of_rounds_says_it_is_undecided_and_deploys_the_higher_estimate():
+    launch, launch_round, _ = scripted({"a": 200.0, "b": 199.0, "base": 100.0}, 0.08, seed=3)
+    contest, outcome = sequential_race(["a", "b"], "base", launch_round, launch, {}, RaceSpec(max_rounds=4),
+                                       progress=lambda _: None)
+    assert not outcome.decided and "undecided after 4 rounds" in outcome.verdict
+    lead = max(("a", "b"), key=lambda n: evidence.geometric_mean(contest.rates[n]))
+    assert outcome.winner == lead
+
+
+def test_an_outlier_launch_is_launched_again_and_reported():
+    mus = {"a": 480.0, "base": 250.0}
+    launch, launch_round, log = scripted(mus, 0.02, outliers={("a", 4): 47.7})
+    contest, outcome = sequential_race(["a"], "base", launch_round, launch, {}, RaceSpec(min_rounds=4, max_rounds=6),
+                                       progress=lambda _: None)
+    assert len(contest.outliers) == 1 and "47.7" in contest.outliers[0] and "launched again" in contest.outliers[0]
+    assert min(contest.rates["a"]) > 400  # the outlier is not in the figure
+    assert log.count("a") == len(contest.rates["a"]) + 1
+
+
+def test_an_early_outlier_is_caught_once_there_are_rounds_to_compare_with():
+    launch, launch_round, _ = scripted({"a": 480.0, "base": 250.0}, 0.02, outliers={("a", 1): 47.7})
+    contest, _ = sequential_race(["a"], "base", launch_round, launch, {}, RaceSpec(min_rounds=4, max_rounds=6),
+                                 progress=lambda _: None)
+    assert contest.outliers and contest.outliers[0].startswith("round 1: a measured 47.7")
+    assert min(contest.rates["a"]) > 400
+
+
+def test_the_printed_speedup_comes_from_rounds_not_used_to_pick_the_winner():
+    launch, launch_round, log = scripted({"w": 300.0, "base": 100.0}, 0.02)
+    confirmation, check = confirm("w", "base", launch_round, launch, 4)
+    assert confirmation.rounds == 4 and len(log) == 8 and check.launches == 8
+    assert 2.8 < confirmation.low < confirmation.speedup < confirmation.high < 3.2
+
+
+# ------------------------------------------------------------------ finalists and pruning
+
+
+def test_finalists_allow_the_launch_spread_on_both_sides():
+    scored = [(math.log(100.0), 0.01), (math.log(92.0), 0.01), (math.log(70.0), 0.01)]
+    assert within_reach(scored, 0.01) == [0]  # a steady host: 8% is out of reach
+    assert within_reach(scored, 0.05) == [0, 1]  # one launch each at 5% spread: 8% may be luck
+
+
+def test_the_launch_spread_is_the_prior_until_three_sentinels_then_measured_and_shrunk():
+    assert allowed_launch_spread([]) == allowed_launch_spread([0.2]) == PRIOR_LAUNCH_SIGMA
+    assert MIN_LAUNCH_SIGMA <= allowed_launch_spread([0.0, 0.0]) < PRIOR_LAUNCH_SIGMA
+    assert allowed_launch_spread([0.0] * 50) == MIN_LAUNCH_SIGMA
+    assert allowed_launch_spread([0.2, -0.2]) > PRIOR_LAUNCH_SIGMA
+
+
+def test_pruning_spends_its_error_over_the_looks_and_counts_both_launches():
+    ratios = [0.87, 0.86, 0.88, 0.87, 0.86, 0.88]
+    assert prune_decision(ratios, launch_sigma=0.02, fraction=1.0).prune
+    assert not prune_decision(ratios, launch_sigma=0.02, fraction=0.1).prune  # an early look needs more
+    assert not prune_decision(ratios, launch_sigma=0.06, fraction=1.0).prune  # 2 x 6% launch spread covers 13%
+    # the launch spread enters on both sides: the log-bound grows as sqrt(se^2 + 2 launch^2)
+    wide, narrow = prune_decision(ratios, launch_sigma=0.06), prune_decision(ratios, launch_sigma=0.0)
+    se = math.log(narrow.bound / narrow.estimate) / 2
+    assert math.log(wide.bound / wide.estimate) == pytest.approx(2 * math.sqrt(se ** 2 + 2 * 0.06 ** 2), rel=0.05)
+
+
+def test_equal_configurations_are_rarely_pruned_on_a_simulated_host():
+    from tuner.bench.decisions import prune_cell
+    cell = prune_cell(0.05, runs=150, seed=7)
+    assert cell["new_one"] <= 0.08 and cell["new_one"] <= cell["old_one"]
+
+
+def test_the_decision_benchmark_runs_the_product_code_and_prints_its_targets():
+    from tuner.bench.decisions import markdown, measure_decisions
+    result = measure_decisions(runs=8, seed=1)
+    text = markdown(result)
+    assert len(result["races"]) == 27 and "coverage >=" in text and "race time vs today's" in text
+    for cell in result["races"]:
+        assert 0 <= cell["coverage_new"] <= 1 and cell["launches_new"] >= 2 * 3
+
+
+@pytest.mark.parametrize("pair", list(itertools.permutations(["x", "y"])))
+def test_a_race_is_symmetric_in_the_order_finalists_are_given(pair):
+    launch, launch_round, _ = scripted({"x": 200.0, "y": 150.0, "base": 100.0}, 0.02)
+    _, outcome = sequential_race(list(pair), "base", launch_round, launch, {}, SPEC, progress=lambda _: None)
+    assert outcome.winner == "x"
+
+
+# ------------------------------------------------------------------ real launches
+
+
+@pytest.mark.llama
+def test_a_stateful_lookup_type_starts_fresh_in_every_round(synthetic_models, tmp_path):
+    """ngram-cache remembers earlier requests of a launch: a round on a fresh launch records the same drafts."""
+    from tuner.decisions.remeasure import Contender, rounds_of_launches
+    from tuner.machine.llama_build import binary
+    from tuner.measurement.measure import MeasurementSettings
+    from tuner.measurement.workload import load_workload, restrict
+
+    code = load_workload(["code"], tmp_path)
+    workload = restrict(code, [p.id for p in code.prompts[:2]])
+    argv = [str(binary("llama-server")), "-m", str(synthetic_models.path("target")), "-t", "1", "-c", "1024",
+            "-np", "1", "--no-webui", "--spec-type", "ngram-cache", "--spec-draft-n-max", "4"]
+    settings = MeasurementSettings(warmup=0, repetitions=1, n_predict=48, ctx_size=1024, trial_timeout_s=120)
+    rates = rounds_of_launches([Contender("cache", argv, 0.0)], workload, settings, 3, tmp_path, progress=lambda _: None)
+    accepted = rates["cache"].accepted
+    assert rates["cache"].drafted > 0 and accepted[0] > 0
+    assert accepted == [accepted[0]] * 3  # no pass-to-pass growth: every round is the first pass of a launch
+    assert len(list(tmp_path.glob("remeasure-cache-*.log"))) == 3

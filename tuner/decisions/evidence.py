@@ -1,0 +1,160 @@
+"""Launch-level evidence: paired per-round ratios, their t-interval, "shown better", "shown equivalent", outliers.
+
+Why: on a real host every launch of a server runs a few percent faster or slower than the last,
+so the unit of evidence is the launch. A race round launches each contender once and measures
+one pass; two contenders' rates in one round are a pair (same minutes of the machine). The
+figure for "A over B" is the geometric mean of the per-round ratios, and its interval is
+Student's t on the log ratios: with lognormal launch and round noise the interval covers at
+its nominal rate at any number of rounds, where a percentile bootstrap over 2-5 rounds covers
+50-93% of the time. Below ``MIN_ROUNDS`` a figure is printed but marked "too few rounds", and
+nothing (a tie, a per-type entry) is decided on it.
+
+Decisions (the sequential race, ``tuner.decisions.race``):
+
+* A is *shown better* than B when the one-sided ``1 - alpha`` lower bound of mean log(A/B) is above 0;
+* A and B are *shown equivalent* within a margin m (TOST): the ``1 - 2 alpha`` interval of the
+  ratio lies inside (1/(1+m), 1+m).
+
+A round is an *outlier* for a contender when its rate is impossible (not a positive finite
+number) or its log is more than ``OUTLIER_MADS`` scaled MADs from the median of the contender's
+other rounds (the MAD floored at ``MAD_FLOOR``: a few close rounds do not make an ordinary launch an outlier).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+CONFIDENCE = 0.95
+ALPHA = 0.05  # one-sided, per comparison and look, in the sequential race
+MIN_ROUNDS = 3  # fewer paired rounds give no decision (and a t-interval with 1 degree of freedom)
+OUTLIER_MADS = 5.0
+MAD_FLOOR = 0.05  # log terms: with 5 MADs no launch within 25% of the median is an outlier
+MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
+
+
+def t_cdf(t: float, df: int) -> float:
+    """Student's t distribution function for an integer number of degrees of freedom (exact series)."""
+    if df < 1:
+        raise ValueError("df must be >= 1")
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd
+        term, total = 1.0, 0.0
+        if df > 1:
+            total = 1.0
+            for k in range(1, (df - 3) // 2 + 1):
+                term *= c2 * (2 * k) / (2 * k + 1)
+                total += term
+            total *= math.sin(theta) * math.cos(theta)
+        inside = 2 / math.pi * (theta + total)
+    else:
+        term, total = 1.0, 1.0
+        for k in range(1, (df - 2) // 2 + 1):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        inside = math.sin(theta) * total
+    return 0.5 + math.copysign(inside / 2, t)
+
+
+@functools.lru_cache(maxsize=None)
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t (bisection on ``t_cdf``)."""
+    if not 0 < p < 1:
+        raise ValueError("p must be in (0, 1)")
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:
+        high *= 2
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
+    return (low + high) / 2
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """The figure of one contender over its launches (0 when a launch measured nothing)."""
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values and min(values) > 0 else 0.0
+
+
+def log_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """Per-round log(a/b); rounds where either rate is not positive are left out."""
+    if len(a) != len(b):
+        raise ValueError("paired rounds need the same number of rates")
+    return [math.log(x / y) for x, y in zip(a, b) if x > 0 and y > 0]
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A over B from paired rounds: the geometric mean of per-round ratios and its t-interval."""
+
+    estimate: float
+    low: float
+    high: float
+    rounds: int
+    confidence: float = CONFIDENCE
+
+    @property
+    def enough(self) -> bool:
+        return self.rounds >= MIN_ROUNDS
+
+    def text(self) -> str:
+        """``x1.31 [1.25, 1.38]``, or the estimate marked when the rounds are too few for an interval."""
+        if self.rounds < 2:
+            return f"x{self.estimate:.2f} (1 round: no interval)"
+        figure = f"x{self.estimate:.2f} [{self.low:.2f}, {self.high:.2f}]"
+        return figure if self.enough else f"{figure} (too few rounds: {self.rounds} < {MIN_ROUNDS})"
+
+
+def _mean_sd(logs: list[float]) -> tuple[float, float]:
+    return statistics.fmean(logs), statistics.stdev(logs) if len(logs) > 1 else math.inf
+
+
+def _bounds(logs: list[float], two_sided_level: float) -> tuple[float, float]:
+    """The two-sided ``two_sided_level`` t-interval of the mean log ratio (infinite with one round)."""
+    n = len(logs)
+    mean, sd = _mean_sd(logs)
+    if n < 2:
+        return -math.inf, math.inf
+    half = t_quantile(1 - (1 - two_sided_level) / 2, n - 1) * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def ratio(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> Ratio:
+    logs = log_ratios(a, b)
+    if not logs:
+        return Ratio(math.nan, math.nan, math.nan, 0, confidence)
+    low, high = _bounds(logs, confidence)
+    return Ratio(math.exp(statistics.fmean(logs)), math.exp(low) if low > -math.inf else 0.0,
+                 math.exp(high) if high < math.inf else math.inf, len(logs), confidence)
+
+
+def shown_better(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> bool:
+    """A is faster than B: the one-sided ``1 - alpha`` lower bound of mean log(A/B) is above 0."""
+    logs = log_ratios(a, b)
+    return len(logs) >= MIN_ROUNDS and _bounds(logs, 1 - 2 * alpha)[0] > 0
+
+
+def shown_equivalent(a: Sequence[float], b: Sequence[float], margin: float, alpha: float = ALPHA) -> bool:
+    """TOST: A and B are within ``margin`` of each other (both one-sided tests at ``alpha``)."""
+    logs = log_ratios(a, b)
+    if len(logs) < MIN_ROUNDS:
+        return False
+    low, high = _bounds(logs, 1 - 2 * alpha)
+    return -math.log1p(margin) < low and high < math.log1p(margin)
+
+
+def is_outlier(value: float, others: Sequence[float]) -> bool:
+    """``value`` is impossible, or more than ``OUTLIER_MADS`` scaled MADs (log terms) from the median of ``others``."""
+    if not (value > 0 and math.isfinite(value)):
+        return True
+    logs = [math.log(v) for v in others if v > 0 and math.isfinite(v)]
+    if len(logs) < 2:
+        return False
+    centre = statistics.median(logs)
+    mad = max(MAD_SCALE * statistics.median(abs(x - centre) for x in logs), MAD_FLOOR)
+    return abs(math.log(value) - centre) > OUTLIER_MADS * mad
