@@ -1,3 +1,4 @@
-"""Decisions an operator bets on: configurations re-measured launch by launch (``remeasure``), sentinels and drift
-(``drift``), the finalist race (``race``), per-content-type winners (``per_type``) and request routing (``route``).
+"""Decisions an operator bets on: launch-level evidence and its error rates (``evidence``), configurations
+re-measured launch by launch (``remeasure``), sentinels and drift (``drift``), the sequential finalist race
+(``race``), per-content-type winners (``per_type``) and request routing (``route``).
 """

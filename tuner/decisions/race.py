@@ -209,7 +209,7 @@ class Entry:
     config: dict
     recorded_tokens_per_second: float
     rates: list[float]  # one launch per selection round it took part in
-    median: float  # geometric mean over those launches, tokens/s
+    mean_tokens_per_second: float  # geometric mean over those launches
     speedup: float  # geometric mean of paired per-round ratios over the baseline
     speedup_low: float
     speedup_high: float
@@ -337,7 +337,7 @@ def _entries(contest: Contest, outcome: Outcome, records: dict[str, TrialRecord]
                   else "leader" if name == outcome.leader else "undecided")
         entries.append(Entry(r.number, name, r.config.as_dict(), r.metrics.tokens_per_second, rates,
                              evidence.geometric_mean(rates), ratio.estimate, ratio.low, ratio.high, status, accepted[name]))
-    return sorted(entries, key=lambda e: (len(e.rates), e.median), reverse=True)
+    return sorted(entries, key=lambda e: (len(e.rates), e.mean_tokens_per_second), reverse=True)
 
 
 def race_study(ctx: StudyContext, study: optuna.Study, progress: Callable[[str], None] = print,
@@ -365,7 +365,7 @@ def describe(result: RaceResult) -> list[str]:
     for e in result.entries:
         mark = "*" if e.trial == result.winner else " "
         ratio = evidence.Ratio(e.speedup, e.speedup_low, e.speedup_high, len(e.rates))
-        lines.append(f" {mark} trial {e.trial:>3}: {e.median:8.1f} t/s over {len(e.rates)} launches (recorded "
+        lines.append(f" {mark} trial {e.trial:>3}: {e.mean_tokens_per_second:8.1f} t/s over {len(e.rates)} launches (recorded "
                      f"{e.recorded_tokens_per_second:.1f}), {ratio.text()} | {e.status} | "
                      + " ".join(f"{k}={v}" for k, v in e.config.items()))
     lines.append(f"verdict: {result.verdict}")

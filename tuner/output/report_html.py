@@ -162,7 +162,7 @@ def drift_figure(data: ReportData, div_id: str) -> str:
 def race_table(data: ReportData) -> str:
     race = data.race
     rows = pd.DataFrame([{"trial": e.trial, "winner": "*" if e.trial == race.winner else "",
-                          "launches": len(e.rates), "mean_tps": e.median, "recorded_tps": e.recorded_tokens_per_second,
+                          "launches": len(e.rates), "mean_tps": e.mean_tokens_per_second, "recorded_tps": e.recorded_tokens_per_second,
                           "speedup": e.speedup, "interval": f"{e.speedup_low:.2f}-{e.speedup_high:.2f}",
                           "status": e.status,
                           "config": " ".join(f"{k}={v}" for k, v in e.config.items())} for e in race.entries])
