@@ -81,7 +81,7 @@ endif
 demo: models
 	$(TUNER) doctor
 	$(MAKE) --no-print-directory inspect
-	$(TUNER) run studies/demo.yaml $(if $(TRIALS),--trials $(TRIALS))
+	$(TUNER) run studies/demo.yaml --no-race $(if $(TRIALS),--trials $(TRIALS))
 	$(TUNER) export demo
 	$(TUNER) report demo
 	@echo "demo: report in reports/demo/index.html, exported configuration in reports/demo/export/"

@@ -204,25 +204,3 @@ def test_a_race_is_symmetric_in_the_order_finalists_are_given(pair):
     _, outcome = sequential_race(list(pair), "base", launch_round, launch, {}, SPEC, progress=lambda _: None)
     assert outcome.winner == "x"
 
-
-# ------------------------------------------------------------------ real launches
-
-
-@pytest.mark.llama
-def test_a_stateful_lookup_type_starts_fresh_in_every_round(synthetic_models, tmp_path):
-    """ngram-cache remembers earlier requests of a launch: a round on a fresh launch records the same drafts."""
-    from tuner.decisions.remeasure import Contender, rounds_of_launches
-    from tuner.machine.llama_build import binary
-    from tuner.measurement.measure import MeasurementSettings
-    from tuner.measurement.workload import load_workload, restrict
-
-    code = load_workload(["code"], tmp_path)
-    workload = restrict(code, [p.id for p in code.prompts[:2]])
-    argv = [str(binary("llama-server")), "-m", str(synthetic_models.path("target")), "-t", "1", "-c", "1024",
-            "-np", "1", "--no-webui", "--spec-type", "ngram-cache", "--spec-draft-n-max", "4"]
-    settings = MeasurementSettings(warmup=0, repetitions=1, n_predict=48, ctx_size=1024, trial_timeout_s=120)
-    rates = rounds_of_launches([Contender("cache", argv, 0.0)], workload, settings, 3, tmp_path, progress=lambda _: None)
-    accepted = rates["cache"].accepted
-    assert rates["cache"].drafted > 0 and accepted[0] > 0
-    assert accepted == [accepted[0]] * 3  # no pass-to-pass growth: every round is the first pass of a launch
-    assert len(list(tmp_path.glob("remeasure-cache-*.log"))) == 3

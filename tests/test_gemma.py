@@ -83,6 +83,26 @@ def test_prompt_lookup_is_lossless_and_drafts_on_a_summary(gemma, tmp_path, llam
     assert summary.draft_n > 0 and summary.draft_n_accepted > 0
 
 
+
+def test_a_stateful_lookup_type_starts_fresh_in_every_race_round(gemma, tmp_path, llama_bin_dir):
+    """ngram-cache remembers earlier requests of a launch: the same request on one server accepts more the second
+    time. A race round launches afresh, so every round records what the first request of a launch drafts."""
+    from tuner.decisions.remeasure import Contender, rounds_of_launches
+    from tuner.measurement.measure import MeasurementSettings, run_workload
+    from tuner.measurement.workload import Prompt, Workload
+
+    workload = Workload((Prompt("week-days", "answers", prompt("answers", "week-days")),))  # 27 accepted, then 32
+    argv = [str(binary("llama-server", llama_bin_dir)), "-m", str(gemma), "-t", "1", "-c", "1024", "-np", "1",
+            "--no-webui", "--spec-type", "ngram-cache", "--spec-draft-n-max", "8"]
+    settings = MeasurementSettings(warmup=0, repetitions=1, n_predict=48, ctx_size=1024, trial_timeout_s=120)
+    with LlamaServer(argv, free_port(), tmp_path / "reused.log", ready_timeout_s=120, request_timeout_s=120) as server:
+        reused = [sum(s.draft_n_accepted for s in run_workload(server, workload, settings, 0.0)) for _ in range(3)]
+    assert reused[0] > 0 and max(reused[1:]) > reused[0]  # rounds on one server would favour it
+    rates = rounds_of_launches([Contender("cache", argv, 0.0)], workload, settings, 3, tmp_path, progress=lambda _: None)
+    assert rates["cache"].accepted == [reused[0]] * 3  # no growth left in what a race records
+    assert len(list(tmp_path.glob("remeasure-cache-*.log"))) == 3
+
+
 def test_a_quantized_self_draft_is_made_once_and_reused(gemma, tmp_path, llama_bin_dir):
     request = QuantizeRequest(gemma, "Q4_0")
     made = ensure_variant(request, llama_bin_dir, cache=tmp_path, source_file_type="Q4_K_M")

@@ -63,7 +63,9 @@ def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(synth
                            bin_dir=llama_bin_dir)
 
     default = at(4)  # the synthetic MoE's expert_used_count
-    assert default == {"mean_kld": 0.0, "same_top": 1.0}
+    # nothing changed: the same top token everywhere, and a KLD at the resolution of the saved base's 16-bit
+    # log-probabilities (llama-perplexity printed 0.000001 here, 0.000000 on an earlier host)
+    assert default["same_top"] == 1.0 and default["mean_kld"] <= 1e-5
     fewer = [at(n) for n in (2, 1)]
     assert 0 < fewer[0]["mean_kld"] < fewer[1]["mean_kld"]
     assert 1.0 > fewer[0]["same_top"] >= fewer[1]["same_top"]
