@@ -437,3 +437,38 @@ def test_kill_9_during_the_baseline_rerun_names_the_orphan(fenv, tmp_path):
     assert trials[0].state == FAIL
     assert trials[0].user_attrs["record"]["failure"] == {"reason": "orphaned", "detail": "the process running it died"}
     assert trials[1].user_attrs["role"] == "baseline" and trials[1].state == COMPLETE
+
+
+# ------------------------------------------------------------------ 7. a damaged SQLite file (issue 21)
+
+
+def test_damaged_or_foreign_sqlite_file_is_one_line_and_left_as_it_is(fenv, tmp_path):
+    import random
+
+    db = tmp_path / "db.sqlite"
+    study = write_study(tmp_path / "s", f"sqlite:///{db}", name="d", budget={"trials": 2})
+    assert tuner("run", study, env=fenv).returncode == 0
+    with open(db, "r+b") as f:  # 4 KiB of random bytes in the middle of the file
+        f.seek(db.stat().st_size // 2)
+        f.write(random.Random(21).randbytes(4096))
+    foreign = tmp_path / "notes.sqlite"
+    foreign.write_text("not a database\n" * 300)
+    foreign_study = write_study(tmp_path / "f", f"sqlite:///{foreign}", name="d")
+    advice = "restore it from a backup, or salvage what SQLite can still read with `sqlite3 {0} .recover` (or `.dump`) " \
+             "into a new file and use that as the storage"
+    malformed = f"storage {db}: database disk image is malformed (the SQLite file is damaged); {advice.format(db)}"
+    not_db = (f"storage {foreign}: file is not a database (not a SQLite file, or one whose header is damaged); "
+              f"{advice.format(foreign)}")
+    cases = [
+        (["report", "d", "--storage", f"sqlite:///{db}", "--out", tmp_path / "rep"], f"tuner report: error: {malformed}"),
+        (["run", study], f"tuner run: error: {malformed}; no measured trial is waiting to be stored"),
+        (["report", "d", "--storage", f"sqlite:///{foreign}"], f"tuner report: error: {not_db}"),
+        (["run", foreign_study], f"tuner run: error: {not_db}; no measured trial is waiting to be stored"),
+    ]
+    before = {p: p.read_bytes() for p in (db, foreign)}
+    launched = len(launches(tmp_path / "launches.jsonl"))
+    for args, expected in cases:
+        proc = tuner(*args, env=fenv)
+        assert (proc.returncode, error_line(proc)) == (69, expected), args
+    assert {p: p.read_bytes() for p in (db, foreign)} == before  # nothing written
+    assert len(launches(tmp_path / "launches.jsonl")) == launched and not (tmp_path / "rep").exists()

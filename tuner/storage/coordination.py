@@ -36,7 +36,6 @@ import socket
 import time
 import warnings
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import IO, Callable
 
 import optuna
@@ -49,7 +48,7 @@ from tuner.measurement.failures import FailureReason
 from tuner.storage.records import Failure
 from tuner.search.space import baseline_config, enqueue_params
 from tuner.studyfile.spec import WorkersSpec
-from tuner.storage.urls import safe_url, scrub, with_driver  # noqa: F401 (re-exported)
+from tuner.storage.urls import safe_url, scrub, sqlite_path, with_driver  # noqa: F401 (re-exported)
 
 SCHEMA_ATTEMPTS = 3  # workers starting together on a fresh database race to create its tables
 
@@ -127,16 +126,6 @@ def tally(study: optuna.Study) -> Tally:
         and store.role_of(t) != "sentinel"
     )
     return Tally(counted=counted, running=sum(1 for t in trials if t.state == TrialState.RUNNING))
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a SQLite URL (None for other storages and in-memory SQLite)."""
-    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
-        return None
-    path = url.removeprefix("sqlite:///")
-    if path.startswith("file:"):  # sqlite:///file:PATH?mode=ro&uri=true
-        path = path.removeprefix("file:").split("?", 1)[0]
-    return Path(path)
 
 
 def prepare_sqlite_dir(url: str) -> None:

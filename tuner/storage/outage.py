@@ -9,6 +9,10 @@ up, or at once for an error that cannot pass (a read-only database), the storage
 whatever Optuna raised on its way out into one ``StorageUnavailable`` line naming the
 journal (``tuner.storage.journal``) that keeps the measured trials for the next run.
 
+A damaged SQLite file ("database disk image is malformed", "file is not a database") is no
+outage: it will not pass, so the storage is down at once, and ``damaged_storage`` names the
+file and how to restore or recover it, in one line, from wherever the error surfaced.
+
 The heartbeat thread never dies of an outage: a heartbeat that cannot be recorded is
 skipped (the next one, ``heartbeat_s`` later, tries again).
 """
@@ -17,13 +21,15 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator
+from urllib.parse import quote
 
 from optuna.storages import RDBStorage
 
 from tuner.errors import UserError
-from tuner.storage.urls import safe_url, scrub
+from tuner.storage.urls import safe_url, scrub, sqlite_files_used
 
 _down: "StorageDown | None" = None  # the process's storage outage, once retries ran out
 
@@ -40,6 +46,51 @@ class StorageUnavailable(UserError):
     """The storage stayed unavailable: measured trials are in the journal."""
 
     exit_code = 69  # EX_UNAVAILABLE
+
+
+class StorageDamaged(StorageUnavailable):
+    """The SQLite file is damaged or not a database: restore it or recover it."""
+
+
+DAMAGED = ("database disk image is malformed", "file is not a database")  # SQLite's words for a damaged file
+
+
+def _damage(err: BaseException) -> str | None:
+    """SQLite's own words if ``err`` (or what caused it) says the database file is damaged."""
+    import sqlite3
+
+    for link in _cause_chain(err):
+        if isinstance(link, sqlite3.DatabaseError):
+            return next((words for words in DAMAGED if words in str(link)), None)
+    return None
+
+
+def _damaged_file() -> Path | None:
+    """Which of the SQLite files this process opened fails SQLite's own check (the last one if none does)."""
+    import sqlite3
+
+    files = sqlite_files_used()
+    for path in files:
+        try:
+            with closing(sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)) as db:
+                if db.execute("PRAGMA quick_check(1)").fetchone() != ("ok",):
+                    return path
+        except sqlite3.DatabaseError:
+            return path
+    return files[-1] if files else None
+
+
+def damaged_storage(err: BaseException) -> StorageDamaged | None:
+    """One line for a damaged SQLite file anywhere in ``err``'s causes (None if that is not what happened)."""
+    if isinstance(err, StorageUnavailable):
+        return None  # already said in one line
+    words = _damage(err)
+    if words is None:
+        return None
+    path = _damaged_file() or "the SQLite file"
+    what = "the SQLite file is damaged" if words == DAMAGED[0] else "not a SQLite file, or one whose header is damaged"
+    return StorageDamaged(f"storage {path}: {words} ({what}); restore it from a backup, or salvage what SQLite can "
+                          f"still read with `sqlite3 {path} .recover` (or `.dump`) into a new file and use that as the storage")
 
 
 def _cause_chain(err: BaseException) -> list[BaseException]:
@@ -61,6 +112,8 @@ def classify(err: BaseException) -> str | None:
         if isinstance(link, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
                              sqlalchemy.exc.PendingRollbackError, sqlalchemy.exc.TimeoutError)) or (
                 isinstance(link, sqlalchemy.exc.DBAPIError) and link.connection_invalidated):
+            if _damage(link) is not None:
+                return "permanent"
             return "permanent" if "readonly database" in str(link) or "read-only" in str(link) else "transient"
     return None
 
@@ -164,19 +217,21 @@ def guard(url: str, kept: Callable[[], tuple[int, str]]) -> Iterator[None]:
         yield
     except (KeyboardInterrupt, StorageUnavailable):
         raise
-    except UserError:
-        if _down is None:
-            raise  # already one line (a storage that cannot be opened at all says how to fix its URL)
-        raise StorageUnavailable(_unavailable(url, _down.problem, kept)) from None
     except Exception as err:
-        if _down is None and classify(err) is None:
-            raise
+        damaged = damaged_storage(err)
+        if damaged is not None:
+            raise StorageDamaged(f"{damaged}; {_kept_text(kept)}") from None
+        if _down is None and (isinstance(err, UserError) or classify(err) is None):
+            raise  # not an outage, or already one line (a storage that cannot be opened at all says how to fix its URL)
         problem = _down.problem if _down is not None else problem_of(err, url)
         raise StorageUnavailable(_unavailable(url, problem, kept)) from None
 
 
-def _unavailable(url: str, problem: str, kept: Callable[[], tuple[int, str]]) -> str:
+def _kept_text(kept: Callable[[], tuple[int, str]]) -> str:
     count, journal = kept()
-    kept_text = (f"{count} measured trial(s) kept in {journal}, run again to store them" if count
-                 else "no measured trial is waiting to be stored")
-    return f"storage unavailable: {safe_url(url)}: {problem}; {kept_text}"
+    return (f"{count} measured trial(s) kept in {journal}, run again to store them" if count
+            else "no measured trial is waiting to be stored")
+
+
+def _unavailable(url: str, problem: str, kept: Callable[[], tuple[int, str]]) -> str:
+    return f"storage unavailable: {safe_url(url)}: {problem}; {_kept_text(kept)}"
