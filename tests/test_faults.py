@@ -472,3 +472,26 @@ def test_damaged_or_foreign_sqlite_file_is_one_line_and_left_as_it_is(fenv, tmp_
         assert (proc.returncode, error_line(proc)) == (69, expected), args
     assert {p: p.read_bytes() for p in (db, foreign)} == before  # nothing written
     assert len(launches(tmp_path / "launches.jsonl")) == launched and not (tmp_path / "rep").exists()
+
+
+def test_output_path_under_a_file_is_one_line_before_any_work(fenv, tmp_path):
+    blocker = tmp_path / "X"
+    blocker.write_text("a file where a folder is expected\n")
+    db = tmp_path / "db.sqlite"
+    study = write_study(tmp_path / "s", f"sqlite:///{db}", name="o", budget={"trials": 2})
+    assert tuner("run", study, env=fenv).returncode == 0
+    under = f"{blocker} is a file, not a folder; pass a path whose parents are folders (missing ones are created)"
+    cases = [
+        (["report", study, "--out", blocker / "rep"], f"tuner report: error: --out {blocker / 'rep'}: {under}"),
+        (["report", study, "--out", blocker], f"tuner report: error: --out {blocker}: is a file, not a folder; "
+                                              "pass a folder path (it is created if missing)"),
+        (["export", study, "--out", blocker / "a" / "b"], f"tuner export: error: --out {blocker / 'a' / 'b'}: {under}"),
+        (["export", study, "--preset", blocker / "p.ini"], f"tuner export: error: --preset {blocker / 'p.ini'}: {under}"),
+    ]
+    launched = len(launches(tmp_path / "launches.jsonl"))
+    for args, expected in cases:
+        proc = tuner(*args, env=fenv)
+        assert (proc.returncode, error_line(proc)) == (2, expected), args
+    assert len(launches(tmp_path / "launches.jsonl")) == launched  # the export did not race first
+    report = tuner("report", study, "--out", tmp_path / "new" / "rep", env=fenv)
+    assert report.returncode == 0 and (tmp_path / "new" / "rep" / "index.html").is_file()
