@@ -495,3 +495,38 @@ def test_output_path_under_a_file_is_one_line_before_any_work(fenv, tmp_path):
     assert len(launches(tmp_path / "launches.jsonl")) == launched  # the export did not race first
     report = tuner("report", study, "--out", tmp_path / "new" / "rep", env=fenv)
     assert report.returncode == 0 and (tmp_path / "new" / "rep" / "index.html").is_file()
+
+
+# ------------------------------------------------------------------ 8. a prompt longer than the context (issue 21)
+
+
+def test_check_names_the_prompt_that_does_not_fit_ctx_size_in_the_targets_tokens(fenv, tmp_path, llama_bin_dir):
+    import yaml
+
+    from tuner.measurement.workload import llama_tokenize_count
+
+    folder = tmp_path / "s"
+    folder.mkdir()
+    essay = " ".join(f"word{i % 50}" for i in range(3000))  # 3,000 words
+    (folder / "long.yaml").write_text(yaml.safe_dump({"prompts": [{"id": "short", "text": "def f():\n"},
+                                                                  {"id": "essay", "text": essay}]}))
+    study = write_study(folder, f"sqlite:///{tmp_path / 'db.sqlite'}", name="l",
+                        workload={"suites": ["long.yaml"], "n_predict": 8},
+                        measurement={"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 20})
+    without = tuner("run", study, "--check", env=fenv)  # the stand-in's folder has no llama-tokenize: a note
+    assert without.returncode == 0 and (
+        f"note: prompt 'essay' (long.yaml: prompts[1]) may not fit measurement.ctx_size 1024, and llama-tokenize is "
+        f"not in {folder / 'bin'} to count it; a prompt that does not fit fails its trials as context_exceeded"
+    ) in without.stderr
+    (folder / "bin" / "llama-tokenize").symlink_to(llama_bin_dir / "llama-tokenize")
+    tokens = llama_tokenize_count(llama_bin_dir / "llama-tokenize", folder / "models" / "target.gguf", essay)
+    assert tokens > 3000
+    proc = tuner("run", study, "--check", env=fenv)
+    assert (proc.returncode, error_line(proc)) == (2, (
+        f"tuner run: error: {study}: measurement.ctx_size: prompt 'essay' (long.yaml: prompts[1]) is {tokens} tokens "
+        f"in the target's vocabulary (counted by llama-tokenize), which with n_predict 8 does not fit ctx_size 1024; "
+        f"raise measurement.ctx_size to at least {tokens + 9}, or shorten the prompt"))
+    assert tuner("run", study, env=fenv).returncode == 2  # a run refuses it the same way, before any launch
+    assert launches(tmp_path / "launches.jsonl") == [] and not (tmp_path / "db.sqlite").exists()
+    (folder / "long.yaml").write_text(yaml.safe_dump({"prompts": [{"id": "essay", "text": essay[:600]}]}))
+    assert tuner("run", study, "--check", env=fenv).returncode == 0  # 100 words fit
