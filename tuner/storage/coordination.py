@@ -74,6 +74,24 @@ def retry_callback(workers: WorkersSpec) -> RetryStaleTrial:
         return RetryStaleTrial(max_retry=workers.max_retry)
 
 
+def failed_elsewhere(study: optuna.Study, trial: optuna.Trial, workers: WorkersSpec) -> str | None:
+    """None while ``trial`` is still this process's to store; else one line saying that another worker
+    failed it as dead (no heartbeat for ``grace_s``, e.g. while this process was paused or starved)
+    and whether it was queued again. Its measurement here is then dropped: the configuration is
+    measured again from the queue (or not, past ``max_retry``), so storing this one as well, or
+    journalling it for a replay, would count one configuration twice in the budget and the samplers."""
+    state = study._storage.get_trial(trial._trial_id).state
+    if state == TrialState.RUNNING:
+        return None
+    retry = next((t for t in study.get_trials(deepcopy=False)
+                  if trial.number in t.system_attrs.get("retry_history", ())), None)
+    where = (f"queued again as trial {retry.number}" if retry is not None
+             else "not queued again (workers.max_retry reached)")
+    return (f"trial {trial.number} was failed as dead by another worker while this one did not send heartbeats for "
+            f"workers.grace_s ({workers.grace_s} s; paused?) and was {where}; its measurement here is dropped, not "
+            "stored or journalled, so the configuration counts once; going on with the next trial")
+
+
 def open_storage(url: str, workers: WorkersSpec) -> optuna.storages.RDBStorage:
     """An RDB storage with heartbeats, retried through outages (``tuner.storage.outage``); retried
     when workers race to create a fresh schema."""
