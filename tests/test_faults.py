@@ -221,15 +221,26 @@ def test_filesystem_filling_mid_trial_keeps_the_trial_in_the_journal(fenv, tmp_p
     assert not journal_file.exists()
 
 
-def test_full_filesystem_at_start_is_one_line(fenv, tmp_path, small_fs):
-    study = write_study(tmp_path / "s", f"sqlite:///{small_fs / 'db' / 'tuner.db'}", name="full")
+@pytest.mark.parametrize("resume", [False, True], ids=["new-database", "resume"])
+def test_full_filesystem_at_start_is_retried_for_storage_retry_s_then_one_line(fenv, tmp_path, small_fs, resume):
+    """Issue 21: a full disk at start stopped the run after about 6 s (a resume: Optuna's trial cache
+    creates trials through a storage method that was not retried), or at once (a new database), not
+    after workers.storage_retry_s."""
+    url = f"sqlite:///{small_fs / 'db' / 'tuner.db'}"
+    study = write_study(tmp_path / "s", url, name="full", budget={"trials": 2}, workers={"storage_retry_s": 8})
     (small_fs / "db").mkdir()
+    if resume:
+        assert tuner("run", study, "--trials", "1", env=fenv).returncode == 0
+    launched = len(launches(tmp_path / "launches.jsonl"))
     fill(small_fs)
+    started = time.monotonic()
     proc = tuner("run", study, env=fenv)
     assert proc.returncode == 69
-    assert error_line(proc) == (f"tuner run: error: storage unavailable: sqlite:///{small_fs / 'db' / 'tuner.db'}: "
+    assert f"storage {url}: database or disk is full; retrying for up to 8 s" in proc.stderr
+    assert 8 <= time.monotonic() - started < 60
+    assert error_line(proc) == (f"tuner run: error: storage unavailable: {url}: "
                                 "database or disk is full; no measured trial is waiting to be stored")
-    assert launches(tmp_path / "launches.jsonl") == []
+    assert len(launches(tmp_path / "launches.jsonl")) == launched
 
 
 def test_read_only_database_at_start_is_one_line(fenv, tmp_path):

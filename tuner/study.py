@@ -507,7 +507,10 @@ def _run_locked(ctx: StudyContext, journal: Journal, trials: int | None, progres
     finally:
         optuna.logging.set_verbosity(verbosity)
         if lock:
-            lock.close()
+            try:
+                lock.close()
+            except OSError:  # its holder line could not be flushed (a full disk): the lock is released all the same
+                pass
     return study
 
 

@@ -215,9 +215,13 @@ def fail_orphans(study: optuna.Study, workers: WorkersSpec, progress: Callable[[
 def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.storages.BaseStorage:
     """An RDB storage with heartbeats; an unreachable URL is a one-line error, not a traceback."""
     prepare_sqlite_dir(url)
-    try:
-        return open_storage(url, workers)
+    from tuner.storage.outage import FULL, is_down, retrying
+
+    try:  # a full disk is an outage, retried like one (then outage.guard says it, exit 69); a wrong URL is not
+        return retrying(lambda: open_storage(url, workers), url, workers.storage_retry_s, only=FULL)
     except Exception as err:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
+        if is_down():
+            raise
         first = scrub(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__, url)
         fix = ("install the PostgreSQL driver: pip install -e '.[postgres]'" if isinstance(err, ImportError)
                else "check the URL and that the database is reachable")

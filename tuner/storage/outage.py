@@ -130,8 +130,39 @@ def problem_of(err: BaseException, url: str) -> str:
     return scrub(text, url)
 
 
+FULL = ("database or disk is full", "No space left on device", "could not extend file")  # SQLite, OS, PostgreSQL
+
+
 def is_down() -> bool:
     return _down is not None
+
+
+def retrying(call: Callable[[], Any], url: str, retry_s: float, only: tuple[str, ...] = ()) -> Any:
+    """``call()``, retried with backoff through a transient outage for ``retry_s`` (one message when
+    retrying starts); then, or at once for a permanent one, the storage is down. ``only``: retry only
+    errors whose message has one of these phrases, and raise any other as it is."""
+    global _down
+    if _down is not None:
+        raise _down
+    deadline = None
+    delay = 0.5
+    while True:
+        try:
+            return call()
+        except Exception as err:
+            kind = classify(err)
+            problem = problem_of(err, url)
+            if kind is None or _down is not None or (only and not any(words in problem for words in only)):
+                raise  # not an outage (or not one to retry here), or a nested call already ran out of time
+            now = time.monotonic()
+            if deadline is None and kind == "transient" and retry_s > 0:
+                deadline = now + retry_s
+                print(f"storage {safe_url(url)}: {problem}; retrying for up to {retry_s:g} s", file=sys.stderr, flush=True)
+            if deadline is None or now >= deadline:
+                _down = StorageDown(problem)
+                raise _down from err
+            time.sleep(min(delay, max(0.0, deadline - now)))
+            delay = min(delay * 2, 5.0)
 
 
 class ResilientRDBStorage(RDBStorage):
@@ -141,29 +172,7 @@ class ResilientRDBStorage(RDBStorage):
     display_url: str = ""
 
     def _call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
-        global _down
-        if _down is not None:
-            raise _down
-        deadline = None
-        delay = 0.5
-        while True:
-            try:
-                return method(*args, **kwargs)
-            except Exception as err:
-                kind = classify(err)
-                if kind is None:
-                    raise
-                now = time.monotonic()
-                problem = problem_of(err, self.display_url)
-                if deadline is None and kind == "transient" and self.retry_s > 0:
-                    deadline = now + self.retry_s
-                    print(f"storage {safe_url(self.display_url)}: {problem}; retrying for up to {self.retry_s:g} s",
-                          file=sys.stderr, flush=True)
-                if deadline is None or now >= deadline:
-                    _down = StorageDown(problem)
-                    raise _down from err
-                time.sleep(min(delay, max(0.0, deadline - now)))
-                delay = min(delay * 2, 5.0)
+        return retrying(lambda: method(*args, **kwargs), self.display_url, self.retry_s)
 
     def record_heartbeat(self, trial_id: int) -> None:
         """Optuna's heartbeat thread ends at its first exception: a missed heartbeat is skipped instead."""
@@ -182,7 +191,10 @@ _RETRIED = (
     "create_new_trial", "set_trial_param", "get_trial_param", "set_trial_state_values",
     "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr",
     "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id", "get_trial", "get_all_trials",
-    "get_n_trials", "get_best_trial", "_get_stale_trial_ids", "_get_trials",  # Optuna's trial cache reads via _get_trials
+    "get_n_trials", "get_best_trial",
+    # Optuna's trial cache calls these private ones directly (without _create_new_trial a full disk on
+    # resume stopped the run at its first trial, after SQLite's own lock timeout, not after storage_retry_s)
+    "_get_stale_trial_ids", "_get_trials", "_create_new_trial", "_set_trial_param", "_get_best_trial_id",
 )
 
 
