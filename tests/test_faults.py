@@ -541,3 +541,33 @@ def test_check_names_the_prompt_that_does_not_fit_ctx_size_in_the_targets_tokens
     assert launches(tmp_path / "launches.jsonl") == [] and not (tmp_path / "db.sqlite").exists()
     (folder / "long.yaml").write_text(yaml.safe_dump({"prompts": [{"id": "essay", "text": essay[:600]}]}))
     assert tuner("run", study, "--check", env=fenv).returncode == 0  # 100 words fit
+
+
+# ------------------------------------------------------------------ 9. a text scorer's cache mid-trial (issue 21)
+
+
+def test_a_scorer_cache_write_during_an_outage_leaves_the_measurement_to_the_journal(tmp_path):
+    """The perplexity/kld scorers store their figures per model flags mid-trial, before the journal
+    keeps the trial: an outage there used to end the trial and lose its measurement. Now the cache
+    is best effort (read empty, write skipped) and the trial's own writes meet the outage after the
+    journal has kept it. A read-only database is a real storage that refuses writes."""
+    from tuner.storage import outage, store
+    from tuner.storage.coordination import open_storage
+    from tuner.studyfile.spec import WorkersSpec
+
+    db = tmp_path / "x.db"
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{db}")
+    store.write_kld_cache(study, {"-m t.gguf": {"mean_kld": 0.0, "same_top": 1.0}})
+    outage.reset()
+    try:
+        read_only = open_storage(f"sqlite:///file:{db}?mode=ro&uri=true", WorkersSpec(storage_retry_s=0))
+        study = optuna.load_study(study_name="s", storage=read_only)
+        assert store.kld_cache(study) == {"-m t.gguf": {"mean_kld": 0.0, "same_top": 1.0}}
+        store.write_kld_cache(study, {"-m t.gguf --override-kv x": {"mean_kld": 0.1, "same_top": 0.9}})
+        store.write_perplexity_cache(study, {"-m t.gguf": 3.2})  # neither raised
+        assert outage.is_down()  # the storage is down for the rest of the run...
+        assert store.kld_cache(study) == {} and store.perplexity_cache(study) == {}  # ...read empty, not raised
+        with pytest.raises(outage.StorageDown):  # ...and the trial's own record write (after the journal) stops it
+            study.set_user_attr("record", {})
+    finally:
+        outage.reset()
