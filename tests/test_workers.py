@@ -88,6 +88,15 @@ def test_three_workers_complete_a_budget_of_60_without_loss_or_duplicate(tmp_pat
     assert ports == launched
 
 
+def running_trial(database: str, role: str) -> optuna.trial.FrozenTrial | None:
+    """A running trial of ``role`` whose server is up (None before the study exists)."""
+    try:
+        trials = study_of(database).get_trials(deepcopy=False, states=(RUNNING,))
+    except KeyError:  # not created yet
+        return None
+    return next((t for t in trials if store.role_of(t) == role and store.running_on(t)), None)
+
+
 def killed_worker_trial(study_file: Path, database: str, env: dict, tmp_path: Path, role: str):
     """Start three workers, SIGKILL the one measuring a trial of ``role``; wait for the rest.
 
@@ -95,14 +104,8 @@ def killed_worker_trial(study_file: Path, database: str, env: dict, tmp_path: Pa
     server up is still running when its worker is killed a moment later."""
     procs = start_workers(3, study_file, database, {**env, "FAKE_LLAMA_DELAY_S": "0.6"}, tmp_path)
     try:
-        def victim():
-            try:
-                trials = study_of(database).get_trials(deepcopy=False, states=(RUNNING,))
-            except KeyError:  # not created yet
-                return None
-            return next((t for t in trials if store.role_of(t) == role and store.running_on(t)), None)
-
-        trial = wait_for(victim, 90, f"a running {role} trial with its server up", poll_s=0.2)
+        trial = wait_for(lambda: running_trial(database, role), 90, f"a running {role} trial with its server up",
+                         poll_s=0.2)
         pid = int(store.running_on(trial)["worker"].rsplit(":", 1)[1])
         (killed,) = [p for p in procs if p.pid == pid]
         killed.send_signal(signal.SIGKILL)
@@ -161,14 +164,8 @@ def test_a_paused_worker_whose_trial_was_failed_elsewhere_drops_it_in_one_line_a
     study_file = write_study(tmp_path, "sqlite:///unused.db", budget={"trials": 10}, workers=FAST_HEARTBEAT)
     procs = start_workers(2, study_file, database, {**env, "FAKE_LLAMA_DELAY_S": "0.6"}, tmp_path)
     try:
-        def running_search_trial():
-            try:
-                trials = study_of(database).get_trials(deepcopy=False, states=(RUNNING,))
-            except KeyError:  # not created yet
-                return None
-            return next((t for t in trials if store.role_of(t) == "search" and store.running_on(t)), None)
-
-        trial = wait_for(running_search_trial, 90, "a running search trial with its server up", poll_s=0.2)
+        trial = wait_for(lambda: running_trial(database, "search"), 90, "a running search trial with its server up",
+                         poll_s=0.2)
         pid = int(store.running_on(trial)["worker"].rsplit(":", 1)[1])
         (paused,) = [p for p in procs if p.pid == pid]
         paused.send_signal(signal.SIGSTOP)

@@ -149,7 +149,7 @@ def load_spec(path: str | Path) -> StudySpec:
     budget_trials, budget_minutes = budget.int("trials", 20, minimum=1), budget.number("minutes", None, minimum=0.1)
     budget.done()
     storage = fields.str("storage", None) or default_storage_url()
-    sampler = _sampler_section(fields.section("sampler"))
+    sampler = _sampler_section(fields.section("sampler"))  # sampler, seed, prune, reuse
     warm_start = _warm_start(fields)
     bin_dir, extra_args = _llama_cpp_section(fields.section("llama_cpp"), base)
     workers = _workers_section(fields.section("workers"))
@@ -171,17 +171,14 @@ def load_spec(path: str | Path) -> StudySpec:
         budget_trials=budget_trials,
         budget_minutes=budget_minutes,
         storage=storage,
-        sampler=sampler["name"],
-        seed=sampler["seed"],
         warm_start=warm_start,
         bin_dir=bin_dir,
         extra_args=extra_args,
         workers=workers,
-        prune=sampler["prune"],
-        reuse=sampler["reuse"],
         sentinel=sentinel,
         race=race,
         quantize=quantize,
+        **sampler,
     )
 
 
@@ -266,8 +263,8 @@ def _measurement_section(m: Fields, n_predict: int) -> MeasurementSettings:
 
 
 def _sampler_section(s: Fields) -> dict[str, Any]:
-    """``sampler:``: name, seed, pruning, warm start from earlier studies."""
-    sampler = {"name": s.choice("name", SAMPLERS, "structured"), "seed": s.int("seed", 0, minimum=0),
+    """``sampler:``: name, seed, pruning, warm start from earlier studies (as StudySpec's fields)."""
+    sampler = {"sampler": s.choice("name", SAMPLERS, "structured"), "seed": s.int("seed", 0, minimum=0),
                "prune": s.bool("prune", True), "reuse": s.bool("reuse", True)}
     s.done()
     return sampler
