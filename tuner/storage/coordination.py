@@ -80,7 +80,14 @@ def failed_elsewhere(study: optuna.Study, trial: optuna.Trial, workers: WorkersS
     and whether it was queued again. Its measurement here is then dropped: the configuration is
     measured again from the queue (or not, past ``max_retry``), so storing this one as well, or
     journalling it for a replay, would count one configuration twice in the budget and the samplers."""
-    state = study._storage.get_trial(trial._trial_id).state
+    from tuner.storage.outage import classify
+
+    try:
+        state = study._storage.get_trial(trial._trial_id).state
+    except Exception as err:  # an outage: the trial is taken as still ours, so the journal keeps its measurement
+        if classify(err) is None:
+            raise
+        return None
     if state == TrialState.RUNNING:
         return None
     retry = next((t for t in study.get_trials(deepcopy=False)
