@@ -118,3 +118,10 @@ def test_the_top_level_shows_stages_not_modules():
         if (folder / "__init__.py").is_file():
             assert ast.get_docstring(ast.parse((folder / "__init__.py").read_text())), folder.name
 
+
+
+def test_no_function_is_over_100_lines():
+    long = [f"{p.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for p in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 100]
+    assert long == []

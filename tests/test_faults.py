@@ -221,15 +221,26 @@ def test_filesystem_filling_mid_trial_keeps_the_trial_in_the_journal(fenv, tmp_p
     assert not journal_file.exists()
 
 
-def test_full_filesystem_at_start_is_one_line(fenv, tmp_path, small_fs):
-    study = write_study(tmp_path / "s", f"sqlite:///{small_fs / 'db' / 'tuner.db'}", name="full")
+@pytest.mark.parametrize("resume", [False, True], ids=["new-database", "resume"])
+def test_full_filesystem_at_start_is_retried_for_storage_retry_s_then_one_line(fenv, tmp_path, small_fs, resume):
+    """Issue 21: a full disk at start stopped the run after about 6 s (a resume: Optuna's trial cache
+    creates trials through a storage method that was not retried), or at once (a new database), not
+    after workers.storage_retry_s."""
+    url = f"sqlite:///{small_fs / 'db' / 'tuner.db'}"
+    study = write_study(tmp_path / "s", url, name="full", budget={"trials": 2}, workers={"storage_retry_s": 8})
     (small_fs / "db").mkdir()
+    if resume:
+        assert tuner("run", study, "--trials", "1", env=fenv).returncode == 0
+    launched = len(launches(tmp_path / "launches.jsonl"))
     fill(small_fs)
+    started = time.monotonic()
     proc = tuner("run", study, env=fenv)
     assert proc.returncode == 69
-    assert error_line(proc) == (f"tuner run: error: storage unavailable: sqlite:///{small_fs / 'db' / 'tuner.db'}: "
+    assert f"storage {url}: database or disk is full; retrying for up to 8 s" in proc.stderr
+    assert 8 <= time.monotonic() - started < 60
+    assert error_line(proc) == (f"tuner run: error: storage unavailable: {url}: "
                                 "database or disk is full; no measured trial is waiting to be stored")
-    assert launches(tmp_path / "launches.jsonl") == []
+    assert len(launches(tmp_path / "launches.jsonl")) == launched
 
 
 def test_read_only_database_at_start_is_one_line(fenv, tmp_path):
@@ -437,3 +448,126 @@ def test_kill_9_during_the_baseline_rerun_names_the_orphan(fenv, tmp_path):
     assert trials[0].state == FAIL
     assert trials[0].user_attrs["record"]["failure"] == {"reason": "orphaned", "detail": "the process running it died"}
     assert trials[1].user_attrs["role"] == "baseline" and trials[1].state == COMPLETE
+
+
+# ------------------------------------------------------------------ 7. a damaged SQLite file (issue 21)
+
+
+def test_damaged_or_foreign_sqlite_file_is_one_line_and_left_as_it_is(fenv, tmp_path):
+    import random
+
+    db = tmp_path / "db.sqlite"
+    study = write_study(tmp_path / "s", f"sqlite:///{db}", name="d", budget={"trials": 2})
+    assert tuner("run", study, env=fenv).returncode == 0
+    with open(db, "r+b") as f:  # 4 KiB of random bytes in the middle of the file
+        f.seek(db.stat().st_size // 2)
+        f.write(random.Random(21).randbytes(4096))
+    foreign = tmp_path / "notes.sqlite"
+    foreign.write_text("not a database\n" * 300)
+    foreign_study = write_study(tmp_path / "f", f"sqlite:///{foreign}", name="d")
+    advice = "restore it from a backup, or salvage what SQLite can still read with `sqlite3 {0} .recover` (or `.dump`) " \
+             "into a new file and use that as the storage"
+    malformed = f"storage {db}: database disk image is malformed (the SQLite file is damaged); {advice.format(db)}"
+    not_db = (f"storage {foreign}: file is not a database (not a SQLite file, or one whose header is damaged); "
+              f"{advice.format(foreign)}")
+    cases = [
+        (["report", "d", "--storage", f"sqlite:///{db}", "--out", tmp_path / "rep"], f"tuner report: error: {malformed}"),
+        (["run", study], f"tuner run: error: {malformed}; no measured trial is waiting to be stored"),
+        (["report", "d", "--storage", f"sqlite:///{foreign}"], f"tuner report: error: {not_db}"),
+        (["run", foreign_study], f"tuner run: error: {not_db}; no measured trial is waiting to be stored"),
+    ]
+    before = {p: p.read_bytes() for p in (db, foreign)}
+    launched = len(launches(tmp_path / "launches.jsonl"))
+    for args, expected in cases:
+        proc = tuner(*args, env=fenv)
+        assert (proc.returncode, error_line(proc)) == (69, expected), args
+    assert {p: p.read_bytes() for p in (db, foreign)} == before  # nothing written
+    assert len(launches(tmp_path / "launches.jsonl")) == launched and not (tmp_path / "rep").exists()
+
+
+def test_output_path_under_a_file_is_one_line_before_any_work(fenv, tmp_path):
+    blocker = tmp_path / "X"
+    blocker.write_text("a file where a folder is expected\n")
+    db = tmp_path / "db.sqlite"
+    study = write_study(tmp_path / "s", f"sqlite:///{db}", name="o", budget={"trials": 2})
+    assert tuner("run", study, env=fenv).returncode == 0
+    under = f"{blocker} is a file, not a folder; pass a path whose parents are folders (missing ones are created)"
+    cases = [
+        (["report", study, "--out", blocker / "rep"], f"tuner report: error: --out {blocker / 'rep'}: {under}"),
+        (["report", study, "--out", blocker], f"tuner report: error: --out {blocker}: is a file, not a folder; "
+                                              "pass a folder path (it is created if missing)"),
+        (["export", study, "--out", blocker / "a" / "b"], f"tuner export: error: --out {blocker / 'a' / 'b'}: {under}"),
+        (["export", study, "--preset", blocker / "p.ini"], f"tuner export: error: --preset {blocker / 'p.ini'}: {under}"),
+    ]
+    launched = len(launches(tmp_path / "launches.jsonl"))
+    for args, expected in cases:
+        proc = tuner(*args, env=fenv)
+        assert (proc.returncode, error_line(proc)) == (2, expected), args
+    assert len(launches(tmp_path / "launches.jsonl")) == launched  # the export did not race first
+    report = tuner("report", study, "--out", tmp_path / "new" / "rep", env=fenv)
+    assert report.returncode == 0 and (tmp_path / "new" / "rep" / "index.html").is_file()
+
+
+# ------------------------------------------------------------------ 8. a prompt longer than the context (issue 21)
+
+
+def test_check_names_the_prompt_that_does_not_fit_ctx_size_in_the_targets_tokens(fenv, tmp_path, llama_bin_dir):
+    import yaml
+
+    from tuner.measurement.workload import llama_tokenize_count
+
+    folder = tmp_path / "s"
+    folder.mkdir()
+    essay = " ".join(f"word{i % 50}" for i in range(3000))  # 3,000 words
+    (folder / "long.yaml").write_text(yaml.safe_dump({"prompts": [{"id": "short", "text": "def f():\n"},
+                                                                  {"id": "essay", "text": essay}]}))
+    study = write_study(folder, f"sqlite:///{tmp_path / 'db.sqlite'}", name="l",
+                        workload={"suites": ["long.yaml"], "n_predict": 8},
+                        measurement={"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 20})
+    without = tuner("run", study, "--check", env=fenv)  # the stand-in's folder has no llama-tokenize: a note
+    assert without.returncode == 0 and (
+        f"note: prompt 'essay' (long.yaml: prompts[1]) may not fit measurement.ctx_size 1024, and llama-tokenize is "
+        f"not in {folder / 'bin'} to count it; a prompt that does not fit fails its trials as context_exceeded"
+    ) in without.stderr
+    (folder / "bin" / "llama-tokenize").symlink_to(llama_bin_dir / "llama-tokenize")
+    tokens = llama_tokenize_count(llama_bin_dir / "llama-tokenize", folder / "models" / "target.gguf", essay)
+    assert tokens > 3000
+    proc = tuner("run", study, "--check", env=fenv)
+    assert (proc.returncode, error_line(proc)) == (2, (
+        f"tuner run: error: {study}: measurement.ctx_size: prompt 'essay' (long.yaml: prompts[1]) is {tokens} tokens "
+        f"in the target's vocabulary (counted by llama-tokenize), which with n_predict 8 does not fit ctx_size 1024; "
+        f"raise measurement.ctx_size to at least {tokens + 9}, or shorten the prompt"))
+    assert tuner("run", study, env=fenv).returncode == 2  # a run refuses it the same way, before any launch
+    assert launches(tmp_path / "launches.jsonl") == [] and not (tmp_path / "db.sqlite").exists()
+    (folder / "long.yaml").write_text(yaml.safe_dump({"prompts": [{"id": "essay", "text": essay[:600]}]}))
+    assert tuner("run", study, "--check", env=fenv).returncode == 0  # 100 words fit
+
+
+# ------------------------------------------------------------------ 9. a text scorer's cache mid-trial (issue 21)
+
+
+def test_a_scorer_cache_write_during_an_outage_leaves_the_measurement_to_the_journal(tmp_path):
+    """The perplexity/kld scorers store their figures per model flags mid-trial, before the journal
+    keeps the trial: an outage there used to end the trial and lose its measurement. Now the cache
+    is best effort (read empty, write skipped) and the trial's own writes meet the outage after the
+    journal has kept it. A read-only database is a real storage that refuses writes."""
+    from tuner.storage import outage, store
+    from tuner.storage.coordination import open_storage
+    from tuner.studyfile.spec import WorkersSpec
+
+    db = tmp_path / "x.db"
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{db}")
+    store.write_kld_cache(study, {"-m t.gguf": {"mean_kld": 0.0, "same_top": 1.0}})
+    outage.reset()
+    try:
+        read_only = open_storage(f"sqlite:///file:{db}?mode=ro&uri=true", WorkersSpec(storage_retry_s=0))
+        study = optuna.load_study(study_name="s", storage=read_only)
+        assert store.kld_cache(study) == {"-m t.gguf": {"mean_kld": 0.0, "same_top": 1.0}}
+        store.write_kld_cache(study, {"-m t.gguf --override-kv x": {"mean_kld": 0.1, "same_top": 0.9}})
+        store.write_perplexity_cache(study, {"-m t.gguf": 3.2})  # neither raised
+        assert outage.is_down()  # the storage is down for the rest of the run...
+        assert store.kld_cache(study) == {} and store.perplexity_cache(study) == {}  # ...read empty, not raised
+        with pytest.raises(outage.StorageDown):  # ...and the trial's own record write (after the journal) stops it
+            study.set_user_attr("record", {})
+    finally:
+        outage.reset()

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from fake_llama_server import alive, launches, port_is_free, wait_for, write_study
+from gguf_factory import write_gguf
 from tuner.storage import store
 from tuner.cli import main
 from tuner.errors import UserError
@@ -227,6 +228,9 @@ def test_existing_study_with_another_search_space_is_refused_untouched(tmp_path,
      "measurement.n_predict differs (the study has 8, this run has 16)"),
     (lambda folder: write_study(folder, sqlite(folder), quality={"scorer": "agreement", "floor": 0.5}),
      "quality.floor differs (the study has 0.9, this run has 0.5)"),
+    # issue 21: the target replaced at the same path was two truncated JSON blobs; now the entry that differs
+    (lambda folder: write_gguf(folder / "models" / "target.gguf", name="tiny-v2"),
+     "target model name differs (the study has \"tiny\", this run has \"tiny-v2\")"),
 ])
 def test_resume_after_a_change_that_breaks_comparability_is_refused_in_one_line(tmp_path, env, capsys, edit, changed):
     """An edited prompt used to crash a resumed study; a new n_predict made every trial infeasible."""
@@ -236,7 +240,7 @@ def test_resume_after_a_change_that_breaks_comparability_is_refused_in_one_line(
     for command in (["run", str(path), "--trials", "3"], ["export", str(path), "--out", str(tmp_path / "x")]):
         assert main(command) == 2
         err = capsys.readouterr().err.strip()
-        assert "\n" not in err and changed in err, err
+        assert "\n" not in err and "{" not in err and changed in err, err  # no JSON blob
     assert len(stored(tmp_path).trials) == 2 and not (tmp_path / "x").exists()  # nothing added, nothing written
 
 

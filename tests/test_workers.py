@@ -88,6 +88,15 @@ def test_three_workers_complete_a_budget_of_60_without_loss_or_duplicate(tmp_pat
     assert ports == launched
 
 
+def running_trial(database: str, role: str) -> optuna.trial.FrozenTrial | None:
+    """A running trial of ``role`` whose server is up (None before the study exists)."""
+    try:
+        trials = study_of(database).get_trials(deepcopy=False, states=(RUNNING,))
+    except KeyError:  # not created yet
+        return None
+    return next((t for t in trials if store.role_of(t) == role and store.running_on(t)), None)
+
+
 def killed_worker_trial(study_file: Path, database: str, env: dict, tmp_path: Path, role: str):
     """Start three workers, SIGKILL the one measuring a trial of ``role``; wait for the rest.
 
@@ -95,14 +104,8 @@ def killed_worker_trial(study_file: Path, database: str, env: dict, tmp_path: Pa
     server up is still running when its worker is killed a moment later."""
     procs = start_workers(3, study_file, database, {**env, "FAKE_LLAMA_DELAY_S": "0.6"}, tmp_path)
     try:
-        def victim():
-            try:
-                trials = study_of(database).get_trials(deepcopy=False, states=(RUNNING,))
-            except KeyError:  # not created yet
-                return None
-            return next((t for t in trials if store.role_of(t) == role and store.running_on(t)), None)
-
-        trial = wait_for(victim, 90, f"a running {role} trial with its server up", poll_s=0.2)
+        trial = wait_for(lambda: running_trial(database, role), 90, f"a running {role} trial with its server up",
+                         poll_s=0.2)
         pid = int(store.running_on(trial)["worker"].rsplit(":", 1)[1])
         (killed,) = [p for p in procs if p.pid == pid]
         killed.send_signal(signal.SIGKILL)
@@ -153,3 +156,39 @@ def test_a_worker_with_another_llama_build_is_refused(tmp_path, env, database, m
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "llama_commit differs (the study has \"0c1e570\", this run has \"deadbee\")" in err
     assert len(study_of(database).trials) == 2  # nothing added
+
+
+def test_a_paused_worker_whose_trial_was_failed_elsewhere_drops_it_in_one_line_and_goes_on(tmp_path, env, database):
+    """Issue 21: a worker SIGSTOPped past grace_s while measuring, its trial failed and queued again by
+    another worker, then SIGCONTed, died with ``ValueError: Cannot tell a FAIL trial.``"""
+    study_file = write_study(tmp_path, "sqlite:///unused.db", budget={"trials": 10}, workers=FAST_HEARTBEAT)
+    procs = start_workers(2, study_file, database, {**env, "FAKE_LLAMA_DELAY_S": "0.6"}, tmp_path)
+    try:
+        trial = wait_for(lambda: running_trial(database, "search"), 90, "a running search trial with its server up",
+                         poll_s=0.2)
+        pid = int(store.running_on(trial)["worker"].rsplit(":", 1)[1])
+        (paused,) = [p for p in procs if p.pid == pid]
+        paused.send_signal(signal.SIGSTOP)
+        try:
+            retry = wait_for(lambda: next((t for t in study_of(database).get_trials(deepcopy=False)
+                                           if t.system_attrs.get("failed_trial") == trial.number), None),
+                             60, "the paused worker's trial failed and queued again by the other worker", poll_s=0.3)
+        finally:
+            paused.send_signal(signal.SIGCONT)
+    finally:
+        codes = finish(procs)
+    log = output(tmp_path, procs.index(paused))
+    assert codes == [0, 0], [output(tmp_path, i)[-2000:] for i in range(2)]
+    assert "Traceback" not in log and "Cannot tell" not in log
+    assert (f"trial {trial.number} was failed as dead by another worker while this one did not send heartbeats for "
+            f"workers.grace_s (3 s; paused?) and was queued again as trial {retry.number}; its measurement here is "
+            "dropped, not stored or journalled, so the configuration counts once; going on with the next trial") in log
+    study = study_of(database)
+    trials = study.get_trials()
+    assert trials[trial.number].state == FAIL and not store.has_record(trials[trial.number])  # nothing written to it
+    assert trials[retry.number].state == COMPLETE and trials[retry.number].params == trial.params
+    later = [t for t in trials if t.number > retry.number and t.state == COMPLETE
+             and store.read_trial(t).worker == store.running_on(trial)["worker"]]
+    assert later, log  # the resumed worker measured further trials
+    assert not list((tmp_path / "storage" / "journal").glob("*.jsonl")) or all(
+        not p.read_text() for p in (tmp_path / "storage" / "journal").glob("*.jsonl"))  # nothing journalled

@@ -77,15 +77,21 @@ def _run(module, args: argparse.Namespace) -> int:
     try:
         with sigterm_as_interrupt():  # a stopped tuner stops its servers and records the trial, as on Ctrl-C
             return int(module.run(args) or 0)
-    except UserError as err:
-        print(f"tuner {args.command}: error: {err}", file=sys.stderr)
-        return err.exit_code
     except KeyboardInterrupt:
         print(f"tuner {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `tuner inspect --json | head`: the reader left, not an error
         sys.stdout = open(os.devnull, "w")
         return 0
+    except Exception as err:
+        from tuner.storage.outage import damaged_storage  # a damaged SQLite file, wherever a command read it
+
+        damaged = damaged_storage(err)
+        if damaged is None and not isinstance(err, UserError):
+            raise
+        err = damaged or err
+        print(f"tuner {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.errors import UserError
+from tuner.errors import MissingBinaryError, UserError
 from tuner.machine.fingerprint import fingerprint
 from tuner.models.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
 from tuner.machine.host import measure_memory_bandwidth, numactl_path, read_host_state
@@ -28,7 +28,7 @@ from tuner.search.space import ResolvedSpace, outside, resolve_space
 from tuner.studyfile.spec import StudySpec
 from tuner.machine.topology import Topology, read_topology
 from tuner.studyfile.validate import Fields
-from tuner.measurement.workload import Workload, load_workload
+from tuner.measurement.workload import TOKENS_PER_BYTE_SLACK, Workload, llama_tokenize_count, load_workload, too_long
 
 
 BANDWIDTH_ENV = "TUNER_MEMORY_BANDWIDTH"
@@ -166,6 +166,34 @@ def make_variants(spec: StudySpec, bin_dir: Path, progress=_to_stderr) -> dict[s
     return variants
 
 
+def check_prompts_fit(spec: StudySpec, workload: Workload, bin_dir: Path, progress=_to_stderr) -> None:
+    """Every prompt leaves room for n_predict tokens in ctx_size, counted in the target's own vocabulary;
+    else one line naming the prompt, where it is defined, its tokens and the ctx_size it needs."""
+    m = spec.measurement
+
+    def count(text: str) -> int:
+        return llama_tokenize_count(tokenizer, spec.target, text)
+
+    try:
+        tokenizer = binary("llama-tokenize", bin_dir)
+        long = too_long(workload, m.ctx_size, m.n_predict, count)
+    except MissingBinaryError:
+        long = too_long(workload, m.ctx_size, m.n_predict, lambda text: len(text.encode()) + TOKENS_PER_BYTE_SLACK)
+        if long:
+            progress(f"note: prompt '{long[0][0].id}' ({long[0][0].source}) may not fit measurement.ctx_size "
+                     f"{m.ctx_size}, and llama-tokenize is not in {bin_dir} to count it; a prompt that does not "
+                     "fit fails its trials as context_exceeded")
+        return
+    if long:
+        prompt, tokens = long[0]
+        more = f" (and {len(long) - 1} more prompt(s))" if len(long) > 1 else ""
+        raise UserError(
+            f"{spec.path}: measurement.ctx_size: prompt '{prompt.id}' ({prompt.source}) is {tokens} tokens in the "
+            f"target's vocabulary (counted by llama-tokenize), which with n_predict {m.n_predict} does not fit "
+            f"ctx_size {m.ctx_size}{more}; raise measurement.ctx_size to at least {tokens + m.n_predict + 1}, or "
+            "shorten the prompt")
+
+
 def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
     """Check everything a study needs before anything is written or launched."""
     topo = read_topology()
@@ -180,6 +208,7 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
         workload = load_workload(list(spec.suites), spec.base_dir)
     except UserError as err:  # name the study file and its field
         raise UserError(f"{spec.path}: workload.suites: {str(err).removeprefix('workload: ')}") from None
+    check_prompts_fit(spec, workload, bin_dir, progress)
     launch = LaunchContext(
         server_binary=server,
         target=spec.target.resolve(),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tuner.errors import UserError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,3 +28,32 @@ def reports_dir() -> Path:
 def storage_dir() -> Path:
     """Default home of the shared Optuna SQLite file (ignored by git)."""
     return Path(os.environ.get("TUNER_STORAGE_DIR") or REPO_ROOT / "storage")
+
+
+def writable_folder(path: Path, option: str) -> Path:
+    """``path`` as an output folder that can be created (or exists) and written, checked before any
+    work; anything else is one line naming ``option`` and the path. Nothing is created here."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{option} {path}: is a file, not a folder; pass a folder path (it is created if missing)")
+    _check_parents(path, path, option)
+    return path
+
+
+def writable_file(path: Path, option: str) -> Path:
+    """``path`` as an output file: not a folder, in a folder that can be created (or exists) and written."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise UserError(f"{option} {path}: is a folder; pass a file path")
+    _check_parents(path.parent, path, option)
+    return path
+
+
+def _check_parents(folder: Path, path: Path, option: str) -> None:
+    """The nearest existing one of ``folder`` and its parents must be a folder this user can write to."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise UserError(f"{option} {path}: {existing} is a file, not a folder; pass a path whose parents are "
+                        "folders (missing ones are created)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{option} {path}: {existing} is not writable by this user; pass a folder you can write to")

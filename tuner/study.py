@@ -59,6 +59,7 @@ from tuner.measurement import quality as quality_scorers
 from tuner.context import StudyContext, prepare
 from tuner.storage.coordination import (
     ensure_baseline,
+    failed_elsewhere,
     make_storage,
     fail_orphans,
     hold_sqlite_study,
@@ -135,6 +136,11 @@ class Pruned(Exception):
         self.reason = reason
 
 
+class FailedElsewhere(Exception):
+    """This process's trial was failed as dead by another worker: nothing of it is stored (see
+    ``coordination.failed_elsewhere``); the run goes on with the next trial."""
+
+
 class TrialRunner:
     """The objective: one trial = one launch, one workload, one record stored."""
 
@@ -145,6 +151,7 @@ class TrialRunner:
         self.progress = progress
         self.journal = journal
         self._reference: Reference | None = None  # a baseline's, stored with its record
+        self.failed_elsewhere: str | None = None  # why the last trial's measurement was dropped
         bandwidth = ctx.fingerprint.get("bandwidth_bytes_per_s")
         self.roofline = (study_roofline(ctx.study_record(worker_id()), Bandwidth(bandwidth, "fingerprint", ""))
                          if bandwidth else None)
@@ -161,6 +168,10 @@ class TrialRunner:
         except Interrupted as stop:
             self._store(trial, stop.record, None)
             raise
+        lost = failed_elsewhere(self.study, trial, self.ctx.spec.workers)
+        if lost is not None:
+            self.failed_elsewhere = lost
+            raise FailedElsewhere(lost)
         stage, reason = store.search_note(trial)
         record = replace(record, search={"stage": stage, "reason": reason} if stage else {})
         values = tuple(record.metrics.objective(o.metric) for o in self.ctx.spec.objectives) if record.complete else None
@@ -477,7 +488,13 @@ def _run_locked(ctx: StudyContext, journal: Journal, trials: int | None, progres
             if sentinel_due(store.read_trials(study), worker_id(), spec.sentinel, time.time()):
                 progress(f"sentinel: {describe_trial(objective.run_sentinel())}")
             timeout = max(1.0, deadline - time.monotonic()) if deadline else None
-            study.optimize(objective, n_trials=1, timeout=timeout, catch=(TrialFailure,), callbacks=[report])
+            objective.failed_elsewhere = None
+            try:
+                study.optimize(objective, n_trials=1, timeout=timeout, catch=(TrialFailure,), callbacks=[report])
+            except (FailedElsewhere, ValueError):  # Optuna cannot tell a trial another worker failed: ValueError
+                if objective.failed_elsewhere is None:
+                    raise
+                progress(objective.failed_elsewhere)
 
         done = tally(study).counted
         progress(f"study {spec.name}: {done} of {budget} trials done; storage {safe_url(spec.storage)}")
@@ -491,7 +508,10 @@ def _run_locked(ctx: StudyContext, journal: Journal, trials: int | None, progres
     finally:
         optuna.logging.set_verbosity(verbosity)
         if lock:
-            lock.close()
+            try:
+                lock.close()
+            except OSError:  # its holder line could not be flushed (a full disk): the lock is released all the same
+                pass
     return study
 
 

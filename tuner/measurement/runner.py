@@ -145,6 +145,20 @@ def classify_exit(returncode: int, log_text: str, started: bool, oom_killed: boo
     return FailureReason.LAUNCH_FAILED
 
 
+def context_exceeded(status: int, body: str) -> str | None:
+    """The detail of llama-server's refusal of a prompt longer than its context (HTTP 400,
+    ``exceed_context_size_error``), or None for any other answer."""
+    if status != 400 or "exceed_context_size_error" not in body and "exceeds the available context size" not in body:
+        return None
+    try:
+        error = json.loads(body).get("error", {})
+        tokens, ctx = int(error["n_prompt_tokens"]), int(error["n_ctx"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"a prompt does not fit the context (llama-server: {body[:200]}); shorten it or raise measurement.ctx_size"
+    return (f"a prompt of {tokens} tokens does not fit ctx_size {ctx}; shorten it or raise measurement.ctx_size "
+            "(`tuner run STUDY --check` names the prompt)")
+
+
 def describe_exit(returncode: int) -> str:
     if returncode < 0:
         return f"killed by {signal.Signals(-returncode).name}"
@@ -348,6 +362,9 @@ class LlamaServer:
         except urllib.error.HTTPError as err:
             self._raise_if_died(grace_s=0)
             detail = err.read().decode("utf-8", errors="replace")[:500]
+            exceeded = context_exceeded(err.code, detail)
+            if exceeded is not None:
+                raise TrialFailure(FailureReason.CONTEXT_EXCEEDED, exceeded, self.log_tail()) from err
             raise TrialFailure(
                 FailureReason.SERVER_UNREACHABLE, f"/completion answered HTTP {err.code}: {detail}", self.log_tail()
             ) from err

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-
 import re
-from dataclasses import dataclass
+import subprocess
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -63,6 +63,7 @@ class Prompt:
     suite: str
     text: str
     expected: tuple[Expectation, ...] = ()
+    source: str = field(default="", compare=False)  # where it is defined, e.g. "long.yaml: prompts[0]"
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,7 @@ def _parse_prompt(item: object, suite: str, where: str, index: int) -> Prompt:
         suite=suite,
         text=text,
         expected=tuple(_parse_expectation(e, f"{where}.expected[{j}]") for j, e in enumerate(expected)),
+        source=where,
     )
 
 
@@ -209,3 +211,38 @@ def _parse_expectation(item: object, where: str) -> Expectation:
         except re.error as err:
             raise UserError(f"{where}.value: invalid regex ({err})") from err
     return Expectation(kind=kind, value=value)
+
+
+# A prompt of B UTF-8 bytes is at most B + 3 tokens in any llama.cpp vocabulary: every token
+# spells at least one byte (byte fallback), plus BOS, a space prefix and EOS at most.
+TOKENS_PER_BYTE_SLACK = 3
+
+
+def too_long(workload: Workload, ctx_size: int, n_predict: int, count_tokens) -> list[tuple[Prompt, int]]:
+    """(prompt, its tokens) for every prompt that does not leave room for ``n_predict`` tokens in
+    ``ctx_size`` (llama-server refuses a prompt that fills its context, and stops generating one token
+    short of it). Only prompts long enough in bytes to possibly not fit are tokenized (``count_tokens``)."""
+    found = []
+    for prompt in workload.prompts:
+        if len(prompt.text.encode()) + TOKENS_PER_BYTE_SLACK + n_predict + 1 <= ctx_size:
+            continue
+        tokens = count_tokens(prompt.text)
+        if tokens + n_predict + 1 > ctx_size:
+            found.append((prompt, tokens))
+    return found
+
+
+def llama_tokenize_count(tokenizer: Path, model: Path, text: str, timeout_s: float = 300.0) -> int:
+    """Tokens of ``text`` in ``model``'s own vocabulary, counted as llama-server counts a /completion
+    prompt: by llama.cpp's llama-tokenize (vocabulary only, BOS as the model wants, special tokens parsed)."""
+    proc = subprocess.run([str(tokenizer), "-m", str(model), "--stdin", "--ids", "--log-disable"],
+                          input=text.encode(), capture_output=True, timeout=timeout_s)
+    lines = proc.stdout.decode(errors="replace").strip().splitlines()
+    try:
+        if proc.returncode != 0:
+            raise ValueError(proc.returncode)
+        return len(json.loads(lines[-1]))
+    except (ValueError, IndexError):
+        tail = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"{tokenizer}: cannot count the tokens of a prompt with {model.name} ({tail}); "
+                        "check the build (`make llama`)") from None

@@ -38,7 +38,7 @@ import yaml
 
 from tuner.errors import UserError
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
-from tuner.paths import reports_dir
+from tuner.paths import reports_dir, writable_file, writable_folder
 from tuner.machine import hostlock
 from tuner.storage import store
 from tuner.output.analysis import best_per_suite, feasible, front_2d, knee, suites_of, trials_frame
@@ -449,6 +449,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:  # checked before minutes of racing
+        writable_folder(args.out, "--out")
+    if args.preset is not None:
+        writable_file(args.preset, "--preset")
     study, record = store.open_stored_study(args.study, args.storage)
     frame = trials_frame(store.read_trials(study))
     number, why = choose(record, frame, args.policy, args.min_acceptance, args.trial)

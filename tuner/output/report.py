@@ -12,7 +12,7 @@ import pandas as pd
 
 from tuner.output.analysis import ReportData, report_data
 from tuner.errors import UserError
-from tuner.paths import reports_dir
+from tuner.paths import reports_dir, writable_folder
 from tuner.storage.store import open_stored_study
 from tuner.studyfile.spec import default_storage_url
 
@@ -49,6 +49,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        writable_folder(args.out, "--out")
     study, record = open_stored_study(args.study, args.storage)
     if not any(t.state.is_finished() for t in study.get_trials(deepcopy=False)):
         raise UserError(f"study {study.study_name!r} has no finished trial; run it first (`tuner run`)")

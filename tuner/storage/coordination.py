@@ -36,7 +36,6 @@ import socket
 import time
 import warnings
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import IO, Callable
 
 import optuna
@@ -49,7 +48,7 @@ from tuner.measurement.failures import FailureReason
 from tuner.storage.records import Failure
 from tuner.search.space import baseline_config, enqueue_params
 from tuner.studyfile.spec import WorkersSpec
-from tuner.storage.urls import safe_url, scrub, with_driver  # noqa: F401 (re-exported)
+from tuner.storage.urls import safe_url, scrub, sqlite_path, with_driver  # noqa: F401 (re-exported)
 
 SCHEMA_ATTEMPTS = 3  # workers starting together on a fresh database race to create its tables
 
@@ -73,6 +72,31 @@ def retry_callback(workers: WorkersSpec) -> RetryStaleTrial:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return RetryStaleTrial(max_retry=workers.max_retry)
+
+
+def failed_elsewhere(study: optuna.Study, trial: optuna.Trial, workers: WorkersSpec) -> str | None:
+    """None while ``trial`` is still this process's to store; else one line saying that another worker
+    failed it as dead (no heartbeat for ``grace_s``, e.g. while this process was paused or starved)
+    and whether it was queued again. Its measurement here is then dropped: the configuration is
+    measured again from the queue (or not, past ``max_retry``), so storing this one as well, or
+    journalling it for a replay, would count one configuration twice in the budget and the samplers."""
+    from tuner.storage.outage import classify
+
+    try:
+        state = study._storage.get_trial(trial._trial_id).state
+    except Exception as err:  # an outage: the trial is taken as still ours, so the journal keeps its measurement
+        if classify(err) is None:
+            raise
+        return None
+    if state == TrialState.RUNNING:
+        return None
+    retry = next((t for t in study.get_trials(deepcopy=False)
+                  if trial.number in t.system_attrs.get("retry_history", ())), None)
+    where = (f"queued again as trial {retry.number}" if retry is not None
+             else "not queued again (workers.max_retry reached)")
+    return (f"trial {trial.number} was failed as dead by another worker while this one did not send heartbeats for "
+            f"workers.grace_s ({workers.grace_s} s; paused?) and was {where}; its measurement here is dropped, not "
+            "stored or journalled, so the configuration counts once; going on with the next trial")
 
 
 def open_storage(url: str, workers: WorkersSpec) -> optuna.storages.RDBStorage:
@@ -127,16 +151,6 @@ def tally(study: optuna.Study) -> Tally:
         and store.role_of(t) != "sentinel"
     )
     return Tally(counted=counted, running=sum(1 for t in trials if t.state == TrialState.RUNNING))
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a SQLite URL (None for other storages and in-memory SQLite)."""
-    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
-        return None
-    path = url.removeprefix("sqlite:///")
-    if path.startswith("file:"):  # sqlite:///file:PATH?mode=ro&uri=true
-        path = path.removeprefix("file:").split("?", 1)[0]
-    return Path(path)
 
 
 def prepare_sqlite_dir(url: str) -> None:
@@ -208,9 +222,13 @@ def fail_orphans(study: optuna.Study, workers: WorkersSpec, progress: Callable[[
 def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.storages.BaseStorage:
     """An RDB storage with heartbeats; an unreachable URL is a one-line error, not a traceback."""
     prepare_sqlite_dir(url)
-    try:
-        return open_storage(url, workers)
+    from tuner.storage.outage import FULL, is_down, retrying
+
+    try:  # a full disk is an outage, retried like one (then outage.guard says it, exit 69); a wrong URL is not
+        return retrying(lambda: open_storage(url, workers), url, workers.storage_retry_s, only=FULL)
     except Exception as err:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
+        if is_down():
+            raise
         first = scrub(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__, url)
         fix = ("install the PostgreSQL driver: pip install -e '.[postgres]'" if isinstance(err, ImportError)
                else "check the URL and that the database is reachable")

@@ -221,10 +221,25 @@ def model_identity(info: dict) -> dict:
 
 def changes(stored: StudyRecord, current: StudyRecord, ignore: tuple[str, ...] = (),
             sides: tuple[str, str] = ("the study has", "this run has")) -> list[str]:
-    """What differs between two studies' comparability, one phrase per field."""
+    """What differs between two studies' comparability, one phrase per field; a field that is a
+    mapping (a model's identity, the drafts) names the entry inside it that differs."""
     a, b = stored.comparability(), current.comparability()
-    return [f"{key} differs ({sides[0]} {_short(a[key])}, {sides[1]} {_short(b.get(key))})"
-            for key in a if key not in ignore and a[key] != b.get(key)]
+    return [line for key in a if key not in ignore for line in _differences(key, a[key], b.get(key), sides)]
+
+
+_ABSENT = object()
+
+
+def _differences(label: str, old: Any, new: Any, sides: tuple[str, str]) -> list[str]:
+    if old == new:
+        return []
+    if old is _ABSENT or new is _ABSENT:  # e.g. a draft only one side has
+        return [f"{label} differs ({sides[0]} {'none' if old is _ABSENT else 'it'}, "
+                f"{sides[1]} {'none' if new is _ABSENT else 'it'})"]
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [line for key in [*old, *(k for k in new if k not in old)]
+                for line in _differences(f"{label} {key}", old.get(key, _ABSENT), new.get(key, _ABSENT), sides)]
+    return [f"{label} differs ({sides[0]} {_short(old)}, {sides[1]} {_short(new)})"]
 
 
 def _short(value: Any) -> str:

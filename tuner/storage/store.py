@@ -33,7 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UserError
 from tuner.storage.records import SCHEMA_VERSION, Failure, Reference, StudyRecord, TrialRecord, config_from_dict
-from tuner.storage.outage import problem_of
+from tuner.storage.outage import classify, problem_of
 from tuner.studyfile.spec import default_storage_url
 from tuner.storage.urls import safe_url, with_driver
 from tuner.studyfile.validate import load_yaml_mapping
@@ -101,20 +101,41 @@ def read_reference(study: optuna.Study) -> Reference | None:
     return Reference(**data) if data else None
 
 
+def _scorer_cache(study: optuna.Study, key: str) -> dict:
+    """A text scorer's cache (figures per model flags), read mid-trial: an outage reads it empty (the
+    scorer runs again) instead of losing the trial's measurement before the journal keeps it."""
+    try:
+        return dict(study.user_attrs.get(key, {}))
+    except Exception as err:  # noqa: BLE001 - only storage outages, re-raised otherwise
+        if classify(err) is None:
+            raise
+        return {}
+
+
+def _write_scorer_cache(study: optuna.Study, key: str, cache: dict) -> None:
+    """Best effort: the figure is in the trial's record too, and the journal keeps that record when the
+    storage is down (the trial's own writes then stop the run in one line, see tuner.storage.outage)."""
+    try:
+        study.set_user_attr(key, cache)
+    except Exception as err:  # noqa: BLE001 - only storage outages, re-raised otherwise
+        if classify(err) is None:
+            raise
+
+
 def perplexity_cache(study: optuna.Study) -> dict[str, float]:
-    return dict(study.user_attrs.get(PERPLEXITY, {}))
+    return _scorer_cache(study, PERPLEXITY)
 
 
 def write_perplexity_cache(study: optuna.Study, cache: dict[str, float]) -> None:
-    study.set_user_attr(PERPLEXITY, cache)
+    _write_scorer_cache(study, PERPLEXITY, cache)
 
 
 def kld_cache(study: optuna.Study) -> dict[str, dict]:
-    return dict(study.user_attrs.get(KLD, {}))
+    return _scorer_cache(study, KLD)
 
 
 def write_kld_cache(study: optuna.Study, cache: dict[str, dict]) -> None:
-    study.set_user_attr(KLD, cache)
+    _write_scorer_cache(study, KLD, cache)
 
 
 # ------------------------------------------------------------------ trials

@@ -11,7 +11,10 @@ host name, printed in clear).
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from urllib.parse import quote, unquote
+
+_sqlite_files: list[Path] = []  # every SQLite file this process handed to SQLAlchemy, oldest first
 
 
 def normalize_url(url: str) -> str:
@@ -57,8 +60,26 @@ def with_driver(url: str) -> str:
     driver that is installed, so the documented URL works with either. The password is
     percent-encoded (see ``normalize_url``)."""
     url = normalize_url(url)
+    db = sqlite_path(url)
+    if db is not None and db not in _sqlite_files:
+        _sqlite_files.append(db)
     if url.startswith("postgresql://"):
         for module in ("psycopg", "psycopg2"):
             if importlib.util.find_spec(module):
                 return url.replace("postgresql://", f"postgresql+{module}://", 1)
     return url
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a SQLite URL (None for other storages and in-memory SQLite)."""
+    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+        return None
+    path = url.removeprefix("sqlite:///")
+    if path.startswith("file:"):  # sqlite:///file:PATH?mode=ro&uri=true
+        path = path.removeprefix("file:").split("?", 1)[0]
+    return Path(path)
+
+
+def sqlite_files_used() -> list[Path]:
+    """The SQLite files this process opened (through ``with_driver``), oldest first."""
+    return list(_sqlite_files)

@@ -131,7 +131,9 @@ def _model_path(fields: Fields, key: str, raw: Any, base: Path) -> Path:
 
 
 def load_spec(path: str | Path) -> StudySpec:
-    """Read and check a study file (not yet the models' contents: see study.prepare)."""
+    """Read and check a study file (not yet the models' contents: see study.prepare).
+
+    One parser per section of the file, in the file's order; each holds that section's rules."""
     path = Path(path)
     fields = Fields(path, load_yaml_mapping(path))
     base = path.parent.resolve()
@@ -139,37 +141,83 @@ def load_spec(path: str | Path) -> StudySpec:
     name = fields.str("name", path.stem)
     target = _model_path(fields, "target", fields.raw("target"), base)
     drafts, quantize = _drafts(fields, base)
-    stems = [d.stem for d in drafts] + [q.name for q in quantize]
-    if len(set(stems)) != len(stems):
-        fields.fail("drafts", "two drafts share a name; drafts are named by file stem (plus -TYPE for quantize "
-                              "variants), rename one or drop a duplicate type")
+    space, space_file = _search_space_section(fields.section("search_space"), path, base)
+    workload = fields.section("workload")
+    suites, n_predict = _workload_section(workload)
+    objectives = _objectives(fields)
+    quality = _quality_section(fields.section("quality"), base)
+    measurement = _measurement_section(fields.section("measurement"), n_predict)
+    workload.done()
+    budget = fields.section("budget")
+    budget_trials, budget_minutes = budget.int("trials", 20, minimum=1), budget.number("minutes", None, minimum=0.1)
+    budget.done()
+    storage = fields.str("storage", None) or default_storage_url()
+    sampler = _sampler_section(fields.section("sampler"))  # sampler, seed, prune, reuse
+    warm_start = _warm_start(fields)
+    bin_dir, extra_args = _llama_cpp_section(fields.section("llama_cpp"), base)
+    workers = _workers_section(fields.section("workers"))
+    sentinel = _sentinel_section(fields.section("sentinel"))
+    race = _race_section(fields.section("race"))
+    fields.done()
 
-    space_section = fields.section("search_space")
+    return StudySpec(
+        path=path,
+        name=name,
+        target=target,
+        drafts=drafts,
+        space=space,
+        space_file=space_file,
+        suites=suites,
+        objectives=objectives,
+        quality=quality,
+        measurement=measurement,
+        budget_trials=budget_trials,
+        budget_minutes=budget_minutes,
+        storage=storage,
+        warm_start=warm_start,
+        bin_dir=bin_dir,
+        extra_args=extra_args,
+        workers=workers,
+        sentinel=sentinel,
+        race=race,
+        quantize=quantize,
+        **sampler,
+    )
+
+
+def _search_space_section(section: Fields, path: Path, base: Path) -> tuple[RawSpace, Path | None]:
+    """``search_space:``: a space file (checked on its own, errors naming it) plus per-study overrides."""
     space_file = None
     merged: dict[str, Any] = {}
-    if space_section.has("file"):
-        space_file = _path(space_section, "file", space_section.str("file"), base)
+    if section.has("file"):
+        space_file = _path(section, "file", section.str("file"), base)
         if not space_file.is_file():
-            space_section.fail("file", f"{space_file}: {'is a directory' if space_file.is_dir() else 'no such file'}; "
-                                       "fix the path (relative to the study file's folder)")
+            section.fail("file", f"{space_file}: {'is a directory' if space_file.is_dir() else 'no such file'}; "
+                                 "fix the path (relative to the study file's folder)")
         merged.update(load_yaml_mapping(space_file))
         parse_space(Fields(space_file, dict(merged)))  # errors point at the space file itself
-    overrides = space_section.raw("overrides", {})
+    overrides = section.raw("overrides", {})
     if not isinstance(overrides, dict):
-        space_section.fail("overrides", "expected a mapping of knob: domain")
+        section.fail("overrides", "expected a mapping of knob: domain")
     merged.update(overrides)
-    space_section.done()
-    space = parse_space(Fields(path, merged, "search_space"))
+    section.done()
+    return parse_space(Fields(path, merged, "search_space")), space_file
 
-    workload = fields.section("workload")
-    suites = workload.list("suites", ["code"])
+
+def _workload_section(section: Fields) -> tuple[tuple[str, ...], int]:
+    """``workload:``: suite names or files, and tokens generated per request (the caller closes the section)."""
+    suites = section.list("suites", ["code"])
     if not suites or not all(isinstance(s, str) and s for s in suites):
-        workload.fail("suites", "expected a non-empty list of suite names or files")
-    n_predict = workload.int("n_predict", 128, minimum=1)
+        section.fail("suites", "expected a non-empty list of suite names or files")
+    return tuple(suites), section.int("n_predict", 128, minimum=1)
 
+
+def _objectives(fields: Fields) -> tuple[Objective, ...]:
+    """``objectives:``: a list of {metric, direction}, each metric once."""
     objectives = []
-    for i, item in enumerate(fields.list("objectives", [{"metric": m} for m in ("tokens_per_second", "acceptance", "quality")])):
-        obj = Fields(path, item, f"objectives[{i}]")
+    default = [{"metric": m} for m in ("tokens_per_second", "acceptance", "quality")]
+    for i, item in enumerate(fields.list("objectives", default)):
+        obj = Fields(fields.file, item, f"objectives[{i}]")
         metric = obj.choice("metric", tuple(METRICS))
         direction = obj.choice("direction", ("maximize", "minimize"), METRICS[metric])
         obj.done()
@@ -178,8 +226,11 @@ def load_spec(path: str | Path) -> StudySpec:
         fields.fail("objectives", "give at least one objective")
     if len({o.metric for o in objectives}) != len(objectives):
         fields.fail("objectives", "an objective is listed twice")
+    return tuple(objectives)
 
-    q = fields.section("quality")
+
+def _quality_section(q: Fields, base: Path) -> QualitySpec:
+    """``quality:``: the scorer, its floor; a text file for the scorers that run llama-perplexity; a KLD ceiling."""
     scorer = q.choice("scorer", QUALITY_SCORERS, "agreement")
     floor = q.number("floor", 0.95, minimum=0.0, maximum=1.0)
     text_file = q.str("text_file", None)
@@ -192,8 +243,11 @@ def load_spec(path: str | Path) -> StudySpec:
     if text_path is not None and not text_path.is_file():
         q.fail("text_file", f"{text_path} is not a readable file")
     q.done()
+    return QualitySpec(scorer, floor, text_path, max_kld)
 
-    m = fields.section("measurement")
+
+def _measurement_section(m: Fields, n_predict: int) -> MeasurementSettings:
+    """``measurement:``: warmup, repetitions (and their cap), context, seed, noise and timeout."""
     measurement = MeasurementSettings(
         warmup=m.int("warmup", 1, minimum=0),
         repetitions=m.int("repetitions", 3, minimum=1),
@@ -208,34 +262,38 @@ def load_spec(path: str | Path) -> StudySpec:
         m.fail("max_repetitions", f"must be at least repetitions ({measurement.repetitions}); "
                                   "repetitions go on past `repetitions` until the cv is below noise_cv or this cap")
     m.done()
-    workload.done()
+    return measurement
 
-    b = fields.section("budget")
-    budget_trials = b.int("trials", 20, minimum=1)
-    budget_minutes = b.number("minutes", None, minimum=0.1)
-    b.done()
 
-    storage = fields.str("storage", None) or default_storage_url()
-    s = fields.section("sampler")
-    sampler = s.choice("name", SAMPLERS, "structured")
-    seed = s.int("seed", 0, minimum=0)
-    prune = s.bool("prune", True)
-    reuse = s.bool("reuse", True)
+def _sampler_section(s: Fields) -> dict[str, Any]:
+    """``sampler:``: name, seed, pruning, warm start from earlier studies (as StudySpec's fields)."""
+    sampler = {"sampler": s.choice("name", SAMPLERS, "structured"), "seed": s.int("seed", 0, minimum=0),
+               "prune": s.bool("prune", True), "reuse": s.bool("reuse", True)}
     s.done()
+    return sampler
 
+
+def _warm_start(fields: Fields) -> tuple[dict[str, Any], ...]:
+    """``warm_start:``: configurations to measure first, each a mapping of knob: value."""
     warm_start = fields.list("warm_start", [])
     for i, item in enumerate(warm_start):
         if not isinstance(item, dict):
             fields.fail(f"warm_start[{i}]", "expected a mapping of knob: value")
+    return tuple(warm_start)
 
-    llama = fields.section("llama_cpp")
+
+def _llama_cpp_section(llama: Fields, base: Path) -> tuple[Path | None, tuple[str, ...]]:
+    """``llama_cpp:``: a user build's folder, and extra llama-server arguments (argv elements, no shell)."""
     bin_dir_raw = llama.str("bin_dir", None)
     extra_args = llama.list("extra_args", [])
     if not all(isinstance(a, str) for a in extra_args):
         llama.fail("extra_args", "expected a list of strings (one argv element each; no shell syntax)")
     llama.done()
+    return (_path(llama, "bin_dir", bin_dir_raw, base) if bin_dir_raw else None), tuple(extra_args)
 
-    w = fields.section("workers")
+
+def _workers_section(w: Fields) -> WorkersSpec:
+    """``workers:``: heartbeats, grace before a silent trial is failed, retries, baseline wait, storage outages."""
     workers = WorkersSpec(
         heartbeat_s=w.int("heartbeat_s", 30, minimum=1),
         grace_s=w.int("grace_s", 120, minimum=1),
@@ -246,12 +304,19 @@ def load_spec(path: str | Path) -> StudySpec:
     if workers.grace_s <= workers.heartbeat_s:
         w.fail("grace_s", f"must exceed heartbeat_s ({workers.heartbeat_s}), or live trials are failed as dead")
     w.done()
+    return workers
 
-    se = fields.section("sentinel")
+
+def _sentinel_section(se: Fields) -> SentinelSpec:
+    """``sentinel:``: how often the baseline is re-measured during a study."""
     sentinel = SentinelSpec(every_trials=se.int("every_trials", 5, minimum=1),
                             every_minutes=se.number("every_minutes", 15.0, minimum=0.1))
     se.done()
-    r = fields.section("race")
+    return sentinel
+
+
+def _race_section(r: Fields) -> RaceSpec:
+    """``race:``: the sequential race's rounds, its equivalence margin, confirmation rounds, finalists."""
     if r.has("rounds"):
         r.fail("rounds", "the race is sequential now: set max_rounds (and min_rounds, equivalence, confirm_rounds)")
     race = RaceSpec(min_rounds=r.int("min_rounds", 3, minimum=3), max_rounds=r.int("max_rounds", 12, minimum=3),
@@ -262,34 +327,7 @@ def load_spec(path: str | Path) -> StudySpec:
     if race.max_rounds < race.min_rounds:
         r.fail("max_rounds", f"must be at least min_rounds ({race.min_rounds})")
     r.done()
-    fields.done()
-
-    return StudySpec(
-        path=path,
-        name=name,
-        target=target,
-        drafts=drafts,
-        space=space,
-        space_file=space_file,
-        suites=tuple(suites),
-        objectives=tuple(objectives),
-        quality=QualitySpec(scorer, floor, text_path, max_kld),
-        measurement=measurement,
-        budget_trials=budget_trials,
-        budget_minutes=budget_minutes,
-        storage=storage,
-        sampler=sampler,
-        seed=seed,
-        warm_start=tuple(warm_start),
-        bin_dir=_path(llama, "bin_dir", bin_dir_raw, base) if bin_dir_raw else None,
-        extra_args=tuple(extra_args),
-        workers=workers,
-        prune=prune,
-        reuse=reuse,
-        sentinel=sentinel,
-        race=race,
-        quantize=quantize,
-    )
+    return race
 
 
 def _drafts(fields: Fields, base: Path) -> tuple[tuple[Path, ...], tuple[QuantizeRequest, ...]]:
@@ -308,4 +346,8 @@ def _drafts(fields: Fields, base: Path) -> tuple[tuple[Path, ...], tuple[Quantiz
             item.fail("quantize", "expected a non-empty list of llama-quantize types, e.g. [Q8_0, Q4_0]")
         item.done()
         requests += [QuantizeRequest(source, t.strip().upper()) for t in types]
+    stems = [p.stem for p in paths] + [q.name for q in requests]
+    if len(set(stems)) != len(stems):
+        fields.fail("drafts", "two drafts share a name; drafts are named by file stem (plus -TYPE for quantize "
+                              "variants), rename one or drop a duplicate type")
     return tuple(paths), tuple(requests)
