@@ -21,7 +21,6 @@ from fake_llama_server import PINNED_COMMIT, get_json, run_study_file, stop_grou
 from tuner.storage import store
 from tuner.output.analysis import front_2d, trials_frame
 from tuner.cli import main
-from tuner.studyfile.spec import load_spec
 from tuner.errors import UserError
 from tuner.output.export import Export, build_export, choose, merge_preset, preset_lines, production_argv, shell_script
 from tuner.measurement.launch import ServerCommand, cpu_mask

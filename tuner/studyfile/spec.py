@@ -67,11 +67,11 @@ class RaceSpec:
     """The finalist race that declares a winner on fresh, interleaved measurements (see tuner.decisions.race)."""
 
     min_rounds: int = 3  # no decision on fewer paired launches (tuner.decisions.evidence.MIN_ROUNDS)
-    max_rounds: int = 12  # selection rounds at most; then the race says it is undecided
+    max_rounds: int = 10  # selection rounds at most; then the race says it is undecided
     equivalence: float = 0.02  # configurations within this are equal: resources decide (TOST margin)
     confirm_rounds: int = 4  # winner and baseline alone: the printed speedup
     budget_minutes: float | None = None  # no further selection round after this long
-    max_finalists: int = 6  # besides the baseline; the closest to the leader first
+    max_finalists: int = 8  # besides the baseline; the closest to the leader first (the race drops the slow)
 
 
 @dataclass(frozen=True)
@@ -319,11 +319,11 @@ def _race_section(r: Fields) -> RaceSpec:
     """``race:``: the sequential race's rounds, its equivalence margin, confirmation rounds, finalists."""
     if r.has("rounds"):
         r.fail("rounds", "the race is sequential now: set max_rounds (and min_rounds, equivalence, confirm_rounds)")
-    race = RaceSpec(min_rounds=r.int("min_rounds", 3, minimum=3), max_rounds=r.int("max_rounds", 12, minimum=3),
+    race = RaceSpec(min_rounds=r.int("min_rounds", 3, minimum=3), max_rounds=r.int("max_rounds", 10, minimum=3),
                     equivalence=r.number("equivalence", 0.02, minimum=0.001, maximum=0.5),
                     confirm_rounds=r.int("confirm_rounds", 4, minimum=0),
                     budget_minutes=r.number("budget_minutes", None, minimum=0.1),
-                    max_finalists=r.int("max_finalists", 6, minimum=1))
+                    max_finalists=r.int("max_finalists", 8, minimum=1))
     if race.max_rounds < race.min_rounds:
         r.fail("max_rounds", f"must be at least min_rounds ({race.min_rounds})")
     r.done()
