@@ -2,8 +2,8 @@
 
 Why: a study's winner is only worth exporting if another run of the same study would
 have found something as fast. Two studies that differ only in the sampler seed each
-pick their best feasible trial; both winners are then served at once and measured in
-rounds of fresh launches (A then B, then B then A), so the comparison is of configurations,
+pick their best feasible trial; both winners are then measured in rounds of fresh launches
+(A then B, then B then A), so the comparison is of configurations,
 not of two moments of a noisy machine. Target: tokens/s within 5% of each other.
 """
 

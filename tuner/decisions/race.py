@@ -39,7 +39,7 @@ import optuna
 from tuner.context import StudyContext
 from tuner.decisions import evidence
 from tuner.decisions.drift import Sentinels
-from tuner.decisions.remeasure import Contender, Remeasure, contender, williams_order
+from tuner.decisions.remeasure import Contender, Launch, Remeasure, contender
 from tuner.measurement.measure import MeasurementSettings
 from tuner.measurement.workload import Workload
 from tuner.storage import store
@@ -156,11 +156,8 @@ def look_alpha(spec: RaceSpec) -> float:
 
 
 def _leader(contest: Contest) -> str:
-    return max(contest.candidates, key=lambda n: evidence.geometric_mean(contest.rates[n][-_common(contest):]))
-
-
-def _common(contest: Contest) -> int:
-    return min(len(contest.rates[n]) for n in contest.candidates)
+    """The highest geometric mean; every candidate was launched in every round so far."""
+    return max(contest.candidates, key=lambda n: evidence.geometric_mean(contest.rates[n]))
 
 
 def _judge(contest: Contest, resources: dict[str, tuple], spec: RaceSpec, rounds: int) -> Outcome | None:
@@ -168,15 +165,14 @@ def _judge(contest: Contest, resources: dict[str, tuple], spec: RaceSpec, rounds
     if rounds < max(spec.min_rounds, evidence.MIN_ROUNDS):
         return None
     leader = _leader(contest)
-    n = _common(contest)
-    lead = contest.rates[leader][-n:]
+    lead = contest.rates[leader]
     for other in [c for c in contest.candidates if c != leader]:
-        if evidence.shown_better(lead, contest.rates[other][-n:], look_alpha(spec)):
+        if evidence.shown_better(lead, contest.rates[other], look_alpha(spec)):
             contest.candidates.remove(other)
             contest.dropped[other] = f"shown slower than {leader} after {rounds} rounds"
     others = [c for c in contest.candidates if c != leader]
     equivalent = [c for c in others
-                  if evidence.shown_equivalent(lead, contest.rates[c][-n:], spec.equivalence, look_alpha(spec))]
+                  if evidence.shown_equivalent(lead, contest.rates[c], spec.equivalence, look_alpha(spec))]
     if len(equivalent) < len(others):
         return None
     winner = min([leader, *equivalent], key=lambda c: resources.get(c, ()))
@@ -191,11 +187,10 @@ def _judge(contest: Contest, resources: dict[str, tuple], spec: RaceSpec, rounds
 
 def _undecided(contest: Contest, spec: RaceSpec, limit: str, rounds: int) -> Outcome:
     leader = _leader(contest)
-    n = _common(contest)
-    lead = contest.rates[leader][-n:]
+    lead = contest.rates[leader]
     open_ = [c for c in contest.candidates if c != leader]
     equivalent = [c for c in open_
-                  if evidence.shown_equivalent(lead, contest.rates[c][-n:], spec.equivalence, look_alpha(spec))]
+                  if evidence.shown_equivalent(lead, contest.rates[c], spec.equivalence, look_alpha(spec))]
     verdict = (f"undecided after {rounds} rounds ({limit} reached): {leader} has the higher estimate and is deployed; "
                f"not told apart from {', '.join(c for c in open_ if c not in equivalent)}") if open_ else \
         f"{leader} is the only finalist left after {rounds} rounds"
@@ -287,15 +282,17 @@ def run_race(study: StudyRecord, candidates: list[TrialRecord], baseline: TrialR
     drafted = dict.fromkeys(records, 0)
     accepted: dict[str, list[int]] = {name: [] for name in records}
 
+    def rate(name: str, launched: Launch) -> float:
+        drafted[name] += launched.drafted
+        accepted[name].append(launched.accepted)
+        return launched.rate
+
     def launch(name: str) -> float:
-        result = remeasure.launch(contenders[name])
-        drafted[name] += result.drafted
-        accepted[name].append(result.accepted)
-        return result.rate
+        return rate(name, remeasure.launch(contenders[name]))
 
     def launch_round(names: list[str], r: int) -> dict[str, float]:
-        order = [names[i] for i in williams_order(len(names), r)]
-        return {name: launch(name) for name in order}
+        return {name: rate(name, launched)
+                for name, launched in remeasure.round([contenders[n] for n in names], r).items()}
 
     progress(f"race: {len(records)} finalists ({', '.join(records)}), one launch each per round, "
              f"{spec.min_rounds}-{spec.max_rounds} rounds until decided (equivalence margin {spec.equivalence:.0%})")

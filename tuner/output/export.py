@@ -11,9 +11,9 @@ floor (``constraint_quality <= 0``), optionally only those with acceptance at le
 
 Before anything is written the finalists are raced (``tuner.decisions.race``): the policy's choice
 (with ``max-tps``: every feasible trial within reach of the leader) and the baseline are
-served at once and re-measured in shuffled rounds, and the export is the race's winner,
-with its speedup and a 95% interval. A study's single best figure can be luck; fresh
-interleaved measurements are what an operator can bet on. The outputs, under ``reports/STUDY/export/``: ``serve.sh`` (the exact command,
+launched afresh round by round until the race decides, and the export is the race's winner,
+with its speedup and a 95% interval from confirmation rounds. A study's single best figure can
+be luck; fresh launches, compared in pairs, are what an operator can bet on. The outputs, under ``reports/STUDY/export/``: ``serve.sh`` (the exact command,
 ``shlex``-quoted, host and port from ``LLAMA_ARG_HOST``/``LLAMA_ARG_PORT``, default
 127.0.0.1:8080), ``config.json`` and ``config.yaml``, and the study's section in the
 shared ``reports/models-preset.ini`` for one ``llama-server --models-preset`` router.
@@ -426,7 +426,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "Export the chosen configuration of a study: serve.sh, config.json/.yaml and a section of the "
         "shared llama-server --models-preset file. Policies: "
         + "; ".join(f"{k}: {v}" for k, v in POLICIES.items())
-        + ". The winner is first re-measured against the baseline, alternating, on this host."
+        + ". The finalists are first raced against the baseline on this host, one fresh launch each per round."
     )
     parser.add_argument("study", help="study name in the storage, or a study file (studies/NAME.yaml)")
     parser.add_argument("--storage", help="Optuna storage URL (default: the study file's, else the shared SQLite file)")

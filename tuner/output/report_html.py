@@ -334,9 +334,9 @@ def sections(data: ReportData) -> list[Section]:
                 lines_figure(data.threads_numa, "numa", "threads", "best_tokens_per_second", "fig-threads-numa", "threads")
                 if not data.threads_numa.empty else _empty("no complete trial")),
         Section("race", "Finalist race",
-                "The winner, decided on fresh measurements only: the finalists and the baseline served at once and "
-                "re-measured in shuffled rounds. Median over rounds; speedup over the baseline with a 95% bootstrap "
-                "interval over rounds.",
+                "The winner, decided on fresh launches only: each round launches every finalist still racing and "
+                "the baseline once; finalists shown slower are dropped. Geometric mean over launches; speedup over "
+                "the baseline on paired rounds with a 95% t-interval; the winner's figure from confirmation rounds.",
                 race_table(data) if data.race is not None else _empty("no race recorded (tuner run --no-race, or nothing to race)")),
         Section("drift", "Drift: the baseline configuration over time",
                 "The baseline and its sentinel re-measures (every few trials). Speedups divide by this line "
