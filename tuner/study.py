@@ -275,7 +275,7 @@ class TrialRunner:
                              ready_timeout_s=timeout, request_timeout_s=timeout) as server:
                 on_running(server.port)
                 samples = run_workload(server, ctx.workload, ctx.settings, config.temperature,
-                                       after_request=after_request)
+                                       after_request=after_request, speculative=config.speculative)
                 busy = busy_processes(before, cpu_seconds_by_process(), time.monotonic() - wall,
                                       {os.getpid(), server.pid})
                 pages = read_numa_maps(server.pid, models)
@@ -288,7 +288,7 @@ class TrialRunner:
                            spread=Spread(scores.repetitions, scores.cv, scores.noisy),
                            drafted=scores.drafted, accepted=scores.accepted,
                            samples=tuple(sample_record(s) for s in pruned.samples), log_tail=read_log_tail(log_path, 40))
-        scores = score_trial(samples, ctx.settings, config.speculative, config.spec_type, spec_problem, log_tail)
+        scores = score_trial(samples, ctx.settings, config.speculative, ",".join(config.spec_types), spec_problem, log_tail)
         if not config.speculative and self.roofline is not None:
             why = impossible(scores.tokens_per_second, self.roofline, config.experts, self.llc_bytes)
             if why:

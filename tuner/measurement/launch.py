@@ -32,6 +32,7 @@ K_FLAGS = {
     "ngram-map-k": "--spec-ngram-map-k-size-m",
     "ngram-map-k4v": "--spec-ngram-map-k4v-size-m",
     "ngram-mod": "--spec-ngram-mod-n-max",
+    "draft-mtp": "--spec-draft-n-max",
 }
 MIN_FLAGS = {"draft-simple": "--spec-draft-n-min", "ngram-mod": "--spec-ngram-mod-n-min"}
 
@@ -212,11 +213,24 @@ def model_flags(config: TrialConfig, ctx: LaunchContext) -> list[str]:
     return [item for pair in model_options(config, ctx) for item in pair]
 
 
+# Per n-gram type: the flags of its key length, draft length and minimum hits (ngram-mod: match length, n-max).
+NGRAM_FLAGS = {
+    "ngram-simple": ("--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m", "--spec-ngram-simple-min-hits"),
+    "ngram-map-k": ("--spec-ngram-map-k-size-n", "--spec-ngram-map-k-size-m", "--spec-ngram-map-k-min-hits"),
+    "ngram-map-k4v": ("--spec-ngram-map-k4v-size-n", "--spec-ngram-map-k4v-size-m", "--spec-ngram-map-k4v-min-hits"),
+    "ngram-mod": ("--spec-ngram-mod-n-match", "--spec-ngram-mod-n-max", None),
+}
+
+
 def speculative_options(config: TrialConfig, ctx: LaunchContext) -> list[tuple[str, str]]:
-    """``--spec-type`` is always explicit: in this llama.cpp ``-md`` alone does not draft."""
+    """``--spec-type`` is always explicit: in this llama.cpp ``-md`` alone does not draft.
+
+    A stack is one comma-separated ``--spec-type`` list; llama.cpp builds the lookup types before
+    the draft models whatever the order, so on each step a lookup hit drafts and the draft model
+    fills in where lookup has nothing."""
     if not config.speculative:
         return []
-    options = [("--spec-type", config.spec_type)]
+    options = [("--spec-type", ",".join(config.spec_types))]
     if config.spec_type == "draft-simple":
         if config.draft not in ctx.drafts:
             raise TrialFailure(FailureReason.INVALID_CONFIG, f"unknown draft {config.draft!r}")
@@ -235,4 +249,23 @@ def speculative_options(config: TrialConfig, ctx: LaunchContext) -> list[tuple[s
         n_min = config.draft_min if config.draft_min is not None else default_min
         if config.spec_type == "ngram-mod" or config.draft_min is not None:
             options.append((MIN_FLAGS[config.spec_type], str(min(n_min, config.draft_max or n_min))))
+    return options + ngram_options(config)
+
+
+def ngram_options(config: TrialConfig) -> list[tuple[str, str]]:
+    """The sizes of the n-gram lookup in play; a size left out keeps llama.cpp's default."""
+    if config.ngram_type not in NGRAM_FLAGS:
+        return []
+    key_flag, length_flag, hits_flag = NGRAM_FLAGS[config.ngram_type]
+    options = []
+    if config.ngram_key is not None:
+        options.append((key_flag, str(config.ngram_key)))
+    if hits_flag and config.ngram_min_hits is not None:
+        options.append((hits_flag, str(config.ngram_min_hits)))
+    if config.stacked and config.lookup_max is not None:
+        options.append((length_flag, str(config.lookup_max)))
+    if config.stacked and config.lookup == "ngram-mod":
+        # as alone: ngram-mod's default minimum (48) exceeds any small draft length
+        n_min = config.lookup_min if config.lookup_min is not None else 1
+        options.append(("--spec-ngram-mod-n-min", str(min(n_min, config.lookup_max or n_min))))
     return options

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.measurement.runner import Completion, LlamaServer
@@ -54,6 +54,8 @@ class Sample:
     text: str
     tokens: tuple[int, ...]
     wall_ms: float = 0.0  # the request's wall time (0: not measured)
+    # per speculative implementation (llama.cpp's type name): (type, drafted, accepted) in this request
+    sources: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ def run_workload(
     temperature: float,
     progress: Callable[[int, int], None] | None = None,
     after_request: Callable[[list[Sample], bool, bool], None] | None = None,
+    speculative: bool = False,
 ) -> list[Sample]:
     """Warm up, then passes over every prompt: ``repetitions`` of them, and more (up to
     ``max_repetitions``) while the per-pass rates spread more than ``noise_cv``.
@@ -85,7 +88,8 @@ def run_workload(
     mapped weights and buffer allocation, which every prompt shares, so one prompt is
     enough. ``after_request(samples so far, pass_done, more)`` runs after every request: ``pass_done``
     when it ended a pass (a running rate to report), ``more`` when another request follows (a
-    pruner acts only then: after the last one there is nothing left to save).
+    pruner acts only then: after the last one there is nothing left to save). With
+    ``speculative`` each sample carries what each speculative source drafted (``sources``).
     """
     first = workload.prompts[0]
     for _ in range(settings.warmup):
@@ -117,7 +121,31 @@ def run_workload(
             if after_request:
                 pass_done = i + 1 == len(workload.prompts)
                 after_request(samples, pass_done, not pass_done or _another_pass(samples, repetition + 1, cap, settings))
-    return samples
+    return with_sources(samples, server.source_totals(settings.warmup + len(samples)) if speculative else [])
+
+
+def with_sources(samples: list[Sample], totals: list[dict[str, tuple[int, int]]]) -> list[Sample]:
+    """Each request's drafted and accepted tokens per source, from the server's running totals
+    (one block per finished request, warm-up first); unchanged when the totals do not line up."""
+    if not samples or len(totals) < len(samples):
+        return samples
+    totals = totals[len(totals) - len(samples) - 1:] if len(totals) > len(samples) else [{}, *totals]
+    out = []
+    for sample, before, after in zip(samples, totals, totals[1:]):
+        sources = tuple((name, d - before.get(name, (0, 0))[0], a - before.get(name, (0, 0))[1])
+                        for name, (d, a) in after.items())
+        out.append(replace(sample, sources=sources))
+    return out
+
+
+def per_source(samples: Iterable[Sample | dict]) -> dict[str, tuple[int, int]]:
+    """Drafted and accepted tokens per speculative source over a group of requests (samples or their records)."""
+    totals: dict[str, tuple[int, int]] = {}
+    for sample in samples:
+        for name, drafted, accepted in (sample.get("sources") or () if isinstance(sample, dict) else sample.sources):
+            d, a = totals.get(name, (0, 0))
+            totals[name] = (d + drafted, a + accepted)
+    return totals
 
 
 def _another_pass(samples: list[Sample], passes_done: int, cap: int, settings: MeasurementSettings) -> bool:

@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import functools
 import json
+import re
 import os
 import signal
 import socket
@@ -48,6 +49,28 @@ SPECULATION_OFF = (
     "speculative decoding not supported by this context",
     "draft model vocab type must match",
 )
+
+
+# At trace verbosity llama-server logs, after every request, each speculative implementation's
+# running totals (common_speculative_print_stats): the only per-source figure it reports.
+STATS_VERBOSITY = ("--log-verbosity", "4")
+SOURCE_STATS = re.compile(r"statistics\s+(\S+): .*?#gen tokens =\s*(\d+), #acc tokens =\s*(\d+)")
+SOURCE_STATS_WAIT_S = 2.0  # llama.cpp's log is written by its own thread, a little after the answer
+
+
+def source_blocks(log_text: str) -> list[dict[str, tuple[int, int]]]:
+    """Per finished request, each speculative implementation's running (drafted, accepted) totals.
+
+    llama-server prints one statistics line per implementation at the end of every request, in
+    the same order each time; a block ends when a type repeats."""
+    blocks: list[dict[str, tuple[int, int]]] = []
+    current: dict[str, tuple[int, int]] = {}
+    for name, drafted, accepted in SOURCE_STATS.findall(log_text):
+        if name in current:
+            blocks.append(current)
+            current = {}
+        current[name] = (int(drafted), int(accepted))
+    return blocks + ([current] if current else [])
 
 
 PR_SET_PDEATHSIG = 1
@@ -290,7 +313,7 @@ class LlamaServer:
             self._oom_kills_at_launch = oom_kills()
             try:
                 self._proc = subprocess.Popen(
-                    [*self.argv, "--host", self.host, "--port", str(self.port)],
+                    [*self.argv, "--host", self.host, "--port", str(self.port), *STATS_VERBOSITY],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -401,6 +424,16 @@ class LlamaServer:
 
     def log_tail(self, n: int = 40) -> str:
         return read_log_tail(self.log_path, n)
+
+    def source_totals(self, requests: int) -> list[dict[str, tuple[int, int]]]:
+        """Each finished request's per-source running totals, once the log holds all ``requests`` of
+        them (it lags the answers); [] without speculation or when the log never catches up."""
+        deadline = time.monotonic() + SOURCE_STATS_WAIT_S
+        while True:
+            blocks = source_blocks(self._attempt_log())
+            if len(blocks) >= requests or time.monotonic() >= deadline:
+                return blocks if len(blocks) == requests else []
+            time.sleep(0.02)
 
     def speculation_log_problem(self) -> str | None:
         """The log lines saying speculation is off, to explain SPECULATION_UNAVAILABLE."""

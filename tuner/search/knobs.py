@@ -9,11 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Speculative types of the pinned llama.cpp (`--spec-type`) that need no extra files.
-# draft-eagle3/mtp/dflash/dspark need model-specific sidecars and are not offered.
-SPEC_TYPES = ("none", "draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+# Speculative types of the pinned llama.cpp (`--spec-type`). draft-eagle3/dflash/dspark need
+# model-specific sidecars and are not offered; draft-mtp only where the target announces it.
+LOOKUP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+# Types a model announces in its GGUF (llama.cpp's common_speculative_types_from_gguf).
+ANNOUNCED_TYPES = ("draft-mtp",)
+# Draft sources that run a model (an external draft, or the target's own MTP head): lookup stacks on them.
+DRAFT_MODEL_TYPES = ("draft-simple", *ANNOUNCED_TYPES)
+SPEC_TYPES = ("none", "draft-simple", *LOOKUP_TYPES, *ANNOUNCED_TYPES)
 # The types whose draft length K we set (ngram-cache drafts a fixed 8 in this version).
-SPEC_TYPES_WITH_K = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+SPEC_TYPES_WITH_K = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "draft-mtp")
+# The n-gram types with a key length and draft length (ngram-cache has neither), and those with minimum hits.
+SIZED_LOOKUP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+HITS_LOOKUP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
 NUMA_POLICIES = ("none", "interleave", "bind", "distribute", "isolate")
 
 
@@ -31,6 +39,12 @@ KNOBS = (
     Knob("draft_max", int, "draft length K (--spec-draft-n-max, or the n-gram type's size-m)"),
     Knob("draft_min", int, "minimum draft length (--spec-draft-n-min / --spec-ngram-mod-n-min)"),
     Knob("draft_p_min", float, "minimum draft probability (--spec-draft-p-min), draft-simple only"),
+    Knob("lookup", str, f"prompt lookup stacked on a draft model: none or one of {', '.join(LOOKUP_TYPES)}; "
+                        "llama.cpp asks the lookup first and the draft model where lookup has nothing"),
+    Knob("lookup_max", int, "the stacked lookup's draft length (its size-m, or --spec-ngram-mod-n-max)"),
+    Knob("lookup_min", int, "the stacked ngram-mod's minimum draft length (--spec-ngram-mod-n-min)"),
+    Knob("ngram_key", int, "n-gram key length of the lookup in play (--spec-ngram-*-size-n, ngram-mod's n-match)"),
+    Knob("ngram_min_hits", int, "minimum hits before an n-gram drafts (--spec-ngram-*-min-hits; not ngram-mod)"),
     Knob("temperature", float, "sampling temperature, sent per request"),
     Knob("experts", int, "MoE active experts (--override-kv ARCH.expert_used_count=int:N), MoE targets only"),
     Knob("numa", str, f"NUMA policy, one of {', '.join(NUMA_POLICIES)}; collapses to what the machine supports"),

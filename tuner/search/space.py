@@ -17,7 +17,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
-from tuner.search.knobs import KNOB_TYPES, NUMA_POLICIES, SPEC_TYPES, SPEC_TYPES_WITH_K
+from tuner.search.knobs import (DRAFT_MODEL_TYPES, HITS_LOOKUP_TYPES, KNOB_TYPES, LOOKUP_TYPES, NUMA_POLICIES,
+                                SIZED_LOOKUP_TYPES, SPEC_TYPES, SPEC_TYPES_WITH_K)
 from tuner.studyfile.validate import Fields
 
 @dataclass(frozen=True)
@@ -61,6 +62,11 @@ class TrialConfig:
     draft_max: int | None = None
     draft_min: int | None = None
     draft_p_min: float | None = None
+    lookup: str | None = None
+    lookup_max: int | None = None
+    lookup_min: int | None = None
+    ngram_key: int | None = None
+    ngram_min_hits: int | None = None
     temperature: float = 0.0
     experts: int | None = None
     numa: str = "none"
@@ -71,6 +77,28 @@ class TrialConfig:
     @property
     def speculative(self) -> bool:
         return self.spec_type != "none"
+
+    @property
+    def stacked(self) -> bool:
+        """A draft model with prompt lookup in front of it, in one server."""
+        return self.lookup not in (None, "none")
+
+    @property
+    def spec_types(self) -> tuple[str, ...]:
+        """The ``--spec-type`` list: the lookup first (llama.cpp asks it first either way), then the draft."""
+        return (self.lookup, self.spec_type) if self.stacked else (self.spec_type,)
+
+    @property
+    def ngram_type(self) -> str | None:
+        """The n-gram lookup in play, alone or stacked, whose sizes the ngram_* knobs set."""
+        return self.lookup if self.stacked else (self.spec_type if self.spec_type in LOOKUP_TYPES else None)
+
+    @property
+    def family(self) -> str:
+        """none, draft, lookup or stack: how the report groups configurations."""
+        if self.stacked:
+            return "stack"
+        return "none" if not self.speculative else ("lookup" if self.spec_type in LOOKUP_TYPES else "draft")
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -108,6 +136,8 @@ def parse_domain(fields: Fields, knob: str) -> Domain:
             fields.fail(where, f"expected {kind.__name__} values, got {type(v).__name__} {v!r}")
         if knob == "spec_type" and v not in SPEC_TYPES:
             fields.fail(where, f"unknown speculative type {v!r}; use one of {', '.join(SPEC_TYPES)}")
+        if knob == "lookup" and v not in ("none", *LOOKUP_TYPES):
+            fields.fail(where, f"unknown lookup {v!r}; use none or one of {', '.join(LOOKUP_TYPES)}")
         if knob == "numa" and v not in NUMA_POLICIES:
             fields.fail(where, f"unknown NUMA policy {v!r}; use one of {', '.join(NUMA_POLICIES)}")
         if kind in (int, float) and v < 0:
@@ -203,6 +233,8 @@ def resolve_space(
     elif "draft_max" not in domains:
         domains["draft_max"] = Choices((3,))  # llama.cpp's own default K
 
+    _resolve_lookup(domains, spec_values, notes)
+
     if expert_used_count:
         experts = domains.get("experts", IntRange(1, expert_used_count))
         top = max(experts.values) if isinstance(experts, Choices) else experts.high
@@ -249,6 +281,26 @@ def resolve_space(
     return ResolvedSpace(domains, expert_used_count, physical_cores, raw.allow_smt, tuple(notes))
 
 
+def _resolve_lookup(domains: dict[str, Domain], spec_values: list[str], notes: list[str]) -> None:
+    """Keep the lookup and n-gram size knobs only where a type in play reads them (absent: llama.cpp's default)."""
+    stackable = [t for t in spec_values if t in DRAFT_MODEL_TYPES]
+    if "lookup" in domains and not stackable:
+        domains.pop("lookup")
+        notes.append("lookup: dropped (no draft model to stack prompt lookup on)")
+    lookups = [v for v in domains["lookup"].values if v != "none"] if "lookup" in domains else []  # type: ignore[union-attr]
+    in_play = {t for t in spec_values if t in LOOKUP_TYPES} | set(lookups)
+    wanted = {
+        "lookup_max": any(t in SIZED_LOOKUP_TYPES for t in lookups),
+        "lookup_min": "ngram-mod" in lookups,
+        "ngram_key": bool(in_play & set(SIZED_LOOKUP_TYPES)),
+        "ngram_min_hits": bool(in_play & set(HITS_LOOKUP_TYPES)),
+    }
+    for knob, applies in wanted.items():
+        if knob in domains and not applies:
+            domains.pop(knob)
+            notes.append(f"{knob}: dropped (no lookup type in play reads it)")
+
+
 def _suggest(trial, name: str, domain: Domain) -> Any:
     if isinstance(domain, Choices):
         return trial.suggest_categorical(name, list(domain.values))
@@ -270,6 +322,9 @@ def suggest(trial, space: ResolvedSpace) -> TrialConfig:
         values["draft_max"] = _suggest(trial, "draft_max", d["draft_max"])
         if "draft_min" in d and spec_type in ("draft-simple", "ngram-mod"):
             values["draft_min"] = min(_suggest(trial, "draft_min", d["draft_min"]), values["draft_max"])
+    if spec_type in DRAFT_MODEL_TYPES and "lookup" in d:
+        values["lookup"] = _suggest(trial, "lookup", d["lookup"])
+    values.update(_suggest_ngram(trial, d, spec_type, values.get("lookup")))
     for knob in ("temperature", "experts", "numa"):
         if knob in d:
             values[knob] = _suggest(trial, knob, d[knob])
@@ -279,6 +334,22 @@ def suggest(trial, space: ResolvedSpace) -> TrialConfig:
     if "threads_batch" in d:
         values["threads_batch"] = _suggest(trial, "threads_batch", d["threads_batch"])
     return TrialConfig(**values)
+
+
+def _suggest_ngram(trial, d: dict[str, Domain], spec_type: str, lookup: str | None) -> dict[str, Any]:
+    """The n-gram sizes of the lookup in play (alone or stacked); none for ngram-cache, which has none."""
+    stacked = lookup not in (None, "none")
+    ngram = lookup if stacked else (spec_type if spec_type in LOOKUP_TYPES else None)
+    values: dict[str, Any] = {}
+    if ngram in SIZED_LOOKUP_TYPES and "ngram_key" in d:
+        values["ngram_key"] = _suggest(trial, "ngram_key", d["ngram_key"])
+    if ngram in HITS_LOOKUP_TYPES and "ngram_min_hits" in d:
+        values["ngram_min_hits"] = _suggest(trial, "ngram_min_hits", d["ngram_min_hits"])
+    if stacked and ngram in SIZED_LOOKUP_TYPES and "lookup_max" in d:
+        values["lookup_max"] = _suggest(trial, "lookup_max", d["lookup_max"])
+        if ngram == "ngram-mod" and "lookup_min" in d:
+            values["lookup_min"] = min(_suggest(trial, "lookup_min", d["lookup_min"]), values["lookup_max"])
+    return values
 
 
 def baseline_config(space: ResolvedSpace) -> TrialConfig:
