@@ -126,3 +126,33 @@ def test_shell_syntax_is_inert():
     ctx = context("one-node-2core", extra_args=("; rm -rf /",))
     argv = build_server_argv(TrialConfig(threads=1), ctx)
     assert argv[-1] == "; rm -rf /"  # one argv element, never parsed by a shell
+
+
+def test_a_stack_is_one_spec_type_list_with_each_part_sized():
+    config = TrialConfig(spec_type="draft-simple", draft="small", draft_max=8, lookup="ngram-simple", lookup_max=5,
+                         ngram_key=3, ngram_min_hits=2, threads=2)
+    argv = build_server_argv(config, context("one-node-2core"))
+    assert flag(argv, "--spec-type") == "ngram-simple,draft-simple"
+    assert flag(argv, "--spec-draft-n-max") == "8"  # K stays the draft model's
+    assert flag(argv, "--spec-ngram-simple-size-m") == "5"
+    assert flag(argv, "--spec-ngram-simple-size-n") == "3"
+    assert flag(argv, "--spec-ngram-simple-min-hits") == "2"
+    assert argv.count("--spec-type") == 1
+
+
+def test_stacked_ngram_mod_gets_its_match_length_and_a_minimum_below_its_length():
+    config = TrialConfig(spec_type="draft-simple", draft="small", draft_max=4, lookup="ngram-mod", lookup_max=6,
+                         lookup_min=9, ngram_key=4, ngram_min_hits=3, threads=1)
+    argv = build_server_argv(config, context("one-node-2core"))
+    assert flag(argv, "--spec-type") == "ngram-mod,draft-simple"
+    assert flag(argv, "--spec-ngram-mod-n-match") == "4" and flag(argv, "--spec-ngram-mod-n-max") == "6"
+    assert flag(argv, "--spec-ngram-mod-n-min") == "6"  # clamped to its draft length
+    assert not any("min-hits" in a for a in argv)  # ngram-mod has no minimum hits
+
+
+def test_lone_lookup_sizes_use_k_as_the_draft_length_and_none_means_no_stack():
+    config = TrialConfig(spec_type="ngram-map-k", draft_max=7, ngram_key=2, lookup="none", threads=1)
+    argv = build_server_argv(config, context("one-node-2core"))
+    assert flag(argv, "--spec-type") == "ngram-map-k"
+    assert flag(argv, "--spec-ngram-map-k-size-m") == "7" and flag(argv, "--spec-ngram-map-k-size-n") == "2"
+    assert "--spec-ngram-map-k-min-hits" not in argv  # unset: llama.cpp's default

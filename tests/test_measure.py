@@ -128,3 +128,26 @@ def test_the_hook_says_no_request_follows_the_last(rates, passes):
     assert {s.repetition for s in samples} == set(range(passes))
     assert [n for n, _, more in hooked if more] == list(range(1, 2 * passes))  # every request but the last
     assert [n for n, done, _ in hooked if done] == [2 * p for p in range(1, passes + 1)]
+
+
+def test_per_source_counts_are_differences_of_the_servers_running_totals():
+    from tuner.measurement.measure import per_source, with_sources
+    from tuner.measurement.runner import source_blocks
+    log = "\n".join([
+        "spec stats: statistics     ngram-simple: #calls(b,g,a) = 1 4 2, #gen drafts = 2, #acc drafts = 1, "
+        "#gen tokens = 6, #acc tokens = 3",
+        "spec stats: statistics     draft-simple: #calls(b,g,a) = 1 3 3, #gen drafts = 3, #acc drafts = 3, "
+        "#gen tokens = 12, #acc tokens = 5",  # the warm-up request
+        "slot print_timings: eval time = ...",
+        "spec stats: statistics     ngram-simple: #calls(b,g,a) = 2 9 5, #gen drafts = 5, #acc drafts = 4, "
+        "#gen tokens = 16, #acc tokens = 11, #mean acc len = 3.20, #acc rate/pos = (0.8, 0.6)",
+        "spec stats: statistics     draft-simple: #calls(b,g,a) = 2 6 6, #gen drafts = 6, #acc drafts = 5, "
+        "#gen tokens = 20, #acc tokens = 9",
+    ])
+    blocks = source_blocks(log)
+    assert blocks == [{"ngram-simple": (6, 3), "draft-simple": (12, 5)}, {"ngram-simple": (16, 11), "draft-simple": (20, 9)}]
+    sample = Sample("p", "code", 0, 32, 100.0, 320.0, 18, 12, "", ())
+    [measured] = with_sources([sample], blocks)
+    assert measured.sources == (("ngram-simple", 10, 8), ("draft-simple", 8, 4))
+    assert per_source([measured, measured]) == {"ngram-simple": (20, 16), "draft-simple": (16, 8)}
+    assert with_sources([sample, sample, sample], blocks) == [sample] * 3  # totals missing: left unrecorded

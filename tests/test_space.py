@@ -54,3 +54,26 @@ def test_baseline_round_trips_through_enqueue():
 def test_digest_changes_with_the_space():
     assert space().digest() == space().digest()
     assert space().digest() != space(draft_max=IntRange(1, 32, log=True)).digest()
+
+
+def test_lookup_stacks_only_on_a_draft_model_and_sizes_follow_the_type_in_play():
+    s = space(lookup=Choices(("none", "ngram-simple", "ngram-mod", "ngram-cache")), lookup_max=IntRange(2, 16),
+              lookup_min=IntRange(1, 4), ngram_key=IntRange(2, 8), ngram_min_hits=IntRange(1, 3))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+    families = set()
+    for _ in range(150):
+        trial = study.ask()
+        config = suggest(trial, s)
+        study.tell(trial, 0.0)
+        families.add(config.family)
+        p = trial.params
+        if config.spec_type != "draft-simple":
+            assert "lookup" not in p and not config.stacked
+        ngram = config.ngram_type
+        assert ("ngram_key" in p) == (ngram in ("ngram-simple", "ngram-mod"))  # ngram-cache has no sizes
+        assert ("ngram_min_hits" in p) == (ngram == "ngram-simple")
+        assert ("lookup_max" in p) == (config.stacked and ngram != "ngram-cache")
+        assert ("lookup_min" in p) == (config.lookup == "ngram-mod")
+        if config.lookup_min is not None:
+            assert config.lookup_min <= config.lookup_max
+    assert families == {"none", "draft", "lookup", "stack"}

@@ -35,6 +35,7 @@ from tuner.decisions.race import label
 from tuner.storage.records import TrialRecord
 from tuner.decisions.remeasure import contender, rounds_of_launches
 from tuner.measurement.workload import HELD_OUT_MIN, Split, restrict, split
+from tuner.search.space import method_of
 
 RULE = ("a type gets its own entry when its winner beats the pooled winner on the type's held-out prompts with the "
         f"whole 95% t-interval of the gain (paired launches, at least {evidence.MIN_ROUNDS} rounds) above 1")
@@ -171,8 +172,8 @@ def describe(result: PerTypeResult) -> list[str]:
     for t in result.types:
         c = t.config
         k = c.get("draft_max") if c.get("spec_type", "none") != "none" else 0
-        draft = (c.get("draft") or c.get("spec_type") or "none") if k else "none"
-        lines.append(f"  {t.suite:<10} {t.winner:>5} {k if k is not None else '-':>3} {str(draft)[:12]:<12} "
+        draft = method_of(c)
+        lines.append(f"  {t.suite:<10} {t.winner:>5} {k if k is not None else '-':>3} {draft[:24]:<12} "
                      f"{t.tuning_tokens_per_second:>10.1f} {t.held_out_tokens_per_second:>12.1f} "
                      f"{t.pooled_held_out_tokens_per_second:>15.1f} "
                      f"{f'x{t.gain:.2f} [{t.gain_low:.2f}, {t.gain_high:.2f}]':>18}  {'yes' if t.pays else 'no'}")

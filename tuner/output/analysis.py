@@ -28,25 +28,19 @@ from tuner.decisions.race import RaceResult
 from tuner.search.sampler import fitted_models
 from tuner.storage.records import StudyRecord, TrialRecord
 from tuner.machine.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
+from tuner.measurement.measure import per_source
 from tuner.search.knobs import INT_KNOBS
+from tuner.search.space import method_of
 from tuner.search.knobs import NAMES as KNOB_NAMES
 
 METRICS = ("tokens_per_second", "acceptance", "quality", "speedup")
-COLUMNS = ("trial", "state", "role", "feasible", "method", *KNOB_NAMES, *METRICS, "recorded_speedup", "drifted",
+COLUMNS = ("trial", "state", "role", "feasible", "method", "family", *KNOB_NAMES, *METRICS, "recorded_speedup", "drifted",
            "host_busy", "placement_problem", "pruned", "search_stage", "cv", "noisy", "drafted", "accepted",
            "constraint_quality", "failure_reason", "failure_detail", "duration_s", "command",
            "roofline_tokens_per_second", "roofline_fraction")
 
 
 # ------------------------------------------------------------------ the trials frame
-
-
-def method_of(config: dict) -> str:
-    """How a trial drafts: the draft model's name, the n-gram type, or "none"."""
-    spec = config.get("spec_type", "none")
-    if spec == "draft-simple":
-        return config.get("draft") or spec
-    return spec
 
 
 def trials_frame(records: list[TrialRecord], roofline: Roofline | None = None, noise_cv: float = 0.10) -> pd.DataFrame:
@@ -65,6 +59,7 @@ def trials_frame(records: list[TrialRecord], roofline: Roofline | None = None, n
             "role": r.role,
             "feasible": r.feasible,
             "method": method_of(config),
+            "family": r.config.family,
             **{k: config.get(k) for k in KNOB_NAMES},
             **{name: getattr(m, name) if m else None for name in METRICS},
             "recorded_speedup": m.speedup if m else None,
@@ -210,6 +205,40 @@ def best_per_suite(frame: pd.DataFrame) -> pd.DataFrame:
                  "temperature"]].reset_index(drop=True)
 
 
+FAMILIES = ("draft", "lookup", "stack")
+FAMILY_COLUMNS = ["suite", "family", "trial", "method", "K", "tokens_per_second", "speedup", "sources", "lookup_share"]
+
+
+def families_by_suite(frame: pd.DataFrame, records: list[TrialRecord]) -> pd.DataFrame:
+    """Per content type, the best feasible draft-only, lookup-only and stacked trial on it, with what
+    each speculative source drafted and had accepted on that type's requests: how much of a stack's
+    gain came from lookup and how much from the draft model."""
+    if frame.empty:
+        return pd.DataFrame(columns=FAMILY_COLUMNS)
+    by_number = {r.number: r for r in records}
+    base = frame[(frame["role"] == "baseline") & frame["feasible"].fillna(False).astype(bool)]
+    rows = []
+    for suite in suites_of(frame):
+        column = f"tps_{suite}"
+        baseline = base[column].dropna().iloc[0] if column in base and not base[column].dropna().empty else None
+        for family in FAMILIES:
+            pool = feasible(frame)
+            pool = pool[(pool["family"] == family) & pool[column].notna()] if column in pool else pool.iloc[0:0]
+            if pool.empty:
+                continue
+            best = pool.loc[pool[column].idxmax()]
+            sources = per_source(s for s in by_number[int(best["trial"])].samples if s.get("suite") == suite)
+            accepted = sum(a for _, a in sources.values())
+            lookup_accepted = sum(a for name, (_, a) in sources.items() if name.startswith("ngram"))
+            rows.append({"suite": suite, "family": family, "trial": int(best["trial"]), "method": best["method"],
+                         "K": best["draft_max"], "tokens_per_second": best[column],
+                         "speedup": best[column] / baseline if baseline else None,
+                         "sources": "; ".join(f"{name} {a}/{d} ({a / d:.0%})" if d else f"{name} 0/0"
+                                              for name, (d, a) in sources.items()) or "not recorded",
+                         "lookup_share": lookup_accepted / accepted if accepted else None})
+    return pd.DataFrame(rows, columns=FAMILY_COLUMNS)
+
+
 def effect(frame: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Complete trials grouped by ``by``: best and median tokens/s, mean acceptance and quality."""
     pool = complete(frame).dropna(subset=by)
@@ -277,6 +306,7 @@ class ReportData:
     race: RaceResult | None
     acceptance_model: pd.DataFrame  # the structured sampler's fitted model against measured points
     per_type: PerTypeResult | None = None  # the last per-type race (tuner export --per-type)
+    families: pd.DataFrame | None = None  # per content type: best draft-only, lookup-only and stacked trial
     prior: dict | None = None  # the warm start from an earlier study (tuner.search.prior)
 
     @property
@@ -319,6 +349,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         acceptance_model=pd.DataFrame(fitted_models(study)),
         per_type=PerTypeResult.from_json(per_type) if (per_type := store.read_per_type(study)) else None,
         prior=store.read_prior(study),
+        families=families_by_suite(frame, records),
     )
 
 

@@ -45,6 +45,7 @@ from tuner.output.analysis import best_per_suite, feasible, front_2d, knee, suit
 from tuner.context import prepare
 from tuner.measurement.launch import ServerCommand, cpu_mask
 from tuner.storage.records import StudyRecord, TrialRecord, changes
+from tuner.search.space import method_of
 from tuner.decisions.race import RaceResult, finalists, race_study
 from tuner.decisions.race import describe as describe_race
 from tuner.decisions.per_type import PerTypeResult, race_per_type
@@ -350,7 +351,7 @@ def router_script(pooled: Export, per_type: list[Export], preset_path: Path) -> 
 def _type_note(export: Export) -> str:
     t = next(t for t in export.per_type["types"] if export.section.endswith("-" + section_name(t["suite"])))
     k = export.config.get("draft_max") if export.config.get("spec_type", "none") != "none" else 0
-    return (f"{t['suite']} (trial {export.trial}, K={k}): {t['held_out_tokens_per_second']:.1f} tokens/s on held-out "
+    return (f"{t['suite']} (trial {export.trial}, {method_of(export.config)}, K={k}): {t['held_out_tokens_per_second']:.1f} tokens/s on held-out "
             f"{t['suite']} prompts, x{t['gain']:.2f} over the pooled winner [{t['gain_low']:.2f}, {t['gain_high']:.2f}]")
 
 

@@ -352,6 +352,15 @@ def _suggest_ngram(trial, d: dict[str, Domain], spec_type: str, lookup: str | No
     return values
 
 
+def method_of(config: dict) -> str:
+    """How a trial drafts, for tables: the draft model's name, the n-gram type, "none", or a stack
+    ("ngram-mod + draft-small")."""
+    spec = config.get("spec_type", "none")
+    method = (config.get("draft") or spec) if spec == "draft-simple" else spec
+    lookup = config.get("lookup")
+    return f"{lookup} + {method}" if lookup not in (None, "none") else method
+
+
 def baseline_config(space: ResolvedSpace) -> TrialConfig:
     """The reference: target alone, all default experts, greedy, one thread per physical core."""
     return TrialConfig(spec_type="none", temperature=0.0, experts=space.default_experts, numa="none",
