@@ -58,6 +58,7 @@ def write_gguf(
     file_type: int | None = LlamaFileType.ALL_F32,
     tensors: Mapping[str, np.ndarray | tuple[np.ndarray, GGMLQuantizationType]] | None = None,
     extra_kv: Mapping[str, int | str | bool] | None = None,
+    nextn: bool = False,
 ) -> Path:
     """Write a GGUF at ``path`` and return the path.
 
@@ -65,7 +66,8 @@ def write_gguf(
     to an SPM vocab for ``tokenizer_model="llama"`` and a BPE vocab (with a merge list,
     which llama.cpp requires) for ``"gpt2"``. ``tensors`` defaults to one small f32
     tensor; pass a dict of numpy arrays (f32/f16 are stored as such), or of
-    ``(f32 array, GGMLQuantizationType)`` pairs to store the data quantized.
+    ``(f32 array, GGMLQuantizationType)`` pairs to store the data quantized. ``nextn`` adds the
+    last block's ``nextn.eh_proj`` tensor, by which llama.cpp finds an MTP head (draft-mtp).
     """
     path = Path(path)
     writer = GGUFWriter(path, architecture)
@@ -120,6 +122,8 @@ def write_gguf(
 
     if tensors is None:
         tensors = {"output_norm.weight": np.ones(embedding_length or 8, dtype=np.float32)}
+    if nextn:
+        tensors = {**tensors, f"blk.{(block_count or 1) - 1}.nextn.eh_proj.weight": np.ones((8, 16), dtype=np.float32)}
     for tensor_name, data in tensors.items():
         if isinstance(data, tuple):
             values, qtype = data

@@ -425,6 +425,23 @@ def test_unusable_inputs_are_one_line(fenv, tmp_path, cluster):
     assert launches(tmp_path / "launches.jsonl") == []
 
 
+def test_draft_mtp_on_a_target_that_does_not_announce_it_is_one_line_at_check(fenv, tmp_path):
+    from gguf_factory import write_gguf
+
+    asked = {"overrides": {"spec_type": ["none", "draft-mtp"], "draft_max": [2, 3], "threads": 1}}
+    study = write_study(tmp_path / "s", f"sqlite:///{tmp_path / 'db.sqlite'}", name="m", search_space=asked)
+    for args in (["--check"], []):
+        proc = tuner("run", study, *args, env=fenv)
+        assert (proc.returncode, error_line(proc)) == (2, (
+            f"tuner run: error: {study}: search_space.spec_type: target.gguf does not announce draft-mtp (`tuner "
+            "inspect` lists the types a model announces); remove draft-mtp from spec_type"))
+    assert launches(tmp_path / "launches.jsonl") == [] and not (tmp_path / "db.sqlite").exists()
+    write_gguf(tmp_path / "s" / "models" / "target.gguf", block_count=2, nextn=True)  # now with an MTP head
+    proc = tuner("run", study, "--check", env=fenv)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["space"]["spec_type"] == ["Choices", {"values": ["none", "draft-mtp"]}]
+
+
 # ------------------------------------------------------------------ 6. misleading messages
 
 

@@ -37,7 +37,8 @@ def _entries(tmp_path: Path) -> list[Path]:
 
 
 def test_second_read_is_served_from_memory_then_from_disk(tmp_path: Path, parses: list[Path]) -> None:
-    path = _aged(write_gguf(tmp_path / "m.gguf", architecture="qwen3moe", expert_count=8, expert_used_count=2))
+    path = _aged(write_gguf(tmp_path / "m.gguf", architecture="qwen3moe", expert_count=8, expert_used_count=2,
+                            block_count=2, nextn=True))
     first = read_model_info(path)
     assert len(parses) == 1 and len(_entries(tmp_path)) == 1
 
@@ -47,6 +48,7 @@ def test_second_read_is_served_from_memory_then_from_disk(tmp_path: Path, parses
     assert len(parses) == 1
     for info in (again, from_disk):
         assert info.to_dict() == first.to_dict()
+        assert info.speculative_types == ("draft-mtp",)  # its MTP tensor's name kept in the entry
         assert [info.vocab.text(i) for i in range(info.vocab_size)] == spm_tokens()
         assert check_draft_compatibility(first, info).ok
 

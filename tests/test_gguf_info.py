@@ -92,6 +92,30 @@ def test_recurrent_and_hybrid_architectures(tmp_path: Path, architecture: str, s
     assert info.is_recurrent == (kind is not None)
 
 
+_ONES = np.ones(8, dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"block_count": 4, "nextn": True}, ("draft-mtp",)),  # blk.3.nextn.eh_proj.weight: the last block
+        ({"block_count": 1, "nextn": True}, ("draft-mtp",)),
+        ({"block_count": 4, "tensors": {"blk.2.nextn.eh_proj.weight": _ONES}}, ()),  # not the last block
+        ({"block_count": 4, "tensors": {"blk.3.nextn.enorm.weight": _ONES}}, ()),  # llama.cpp looks for eh_proj
+        ({"block_count": None, "nextn": True}, ()),  # no block count: no last block to look in
+        ({}, ()),
+        ({"architecture": "dflash"}, ("draft-dflash",)),
+        ({"architecture": "dflash", "tensors": {"markov_w1.weight": _ONES}}, ("draft-dspark",)),
+        ({"architecture": "dflash", "nextn": True}, ("draft-dflash",)),  # a dflash file is never MTP
+        ({"architecture": "eagle3"}, ("draft-eagle3",)),
+    ],
+)
+def test_announced_speculative_types_follow_llama_cpp(tmp_path: Path, kwargs: dict, expected: tuple) -> None:
+    info = read_model_info(write_gguf(tmp_path / "m.gguf", **kwargs))
+    assert info.speculative_types == expected
+    assert info.to_dict()["speculative_types"] == list(expected)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [
@@ -379,6 +403,7 @@ def test_inspect_prints_aligned_fields_and_draft_verdicts(tmp_path: Path, capsys
     assert "64 total, 4 used" in text
     assert "vocab:" in text and f"SPM (llama), {DEFAULT_VOCAB_SIZE} tokens" in text
     assert "recurrent:" in text
+    assert "speculative types: none announced" in text
     assert lines[-2] == f"draft {good}: compatible"
     assert lines[-1].startswith(f"draft {bad}: INCOMPATIBLE: vocab type differs")
     assert "; BOS differs" in lines[-1]
@@ -396,6 +421,17 @@ def test_inspect_json(tmp_path: Path, capsys) -> None:
     assert doc["drafts"][0]["reasons"] == []
     assert doc["drafts"][1]["reasons"][0].startswith("vocab type differs")
     assert doc["drafts"][1]["info"]["vocab_type"] == "BPE"
+
+
+def test_inspect_lists_the_speculative_types_a_gguf_announces(tmp_path: Path, capsys) -> None:
+    target = write_gguf(tmp_path / "mtp.gguf", architecture="glm4moe", block_count=3, nextn=True)
+    sidecar = write_gguf(tmp_path / "dspark.gguf", architecture="dflash", tensors={"markov_w1.weight": _ONES})
+    assert main(["inspect", str(target)]) == 0
+    assert "speculative types: draft-mtp (its own head; a study may search it)" in capsys.readouterr().out
+    assert main(["inspect", str(sidecar)]) == 0
+    assert "speculative types: draft-dspark (a draft-side sidecar; not searched by the tuner)" in capsys.readouterr().out
+    assert main(["inspect", str(target), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["target"]["speculative_types"] == ["draft-mtp"]
 
 
 def test_inspect_unreadable_draft_exits_2_with_one_line(tmp_path: Path, capsys) -> None:

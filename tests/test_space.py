@@ -1,8 +1,14 @@
-"""suggest(): conditional knobs, enqueue round trip, space digest."""
+"""suggest(): conditional knobs, enqueue round trip, space digest; resolve_space and the target's announced types."""
+
+from pathlib import Path
 
 import optuna
+import pytest
 
-from tuner.search.space import Choices, FloatRange, IntRange, ResolvedSpace, TrialConfig, baseline_config, enqueue_params, suggest
+from tuner.errors import UserError
+from tuner.search.space import (Choices, FloatRange, IntRange, RawSpace, ResolvedSpace, TrialConfig, baseline_config,
+                                enqueue_params, resolve_space, suggest)
+from tuner.studyfile.validate import Fields
 
 
 def space(**domains) -> ResolvedSpace:
@@ -77,3 +83,38 @@ def test_lookup_stacks_only_on_a_draft_model_and_sizes_follow_the_type_in_play()
         if config.lookup_min is not None:
             assert config.lookup_min <= config.lookup_max
     assert families == {"none", "draft", "lookup", "stack"}
+
+
+def resolve(spec_types: tuple[str, ...], *, from_file: bool, announced: tuple[str, ...]) -> ResolvedSpace:
+    """spec_type as a space file (for any model) or a study's overrides (for its target) gives it."""
+    raw = RawSpace({"spec_type": Choices(spec_types)}, from_file=frozenset({"spec_type"} if from_file else ()))
+    return resolve_space(raw, fields=Fields(Path("study.yaml"), {}), draft_names=("small",), expert_used_count=None,
+                         expert_count=None, physical_cores=2, logical_cpus=2, numa_policies=("none",),
+                         numa_nodes=(0,), target_name="target.gguf", announced=announced)
+
+
+def test_draft_mtp_is_searched_where_the_target_announces_it():
+    asked = resolve(("none", "draft-mtp"), from_file=False, announced=("draft-mtp",))
+    assert asked.domains["spec_type"] == Choices(("none", "draft-mtp"))
+    assert asked.domains["draft_max"] == Choices((3,))  # K applies to the MTP head
+    offered = resolve(("none", "draft-simple"), from_file=True, announced=("draft-mtp",))
+    assert offered.domains["spec_type"] == Choices(("none", "draft-simple", "draft-mtp"))
+    assert "spec_type: draft-mtp added (target.gguf announces it)" in offered.notes
+
+
+def test_draft_mtp_is_never_offered_where_the_target_does_not_announce_it():
+    for announced in ((), ("draft-dflash",)):  # a sidecar's type is no MTP head
+        assert resolve(("none", "draft-simple"), from_file=True, announced=announced).domains["spec_type"] == \
+            Choices(("none", "draft-simple"))
+    dropped = resolve(("none", "draft-mtp", "ngram-mod"), from_file=True, announced=())
+    assert dropped.domains["spec_type"] == Choices(("none", "ngram-mod"))
+    assert "spec_type: draft-mtp dropped (target.gguf does not announce it)" in dropped.notes
+    kept = resolve(("none", "ngram-mod"), from_file=False, announced=("draft-mtp",))  # the study's own list
+    assert kept.domains["spec_type"] == Choices(("none", "ngram-mod"))
+
+
+def test_asking_for_draft_mtp_on_a_target_without_it_is_one_line():
+    with pytest.raises(UserError) as err:
+        resolve(("none", "draft-simple", "draft-mtp"), from_file=False, announced=())
+    assert str(err.value) == ("study.yaml: search_space.spec_type: target.gguf does not announce draft-mtp "
+                              "(`tuner inspect` lists the types a model announces); remove draft-mtp from spec_type")

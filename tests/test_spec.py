@@ -105,6 +105,25 @@ def test_bad_fields(tmp_path, models, fields, expected):
     assert expected in error_of(write_study(tmp_path, models, **fields))
 
 
+def test_draft_mtp_is_offered_only_where_the_target_announces_it(tmp_path, models):
+    """The default space file joins draft-mtp to its list for an MTP target; a study's own list is as written."""
+    write_gguf(models / "mtp.gguf", block_count=2, nextn=True)
+    default = {"file": str(REPO / "search_spaces" / "default.yaml")}
+    _, _, mtp = check_models_and_space(load_spec(write_study(
+        tmp_path, models, target=str(models / "mtp.gguf"), search_space=default)), ONE_NODE, None)
+    assert mtp.domains["spec_type"].values[-1] == "draft-mtp"
+    assert "spec_type: draft-mtp added (mtp.gguf announces it)" in mtp.notes
+    _, _, plain = check_models_and_space(load_spec(write_study(tmp_path, models, search_space=default)), ONE_NODE, None)
+    assert "draft-mtp" not in plain.domains["spec_type"].values
+    asked = {"overrides": {"spec_type": ["none", "draft-mtp"]}}
+    _, _, own = check_models_and_space(load_spec(write_study(
+        tmp_path, models, target=str(models / "mtp.gguf"), search_space=asked)), ONE_NODE, None)
+    assert own.domains["spec_type"] == Choices(("none", "draft-mtp"))
+    path = write_study(tmp_path, models, search_space=asked)
+    assert error_of(path) == (f"{path}: search_space.spec_type: target.gguf does not announce draft-mtp "
+                              "(`tuner inspect` lists the types a model announces); remove draft-mtp from spec_type")
+
+
 def test_incompatible_draft_is_refused(tmp_path, models):
     path = write_study(tmp_path, models, drafts=[str(models / "other-vocab.gguf")])
     message = error_of(path)

@@ -114,6 +114,8 @@ def check_models_and_space(
         logical_cpus=topo.logical_cpus,
         numa_policies=tuple(p for p in meaningful_numa_policies(topo) if numactl or p not in ("interleave", "bind")),
         numa_nodes=tuple(n.id for n in topo.nodes),
+        target_name=spec.target.name,
+        announced=target.speculative_types,
     )
     check_warm_starts(spec, space)
     return target, drafts, space

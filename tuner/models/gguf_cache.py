@@ -24,7 +24,7 @@ import numpy as np
 from tuner.models.gguf_header import Header, Vocab, parse_header
 from tuner.paths import cache_dir
 
-FORMAT = 1  # bump when Header changes: older entries then miss
+FORMAT = 2  # bump when Header changes: older entries then miss
 RECENT_NS = 3 * 10**9  # younger files are read afresh every time
 MAX_ENTRIES = 64  # on disk; the least recently used go first
 
@@ -71,7 +71,8 @@ def _load(entry: Path, key: dict) -> Header | None:
                 vocab = Vocab(npz["vocab_data"].astype(np.uint8), npz["vocab_ends"].astype(np.int64))
                 if len(vocab) and vocab.ends[-1] != len(vocab.data):
                     return None
-        header = Header(**{**doc, "array_keys": tuple(doc["array_keys"]), "vocab": vocab})
+        header = Header(**{**doc, "array_keys": tuple(doc["array_keys"]), "spec_tensors": tuple(doc["spec_tensors"]),
+                           "vocab": vocab})
     except Exception:  # missing, truncated, foreign or from another version: read the GGUF instead
         return None
     with contextlib.suppress(OSError):

@@ -22,6 +22,10 @@ from tuner.errors import UserError
 
 _GGUF_MAGIC = b"GGUF"
 _STRING_PREFIX = 8  # a GGUF string is a uint64 length, then its bytes
+# Tensor names by which a GGUF announces a speculative head (common_speculative_types_from_gguf):
+# an MTP head in a block's nextn tensors, DSpark's Markov head in a dflash sidecar.
+_SPEC_TENSOR_SUFFIX = ".nextn.eh_proj.weight"
+_SPEC_TENSOR_NAMES = frozenset({"markov_w1.weight"})
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,6 +97,7 @@ class Header:
     parameter_count: int  # sum of tensor element counts
     tensor_bytes: dict[str, int]  # ggml type name -> bytes of tensor data
     expert_weights_bytes: int  # the MoE expert tensors' share (`*_exps.*`)
+    spec_tensors: tuple[str, ...]  # the tensor names announcing a speculative head, not every name
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -129,6 +134,8 @@ def parse_header(path: Path) -> Header:
         parameter_count=sum(int(t.n_elements) for t in reader.tensors),
         tensor_bytes=tensor_bytes,
         expert_weights_bytes=sum(int(t.n_bytes) for t in reader.tensors if "_exps." in t.name),
+        spec_tensors=tuple(t.name for t in reader.tensors
+                           if t.name.endswith(_SPEC_TENSOR_SUFFIX) or t.name in _SPEC_TENSOR_NAMES),
     )
 
 

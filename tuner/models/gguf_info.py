@@ -6,6 +6,7 @@ guessing: vocab type and BOS/EOS defaults follow ``src/llama-vocab.cpp``, the re
 and hybrid architectures ``src/llama-arch.cpp``, and draft compatibility
 ``common_speculative_are_compatible`` in ``common/speculative.cpp``. An incompatible
 draft matters because llama.cpp does not fail on one: it serves without speculation.
+The speculative types a GGUF announces follow ``common_speculative_types_from_gguf`` there.
 The file itself is read by tuner.models.gguf_header, through the cache of tuner.models.gguf_cache.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 from tuner.errors import UserError
 from tuner.models.gguf_cache import read_header
 from tuner.models.gguf_header import Vocab
+from tuner.search.knobs import ANNOUNCED_TYPES
 
 # common/speculative.cpp of the pinned llama.cpp.
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
@@ -88,6 +90,7 @@ class ModelInfo:
     expert_count: int | None
     expert_used_count: int | None
     recurrent_kind: str | None  # "recurrent", "hybrid" or None (plain transformer)
+    speculative_types: tuple[str, ...]  # the --spec-type values its GGUF announces, e.g. draft-mtp
     vocab: Vocab = field(repr=False, compare=False)  # token texts as llama.cpp stores them
 
     @property
@@ -137,6 +140,7 @@ class ModelInfo:
             "expert_override_key": self.expert_override_key,
             "is_recurrent": self.is_recurrent,
             "recurrent_kind": self.recurrent_kind,
+            "speculative_types": list(self.speculative_types),
         }
 
 
@@ -201,6 +205,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
             add_bos = True
 
     tensor_bytes = header.tensor_bytes
+    block_count = integer(f"{arch}.block_count")
     return ModelInfo(
         path=path,
         file_size_bytes=header.file_size_bytes,
@@ -212,7 +217,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
         file_type=header.file_type,
         dominant_tensor_type=max(tensor_bytes, key=tensor_bytes.__getitem__) if tensor_bytes else None,
         context_length=integer(f"{arch}.context_length"),
-        block_count=integer(f"{arch}.block_count"),
+        block_count=block_count,
         embedding_length=integer(f"{arch}.embedding_length"),
         vocab_model=vocab_model,
         vocab_pre=vocab_pre,
@@ -225,6 +230,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
         expert_count=integer(f"{arch}.expert_count"),
         expert_used_count=integer(f"{arch}.expert_used_count"),
         recurrent_kind=_recurrent_kind(arch, header.keys),
+        speculative_types=_announced_types(arch, block_count, header.spec_tensors),
         vocab=vocab,
     )
 
@@ -316,6 +322,7 @@ def format_model_info(info: ModelInfo) -> str:
         ("EOS", _special_text(info.eos_token_id, info.add_eos)),
         ("MoE experts", experts),
         ("recurrent", f"yes ({info.recurrent_kind})" if info.is_recurrent else "no"),
+        ("speculative types", _speculative_text(info.speculative_types)),
     ]
     width = max(len(key) for key, _ in rows) + 1
     return "\n".join(f"{key + ':':<{width}} {val}" for key, val in rows)
@@ -353,6 +360,27 @@ def _recurrent_kind(arch: str, keys: tuple[str, ...]) -> str | None:
     if any(key.startswith((f"{arch}.ssm.", f"{arch}.wkv.")) for key in keys):
         return "recurrent"
     return None
+
+
+def _announced_types(arch: str, block_count: int | None, spec_tensors: tuple[str, ...]) -> tuple[str, ...]:
+    """``common_speculative_types_from_gguf``: MTP when the last block has an ``nextn.eh_proj`` tensor;
+    a dflash sidecar is draft-dspark with a Markov head, else draft-dflash. An eagle3 sidecar is
+    named by its architecture, which that function does not read: llama.cpp needs --spec-type for it."""
+    if arch == "dflash":
+        return ("draft-dspark",) if "markov_w1.weight" in spec_tensors else ("draft-dflash",)
+    if arch == "eagle3":
+        return ("draft-eagle3",)
+    if block_count and f"blk.{block_count - 1}.nextn.eh_proj.weight" in spec_tensors:
+        return ("draft-mtp",)
+    return ()
+
+
+def _speculative_text(types: tuple[str, ...]) -> str:
+    """What each announced type means for a study: offered on this target, or a draft-side sidecar."""
+    if not types:
+        return "none announced"
+    return ", ".join(f"{t} (its own head; a study may search it)" if t in ANNOUNCED_TYPES
+                     else f"{t} (a draft-side sidecar; not searched by the tuner)" for t in types)
 
 
 def _human_count(n: int) -> str:

@@ -3,11 +3,12 @@
 A search-space file maps knob names to domains. A domain is a scalar (fixed value), a
 list (categorical choices), or a mapping ``{low, high, step, log}`` (a range). The
 file's domains are then *resolved* for one study: knobs that cannot apply disappear
-(no expert knob for a dense model, no draft knob without compatible drafts), NUMA
-policies collapse to what the topology makes meaningful, and thread ranges are
-checked against the physical cores. ``suggest`` turns an Optuna trial into an
-immutable ``TrialConfig``, asking only for the knobs that apply to the choices
-already made (K only when speculating, the draft model only for draft-simple).
+(no expert knob for a dense model, no draft knob without compatible drafts), draft-mtp
+is offered only for a target whose GGUF announces it, NUMA policies collapse to what the
+topology makes meaningful, and thread ranges are checked against the physical cores.
+``suggest`` turns an Optuna trial into an immutable ``TrialConfig``, asking only for
+the knobs that apply to the choices already made (K only when speculating, the draft
+model only for draft-simple).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
-from tuner.search.knobs import (DRAFT_MODEL_TYPES, HITS_LOOKUP_TYPES, KNOB_TYPES, LOOKUP_TYPES, NUMA_POLICIES,
-                                SIZED_LOOKUP_TYPES, SPEC_TYPES, SPEC_TYPES_WITH_K)
+from tuner.search.knobs import (ANNOUNCED_TYPES, DRAFT_MODEL_TYPES, HITS_LOOKUP_TYPES, KNOB_TYPES, LOOKUP_TYPES,
+                                NUMA_POLICIES, SIZED_LOOKUP_TYPES, SPEC_TYPES, SPEC_TYPES_WITH_K)
 from tuner.studyfile.validate import Fields
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class RawSpace:
 
     domains: dict[str, Domain]
     allow_smt: bool = False
+    # Knobs whose domain a space file gave, for any model (a study's overrides are for its target).
+    from_file: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -201,14 +204,20 @@ def resolve_space(
     logical_cpus: int,
     numa_policies: tuple[str, ...],
     numa_nodes: tuple[int, ...],
+    target_name: str = "the target",
+    announced: tuple[str, ...] = (),
 ) -> ResolvedSpace:
-    """Fit the written space to this target and machine; refuse what cannot work."""
+    """Fit the written space to this target and machine; refuse what cannot work.
+
+    ``announced``: the speculative types the target's GGUF announces (``ModelInfo.speculative_types``).
+    """
     domains = dict(raw.domains)
     notes: list[str] = []
 
     spec = domains.get("spec_type", Choices(("none",)))
     assert isinstance(spec, Choices)
     spec_values = list(spec.values)
+    _resolve_announced(spec_values, "spec_type" in raw.from_file, fields, target_name, announced, notes)
     if "draft-simple" in spec_values and not draft_names:
         if spec_values == ["draft-simple"]:
             fields.fail("search_space.spec_type", "draft-simple needs draft models; list compatible ones under `drafts`")
@@ -279,6 +288,25 @@ def resolve_space(
             fields.fail(f"search_space.{knob}", f"{top} threads exceed the {limit} {what} of this machine; lower it")
 
     return ResolvedSpace(domains, expert_used_count, physical_cores, raw.allow_smt, tuple(notes))
+
+
+def _resolve_announced(spec_values: list[str], from_file: bool, fields: Fields, target_name: str,
+                       announced: tuple[str, ...], notes: list[str]) -> None:
+    """The target's own speculative types (draft-mtp): offered only where it announces them.
+
+    A space file's list is for any model: an announced type joins it, one the target lacks is dropped.
+    A study's own list is for its target: it is searched as written, so a type the target lacks is an error.
+    """
+    for kind in ANNOUNCED_TYPES:
+        if kind in spec_values and kind not in announced:
+            if not from_file:
+                fields.fail("search_space.spec_type", f"{target_name} does not announce {kind} (`tuner inspect` "
+                                                      f"lists the types a model announces); remove {kind} from spec_type")
+            spec_values.remove(kind)
+            notes.append(f"spec_type: {kind} dropped ({target_name} does not announce it)")
+        elif kind in announced and kind not in spec_values and from_file:
+            spec_values.append(kind)
+            notes.append(f"spec_type: {kind} added ({target_name} announces it)")
 
 
 def _resolve_lookup(domains: dict[str, Domain], spec_values: list[str], notes: list[str]) -> None:

@@ -10,7 +10,7 @@ models it names) has been checked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -199,9 +199,10 @@ def _search_space_section(section: Fields, path: Path, base: Path) -> tuple[RawS
     overrides = section.raw("overrides", {})
     if not isinstance(overrides, dict):
         section.fail("overrides", "expected a mapping of knob: domain")
+    from_file = frozenset(merged) - frozenset(overrides)
     merged.update(overrides)
     section.done()
-    return parse_space(Fields(path, merged, "search_space")), space_file
+    return replace(parse_space(Fields(path, merged, "search_space")), from_file=from_file), space_file
 
 
 def _workload_section(section: Fields) -> tuple[tuple[str, ...], int]:
