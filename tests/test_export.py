@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import subprocess
+import time
 import urllib.request
 from dataclasses import asdict
 from pathlib import Path
@@ -26,7 +27,7 @@ from tuner.output.export import Export, build_export, choose, merge_preset, pres
 from tuner.measurement.launch import ServerCommand, cpu_mask
 from tuner.machine.llama_build import binary
 from tuner.paths import models_dir
-from tuner.measurement.runner import free_port
+from tuner.measurement.runner import free_port, source_blocks
 from tuner.machine.topology import read_topology
 
 
@@ -182,7 +183,7 @@ def synthetic(name: str) -> Path:
 @pytest.fixture(scope="module")
 def served(synthetic_models, storage, tmp_path_factory):
     """(study, record, the draft's trial) of a tiny study on the pinned llama-server and the
-    synthetic family: the baseline, then one draft. Tests export the draft with --trial: which
+    synthetic family: the baseline, then one draft model with n-gram lookup stacked on it. Tests export the draft with --trial: which
     of the two the real build measures faster depends on how busy the machine is."""
     folder = tmp_path_factory.mktemp("served")
     (folder / "prompts.yaml").write_text(yaml.safe_dump({"prompts": [
@@ -192,9 +193,11 @@ def served(synthetic_models, storage, tmp_path_factory):
     (folder / "served.yaml").write_text(yaml.safe_dump({
         "name": "served", "target": str(synthetic("target")), "drafts": [str(synthetic("draft-small"))],
         "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4], "temperature": 0.0,
-                                       "threads": threads}},
+                                       "threads": threads, "lookup": ["none", "ngram-simple"], "ngram_key": [2],
+                                       "lookup_max": [8]}},
+        # a stack: prompt lookup in front of the draft model, one server
         "warm_start": [{"spec_type": "draft-simple", "draft": "draft-small", "draft_max": 4, "temperature": 0.0,
-                        "threads": threads}],
+                        "threads": threads, "lookup": "ngram-simple", "ngram_key": 2, "lookup_max": 8}],
         "budget": {"trials": 2},
         "workload": {"suites": ["prompts.yaml"], "n_predict": 16},
         "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 120},
@@ -241,9 +244,12 @@ def test_exported_script_serves_the_synthetic_family(served, storage, tmp_path):
 @pytest.mark.llama
 @pytest.mark.slow
 def test_preset_file_is_accepted_by_the_llama_server_router(served, tmp_path):
+    """The stacked section is served by the real router, and both sources draft (its children's
+    per-source statistics, at the trace verbosity the preset's [*] section asks for)."""
     study, record, draft = served
+    assert draft.config.stacked
     preset = tmp_path / "models-preset.ini"
-    preset.write_text("version = 1\n\n[*]\nc = 1024\n")
+    preset.write_text("version = 1\n\n[*]\nc = 1024\nlog-verbosity = 4\n")
     merge_preset(preset, "served", preset_lines(build_export(record, draft, trials_frame(store.read_trials(study)),
                                                              "max-tps")))
     port = free_port()
@@ -254,10 +260,21 @@ def test_preset_file_is_accepted_by_the_llama_server_router(served, tmp_path):
         models = get_json(f"http://127.0.0.1:{port}/models")
         assert "served" in [m["id"] for m in models["data"]]
         answer = post_json(f"http://127.0.0.1:{port}/v1/completions",
-                           {"model": "served", "prompt": "def add(a, b):\n    return", "max_tokens": 8, "temperature": 0})
+                           {"model": "served", "prompt": "def add(a, b):\n    return", "max_tokens": 64, "temperature": 0})
         assert answer["choices"][0]["text"] != "" or answer["usage"]["completion_tokens"] > 0
+        totals = wait_for_sources(tmp_path / "router.log")
     finally:
         stop_group(proc)  # SIGTERM: a router stops its children itself
+    assert set(totals) == {"ngram-simple", "draft-simple"}, totals
+    assert all(drafted > 0 for drafted, _ in totals.values()), f"a source drafted nothing: {totals}"
+
+
+def wait_for_sources(log: Path, timeout_s: float = 10.0) -> dict[str, tuple[int, int]]:
+    """The last per-source statistics block a server logged (the log lags the answer a little)."""
+    deadline = time.monotonic() + timeout_s
+    while not (blocks := source_blocks(log.read_text(errors="replace"))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return blocks[-1] if blocks else {}
 
 
 @pytest.mark.llama

