@@ -20,7 +20,7 @@ import yaml
 
 from fake_llama_server import PINNED_COMMIT, get_json, run_study_file, stop_group, wait_for_json, write_moe_study, write_study
 from tuner.storage import store
-from tuner.output.analysis import front_2d, trials_frame
+from tuner.output.analysis import families_by_suite, front_2d, trials_frame
 from tuner.cli import main
 from tuner.errors import UserError
 from tuner.output.export import Export, build_export, choose, merge_preset, preset_lines, production_argv, shell_script
@@ -296,3 +296,19 @@ def test_export_races_the_choice_against_the_baseline_side_by_side(served, stora
     logs = list((tmp_path / "logs" / "served").glob(f"remeasure-trial-{draft.number}-*.log"))
     assert len(logs) == 3 + (race["confirmation"]["rounds"] if race["confirmation"] else 0) + sum(
         1 for line in race["outliers"] if f"trial-{draft.number} measured" in line)
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_a_stacked_trial_records_what_each_source_drafted(served):
+    """Per request, what each source drafted and had accepted, from llama-server's own statistics: the parts
+    add up to the request's own draft counters, and the report's family table reads them."""
+    study, record, stacked = served
+    samples = stacked.samples
+    assert samples and all({name for name, _, _ in s["sources"]} == {"ngram-simple", "draft-simple"} for s in samples)
+    for s in samples:
+        assert sum(d for _, d, _ in s["sources"]) == s["draft_n"]
+        assert sum(a for _, _, a in s["sources"]) == s["draft_n_accepted"]
+    families = families_by_suite(trials_frame(store.read_trials(study)), store.read_trials(study))
+    row = families[families["family"] == "stack"].iloc[0]
+    assert row["trial"] == stacked.number and "ngram-simple" in row["sources"] and "draft-simple" in row["sources"]
