@@ -552,7 +552,10 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         ctx = prepare(spec)
         print(json.dumps({"study": spec.name, "space": ctx.space.describe(), "notes": list(ctx.space.notes),
-                          "drafts": list(ctx.drafts), "prompts": len(ctx.workload.prompts)}, indent=2, default=str))
+                          "drafts": list(ctx.drafts), "prompts": len(ctx.workload.prompts),
+                          **({"concurrency": list(spec.load_levels)} if spec.load_levels else {}),
+                          **({"constraints": {c.name: c.limit for c in spec.constraints}} if spec.constraints else {})},
+                         indent=2, default=str))
         return 0
     try:
         study = run_study(spec, args.trials, race=not args.no_race)
