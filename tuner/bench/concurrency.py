@@ -7,8 +7,11 @@ reference for batched throughput. Both run on the same model, threads and pinnin
 the load generator's level of B users (each request ``tg`` tokens, ``ignore_eos``) against
 batched-bench's ``-npl B`` with ``-ntg tg`` and ``-npp`` the median prompt length of the load's
 requests, counted as generated tokens over the whole time (``B * tg / t``: prompts included on both
-sides, as the load's wall time includes them). Rounds alternate which side goes first, so a change in
-load hits both; the ratio of the medians is printed per level (target: within 10%).
+sides, as the load's wall time includes them). Both run on all physical cores but one: the clients
+(HTTP, JSON, Python threads) get a core of their own, as they would on another machine, and server
+threads that spin-wait do not collapse when the client preempts one. Rounds alternate which side goes
+first, so a change in load hits both; the median of the per-round ratios is printed per level
+(target: within 10%), so a round that a neighbour's burst hit on one side does not decide it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from tuner.machine.llama_build import bench_tool
 from tuner.measurement.launch import build_server_command, model_options
 from tuner.measurement.load import run_level
 from tuner.measurement.runner import LlamaServer, free_port
-from tuner.search.space import baseline_config
+from tuner.search.space import TrialConfig, baseline_config
 
 LEVELS = (1, 2, 4)
 TOLERANCE = 0.10
@@ -41,7 +44,7 @@ class LevelComparison:
 
     @property
     def ratio(self) -> float:
-        return statistics.median(self.load) / statistics.median(self.bench)
+        return statistics.median(a / b for a, b in zip(self.load, self.bench))
 
     @property
     def within(self) -> bool:
@@ -58,9 +61,15 @@ def parse_batched_bench(jsonl: str) -> dict[int, float]:
     return rates
 
 
+def bench_config(ctx: StudyContext) -> TrialConfig:
+    """The baseline configuration on every physical core but one (the clients'), where there are two."""
+    config = baseline_config(ctx.space)
+    return replace(config, threads=max(1, min(config.threads, ctx.space.physical_cores - 1)))
+
+
 def batched_bench(ctx: StudyContext, pp: int, tg: int, levels: tuple[int, ...], ctx_size: int) -> dict[int, float]:
     """One llama-batched-bench run over every level, with the server's model options and pinning."""
-    config = baseline_config(ctx.space)
+    config = bench_config(ctx)
     command = build_server_command(config, ctx.launch)
     pinning = [item for flag, value in command.options if flag in PINNING_FLAGS for item in (flag, value)]
     model = [item for pair in model_options(config, ctx.launch) for item in pair]
@@ -79,7 +88,7 @@ def load_round(ctx: StudyContext, levels: tuple[int, ...], tg: int, per_client: 
                log_path: Path) -> tuple[dict[int, float], int]:
     """One server launch with max(levels) slots, every level in turn: (users -> aggregate tokens/s,
     the median prompt length of its requests)."""
-    config = replace(baseline_config(ctx.space), parallel=max(levels))
+    config = replace(bench_config(ctx), parallel=max(levels))
     launch = replace(ctx.launch, ctx_size=ctx_size)
     timeout = ctx.settings.trial_timeout_s
     prompts = ctx.workload.prompts
