@@ -284,11 +284,11 @@ def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, mon
                  "--repeat-trials", "2", "--decision-runs", "4", "--gguf", str(synthetic_models.path("draft-small")),
                  "--out", str(out)]) == 0
     result = json.loads((out / "bench.json").read_text())
-    assert {"search", "decisions", "overhead", "repeatability", "timings"} <= set(result)
+    assert {"search", "decisions", "overhead", "concurrency", "repeatability", "timings"} <= set(result)
     assert set(result["search"]["strategies"]) >= {"default", "random", "grid"}
     assert result["overhead"]["rounds"] == 1 and len(result["repeatability"]["winners"]) == 2
     md = (out / "bench.md").read_text()
-    assert md.count("\n## ") == 6 and "Whole bench:" in md  # 1, 1b (operator scale), 1c (decisions), 2, 3, 4
+    assert md.count("\n## ") == 7 and "Whole bench:" in md  # 1, 1b (operator scale), 1c (decisions), 2, 2b, 3, 4
     assert result["decisions"]["runs"] == 4 and len(result["decisions"]["races"]) == 27
     assert [Path(row["path"]).name for row in result["gguf_read"]["files"]] == ["draft-small.gguf"]
     assert (out / "grid-grid-test.csv").exists()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.errors import MissingBinaryError, UserError
@@ -24,7 +24,7 @@ from tuner.paths import storage_dir
 from tuner.models.quantize import Variant, ensure_variant
 from tuner.storage.records import StudyRecord
 from tuner.search.knobs import KNOB_TYPES
-from tuner.search.space import ResolvedSpace, outside, resolve_space
+from tuner.search.space import Choices, ResolvedSpace, outside, resolve_space
 from tuner.studyfile.spec import StudySpec
 from tuner.machine.topology import Topology, read_topology
 from tuner.studyfile.validate import Fields
@@ -69,10 +69,21 @@ class StudyContext:
             objectives=tuple(o.metric for o in spec.objectives),
             quality=quality_record(spec),
             spec_path=str(spec.path.resolve()),
-            workload={"prompts": [p.id for p in self.workload.prompts], "digest": self.workload.digest()},
+            workload=workload_record(spec, self.workload),
             measurement=self.settings.comparability(),
             quantized_drafts={name: v.provenance for name, v in (self.quantized or {}).items()},
         )
+
+
+def workload_record(spec: StudySpec, workload: Workload) -> dict:
+    """The workload as stored: prompts and digest and, only for a study of several users or load bounds,
+    the concurrency levels and the bounds (so a study of one user stores what it always stored)."""
+    record = {"prompts": [p.id for p in workload.prompts], "digest": workload.digest()}
+    if spec.load_levels:
+        record["concurrency"] = list(spec.load_levels)
+    if spec.constraints:
+        record["constraints"] = {c.name: c.limit for c in spec.constraints}
+    return record
 
 
 def quality_record(spec: StudySpec) -> dict:
@@ -116,6 +127,7 @@ def check_models_and_space(
         numa_nodes=tuple(n.id for n in topo.nodes),
         target_name=spec.target.name,
         announced=target.speculative_types,
+        concurrency=spec.measurement.concurrency,
     )
     check_warm_starts(spec, space)
     return target, drafts, space
@@ -168,10 +180,20 @@ def make_variants(spec: StudySpec, bin_dir: Path, progress=_to_stderr) -> dict[s
     return variants
 
 
-def check_prompts_fit(spec: StudySpec, workload: Workload, bin_dir: Path, progress=_to_stderr) -> None:
-    """Every prompt leaves room for n_predict tokens in ctx_size, counted in the target's own vocabulary;
-    else one line naming the prompt, where it is defined, its tokens and the ctx_size it needs."""
-    m = spec.measurement
+def max_slots(spec: StudySpec, space: ResolvedSpace) -> int:
+    """The most server slots a trial launches with: ctx_size is split among them."""
+    parallel = space.domains.get("parallel")
+    top = (max(parallel.values) if isinstance(parallel, Choices) else parallel.high) if parallel else 1
+    return max(top, *spec.measurement.concurrency)
+
+
+def check_prompts_fit(spec: StudySpec, workload: Workload, bin_dir: Path, progress=_to_stderr, slots: int = 1) -> None:
+    """Every prompt leaves room for n_predict tokens in its slot's share of ctx_size, counted in the
+    target's own vocabulary; else one line naming the prompt, where it is defined, its tokens and the
+    ctx_size it needs."""
+    m = replace(spec.measurement, ctx_size=spec.measurement.ctx_size // slots)
+    field = "measurement.ctx_size" if slots == 1 else "workload.concurrency"
+    split = "" if slots == 1 else f" (measurement.ctx_size {spec.measurement.ctx_size} split over {slots} slots)"
 
     def count(text: str) -> int:
         return llama_tokenize_count(tokenizer, spec.target, text)
@@ -190,10 +212,10 @@ def check_prompts_fit(spec: StudySpec, workload: Workload, bin_dir: Path, progre
         prompt, tokens = long[0]
         more = f" (and {len(long) - 1} more prompt(s))" if len(long) > 1 else ""
         raise UserError(
-            f"{spec.path}: measurement.ctx_size: prompt '{prompt.id}' ({prompt.source}) is {tokens} tokens in the "
+            f"{spec.path}: {field}: prompt '{prompt.id}' ({prompt.source}) is {tokens} tokens in the "
             f"target's vocabulary (counted by llama-tokenize), which with n_predict {m.n_predict} does not fit "
-            f"ctx_size {m.ctx_size}{more}; raise measurement.ctx_size to at least {tokens + m.n_predict + 1}, or "
-            "shorten the prompt")
+            f"ctx_size {m.ctx_size}{split}{more}; raise measurement.ctx_size to at least "
+            f"{slots * (tokens + m.n_predict + 1)}, or shorten the prompt" + (", or lower the level" if slots > 1 else ""))
 
 
 def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
@@ -210,7 +232,7 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
         workload = load_workload(list(spec.suites), spec.base_dir)
     except UserError as err:  # name the study file and its field
         raise UserError(f"{spec.path}: workload.suites: {str(err).removeprefix('workload: ')}") from None
-    check_prompts_fit(spec, workload, bin_dir, progress)
+    check_prompts_fit(spec, workload, bin_dir, progress, max_slots(spec, space))
     launch = LaunchContext(
         server_binary=server,
         target=spec.target.resolve(),
@@ -221,6 +243,7 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
         ctx_size=spec.measurement.ctx_size,
         allow_smt=spec.space.allow_smt,
         extra_args=spec.extra_args,
+        slots=max(spec.measurement.concurrency),
     )
     return StudyContext(
         spec=spec,

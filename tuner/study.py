@@ -38,6 +38,7 @@ from tuner.errors import UserError
 from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.storage.records import Failure, Metrics, Reference, Spread, StudyRecord, TrialRecord, changes, digest
 from tuner.measurement.launch import build_server_command, model_flags
+from tuner.measurement.load import run_levels
 from tuner.measurement.measure import Sample, outputs_by_prompt, run_workload, score_trial, summarize
 from tuner.machine.host import busy_processes, cpu_seconds_by_process, host_was_busy, trial_host_state
 from tuner.machine.placement import contradiction, evict, read_numa_maps
@@ -174,7 +175,7 @@ class TrialRunner:
             raise FailedElsewhere(lost)
         stage, reason = store.search_note(trial)
         record = replace(record, search={"stage": stage, "reason": reason} if stage else {})
-        values = tuple(record.metrics.objective(o.metric) for o in self.ctx.spec.objectives) if record.complete else None
+        values = tuple(record.objective(o.metric) for o in self.ctx.spec.objectives) if record.complete else None
         self._store(trial, record, values)
         if record.state == "PRUNED":
             raise optuna.TrialPruned(record.pruned)
@@ -199,8 +200,9 @@ class TrialRunner:
         if reference is not None:
             store.write_reference(self.study, reference)
         if record.complete:
-            # Feasible when <= 0: samplers read it from here, and nothing below the floor is reported as best.
-            trial.set_constraint("quality_floor", record.constraint)
+            # Feasible when <= 0: samplers read them from here, and nothing below the floor is reported as best.
+            for name, value in (record.constraints or {"quality_floor": record.constraint}).items():
+                trial.set_constraint(name, value)
         store.write_trial_record(trial, record)
 
     def measure(self, config: TrialConfig, role: str, number: int | None,
@@ -276,6 +278,8 @@ class TrialRunner:
                 on_running(server.port)
                 samples = run_workload(server, ctx.workload, ctx.settings, config.temperature,
                                        after_request=after_request, speculative=config.speculative)
+                levels = run_levels(server, ctx.workload.prompts, ctx.spec.load_levels, ctx.settings.n_predict,
+                                    config.temperature, ctx.settings.seed)
                 busy = busy_processes(before, cpu_seconds_by_process(), time.monotonic() - wall,
                                       {os.getpid(), server.pid})
                 pages = read_numa_maps(server.pid, models)
@@ -318,7 +322,8 @@ class TrialRunner:
             per_suite_tokens_per_second=scores.per_suite_tokens_per_second,
             samples=tuple(sample_record(s) for s in samples),
             outputs={pid: s.text for pid, s in outputs.items()},
-            constraint=self._constraint(quality, extra_scores),
+            load=tuple(level.summary() for level in levels),
+            **self._constraints(quality, extra_scores, levels),
             log_tail=log_tail,
             host=host,
             scores=extra_scores,
@@ -328,7 +333,7 @@ class TrialRunner:
         """The baseline configuration re-measured now, stored as a trial of role sentinel."""
         base = store.baseline_trial(self.study)
         record = self.measure(baseline_config(self.ctx.space), "sentinel", None)
-        values = None if record.failure else [record.metrics.objective(o.metric) for o in self.ctx.spec.objectives]
+        values = None if record.failure else [record.objective(o.metric) for o in self.ctx.spec.objectives]
         return store.add_measured_trial(self.study, record, base.params, base.distributions, values)
 
     def _quality(self, config: TrialConfig, outputs: dict, reference: Reference | None) -> tuple[float, dict]:
@@ -342,6 +347,16 @@ class TrialRunner:
             return scores["same_top"], scores
         return quality_scorers.output_quality(scorer, outputs, self.ctx.workload,
                                               reference.tokens if reference else {}), {}
+
+    def _constraints(self, quality: float, scores: dict, levels: list) -> dict:
+        """The record's ``constraint`` (feasible when <= 0: every bound met) and, with load bounds, each one
+        by name (``quality_floor``, ``p95_ttft_ms_c4``, ...) for Optuna and the report."""
+        floor = self._constraint(quality, scores)
+        by_users = {level.users: level.summary() for level in levels}
+        named = {c.name: c.violation(by_users[c.users][c.metric]) for c in self.ctx.spec.constraints}
+        if not named:
+            return {"constraint": floor}
+        return {"constraint": max(floor, *named.values()), "constraints": {"quality_floor": floor, **named}}
 
     def _constraint(self, quality: float, scores: dict) -> float:
         """Feasible when <= 0: quality at or above the floor and, for kld, mean KLD at or below max_kld."""
@@ -537,7 +552,10 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         ctx = prepare(spec)
         print(json.dumps({"study": spec.name, "space": ctx.space.describe(), "notes": list(ctx.space.notes),
-                          "drafts": list(ctx.drafts), "prompts": len(ctx.workload.prompts)}, indent=2, default=str))
+                          "drafts": list(ctx.drafts), "prompts": len(ctx.workload.prompts),
+                          **({"concurrency": list(spec.load_levels)} if spec.load_levels else {}),
+                          **({"constraints": {c.name: c.limit for c in spec.constraints}} if spec.constraints else {})},
+                         indent=2, default=str))
         return 0
     try:
         study = run_study(spec, args.trials, race=not args.no_race)

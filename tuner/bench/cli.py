@@ -4,7 +4,8 @@
    strategy over the seeds (`tuner bench-search`); 1b. the same at operator scale, on
    modelled 96-core landscapes built from the research tables (`tuner bench-operator`);
    1c. the decision rules' error rates on a simulated host with launch effects.
-2. Overhead and validity: alternating rounds against llama-bench on the study's target.
+2. Overhead and validity: alternating rounds against llama-bench on the study's target; 2b. the load
+   generator's aggregate tokens/s at 1, 2 and 4 users against llama-batched-bench's.
 3. Repeatability: two seeds of the study, winners re-measured side by side.
 4. GGUF metadata: today's full parse against the fast, cached read (the Gemma 3 270M file
    when its package is installed, and the study's target).
@@ -21,7 +22,7 @@ import json
 import time
 from pathlib import Path
 
-from tuner.bench import decisions, gguf_read, operator, overhead, repeat, replay
+from tuner.bench import concurrency, decisions, gguf_read, operator, overhead, repeat, replay
 from tuner.bench.grid import record_grid
 from tuner.bench.table import read_table
 from tuner.machine import hostlock
@@ -110,6 +111,14 @@ def _run(args: argparse.Namespace) -> int:
     mark = time.monotonic()
     over = overhead.measure_overhead(prepare(load_spec(args.study)), rounds=args.rounds)
     done("overhead", over.to_dict(), "2. Overhead and validity against llama-bench", overhead.markdown(over), mark)
+
+    levels = ", ".join(map(str, concurrency.LEVELS))
+    print(f"== 2b concurrency: the load generator against llama-batched-bench at {levels} users ({args.study})",
+          flush=True)
+    mark = time.monotonic()
+    loads = concurrency.measure_concurrency(prepare(load_spec(args.study)), rounds=args.rounds)
+    done("concurrency", concurrency.to_dict(loads), "2b. Load generator against llama-batched-bench",
+         concurrency.markdown(loads), mark)
 
     repeat_trials = args.repeat_trials or load_spec(args.study).budget_trials
     print(f"== 3/3 repeatability: two seeds of {args.study}, {repeat_trials} trials each", flush=True)

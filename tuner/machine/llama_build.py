@@ -199,6 +199,26 @@ def build_pinned(force: bool = False, jobs: int | None = None) -> dict:
         return manifest
 
 
+# Tools only the benchmarks use: built on demand in the cached build (not in TOOLS, whose list keys the cache).
+BENCH_TOOLS = ("llama-batched-bench",)
+
+
+def bench_tool(name: str, bin_dir: str | os.PathLike | None = None) -> Path:
+    """A benchmark-only tool of the pinned build, compiled into its build folder the first time it is
+    asked for (a minute: the libraries are built already); a user build must have it."""
+    folder = resolve_bin_dir(bin_dir)
+    if name not in BENCH_TOOLS or folder != pinned_bin_dir() or (folder / name).is_file():
+        return binary(name, bin_dir)
+    _require_build_tools()
+    root = pinned_root()
+    with open(root.parent / f"{root.name}.lock", "w") as lock, open(root / "build.log", "a") as log:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / name).is_file():
+            print(f"llama.cpp: building {name} (log: {root / 'build.log'})", flush=True)
+            _run_logged(["cmake", "--build", str(root / "build"), "-j", str(os.cpu_count() or 2), "--target", name], log)
+    return binary(name, bin_dir)
+
+
 def _require_build_tools() -> None:
     missing = [tool for tool in ("cmake", "c++", "make") if shutil.which(tool) is None]
     if missing:

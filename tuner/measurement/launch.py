@@ -119,6 +119,7 @@ class LaunchContext:
     ctx_size: int
     allow_smt: bool = False
     extra_args: tuple[str, ...] = ()
+    slots: int = 1  # --parallel when the configuration does not set it: the study's highest concurrency
 
 
 def pinned_cpus(config: TrialConfig, ctx: LaunchContext) -> list[int]:
@@ -180,8 +181,9 @@ def build_server_command(config: TrialConfig, ctx: LaunchContext) -> ServerComma
     options = [
         *model_options(config, ctx),
         ("--ctx-size", str(ctx.ctx_size)),
-        ("--parallel", "1"),
+        ("--parallel", str(config.parallel or ctx.slots)),
         ("--no-webui", None),
+        *serving_options(config),
         *pinning,
         *speculative_options(config, ctx),
     ]
@@ -201,7 +203,21 @@ def model_options(config: TrialConfig, ctx: LaunchContext) -> list[tuple[str, st
     ]
     if config.experts is not None and ctx.expert_override_key:
         options.append(("--override-kv", expert_override(ctx.expert_override_key, config.experts)))
-    return options
+    return options + attention_options(config)
+
+
+def attention_options(config: TrialConfig) -> list[tuple[str, str]]:
+    """Flash attention and the KV cache types: they change the logits (a quantized cache most), so they
+    are model options, passed to llama-perplexity too and scored like the experts."""
+    flags = (("--flash-attn", config.flash_attn), ("--cache-type-k", config.cache_type_k),
+             ("--cache-type-v", config.cache_type_v))
+    return [(flag, value) for flag, value in flags if value is not None]
+
+
+def serving_options(config: TrialConfig) -> list[tuple[str, str]]:
+    """Batch sizes and polling: how the server schedules work, not what it computes."""
+    flags = (("--batch-size", config.batch), ("--ubatch-size", config.ubatch), ("--poll", config.poll))
+    return [(flag, str(value)) for flag, value in flags if value is not None]
 
 
 def expert_override(key: str, experts: int) -> str:

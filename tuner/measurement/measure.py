@@ -33,10 +33,12 @@ class MeasurementSettings:
     noise_cv: float = 0.10  # above this coefficient of variation a trial is flagged noisy
     trial_timeout_s: float = 600.0
     timing_factor: float = 3.0  # llama.cpp's decode time and the wall clock may differ by at most this
+    concurrency: tuple[int, ...] = (1,)  # users served at once (tuner.measurement.load); the study record keeps it
 
     def comparability(self) -> dict:
-        """What changes the numbers: everything but the timeout."""
-        return {k: v for k, v in asdict(self).items() if k != "trial_timeout_s"}
+        """What changes the numbers: everything but the timeout (and the concurrency levels, which the
+        study record keeps with the workload, so a study of one user stores what it always stored)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("trial_timeout_s", "concurrency")}
 
 
 @dataclass(frozen=True)

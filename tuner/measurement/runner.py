@@ -362,8 +362,10 @@ class LlamaServer:
         except (urllib.error.URLError, OSError):
             return False
 
-    def complete(self, prompt: str, n_predict: int, temperature: float, seed: int) -> Completion:
-        """One /completion request, prompt cache off so every request does the same work."""
+    def complete(self, prompt: str, n_predict: int, temperature: float, seed: int,
+                 extra: dict | None = None) -> Completion:
+        """One /completion request, prompt cache off so every request does the same work; ``extra``:
+        more request fields (the load generator's ``ignore_eos``). Safe from several threads at once."""
         body = {
             "prompt": prompt,
             "n_predict": n_predict,
@@ -371,6 +373,7 @@ class LlamaServer:
             "seed": seed,
             "cache_prompt": False,
             "return_tokens": True,
+            **(extra or {}),
         }
         request = urllib.request.Request(
             f"{self.url}/completion",

@@ -75,6 +75,8 @@ def trials_frame(records: list[TrialRecord], roofline: Roofline | None = None, n
             "constraint_quality": r.constraint,
             **{f"score_{k}": v for k, v in r.scores.items()},  # a scorer's figures besides quality (kld)
             **{f"tps_{s}": v for s, v in r.per_suite_tokens_per_second.items()},
+            **r.load_figures(),  # aggregate tokens/s and latency percentiles per concurrency level: p95_ttft_ms_c4
+            **{f"constraint_{k}": v for k, v in r.constraints.items()},
             "failure_reason": r.failure.reason if r.failure else None,
             "failure_detail": r.failure.detail if r.failure else None,
             "duration_s": r.duration_s,

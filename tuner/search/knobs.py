@@ -23,6 +23,11 @@ SPEC_TYPES_WITH_K = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k
 SIZED_LOOKUP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 HITS_LOOKUP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
 NUMA_POLICIES = ("none", "interleave", "bind", "distribute", "isolate")
+# Serving knobs (issue 24): flash attention modes and the KV cache types of the pinned build (-ctk/-ctv).
+FLASH_ATTN = ("auto", "on", "off")
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# Knobs that only mean something with several users at once: a space file's `concurrent:` section.
+CONCURRENT_KNOBS = ("parallel",)
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,13 @@ KNOBS = (
     Knob("numa_node", int, "the node a 'bind' policy binds to", searched=False),
     Knob("threads", int, "generation threads (-t), pinned one per physical core"),
     Knob("threads_batch", int, "batch/prompt threads (-tb); default: same as threads"),
+    Knob("parallel", int, "server slots (-np); default: the study's highest concurrency level"),
+    Knob("batch", int, "logical batch size (-b): tokens per decode call over all slots"),
+    Knob("ubatch", int, "physical batch size (-ub), at most batch"),
+    Knob("flash_attn", str, f"flash attention (-fa), one of {', '.join(FLASH_ATTN)}"),
+    Knob("cache_type_k", str, f"KV cache type of K (-ctk), one of {', '.join(KV_CACHE_TYPES)}; changes outputs"),
+    Knob("cache_type_v", str, "KV cache type of V (-ctv); a quantized V needs flash attention"),
+    Knob("poll", int, "polling level 0..100 while waiting for work (--poll)"),
 )
 
 NAMES = tuple(k.name for k in KNOBS)

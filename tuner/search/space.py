@@ -18,8 +18,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
-from tuner.search.knobs import (ANNOUNCED_TYPES, DRAFT_MODEL_TYPES, HITS_LOOKUP_TYPES, KNOB_TYPES, LOOKUP_TYPES,
-                                NUMA_POLICIES, SIZED_LOOKUP_TYPES, SPEC_TYPES, SPEC_TYPES_WITH_K)
+from tuner.search.knobs import (ANNOUNCED_TYPES, CONCURRENT_KNOBS, DRAFT_MODEL_TYPES, FLASH_ATTN, HITS_LOOKUP_TYPES,
+                                KNOB_TYPES, KV_CACHE_TYPES, LOOKUP_TYPES, NUMA_POLICIES, SIZED_LOOKUP_TYPES, SPEC_TYPES,
+                                SPEC_TYPES_WITH_K)
 from tuner.studyfile.validate import Fields
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class RawSpace:
     allow_smt: bool = False
     # Knobs whose domain a space file gave, for any model (a study's overrides are for its target).
     from_file: frozenset[str] = frozenset()
+    # the `concurrent:` section: domains that apply only when the study drives several users at once
+    concurrent: dict[str, Domain] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,13 @@ class TrialConfig:
     numa_node: int | None = None
     threads: int = 1
     threads_batch: int | None = None
+    parallel: int | None = None  # None: as many slots as the study's highest concurrency level
+    batch: int | None = None
+    ubatch: int | None = None
+    flash_attn: str | None = None
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    poll: int | None = None
 
     @property
     def speculative(self) -> bool:
@@ -132,6 +142,8 @@ def parse_domain(fields: Fields, knob: str) -> Domain:
     value = fields.raw(knob)
 
     def check(v: Any, where: str) -> Any:
+        if knob == "flash_attn" and isinstance(v, bool):
+            v = "on" if v else "off"  # YAML reads a bare on/off as a boolean
         ok = isinstance(v, kind) and not isinstance(v, bool)
         if kind is float and isinstance(v, int) and not isinstance(v, bool):
             ok, v = True, float(v)
@@ -143,6 +155,14 @@ def parse_domain(fields: Fields, knob: str) -> Domain:
             fields.fail(where, f"unknown lookup {v!r}; use none or one of {', '.join(LOOKUP_TYPES)}")
         if knob == "numa" and v not in NUMA_POLICIES:
             fields.fail(where, f"unknown NUMA policy {v!r}; use one of {', '.join(NUMA_POLICIES)}")
+        if knob == "flash_attn" and v not in FLASH_ATTN:
+            fields.fail(where, f"unknown flash attention mode {v!r}; use one of {', '.join(FLASH_ATTN)}")
+        if knob in ("cache_type_k", "cache_type_v") and v not in KV_CACHE_TYPES:
+            fields.fail(where, f"unknown KV cache type {v!r}; use one of {', '.join(KV_CACHE_TYPES)}")
+        if knob in ("parallel", "batch", "ubatch") and v < 1:
+            fields.fail(where, f"must be at least 1, got {v}")
+        if knob == "poll" and v > 100:
+            fields.fail(where, f"a polling level is 0..100, got {v}")
         if kind in (int, float) and v < 0:
             fields.fail(where, f"must not be negative, got {v}")
         return v
@@ -180,17 +200,23 @@ def parse_domain(fields: Fields, knob: str) -> Domain:
 
 
 def parse_space(fields: Fields) -> RawSpace:
-    """A search-space mapping (a file, or a study's overrides merged over one)."""
+    """A search-space mapping (a file, or a study's overrides merged over one); its ``concurrent:``
+    section holds domains used only when the study drives several users at once."""
     allow_smt = fields.bool("allow_smt", False)
+    concurrent = _domains(fields.section("concurrent")) if fields.has("concurrent") else {}
+    return RawSpace(_domains(fields, skip=("allow_smt", "concurrent")), allow_smt, concurrent)
+
+
+def _domains(fields: Fields, skip: tuple[str, ...] = ()) -> dict[str, Domain]:
     domains = {}
     for key in list(fields.data):
-        if key == "allow_smt":
+        if key in skip:
             continue
         if key not in KNOB_TYPES:
-            fields.fail(key, f"unknown knob; known knobs: {', '.join(KNOB_TYPES)} (and allow_smt)")
+            fields.fail(key, f"unknown knob; known knobs: {', '.join(KNOB_TYPES)} (and allow_smt, concurrent)")
         domains[key] = parse_domain(fields, key)
     fields.done()
-    return RawSpace(domains, allow_smt)
+    return domains
 
 
 def resolve_space(
@@ -206,13 +232,19 @@ def resolve_space(
     numa_nodes: tuple[int, ...],
     target_name: str = "the target",
     announced: tuple[str, ...] = (),
+    concurrency: tuple[int, ...] = (1,),
 ) -> ResolvedSpace:
-    """Fit the written space to this target and machine; refuse what cannot work.
+    """Fit the written space to this target and machine (and to the study's concurrency levels:
+    the ``concurrent:`` domains only with several users); refuse what cannot work.
 
     ``announced``: the speculative types the target's GGUF announces (``ModelInfo.speculative_types``).
     """
-    domains = dict(raw.domains)
+    domains = {**raw.concurrent, **raw.domains} if max(concurrency) > 1 else dict(raw.domains)
     notes: list[str] = []
+    for knob in CONCURRENT_KNOBS:
+        if knob in domains and max(concurrency) == 1:
+            domains.pop(knob)
+            notes.append(f"{knob}: dropped (the workload has one user at a time: workload.concurrency)")
 
     spec = domains.get("spec_type", Choices(("none",)))
     assert isinstance(spec, Choices)
@@ -272,7 +304,12 @@ def resolve_space(
     if "bind" in kept:
         domains["numa_node"] = Choices(numa_nodes)
 
-    limit = logical_cpus if raw.allow_smt else physical_cores
+    _resolve_threads(domains, fields, physical_cores, logical_cpus if raw.allow_smt else physical_cores, raw.allow_smt)
+    return ResolvedSpace(domains, expert_used_count, physical_cores, raw.allow_smt, tuple(notes))
+
+
+def _resolve_threads(domains: dict[str, Domain], fields: Fields, physical_cores: int, limit: int, smt: bool) -> None:
+    """Thread ranges default to the physical cores and never exceed what the machine has."""
     for knob in ("threads", "threads_batch"):
         dom = domains.get(knob)
         if dom is None:
@@ -284,10 +321,8 @@ def resolve_space(
         if low < 1:
             fields.fail(f"search_space.{knob}", "needs at least 1 thread")
         if top > limit:
-            what = "logical CPUs" if raw.allow_smt else "physical cores (set allow_smt: true to use SMT siblings)"
+            what = "logical CPUs" if smt else "physical cores (set allow_smt: true to use SMT siblings)"
             fields.fail(f"search_space.{knob}", f"{top} threads exceed the {limit} {what} of this machine; lower it")
-
-    return ResolvedSpace(domains, expert_used_count, physical_cores, raw.allow_smt, tuple(notes))
 
 
 def _resolve_announced(spec_values: list[str], from_file: bool, fields: Fields, target_name: str,
@@ -361,7 +396,21 @@ def suggest(trial, space: ResolvedSpace) -> TrialConfig:
     values["threads"] = _suggest(trial, "threads", d["threads"])
     if "threads_batch" in d:
         values["threads_batch"] = _suggest(trial, "threads_batch", d["threads_batch"])
+    values.update(_suggest_serving(trial, d))
     return TrialConfig(**values)
+
+
+def _suggest_serving(trial, d: dict[str, Domain]) -> dict[str, Any]:
+    """Slots, batch sizes, flash attention, KV cache types, polling: where the space has them. The micro
+    batch never exceeds the batch, and a V cache type only with flash attention on or auto (llama.cpp
+    refuses a quantized V cache without it)."""
+    values = {knob: _suggest(trial, knob, d[knob]) for knob in ("parallel", "batch", "ubatch", "flash_attn",
+                                                                 "cache_type_k", "poll") if knob in d}
+    if "ubatch" in values and "batch" in values:
+        values["ubatch"] = min(values["ubatch"], values["batch"])
+    if "cache_type_v" in d and values.get("flash_attn") != "off":
+        values["cache_type_v"] = _suggest(trial, "cache_type_v", d["cache_type_v"])
+    return values
 
 
 def _suggest_ngram(trial, d: dict[str, Domain], spec_type: str, lookup: str | None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.measurement.launch import ServerCommand
+from tuner.measurement.load import LOAD_METRICS
 from tuner.search.space import TrialConfig
 
 SCHEMA_VERSION = 2  # 1: loose user attrs per field (before records); 2: one record per trial and study
@@ -94,6 +95,23 @@ class TrialRecord:
     ended_at: float | None = None
     host: dict = field(default_factory=dict)  # host state during the trial (tuner.machine.host.trial_host_state)
     scores: dict = field(default_factory=dict)  # a scorer's figures besides quality, e.g. kld: mean_kld, same_top
+    load: tuple[dict, ...] = ()  # per concurrency level: tuner.measurement.load.Level.summary()
+    constraints: dict = field(default_factory=dict)  # with load bounds: each named constraint (<= 0 feasible)
+
+    def objective(self, name: str) -> float:
+        """An objective's value: a metric, or a load metric at its level (``p95_ttft_ms_c4``)."""
+        if "_c" in name and name.rsplit("_c", 1)[1].isdigit():
+            metric, users = name.rsplit("_c", 1)
+            level = next((lv for lv in self.load if lv["users"] == int(users)), None)
+            if level is None:
+                raise KeyError(f"trial {self.number} measured no level of {users} users")
+            return float(level[metric])
+        assert self.metrics is not None
+        return self.metrics.objective(name)
+
+    def load_figures(self) -> dict[str, float]:
+        """Every load metric at every level, by stored name: the report's and the frame's columns."""
+        return {f"{metric}_c{lv['users']}": lv[metric] for lv in self.load for metric in LOAD_METRICS}
 
     @property
     def argv(self) -> list[str]:
@@ -127,6 +145,7 @@ class TrialRecord:
             "metrics": Metrics(**data["metrics"]) if data.get("metrics") else None,
             "spread": Spread(**data["spread"]) if data.get("spread") else None,
             "samples": tuple(data.get("samples") or ()),
+            "load": tuple(data.get("load") or ()),
             "failure": Failure(**data["failure"]) if data.get("failure") else None,
         })
 
@@ -162,7 +181,7 @@ class StudyRecord:
     objectives: tuple[str, ...]
     quality: dict  # {"scorer": ..., "floor": ...}
     spec_path: str
-    workload: dict  # {"prompts": [ids], "digest": hash of suites, ids and texts}
+    workload: dict  # {"prompts": [ids], "digest": hash of suites, ids and texts[, "concurrency": levels, "constraints"]}
     measurement: dict  # MeasurementSettings as a dict, plus ctx_size
     schema: int = SCHEMA_VERSION
     # draft name -> provenance of a llama-quantize variant: source, source_sha256, type, command
@@ -181,6 +200,8 @@ class StudyRecord:
             "search space": self.space_digest,
             "objectives": list(self.objectives),
             "workload (prompt texts)": self.workload.get("digest"),
+            "workload.concurrency": self.workload.get("concurrency", [1]),
+            "constraints": self.workload.get("constraints", {}),
             **{f"measurement.{k}": v for k, v in sorted(self.measurement.items())},
             "quality.scorer": self.quality.get("scorer"),
             "quality.floor": self.quality.get("floor"),

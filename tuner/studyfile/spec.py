@@ -10,10 +10,12 @@ models it names) has been checked.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tuner.measurement.load import LATENCY_METRICS, LOAD_METRICS, metric_name, split_metric_name
 from tuner.measurement.measure import MeasurementSettings
 from tuner.paths import storage_dir
 from tuner.models.quantize import QuantizeRequest
@@ -30,6 +32,25 @@ SAMPLERS = ("structured", "tpe", "nsga2", "random")
 class Objective:
     metric: str
     direction: str
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A bound on a load metric at one concurrency level (``constraints: {p95_ttft_ms: 2000}``):
+    latencies at most ``limit`` milliseconds, aggregate tokens/s at least ``limit``."""
+
+    name: str  # the metric at its level, as stored: p95_ttft_ms_c4
+    metric: str
+    users: int
+    limit: float
+
+    @property
+    def upper(self) -> bool:
+        return self.metric in LATENCY_METRICS
+
+    def violation(self, value: float) -> float:
+        """Feasible when <= 0, relative to the limit so bounds in ms and in tokens/s weigh alike."""
+        return value / self.limit - 1.0 if self.upper else 1.0 - value / self.limit
 
 
 @dataclass(frozen=True)
@@ -100,10 +121,19 @@ class StudySpec:
     sentinel: SentinelSpec = SentinelSpec()
     race: RaceSpec = RaceSpec()
     quantize: tuple[QuantizeRequest, ...] = ()  # drafts made by llama-quantize (tuner.models.quantize)
+    constraints: tuple[Constraint, ...] = ()  # bounds on load metrics (tuner.measurement.load)
 
     @property
     def base_dir(self) -> Path:
         return self.path.parent
+
+    @property
+    def load_levels(self) -> tuple[int, ...]:
+        """The concurrency levels the load generator drives in every trial: none for a study of one user
+        at a time that names no load metric (today's studies, measured as before)."""
+        levels = self.measurement.concurrency
+        named = any(split_metric_name(o.metric) for o in self.objectives) or self.constraints
+        return levels if levels != (1,) or named else ()
 
     def draft_names(self) -> tuple[str, ...]:
         return tuple(p.stem for p in self.drafts) + tuple(q.name for q in self.quantize)
@@ -144,10 +174,12 @@ def load_spec(path: str | Path) -> StudySpec:
     space, space_file = _search_space_section(fields.section("search_space"), path, base)
     workload = fields.section("workload")
     suites, n_predict = _workload_section(workload)
-    objectives = _objectives(fields)
     quality = _quality_section(fields.section("quality"), base)
     measurement = _measurement_section(fields.section("measurement"), n_predict)
+    measurement = replace(measurement, concurrency=_concurrency(workload, measurement))
     workload.done()
+    objectives = _objectives(fields, measurement.concurrency)
+    constraints = _constraints(fields.section("constraints"), measurement)
     budget = fields.section("budget")
     budget_trials, budget_minutes = budget.int("trials", 20, minimum=1), budget.number("minutes", None, minimum=0.1)
     budget.done()
@@ -181,6 +213,7 @@ def load_spec(path: str | Path) -> StudySpec:
         sentinel=sentinel,
         race=race,
         quantize=quantize,
+        constraints=constraints,
         **sampler,
     )
 
@@ -213,14 +246,55 @@ def _workload_section(section: Fields) -> tuple[tuple[str, ...], int]:
     return tuple(suites), section.int("n_predict", 128, minimum=1)
 
 
-def _objectives(fields: Fields) -> tuple[Objective, ...]:
+def _concurrency(section: Fields, m: MeasurementSettings) -> tuple[int, ...]:
+    """``workload.concurrency``: the user counts every trial serves at once, each slot holding a prompt and
+    n_predict tokens of its share of ctx_size (the prompts themselves are counted at prepare)."""
+    levels = section.list("concurrency", [1])
+    for i, users in enumerate(levels):
+        if isinstance(users, bool) or not isinstance(users, int) or users < 1:
+            section.fail(f"concurrency[{i}]", f"expected a number of users >= 1, got {users!r}; "
+                                              "list user counts such as [1, 2, 4]")
+    if not levels or len(set(levels)) != len(levels):
+        section.fail("concurrency", "expected a non-empty list of distinct user counts, such as [1, 2, 4]")
+    top = max(levels)
+    if m.ctx_size // top < m.n_predict + 2:
+        section.fail("concurrency", f"{top} users split measurement.ctx_size {m.ctx_size} into {m.ctx_size // top} "
+                                    f"tokens per slot, too few for a prompt and n_predict {m.n_predict}; raise "
+                                    f"measurement.ctx_size (at least {top * (m.n_predict + 2)}) or lower the level")
+    return tuple(sorted(levels))
+
+
+def _metric(obj: Fields, levels: tuple[int, ...]) -> tuple[str, str]:
+    """An objective's metric as stored, and its default direction: a load metric names its level
+    (``aggregate_tokens_per_second_c4``; without one, the highest of workload.concurrency)."""
+    raw = obj.str("metric")
+    if raw in METRICS:
+        return raw, METRICS[raw]
+    load = split_metric_name(raw)
+    if load is None:
+        obj.fail("metric", f"unknown value {raw!r}; use one of {', '.join([*METRICS, *LOAD_METRICS])} "
+                           "(a load metric optionally at a level: p95_ttft_ms_c4)")
+    metric, users = load
+    return metric_name(metric, _level(obj, "metric", users, levels)), LOAD_METRICS[metric]
+
+
+def _level(fields: Fields, key: str, users: int | None, levels: tuple[int, ...]) -> int:
+    if users is None:
+        return max(levels)
+    if users not in levels:
+        fields.fail(key, f"workload.concurrency has no level of {users} users ({', '.join(map(str, levels))}); "
+                         f"add it there or use one of those")
+    return users
+
+
+def _objectives(fields: Fields, levels: tuple[int, ...]) -> tuple[Objective, ...]:
     """``objectives:``: a list of {metric, direction}, each metric once."""
     objectives = []
     default = [{"metric": m} for m in ("tokens_per_second", "acceptance", "quality")]
     for i, item in enumerate(fields.list("objectives", default)):
         obj = Fields(fields.file, item, f"objectives[{i}]")
-        metric = obj.choice("metric", tuple(METRICS))
-        direction = obj.choice("direction", ("maximize", "minimize"), METRICS[metric])
+        metric, default_direction = _metric(obj, levels)
+        direction = obj.choice("direction", ("maximize", "minimize"), default_direction)
         obj.done()
         objectives.append(Objective(metric, direction))
     if not objectives:
@@ -228,6 +302,39 @@ def _objectives(fields: Fields) -> tuple[Objective, ...]:
     if len({o.metric for o in objectives}) != len(objectives):
         fields.fail("objectives", "an objective is listed twice")
     return tuple(objectives)
+
+
+_OTHER_UNIT = re.compile(r"^(?P<base>p\d+_(?:ttft|tpot))_(?P<unit>s|sec|secs|seconds|us|ns|min)$")
+
+
+def _constraints(section: Fields, m: MeasurementSettings) -> tuple[Constraint, ...]:
+    """``constraints:``: load metric (at a level, default the highest) -> bound; latencies in milliseconds,
+    at most; aggregate tokens/s at least. A bound no request can meet or miss is taken for a wrong unit."""
+    constraints = []
+    for key in list(section.data):
+        load = split_metric_name(key)
+        if load is None:
+            other = _OTHER_UNIT.match(key)
+            if other:
+                section.fail(key, f"latency constraints are in milliseconds: write {other['base']}_ms (2 s is 2000)")
+            section.fail(key, f"unknown constraint; use one of {', '.join(LOAD_METRICS)} (optionally at a level: "
+                              "p95_ttft_ms_c4)")
+        metric, users = load
+        if isinstance(section.data[key], str):
+            section.fail(key, f"expected a number, got {section.data[key]!r}; latencies are in milliseconds "
+                              "(2000 for 2 s), aggregate tokens/s a plain number")
+        limit = section.number(key, minimum=0.0)
+        if metric in LATENCY_METRICS and not 1.0 <= limit <= m.trial_timeout_s * 1000:
+            section.fail(key, f"{limit:g} ms cannot be a latency bound here (1 ms .. measurement.trial_timeout_s "
+                              f"{m.trial_timeout_s:g} s); latencies are in milliseconds, e.g. 2000 for 2 s")
+        if limit <= 0:
+            section.fail(key, "an aggregate tokens/s bound must be > 0")
+        level = _level(section, key, users, m.concurrency)
+        constraints.append(Constraint(metric_name(metric, level), metric, level, limit))
+    section.done()
+    if len({c.name for c in constraints}) != len(constraints):
+        section.fail("", "a metric is bounded twice at one level; keep one bound")
+    return tuple(constraints)
 
 
 def _quality_section(q: Fields, base: Path) -> QualitySpec:

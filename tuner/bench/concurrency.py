@@ -1,0 +1,132 @@
+"""The load generator against llama-batched-bench: are its aggregate tokens/s the server's, not the client's?
+
+Why: a study of several users ranks configurations by the aggregate tokens/s the load generator
+(``tuner.measurement.load``) measures through HTTP, Python threads and llama-server's scheduler.
+llama.cpp's own ``llama-batched-bench`` decodes B sequences in one process, no server in between: the
+reference for batched throughput. Both run on the same model, threads and pinning, at the same levels:
+the load generator's level of B users (each request ``tg`` tokens, ``ignore_eos``) against
+batched-bench's ``-npl B`` with ``-ntg tg`` and ``-npp`` the median prompt length of the load's
+requests, counted as generated tokens over the whole time (``B * tg / t``: prompts included on both
+sides, as the load's wall time includes them). Both run on all physical cores but one: the clients
+(HTTP, JSON, Python threads) get a core of their own, as they would on another machine, and server
+threads that spin-wait do not collapse when the client preempts one. Rounds alternate which side goes
+first, so a change in load hits both; the median of the per-round ratios is printed per level
+(target: within 10%), so a round that a neighbour's burst hit on one side does not decide it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tuner.context import StudyContext
+from tuner.errors import UserError
+from tuner.machine.llama_build import bench_tool
+from tuner.measurement.launch import build_server_command, model_options
+from tuner.measurement.load import run_level
+from tuner.measurement.runner import LlamaServer, free_port
+from tuner.search.space import TrialConfig, baseline_config
+
+LEVELS = (1, 2, 4)
+TOLERANCE = 0.10
+SLOT_CTX = 512  # tokens per slot: a suite prompt and tg tokens fit
+PINNING_FLAGS = ("--cpu-mask", "--cpu-strict", "--numa")
+
+
+@dataclass(frozen=True)
+class LevelComparison:
+    users: int
+    load: tuple[float, ...]  # the load generator's aggregate tokens/s, one per round
+    bench: tuple[float, ...]  # batched-bench's B * tg / t, one per round
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(a / b for a, b in zip(self.load, self.bench))
+
+    @property
+    def within(self) -> bool:
+        return abs(self.ratio - 1.0) <= TOLERANCE
+
+
+def parse_batched_bench(jsonl: str) -> dict[int, float]:
+    """B -> generated tokens over the whole time (B * tg / t) from batched-bench's JSONL rows."""
+    rates = {}
+    for line in jsonl.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            rates[int(row["pl"])] = row["pl"] * row["tg"] / row["t"]
+    return rates
+
+
+def bench_config(ctx: StudyContext) -> TrialConfig:
+    """The baseline configuration on every physical core but one (the clients'), where there are two."""
+    config = baseline_config(ctx.space)
+    return replace(config, threads=max(1, min(config.threads, ctx.space.physical_cores - 1)))
+
+
+def batched_bench(ctx: StudyContext, pp: int, tg: int, levels: tuple[int, ...], ctx_size: int) -> dict[int, float]:
+    """One llama-batched-bench run over every level, with the server's model options and pinning."""
+    config = bench_config(ctx)
+    command = build_server_command(config, ctx.launch)
+    pinning = [item for flag, value in command.options if flag in PINNING_FLAGS for item in (flag, value)]
+    model = [item for pair in model_options(config, ctx.launch) for item in pair]
+    argv = [*command.prefix, str(bench_tool("llama-batched-bench", ctx.spec.bin_dir)), *model, *pinning,
+            "-c", str(ctx_size), "-npp", str(pp), "-ntg", str(tg), "-npl", ",".join(map(str, levels)),
+            "--output-format", "jsonl"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=ctx.settings.trial_timeout_s)
+    rates = parse_batched_bench(proc.stdout)
+    if proc.returncode != 0 or set(rates) != set(levels):
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"llama-batched-bench failed (exit {proc.returncode}): {tail}")
+    return rates
+
+
+def load_round(ctx: StudyContext, levels: tuple[int, ...], tg: int, per_client: int, ctx_size: int,
+               log_path: Path) -> tuple[dict[int, float], int]:
+    """One server launch with max(levels) slots, every level in turn: (users -> aggregate tokens/s,
+    the median prompt length of its requests)."""
+    config = replace(bench_config(ctx), parallel=max(levels))
+    launch = replace(ctx.launch, ctx_size=ctx_size)
+    timeout = ctx.settings.trial_timeout_s
+    prompts = ctx.workload.prompts
+    with LlamaServer(build_server_command(config, launch).argv, free_port(), log_path,
+                     ready_timeout_s=timeout, request_timeout_s=timeout) as server:
+        server.complete(prompts[0].text, tg, 0.0, ctx.settings.seed)  # warm-up, as batched-bench warms up
+        found = {users: run_level(server, prompts, users, tg, 0.0, ctx.settings.seed, rounds=per_client)
+                 for users in levels}
+    prompt_tokens = statistics.median(r.prompt_n for level in found.values() for r in level.requests)
+    return {users: level.aggregate_tokens_per_second for users, level in found.items()}, int(prompt_tokens)
+
+
+def measure_concurrency(ctx: StudyContext, levels: tuple[int, ...] = LEVELS, rounds: int = 3, tg: int = 128,
+                        per_client: int = 4) -> list[LevelComparison]:
+    """Alternating rounds of the load generator and batched-bench on the study's target."""
+    ctx_size = max(levels) * SLOT_CTX
+    log_dir = ctx.log_dir / "bench-concurrency"
+    load: dict[int, list[float]] = {u: [] for u in levels}
+    bench: dict[int, list[float]] = {u: [] for u in levels}
+    pp = 0
+    for i in range(rounds):  # round 0 starts with the load: batched-bench takes the prompt length it measured
+        for side in (("load", "bench") if i % 2 == 0 else ("bench", "load")):
+            if side == "load":
+                rates, pp = load_round(ctx, levels, tg, per_client, ctx_size, log_dir / f"round-{i}.log")
+            else:
+                rates = batched_bench(ctx, pp, tg, levels, ctx_size)
+            for users, rate in rates.items():
+                (load if side == "load" else bench)[users].append(rate)
+    return [LevelComparison(u, tuple(load[u]), tuple(bench[u])) for u in levels]
+
+
+def to_dict(found: list[LevelComparison]) -> dict:
+    return {"levels": [{"users": c.users, "load": list(c.load), "batched_bench": list(c.bench), "ratio": c.ratio,
+                        "within": c.within} for c in found], "tolerance": TOLERANCE}
+
+
+def markdown(found: list[LevelComparison]) -> str:
+    rows = ["| users | load generator t/s | llama-batched-bench t/s | ratio | within 10% |", "|---|---|---|---|---|"]
+    rows += [f"| {c.users} | {statistics.median(c.load):.1f} | {statistics.median(c.bench):.1f} | {c.ratio:.3f} | "
+             f"{'yes' if c.within else 'no'} |" for c in found]
+    return "\n".join(rows) + "\n"
