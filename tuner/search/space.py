@@ -204,7 +204,7 @@ def parse_space(fields: Fields) -> RawSpace:
     section holds domains used only when the study drives several users at once."""
     allow_smt = fields.bool("allow_smt", False)
     concurrent = _domains(fields.section("concurrent")) if fields.has("concurrent") else {}
-    return RawSpace(_domains(fields, skip=("allow_smt", "concurrent")), allow_smt, concurrent)
+    return RawSpace(_domains(fields, skip=("allow_smt", "concurrent")), allow_smt, concurrent=concurrent)
 
 
 def _domains(fields: Fields, skip: tuple[str, ...] = ()) -> dict[str, Domain]:
