@@ -7,6 +7,7 @@ worse), never the benchmark's targets: those are `make bench`'s.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import optuna
@@ -255,3 +256,30 @@ def test_the_stacked_landscape_is_won_by_a_stack():
     land = landscapes()["dense-stack"]
     alone = replace(config, lookup=None, lookup_max=None, ngram_key=None, ngram_min_hits=None)
     assert land.true_rate(alone) < 0.9 * rate  # the lookup pays on top of the draft
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_structured_sampler_stacks_lookup_on_the_best_draft_and_plans_every_knob(seed):
+    land = small_stack()
+    study, log = op.run_study(land, "default", seed=seed, budget=16, prune=False)
+    assert op.scores(land, log, 0.03)["trials"] is not None
+    stacks = [t for t in study.trials if store.search_note(t)[0] == "stacks"]
+    assert stacks and all(t.params["lookup"] != "none" and t.params["spec_type"] == "draft-simple" for t in stacks)
+    assert "faster on" in store.search_note(stacks[0])[1]  # it says on which suites lookup paid alone
+    lengths = [t.params["lookup_max"] for t in stacks]
+    assert max(lengths) > min(lengths)  # the stacked length is searched, not left at its first value
+    for t in study.trials[1:]:  # each planned trial asks exactly what the plan holds: nothing left to chance
+        if "search:plan" in t.system_attrs:
+            assert json.loads(t.system_attrs["search:plan"]) == t.params
+    alone = next(t for t in study.trials if t.params.get("spec_type") == "ngram-map-k")
+    assert {"ngram_key", "ngram_min_hits"} <= set(alone.params) and "lookup" not in alone.params
+    draft = next(t for t in study.trials if t.params.get("spec_type") == "draft-simple")
+    assert draft.params["lookup"] == "none" and "ngram_key" not in draft.params
+
+
+def test_no_stack_where_lookup_pays_on_no_suite():
+    nothing = Grounding(copy=0.0, span=2.0, chance=0.05, repeated=0.0)  # chat that copies nothing
+    land = small_stack(prompts=("prose",) * 9, grounding={"prose": nothing})
+    study, _ = op.run_study(land, "default", seed=0, budget=14, prune=False)
+    assert not any(store.search_note(t)[0] == "stacks" for t in study.trials)
+    assert any(t.params.get("spec_type") == "ngram-map-k" for t in study.trials)  # lookup alone was probed
