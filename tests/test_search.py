@@ -7,16 +7,18 @@ worse), never the benchmark's targets: those are `make bench`'s.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import optuna
 import pytest
 
 from tuner.bench import operator as op
-from tuner.bench.operator_landscapes import CODER_DRAFTS, landscapes, operator_space
+from tuner.bench.operator_landscapes import CODER_DRAFTS, Grounding, configurations, landscapes, operator_space
 from tuner.search.model import Point, acceptance_probability, fit, measured_acceptance, speedup
 from tuner.search.prior import admitted, find_prior
 from tuner.search.pruning import prune_decision, should_prune
+from tuner.search.space import TrialConfig
 from tuner.storage import store
 
 
@@ -26,6 +28,14 @@ def small_landscape():
     space = operator_space(("none", "draft-simple"), tuple(CODER_DRAFTS), temperatures=(0.0, 0.5), k_high=16,
                            threads_high=96)
     return replace(land, name="small", space=space)
+
+
+def small_stack(k_high: int = 16, threads_high: int = 96, temperatures=(0.0,), **changes):
+    """dense-stack with one draft, two lookup types alone and stacked, n-gram sizes (72,156 configurations)."""
+    space = operator_space(("none", "draft-simple", "ngram-map-k", "ngram-mod"), ("qwen2.5-0.5b-instruct-q8_0",),
+                           temperatures=temperatures, k_high=k_high, threads_high=threads_high,
+                           lookups=("ngram-map-k", "ngram-mod"))
+    return replace(landscapes()["dense-stack"], name="small-stack", space=space, **changes)
 
 
 # -- the analytic model -----------------------------------------------------------------------
@@ -136,6 +146,10 @@ def test_operator_benchmark_prints_a_row_per_strategy():
     assert "| default |" in text and "| random |" in text and "with pruning" in text
     row = result["landscapes"]["small"]["strategies"]["default"]
     assert set(row) == {"full", "pruned"} and len(row["full"]["trials_to_target"]) == 2
+    worst = row["full"]["worst_trials"]
+    assert worst == max(row["full"]["trials_to_target"]) or (worst is None and None in row["full"]["trials_to_target"])
+    summary = text.splitlines()[2]  # the summary's one row: what wins, the default's median and worst seed
+    assert summary.startswith(f"| small | {small_landscape().size:,} | draft | ") and f" | {worst} | " in summary
     assert set(result["targets"]["small"]) == {"median_le_20", "all_by_40", "over_tpe", "tpe_censored", "met"}
 
 
@@ -201,3 +215,71 @@ def test_the_hardware_stage_tries_the_prior_pair_first_and_skips_policy_probes_w
     policies = {t.params["numa"] for t in hardware}
     # the interleaved pair beats the baseline's first-touch placement on this landscape: no other policy probed
     assert policies == {prior["hardware"]["numa"]}
+
+
+# -- prompt lookup and stacks -----------------------------------------------------------------
+
+def _ratio(land, content: str, **knobs) -> float:
+    """A configuration's rate on one content type over the target alone at the same hardware."""
+    config = TrialConfig(numa="interleave", threads=96, **knobs)
+    return land.evaluate(config).rates[content] / land.evaluate(replace(config, spec_type="none", draft=None,
+                                                                         draft_max=None, lookup=None,
+                                                                         lookup_max=None, ngram_key=None,
+                                                                         ngram_min_hits=None)).rates[content]
+
+
+def test_lookup_pays_by_content_and_key_and_a_stack_adds_the_draft_where_lookup_finds_nothing():
+    land = landscapes()["dense-stack"]
+    lookup = dict(spec_type="ngram-map-k", draft_max=32, ngram_key=3, ngram_min_hits=1)
+    by_content = {c: _ratio(land, c, **lookup) for c in ("summarize", "code", "prose")}
+    assert by_content["summarize"] > by_content["code"] > by_content["prose"]  # seed 003, Track 8: the task order
+    assert _ratio(land, "code", **{**lookup, "ngram_key": None}) < by_content["code"]  # llama.cpp's 12-token key
+    draft = dict(spec_type="draft-simple", draft="qwen2.5-0.5b-instruct-q8_0", draft_max=8)
+    stack = dict(draft, lookup="ngram-map-k", lookup_max=32, ngram_key=3, ngram_min_hits=1)
+    assert _ratio(land, "summarize", **stack) > max(_ratio(land, "summarize", **draft), by_content["summarize"])
+    assert _ratio(land, "prose", **stack) == pytest.approx(_ratio(land, "prose", **draft), rel=0.03)
+
+
+def test_the_vectorised_optimum_and_size_match_every_configuration_suggest_can_return():
+    land = small_stack(k_high=4, threads_high=48, temperatures=(0.0, 0.7))
+    configs = list(configurations(land.space, ()))
+    assert land.size == len(configs) == len(set(configs))
+    assert any(c.stacked and c.ngram_min_hits for c in configs) and not any(c.ngram_key and not c.ngram_type
+                                                                           for c in configs)
+    best = max((land.true_rate(c), c) for c in configs if land.evaluate(c).feasible)
+    assert land.optimum[0] == pytest.approx(best[0], rel=1e-9) and land.optimum[1] == best[1]
+
+
+def test_the_stacked_landscape_is_won_by_a_stack():
+    rate, config = landscapes()["dense-stack"].optimum
+    assert config.family == "stack" and config.ngram_key is not None
+    land = landscapes()["dense-stack"]
+    alone = replace(config, lookup=None, lookup_max=None, ngram_key=None, ngram_min_hits=None)
+    assert land.true_rate(alone) < 0.9 * rate  # the lookup pays on top of the draft
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_structured_sampler_stacks_lookup_on_the_best_draft_and_plans_every_knob(seed):
+    land = small_stack()
+    study, log = op.run_study(land, "default", seed=seed, budget=16, prune=False)
+    assert op.scores(land, log, 0.03)["trials"] is not None
+    stacks = [t for t in study.trials if store.search_note(t)[0] == "stacks"]
+    assert stacks and all(t.params["lookup"] != "none" and t.params["spec_type"] == "draft-simple" for t in stacks)
+    assert "faster on" in store.search_note(stacks[0])[1]  # it says on which suites lookup paid alone
+    lengths = [t.params["lookup_max"] for t in stacks]
+    assert max(lengths) > min(lengths)  # the stacked length is searched, not left at its first value
+    for t in study.trials[1:]:  # each planned trial asks exactly what the plan holds: nothing left to chance
+        if "search:plan" in t.system_attrs:
+            assert json.loads(t.system_attrs["search:plan"]) == t.params
+    alone = next(t for t in study.trials if t.params.get("spec_type") == "ngram-map-k")
+    assert {"ngram_key", "ngram_min_hits"} <= set(alone.params) and "lookup" not in alone.params
+    draft = next(t for t in study.trials if t.params.get("spec_type") == "draft-simple")
+    assert draft.params["lookup"] == "none" and "ngram_key" not in draft.params
+
+
+def test_no_stack_where_lookup_pays_on_no_suite():
+    nothing = Grounding(copy=0.0, span=2.0, chance=0.05, repeated=0.0)  # chat that copies nothing
+    land = small_stack(prompts=("prose",) * 9, grounding={"prose": nothing})
+    study, _ = op.run_study(land, "default", seed=0, budget=14, prune=False)
+    assert not any(store.search_note(t)[0] == "stacks" for t in study.trials)
+    assert any(t.params.get("spec_type") == "ngram-map-k" for t in study.trials)  # lookup alone was probed

@@ -40,7 +40,8 @@ STRATEGIES = ("default", "warm", "today", "tpe", "random")
 # The earlier study a ``warm`` replay follows in the same storage, on the same host: the same target on another
 # workload (its hardware carries over), the same target and workload again (a re-tune after an upgrade: its
 # winner too), another model (its hardware). ``dense-moved`` is another host: nothing to reuse.
-WARM_FROM = {"dense-code": "dense-prose", "dense-prose": "dense-prose", "moe-lookup": "dense-code"}
+WARM_FROM = {"dense-code": "dense-prose", "dense-prose": "dense-prose", "moe-lookup": "dense-code",
+             "dense-stack": "dense-code"}
 OBJECTIVES = ("tokens_per_second", "acceptance", "quality")
 TOLERANCE = 0.03
 CHECKPOINTS = (10, 20, 40)
@@ -176,7 +177,7 @@ def run_landscape(land: OperatorLandscape, strategies: tuple[str, ...], seeds: i
     logs = Parallel(n_jobs=jobs)(delayed(replay)(land, s, seed, budgets.get(s, 40), p, earlier)
                                  for s, seed, p in runs)
     result = {"configurations": land.size, "optimum": land.optimum[0], "best_config": land.optimum[1].as_dict(),
-              "description": land.description, "strategies": {}}
+              "best_family": land.optimum[1].family, "description": land.description, "strategies": {}}
     for strategy in strategies:
         row = {}
         for p in modes[strategy]:
@@ -187,6 +188,7 @@ def run_landscape(land: OperatorLandscape, strategies: tuple[str, ...], seeds: i
                 "median_trials": _median([x["trials"] for x in sc]),
                 "reached": sum(x["trials"] is not None for x in sc),
                 "reached_by_40": sum(x["trials"] is not None and x["trials"] <= 40 for x in sc),
+                "worst_trials": None if any(x["trials"] is None for x in sc) else max(x["trials"] for x in sc),
                 "regret_at": {n: float(np.median([x["curve"][min(n, len(x["curve"])) - 1] for x in sc]))
                               for n in CHECKPOINTS if n <= budget},
                 "median_seconds": _median([x["seconds"] for x in sc]),
@@ -239,9 +241,30 @@ def _fmt_s(s: float | None) -> str:
     return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min"
 
 
+def _trials(r: dict | None) -> tuple[str, str]:
+    """(median, worst seed) of a row's trials to the tolerance, as printed."""
+    if not r:
+        return "-", "-"
+    return tuple("missed" if v is None else f"{v:g}" for v in (r["median_trials"], r["worst_trials"]))
+
+
+def summary(result: dict) -> list[str]:
+    """One row per landscape: what wins it and the default's trials to the tolerance (median, worst seed)."""
+    tol = f"{result['tolerance']:.0%}"
+    lines = [f"| landscape | configurations | best is | default: median trials to {tol} | worst seed | "
+             "with pruning: median, worst | targets |", "|---|---|---|---|---|---|---|"]
+    for name, land in result["landscapes"].items():
+        row = land["strategies"].get("default", {})
+        (median, worst), pruned = _trials(row.get("full")), _trials(row.get("pruned"))
+        t = result["targets"].get(name)
+        lines.append(f"| {name} | {land['configurations']:,} | {land['best_family']} | {median} | {worst} | "
+                     f"{', '.join(pruned)} | {'-' if not t else 'met' if t['met'] else 'MISSED'} |")
+    return lines + [""]
+
+
 def markdown(result: dict) -> str:
     tol = f"{result['tolerance']:.0%}"
-    lines = []
+    lines = summary(result)
     for name, land in result["landscapes"].items():
         cfg = " ".join(f"{k}={v}" for k, v in land["best_config"].items())
         lines += [f"**{name}**: {land['description']}; {land['configurations']} configurations, "
@@ -277,7 +300,8 @@ def markdown(result: dict) -> str:
 def configure(parser) -> None:
     parser.description = (
         "Replay the operator-scale landscapes (a modelled 96-core box: 32B target with three drafts on code, "
-        "prose and a variant with moved optima; a MoE target with experts and n-gram speculation) for each "
+        "prose and a variant with moved optima; a MoE target with experts and n-gram speculation; the 32B target "
+        "with prompt lookup alone and stacked on its drafts, on summaries, code edits and chat) for each "
         "strategy over seeds: trials and measured seconds to come within 3% of the best, with and without pruning."
     )
     parser.add_argument("--landscapes", default=",".join(LANDSCAPES), help=f"comma-separated (default: all: {','.join(LANDSCAPES)})")

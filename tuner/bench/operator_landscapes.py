@@ -28,13 +28,24 @@ Variants (``LANDSCAPES``):
   floor), ``distribute`` beats interleave and 72 threads beat 96 (and fewer still with a
   draft, whose cost grows with threads);
 - ``moe-lookup``: Qwen3-Coder-30B-A3B with an expert count and prompt-lookup (n-gram)
-  speculation on grounded prompts; one n-gram type drafts nothing (a failed trial).
+  speculation on grounded prompts, alone or stacked on a 0.6B draft, with n-gram key length,
+  minimum hits and draft length; one n-gram type drafts nothing (a failed trial);
+- ``dense-stack``: Qwen2.5-Coder-32B with three drafts and three lookup types, alone and stacked
+  (``--spec-type ngram-map-k,draft-simple``), on summaries, code edits and chat (optimum: a stack).
+
+Prompt lookup is modelled, not tabulated: an answer is copied spans of the prompt (share
+``Grounding.copy``, mean length ``span``) between novel tokens. A key of n tokens is found in
+a span once n of its tokens went by, and, falling with n, at novel positions by chance (those
+drafts are mostly rejected); ``min_hits`` drops keys seen once. A stack asks the lookup first
+and lets the draft model draft where it has nothing, as llama.cpp's ``common_speculative``
+does, so a stack takes lookup's copied spans and the draft model's acceptance on the rest.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable
@@ -43,7 +54,8 @@ import numpy as np
 
 from tuner.measurement.failures import FailureReason
 from tuner.storage.records import StudyRecord, digest
-from tuner.search.space import Choices, FloatRange, IntRange, RawSpace, ResolvedSpace, TrialConfig, resolve_space
+from tuner.search.space import (Choices, FloatRange, IntRange, RawSpace, ResolvedSpace, TrialConfig, resolve_space,
+                                suggest)
 from tuner.studyfile.validate import Fields
 
 N_PREDICT = 128  # tokens per request, as in the research's protocol (seed 000, 3.3)
@@ -53,14 +65,55 @@ PHYSICAL_CORES, LOGICAL_CPUS, NODES = 96, 192, (0, 1, 2, 3)  # EPYC 9655 (seed 0
 
 @dataclass(frozen=True)
 class Draft:
-    """A draft model (or an n-gram type: ``cost`` 0, ``match`` < 1)."""
+    """A draft model."""
 
     cost: float  # draft step / target step at 96 threads
     accept: dict[str, float]  # per-token acceptance at temperature 0, per content type
     temp_slope: dict[str, float] = field(default_factory=dict)  # d(acceptance)/d(temperature)
-    match: dict[str, float] = field(default_factory=dict)  # n-gram: share of rounds that find a draft
     load_s: float = 1.0
-    fails: bool = False  # drafts nothing on this workload
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A prompt-lookup (n-gram) type: how faithfully it continues a key it found, and llama.cpp's sizes."""
+
+    fidelity: float  # chance its continuation is the one being copied (map types keep the most frequent)
+    temp_slope: float = -0.25  # acceptance change per unit temperature (a sampled answer leaves the copy)
+    chance: float = 1.0  # spurious matches relative to the grounding's (ngram-mod's hashes collide)
+    key_default: int = 12  # llama.cpp's key length when the space leaves it out (size-n 12; ngram-mod n-match 24)
+    length_default: int = 48  # its draft length when stacked without lookup_max (size-m 48; ngram-mod n-max 64)
+    fails: bool = False  # drafts nothing on this workload (alone: a failed trial; stacked: the draft model drafts)
+
+
+@dataclass(frozen=True)
+class Grounding:
+    """How a content type's answers copy their context (seed 003, Track 8: summarization > code > chat)."""
+
+    copy: float  # share of answer tokens inside spans copied from the prompt (or the answer so far)
+    span: float  # mean copied span, tokens: a key of n tokens is found once n tokens of the span went by
+    chance: float  # a novel position whose last token occurs in the context anyway (x CHANCE_DECAY per key token)
+    repeated: float  # share of copied keys that occur more than once in the context (what min_hits > 1 keeps)
+
+
+CHANCE_DECAY = 0.3  # each key token more: a third of the spurious matches
+SPURIOUS_ACCEPT = 0.1  # a spurious match's first drafted token is right one time in ten
+SPURIOUS_REPEATED = 0.2  # share of spurious keys that occur more than once
+NO_GROUNDING = Grounding(copy=0.0, span=2.0, chance=0.0, repeated=0.0)
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """One speculative round, as arrays over configurations: what it yields and costs (in target steps)."""
+
+    tokens: np.ndarray  # the target's own token plus the accepted drafts
+    time: np.ndarray
+    drafted: np.ndarray
+    accepted: np.ndarray
+
+
+TARGET_ALONE = Rounds(np.float64(1.0), np.float64(1.0), np.float64(0.0), np.float64(0.0))
+# Knobs that do not change what speculation does (they scale it, or are sent per request): not enumerated.
+CONTEXT_KNOBS = ("temperature", "experts", "numa", "numa_node", "threads", "threads_batch")
 
 
 @dataclass(frozen=True)
@@ -112,6 +165,8 @@ class OperatorLandscape:
     quality_floor: float
     expert_speed: Callable[[int], float] | None = None  # rate factor vs default experts
     expert_quality: Callable[[int], float] | None = None
+    lookups: dict[str, Lookup] = field(default_factory=dict)  # by n-gram spec_type, alone or stacked
+    grounding: dict[str, Grounding] = field(default_factory=dict)  # per content type (none: nothing to copy)
     prompt_tokens: dict[str, int] = field(default_factory=lambda: {"code": 40, "prose": 60})
     prefill_rate: float = 69.0  # prompt tokens/s at the best hardware (seed 002, 3.1: 69.05 t/s for 32B)
     launch_s: float = 13.0  # server start and model load from the page cache (19 GB)
@@ -146,45 +201,88 @@ class OperatorLandscape:
         smt = hw.smt_penalty * max(0, t - PHYSICAL_CORES) / PHYSICAL_CORES
         return max(hw.numa[config.numa] * sat * (1 - cont) * (1 - smt), 0.02)
 
-    def _speculation(self, config: TrialConfig, content: str, target_rate: float) -> tuple[float, float]:
-        """(rate factor over the target alone, measured acceptance) for one content type."""
-        if not config.speculative:
-            return 1.0, 0.0
-        d = self.drafts[config.draft if config.spec_type == "draft-simple" else config.spec_type]
-        k = config.draft_max or 8
-        a0 = d.accept[content] + d.temp_slope.get(content, 0.0) * config.temperature
-        a0 = min(max(a0, 0.0), 0.999)
-        # accepted prefix with per-position acceptance a0 * decay^(i-1)
-        survive, accepted = 1.0, 0.0
-        for i in range(k):
+    def _draft_rounds(self, d: Draft, content: str, k: np.ndarray, temperature: float, threads: int,
+                      rel: float) -> Rounds:
+        """A draft model's round of K drafts: per-position acceptance a0 * decay^(i-1), its cost growing with
+        threads; a faster target (fewer experts, ``rel`` < 1) makes the same draft relatively dearer."""
+        a0 = min(max(d.accept[content] + d.temp_slope.get(content, 0.0) * temperature, 0.0), 0.999)
+        survive, accepted = 1.0, np.zeros(np.shape(k))
+        for i in range(int(np.max(k))):
             survive *= a0 * self.decay ** i
-            accepted += survive
-        coupling = 1 + self.hardware.draft_thread_coupling * (config.threads / PHYSICAL_CORES - 1)
-        # a faster target (fewer experts) makes the same draft relatively dearer
-        cost = d.cost * coupling * (target_rate / self.base_rate[content])
-        verify = 1 + self.verify_cost * k * (target_rate / self.base_rate[content])
-        m = d.match.get(content, 1.0)
-        tokens = m * (1 + accepted) + (1 - m)
-        time = m * (verify + cost * k) + (1 - m) * (1 + cost)
-        return tokens / time, accepted / k
+            accepted = accepted + np.where(i < k, survive, 0.0)
+        coupling = 1 + self.hardware.draft_thread_coupling * (threads / PHYSICAL_CORES - 1)
+        time = 1 + self.verify_cost * k * rel + d.cost * coupling * rel * k
+        return Rounds(1 + accepted, time, np.asarray(k, dtype=float), accepted)
+
+    def _lookup_rounds(self, lk: Lookup, g: Grounding, copied: bool, ints: dict[str, np.ndarray], length: np.ndarray,
+                       temperature: float, rel: float) -> tuple[np.ndarray, Rounds]:
+        """(share of rounds where the lookup finds its key, its round then) in copied spans or novel text."""
+        p = 1 - 1 / g.span
+        key, hits = ints["ngram_key"], ints["ngram_min_hits"]
+        if copied:
+            found = p ** key * g.repeated ** (hits - 1)
+            a = min(max(p * lk.fidelity + lk.temp_slope * temperature, 0.0), 0.999)
+        else:
+            found = np.minimum(1.0, g.chance * lk.chance * CHANCE_DECAY ** (key - 1)) * SPURIOUS_REPEATED ** (hits - 1)
+            a = SPURIOUS_ACCEPT
+        accepted = a * (1 - a ** length) / (1 - a)
+        return found * (not lk.fails), Rounds(1 + accepted, 1 + self.verify_cost * length * rel, length, accepted)
+
+    def _speculation(self, spec_type: str, draft: str | None, lookup: str | None, content: str,
+                     ints: dict[str, np.ndarray], temperature: float, threads: int, rel: float):
+        """(rate factor over the target alone, measured acceptance) for one content type, as arrays over the
+        integer knobs ``ints``: the lookup (alone, or stacked first) where it finds a key, else the draft model."""
+        if spec_type == "none":
+            return np.ones(np.shape(ints["draft_max"])), np.zeros(np.shape(ints["draft_max"]))
+        fallback = TARGET_ALONE if spec_type != "draft-simple" else self._draft_rounds(
+            self.drafts[draft], content, ints["draft_max"], temperature, threads, rel)
+        ngram = lookup or (spec_type if spec_type in self.lookups else None)
+        if ngram is None:
+            return fallback.tokens / fallback.time, fallback.accepted / fallback.drafted
+        lk, g = self.lookups[ngram], self.grounding.get(content, NO_GROUNDING)
+        length = ints["lookup_max"] if lookup else ints["draft_max"]
+        per_token = drafted = accepted = 0.0
+        for copied, share in ((True, g.copy), (False, 1 - g.copy)):
+            found, r = self._lookup_rounds(lk, g, copied, ints, length, temperature, rel)
+            tokens = found * r.tokens + (1 - found) * fallback.tokens
+            per_token = per_token + share * (found * r.time + (1 - found) * fallback.time) / tokens
+            drafted = drafted + share * (found * r.drafted + (1 - found) * fallback.drafted) / tokens
+            accepted = accepted + share * (found * r.accepted + (1 - found) * fallback.accepted) / tokens
+        return 1 / per_token, np.where(drafted > 0, accepted / np.maximum(drafted, 1e-12), 0.0)
+
+    def _ints(self, configs: list[TrialConfig]) -> dict[str, np.ndarray]:
+        """The integer knobs of configurations as arrays; a size a study leaves out is llama.cpp's default."""
+        lk = self.lookups.get(configs[0].ngram_type or "")
+        defaults = {"draft_max": 8, "ngram_key": lk.key_default if lk else 1, "ngram_min_hits": 1,
+                    "lookup_max": lk.length_default if lk else 1}
+        return {knob: np.array([default if getattr(c, knob) is None else getattr(c, knob) for c in configs],
+                               dtype=float) for knob, default in defaults.items()}
+
+    def _quality(self, temperature: float, experts: int | None) -> tuple[float, float]:
+        """(quality, rate factor of the expert count)."""
+        quality, factor = 1.0 - self.quality_temp * temperature, 1.0
+        if experts is not None and self.expert_speed:
+            factor = self.expert_speed(experts)
+            quality -= 1.0 - self.expert_quality(experts)
+        return round(quality, 6), factor
+
+    def _fails(self, config: TrialConfig) -> bool:
+        source = self.drafts.get(config.draft) if config.spec_type == "draft-simple" \
+            else self.lookups.get(config.spec_type)
+        return config.speculative and (source is None or getattr(source, "fails", False))
 
     def evaluate(self, config: TrialConfig) -> Outcome:
-        spec_draft = self.drafts.get(config.draft if config.spec_type == "draft-simple" else config.spec_type)
-        quality = 1.0 - self.quality_temp * config.temperature
-        experts_factor = 1.0
-        if config.experts is not None and self.expert_speed:
-            experts_factor = self.expert_speed(config.experts)
-            quality -= 1.0 - self.expert_quality(config.experts)
-        if config.speculative and (spec_draft is None or spec_draft.fails):
+        quality, experts_factor = self._quality(config.temperature, config.experts)
+        if self._fails(config):
             return Outcome(False, FailureReason.SPECULATION_UNAVAILABLE.value, {}, 0.0, 0.0, False)
         hw = self.hardware_factor(config)
         rates, accept = {}, []
+        ints = self._ints([config])
         for content in set(self.prompts):
-            target = self.base_rate[content] * experts_factor
-            ratio, acc = self._speculation(config, content, target)
-            rates[content] = target * hw * ratio
-            accept.append(acc)
-        quality = round(quality, 6)
+            ratio, acc = self._speculation(config.spec_type, config.draft, config.lookup if config.stacked else None,
+                                           content, ints, config.temperature, config.threads, experts_factor)
+            rates[content] = self.base_rate[content] * experts_factor * hw * float(ratio[0])
+            accept.append(float(acc[0]))
         return Outcome(True, None, rates, float(np.mean(accept)), quality, quality >= self.quality_floor)
 
     def true_rate(self, config: TrialConfig) -> float:
@@ -196,38 +294,55 @@ class OperatorLandscape:
 
     # -- the whole space ------------------------------------------------------------------
 
-    def configurations(self):
-        """Every configuration ``suggest`` can return on this space."""
+    @cached_property
+    def variants(self) -> dict[tuple, list[TrialConfig]]:
+        """Every speculative configuration ``suggest`` can return, by (spec_type, draft, stacked lookup);
+        the context knobs (hardware, temperature, experts) at their first value."""
+        groups: dict[tuple, list[TrialConfig]] = {}
+        for config in configurations(self.space, CONTEXT_KNOBS):
+            groups.setdefault((config.spec_type, config.draft, config.lookup if config.stacked else None),
+                              []).append(config)
+        return groups
+
+    def _contexts(self):
+        """(temperature, experts, threads, NUMA policy, node) combinations a study can ask."""
         d = self.space.domains
         values = lambda name: _values(d[name]) if name in d else [None]  # noqa: E731
-        specs = []
-        for spec in d["spec_type"].values:
-            if spec == "none":
-                specs.append((spec, None, None))
-            else:
-                drafts = values("draft") if spec == "draft-simple" else [None]
-                specs.extend((spec, dr, k) for dr in drafts for k in values("draft_max"))
         numas = [(p, n) for p in values("numa") for n in (values("numa_node") if p == "bind" else [None])]
-        for (spec, draft, k), temp, experts, (numa, node), threads in itertools.product(
-                specs, values("temperature"), values("experts"), numas, values("threads")):
-            yield TrialConfig(spec_type=spec, draft=draft, draft_max=k, temperature=temp, experts=experts,
-                              numa=numa, numa_node=node, threads=threads)
+        return itertools.product(values("temperature"), values("experts"), values("threads"), numas)
 
     @cached_property
     def size(self) -> int:
-        return sum(1 for _ in self.configurations())
+        return sum(map(len, self.variants.values())) * sum(1 for _ in self._contexts())
 
     @cached_property
     def optimum(self) -> tuple[float, TrialConfig]:
-        """The best feasible configuration and its true tokens/s (exhaustive; a few seconds)."""
+        """The best feasible configuration and its true tokens/s: every speculative configuration at once
+        (arrays) in each context; NUMA policy and node only scale a context's rates."""
         best, best_config = 0.0, None
-        for config in self.configurations():
-            out = self.evaluate(config)
-            if out.ok and out.feasible:
-                rate = len(self.prompts) / sum(1.0 / out.rates[c] for c in self.prompts)
-                if rate > best:
-                    best, best_config = rate, config
-        return best, best_config
+        hardware: dict[tuple, tuple[float, str, int | None]] = {}
+        for temperature, experts, threads, (numa, node) in self._contexts():
+            hw = self.hardware_factor(TrialConfig(numa=numa, numa_node=node, threads=threads))
+            key = (temperature or 0.0, experts, threads)
+            if key not in hardware or hw > hardware[key][0]:
+                hardware[key] = (hw, numa, node)
+        for (temperature, experts, threads), (hw, numa, node) in hardware.items():
+            quality, factor = self._quality(temperature, experts)
+            if quality < self.quality_floor:
+                continue
+            for (spec, draft, lookup), configs in self.variants.items():
+                if self._fails(configs[0]):
+                    continue
+                ints = self._ints(configs)
+                inverse = sum(n / (self.base_rate[c] * factor * hw * self._speculation(
+                    spec, draft, lookup, c, ints, temperature, threads, factor)[0])
+                    for c, n in Counter(self.prompts).items())
+                i = int(np.argmin(inverse))
+                if len(self.prompts) / inverse[i] > best:
+                    best = len(self.prompts) / float(inverse[i])
+                    best_config = replace(configs[i], temperature=temperature, experts=experts, numa=numa,
+                                          numa_node=node, threads=threads)
+        return self.true_rate(best_config), best_config  # as every trial is scored (the same sums, one order)
 
     # -- one simulated trial --------------------------------------------------------------
 
@@ -278,6 +393,46 @@ def pooled(samples: list[dict]) -> float:
     return len(samples) / sum(1.0 / s["tokens_per_second"] for s in samples) if samples else 0.0
 
 
+class _Walk:
+    """A trial for ``suggest`` that answers with ``path``'s choices and counts each question's choices;
+    knobs in ``fixed`` get their first value and do not branch."""
+
+    def __init__(self, path: list[int], fixed: tuple[str, ...]):
+        self.path, self.fixed, self.counts = path, fixed, []
+
+    def _pick(self, name: str, values: list):
+        if name in self.fixed:
+            return values[0]
+        i = len(self.counts)
+        self.counts.append(len(values))
+        return values[self.path[i] if i < len(self.path) else 0]
+
+    def suggest_categorical(self, name, choices):
+        return self._pick(name, list(choices))
+
+    def suggest_int(self, name, low, high, step=1, log=False):
+        return self._pick(name, list(range(low, high + 1, step)))
+
+    def suggest_float(self, name, low, high, step=None, log=False):
+        return self._pick(name, _values(FloatRange(low, high, step, log)))
+
+
+def configurations(space: ResolvedSpace, fixed: tuple[str, ...] = ()):
+    """Every configuration the real ``suggest`` can return (conditional knobs only where it asks them),
+    walking its questions like an odometer from the last one."""
+    path: list[int] = []
+    while True:
+        walk = _Walk(path, fixed)
+        yield suggest(walk, space)
+        path = path + [0] * (len(walk.counts) - len(path))
+        i = len(walk.counts) - 1
+        while i >= 0 and path[i] + 1 >= walk.counts[i]:
+            i -= 1
+        if i < 0:
+            return
+        path = path[:i] + [path[i] + 1]
+
+
 def _values(domain) -> list:
     if isinstance(domain, Choices):
         return list(domain.values)
@@ -289,8 +444,11 @@ def _values(domain) -> list:
 
 
 def operator_space(spec_types: tuple[str, ...], drafts: tuple[str, ...], *, temperatures=(0.0, 0.3, 0.5, 0.7),
-                   experts: int | None = None, k_high: int = 48, threads_high: int = LOGICAL_CPUS) -> ResolvedSpace:
-    """The space a study would resolve on the 96-core / 192-thread, 4-node box (SMT allowed).
+                   experts: int | None = None, k_high: int = 48, threads_high: int = LOGICAL_CPUS,
+                   lookups: tuple[str, ...] = ()) -> ResolvedSpace:
+    """The space a study would resolve on the 96-core / 192-thread, 4-node box (SMT allowed); ``lookups``
+    stack on the draft models. N-gram sizes are searched wherever a lookup type is in play (the research's
+    keys were 3-4 tokens, llama.cpp's default 12 finds nothing in short answers: DESIGN.md).
 
     ``k_high`` and ``threads_high`` shrink it for tests."""
     domains = {
@@ -299,9 +457,14 @@ def operator_space(spec_types: tuple[str, ...], drafts: tuple[str, ...], *, temp
         "temperature": Choices(tuple(temperatures)),
         "numa": Choices(("none", "interleave", "bind", "distribute")),
         "threads": IntRange(24, threads_high, step=24),  # 8 thread counts, SMT above 96
+        "ngram_key": IntRange(1, 8),
+        "ngram_min_hits": IntRange(1, 3),
+        "lookup_max": IntRange(4, k_high, step=4),
     }
     if drafts:
         domains["draft"] = Choices(drafts)
+    if lookups:
+        domains["lookup"] = Choices(("none", *lookups))
     if experts:
         domains["experts"] = IntRange(1, experts)
     return resolve_space(RawSpace(domains, allow_smt=True), fields=Fields("operator-landscape", {}),
@@ -363,28 +526,33 @@ MOVED_HARDWARE = Hardware(numa={"distribute": 1.0, "interleave": 0.94, "none": 0
 MOE_HARDWARE = Hardware(numa={"interleave": 1.0, "distribute": 0.95, "none": 0.857, "bind": 0.7},
                         tau=22.0, contention_from=96, contention=0.0, smt_penalty=0.5, draft_thread_coupling=0.3,
                         bind_node={0: 0.97, 1: 1.0, 2: 0.99, 3: 1.0})
-MOE_DRAFTS = {
-    "qwen3-0.6b-q8_0": Draft(0.45, {"code": 0.7, "prose": 0.6}, {"code": -0.05, "prose": -0.05}, load_s=0.8),
-    "ngram-simple": Draft(0.0, {"code": 0.78, "prose": 0.84}, {"code": -0.25, "prose": -0.25},
-                          match={"code": 0.2, "prose": 0.3}),
-    "ngram-map-k": Draft(0.0, {"code": 0.84, "prose": 0.88}, {"code": -0.25, "prose": -0.25},
-                         match={"code": 0.22, "prose": 0.32}),
-    "ngram-map-k4v": Draft(0.0, {"code": 0.9, "prose": 0.9}, match={"code": 0.0, "prose": 0.0}, fails=True),
-    "ngram-mod": Draft(0.0, {"code": 0.88, "prose": 0.9}, {"code": -0.2, "prose": -0.2},
-                       match={"code": 0.16, "prose": 0.25}),
+MOE_DRAFTS = {"qwen3-0.6b-q8_0": Draft(0.45, {"code": 0.7, "prose": 0.6}, {"code": -0.05, "prose": -0.05}, load_s=0.8)}
+# The n-gram types: ngram-simple drafts the continuation of the last occurrence, the map types the most frequent
+# one, ngram-mod hashes n-grams into a shared pool (more collisions: chance). Near-100% acceptance of what lookup
+# drafts on the MoE targets (seed 003, Track 8); acceptance falls with temperature as a sample leaves the copy.
+LOOKUPS = {
+    "ngram-simple": Lookup(fidelity=0.93),
+    "ngram-map-k": Lookup(fidelity=0.97, chance=0.8),
+    "ngram-mod": Lookup(fidelity=0.95, chance=1.3, key_default=24, length_default=64),
 }
+MOE_LOOKUPS = {**LOOKUPS, "ngram-map-k4v": Lookup(fidelity=0.97, fails=True)}
+# Qwen3-Coder-30B-A3B lookup alone: 43.2 t/s summarizing, 40.9 on code against 26.6 (x1.6, x1.5; seed 003, Track 8):
+# short copies (the answers quote names and phrases of long prompts), more of them in summaries.
+MOE_GROUNDING = {"prose": Grounding(copy=0.55, span=9.0, chance=0.5, repeated=0.4),
+                 "code": Grounding(copy=0.5, span=8.0, chance=0.6, repeated=0.5)}
 _MOE_QUALITY = {8: 1.0, 7: 0.996, 6: 0.992, 5: 0.985, 4: 0.978, 3: 0.968, 2: 0.9, 1: 0.6}
 
 
 def _moe() -> OperatorLandscape:
     return OperatorLandscape(
         name="moe-lookup",
-        description="Qwen3-Coder-30B-A3B: experts 1-8, a 0.6B draft and four n-gram types, grounded prompts",
+        description="Qwen3-Coder-30B-A3B: experts 1-8, a 0.6B draft and four n-gram types alone or stacked on it, "
+                    "n-gram sizes, grounded prompts",
         space=operator_space(("none", "draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod"),
-                             ("qwen3-0.6b-q8_0",), experts=8),
+                             ("qwen3-0.6b-q8_0",), experts=8, lookups=tuple(MOE_LOOKUPS)),
         prompts=("prose", "code", "prose", "code", "prose", "code", "prose", "code", "prose"),
         base_rate={"code": 26.6, "prose": 26.6},
-        drafts=MOE_DRAFTS, hardware=MOE_HARDWARE,
+        drafts=MOE_DRAFTS, hardware=MOE_HARDWARE, lookups=MOE_LOOKUPS, grounding=MOE_GROUNDING,
         verify_cost=0.05,  # a MoE verifies K tokens through more experts than one
         decay=0.995, quality_temp=0.04, quality_floor=0.96,
         # 1/rate = fixed + per expert: 26.6 t/s at 8, 30.1 at 6, 35 at 4 (seed 003, Track 2)
@@ -393,6 +561,30 @@ def _moe() -> OperatorLandscape:
         prompt_tokens={"code": 60, "prose": 600},  # summarization prompts are long: that is why lookup works
         prefill_rate=150.0, launch_s=12.0, target="Qwen3-Coder-30B-A3B-Instruct Q4_K_M",
     )
+
+
+# Qwen2.5-Coder-32B on grounded work: summaries copy nearly all of their document in long spans (lookup alone
+# x12.7 on summarization, seed 000 4.4 and seed 004), code edits copy half (lookup x1.7-1.9 on code, seed 003,
+# Track 8; "2-4x" in the literature), chat almost nothing. The drafts as on code and prose, and summaries as
+# predictable for them as for the target. Stacked on the 0.5B draft at K=24, lookup added a fifth on code
+# (39.44 t/s against 33.0: seed 004, seed 003 "Actual Combined Performance").
+STACK_GROUNDING = {"summarize": Grounding(copy=0.98, span=80.0, chance=0.5, repeated=0.3),
+                   "code": Grounding(copy=0.5, span=40.0, chance=0.6, repeated=0.5),
+                   "prose": Grounding(copy=0.05, span=6.0, chance=0.4, repeated=0.3)}
+STACK_DRAFTS = {name: replace(d, accept={**d.accept, "summarize": d.accept["prose"] + 0.06},
+                              temp_slope={**d.temp_slope, "summarize": d.temp_slope["prose"]})
+                for name, d in CODER_DRAFTS.items()}
+
+
+def _stack() -> OperatorLandscape:
+    lookups = ("ngram-simple", "ngram-map-k", "ngram-mod")
+    return replace(
+        _dense("dense-stack", "Qwen2.5-Coder-32B, three drafts and three lookup types alone or stacked, n-gram "
+                              "sizes; summaries, code edits and chat", ("summarize", "code", "prose") * 3,
+               STACK_DRAFTS, EPYC),
+        space=operator_space(("none", "draft-simple", *lookups), tuple(STACK_DRAFTS), lookups=lookups),
+        base_rate={"summarize": 3.77, "code": 3.77, "prose": 3.77},
+        lookups=LOOKUPS, grounding=STACK_GROUNDING, prompt_tokens={"summarize": 800, "code": 200, "prose": 60})
 
 
 def landscapes() -> dict[str, OperatorLandscape]:
@@ -408,7 +600,8 @@ def landscapes() -> dict[str, OperatorLandscape]:
                    quality_floor=0.97),
             host="Intel Xeon 6980P (SNC3)"),
         "moe-lookup": _moe(),
+        "dense-stack": _stack(),
     }
 
 
-LANDSCAPES = ("dense-code", "dense-prose", "dense-moved", "moe-lookup")
+LANDSCAPES = ("dense-code", "dense-prose", "dense-moved", "moe-lookup", "dense-stack")

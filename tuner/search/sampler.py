@@ -10,9 +10,16 @@ history instead, in stages:
 0. **warm start** (``tuner.search.prior``): the winner of an earlier study of the same target
    and workload on this host, when the storage has one.
 1. **speculation** (at the baseline's hardware and temperature): probe every draft and
-   n-gram type at K=8 (the research's starting point), fit acceptance and cost ratio per
-   option, then measure the predicted best K of the best options, fitting again with each
-   new point. Options that fail for a permanent reason are dropped (blamed).
+   n-gram type at K=8 (the research's starting point; an n-gram key of 4 tokens), fit
+   acceptance and cost ratio per option, then measure the predicted best K of the best
+   options, fitting again with each new point. Options that fail for a permanent reason are
+   dropped (blamed).
+1b. **stacks**: on the best draft-model configuration (when it beats the target alone), the
+   lookup types that paid alone on some suite, closest to the best on those suites (a type
+   never tried alone too), with the sizes that type did best with alone; then the best
+   stack's lookup length doubled until bracketed, and the other types at that length.
+   llama.cpp drafts from the lookup where it finds a key and from the draft model elsewhere,
+   so a stack pays where lookup pays on some content and the draft on the rest.
 2. **hardware**: with the best speculation so far, the pair an earlier study found best on
    this host (if any; when it beats the baseline's, the policy probes are skipped), each NUMA
    policy at the baseline's threads, then a unimodal walk over thread counts on the best
@@ -23,8 +30,13 @@ history instead, in stages:
    floor; then a unimodal walk over temperature from the best (acceptance changes with it;
    a temperature below the quality floor rules out the hotter ones), and the best K
    predicted for each.
-4. **refinement**: unmeasured neighbours of the incumbent (K, threads, experts, the
-   pair of hardware knobs again) and other options at their predicted best K.
+4. **refinement**: the other options within 3% at their best K (predicted, or measured
+   where the model's pick lost, as for lookup types, whose missed keys the model does not
+   know), then unmeasured neighbours of the incumbent (threads and experts again; line
+   searches over K, a stacked lookup's length, the n-gram key and minimum hits).
+
+Speculative decoding keeps the target's output distribution, so a temperature or expert count
+below the quality floor with one option rules it out for all (``Planner.lossless``).
 
 When nothing is left to plan, or the space lacks the expected shape, proposals come from
 the project's ``NoRepeatSampler(TPE)``. The plan is a pure function of the stored trials
@@ -37,7 +49,8 @@ Lifecycle (Optuna's sampler interface): ``before_trial`` plans the whole configu
 (enqueued trials, such as the baseline, are left alone); ``sample_independent`` returns
 the planned value for each parameter ``tuner.search.space.suggest`` asks, so K and threads
 stay ``IntDistribution`` as in any study; the relative methods and everything unplanned
-go to the fallback.
+go to the fallback. A plan is completed by the real ``suggest`` (``Planner.complete``), so
+it holds exactly the knobs a trial of it asks (no n-gram key without a lookup in play).
 """
 
 from __future__ import annotations
@@ -45,7 +58,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -54,13 +67,20 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.measurement.failures import PERMANENT
 from tuner.storage import store
+from tuner.search.knobs import DRAFT_MODEL_TYPES
 from tuner.search.model import DraftFit, Point, fit
 from tuner.search.prior import HW_KNOBS, describe
+from tuner.search.space import Choices, FloatRange, IntRange, ResolvedSpace, suggest
 
 PLAN_ATTR = "search:plan"  # a system attr: the running trial's planned configuration, for other workers
 # What a pruned trial measured before it stopped, as the study loop stores it (user attr).
 K_PROBE = 8  # the research's first K for any draft (seed 003, "K-Tuning Methodology": start with K=8)
 PERMANENT_REASONS = frozenset(r.value for r in PERMANENT)
+# What a plan leaves open starts here: no lookup stacked; the research's n-gram key (seed 003, Track 8: 4 tokens;
+# llama.cpp's 12 finds nothing in short answers), llama.cpp's minimum hits, a stacked lookup's length at K=8.
+PROBES = {"lookup": "none", "ngram_key": 4, "ngram_min_hits": 1, "lookup_max": K_PROBE, "lookup_min": 1}
+SIZE_KNOBS = ("lookup", "lookup_max", "lookup_min", "ngram_key", "ngram_min_hits")
+LOOKUP_PAYS = 1.05  # a lookup pays on a suite where alone it is this much faster than the target alone
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,7 @@ class Rec:
     feasible: bool
     failure: str | None
     role: str
+    suites: dict[str, float] = field(default_factory=dict)  # tokens/s per suite (content type), pooled
 
     @property
     def measured(self) -> bool:
@@ -113,6 +134,39 @@ class Space:
             return [round(d["low"] + i * step, 10) for i in range(n + 1)]
         return [round(d["low"] + i * (d["high"] - d["low"]) / 4, 10) for i in range(5)]
 
+    def resolved(self) -> ResolvedSpace:
+        """The domains as ``suggest`` reads them."""
+        kinds = {"Choices": lambda d: Choices(tuple(d["values"])), "IntRange": lambda d: IntRange(**d),
+                 "FloatRange": lambda d: FloatRange(**d)}
+        return ResolvedSpace({name: kinds[self.kinds[name]](d) for name, d in self.raw.items()}, None, 0, False)
+
+
+class _Answers:
+    """A trial for the real ``suggest``: the plan's value where the domain admits it, else the knob's probe
+    value; ``asked`` keeps both (a knob with neither is left to the fallback sampler, as Optuna would)."""
+
+    def __init__(self, plan: dict):
+        self.plan, self.asked = plan, {}
+
+    def _answer(self, name: str, values: list | None, first: Any) -> Any:
+        value = self.plan.get(name)
+        if value is None or (values is not None and value not in values):
+            probe = PROBES.get(name)
+            if probe is None or values is None:
+                return first
+            value = probe if probe in values else nearest(values, probe) if isinstance(probe, int) else values[0]
+        self.asked[name] = value
+        return value
+
+    def suggest_categorical(self, name, choices):
+        return self._answer(name, list(choices), choices[0])
+
+    def suggest_int(self, name, low, high, step=1, log=False):
+        return self._answer(name, list(range(low, high + 1, step)), low)
+
+    def suggest_float(self, name, low, high, step=None, log=False):
+        return self._answer(name, None, low)
+
 
 def nearest(values: Sequence, target: float):
     return min(values, key=lambda v: (abs(v - target), v))
@@ -123,6 +177,7 @@ class Planner:
 
     def __init__(self, space: Space, recs: list[Rec], prior: dict | None = None):
         self.space, self.recs, self.prior = space, recs, prior or {}
+        self.resolved = space.resolved()
         self.taken = [r.params for r in recs if r.state != "failed" or r.failure in PERMANENT_REASONS or r.failure is None]
         self.k_values = space.values("draft_max")
         self.base = next((r for r in recs if r.role == "baseline" and r.measured and r.feasible), None) or next(
@@ -151,10 +206,26 @@ class Planner:
     def is_new(self, params: dict) -> bool:
         return not any(all(params.get(k) == v for k, v in t.items()) and len(t) == len(params) for t in self.taken)
 
+    def complete(self, params: dict) -> dict:
+        """The knobs a trial of this plan is asked (the real ``suggest``), at the planned or probe values."""
+        answers = _Answers(params)
+        suggest(answers, self.resolved)
+        return answers.asked
+
     @staticmethod
     def option_of(params: dict) -> tuple | None:
         spec = params.get("spec_type", "none")
         return None if spec == "none" else (spec, params.get("draft") if spec == "draft-simple" else None)
+
+    @staticmethod
+    def stacked(params: dict) -> bool:
+        return params.get("lookup") not in (None, "none")
+
+    def sizes(self, option: tuple) -> dict:
+        """The n-gram sizes an option's probe runs at (none for a draft model without a lookup)."""
+        probe = self.complete(self.config(option, nearest(self.k_values, K_PROBE) if self.k_values else None, {},
+                                          None, None))
+        return {k: v for k, v in probe.items() if k in SIZE_KNOBS}
 
     @staticmethod
     def hw_of(params: dict) -> dict:
@@ -178,16 +249,27 @@ class Planner:
         good = [r for r in recs if r.feasible and r.state == "complete"] or [r for r in recs if r.feasible]
         return max(good, key=lambda r: r.tps, default=None)
 
+    def at_start(self, option: tuple) -> list[Rec]:
+        """Measured trials of an option alone (no lookup stacked) at its probe sizes, the baseline's hardware,
+        temperature and experts."""
+        hw0, t0, e0 = self.context0()
+        sizes = self.sizes(option)
+        return [r for r in self.measured(**self.config(option, None, hw0, t0, e0)) if not self.stacked(r.params)
+                and all(r.params.get(k) == v for k, v in sizes.items())]
+
     def target_alone(self, hw: dict, experts: Any) -> float | None:
         recs = [r for r in self.measured(spec_type="none") if self.hw_of(r.params) == hw
                 and r.params.get("experts") == experts and r.state == "complete"]
         return max((r.tps for r in recs), default=None)
 
     def fit_option(self, option: tuple, temperature: Any, experts: Any) -> DraftFit | None:
+        """The option alone at its probe sizes: a stacked lookup's drafts, or other n-gram sizes, are other curves."""
         points = []
+        sizes = self.sizes(option)
         for r in self.recs:
             if not r.measured or self.option_of(r.params) != option or r.params.get("temperature") != temperature \
-                    or r.params.get("experts") != experts or r.acceptance is None:
+                    or r.params.get("experts") != experts or r.acceptance is None or self.stacked(r.params) \
+                    or any(r.params.get(k) != v for k, v in sizes.items()):
                 continue
             base = self.target_alone(self.hw_of(r.params), experts)
             points.append(Point(r.params.get("draft_max") or K_PROBE, r.acceptance, r.tps / base if base else None))
@@ -197,12 +279,24 @@ class Planner:
     def name(option: tuple) -> str:
         return f"draft {option[1]}" if option[0] == "draft-simple" else option[0]
 
+    def describe(self, params: dict) -> str:
+        """What a configuration speculates with, for reasons: 'draft X K=24 + ngram-mod (key 4, 32)'."""
+        option = self.option_of(params)
+        if option is None:
+            return "the target alone"
+        what = f"{self.name(option)} K={params.get('draft_max')}"
+        if self.stacked(params):
+            what += f" + {params['lookup']}"
+        sizes = [f"{k.replace('ngram_', '').replace('_', ' ')} {params[k]}" for k in ("ngram_key", "lookup_max")
+                 if params.get(k) is not None]
+        return what + (f" ({', '.join(sizes)})" if sizes else "")
+
     # -- the plan -----------------------------------------------------------------------
 
     def next(self) -> Proposal | None:
         if self.base is None:
             return None
-        for stage in (self.warm_start, self.speculation, self.hardware, self.experts, self.temperature,
+        for stage in (self.warm_start, self.speculation, self.stacks, self.hardware, self.experts, self.temperature,
                       self.refinement):
             proposal = stage()
             if proposal is not None:
@@ -211,6 +305,7 @@ class Planner:
 
     def _first_new(self, candidates) -> Proposal | None:
         for params, stage, reason in candidates:
+            params = self.complete(params) if params is not None else None
             if params is not None and self.is_new(params):
                 return Proposal(params, stage, reason)
         return None
@@ -234,7 +329,7 @@ class Planner:
         k_probe = nearest(self.k_values, K_PROBE) if self.k_values else None
         probes = [(self.config(o, k_probe, hw0, t0, e0), "speculation",
                    f"probe {self.name(o)} at K={k_probe}: fit its acceptance and draft cost")
-                  for o in self.options() if not self.measured(**self.config(o, None, hw0, t0, e0))]
+                  for o in self.options() if not self.at_start(o)]
         found = self._first_new(probes)
         if found or not self.k_values:
             return found
@@ -250,7 +345,7 @@ class Planner:
             # the leader gets a few model-guided steps, a close runner-up one look at its predicted best
             if pred <= 1.0 or (i > 0 and pred < 0.97 * ranked[0][0]):
                 continue
-            mine = self.measured(**self.config(o, None, hw0, t0, e0))
+            mine = self.at_start(o)
             if len(mine) >= (3 if i == 0 else 2):
                 continue
             if len(mine) >= 2 and max(mine, key=lambda r: r.tps).params.get("draft_max") == k_probe:
@@ -259,6 +354,75 @@ class Planner:
                                f"predicted best K={k} for {self.name(o)} from {f.describe()}: x{pred:.2f}"))
         return self._first_new(candidates)
 
+    def stacks(self) -> Proposal | None:
+        """The lookup types stacked on the best draft-model configuration (at the baseline's hardware, temperature
+        and experts), where the draft pays and the lookup paid alone on some suite (untried types too)."""
+        lookups = [v for v in self.space.values("lookup") if v != "none"]
+        hw0, t0, e0 = self.context0()
+        start = {**self.hw_params(hw0),
+                 **{k: v for k, v in (("temperature", t0), ("experts", e0)) if self.space.has(k)}}
+        drafts = [r for r in self.measured(**start) if r.feasible and not self.stacked(r.params)
+                  and r.params.get("spec_type") in DRAFT_MODEL_TYPES]
+        best = max(drafts, key=lambda r: r.tps, default=None)
+        if not lookups or best is None or best.tps <= self.base.tps:
+            return None
+        alone = {t: max(recs, key=lambda r: r.tps) for t in lookups
+                 if (recs := [r for r in self.measured(spec_type=t, **start) if r.feasible])}
+        tried = {o[0] for o in self.options()} - set(alone)  # in the space, not measured alone (failed, or to come)
+        paying = {t: self.pays_on(r) for t, r in alone.items()}
+        # ranked on the suites where lookup pays: elsewhere it drafts little, and the draft model takes over
+        suites = sorted({s for v in paying.values() for s in v})
+        gain = {t: self.gain_on(alone[t], suites) for t, v in paying.items() if v}
+        chosen = sorted((t for t in gain if gain[t] >= 0.97 * max(gain.values())), key=lambda t: -gain[t])
+        chosen += [t for t in lookups if t not in alone and t not in tried]
+        candidates = []
+        for t in chosen:
+            sizes, why = {}, "not measured alone"
+            if t in alone:
+                p = alone[t].params
+                sizes = {k: p[k] for k in ("ngram_key", "ngram_min_hits") if k in p}
+                if p.get("draft_max") is not None and self.space.has("lookup_max"):  # its K alone: the stacked length
+                    sizes["lookup_max"] = nearest(self.space.values("lookup_max"), p["draft_max"])
+                if p.get("draft_min") is not None and self.space.has("lookup_min"):
+                    sizes["lookup_min"] = nearest(self.space.values("lookup_min"), p["draft_min"])
+                why = f"alone x{alone[t].tps / self.base.tps:.2f}, faster on {', '.join(paying[t])}"
+            candidates.append(({**best.params, "lookup": t, **sizes}, "stacks",
+                               f"{t} stacked on {self.describe(best.params)} ({why}): lookup drafts where it finds "
+                               f"a key, the draft model elsewhere"))
+        return self._first_new(candidates) or self.stack_length(best, chosen)
+
+    def stack_length(self, draft: Rec, chosen: list[str]) -> Proposal | None:
+        """The best stack's lookup length, doubled until the best is bracketed (its drafts cost only
+        verification, so where copies are long its best length is far above the K it had alone); then the
+        other stacked types at that length (their first trial, at a short length, may have hidden them)."""
+        hw0, t0, e0 = self.context0()
+        stacks = [r for r in self.measured(**self.config(self.option_of(draft.params), None, hw0, t0, e0))
+                  if self.stacked(r.params) and r.feasible]
+        best = max(stacks, key=lambda r: r.tps, default=None)
+        if best is None or best.tps < 0.95 * draft.tps or best.params.get("lookup_max") is None:
+            return None
+        step = self.line_step(best.params, "lookup_max", grow=2.0)
+        lengths = [r.params["lookup_max"] for r in stacks if r.params.get("lookup") == best.params["lookup"]]
+        if step is not None and not min(lengths) < step < max(lengths):  # once bracketed, refinement narrows it
+            return self._first_new([({**best.params, "lookup_max": step}, "stacks",
+                                     f"lookup length {step}: line search around {best.params['lookup_max']} "
+                                     f"with {self.describe(best.params)}")])
+        return self._first_new([({**best.params, "lookup": t}, "stacks",
+                                 f"{t} in place of {best.params['lookup']} at the length found for it")
+                                for t in chosen if t != best.params["lookup"]])
+
+    def gain_on(self, r: Rec, suites: list[str]) -> float:
+        """A trial's geometric-mean speedup over the target alone on ``suites`` (pooled without suites)."""
+        if not suites or not r.suites or not self.base.suites:
+            return r.tps / self.base.tps
+        return math.exp(sum(math.log(r.suites[s] / self.base.suites[s]) for s in suites) / len(suites))
+
+    def pays_on(self, r: Rec) -> list[str]:
+        """The suites where a trial beat the target alone by LOOKUP_PAYS (the pooled rate without suites)."""
+        if not r.suites or not self.base.suites:
+            return ["the workload"] if r.tps > LOOKUP_PAYS * self.base.tps else []
+        return [s for s, rate in sorted(r.suites.items()) if rate > LOOKUP_PAYS * self.base.suites.get(s, math.inf)]
+
     def incumbent_spec(self) -> Rec | None:
         """Best measured configuration at the baseline's temperature and experts (any hardware)."""
         _, t0, e0 = self.context0()
@@ -266,8 +430,8 @@ class Planner:
         return self.best(self.measured(**match))
 
     def family(self, params: dict, *free: str) -> list[Rec]:
-        """Measured trials that agree with ``params`` except on K and the ``free`` knobs."""
-        free_set = set(free) | {"draft_max"}
+        """Measured trials that agree with ``params`` except on K, the n-gram sizes and the ``free`` knobs."""
+        free_set = set(free) | {"draft_max"} | (set(SIZE_KNOBS) - {"lookup"})
         fixed = {k: v for k, v in params.items() if k not in free_set}
         return [r for r in self.recs if r.measured and all(r.params.get(k) == v for k, v in fixed.items())
                 and all(k in fixed or k in free_set for k in r.params)]
@@ -280,8 +444,7 @@ class Planner:
         hw0, _, _ = self.context0()
         rest = {k: v for k, v in inc.params.items() if k not in HW_KNOBS}
         fam = self.family(inc.params, *HW_KNOBS)
-        what = f"{self.name(self.option_of(inc.params))} K={inc.params.get('draft_max')}" \
-            if self.option_of(inc.params) else "the target alone"
+        what = self.describe(inc.params)
         nodes = self.space.values("numa_node")
         policies = {r.params.get("numa") for r in fam}
         prior_hw = self.prior.get("hardware")
@@ -323,6 +486,13 @@ class Planner:
                                        f"with NUMA {hw.get('numa')}, {what}"))
         return self._first_new(candidates)
 
+    def lossless(self, params: dict, knob: str) -> list[Rec]:
+        """Measured trials with any speculation at ``params``' temperature and experts but ``knob``: speculative
+        decoding keeps the target's output distribution, so their quality tells where ``knob`` falls below the floor."""
+        same = {k: params.get(k) for k in ("temperature", "experts") if k != knob}
+        return [r for r in self.recs if r.measured and r.params.get(knob) is not None
+                and all(r.params.get(k) == v for k, v in same.items())]
+
     def hw_params(self, hw: dict) -> dict:
         return {k: hw[k] for k in HW_KNOBS if hw.get(k) is not None and (k != "numa_node" or hw.get("numa") == "bind")}
 
@@ -338,7 +508,8 @@ class Planner:
             return None
         option, p = self.option_of(inc.params), inc.params
         walk = self.family(p, "temperature")
-        hot = min((r.params.get("temperature") for r in walk if not r.feasible), default=math.inf)
+        hot = min((r.params.get("temperature") for r in walk + self.lossless(p, "temperature") if not r.feasible),
+                  default=math.inf)
         seen = {r.params.get("temperature") for r in walk}
         best_t = p.get("temperature")
         i = temps.index(best_t) if best_t in temps else 0
@@ -347,7 +518,7 @@ class Planner:
                        f"(acceptance changes with it)")
                       for t in temps[max(0, i - 1):i + 2] if t < hot and t not in seen]
         found = self._first_new(candidates)
-        if found or not self.k_values:
+        if found or not self.k_values or self.stacked(p):  # a stack's acceptance mixes two sources: no K model
             return found
         fam = self.family(p, "temperature", "experts")
         _, t0, e0 = self.context0()
@@ -383,7 +554,8 @@ class Planner:
                 by_e[r.params.get("experts")] = r
         good = [e for e, r in by_e.items() if r.feasible]
         lo = min(good)
-        floor = max((e for e, r in by_e.items() if not r.feasible and e < lo), default=min(values) - 1)
+        floor = max((r.params.get("experts") for r in list(by_e.values()) + self.lossless(inc.params, "experts")
+                     if not r.feasible and r.params.get("experts") < lo), default=min(values) - 1)
         candidates = []
         fastest = max(by_e[e].tps for e in good)
         if lo - floor > 1 and by_e[lo].tps >= 0.99 * fastest:
@@ -397,50 +569,49 @@ class Planner:
                                f"target alone at experts={inc.params['experts']}: does speculation still pay?"))
         return self._first_new(candidates)
 
-    def k_step(self, p: dict) -> int | None:
-        """Next K of a unimodal line search: extend past an edge by half, else halve the wider gap
-        around the best, until the gaps are within 10% of K."""
+    def line_step(self, p: dict, knob: str = "draft_max", grow: float = 1.5) -> int | None:
+        """Next value of a unimodal line search over an integer knob (K, a lookup's length, the n-gram key):
+        extend past an edge by ``grow``, else halve the wider gap around the best, until the gaps are within 10%."""
+        values = self.space.values(knob)
+        fixed = {k: v for k, v in p.items() if k != knob}
         by_k: dict[int, float] = {}
-        for r in self.family(p):
-            if r.feasible and r.params.get("draft_max") is not None:
-                by_k[r.params["draft_max"]] = max(by_k.get(r.params["draft_max"], 0.0), r.tps)
+        for r in self.recs:
+            if r.measured and r.feasible and r.params.get(knob) is not None \
+                    and all(r.params.get(k) == v for k, v in fixed.items()) and set(r.params) <= set(p):
+                by_k[r.params[knob]] = max(by_k.get(r.params[knob], 0.0), r.tps)
         ks = sorted(by_k)
-        if not ks:
+        if not ks or not values:
             return None
         best = max(ks, key=lambda k: by_k[k])
         i = ks.index(best)
-        lo, hi = self.k_values[0], self.k_values[-1]
+        lo, hi = values[0], values[-1]
         tol = max(1, round(0.1 * best))
         left = ks[i - 1] if i > 0 else None
         right = ks[i + 1] if i + 1 < len(ks) else None
         options = []
         if right is None and best < hi:
-            options.append((math.inf, min(hi, max(best + 1, round(best * 1.5)))))
+            options.append((math.inf, min(hi, max(best + 1, round(best * grow)))))
         elif right is not None and right - best > tol:
             options.append((right - best, (best + right) // 2 if (best + right) // 2 != best else best + 1))
         if left is None and best > lo:
-            options.append((math.inf, max(lo, min(best - 1, round(best / 1.5)))))
+            options.append((math.inf, max(lo, min(best - 1, round(best / grow)))))
         elif left is not None and best - left > tol:
             options.append((best - left, (best + left + 1) // 2 if (best + left + 1) // 2 != best else best - 1))
         for _, k in sorted(options, key=lambda x: -x[0]):
-            k = nearest(self.k_values, k)
+            k = nearest(values, k)
             if k not in by_k:
                 return k
         return None
 
     def refinement(self) -> Proposal | None:
-        """Unmeasured neighbours of the incumbent; other options at their predicted best K."""
+        """Unmeasured neighbours of the incumbent; other options at their best K (predicted, or measured
+        where the model's pick lost), before the hardware pair is checked again."""
         inc = self.overall_best()
         if inc is None:
             return None
         p = inc.params
-        candidates = []
         k = p.get("draft_max")
-        if k is not None and self.k_values:
-            kk = self.k_step(p)
-            if kk is not None:
-                candidates.append(({**p, "draft_max": kk}, "refinement",
-                                   f"K={kk}: line search around the best K={k} (tokens/s is unimodal in K)"))
+        candidates = self.other_options(p) if k is not None else []
         threads = self.space.values("threads")
         if p.get("threads") in threads:
             i = threads.index(p["threads"])
@@ -453,19 +624,45 @@ class Planner:
             for e in (p["experts"] - 1, p["experts"] + 1):
                 if e in experts:
                     candidates.append(({**p, "experts": e}, "refinement", f"experts {e} next to the best"))
+        if k is not None and self.k_values:
+            kk = self.line_step(p)
+            if kk is not None:
+                candidates.append(({**p, "draft_max": kk}, "refinement",
+                                   f"K={kk}: line search around the best K={k} (tokens/s is unimodal in K)"))
+        return self._first_new(candidates + self.size_steps(p))
+
+    def other_options(self, p: dict) -> list[tuple]:
+        """The other options within 3% of the incumbent's at the start, with the incumbent's other knobs."""
         option = self.option_of(p)
         _, t0, e0 = self.context0()
         inc_fit = self.fit_option(option, t0, e0) if option else None
+        candidates = []
         for o in self.options():
             f = self.fit_option(o, t0, e0)
-            if o == option or f is None or inc_fit is None or k is None:
+            if o == option or f is None or inc_fit is None:
                 continue
-            kk = f.best_k(self.k_values)
-            if f.predict(kk) >= 0.97 * inc_fit.predict(inc_fit.best_k(self.k_values)):
+            kk, why = f.best_k(self.k_values), "predicted"
+            mine, ours = self.at_start(o), self.at_start(option)
+            top = max(mine, key=lambda r: r.tps)
+            if len({r.params.get("draft_max") for r in mine}) > 1 and top.params.get("draft_max") != kk:
+                kk, why = top.params.get("draft_max"), "measured"  # the model's pick lost (a lookup misses some keys)
+            if f.predict(kk) >= 0.97 * inc_fit.predict(inc_fit.best_k(self.k_values)) \
+                    or (why == "measured" and ours and top.tps >= 0.97 * max(r.tps for r in ours)):
                 rest = {x: v for x, v in p.items() if x not in ("spec_type", "draft", "draft_max")}
                 candidates.append(({**rest, **self.config(o, kk, {}, None, None)}, "refinement",
-                                   f"{self.name(o)} at its predicted best K={kk}: predicted within 3%"))
-        return self._first_new(candidates)
+                                   f"{self.name(o)} at its {why} best K={kk}: {why} within 3%"))
+        return candidates
+
+    def size_steps(self, p: dict) -> list[tuple]:
+        """Line searches over the n-gram sizes of the incumbent's lookup (alone or stacked)."""
+        steps = []
+        for knob, what in (("lookup_max", "the stacked lookup's draft length"), ("ngram_key", "the n-gram key length"),
+                           ("ngram_min_hits", "the n-gram minimum hits")):
+            step = self.line_step(p, knob) if p.get(knob) is not None else None
+            if step is not None:
+                steps.append(({**p, knob: step}, "refinement",
+                              f"{what} {step}: line search around the best {p[knob]} with {self.describe(p)}"))
+        return steps
 
 
 def records(study: optuna.Study) -> list[Rec]:
@@ -484,8 +681,17 @@ def records(study: optuna.Study) -> list[Rec]:
         m = record.metrics
         feasible = all(v <= 0 for v in (t.constraints or {}).values())
         recs.append(Rec(params, state, m.tokens_per_second if m else None, m.acceptance if m else None, feasible,
-                        record.failure.reason if record.failure else None, record.role))
+                        record.failure.reason if record.failure else None, record.role, suite_rates(record.samples)))
     return recs
+
+
+def suite_rates(samples: Sequence[dict]) -> dict[str, float]:
+    """Tokens/s per suite over a trial's requests, pooled (equal tokens per request)."""
+    inverse: dict[str, list[float]] = {}
+    for s in samples:
+        if s.get("suite") and s.get("tokens_per_second"):
+            inverse.setdefault(s["suite"], []).append(1.0 / s["tokens_per_second"])
+    return {suite: len(v) / sum(v) for suite, v in inverse.items()}
 
 
 class StructuredSampler(optuna.samplers.BaseSampler):
