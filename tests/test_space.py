@@ -118,3 +118,14 @@ def test_asking_for_draft_mtp_on_a_target_without_it_is_one_line():
         resolve(("none", "draft-simple", "draft-mtp"), from_file=False, announced=())
     assert str(err.value) == ("study.yaml: search_space.spec_type: target.gguf does not announce draft-mtp "
                               "(`tuner inspect` lists the types a model announces); remove draft-mtp from spec_type")
+
+
+def test_the_baseline_serves_with_llama_cpp_defaults_not_a_drawn_kv_cache_type():
+    s = space(parallel=Choices((2, 4)), ubatch=Choices((128, 512)), flash_attn=Choices(("off", "auto")),
+              cache_type_k=Choices(("q8_0", "f16")), cache_type_v=Choices(("q8_0",)))
+    base = baseline_config(s)
+    assert (base.parallel, base.ubatch, base.flash_attn, base.cache_type_k) == (4, 512, "auto", "f16")
+    assert base.cache_type_v == "q8_0"  # f16 is not in its domain: the first choice
+    study = optuna.create_study()
+    study.enqueue_trial(enqueue_params(base, s))
+    assert suggest(study.ask(), s) == base  # the enqueued baseline asks nothing of the sampler

@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
-from tuner.search.knobs import (ANNOUNCED_TYPES, CONCURRENT_KNOBS, DRAFT_MODEL_TYPES, FLASH_ATTN, HITS_LOOKUP_TYPES,
+from tuner.search.knobs import (ANNOUNCED_TYPES, CONCURRENT_KNOBS, SERVING_DEFAULTS, DRAFT_MODEL_TYPES, FLASH_ATTN, HITS_LOOKUP_TYPES,
                                 KNOB_TYPES, KV_CACHE_TYPES, LOOKUP_TYPES, NUMA_POLICIES, SIZED_LOOKUP_TYPES, SPEC_TYPES,
                                 SPEC_TYPES_WITH_K)
 from tuner.studyfile.validate import Fields
@@ -439,9 +439,27 @@ def method_of(config: dict) -> str:
 
 
 def baseline_config(space: ResolvedSpace) -> TrialConfig:
-    """The reference: target alone, all default experts, greedy, one thread per physical core."""
+    """The reference: target alone, all default experts, greedy, one thread per physical core, llama.cpp's
+    default serving settings (f16 KV cache) and the most slots the space offers."""
     return TrialConfig(spec_type="none", temperature=0.0, experts=space.default_experts, numa="none",
-                       threads=_baseline_threads(space))
+                       threads=_baseline_threads(space), **_baseline_serving(space))
+
+
+def _baseline_serving(space: ResolvedSpace) -> dict[str, Any]:
+    d = space.domains
+    values = {knob: default if outside(d[knob], default) is None else _lowest(d[knob])
+              for knob, default in SERVING_DEFAULTS.items() if knob in d}
+    if "parallel" in d:
+        values["parallel"] = max(d["parallel"].values) if isinstance(d["parallel"], Choices) else d["parallel"].high
+    if "ubatch" in values and "batch" in values:
+        values["ubatch"] = min(values["ubatch"], values["batch"])  # as suggest: the micro batch fits the batch
+    if values.get("flash_attn") == "off":
+        values.pop("cache_type_v", None)  # as suggest: no V cache type without flash attention
+    return values
+
+
+def _lowest(domain: Domain) -> Any:
+    return domain.values[0] if isinstance(domain, Choices) else domain.low
 
 
 def _baseline_threads(space: ResolvedSpace) -> int:
