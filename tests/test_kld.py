@@ -63,12 +63,13 @@ def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(synth
                            bin_dir=llama_bin_dir)
 
     default = at(4)  # the synthetic MoE's expert_used_count
-    # nothing changed: the same top token everywhere, and a KLD at the resolution of the saved base's 16-bit
-    # log-probabilities (llama-perplexity printed 0.000001 here, 0.000000 on an earlier host)
-    assert default["same_top"] == 1.0 and default["mean_kld"] <= 1e-5
+    # nothing changed: a KLD at the resolution of the saved base's 16-bit log-probabilities (llama-perplexity
+    # printed 0.000001 on one host, 0.000000 on others), and the same top token but where the 16-bit base
+    # rounds a near-tie into a tie (on an AMD EPYC host: 1 position of 252, with identical flags too)
+    assert default["same_top"] >= 0.99 and default["mean_kld"] <= 1e-5
     fewer = [at(n) for n in (2, 1)]
     assert 0 < fewer[0]["mean_kld"] < fewer[1]["mean_kld"]
-    assert 1.0 > fewer[0]["same_top"] >= fewer[1]["same_top"]
+    assert default["same_top"] > fewer[0]["same_top"] >= fewer[1]["same_top"]
 
 
 @pytest.mark.llama
