@@ -12,9 +12,11 @@ import shlex
 import subprocess
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -312,3 +314,57 @@ def test_a_stacked_trial_records_what_each_source_drafted(served):
     families = families_by_suite(trials_frame(store.read_trials(study)), store.read_trials(study))
     row = families[families["family"] == "stack"].iloc[0]
     assert row["trial"] == stacked.number and "ngram-simple" in row["sources"] and "draft-simple" in row["sources"]
+
+
+def test_break_even_is_the_fewest_users_where_no_speculation_serves_as_much():
+    from tuner.output.analysis import break_even
+
+    def curves(rows):
+        return pd.DataFrame(rows, columns=["family", "users", "aggregate_tokens_per_second", "trial"])
+
+    pays = curves([("none", 1, 100.0, 0), ("draft", 1, 150.0, 1), ("none", 2, 180.0, 0), ("lookup", 2, 190.0, 2)])
+    assert break_even(pays).startswith("speculation pays at every measured level (1 user: x1.50 (draft); 2 users: x1.06")
+    stops = curves([("none", 1, 100.0, 0), ("stack", 1, 150.0, 1), ("none", 2, 200.0, 0), ("stack", 2, 180.0, 1),
+                    ("none", 4, 350.0, 0), ("stack", 4, 300.0, 1)])
+    assert break_even(stops).startswith("speculation stops paying at 2 simultaneous users on this host")
+    assert break_even(curves([("none", 1, 100.0, 0)])).startswith("no break-even figure")
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_a_load_class_section_serves_its_users_at_once_with_the_real_router(synthetic_models, storage, tmp_path):
+    """A study of 1 and 2 users exports a STUDY-c2 section with 2 slots; the real router serves 2 requests
+    to it at once, and ROUTER.md says which section is for which load."""
+    (tmp_path / "prompts.yaml").write_text(yaml.safe_dump({"prompts": [
+        {"id": "code-1", "text": "def add(a, b):\n    return"}, {"id": "code-2", "text": "for i in range(10):\n"}]}))
+    threads = min(2, read_topology().physical_cores)
+    (tmp_path / "load.yaml").write_text(yaml.safe_dump({
+        "name": "loadclass", "target": str(synthetic("target")), "drafts": [],
+        "search_space": {"overrides": {"spec_type": ["none", "ngram-mod"], "draft_max": [4], "ngram_key": [3],
+                                       "temperature": 0.0, "threads": threads}},
+        "warm_start": [{"spec_type": "ngram-mod", "draft_max": 4, "ngram_key": 3, "temperature": 0.0,
+                        "threads": threads}],
+        "budget": {"trials": 2}, "storage": storage,
+        "workload": {"suites": ["prompts.yaml"], "n_predict": 16, "concurrency": [1, 2]},
+        "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 120},
+    }))
+    run_study_file(tmp_path / "load.yaml")
+    out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
+    assert main(["export", "loadclass", "--storage", storage, "--no-race", "--out", str(out),
+                 "--preset", str(preset)]) == 0
+    text = preset.read_text()
+    section = text[text.index("[loadclass-c2]"):]
+    assert "parallel = 2" in section.split("\n[")[0] and "[loadclass-c1]" in text
+    assert "`loadclass-c2`: up to 2 simultaneous user(s)" in (out / "ROUTER.md").read_text()
+    port = free_port()
+    proc = start([str(binary("llama-server")), "--models-preset", str(preset), "--host", "127.0.0.1",
+                  "--port", str(port)], tmp_path / "router.log")
+    try:
+        wait_for_json(proc, f"http://127.0.0.1:{port}/health", 90, "llama-server")
+        body = {"model": "loadclass-c2", "prompt": "def add(a, b):\n    return", "max_tokens": 16, "temperature": 0}
+        post_json(f"http://127.0.0.1:{port}/v1/completions", body)  # loads the child server
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda _: post_json(f"http://127.0.0.1:{port}/v1/completions", body), range(2)))
+    finally:
+        stop_group(proc)
+    assert all(a["usage"]["completion_tokens"] > 0 for a in answers)

@@ -13,6 +13,7 @@ as a fraction of that ceiling; speculation is how a trial gets above 1.
 
 from __future__ import annotations
 
+import re
 import shlex
 import warnings
 from dataclasses import dataclass
@@ -241,6 +242,50 @@ def families_by_suite(frame: pd.DataFrame, records: list[TrialRecord]) -> pd.Dat
     return pd.DataFrame(rows, columns=FAMILY_COLUMNS)
 
 
+LEVEL_COLUMN = re.compile(r"^aggregate_tokens_per_second_c(\d+)$")
+
+
+def levels_of(frame: pd.DataFrame) -> list[int]:
+    """The concurrency levels the trials were measured at (their aggregate tokens/s columns), fewest first."""
+    return sorted(int(m.group(1)) for c in frame.columns if (m := LEVEL_COLUMN.match(c)))
+
+
+def by_concurrency(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per family (none, draft, lookup, stack) and level, the best feasible aggregate tokens/s and its trial."""
+    rows = []
+    pool = feasible(frame) if not frame.empty else frame
+    for users in levels_of(frame):
+        column = f"aggregate_tokens_per_second_c{users}"
+        for family, group in pool.dropna(subset=[column]).groupby("family"):
+            best = group.loc[group[column].idxmax()]
+            rows.append({"family": family, "users": users, "aggregate_tokens_per_second": best[column],
+                         "trial": int(best["trial"])})
+    return pd.DataFrame(rows, columns=["family", "users", "aggregate_tokens_per_second", "trial"])
+
+
+def break_even(curves: pd.DataFrame) -> str:
+    """Where speculation stops paying on this host: the fewest users at which the best configuration without
+    speculation serves at least as many tokens/s in all as the best speculative one (best recorded, one
+    launch each: a single-launch figure, not a race)."""
+    if curves.empty or "none" not in set(curves["family"]) or set(curves["family"]) == {"none"}:
+        return "no break-even figure: the study measured no concurrency level with and without speculation"
+    lines = []
+    for users, level in curves.groupby("users"):
+        plain = level.loc[level["family"] == "none", "aggregate_tokens_per_second"]
+        spec = level[level["family"] != "none"]
+        if plain.empty or spec.empty:
+            continue
+        best = spec.loc[spec["aggregate_tokens_per_second"].idxmax()]
+        lines.append((users, best["aggregate_tokens_per_second"] / plain.iloc[0], best["family"]))
+    stops = [u for u, ratio, _ in lines if ratio <= 1.0]
+    detail = "; ".join(f"{u} user{'s' if u > 1 else ''}: x{r:.2f} ({f})" for u, r, f in lines)
+    if not stops:
+        return f"speculation pays at every measured level ({detail}; best speculative over best without, " \
+               "aggregate tokens/s, best recorded trial of each, one launch each)"
+    return f"speculation stops paying at {min(stops)} simultaneous users on this host ({detail}; best " \
+           "speculative over best without, aggregate tokens/s, best recorded trial of each, one launch each)"
+
+
 def effect(frame: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Complete trials grouped by ``by``: best and median tokens/s, mean acceptance and quality."""
     pool = complete(frame).dropna(subset=by)
@@ -309,6 +354,7 @@ class ReportData:
     acceptance_model: pd.DataFrame  # the structured sampler's fitted model against measured points
     per_type: PerTypeResult | None = None  # the last per-type race (tuner export --per-type)
     families: pd.DataFrame | None = None  # per content type: best draft-only, lookup-only and stacked trial
+    concurrency: pd.DataFrame | None = None  # per family and level: the best aggregate tokens/s (by_concurrency)
     prior: dict | None = None  # the warm start from an earlier study (tuner.search.prior)
 
     @property
@@ -352,6 +398,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         per_type=PerTypeResult.from_json(per_type) if (per_type := store.read_per_type(study)) else None,
         prior=store.read_prior(study),
         families=families_by_suite(frame, records),
+        concurrency=by_concurrency(frame),
     )
 
 

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from tuner.output.analysis import ReportData, complete, per_type_frame
+from tuner.output.analysis import ReportData, break_even, complete, per_type_frame
 from tuner.search.prior import describe as describe_prior
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -333,6 +333,14 @@ def sections(data: ReportData) -> list[Section]:
                                        "lookup_share": "lookup share"})
                 if data.families is not None and not data.families.empty
                 else _empty("no speculative trial measured per content type")),
+        Section("concurrency", "Aggregate tokens/s against simultaneous users, and where speculation stops paying",
+                "Per family (none, draft model, lookup, stack), the best feasible trial's aggregate tokens/s at each "
+                "concurrency level (all users' tokens over the level's wall time; one launch each, the best "
+                "recorded). " + break_even(data.concurrency) + ".",
+                lines_figure(data.concurrency, "family", "users", "aggregate_tokens_per_second", "fig-concurrency",
+                             "simultaneous users")
+                if data.concurrency is not None and not data.concurrency.empty
+                else _empty("one user at a time (workload.concurrency: [1])")),
         Section("temperature", "Temperature effect",
                 "Sampling above 0 lowers acceptance (the draft guesses the target's sample) and changes outputs.",
                 temperature_figure(data.temperature, "fig-temperature") if data.temperature["temperature"].nunique() > 1
