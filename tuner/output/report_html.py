@@ -296,6 +296,32 @@ def summary_table(data: ReportData) -> str:
     return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows) + "</table>"
 
 
+def stack_and_load_sections(data: ReportData) -> list[Section]:
+    """The draft/lookup/stack table per content type, and aggregate tokens/s against simultaneous users."""
+    return [
+        Section("families", "Draft model, prompt lookup and the stack, per content type",
+                "For each content type, the fastest feasible trial of each family on its prompts: a draft model "
+                "alone, n-gram lookup alone, and lookup stacked on a draft model (llama.cpp asks the lookup first and "
+                "the draft model where lookup has nothing). Sources: accepted/drafted tokens per speculative "
+                "implementation on that type's requests, from llama-server's own statistics; lookup share: the "
+                "part of the accepted tokens lookup drafted.",
+                _table(data.families, {"suite": "content type", "family": "family", "trial": "trial",
+                                       "method": "method", "K": "K", "tokens_per_second": "tokens/s",
+                                       "speedup": "x baseline", "sources": "accepted/drafted per source",
+                                       "lookup_share": "lookup share"})
+                if data.families is not None and not data.families.empty
+                else _empty("no speculative trial measured per content type")),
+        Section("concurrency", "Aggregate tokens/s against simultaneous users, and where speculation stops paying",
+                "Per family (none, draft model, lookup, stack), the best feasible trial's aggregate tokens/s at each "
+                "concurrency level (all users' tokens over the level's wall time; one launch each, the best "
+                "recorded). " + break_even(data.concurrency) + ".",
+                lines_figure(data.concurrency, "family", "users", "aggregate_tokens_per_second", "fig-concurrency",
+                             "simultaneous users")
+                if data.concurrency is not None and not data.concurrency.empty
+                else _empty("one user at a time (workload.concurrency: [1])")),
+    ]
+
+
 def sections(data: ReportData) -> list[Section]:
     done = complete(data.trials)
     return [
@@ -321,26 +347,7 @@ def sections(data: ReportData) -> list[Section]:
                 "(diamond); a type is served as its own router model (STUDY-TYPE) only when that gain is above "
                 "the noise.",
                 per_type_body(data)),
-        Section("families", "Draft model, prompt lookup and the stack, per content type",
-                "For each content type, the fastest feasible trial of each family on its prompts: a draft model "
-                "alone, n-gram lookup alone, and lookup stacked on a draft model (llama.cpp asks the lookup first and "
-                "the draft model where lookup has nothing). Sources: accepted/drafted tokens per speculative "
-                "implementation on that type's requests, from llama-server's own statistics; lookup share: the "
-                "part of the accepted tokens lookup drafted.",
-                _table(data.families, {"suite": "content type", "family": "family", "trial": "trial",
-                                       "method": "method", "K": "K", "tokens_per_second": "tokens/s",
-                                       "speedup": "x baseline", "sources": "accepted/drafted per source",
-                                       "lookup_share": "lookup share"})
-                if data.families is not None and not data.families.empty
-                else _empty("no speculative trial measured per content type")),
-        Section("concurrency", "Aggregate tokens/s against simultaneous users, and where speculation stops paying",
-                "Per family (none, draft model, lookup, stack), the best feasible trial's aggregate tokens/s at each "
-                "concurrency level (all users' tokens over the level's wall time; one launch each, the best "
-                "recorded). " + break_even(data.concurrency) + ".",
-                lines_figure(data.concurrency, "family", "users", "aggregate_tokens_per_second", "fig-concurrency",
-                             "simultaneous users")
-                if data.concurrency is not None and not data.concurrency.empty
-                else _empty("one user at a time (workload.concurrency: [1])")),
+        *stack_and_load_sections(data),
         Section("temperature", "Temperature effect",
                 "Sampling above 0 lowers acceptance (the draft guesses the target's sample) and changes outputs.",
                 temperature_figure(data.temperature, "fig-temperature") if data.temperature["temperature"].nunique() > 1
