@@ -14,11 +14,13 @@ import optuna
 import pytest
 
 from tuner.bench import operator as op
-from tuner.bench.operator_landscapes import CODER_DRAFTS, Grounding, configurations, landscapes, operator_space
+from tuner.bench.operator_landscapes import (CODER_DRAFTS, SERVE, Grounding, configurations, landscapes,
+                                            operator_space)
 from tuner.search.model import Point, acceptance_probability, fit, measured_acceptance, speedup
 from tuner.search.prior import admitted, find_prior
-from tuner.search.pruning import prune_decision, should_prune
-from tuner.search.space import TrialConfig
+from tuner.search import sampler
+from tuner.search.pruning import prune_decision, prunes_on, should_prune
+from tuner.search.space import TrialConfig, baseline_config
 from tuner.storage import store
 
 
@@ -170,7 +172,7 @@ def test_warm_start_takes_the_hardware_of_the_same_host_and_the_whole_winner_of_
     storage = optuna.storages.InMemoryStorage()
     earlier, _ = op.run_study(small_landscape(), "default", seed=0, budget=12, prune=False, storage=storage)
     winner = store.best_feasible(earlier)
-    objectives = tuple(op.OBJECTIVES)
+    objectives = small_landscape().objectives
 
     other_host = replace(small_landscape(), name="other-host", host="Intel Xeon 6980P (SNC3)")
     assert find_prior(storage, other_host.study_record(objectives), other_host.space) is None
@@ -283,3 +285,71 @@ def test_no_stack_where_lookup_pays_on_no_suite():
     study, _ = op.run_study(land, "default", seed=0, budget=14, prune=False)
     assert not any(store.search_note(t)[0] == "stacks" for t in study.trials)
     assert any(t.params.get("spec_type") == "ngram-map-k" for t in study.trials)  # lookup alone was probed
+
+
+# -- several users at once: the serving landscape and the serving stage --------------------------------------
+
+def _at(land, users: int):
+    return replace(land, serving=replace(land.serving, users=users))
+
+
+def test_aggregate_grows_with_users_until_compute_bound_and_speculation_gains_less():
+    land = landscapes()["dense-serve"]
+    alone = replace(baseline_config(land.space), numa="interleave", parallel=64)
+    drafted = replace(alone, spec_type="draft-simple", draft="qwen2.5-0.5b-instruct-q8_0", draft_max=8)
+    rates = {n: _at(land, n).true_rate(alone) for n in (1, 2, 4, 8, 16, 32, 64)}
+    assert all(rates[a] < rates[b] for a, b in zip(rates, list(rates)[1:]))  # more users, more tokens in all
+    assert rates[2] > 1.8 * rates[1]  # bandwidth-bound: a second user nearly free
+    assert rates[64] / rates[32] < 1.3  # compute-bound: saturates
+    gains = [_at(land, n).true_rate(drafted) / rates[n] for n in (1, 4, 8, 16)]
+    assert gains[0] > 2 and all(a > b for a, b in zip(gains, gains[1:])) and gains[-1] < 1  # stops paying
+    queued = _at(land, 8)
+    assert queued.true_rate(replace(alone, parallel=2)) < 0.6 * queued.true_rate(replace(alone, parallel=8))
+    q4 = land.evaluate(replace(alone, cache_type_k="q4_0"))
+    assert not q4.feasible and land.evaluate(replace(alone, cache_type_k="q8_0")).feasible  # the floor knows KV
+
+
+def test_serving_landscape_optimum_is_the_best_of_every_configuration_at_its_level():
+    land = landscapes()["dense-serve"]
+    rate, best = land.optimum
+    assert land.objectives[0] == "aggregate_tokens_per_second_c8" and best.parallel >= SERVE.users
+    assert land.evaluate(best).feasible and rate == pytest.approx(land.true_rate(best))
+    assert rate > 1.3 * land.true_rate(baseline_config(land.space))
+
+
+def long_contexts():
+    """Long conversations: every slot's KV cache weighs, so the serving knobs matter (the stage's test)."""
+    land = landscapes()["dense-serve"]
+    return replace(land, name="serve-long", serving=replace(SERVE, context={"code": 16000, "prose": 16000}))
+
+
+def test_serving_stage_probes_slots_at_the_level_then_walks_the_knobs(monkeypatch):
+    land = long_contexts()
+    study, log = op.run_study(land, "default", seed=0, budget=30, prune=True)
+    stages = [store.search_note(t) for t in study.trials]
+    serving = [t for t, (stage, _) in zip(study.trials, stages) if stage == "serving"]
+    assert serving and serving[0].params["parallel"] == SERVE.users  # the level first
+    assert "slots for 8 users" in store.search_note(serving[0])[1]
+    assert {"ubatch", "flash_attn", "cache_type_k", "cache_type_v"} <= {
+        k for t in serving for k, v in t.params.items() if v != study.trials[0].params.get(k)}
+    assert not any(e.state == "pruned" for e in log)  # aggregate objective: per-request rates never prune
+    assert op.scores(land, log, op.TOLERANCE)["trials"] <= 30
+    monkeypatch.setattr(sampler.Planner, "serving", lambda self: None)  # without the stage: missed
+    _, without = op.run_study(land, "default", seed=0, budget=30, prune=False)
+    assert op.scores(land, without, op.TOLERANCE)["trials"] is None
+
+
+def test_pruning_judges_only_studies_that_maximise_per_request_rates():
+    assert prunes_on(("tokens_per_second", "quality"))
+    assert not prunes_on(("aggregate_tokens_per_second_c8", "quality")) and not prunes_on(("p95_ttft_ms_c4",))
+
+
+def test_the_sampler_maximises_the_first_objective_and_inverts_a_latency():
+    land = landscapes()["dense-serve"]
+    study, _ = op.run_study(land, "default", seed=1, budget=4, prune=False)
+    recs = sampler.records(study)
+    assert [r.tps for r in recs] == [t.values[0] for t in study.trials]  # aggregate at 8 users, not per request
+    record = store.read_trial(study.trials[0])
+    assert sampler.value(record, "aggregate_tokens_per_second_c8", True) == pytest.approx(1 / recs[0].tps)
+    assert sampler.value(record, "aggregate_tokens_per_second_c4", False) is None  # a level it did not measure
+    assert sampler.level_of(["aggregate_tokens_per_second_c8"]) == 8 and sampler.level_of(["tokens_per_second"]) is None

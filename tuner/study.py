@@ -53,7 +53,7 @@ from tuner.storage.journal import Journal
 from tuner.search.sampling import sampler_for
 from tuner.search.prior import describe as describe_prior
 from tuner.search.prior import find_prior
-from tuner.search.pruning import may_prune, should_prune
+from tuner.search.pruning import may_prune, prunes_on, should_prune
 from tuner.search.space import TrialConfig, baseline_config, suggest
 from tuner.studyfile.spec import StudySpec, load_spec
 from tuner.measurement import quality as quality_scorers
@@ -256,7 +256,8 @@ class TrialRunner:
         if record.role not in ("baseline", "sentinel"):  # this worker's latest reference: the speedup known now
             reference_rate = sentinels.rate_at(worker_id(), time.time()) or (reference.tokens_per_second
                                                                               if reference else None)
-        incumbent = store.best_of(records) if ctx.spec.prune and may_prune(record.role) else None
+        prune = ctx.spec.prune and may_prune(record.role) and prunes_on([o.metric for o in ctx.spec.objectives])
+        incumbent = store.best_of(records) if prune else None
         against = drift_corrected(incumbent, sentinels) if incumbent is not None else []
         # the incumbent ran in another launch: allow the spread this host's sentinels show between launches
         launch_sigma = sentinels.launch_spread(worker_id())

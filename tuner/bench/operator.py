@@ -7,8 +7,9 @@ rest), the baseline is enqueued first as ``tuner.worker.ensure_baseline`` does, 
 carries the ``space`` and ``objectives`` attrs a real study has, and each trial is
 simulated request by request (``OperatorLandscape.measure``) with its cost in seconds.
 With pruning on, every request is offered to ``tuner.search.pruning.should_prune``
-against the incumbent's per-prompt rates; a pruned trial is recorded as PRUNED with what
-it measured.
+against the incumbent's per-prompt rates (where the study maximises them: ``prunes_on``); a
+pruned trial is recorded as PRUNED with what it measured. A serving landscape's trial stores its
+level's aggregate tokens/s as a study's record does (``TrialRecord.load``): its first objective.
 
 Scores per replay: regret after t trials (1 - best true tokens/s among completed feasible
 trials / the landscape's optimum; noise steers the sampler, it does not move the target),
@@ -33,7 +34,7 @@ from tuner.storage import store
 from tuner.bench.operator_landscapes import LANDSCAPES, REPETITIONS, OperatorLandscape, landscapes
 from tuner.storage.records import Failure, Metrics, TrialRecord
 from tuner.search.prior import find_prior
-from tuner.search.pruning import should_prune
+from tuner.search.pruning import prunes_on, should_prune
 from tuner.search.space import baseline_config, enqueue_params, suggest
 
 STRATEGIES = ("default", "warm", "today", "tpe", "random")
@@ -42,7 +43,6 @@ STRATEGIES = ("default", "warm", "today", "tpe", "random")
 # winner too), another model (its hardware). ``dense-moved`` is another host: nothing to reuse.
 WARM_FROM = {"dense-code": "dense-prose", "dense-prose": "dense-prose", "moe-lookup": "dense-code",
              "dense-stack": "dense-code"}
-OBJECTIVES = ("tokens_per_second", "acceptance", "quality")
 TOLERANCE = 0.03
 CHECKPOINTS = (10, 20, 40)
 
@@ -86,7 +86,7 @@ class Objective:
         config = suggest(trial, land.space)
         role = store.role_of(trial)
         stop = None
-        if self.prune and self.incumbent is not None:
+        if self.prune and self.incumbent is not None and prunes_on(land.objectives):
             reference = self.incumbent[1]
             planned = REPETITIONS * len(land.prompts)
             stop = lambda samples: should_prune(samples, reference, role, planned).prune  # noqa: E731
@@ -106,15 +106,17 @@ class Objective:
         samples = tuple({k: s[k] for k in ("prompt_id", "suite", "repetition", "tokens_per_second")} for s in m.samples)
         metrics = Metrics(m.tokens_per_second, m.acceptance, out.quality, 1.0)
         trial.set_constraint("quality_floor", constraint)
-        store.write_trial_record(trial, replace(base, state="PRUNED" if m.stopped else "COMPLETE", metrics=metrics,
-                                                samples=samples, constraint=constraint))
+        load = () if m.aggregate is None else ({"users": land.serving.users, "aggregate_tokens_per_second": m.aggregate},)
+        record = replace(base, state="PRUNED" if m.stopped else "COMPLETE", metrics=metrics, samples=samples,
+                         constraint=constraint, load=load)
+        store.write_trial_record(trial, record)
         if m.stopped:
             log("pruned")
             raise optuna.TrialPruned()
         log("complete")
         if out.feasible and (self.incumbent is None or m.tokens_per_second > self.incumbent[0]):
             self.incumbent = (m.tokens_per_second, list(m.samples))
-        return tuple(metrics.objective(o) for o in OBJECTIVES)
+        return tuple(record.objective(o) for o in land.objectives)
 
 
 def replay(land: OperatorLandscape, strategy: str, seed: int, budget: int, prune: bool,
@@ -133,9 +135,10 @@ def run_study(land: OperatorLandscape, strategy: str, seed: int, budget: int, pr
     storage = storage or optuna.storages.InMemoryStorage()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", (FutureWarning, UserWarning, optuna.exceptions.ExperimentalWarning))
-        study = optuna.create_study(study_name=land.name, storage=storage, directions=["maximize"] * len(OBJECTIVES),
+        study = optuna.create_study(study_name=land.name, storage=storage,
+                                    directions=["maximize"] * len(land.objectives),
                                     sampler=make_sampler(strategy, seed, budget))
-        record = land.study_record(tuple(OBJECTIVES))
+        record = land.study_record(land.objectives)
         store.write_study_record(study, record)
         prior = find_prior(storage, record, land.space) if strategy in ("default", "warm") else None
         if prior:  # as tuner.study.open_study does
@@ -301,7 +304,8 @@ def configure(parser) -> None:
     parser.description = (
         "Replay the operator-scale landscapes (a modelled 96-core box: 32B target with three drafts on code, "
         "prose and a variant with moved optima; a MoE target with experts and n-gram speculation; the 32B target "
-        "with prompt lookup alone and stacked on its drafts, on summaries, code edits and chat) for each "
+        "with prompt lookup alone and stacked on its drafts, on summaries, code edits and chat; the 32B target served to "
+        "8 users at once, aggregate tokens/s, with the serving knobs) for each "
         "strategy over seeds: trials and measured seconds to come within 3% of the best, with and without pruning."
     )
     parser.add_argument("--landscapes", default=",".join(LANDSCAPES), help=f"comma-separated (default: all: {','.join(LANDSCAPES)})")

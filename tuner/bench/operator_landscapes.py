@@ -31,7 +31,10 @@ Variants (``LANDSCAPES``):
   speculation on grounded prompts, alone or stacked on a 0.6B draft, with n-gram key length,
   minimum hits and draft length; one n-gram type drafts nothing (a failed trial);
 - ``dense-stack``: Qwen2.5-Coder-32B with three drafts and three lookup types, alone and stacked
-  (``--spec-type ngram-map-k,draft-simple``), on summaries, code edits and chat (optimum: a stack).
+  (``--spec-type ngram-map-k,draft-simple``), on summaries, code edits and chat (optimum: a stack);
+- ``dense-serve``: Qwen2.5-Coder-32B with three drafts served to 8 users at once (the objective:
+  aggregate tokens/s at 8 users) with the serving knobs: slots, batch sizes, flash attention and KV
+  cache types (a quantized cache costs quality: the landscape knows which are below the floor).
 
 Prompt lookup is modelled, not tabulated: an answer is copied spans of the prompt (share
 ``Grounding.copy``, mean length ``span``) between novel tokens. A key of n tokens is found in
@@ -39,6 +42,12 @@ a span once n of its tokens went by, and, falling with n, at novel positions by 
 drafts are mostly rejected); ``min_hits`` drops keys seen once. A stack asks the lookup first
 and lets the draft model draft where it has nothing, as llama.cpp's ``common_speculative``
 does, so a stack takes lookup's copied spans and the draft model's acceptance on the rest.
+
+Several users (``Serving``) are modelled as llama-server batches them: one decode call per round takes
+every busy slot's tokens (its own token and its K drafts), so the weights are read once per round for
+all slots and a round costs little more than one user's until the batch's arithmetic reaches the
+cores' throughput (the prompt-processing rate: compute-bound); drafts run slot by slot; every slot's
+KV cache is read each round; each request's prompt is processed at the compute-bound rate too.
 """
 
 from __future__ import annotations
@@ -111,6 +120,17 @@ class Rounds:
     accepted: np.ndarray
 
 
+# Bytes per KV element of each cache type (ggml's blocks: q8_0 34 bytes per 32 values, q4_0 18, ...).
+KV_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32,
+            "q4_0": 18 / 32, "iq4_nl": 18 / 32}
+# Quality a quantized KV cache costs (K, V), on the landscapes' agreement scale: in proportion to the KL divergence
+# in llama.cpp PR 7412's table (q8_0 V 0.0007, q8_0 K 0.0009 against 0.0002 for f16; q4 several times q8_0; K more
+# sensitive than V). The scale is an assumption: 8-bit is harmless, a 4-bit K falls below a 0.97 floor.
+KV_LOSS = {"f32": (0.0, 0.0), "f16": (0.0, 0.0), "bf16": (0.0, 0.0), "q8_0": (0.004, 0.002), "q5_1": (0.012, 0.006),
+           "q5_0": (0.014, 0.007), "q4_1": (0.03, 0.014), "q4_0": (0.035, 0.015), "iq4_nl": (0.03, 0.013)}
+# Micro batches above llama.cpp's default 512 spill the caches: the batched rate falls by this per doubling (an
+# assumption; below 512 more passes over the weights cost instead, so the best micro batch depends on the load).
+UBATCH_FIT, UBATCH_SPILL = 512, 0.06
 TARGET_ALONE = Rounds(np.float64(1.0), np.float64(1.0), np.float64(0.0), np.float64(0.0))
 # Knobs that do not change what speculation does (they scale it, or are sent per request): not enumerated.
 CONTEXT_KNOBS = ("temperature", "experts", "numa", "numa_node", "threads", "threads_batch")
@@ -130,13 +150,26 @@ class Hardware:
 
 
 @dataclass(frozen=True)
+class Serving:
+    """Several users on one server: the level the objective measures and what a batch costs."""
+
+    users: int  # the objective: aggregate tokens/s at this many users at once
+    ceiling: float  # batched tokens per single-user decode step once compute-bound
+    kv_bytes: float  # f16 K+V bytes per context token / the weights' bytes (read every round per slot)
+    scores_bytes: float  # without flash attention: attention scores written and read per context token / weights
+    context: dict[str, int]  # a request's mean context while it decodes, per content type (prompt + half the answer)
+    sharpness: float = 4.0  # how sharply the bandwidth-bound and compute-bound regimes meet (a soft maximum)
+
+
+@dataclass(frozen=True)
 class Outcome:
     ok: bool
     failure: str | None
-    rates: dict[str, float]  # true tokens/s per content type
+    rates: dict[str, float]  # true tokens/s per content type (one request at a time)
     acceptance: float
     quality: float
     feasible: bool
+    aggregate: float | None = None  # with ``Serving``: true aggregate tokens/s at its level
 
 
 @dataclass(frozen=True)
@@ -148,6 +181,7 @@ class Measurement:
     acceptance: float
     seconds: float
     stopped: bool  # the stop callback ended it early (a pruned trial)
+    aggregate: float | None = None  # with ``Serving``: aggregate tokens/s measured at its level
 
 
 @dataclass(frozen=True)
@@ -175,6 +209,13 @@ class OperatorLandscape:
     cv_launch: float = 0.012  # spread of a whole launch (placement, clocks)
     host: str = "AMD EPYC 9655 (NPS4)"  # the machine (warm starts match on it: tuner.search.prior)
     target: str = "Qwen2.5-Coder-32B-Instruct Q4_K_M"  # the target model's identity
+    serving: Serving | None = None  # several users at once: the objective is their aggregate tokens/s
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        """What a study of this landscape maximises first: tokens/s per request, or aggregate at the level."""
+        first = f"aggregate_tokens_per_second_c{self.serving.users}" if self.serving else "tokens_per_second"
+        return first, "acceptance", "quality"
 
     def study_record(self, objectives: tuple[str, ...]) -> StudyRecord:
         """The record a study of this landscape stores: its space, objectives, machine and target."""
@@ -210,9 +251,12 @@ class OperatorLandscape:
         for i in range(int(np.max(k))):
             survive *= a0 * self.decay ** i
             accepted = accepted + np.where(i < k, survive, 0.0)
-        coupling = 1 + self.hardware.draft_thread_coupling * (threads / PHYSICAL_CORES - 1)
-        time = 1 + self.verify_cost * k * rel + d.cost * coupling * rel * k
+        time = 1 + self.verify_cost * k * rel + d.cost * self._coupling(threads) * rel * k
         return Rounds(1 + accepted, time, np.asarray(k, dtype=float), accepted)
+
+    def _coupling(self, threads: int) -> float:
+        """A draft's cost grows with the target's threads (small models do not scale)."""
+        return 1 + self.hardware.draft_thread_coupling * (threads / PHYSICAL_CORES - 1)
 
     def _lookup_rounds(self, lk: Lookup, g: Grounding, copied: bool, ints: dict[str, np.ndarray], length: np.ndarray,
                        temperature: float, rel: float) -> tuple[np.ndarray, Rounds]:
@@ -250,6 +294,51 @@ class OperatorLandscape:
             accepted = accepted + share * (found * r.accepted + (1 - found) * fallback.accepted) / tokens
         return 1 / per_token, np.where(drafted > 0, accepted / np.maximum(drafted, 1e-12), 0.0)
 
+    def _serving_arrays(self, configs: list[TrialConfig]) -> dict[str, np.ndarray]:
+        """The serving knobs as arrays: busy slots at the level (fewer slots than users queue the rest), the
+        tokens one pass over the weights takes (the micro batch, within the batch), the bytes each context token
+        costs a round (KV types; attention scores without flash attention) and the quality the KV types cost."""
+        sv = self.serving
+
+        def kv(c: TrialConfig) -> float:
+            types = KV_BYTES[c.cache_type_k or "f16"] + KV_BYTES[c.cache_type_v or "f16"]
+            return sv.kv_bytes * types / (2 * KV_BYTES["f16"]) + (sv.scores_bytes if c.flash_attn == "off" else 0.0)
+
+        return {"slots": np.array([min(c.parallel or sv.users, sv.users) for c in configs], dtype=float),
+                "ubatch": np.array([min(c.ubatch or 512, c.batch or 2048) for c in configs], dtype=float),
+                "kv": np.array([kv(c) for c in configs]),
+                "loss": np.array([KV_LOSS[c.cache_type_k or "f16"][0] + KV_LOSS[c.cache_type_v or "f16"][1]
+                                  for c in configs])}
+
+    def _step(self, tokens: np.ndarray, ubatch: np.ndarray, kv: np.ndarray, hw: float, cores: float) -> np.ndarray:
+        """One decode call over ``tokens`` (all slots' tokens), in single-user steps at the best hardware: each
+        micro batch reads the weights once, each token adds a little (verification's cost) and the slots'
+        KV caches are read, at the hardware's bandwidth; the arithmetic runs at the cores' batched rate."""
+        passes = np.ceil(tokens / ubatch)
+        bandwidth = (passes + self.verify_cost * (tokens - passes) + kv) / hw
+        efficiency = np.minimum(1.0, 1 - UBATCH_SPILL * np.log2(np.maximum(ubatch, 1) / UBATCH_FIT))
+        compute = tokens / (self.serving.ceiling * cores * efficiency)
+        p = self.serving.sharpness
+        return (bandwidth ** p + compute ** p) ** (1 / p)
+
+    def _served(self, spec_type: str, draft: str | None, content: str, ints: dict[str, np.ndarray],
+                serv: dict[str, np.ndarray], slots: np.ndarray, temperature: float, threads: int, hw: float,
+                cores: float) -> tuple[np.ndarray, np.ndarray]:
+        """(decode rate per request, aggregate rate with prompt processing) at ``slots`` busy slots, in
+        single-user steps at the best hardware: one round batches every slot's token and K drafts; drafts run
+        slot by slot; a closed loop processes each slot's prompt, then its answer."""
+        k = ints["draft_max"] if spec_type != "none" else np.zeros(np.shape(ints["draft_max"]))
+        accepted, draft_time = np.zeros(np.shape(k)), np.zeros(np.shape(k))
+        if spec_type != "none":
+            d = self.drafts[draft]
+            accepted = self._draft_rounds(d, content, k, temperature, threads, 1.0).accepted
+            draft_time = d.cost * self._coupling(threads) * k / hw
+        kv = slots * self.serving.context[content] * serv["kv"]
+        round_time = self._step(slots * (1 + k), serv["ubatch"], kv, hw, cores) + slots * draft_time
+        prefill = self._step(np.full(np.shape(k), float(self.prompt_tokens[content])), serv["ubatch"], 0.0, hw, cores)
+        cycle = slots * prefill + N_PREDICT / (1 + accepted) * round_time
+        return (1 + accepted) / round_time, slots * N_PREDICT / cycle
+
     def _ints(self, configs: list[TrialConfig]) -> dict[str, np.ndarray]:
         """The integer knobs of configurations as arrays; a size a study leaves out is llama.cpp's default."""
         lk = self.lookups.get(configs[0].ngram_type or "")
@@ -275,6 +364,8 @@ class OperatorLandscape:
         quality, experts_factor = self._quality(config.temperature, config.experts)
         if self._fails(config):
             return Outcome(False, FailureReason.SPECULATION_UNAVAILABLE.value, {}, 0.0, 0.0, False)
+        if self.serving:
+            return self._evaluate_served(config, quality)
         hw = self.hardware_factor(config)
         rates, accept = {}, []
         ints = self._ints([config])
@@ -285,11 +376,36 @@ class OperatorLandscape:
             accept.append(float(acc[0]))
         return Outcome(True, None, rates, float(np.mean(accept)), quality, quality >= self.quality_floor)
 
+    def cores(self, config: TrialConfig) -> float:
+        """The share of the box's arithmetic a configuration's threads use (SMT siblings add none; bind: one node)."""
+        node = PHYSICAL_CORES // len(NODES) if config.numa == "bind" else PHYSICAL_CORES
+        return min(config.threads, node) / PHYSICAL_CORES
+
+    def _evaluate_served(self, config: TrialConfig, quality: float) -> Outcome:
+        """Per request one at a time (what ``run_workload`` measures), and the aggregate at the level."""
+        hw, cores = self.hardware_factor(config), self.cores(config)
+        ints, serv = self._ints([config]), self._serving_arrays([config])
+        quality = round(quality - float(serv["loss"][0]), 6)
+        rates, accept, aggregate = {}, [], {}
+        for content in set(self.prompts):
+            args = (config.spec_type, config.draft, content, ints, serv)
+            alone, _ = self._served(*args, np.ones(1), config.temperature, config.threads, hw, cores)
+            _, level = self._served(*args, serv["slots"], config.temperature, config.threads, hw, cores)
+            rates[content], aggregate[content] = self.base_rate[content] * float(alone[0]), \
+                self.base_rate[content] * float(level[0])
+            accept.append(float(self._speculation(config.spec_type, config.draft, None, content, ints,
+                                                   config.temperature, config.threads, 1.0)[1][0]))
+        pooled_level = len(self.prompts) / sum(1.0 / aggregate[c] for c in self.prompts)
+        return Outcome(True, None, rates, float(np.mean(accept)), quality, quality >= self.quality_floor, pooled_level)
+
     def true_rate(self, config: TrialConfig) -> float:
-        """Pooled tokens/s over the workload without noise (equal tokens per prompt: a harmonic mean)."""
+        """The objective without noise: tokens/s pooled over the workload (equal tokens per prompt: a harmonic
+        mean), one request at a time, or with ``Serving`` the aggregate at its level."""
         out = self.evaluate(config)
         if not out.ok:
             return 0.0
+        if self.serving:
+            return out.aggregate
         return len(self.prompts) / sum(1.0 / out.rates[c] for c in self.prompts)
 
     # -- the whole space ------------------------------------------------------------------
@@ -330,19 +446,32 @@ class OperatorLandscape:
             quality, factor = self._quality(temperature, experts)
             if quality < self.quality_floor:
                 continue
+            cores = self.cores(TrialConfig(numa=numa, threads=threads))
             for (spec, draft, lookup), configs in self.variants.items():
                 if self._fails(configs[0]):
                     continue
                 ints = self._ints(configs)
-                inverse = sum(n / (self.base_rate[c] * factor * hw * self._speculation(
-                    spec, draft, lookup, c, ints, temperature, threads, factor)[0])
-                    for c, n in Counter(self.prompts).items())
+                if self.serving:
+                    inverse = self._served_inverse(spec, draft, configs, ints, temperature, threads, hw, cores, quality)
+                else:
+                    inverse = sum(n / (self.base_rate[c] * factor * hw * self._speculation(
+                        spec, draft, lookup, c, ints, temperature, threads, factor)[0])
+                        for c, n in Counter(self.prompts).items())
                 i = int(np.argmin(inverse))
                 if len(self.prompts) / inverse[i] > best:
                     best = len(self.prompts) / float(inverse[i])
                     best_config = replace(configs[i], temperature=temperature, experts=experts, numa=numa,
                                           numa_node=node, threads=threads)
         return self.true_rate(best_config), best_config  # as every trial is scored (the same sums, one order)
+
+    def _served_inverse(self, spec: str, draft: str | None, configs: list[TrialConfig], ints: dict[str, np.ndarray],
+                        temperature: float, threads: int, hw: float, cores: float, quality: float) -> np.ndarray:
+        """Seconds per pooled token at the level, as arrays over configurations (infinite below the floor)."""
+        serv = self._serving_arrays(configs)
+        inverse = sum(n / (self.base_rate[c] * self._served(spec, draft, c, ints, serv, serv["slots"], temperature,
+                                                             threads, hw, cores)[1])
+                      for c, n in Counter(self.prompts).items())
+        return np.where(np.round(quality - serv["loss"], 6) >= self.quality_floor, inverse, np.inf)
 
     # -- one simulated trial --------------------------------------------------------------
 
@@ -379,7 +508,12 @@ class OperatorLandscape:
                 if stop and not last and stop(samples):  # as a study: never after the last request
                     return out, Measurement(tuple(samples), pooled(samples), out.acceptance, seconds, True)
         per_rep = [pooled([s for s in samples if s["repetition"] == r]) for r in range(REPETITIONS)]
-        return out, Measurement(tuple(samples), float(np.median(per_rep)), out.acceptance, seconds, False)
+        aggregate = None
+        if self.serving:  # then the level: every prompt once, its users at once (tuner.measurement.load)
+            aggregate = out.aggregate * launch * max(0.5, 1 + self.cv_request / math.sqrt(len(self.prompts))
+                                                     * rng.standard_normal())
+            seconds += len(self.prompts) * N_PREDICT / aggregate
+        return out, Measurement(tuple(samples), float(np.median(per_rep)), out.acceptance, seconds, False, aggregate)
 
     @cached_property
     def _prompt_factor(self) -> tuple[float, ...]:
@@ -445,12 +579,13 @@ def _values(domain) -> list:
 
 def operator_space(spec_types: tuple[str, ...], drafts: tuple[str, ...], *, temperatures=(0.0, 0.3, 0.5, 0.7),
                    experts: int | None = None, k_high: int = 48, threads_high: int = LOGICAL_CPUS,
-                   lookups: tuple[str, ...] = ()) -> ResolvedSpace:
+                   lookups: tuple[str, ...] = (), serving: dict | None = None, users: int = 1) -> ResolvedSpace:
     """The space a study would resolve on the 96-core / 192-thread, 4-node box (SMT allowed); ``lookups``
     stack on the draft models. N-gram sizes are searched wherever a lookup type is in play (the research's
     keys were 3-4 tokens, llama.cpp's default 12 finds nothing in short answers: DESIGN.md).
 
-    ``k_high`` and ``threads_high`` shrink it for tests."""
+    ``k_high`` and ``threads_high`` shrink it for tests; ``serving``: the serving knobs' domains, for ``users``
+    at once (as a study's ``concurrent:`` section)."""
     domains = {
         "spec_type": Choices(spec_types),
         "draft_max": IntRange(1, k_high),
@@ -467,7 +602,8 @@ def operator_space(spec_types: tuple[str, ...], drafts: tuple[str, ...], *, temp
         domains["lookup"] = Choices(("none", *lookups))
     if experts:
         domains["experts"] = IntRange(1, experts)
-    return resolve_space(RawSpace(domains, allow_smt=True), fields=Fields("operator-landscape", {}),
+    return resolve_space(RawSpace(domains, allow_smt=True, concurrent=serving or {}),
+                         fields=Fields("operator-landscape", {}), concurrency=(1, users),
                          draft_names=drafts, expert_used_count=experts, expert_count=experts * 16 if experts else None,
                          physical_cores=PHYSICAL_CORES, logical_cpus=LOGICAL_CPUS,
                          numa_policies=("none", "interleave", "bind", "distribute"), numa_nodes=NODES)
@@ -587,6 +723,30 @@ def _stack() -> OperatorLandscape:
         lookups=LOOKUPS, grounding=STACK_GROUNDING, prompt_tokens={"summarize": 800, "code": 200, "prose": 60})
 
 
+# Qwen2.5-Coder-32B served to 8 users (an editor plugin's team): code edits and chat. Batched decode: prompt
+# processing runs 69.05 t/s where decode runs 2.89 (seed 002, 3.1), so a batch is compute-bound near 24 tokens per
+# decode step; below that, a batch costs one pass over the weights plus verification's cost per token (the dense
+# landscapes' verify_cost, fitted to the research's speedups at large K). The KV cache per context token: 64
+# layers x 8 KV heads x 128 dims x (K, V) x 2 bytes = 256 KiB at f16 (the model's config.json) against 19 GB of
+# weights (seed 002, 3.1); without flash attention the f32 scores of 40 query heads are written and read three
+# times per context token and layer (64 x 40 x 4 x 3 bytes).
+SERVE = Serving(users=8, ceiling=69.05 / 2.89, kv_bytes=64 * 8 * 128 * 2 * 2 / 19e9, scores_bytes=64 * 40 * 4 * 3 / 19e9,
+                context={"code": 300 + N_PREDICT // 2, "prose": 100 + N_PREDICT // 2})
+SERVING_DOMAINS = {"parallel": Choices((1, 2, 4, 8, 16)), "batch": Choices((512, 2048)),
+                   "ubatch": Choices((64, 128, 256, 512, 1024, 2048)), "flash_attn": Choices(("auto", "on", "off")),
+                   "cache_type_k": Choices(("f16", "q8_0", "q4_0")), "cache_type_v": Choices(("f16", "q8_0", "q4_0"))}
+
+
+def _serve() -> OperatorLandscape:
+    return replace(
+        _dense("dense-serve", "Qwen2.5-Coder-32B, three drafts, 8 users at once (aggregate tokens/s): slots, batch "
+                              "sizes, flash attention, KV cache types; code edits and chat",
+               ("code", "prose") * 4 + ("code",), CODER_DRAFTS, EPYC),
+        space=operator_space(("none", "draft-simple"), tuple(CODER_DRAFTS), temperatures=(0.0,),
+                             serving=SERVING_DOMAINS, users=SERVE.users),
+        serving=SERVE, prompt_tokens={"code": 300, "prose": 100})
+
+
 def landscapes() -> dict[str, OperatorLandscape]:
     code, prose = ("code",) * 9, ("prose",) * 9
     return {
@@ -601,7 +761,8 @@ def landscapes() -> dict[str, OperatorLandscape]:
             host="Intel Xeon 6980P (SNC3)"),
         "moe-lookup": _moe(),
         "dense-stack": _stack(),
+        "dense-serve": _serve(),
     }
 
 
-LANDSCAPES = ("dense-code", "dense-prose", "dense-moved", "moe-lookup", "dense-stack")
+LANDSCAPES = ("dense-code", "dense-prose", "dense-moved", "moe-lookup", "dense-stack", "dense-serve")

@@ -28,6 +28,8 @@ FLASH_ATTN = ("auto", "on", "off")
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 # Knobs that only mean something with several users at once: a space file's `concurrent:` section.
 CONCURRENT_KNOBS = ("parallel",)
+# The serving knobs (issue 24), in the order the structured sampler walks them (tuner.search.sampler).
+SERVING_KNOBS = ("parallel", "ubatch", "batch", "flash_attn", "cache_type_k", "cache_type_v", "poll")
 # llama.cpp's own defaults of the serving knobs: the baseline (the quality reference) runs them, never
 # a quantized KV cache a search happened to draw.
 SERVING_DEFAULTS = {"batch": 2048, "ubatch": 512, "flash_attn": "auto", "cache_type_k": "f16", "cache_type_v": "f16",

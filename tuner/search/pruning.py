@@ -27,7 +27,7 @@ not look like a slow configuration. From the log-ratios seen so far:
 and the trial is pruned when the prompt-weighted bound is below 1 (the incumbent). With
 per-repetition figures instead of per-prompt ones (one reference rate, ``unseen`` 0) the
 same rule applies. Pruning never applies to the baseline or to a finalist: callers ask
-``may_prune`` first. A pruned trial keeps what it measured (state PRUNED, its partial
+``may_prune`` first; nor to a study whose first objective is not per-request tokens/s (``prunes_on``). A pruned trial keeps what it measured (state PRUNED, its partial
 figures in its user attrs).
 """
 
@@ -52,6 +52,13 @@ class PruneDecision:
     bound: float  # optimistic final rate / incumbent's
     estimate: float  # mean ratio so far
     reason: str
+
+
+def prunes_on(objectives: Sequence[str]) -> bool:
+    """The rule pairs per-request decode rates, so it judges only a study that maximises them first: a trial
+    whose objective is aggregate tokens/s at a level (or a latency) is never pruned by its one-user rate (more
+    slots, a smaller K or no draft lose alone and win with several users), and the level is measured last."""
+    return bool(objectives) and objectives[0] == "tokens_per_second"
 
 
 def may_prune(role: str | None) -> bool:

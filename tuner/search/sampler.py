@@ -26,6 +26,12 @@ history instead, in stages:
    policy. Tuned on the speculative configuration rather than the target alone: the factor
    is about the same, the trial is several times shorter, and a draft's cost grows with
    threads, so the pair is right for the configuration that will be used.
+2b. **serving** (a study with several users: the space has serving knobs): with the best configuration so
+   far, the slots at the objective's level first (fewer queue users, more only hold memory), then a unimodal
+   walk over each serving knob in turn (micro batch, batch, flash attention, K and V cache types by their
+   bits, polling), a knob left once its best value's neighbours are measured. Serving knobs scale with the
+   load, not like threads: a batch of users' tokens reads the weights once, so their best values are the
+   load's. Until then every trial runs the baseline's serving settings, so speculation is fitted on them.
 3. **speculation** again: for a MoE target, the expert count walked down to the quality
    floor; then a unimodal walk over temperature from the best (acceptance changes with it;
    a temperature below the quality floor rules out the hotter ones), and the best K
@@ -34,6 +40,10 @@ history instead, in stages:
    where the model's pick lost, as for lookup types, whose missed keys the model does not
    know), then unmeasured neighbours of the incumbent (threads and experts again; line
    searches over K, a stacked lookup's length, the n-gram key and minimum hits).
+
+The value maximised is the study's first objective (tokens/s per request, or with several users e.g.
+``aggregate_tokens_per_second_c8``; a latency objective as its inverse): where speculation does not pay at the
+load, the speculation stage measures that (its probes) and plans no K for it.
 
 Speculative decoding keeps the target's output distribution, so a temperature or expert count
 below the quality floor with one option rules it out for all (``Planner.lossless``).
@@ -66,8 +76,9 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.measurement.failures import PERMANENT
+from tuner.measurement.load import split_metric_name
 from tuner.storage import store
-from tuner.search.knobs import DRAFT_MODEL_TYPES
+from tuner.search.knobs import DRAFT_MODEL_TYPES, SERVING_KNOBS
 from tuner.search.model import DraftFit, Point, fit
 from tuner.search.prior import HW_KNOBS, describe
 from tuner.search.space import Choices, FloatRange, IntRange, ResolvedSpace, suggest
@@ -81,6 +92,9 @@ PERMANENT_REASONS = frozenset(r.value for r in PERMANENT)
 PROBES = {"lookup": "none", "ngram_key": 4, "ngram_min_hits": 1, "lookup_max": K_PROBE, "lookup_min": 1}
 SIZE_KNOBS = ("lookup", "lookup_max", "lookup_min", "ngram_key", "ngram_min_hits")
 LOOKUP_PAYS = 1.05  # a lookup pays on a suite where alone it is this much faster than the target alone
+CONTEXT = (*HW_KNOBS, *SERVING_KNOBS)  # what every plan carries from the configuration it starts from
+# KV cache types from the most bits to the fewest: a walk over them trades bandwidth for quality.
+KV_ORDER = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "iq4_nl", "q4_0")
 
 
 @dataclass(frozen=True)
@@ -175,8 +189,9 @@ def nearest(values: Sequence, target: float):
 class Planner:
     """Decides the next configuration from the history; stateless between calls."""
 
-    def __init__(self, space: Space, recs: list[Rec], prior: dict | None = None):
-        self.space, self.recs, self.prior = space, recs, prior or {}
+    def __init__(self, space: Space, recs: list[Rec], prior: dict | None = None, users: int | None = None):
+        """``users``: the level the objective measures (``aggregate_tokens_per_second_c8``: 8), if any."""
+        self.space, self.recs, self.prior, self.users = space, recs, prior or {}, users
         self.resolved = space.resolved()
         self.taken = [r.params for r in recs if r.state != "failed" or r.failure in PERMANENT_REASONS or r.failure is None]
         self.k_values = space.values("draft_max")
@@ -198,7 +213,7 @@ class Planner:
             p["temperature"] = temperature
         if self.space.has("experts") and experts is not None:
             p["experts"] = experts
-        for knob in HW_KNOBS:
+        for knob in CONTEXT:
             if hw.get(knob) is not None and (knob != "numa_node" or hw.get("numa") == "bind"):
                 p[knob] = hw[knob]
         return p
@@ -229,7 +244,8 @@ class Planner:
 
     @staticmethod
     def hw_of(params: dict) -> dict:
-        return {k: params.get(k) for k in HW_KNOBS if params.get(k) is not None}
+        """The hardware and serving knobs: a target alone compares with a trial only at the same ones."""
+        return {k: params.get(k) for k in CONTEXT if params.get(k) is not None}
 
     def options(self) -> list[tuple]:
         specs = self.space.values("spec_type")
@@ -296,8 +312,8 @@ class Planner:
     def next(self) -> Proposal | None:
         if self.base is None:
             return None
-        for stage in (self.warm_start, self.speculation, self.stacks, self.hardware, self.experts, self.temperature,
-                      self.refinement):
+        for stage in (self.warm_start, self.speculation, self.stacks, self.hardware, self.serving, self.experts,
+                      self.temperature, self.refinement):
             proposal = stage()
             if proposal is not None:
                 return proposal
@@ -424,9 +440,11 @@ class Planner:
         return [s for s, rate in sorted(r.suites.items()) if rate > LOOKUP_PAYS * self.base.suites.get(s, math.inf)]
 
     def incumbent_spec(self) -> Rec | None:
-        """Best measured configuration at the baseline's temperature and experts (any hardware)."""
+        """Best measured configuration at the baseline's temperature, experts and serving settings (any hardware):
+        the hardware stage walks on it, and does not start again when the serving stage moves a knob."""
         _, t0, e0 = self.context0()
         match = {k: v for k, v in (("temperature", t0), ("experts", e0)) if self.space.has(k)}
+        match.update({k: v for k, v in self.base.params.items() if k in SERVING_KNOBS})
         return self.best(self.measured(**match))
 
     def family(self, params: dict, *free: str) -> list[Rec]:
@@ -486,6 +504,68 @@ class Planner:
                                        f"with NUMA {hw.get('numa')}, {what}"))
         return self._first_new(candidates)
 
+    def serving(self) -> Proposal | None:
+        """The serving knobs in turn with the best configuration: slots at the objective's level first, then a
+        unimodal walk over each knob's ordered values (KV cache types by their bits) until its best is bracketed."""
+        inc = self.overall_best()
+        if inc is None:
+            return None
+        for knob in (k for k in SERVING_KNOBS if len(self.space.values(k)) > 1):
+            found = self._first_new(self.serving_steps(inc, knob))
+            if found:
+                return found
+        return None
+
+    def serving_steps(self, inc: Rec, knob: str) -> list[tuple]:
+        """Candidates for one serving knob around the incumbent: none once some walk bracketed the incumbent's value."""
+        values = self.space.values(knob)
+        if knob in ("cache_type_k", "cache_type_v"):
+            values = sorted(values, key=lambda v: KV_ORDER.index(v) if v in KV_ORDER else len(KV_ORDER))
+        mine = inc.params.get(knob)
+        if mine not in values or self.bracketed(inc.params, knob, values):
+            return []
+        by_value = self.walk(inc.params, knob)
+        best = max((v for v, r in by_value.items() if r.feasible), key=lambda v: by_value[v].tps, default=mine)
+        steps = []
+        if knob == "parallel" and self.users and self.users not in by_value:
+            level = nearest(values, self.users)
+            steps.append(({**inc.params, knob: level}, "serving",
+                          f"{level} slots for {self.users} users at once (fewer queue them) with {self.describe(inc.params)}"))
+        i = values.index(best)
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(values) and values[j] not in by_value:
+                steps.append(({**inc.params, knob: values[j]}, "serving",
+                              f"{knob} {values[j]} next to the best so far ({best}) with {self.describe(inc.params)}"))
+        return steps
+
+    def walk(self, params: dict, knob: str) -> dict[Any, Rec]:
+        """The measured trials that differ from ``params`` only in ``knob`` (and a V cache type flash attention
+        drops), best per value."""
+        free = {knob, "cache_type_v"} if knob == "flash_attn" else {knob}
+        fixed = {k: v for k, v in params.items() if k not in free}
+        by_value: dict[Any, Rec] = {}
+        for r in self.recs:
+            if r.measured and r.params.get(knob) is not None and set(r.params) - free <= set(fixed) \
+                    and all(r.params.get(k) == v for k, v in fixed.items()):
+                v = r.params[knob]
+                if v not in by_value or r.tps > by_value[v].tps:
+                    by_value[v] = r
+        return by_value
+
+    def bracketed(self, params: dict, knob: str, values: list) -> bool:
+        """Some walk over ``knob`` (around any configuration) found ``params``' value best with its neighbours
+        measured: serving knobs scale the rate about alike whatever the others are, so it is not walked again."""
+        mine = params.get(knob)
+        i = values.index(mine)
+        neighbours = [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
+        for r in self.recs:
+            if r.measured and r.params.get(knob) == mine:
+                by_value = self.walk(r.params, knob)
+                best = max((v for v, x in by_value.items() if x.feasible), key=lambda v: by_value[v].tps, default=None)
+                if best == mine and all(n in by_value for n in neighbours):
+                    return True
+        return False
+
     def lossless(self, params: dict, knob: str) -> list[Rec]:
         """Measured trials with any speculation at ``params``' temperature and experts but ``knob``: speculative
         decoding keeps the target's output distribution, so their quality tells where ``knob`` falls below the floor."""
@@ -494,7 +574,7 @@ class Planner:
                 and all(r.params.get(k) == v for k, v in same.items())]
 
     def hw_params(self, hw: dict) -> dict:
-        return {k: hw[k] for k in HW_KNOBS if hw.get(k) is not None and (k != "numa_node" or hw.get("numa") == "bind")}
+        return {k: hw[k] for k in CONTEXT if hw.get(k) is not None and (k != "numa_node" or hw.get("numa") == "bind")}
 
     def overall_best(self) -> Rec | None:
         return self.best([r for r in self.recs if r.measured])
@@ -666,7 +746,11 @@ class Planner:
 
 
 def records(study: optuna.Study) -> list[Rec]:
-    """The stored trials, with what each measured (pruned ones: what they measured before stopping)."""
+    """The stored trials, with what each measured (pruned ones: what they measured before stopping); the
+    value maximised is the study's first objective (a minimised one inverted)."""
+    context = store.search_context(study)
+    objective = context[1][0] if context and context[1] else "tokens_per_second"
+    minimise = study.directions[0] == optuna.study.StudyDirection.MINIMIZE
     recs = []
     for t in study.get_trials(deepcopy=False):
         state = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
@@ -680,9 +764,26 @@ def records(study: optuna.Study) -> list[Rec]:
         record = store.read_trial(t)
         m = record.metrics
         feasible = all(v <= 0 for v in (t.constraints or {}).values())
-        recs.append(Rec(params, state, m.tokens_per_second if m else None, m.acceptance if m else None, feasible,
+        recs.append(Rec(params, state, value(record, objective, minimise), m.acceptance if m else None, feasible,
                         record.failure.reason if record.failure else None, record.role, suite_rates(record.samples)))
     return recs
+
+
+def value(record, objective: str, minimise: bool) -> float | None:
+    """A trial's figure to maximise; None where it has none (a pruned trial never reached the load levels)."""
+    if record.metrics is None:
+        return None
+    try:
+        figure = record.objective(objective)
+    except KeyError:
+        return None
+    return (1.0 / figure if figure > 0 else None) if minimise else figure
+
+
+def level_of(objectives: Sequence[str]) -> int | None:
+    """The users the first objective measures at (``p95_ttft_ms_c4``: 4), if it is a load metric."""
+    split = split_metric_name(objectives[0]) if objectives else None
+    return split[1] if split else None
 
 
 def suite_rates(samples: Sequence[dict]) -> dict[str, float]:
@@ -707,7 +808,7 @@ class StructuredSampler(optuna.samplers.BaseSampler):
         proposal = None
         context = store.search_context(study)
         if context:
-            proposal = Planner(Space(context[0]), records(study), store.read_prior(study)).next()
+            proposal = Planner(Space(context[0]), records(study), store.read_prior(study), level_of(context[1])).next()
         if proposal is None:
             self._plans[trial.number] = None
             self._note(study, trial, "refinement", "no structured step left: TPE proposes")
