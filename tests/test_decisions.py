@@ -196,6 +196,15 @@ def test_the_decision_benchmark_runs_the_product_code_and_prints_its_targets():
     assert len(result["races"]) == 27 and "coverage >=" in text and "race time vs today's" in text
     for cell in result["races"]:
         assert 0 <= cell["coverage_new"] <= 1 and cell["launches_new"] >= 2 * 3
+    assert [c["max_rounds"] for c in result["round_budgets"]] == [10, 20, 30, 40]
+    assert "| race.max_rounds | deployed >= 3% slower |" in text
+
+
+def test_more_race_rounds_buy_fewer_wrong_deployments_at_more_launches():
+    """The trade the issue-22 bar sits on: at 5% launch and round spread a 3% gap needs many rounds."""
+    from tuner.bench.decisions import round_budget_cells
+    short, _, _, long = round_budget_cells(runs=150, seed=3, spec=SPEC)
+    assert long["wrong"] + 0.05 < short["wrong"] and long["launches"] > 1.5 * short["launches"]
 
 
 @pytest.mark.parametrize("pair", list(itertools.permutations(["x", "y"])))

@@ -44,6 +44,7 @@ OLD_ROUNDS = 5
 # launch + warm-up, in passes of the workload: make demo's export raced 57 launches in 108 s where today's rules
 # took 57 s for 30 passes on 6 launches: a pass is about 1.6 s, a launch and warm-up a few tenths
 LAUNCH_COST_PASSES = 0.2
+ROUND_BUDGETS = (10, 20, 30, 40)  # race.max_rounds tried at the default host: what the wrong-deployment bar costs
 TARGETS = {"coverage": 0.93, "wrong": 0.05, "pruned": 0.05, "finalist": 0.95, "cost": 2.0}
 Z_ONE_SIDED = 1.645
 
@@ -244,6 +245,19 @@ def finalist_cell(launch_sigma: float, round_sigma: float, runs: int, seed: int,
 # ------------------------------------------------------------------ the section
 
 
+def round_budget_cells(runs: int, seed: int, spec: RaceSpec) -> list[dict]:
+    """The race at the default host and a 3% gap with larger ``race.max_rounds``: how often all races (undecided
+    ones included) deploy the slower configuration, against the modelled race time. Why: the bar on that figure
+    is a trade against race time, and the product owner needs the curve, not one point."""
+    cells = []
+    for i, rounds in enumerate(ROUND_BUDGETS):
+        spec_r = RaceSpec(**(asdict(spec) | {"max_rounds": rounds}))
+        c = race_cell(*DEFAULT_HOST, SLOWER, runs, seed + i, spec_r)
+        cells.append({"max_rounds": rounds, "wrong": c.wrong_new, "undecided": c.undecided_new,
+                      "launches": c.launches_new, "cost_ratio": c.cost_ratio})
+    return cells
+
+
 def measure_decisions(runs: int = 400, seed: int = 0, spec: RaceSpec = RaceSpec()) -> dict:
     races = [race_cell(ls, rs, gap, runs, seed + i, spec) for i, (ls, rs, gap) in
              enumerate((ls, rs, gap) for ls in LAUNCH_SPREADS for rs in ROUND_SPREADS for gap in GAPS)]
@@ -251,7 +265,8 @@ def measure_decisions(runs: int = 400, seed: int = 0, spec: RaceSpec = RaceSpec(
     cuts = [finalist_cell(ls, rs, runs, seed + 200 + i, spec.max_finalists)
             for i, (ls, rs) in enumerate((ls, rs) for ls in LAUNCH_SPREADS for rs in ROUND_SPREADS)]
     return {"runs": runs, "spec": asdict(spec), "races": [asdict(c) | {"cost_ratio": c.cost_ratio} for c in races],
-            "pruning": prunes, "finalists": cuts, "verdicts": verdicts(races, prunes, cuts)}
+            "pruning": prunes, "finalists": cuts, "round_budgets": round_budget_cells(runs, seed + 300, spec),
+            "verdicts": verdicts(races, prunes, cuts)}
 
 
 def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dict:
@@ -307,4 +322,11 @@ def markdown(result: dict) -> str:
                  f"higher estimate and say so): {pct(overall)}; no target is claimed here: telling 3% apart at 5% "
                  f"takes about (z x {pct(sigma)} / 3%)^2 = {(Z_ONE_SIDED * sigma / SLOWER) ** 2:.0f} paired rounds, "
                  f"more than race.max_rounds ({result['spec']['max_rounds']})")
+    lines += ["", f"What that bar costs: the same race at the default host and a {pct(SLOWER)} gap with a larger "
+              "race.max_rounds (all races, undecided ones included):", "",
+              "| race.max_rounds | deployed >= 3% slower | undecided | launches per race | modelled time new/old |",
+              "|---|---|---|---|---|"]
+    for c in result["round_budgets"]:
+        lines.append(f"| {c['max_rounds']} | {pct(c['wrong'])} | {pct(c['undecided'])} | {c['launches']:.1f} | "
+                     f"{c['cost_ratio']:.2f} |")
     return "\n".join(lines) + "\n"
