@@ -62,6 +62,7 @@ from typing import Callable
 import numpy as np
 
 from tuner.measurement.failures import FailureReason
+from tuner.measurement.measure import pooled_from_rates
 from tuner.storage.records import StudyRecord, digest
 from tuner.search.space import (Choices, FloatRange, IntRange, RawSpace, ResolvedSpace, TrialConfig, resolve_space,
                                 suggest)
@@ -506,8 +507,8 @@ class OperatorLandscape:
                                 "tokens_per_second": rate})
                 last = repetition + 1 == REPETITIONS and i + 1 == len(self.prompts)
                 if stop and not last and stop(samples):  # as a study: never after the last request
-                    return out, Measurement(tuple(samples), pooled(samples), out.acceptance, seconds, True)
-        per_rep = [pooled([s for s in samples if s["repetition"] == r]) for r in range(REPETITIONS)]
+                    return out, Measurement(tuple(samples), pooled_from_rates(samples), out.acceptance, seconds, True)
+        per_rep = [pooled_from_rates([s for s in samples if s["repetition"] == r]) for r in range(REPETITIONS)]
         aggregate = None
         if self.serving:  # then the level: every prompt once, its users at once (tuner.measurement.load)
             aggregate = out.aggregate * launch * max(0.5, 1 + self.cv_request / math.sqrt(len(self.prompts))
@@ -520,11 +521,6 @@ class OperatorLandscape:
         """Prompts differ in speed (length of the answer's easy parts); fixed per landscape."""
         rng = np.random.default_rng(sum(map(ord, self.name)))
         return tuple(float(v) for v in np.exp(0.06 * rng.standard_normal(len(self.prompts))))
-
-
-def pooled(samples: list[dict]) -> float:
-    """Total tokens over total decode time, equal tokens per request (``tuner.measurement.measure.pooled_rate``)."""
-    return len(samples) / sum(1.0 / s["tokens_per_second"] for s in samples) if samples else 0.0
 
 
 class _Walk:

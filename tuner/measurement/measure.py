@@ -189,6 +189,13 @@ def pooled_rate(samples: Iterable[Sample]) -> float:
     return 1000.0 * sum(s.predicted_n for s in samples) / ms if ms > 0 else 0.0
 
 
+def pooled_from_rates(samples: Iterable[dict]) -> float:
+    """``pooled_rate`` of stored requests known only by their tokens/s (a simulated replay stores no
+    lengths): equal tokens per request, so total tokens over total time is the harmonic mean."""
+    inverse = [1.0 / s["tokens_per_second"] for s in samples if s.get("tokens_per_second")]
+    return len(inverse) / sum(inverse) if inverse else 0.0
+
+
 def _median_over_repetitions(samples: list[Sample]) -> tuple[float, list[float]]:
     repetitions = sorted({s.repetition for s in samples})
     rates = [pooled_rate(s for s in samples if s.repetition == r) for r in repetitions]

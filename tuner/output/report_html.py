@@ -298,6 +298,7 @@ def summary_table(data: ReportData) -> str:
 
 def stack_and_load_sections(data: ReportData) -> list[Section]:
     """The draft/lookup/stack table per content type, and aggregate tokens/s against simultaneous users."""
+    measured = data.concurrency is not None and not data.concurrency.empty
     return [
         Section("families", "Draft model, prompt lookup and the stack, per content type",
                 "For each content type, the fastest feasible trial of each family on its prompts: a draft model "
@@ -314,11 +315,10 @@ def stack_and_load_sections(data: ReportData) -> list[Section]:
         Section("concurrency", "Aggregate tokens/s against simultaneous users, and where speculation stops paying",
                 "Per family (none, draft model, lookup, stack), the best feasible trial's aggregate tokens/s at each "
                 "concurrency level (all users' tokens over the level's wall time; one launch each, the best "
-                "recorded). " + break_even(data.concurrency) + ".",
+                "recorded). " + (break_even(data.concurrency) + "." if measured else ""),
                 lines_figure(data.concurrency, "family", "users", "aggregate_tokens_per_second", "fig-concurrency",
                              "simultaneous users")
-                if data.concurrency is not None and not data.concurrency.empty
-                else _empty("one user at a time (workload.concurrency: [1])")),
+                if measured else _empty("one user at a time (workload.concurrency: [1])")),
     ]
 
 

@@ -77,6 +77,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.measurement.failures import PERMANENT
 from tuner.measurement.load import split_metric_name
+from tuner.measurement.measure import pooled_from_rates
 from tuner.storage import store
 from tuner.search.knobs import DRAFT_MODEL_TYPES, SERVING_KNOBS
 from tuner.search.model import DraftFit, Point, fit
@@ -787,12 +788,10 @@ def level_of(objectives: Sequence[str]) -> int | None:
 
 
 def suite_rates(samples: Sequence[dict]) -> dict[str, float]:
-    """Tokens/s per suite over a trial's requests, pooled (equal tokens per request)."""
-    inverse: dict[str, list[float]] = {}
-    for s in samples:
-        if s.get("suite") and s.get("tokens_per_second"):
-            inverse.setdefault(s["suite"], []).append(1.0 / s["tokens_per_second"])
-    return {suite: len(v) / sum(v) for suite, v in inverse.items()}
+    """Tokens/s per suite over a trial's requests, pooled; from the requests, so a pruned trial (and a
+    simulated replay's) has them too."""
+    suites = {s["suite"] for s in samples if s.get("suite") and s.get("tokens_per_second")}
+    return {suite: pooled_from_rates(s for s in samples if s.get("suite") == suite) for suite in sorted(suites)}
 
 
 class StructuredSampler(optuna.samplers.BaseSampler):
