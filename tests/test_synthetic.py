@@ -226,17 +226,22 @@ def test_greedy_output_is_identical_with_and_without_a_draft(measured):
         assert measured[(config, 0.0)][0].texts == base, config
 
 
-def test_the_best_k_is_interior_and_well_above_both_ends(measured):
-    """Tokens/s against K rises, then falls: both ends of the sweep are well below the best.
+def test_draft_gains_saturate_with_k_and_long_drafts_fall_off(measured):
+    """The shape of tokens/s against K: the gain saturates, the cost keeps growing.
 
-    Whether the best K also beats the target alone depends on the CPU at one thread: 1.69x on
-    an earlier host, 0.92-1.0x on a Zen 4 with 32 MiB of L3 (at two threads `make bench`'s
-    demo studies measure x1.3-1.4 there), so that is not asserted here."""
+    The gain side is in the counts (greedy, so identical on every host): accepted tokens grow
+    from K=1 to K=8 and then stop growing while drafted tokens keep growing. The speed side
+    asserted here is the fall: K=32 is far below the best. How far K=1 is below the best
+    depends on the CPU at one thread, so it is not asserted: at least 1.2x on earlier hosts,
+    1.07-1.36x on a Xeon with 480 MiB of L3, where the fastest-of-three metric put K=1 at
+    0.99-1.01x the target alone and K=4 at 1.06-1.08x (a busy minute could swap them)."""
     base = fastest(measured[("base", 0.0)])
     speed = {k: fastest(measured[(("large", k), 0.0)]) / base for k in K_GRID}
-    best = max(speed, key=speed.get)
-    assert best not in (K_GRID[0], K_GRID[-1]), speed
-    assert speed[best] >= 1.2 * max(speed[K_GRID[0]], speed[K_GRID[-1]]), speed
+    counts = {k: measured[(("large", k), 0.0)][0] for k in K_GRID}
+    assert max(speed.values()) >= 1.3 * speed[K_GRID[-1]], speed
+    accepted = {k: c.accepted for k, c in counts.items()}
+    assert accepted[8] >= 1.3 * accepted[1], accepted
+    assert accepted[32] <= 1.1 * accepted[8] and counts[32].drafted >= 2 * counts[8].drafted, counts
 
 
 def test_one_expert_is_faster_and_changes_the_greedy_output(measured):
