@@ -532,7 +532,7 @@ def load_exports(study: optuna.Study, record: StudyRecord, frame: pd.DataFrame, 
                                             f"best recorded aggregate tokens/s at {users} user(s): {best[column]:.1f}"),
                                command=with_slots(chosen.command, users), section_name=f"{pooled.section}-c{users}"))
         print(f"load class c{users}: trial {trial}, {best['method']}: {best[column]:.1f} tokens/s in all at {users} "
-              f"users (recorded, one launch), served with {users} slots")
+              f"user(s) at once (recorded, one launch), served with {users} slot(s)")
     return exports
 
 

@@ -89,7 +89,7 @@ def prune_decision(ratios: Sequence[float], unseen: int = 0, *, z: float = Z, si
     estimate = math.exp(mean)
     if bound < 1.0:
         return PruneDecision(True, bound, estimate,
-                             f"after {n} samples at {estimate:.0%} of the incumbent, optimistic bound {bound:.0%} < 100%")
+                             f"after {n} samples at {estimate:.0%} of the incumbent, optimistic bound {bound:.1%} < 100%")
     return PruneDecision(False, bound, estimate, f"optimistic bound {bound:.0%} of the incumbent: keep measuring")
 
 
