@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tuner"
 
@@ -125,3 +127,15 @@ def test_no_function_is_over_100_lines():
             for p in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 100]
     assert long == []
+
+
+def test_every_help_page_prints(capsys):
+    """`tuner --help` and each command's --help exit 0 (a bare % in a help string once made the top page a
+    traceback)."""
+    from tuner.cli import SUBCOMMANDS, main
+
+    for argv in [["--help"]] + [[name, "--help"] for name, _, _ in SUBCOMMANDS]:
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0, argv
+        assert "usage: tuner" in capsys.readouterr().out, argv

@@ -30,7 +30,7 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("dashboard", "tuner.output.dashboard", "serve optuna-dashboard on the studies' storage (127.0.0.1 by default)"),
     ("record-grid", "tuner.bench.grid", "measure every configuration of a small space into a table for bench-search"),
     ("bench-search", "tuner.bench.replay", "replay a recorded table: trials each sampler needs to find the best configuration"),
-    ("bench-operator", "tuner.bench.operator", "replay operator-scale landscapes (96 cores, 3 drafts, MoE, lookup stacks): trials and seconds to 3%"),
+    ("bench-operator", "tuner.bench.operator", "replay operator-scale landscapes (96 cores, 3 drafts, MoE, lookup stacks): trials and seconds to 3%%"),
     ("bench", "tuner.bench.cli", "benchmark the tuner: search efficiency, overhead vs llama-bench, repeatability"),
 ]
 
