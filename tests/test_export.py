@@ -316,17 +316,23 @@ def test_a_stacked_trial_records_what_each_source_drafted(served):
     assert row["trial"] == stacked.number and "ngram-simple" in row["sources"] and "draft-simple" in row["sources"]
 
 
-def test_break_even_is_the_fewest_users_where_no_speculation_serves_as_much():
+def test_break_even_is_the_fewest_users_where_speculation_is_not_shown_to_pay():
+    """One launch each: a ratio counts only beyond 1.96 * sqrt(2) * the launch spread (x0.87-x1.15 at 5%)."""
     from tuner.output.analysis import break_even
 
     def curves(rows):
         return pd.DataFrame(rows, columns=["family", "users", "aggregate_tokens_per_second", "trial"])
 
-    pays = curves([("none", 1, 100.0, 0), ("draft", 1, 150.0, 1), ("none", 2, 180.0, 0), ("lookup", 2, 190.0, 2)])
-    assert break_even(pays).startswith("speculation pays at every measured level (1 user: x1.50 (draft); 2 users: x1.06")
-    stops = curves([("none", 1, 100.0, 0), ("stack", 1, 150.0, 1), ("none", 2, 200.0, 0), ("stack", 2, 180.0, 1),
+    pays = curves([("none", 1, 100.0, 0), ("draft", 1, 150.0, 1), ("none", 2, 180.0, 0), ("lookup", 2, 216.0, 2)])
+    assert break_even(pays).startswith("speculation pays at every measured level (1 user: x1.50 (draft); 2 users: x1.20")
+    assert "beyond x0.87-x1.15" in break_even(pays) and "launch spread of 5%" in break_even(pays)
+    stops = curves([("none", 1, 100.0, 0), ("stack", 1, 150.0, 1), ("none", 2, 200.0, 0), ("stack", 2, 160.0, 1),
                     ("none", 4, 350.0, 0), ("stack", 4, 300.0, 1)])
-    assert break_even(stops).startswith("speculation stops paying at 2 simultaneous users on this host")
+    assert break_even(stops).startswith("speculation stops paying at 2 users at once on this host")
+    close = curves([("none", 1, 100.0, 0), ("stack", 1, 150.0, 1), ("none", 2, 200.0, 0), ("stack", 2, 182.0, 1)])
+    assert break_even(close).startswith("speculation is shown to pay up to 1 user; at 2 users at once it is within "
+                                        "the launch spread"), break_even(close)
+    assert break_even(close, spread=0.02).startswith("speculation stops paying at 2 users"), "a quieter host tells"
     assert break_even(curves([("none", 1, 100.0, 0)])).startswith("no break-even figure")
 
 

@@ -13,6 +13,7 @@ as a fraction of that ceiling; speculation is how a trial gets above 1.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import warnings
@@ -23,7 +24,7 @@ import pandas as pd
 
 from tuner.storage import store
 from tuner.machine.host import host_was_busy
-from tuner.decisions.drift import REFERENCE_ROLES, Sentinels, midpoint
+from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, REFERENCE_ROLES, Sentinels, midpoint
 from tuner.decisions.per_type import PerTypeResult
 from tuner.decisions.race import RaceResult
 from tuner.search.sampler import fitted_models
@@ -263,12 +264,21 @@ def by_concurrency(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["family", "users", "aggregate_tokens_per_second", "trial"])
 
 
-def break_even(curves: pd.DataFrame) -> str:
-    """Where speculation stops paying on this host: the fewest users at which the best configuration without
-    speculation serves at least as many tokens/s in all as the best speculative one (best recorded, one
-    launch each: a single-launch figure, not a race)."""
+def launch_spread(records: list[TrialRecord], record: StudyRecord) -> float:
+    """The launch-to-launch spread the study's reference runs allow (the prior until three exist)."""
+    return Sentinels(records, record.measurement.get("noise_cv", 0.10)).launch_spread()
+
+
+def break_even(curves: pd.DataFrame, spread: float = PRIOR_LAUNCH_SIGMA) -> str:
+    """Where speculation stops paying on this host: the fewest users at which the best speculative
+    configuration is not shown to serve more tokens/s in all than the best without speculation.
+
+    Each side is the best recorded trial, one launch each, so a ratio is told apart from 1 only beyond
+    1.96 * sqrt(2) * ``spread`` in log terms (the study's launch spread, drift.Sentinels); a level
+    inside that band says so instead of naming a break-even the next launch could move."""
     if curves.empty or "none" not in set(curves["family"]) or set(curves["family"]) == {"none"}:
         return "no break-even figure: the study measured no concurrency level with and without speculation"
+    band = 1.96 * math.sqrt(2) * spread
     lines = []
     for users, level in curves.groupby("users"):
         plain = level.loc[level["family"] == "none", "aggregate_tokens_per_second"]
@@ -276,14 +286,25 @@ def break_even(curves: pd.DataFrame) -> str:
         if plain.empty or spec.empty:
             continue
         best = spec.loc[spec["aggregate_tokens_per_second"].idxmax()]
-        lines.append((users, best["aggregate_tokens_per_second"] / plain.iloc[0], best["family"]))
-    stops = [u for u, ratio, _ in lines if ratio <= 1.0]
-    detail = "; ".join(f"{u} user{'s' if u > 1 else ''}: x{r:.2f} ({f})" for u, r, f in lines)
-    if not stops:
-        return f"speculation pays at every measured level ({detail}; best speculative over best without, " \
-               "aggregate tokens/s, best recorded trial of each, one launch each)"
-    return f"speculation stops paying at {min(stops)} simultaneous users on this host ({detail}; best " \
-           "speculative over best without, aggregate tokens/s, best recorded trial of each, one launch each)"
+        lines.append((int(users), best["aggregate_tokens_per_second"] / plain.iloc[0], best["family"]))
+    detail = "; ".join(f"{_users(u)}: x{r:.2f} ({f})" for u, r, f in lines)
+    how = (f"{detail}; best speculative over best without, aggregate tokens/s, best recorded trial of each, one "
+           f"launch each: told apart from x1.00 beyond x{math.exp(-band):.2f}-x{math.exp(band):.2f}, 95% for two "
+           f"launches at the study's launch spread of {spread:.0%}")
+    first = next(((u, r) for u, r, _ in lines if math.log(r) <= band), None)
+    if first is None:
+        return f"speculation pays at every measured level ({how})"
+    users, ratio = first
+    if math.log(ratio) < -band:
+        return f"speculation stops paying at {_users(users)} at once on this host ({how})"
+    shown = [u for u, r, _ in lines if u < users]
+    return (f"speculation is shown to pay {f'up to {_users(max(shown))}' if shown else 'at no measured level'}; "
+            f"at {_users(users)} at once it is within the launch spread of no speculation, so where it stops "
+            f"paying is not shown by one launch of each ({how})")
+
+
+def _users(n: int) -> str:
+    return f"{n} user{'s' if n > 1 else ''}"
 
 
 def effect(frame: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -356,6 +377,7 @@ class ReportData:
     families: pd.DataFrame | None = None  # per content type: best draft-only, lookup-only and stacked trial
     concurrency: pd.DataFrame | None = None  # per family and level: the best aggregate tokens/s (by_concurrency)
     prior: dict | None = None  # the warm start from an earlier study (tuner.search.prior)
+    launch_spread: float = PRIOR_LAUNCH_SIGMA  # the study's launch-to-launch spread (drift.Sentinels)
 
     @property
     def objectives(self) -> list[str]:
@@ -399,6 +421,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         prior=store.read_prior(study),
         families=families_by_suite(frame, records),
         concurrency=by_concurrency(frame),
+        launch_spread=launch_spread(records, record),
     )
 
 

@@ -41,7 +41,8 @@ from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.paths import reports_dir, writable_file, writable_folder
 from tuner.machine import hostlock
 from tuner.storage import store
-from tuner.output.analysis import best_per_suite, break_even, by_concurrency, feasible, front_2d, knee, levels_of, suites_of, trials_frame
+from tuner.output.analysis import (best_per_suite, break_even, by_concurrency, feasible, front_2d, knee, launch_spread,
+                                   levels_of, suites_of, trials_frame)
 from tuner.context import prepare
 from tuner.measurement.launch import ServerCommand, cpu_mask
 from tuner.storage.records import StudyRecord, TrialRecord, changes
@@ -460,7 +461,8 @@ def run(args: argparse.Namespace) -> int:
     if args.preset is not None:
         writable_file(args.preset, "--preset")
     study, record = store.open_stored_study(args.study, args.storage)
-    frame = trials_frame(store.read_trials(study))
+    records = store.read_trials(study)
+    frame = trials_frame(records)
     number, why = choose(record, frame, args.policy, args.min_acceptance, args.trial)
     chosen = store.read_trial(study.trials[number])
     print(f"chosen: trial {number} ({why}): {chosen.metrics.tokens_per_second:.1f} tokens/s, "
@@ -490,7 +492,7 @@ def run(args: argparse.Namespace) -> int:
         per_type = per_type or []
     out_dir = args.out or reports_dir() / study.study_name / "export"
     preset = args.preset or reports_dir() / PRESET_FILE
-    verdict = break_even(by_concurrency(frame)) if by_load else ""
+    verdict = break_even(by_concurrency(frame), launch_spread(records, record)) if by_load else ""
     for path in write_export(export, out_dir, preset, per_type, by_load, verdict):
         print(f"wrote {path}")
     if export.per_type:

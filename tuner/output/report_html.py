@@ -315,7 +315,7 @@ def stack_and_load_sections(data: ReportData) -> list[Section]:
         Section("concurrency", "Aggregate tokens/s against simultaneous users, and where speculation stops paying",
                 "Per family (none, draft model, lookup, stack), the best feasible trial's aggregate tokens/s at each "
                 "concurrency level (all users' tokens over the level's wall time; one launch each, the best "
-                "recorded). " + (break_even(data.concurrency) + "." if measured else ""),
+                "recorded). " + (break_even(data.concurrency, data.launch_spread) + "." if measured else ""),
                 lines_figure(data.concurrency, "family", "users", "aggregate_tokens_per_second", "fig-concurrency",
                              "simultaneous users")
                 if measured else _empty("one user at a time (workload.concurrency: [1])")),
