@@ -264,9 +264,10 @@ def by_concurrency(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["family", "users", "aggregate_tokens_per_second", "trial"])
 
 
-def launch_spread(records: list[TrialRecord], record: StudyRecord) -> float:
-    """The launch-to-launch spread the study's reference runs allow (the prior until three exist)."""
-    return Sentinels(records, record.measurement.get("noise_cv", 0.10)).launch_spread()
+def launch_spread(records: list[TrialRecord]) -> float:
+    """The launch-to-launch spread the study's reference runs allow (the prior until three exist); it comes
+    from the reference runs alone (noise_cv only flags drift, so it is not needed here)."""
+    return Sentinels(records, noise_cv=0.0).launch_spread()
 
 
 def break_even(curves: pd.DataFrame, spread: float = PRIOR_LAUNCH_SIGMA) -> str:
@@ -421,7 +422,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         prior=store.read_prior(study),
         families=families_by_suite(frame, records),
         concurrency=by_concurrency(frame),
-        launch_spread=launch_spread(records, record),
+        launch_spread=launch_spread(records),
     )
 
 

@@ -492,7 +492,7 @@ def run(args: argparse.Namespace) -> int:
         per_type = per_type or []
     out_dir = args.out or reports_dir() / study.study_name / "export"
     preset = args.preset or reports_dir() / PRESET_FILE
-    verdict = break_even(by_concurrency(frame), launch_spread(records, record)) if by_load else ""
+    verdict = break_even(by_concurrency(frame), launch_spread(records)) if by_load else ""
     for path in write_export(export, out_dir, preset, per_type, by_load, verdict):
         print(f"wrote {path}")
     if export.per_type:
