@@ -94,6 +94,8 @@ demo: models
 	@echo "      browse every study with \`make dashboard\` (http://127.0.0.1:8080)"
 
 test: models
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q
 
 clean-models:

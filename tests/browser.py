@@ -19,9 +19,16 @@ from tuner.paths import REPO_ROOT
 
 ARTIFACTS = REPO_ROOT / "reports" / "test-artifacts"
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-    "--hide-scrollbars", "--mute-audio",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--mute-audio",
 ]
 
 
@@ -35,9 +42,14 @@ def chromium() -> str:
 
 def _run(args: list[str], timeout_s: float) -> str:
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
-        proc = subprocess.Popen([chromium(), *FLAGS, f"--user-data-dir={profile}", *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                start_new_session=True, text=True)
+        proc = subprocess.Popen(
+            [chromium(), *FLAGS, f"--user-data-dir={profile}", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+        )
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         finally:
@@ -48,8 +60,13 @@ def _run(args: list[str], timeout_s: float) -> str:
     return out
 
 
-def render(url: str, screenshot: str | None = None, size: tuple[int, int] = (1400, 2400),
-           budget_ms: int = 8000, timeout_s: float = 120) -> Element:
+def render(
+    url: str,
+    screenshot: str | None = None,
+    size: tuple[int, int] = (1400, 2400),
+    budget_ms: int = 8000,
+    timeout_s: float = 120,
+) -> Element:
     """The parsed DOM after ``budget_ms`` of virtual time (scripts ran, plots drawn).
 
     With ``screenshot``, the same load also leaves a PNG of that name under

@@ -36,7 +36,9 @@ def running_llama_processes() -> list[str]:
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            if not proc.name.isdigit() or SESSION_MARKER.encode() not in (proc / "environ").read_bytes().split(b"\0"):
+            if not proc.name.isdigit() or SESSION_MARKER.encode() not in (
+                proc / "environ"
+            ).read_bytes().split(b"\0"):
                 continue
             name = (proc / "comm").read_text().strip()
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
@@ -96,7 +98,13 @@ def env(tmp_path, monkeypatch) -> dict:
     """For tests with the stand-in llama-server: logs under tmp_path, every launch recorded."""
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     monkeypatch.setenv("FAKE_LLAMA_LAUNCHES", str(tmp_path / "launches.jsonl"))
-    for var in ("FAKE_LLAMA_FAULTS", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_COMMIT", "FAKE_LLAMA_SPEED", "FAKE_LLAMA_JITTER"):
+    for var in (
+        "FAKE_LLAMA_FAULTS",
+        "FAKE_LLAMA_DELAY_S",
+        "FAKE_LLAMA_COMMIT",
+        "FAKE_LLAMA_SPEED",
+        "FAKE_LLAMA_JITTER",
+    ):
         monkeypatch.delenv(var, raising=False)
     return dict(os.environ)
 
@@ -120,7 +128,9 @@ def demo(storage, tmp_path_factory):
 @pytest.fixture(scope="module")
 def cluster():
     """A private PostgreSQL cluster per test module (workers and fault drills); a skip where none can start."""
-    pytest.importorskip("psycopg2", reason="the PostgreSQL driver is the `postgres` extra: pip install -e '.[postgres]'")
+    pytest.importorskip(
+        "psycopg2", reason="the PostgreSQL driver is the `postgres` extra: pip install -e '.[postgres]'"
+    )
     from contextlib import ExitStack
 
     from postgres import ClusterUnavailable, private_cluster

@@ -50,7 +50,9 @@ def install(bin_dir: Path) -> Path:
     """Write ``bin_dir/llama-server``, which execs this file with the current interpreter."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     script = bin_dir / "llama-server"
-    script.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} "$@"\n')
+    script.write_text(
+        f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} "$@"\n'
+    )
     script.chmod(0o755)
     return script
 
@@ -60,7 +62,6 @@ def write_study(folder: Path, storage: str, name: str = "t", **fields) -> Path:
     ``llama_cpp.bin_dir``, measured quickly; ``fields`` replace top-level keys. Pruning and
     sentinels are off unless a test asks for them, so a study measures exactly its trials."""
     import yaml  # test side only: the stand-in server itself starts on the standard library
-
     from gguf_factory import write_gguf
 
     models = folder / "models"
@@ -69,14 +70,28 @@ def write_study(folder: Path, storage: str, name: str = "t", **fields) -> Path:
         if not (models / f"{model}.gguf").exists():
             write_gguf(models / f"{model}.gguf")
     install(folder / "bin")
-    (folder / "suite.yaml").write_text(yaml.safe_dump({"prompts": [
-        {"id": "add", "text": "def add(a, b):\n"}, {"id": "greet", "text": "def greet(name):\n"}]}))
+    (folder / "suite.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "prompts": [
+                    {"id": "add", "text": "def add(a, b):\n"},
+                    {"id": "greet", "text": "def greet(name):\n"},
+                ]
+            }
+        )
+    )
     study = {
         "name": name,
         "target": "models/target.gguf",
         "drafts": ["models/draft.gguf"],
-        "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 3, 4, 5, 6, 8],
-                                       "temperature": 0.0, "threads": 1}},
+        "search_space": {
+            "overrides": {
+                "spec_type": ["none", "draft-simple"],
+                "draft_max": [2, 3, 4, 5, 6, 8],
+                "temperature": 0.0,
+                "threads": 1,
+            }
+        },
         "workload": {"suites": ["suite.yaml"], "n_predict": 8},
         "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 256, "trial_timeout_s": 5},
         "quality": {"scorer": "agreement", "floor": 0.9},
@@ -103,11 +118,20 @@ def demo_warm_start() -> list[dict]:
 
     def config(spec_type: str, k: int | None = None, threads: int = top, temperature: float = 0.0) -> dict:
         draft = {"draft": "draft"} if spec_type == "draft-simple" else {}
-        return {"spec_type": spec_type, **draft, **({"draft_max": k} if k else {}), "temperature": temperature,
-                "threads": threads}
+        return {
+            "spec_type": spec_type,
+            **draft,
+            **({"draft_max": k} if k else {}),
+            "temperature": temperature,
+            "threads": threads,
+        }
 
     warm = [config("draft-simple", k) for k in (2, 4, 8)]
-    warm += [config("draft-simple", 3, temperature=0.7), config("ngram-simple", 4), config("draft-simple", 12)]
+    warm += [
+        config("draft-simple", 3, temperature=0.7),
+        config("ngram-simple", 4),
+        config("draft-simple", 12),
+    ]
     if top > 1:
         warm += [config("draft-simple", 3, threads=1), config("none", threads=1)]
     return warm
@@ -116,8 +140,9 @@ def demo_warm_start() -> list[dict]:
 DEMO_FAULTS = json.dumps({"--spec-draft-n-max 12 ": "exit137"})
 
 
-def write_demo_study(folder: Path, storage: str, name: str = "demo", warm_start: list[dict] | None = None,
-                     **fields) -> Path:
+def write_demo_study(
+    folder: Path, storage: str, name: str = "demo", warm_start: list[dict] | None = None, **fields
+) -> Path:
     """``write_study`` with a code suite and a prose suite, measuring exactly the baseline
     and ``warm_start`` (default ``demo_warm_start()``): the budget leaves the sampler nothing."""
     import yaml
@@ -127,35 +152,59 @@ def write_demo_study(folder: Path, storage: str, name: str = "demo", warm_start:
     for suite, text in (("code", "def add(a, b):\n"), ("prose", "Once upon a time")):
         (folder / f"{suite}.yaml").write_text(yaml.safe_dump({"prompts": [{"id": suite, "text": text}]}))
     threads = sorted({1, *(w["threads"] for w in warm_start)})
-    return write_study(folder, storage, name, **{
-        "search_space": {"overrides": {"spec_type": ["none", "draft-simple", "ngram-simple"],
-                                       "draft_max": [2, 3, 4, 8, 12], "temperature": [0.0, 0.7], "threads": threads}},
-        "workload": {"suites": ["code.yaml", "prose.yaml"], "n_predict": 8},
-        "measurement": {"warmup": 0, "repetitions": 2, "ctx_size": 256, "trial_timeout_s": 10},
-        "warm_start": warm_start,
-        "budget": {"trials": 1 + len(warm_start)},
-        **fields,
-    })
+    return write_study(
+        folder,
+        storage,
+        name,
+        **{
+            "search_space": {
+                "overrides": {
+                    "spec_type": ["none", "draft-simple", "ngram-simple"],
+                    "draft_max": [2, 3, 4, 8, 12],
+                    "temperature": [0.0, 0.7],
+                    "threads": threads,
+                }
+            },
+            "workload": {"suites": ["code.yaml", "prose.yaml"], "n_predict": 8},
+            "measurement": {"warmup": 0, "repetitions": 2, "ctx_size": 256, "trial_timeout_s": 10},
+            "warm_start": warm_start,
+            "budget": {"trials": 1 + len(warm_start)},
+            **fields,
+        },
+    )
 
 
 def write_moe_study(folder: Path, storage: str, name: str = "moe") -> Path:
     """``write_study`` on a mixture-of-experts target (8 experts, DEFAULT_EXPERTS used; the
     expert tensors hold 1024 of its 1280 weight bytes), measuring 3, 2 and 1 active experts."""
     import numpy as np
-
     from gguf_factory import write_gguf
 
     (folder / "models").mkdir(parents=True, exist_ok=True)
-    write_gguf(folder / "models" / "moe.gguf", architecture="qwen3moe", expert_count=8,
-               expert_used_count=DEFAULT_EXPERTS,
-               tensors={"output_norm.weight": np.ones(64, dtype=np.float32),
-                        "blk.0.ffn_up_exps.weight": np.ones((8, 32), dtype=np.float32)})
+    write_gguf(
+        folder / "models" / "moe.gguf",
+        architecture="qwen3moe",
+        expert_count=8,
+        expert_used_count=DEFAULT_EXPERTS,
+        tensors={
+            "output_norm.weight": np.ones(64, dtype=np.float32),
+            "blk.0.ffn_up_exps.weight": np.ones((8, 32), dtype=np.float32),
+        },
+    )
     warm_start = [{"spec_type": "none", "experts": n, "temperature": 0.0} for n in (3, 2, 1)]
-    return write_study(folder, storage, name, target="models/moe.gguf", drafts=[],
-                       search_space={"overrides": {"spec_type": "none", "experts": [1, 2, 3, 4], "temperature": 0.0,
-                                                   "threads": 1}},
-                       warm_start=warm_start, budget={"trials": 1 + len(warm_start)},
-                       quality={"scorer": "agreement", "floor": 0.7})
+    return write_study(
+        folder,
+        storage,
+        name,
+        target="models/moe.gguf",
+        drafts=[],
+        search_space={
+            "overrides": {"spec_type": "none", "experts": [1, 2, 3, 4], "temperature": 0.0, "threads": 1}
+        },
+        warm_start=warm_start,
+        budget={"trials": 1 + len(warm_start)},
+        quality={"scorer": "agreement", "floor": 0.7},
+    )
 
 
 BANDWIDTH = 20e9  # bytes/s: what run_study_file's runs record as the host's memory bandwidth
@@ -171,9 +220,9 @@ def run_study_file(path: Path, trials: int | None = None, **env: str):
     and only the report's roofline reads the figure."""
     import pytest
 
-    from tuner.studyfile.spec import load_spec
     from tuner.storage.store import open_stored_study
     from tuner.study import run_study
+    from tuner.studyfile.spec import load_spec
 
     spec = load_spec(path)
     with pytest.MonkeyPatch.context() as patch:
@@ -282,7 +331,7 @@ def speed(argv: list[str], prompt: str) -> tuple[float, float, int]:
     differs by content type; an n-gram lookup accepts 30% everywhere.
     """
     threads = int(flag(argv, "--threads", "1"))
-    base = 40.0 * threads ** 0.8 * float(os.environ.get("FAKE_LLAMA_SPEED") or 1)
+    base = 40.0 * threads**0.8 * float(os.environ.get("FAKE_LLAMA_SPEED") or 1)
     experts = active_experts(argv)
     if experts is not None:
         base *= (0.2 + 0.1 * DEFAULT_EXPERTS) / (0.2 + 0.1 * experts)
@@ -377,8 +426,13 @@ def main(argv: list[str]) -> int:
             tps, acceptance, k = speed(argv, prompt)
             if fault == "nodraft":
                 k = 0
-            tokens = tokens_for(prompt, n, float(request.get("temperature", 0.0)), int(request.get("seed", 0)),
-                                active_experts(argv))
+            tokens = tokens_for(
+                prompt,
+                n,
+                float(request.get("temperature", 0.0)),
+                int(request.get("seed", 0)),
+                active_experts(argv),
+            )
             task = next(requests)
             jitter = float(os.environ.get("FAKE_LLAMA_JITTER") or 0)  # a noisy machine: +-jitter per request
             rate, accept = tps, acceptance
@@ -390,13 +444,25 @@ def main(argv: list[str]) -> int:
             decode_ms = 1000.0 * n / rate
             time.sleep(decode_ms / 1000.0)  # honest timings: the wall clock holds the decode time it reports
             claimed = decode_ms / 10 if fault == "liar" else decode_ms
-            timings = {"prompt_n": 8, "prompt_ms": 4.0 + 1000 * delay, "predicted_n": n, "predicted_ms": claimed,
-                       "predicted_per_second": 1000.0 * n / claimed}
+            timings = {
+                "prompt_n": 8,
+                "prompt_ms": 4.0 + 1000 * delay,
+                "predicted_n": n,
+                "predicted_ms": claimed,
+                "predicted_per_second": 1000.0 * n / claimed,
+            }
             if k:
                 drafted = n * k // 2
                 timings.update(draft_n=drafted, draft_n_accepted=round(drafted * accept))
-            self.answer(200, {"content": " ".join(f"w{t}" for t in tokens), "tokens": tokens,
-                              "stop_type": "limit", "timings": timings})
+            self.answer(
+                200,
+                {
+                    "content": " ".join(f"w{t}" for t in tokens),
+                    "tokens": tokens,
+                    "stop_type": "limit",
+                    "timings": timings,
+                },
+            )
 
     try:
         server = ThreadingHTTPServer((host, port), Handler)

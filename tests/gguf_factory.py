@@ -123,7 +123,10 @@ def write_gguf(
     if tensors is None:
         tensors = {"output_norm.weight": np.ones(embedding_length or 8, dtype=np.float32)}
     if nextn:
-        tensors = {**tensors, f"blk.{(block_count or 1) - 1}.nextn.eh_proj.weight": np.ones((8, 16), dtype=np.float32)}
+        tensors = {
+            **tensors,
+            f"blk.{(block_count or 1) - 1}.nextn.eh_proj.weight": np.ones((8, 16), dtype=np.float32),
+        }
     for tensor_name, data in tensors.items():
         if isinstance(data, tuple):
             values, qtype = data

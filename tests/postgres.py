@@ -65,7 +65,9 @@ def _as_server_user() -> list[str]:
     try:
         pwd.getpwnam("postgres")
     except KeyError:
-        raise ClusterUnavailable("running as root and there is no `postgres` user to run the server as") from None
+        raise ClusterUnavailable(
+            "running as root and there is no `postgres` user to run the server as"
+        ) from None
     if not shutil.which("runuser"):
         raise ClusterUnavailable("running as root without `runuser` to start the server as `postgres`")
     return ["runuser", "-u", "postgres", "--"]
@@ -89,14 +91,47 @@ def private_cluster() -> Iterator[Cluster]:
     data, log = root / "data", root / "server.log"
     started = False
     try:
-        init = subprocess.run([*prefix, str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust",
-                               "-E", "UTF8", "--no-sync"], capture_output=True, text=True, timeout=120)
+        init = subprocess.run(
+            [
+                *prefix,
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if init.returncode != 0:
             raise ClusterUnavailable(f"initdb failed: {(init.stderr or init.stdout).strip()[-500:]}")
         port = _free_port()
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-        start = subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options,
-                                "-w", "-t", "60", "start"], capture_output=True, text=True, timeout=90)
+        start = subprocess.run(
+            [
+                *prefix,
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-l",
+                str(log),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
         started = True  # even a failed start may have left a postmaster to stop
         if start.returncode != 0:
             tail = log.read_text()[-500:] if log.exists() else start.stderr
@@ -104,6 +139,9 @@ def private_cluster() -> Iterator[Cluster]:
         yield Cluster(port=port, root=root)
     finally:
         if started:
-            subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-                           capture_output=True, timeout=60)
+            subprocess.run(
+                [*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+                capture_output=True,
+                timeout=60,
+            )
         shutil.rmtree(root, ignore_errors=True)

@@ -92,17 +92,32 @@ def test_only_the_store_touches_user_attrs():
     """Records are written and read through tuner.storage.store only. Exceptions: the heartbeat retry hands
     Optuna the attrs ``store.requeue_attrs`` made, and the journal a trial with ``store.record_attrs``;
     the outage wrapper names storage methods; the benchmark replay keys its simulated trials."""
-    allowed = {"tuner/storage/store.py", "tuner/storage/coordination.py", "tuner/storage/journal.py", "tuner/storage/outage.py", "tuner/bench/replay.py"}
-    offenders = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
-                 if re.search(r"user_attrs|set_user_attr", p.read_text()) and str(p.relative_to(ROOT)) not in allowed]
+    allowed = {
+        "tuner/storage/store.py",
+        "tuner/storage/coordination.py",
+        "tuner/storage/journal.py",
+        "tuner/storage/outage.py",
+        "tuner/bench/replay.py",
+    }
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in PACKAGE.rglob("*.py")
+        if re.search(r"user_attrs|set_user_attr", p.read_text()) and str(p.relative_to(ROOT)) not in allowed
+    ]
     assert offenders == []
 
 
 def stage_modules() -> list[str]:
     """Every module of ``tuner/`` and its stage subpackages (the synthetic family is named as a whole), as paths."""
-    folders = [PACKAGE] + [d for d in PACKAGE.iterdir() if (d / "__init__.py").is_file() and d.name != "synthetic"]
-    return [str(p.relative_to(PACKAGE).with_suffix("")) for folder in folders for p in folder.glob("*.py")
-            if p.stem != "__init__"]
+    folders = [PACKAGE] + [
+        d for d in PACKAGE.iterdir() if (d / "__init__.py").is_file() and d.name != "synthetic"
+    ]
+    return [
+        str(p.relative_to(PACKAGE).with_suffix(""))
+        for folder in folders
+        for p in folder.glob("*.py")
+        if p.stem != "__init__"
+    ]
 
 
 def test_architecture_names_every_module():
@@ -121,11 +136,14 @@ def test_the_top_level_shows_stages_not_modules():
             assert ast.get_docstring(ast.parse((folder / "__init__.py").read_text())), folder.name
 
 
-
 def test_no_function_is_over_100_lines():
-    long = [f"{p.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for p in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 100]
+    long = [
+        f"{p.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for p in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > 100
+    ]
     assert long == []
 
 

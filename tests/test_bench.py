@@ -19,9 +19,8 @@ from tuner.bench.grid import grid_configs
 from tuner.bench.table import read_table
 from tuner.cli import main
 from tuner.errors import UserError
+from tuner.search.sampling import culprits, sampler_for
 from tuner.search.space import Choices, IntRange, ResolvedSpace
-from tuner.search.sampling import culprits
-from tuner.search.sampling import sampler_for
 
 
 def landscape_table(path: Path) -> Path:
@@ -29,7 +28,8 @@ def landscape_table(path: Path) -> Path:
     temperature 0.7 fast but below the quality floor."""
     rows = []
     for spec, draft, k, temperature, threads in itertools.product(
-            ["none", "draft-simple", "ngram-simple"], ["large", "small"], [1, 2, 4, 8], [0.0, 0.7], [1, 2]):
+        ["none", "draft-simple", "ngram-simple"], ["large", "small"], [1, 2, 4, 8], [0.0, 0.7], [1, 2]
+    ):
         if spec != "draft-simple" and draft != "large":
             continue
         if spec == "none" and k != 1:
@@ -38,12 +38,26 @@ def landscape_table(path: Path) -> Path:
         gain = {"none": 1.0, "ngram-simple": 1.1, "draft-simple": 1.4 if draft == "small" else 1.2}[spec]
         peak = 1.0 if spec == "none" else 1.0 - abs(k - 4) / 10
         quality = 1.0 if temperature == 0.0 else 0.6
-        rows.append({"spec_type": spec, "draft": draft if spec == "draft-simple" else None,
-                     "draft_max": None if spec == "none" else k, "temperature": temperature, "numa": "none",
-                     "threads": threads, "tokens_per_second": base * gain * peak * (1.2 if temperature else 1.0),
-                     "acceptance": 0.0 if spec == "none" else 0.5, "quality": quality, "quality_floor": 0.99,
-                     "feasible": quality >= 0.99, "cv": 0.02, "status": "ok"})
-    rows.append({**rows[-1], "threads": 3, "tokens_per_second": None, "status": "out_of_memory", "feasible": False})
+        rows.append(
+            {
+                "spec_type": spec,
+                "draft": draft if spec == "draft-simple" else None,
+                "draft_max": None if spec == "none" else k,
+                "temperature": temperature,
+                "numa": "none",
+                "threads": threads,
+                "tokens_per_second": base * gain * peak * (1.2 if temperature else 1.0),
+                "acceptance": 0.0 if spec == "none" else 0.5,
+                "quality": quality,
+                "quality_floor": 0.99,
+                "feasible": quality >= 0.99,
+                "cv": 0.02,
+                "status": "ok",
+            }
+        )
+    rows.append(
+        {**rows[-1], "threads": 3, "tokens_per_second": None, "status": "out_of_memory", "feasible": False}
+    )
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
 
@@ -53,8 +67,13 @@ def test_table_becomes_a_conditional_landscape(tmp_path):
     assert land.params == ("spec_type", "draft", "draft_max", "temperature", "threads")  # numa is constant
     assert land.objectives == ("tokens_per_second", "acceptance", "quality")
     assert land.domains["draft_max"] == (1, 2, 4, 8)  # ints again, though the CSV has gaps
-    assert land.config(land.best_key()) == {"spec_type": "draft-simple", "draft": "small", "draft_max": 4,
-                                            "temperature": 0.0, "threads": 2}
+    assert land.config(land.best_key()) == {
+        "spec_type": "draft-simple",
+        "draft": "small",
+        "draft_max": 4,
+        "temperature": 0.0,
+        "threads": 2,
+    }
     assert land.best == pytest.approx(70.0)
     assert not land.entries[land.order[-1]].ok  # the failed row is a failed configuration, not a fast one
     trial = optuna.trial.FixedTrial({"spec_type": "none", "temperature": 0.0, "threads": 2})
@@ -63,16 +82,26 @@ def test_table_becomes_a_conditional_landscape(tmp_path):
 
 def test_a_column_set_in_only_part_of_a_branch_is_refused(tmp_path):
     path = tmp_path / "bad.csv"
-    pd.DataFrame({"spec_type": ["none", "none", "ngram-simple"], "draft_max": [None, 4, 4],
-                  "tokens_per_second": [1.0, 2.0, 3.0]}).to_csv(path, index=False)
+    pd.DataFrame(
+        {
+            "spec_type": ["none", "none", "ngram-simple"],
+            "draft_max": [None, 4, 4],
+            "tokens_per_second": [1.0, 2.0, 3.0],
+        }
+    ).to_csv(path, index=False)
     with pytest.raises(UserError, match="draft_max"):
         replay.load_landscape(read_table(path))
 
 
 def test_regret_counts_only_feasible_measured_configurations(tmp_path):
     land = replay.load_landscape(read_table(landscape_table(tmp_path / "grid.csv")))
-    infeasible_fast = next(k for k in land.order if land.entries[k].ok and not land.entries[k].feasible
-                           and land.entries[k].tokens_per_second > land.best)
+    infeasible_fast = next(
+        k
+        for k in land.order
+        if land.entries[k].ok
+        and not land.entries[k].feasible
+        and land.entries[k].tokens_per_second > land.best
+    )
     curve = replay.regret_curve(land, [infeasible_fast, land.best_key()])
     assert curve == [1.0, 0.0]
     assert replay.trials_to(curve, 0.03) == 2
@@ -93,8 +122,13 @@ def test_bench_search_compares_every_strategy(tmp_path, capsys):
     # the grid's first five rows: the target alone at 1 and 2 threads (30, 50 t/s), twice above temperature 0
     # (below the floor: no credit), then a draft at K=1 on one thread: the best feasible so far is 50 of 70
     assert result["strategies"]["grid"]["median_regret_at"]["5"] == pytest.approx(1 - 50 / 70)
-    assert set(result["targets"]) == {"default_over_random", "random_censored", "default_over_grid_size",
-                                      "no_worse_than_today", "met"}
+    assert set(result["targets"]) == {
+        "default_over_random",
+        "random_censored",
+        "default_over_grid_size",
+        "no_worse_than_today",
+        "met",
+    }
     printed = capsys.readouterr().out
     assert "| default |" in printed and "target <= 0.5" in printed
 
@@ -172,23 +206,45 @@ def test_culprits_blame_only_the_value_that_explains_the_bad_trials():
     # temperature 0.7 explains three; threads=1 is shared by two bad trials but each has another cause
     assert culprits(bad, good) == {("temperature", 0.7)}
     # two failures sharing two never-good values: either could be the cause, so neither is blamed
-    assert culprits([{"spec_type": "draft-simple", "draft_max": 32, "threads": 1},
-                     {"spec_type": "draft-simple", "draft_max": 32, "threads": 2}], good) == set()
+    assert (
+        culprits(
+            [
+                {"spec_type": "draft-simple", "draft_max": 32, "threads": 1},
+                {"spec_type": "draft-simple", "draft_max": 32, "threads": 2},
+            ],
+            good,
+        )
+        == set()
+    )
     # two causes seen together and apart, equally often: both are blamed (a replayed grid
     # once kept proposing ngram-simple for seven failures while it tied with temperature 0.7)
-    assert culprits([{"spec_type": "ngram-simple", "draft_max": 8, "temperature": 0.7, "threads": 1},
-                     {"spec_type": "none", "temperature": 0.7, "threads": 2},
-                     {"spec_type": "ngram-simple", "draft_max": 1, "temperature": 0.0, "threads": 2}],
-                    good) == {("spec_type", "ngram-simple"), ("temperature", 0.7)}
-    assert culprits([{"spec_type": "none", "temperature": 0.0, "threads": 2}], good) == set()  # nothing to blame
+    assert culprits(
+        [
+            {"spec_type": "ngram-simple", "draft_max": 8, "temperature": 0.7, "threads": 1},
+            {"spec_type": "none", "temperature": 0.7, "threads": 2},
+            {"spec_type": "ngram-simple", "draft_max": 1, "temperature": 0.0, "threads": 2},
+        ],
+        good,
+    ) == {("spec_type", "ngram-simple"), ("temperature", 0.7)}
+    assert (
+        culprits([{"spec_type": "none", "temperature": 0.0, "threads": 2}], good) == set()
+    )  # nothing to blame
 
 
 def test_grid_enumerates_the_space_as_a_study_asks_it():
-    space = ResolvedSpace({
-        "spec_type": Choices(("none", "draft-simple", "ngram-simple")), "draft": Choices(("a", "b")),
-        "draft_max": Choices((2, 4)), "temperature": Choices((0.0, 0.5)), "numa": Choices(("none",)),
-        "threads": Choices((1, 2)),
-    }, default_experts=None, physical_cores=2, allow_smt=False)
+    space = ResolvedSpace(
+        {
+            "spec_type": Choices(("none", "draft-simple", "ngram-simple")),
+            "draft": Choices(("a", "b")),
+            "draft_max": Choices((2, 4)),
+            "temperature": Choices((0.0, 0.5)),
+            "numa": Choices(("none",)),
+            "threads": Choices((1, 2)),
+        },
+        default_experts=None,
+        physical_cores=2,
+        allow_smt=False,
+    )
     configs = grid_configs(space)
     assert len(configs) == len(set(configs)) == 4 + 16 + 8
     assert all(c.draft is None for c in configs if c.spec_type != "draft-simple")
@@ -219,14 +275,28 @@ measurement: {{repetitions: 2, ctx_size: 256, trial_timeout_s: 60}}
     return study
 
 
-def test_record_grid_shares_one_server_across_temperatures_and_resumes(synthetic_models, tmp_path, monkeypatch, capsys):
+def test_record_grid_shares_one_server_across_temperatures_and_resumes(
+    synthetic_models, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     study, csv = grid_study(tmp_path), tmp_path / "grid.csv"
     assert main(["record-grid", str(study), "--out", str(csv)]) == 0
     frame = pd.read_csv(csv)
-    assert list(frame["temperature"]) == [0.0, 0.7]  # the baseline (greedy) first: it is the quality reference
-    assert {"spec_type", "threads", "tokens_per_second", "acceptance", "quality", "cv", "feasible", "status",
-            "build_commit"} <= set(frame.columns)
+    assert list(frame["temperature"]) == [
+        0.0,
+        0.7,
+    ]  # the baseline (greedy) first: it is the quality reference
+    assert {
+        "spec_type",
+        "threads",
+        "tokens_per_second",
+        "acceptance",
+        "quality",
+        "cv",
+        "feasible",
+        "status",
+        "build_commit",
+    } <= set(frame.columns)
     assert (frame["status"] == "ok").all() and (frame["tokens_per_second"] > 0).all()
     assert frame["quality"].iloc[0] == 1.0 and bool(frame["feasible"].iloc[0])
     assert frame["launch_s"].nunique() == 1  # one launch served both temperatures
@@ -244,16 +314,25 @@ def test_record_grid_refuses_a_range(synthetic_models, tmp_path, monkeypatch, ca
     assert "threads: is a range" in capsys.readouterr().err
 
 
-def test_overhead_compares_a_trial_with_llama_bench_in_alternating_rounds(synthetic_models, tmp_path, monkeypatch):
+def test_overhead_compares_a_trial_with_llama_bench_in_alternating_rounds(
+    synthetic_models, tmp_path, monkeypatch
+):
     from tuner.bench.overhead import markdown, measure_overhead
-    from tuner.studyfile.spec import load_spec
     from tuner.context import prepare
+    from tuner.studyfile.spec import load_spec
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
-    result = measure_overhead(prepare(load_spec(grid_study(tmp_path))), n_predict=8, repetitions=2, rounds=2,
-                              progress=lambda line: None)
+    result = measure_overhead(
+        prepare(load_spec(grid_study(tmp_path))),
+        n_predict=8,
+        repetitions=2,
+        rounds=2,
+        progress=lambda line: None,
+    )
     assert len(result.bench) == len(result.trials) == 2
-    assert all(b.tokens_per_second > 0 and len(b.samples_ts) == 3 for b in result.bench)  # R + 1 runs, from its JSONL
+    assert all(
+        b.tokens_per_second > 0 and len(b.samples_ts) == 3 for b in result.bench
+    )  # R + 1 runs, from its JSONL
     assert result.depth == result.trials[0].prompt_tokens > 0
     assert all(0 < t.tokens <= 2 * 8 for t in result.trials)  # R x N at most: a prompt may stop early
     assert 0.5 < result.tps_ratio < 2  # the tuner's decode figure agrees with llama-bench's, generously
@@ -266,29 +345,57 @@ def test_repeatability_runs_two_seeds_and_remeasures_both_winners(synthetic_mode
     from tuner.bench.repeat import markdown, measure_repeatability
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
-    result = measure_repeatability(grid_study(tmp_path), tmp_path / "repeat.db", trials=2, rounds=2,
-                                   progress=lambda line: None)
+    result = measure_repeatability(
+        grid_study(tmp_path), tmp_path / "repeat.db", trials=2, rounds=2, progress=lambda line: None
+    )
     assert [w.seed for w in result.winners] == [1, 2]
     assert all(w.config["temperature"] == 0.0 for w in result.winners)  # 0.7 falls below the agreement floor
     assert result.same_config
-    assert all(len(w.remeasured_tokens_per_second) == 2 and min(w.remeasured_tokens_per_second) > 0
-               for w in result.winners)
-    assert result.ratio >= 0.5 and result.to_dict()["met"] == result.met  # one configuration re-measured twice
+    assert all(
+        len(w.remeasured_tokens_per_second) == 2 and min(w.remeasured_tokens_per_second) > 0
+        for w in result.winners
+    )
+    assert (
+        result.ratio >= 0.5 and result.to_dict()["met"] == result.met
+    )  # one configuration re-measured twice
     assert "re-measured" in markdown(result)
 
 
 def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     study, out = grid_study(tmp_path), tmp_path / "bench"
-    assert main(["bench", "--grid-study", str(study), "--study", str(study), "--seeds", "2", "--rounds", "1",
-                 "--repeat-trials", "2", "--decision-runs", "4", "--gguf", str(synthetic_models.path("draft-small")),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--grid-study",
+                str(study),
+                "--study",
+                str(study),
+                "--seeds",
+                "2",
+                "--rounds",
+                "1",
+                "--repeat-trials",
+                "2",
+                "--decision-runs",
+                "4",
+                "--gguf",
+                str(synthetic_models.path("draft-small")),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads((out / "bench.json").read_text())
     assert {"search", "decisions", "overhead", "concurrency", "repeatability", "timings"} <= set(result)
     assert set(result["search"]["strategies"]) >= {"default", "random", "grid"}
     assert result["overhead"]["rounds"] == 1 and len(result["repeatability"]["winners"]) == 2
     md = (out / "bench.md").read_text()
-    assert md.count("\n## ") == 7 and "Whole bench:" in md  # 1, 1b (operator scale), 1c (decisions), 2, 2b, 3, 4
+    assert (
+        md.count("\n## ") == 7 and "Whole bench:" in md
+    )  # 1, 1b (operator scale), 1c (decisions), 2, 2b, 3, 4
     assert result["decisions"]["runs"] == 4 and len(result["decisions"]["races"]) == 27
     assert [Path(row["path"]).name for row in result["gguf_read"]["files"]] == ["draft-small.gguf"]
     assert (out / "grid-grid-test.csv").exists()

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from gguf_factory import DEFAULT_VOCAB_SIZE, write_gguf
+
 from tuner.bench import gguf_read
 from tuner.errors import UserError
 

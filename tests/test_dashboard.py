@@ -9,16 +9,16 @@ import signal
 import subprocess
 import sys
 
+import browser
 import optuna
 import pytest
+from fake_llama_server import get_json, wait_for_json
 from optuna_dashboard import get_note
 
-import browser
-from fake_llama_server import get_json, wait_for_json
-from tuner.storage import store
+from tuner.measurement.runner import free_port
 from tuner.output.dashboard import annotate
 from tuner.paths import REPO_ROOT
-from tuner.measurement.runner import free_port
+from tuner.storage import store
 
 
 def note_of(study: optuna.Study, number: int) -> str:
@@ -33,11 +33,14 @@ def test_annotate_names_objectives_and_notes_every_trial_once(storage, demo):
     assert study.metric_names == ["tokens_per_second", "acceptance", "quality"]
     best = store.best_feasible(study)
     m = best.metrics
-    assert (f"best feasible**: trial {best.number}, {m.tokens_per_second:.1f} tokens/s, "
-            f"x{m.speedup:.2f}") in get_note(study)
+    assert (
+        f"best feasible**: trial {best.number}, {m.tokens_per_second:.1f} tokens/s, x{m.speedup:.2f}"
+    ) in get_note(study)
     note = note_of(study, best.number)
-    assert (f"{m.tokens_per_second:.1f} tokens/s, x{m.speedup:.2f} over the baseline, acceptance {m.acceptance:.2f}, "
-            "quality 1.000: feasible") in note
+    assert (
+        f"{m.tokens_per_second:.1f} tokens/s, x{m.speedup:.2f} over the baseline, acceptance {m.acceptance:.2f}, "
+        "quality 1.000: feasible"
+    ) in note
     assert f"```sh\n{shlex.join(best.argv)} --host 127.0.0.1 --port 8080\n```" in note
     hot = next(r for r in records if r.complete and not r.feasible)
     assert "below the quality floor" in note_of(study, hot.number)
@@ -53,9 +56,14 @@ def test_dashboard_serves_the_study_over_http_and_in_a_browser(storage, demo, tm
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with open(tmp_path / "dashboard.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "dashboard", "--storage", storage, "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.cli", "dashboard", "--storage", storage, "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        )
     try:
         studies = wait_for_json(proc, f"{base}/api/studies", 60, "tuner dashboard")["study_summaries"]
         assert [s["study_name"] for s in studies] == ["demo"]
@@ -67,7 +75,9 @@ def test_dashboard_serves_the_study_over_http_and_in_a_browser(storage, demo, tm
         assert shlex.join(best.argv) in shown["note"]["body"]
         assert {"record", "role"} <= {a["key"] for a in shown["user_attrs"]}  # the trial's record, as stored
 
-        root = browser.render(f"{base}/dashboard/studies/{study_id}", screenshot="dashboard-demo.png", budget_ms=10000)
+        root = browser.render(
+            f"{base}/dashboard/studies/{study_id}", screenshot="dashboard-demo.png", budget_ms=10000
+        )
         text = root.all_text()
         assert "demo (id=" in text and "Pareto Front" in text and "tokens_per_second" in text
         pareto = root.find_all("svg", "main-svg")[0]  # the first plot on the study page

@@ -30,9 +30,14 @@ def test_t_quantiles_match_the_tables():
 
 
 def test_a_speedup_is_the_geometric_mean_of_paired_round_ratios_with_a_t_interval():
-    a, b = [110.0, 121.0, 99.0, 104.5], [100.0, 110.0, 90.0, 95.0]  # every round x1.10, whatever the launch gave
+    a, b = (
+        [110.0, 121.0, 99.0, 104.5],
+        [100.0, 110.0, 90.0, 95.0],
+    )  # every round x1.10, whatever the launch gave
     r = evidence.ratio(a, b)
-    assert r.estimate == pytest.approx(1.10) and r.low == pytest.approx(1.10) and r.high == pytest.approx(1.10)
+    assert (
+        r.estimate == pytest.approx(1.10) and r.low == pytest.approx(1.10) and r.high == pytest.approx(1.10)
+    )
     # unpaired medians would have mixed the launches: 107.25 / 97.5 = 1.1 only by luck; a noisy pair widens it
     r = evidence.ratio([110.0, 100.0, 120.0], [100.0, 100.0, 100.0])
     assert r.low < r.estimate < r.high and r.enough
@@ -52,7 +57,9 @@ def test_shown_better_and_shown_equivalent_on_crafted_rounds():
     assert not evidence.shown_better(lead, [x * 0.995 for x in lead[::-1]])
     tight = [x * 1.005 for x in lead]
     assert evidence.shown_equivalent(lead, tight, margin=0.02)
-    assert not evidence.shown_equivalent(lead, [x * 0.97 for x in lead], margin=0.02)  # 3% apart is not within 2%
+    assert not evidence.shown_equivalent(
+        lead, [x * 0.97 for x in lead], margin=0.02
+    )  # 3% apart is not within 2%
 
 
 def test_an_outlier_round_is_impossible_or_far_from_the_others():
@@ -79,7 +86,9 @@ def test_williams_rounds_balance_position_and_carry_over(n):
 # ------------------------------------------------------------------ the sequential race
 
 
-def scripted(mus: dict[str, float], noise: float, seed: int = 0, outliers: dict[tuple[str, int], float] | None = None):
+def scripted(
+    mus: dict[str, float], noise: float, seed: int = 0, outliers: dict[tuple[str, int], float] | None = None
+):
     """Launch functions over true rates with lognormal noise; ``outliers`` fixes (label, launch number) rates."""
     rng = random.Random(seed)
     count: Counter = Counter()
@@ -103,8 +112,15 @@ SPEC = RaceSpec(min_rounds=3, max_rounds=10, equivalence=0.02, confirm_rounds=4)
 def test_a_clearly_faster_leader_wins_and_the_others_are_dropped_as_they_go():
     mus = {"fast": 200.0, "slow": 150.0, "base": 100.0}
     launch, launch_round, log = scripted(mus, 0.02)
-    contest, outcome = sequential_race(["fast", "slow"], "base", launch_round, launch,
-                                       {"fast": (2, 9), "slow": (1, 0), "base": (1, 0)}, SPEC, progress=lambda _: None)
+    contest, outcome = sequential_race(
+        ["fast", "slow"],
+        "base",
+        launch_round,
+        launch,
+        {"fast": (2, 9), "slow": (1, 0), "base": (1, 0)},
+        SPEC,
+        progress=lambda _: None,
+    )
     assert outcome.winner == "fast" and outcome.decided and "shown faster" in outcome.verdict
     assert set(contest.dropped) == {"slow", "base"} and len(contest.rates["fast"]) == SPEC.min_rounds
     assert contest.launches == len(log) == 3 * SPEC.min_rounds
@@ -114,18 +130,23 @@ def test_resources_decide_only_between_configurations_shown_equivalent():
     mus = {"k8": 200.0, "k6": 199.5, "base": 100.0}
     launch, launch_round, _ = scripted(mus, 0.002)
     resources = {"k8": (2, 100), "k6": (1, 100), "base": (2, 0)}  # k6 uses fewer threads
-    _, outcome = sequential_race(["k8", "k6"], "base", launch_round, launch, resources, SPEC, progress=lambda _: None)
+    _, outcome = sequential_race(
+        ["k8", "k6"], "base", launch_round, launch, resources, SPEC, progress=lambda _: None
+    )
     assert outcome.decided and outcome.winner == "k6" and "equivalent" in outcome.verdict
     # 3% apart is not equivalent: the faster one wins although it uses more threads
     launch, launch_round, _ = scripted({"k8": 200.0, "k6": 194.0, "base": 100.0}, 0.002)
-    _, outcome = sequential_race(["k8", "k6"], "base", launch_round, launch, resources, SPEC, progress=lambda _: None)
+    _, outcome = sequential_race(
+        ["k8", "k6"], "base", launch_round, launch, resources, SPEC, progress=lambda _: None
+    )
     assert outcome.winner == "k8" and "k6" not in outcome.equivalent
 
 
 def test_a_race_out_of_rounds_says_it_is_undecided_and_deploys_the_higher_estimate():
     launch, launch_round, _ = scripted({"a": 200.0, "b": 199.0, "base": 100.0}, 0.08, seed=3)
-    contest, outcome = sequential_race(["a", "b"], "base", launch_round, launch, {}, RaceSpec(max_rounds=4),
-                                       progress=lambda _: None)
+    contest, outcome = sequential_race(
+        ["a", "b"], "base", launch_round, launch, {}, RaceSpec(max_rounds=4), progress=lambda _: None
+    )
     assert not outcome.decided and "undecided after 4 rounds" in outcome.verdict
     lead = max(("a", "b"), key=lambda n: evidence.geometric_mean(contest.rates[n]))
     assert outcome.winner == lead
@@ -134,17 +155,23 @@ def test_a_race_out_of_rounds_says_it_is_undecided_and_deploys_the_higher_estima
 def test_an_outlier_launch_is_launched_again_and_reported():
     mus = {"a": 480.0, "base": 250.0}
     launch, launch_round, log = scripted(mus, 0.02, outliers={("a", 4): 47.7})
-    contest, outcome = sequential_race(["a"], "base", launch_round, launch, {}, RaceSpec(min_rounds=4, max_rounds=6),
-                                       progress=lambda _: None)
-    assert len(contest.outliers) == 1 and "47.7" in contest.outliers[0] and "launched again" in contest.outliers[0]
+    contest, outcome = sequential_race(
+        ["a"], "base", launch_round, launch, {}, RaceSpec(min_rounds=4, max_rounds=6), progress=lambda _: None
+    )
+    assert (
+        len(contest.outliers) == 1
+        and "47.7" in contest.outliers[0]
+        and "launched again" in contest.outliers[0]
+    )
     assert min(contest.rates["a"]) > 400  # the outlier is not in the figure
     assert log.count("a") == len(contest.rates["a"]) + 1
 
 
 def test_an_early_outlier_is_caught_once_there_are_rounds_to_compare_with():
     launch, launch_round, _ = scripted({"a": 480.0, "base": 250.0}, 0.02, outliers={("a", 1): 47.7})
-    contest, _ = sequential_race(["a"], "base", launch_round, launch, {}, RaceSpec(min_rounds=4, max_rounds=6),
-                                 progress=lambda _: None)
+    contest, _ = sequential_race(
+        ["a"], "base", launch_round, launch, {}, RaceSpec(min_rounds=4, max_rounds=6), progress=lambda _: None
+    )
     assert contest.outliers and contest.outliers[0].startswith("round 1: a measured 47.7")
     assert min(contest.rates["a"]) > 400
 
@@ -176,21 +203,25 @@ def test_pruning_spends_its_error_over_the_looks_and_counts_both_launches():
     ratios = [0.87, 0.86, 0.88, 0.87, 0.86, 0.88]
     assert prune_decision(ratios, launch_sigma=0.02, fraction=1.0).prune
     assert not prune_decision(ratios, launch_sigma=0.02, fraction=0.1).prune  # an early look needs more
-    assert not prune_decision(ratios, launch_sigma=0.06, fraction=1.0).prune  # 2 x 6% launch spread covers 13%
+    assert not prune_decision(
+        ratios, launch_sigma=0.06, fraction=1.0
+    ).prune  # 2 x 6% launch spread covers 13%
     # the launch spread enters on both sides: the log-bound grows as sqrt(se^2 + 2 launch^2)
     wide, narrow = prune_decision(ratios, launch_sigma=0.06), prune_decision(ratios, launch_sigma=0.0)
     se = math.log(narrow.bound / narrow.estimate) / 2
-    assert math.log(wide.bound / wide.estimate) == pytest.approx(2 * math.sqrt(se ** 2 + 2 * 0.06 ** 2), rel=0.05)
+    assert math.log(wide.bound / wide.estimate) == pytest.approx(2 * math.sqrt(se**2 + 2 * 0.06**2), rel=0.05)
 
 
 def test_equal_configurations_are_rarely_pruned_on_a_simulated_host():
     from tuner.bench.decisions import prune_cell
+
     cell = prune_cell(0.05, runs=150, seed=7)
     assert cell["new_one"] <= 0.08 and cell["new_one"] <= cell["old_one"]
 
 
 def test_the_decision_benchmark_runs_the_product_code_and_prints_its_targets():
     from tuner.bench.decisions import markdown, measure_decisions
+
     result = measure_decisions(runs=8, seed=1)
     text = markdown(result)
     assert len(result["races"]) == 27 and "coverage >=" in text and "race time vs today's" in text
@@ -203,6 +234,7 @@ def test_the_decision_benchmark_runs_the_product_code_and_prints_its_targets():
 def test_more_race_rounds_buy_fewer_wrong_deployments_at_more_launches():
     """The trade the issue-22 bar sits on: at 5% launch and round spread a 3% gap needs many rounds."""
     from tuner.bench.decisions import round_budget_cells
+
     short, _, _, long = round_budget_cells(runs=150, seed=3, spec=SPEC)
     assert long["wrong"] + 0.05 < short["wrong"] and long["launches"] > 1.5 * short["launches"]
 
@@ -212,4 +244,3 @@ def test_a_race_is_symmetric_in_the_order_finalists_are_given(pair):
     launch, launch_round, _ = scripted({"x": 200.0, "y": 150.0, "base": 100.0}, 0.02)
     _, outcome = sequential_race(list(pair), "base", launch_round, launch, {}, SPEC, progress=lambda _: None)
     assert outcome.winner == "x"
-

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.machine import fingerprint as fingerprints, topology
 from tuner.cli import main
+from tuner.machine import fingerprint as fingerprints
+from tuner.machine import topology
 
 SYSFS = Path(__file__).parent / "data" / "sysfs"
 ONE_NODE = SYSFS / "one-node-2core"

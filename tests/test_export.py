@@ -19,19 +19,34 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from fake_llama_server import (
+    PINNED_COMMIT,
+    get_json,
+    run_study_file,
+    stop_group,
+    wait_for_json,
+    write_moe_study,
+    write_study,
+)
 
-from fake_llama_server import PINNED_COMMIT, get_json, run_study_file, stop_group, wait_for_json, write_moe_study, write_study
-from tuner.storage import store
-from tuner.output.analysis import families_by_suite, front_2d, trials_frame
 from tuner.cli import main
 from tuner.errors import UserError
-from tuner.output.export import Export, build_export, choose, merge_preset, preset_lines, production_argv, shell_script
-from tuner.measurement.launch import ServerCommand, cpu_mask
 from tuner.machine.llama_build import binary
-from tuner.paths import models_dir
-from tuner.measurement.runner import free_port, source_blocks
 from tuner.machine.topology import read_topology
-
+from tuner.measurement.launch import ServerCommand, cpu_mask
+from tuner.measurement.runner import free_port, source_blocks
+from tuner.output.analysis import families_by_suite, front_2d, trials_frame
+from tuner.output.export import (
+    Export,
+    build_export,
+    choose,
+    merge_preset,
+    preset_lines,
+    production_argv,
+    shell_script,
+)
+from tuner.paths import models_dir
+from tuner.storage import store
 
 # ------------------------------------------------------------------ choosing
 
@@ -46,16 +61,24 @@ def test_policies_choose_among_trials_that_meet_the_floor(demo):
     assert choose(record, frame)[0] == best.number
     feasible = [r for r in records if r.feasible]
     floor = min(r.metrics.acceptance for r in feasible if r.metrics.acceptance > best.metrics.acceptance)
-    accepting = max((r for r in feasible if r.metrics.acceptance >= floor), key=lambda r: r.metrics.tokens_per_second)
+    accepting = max(
+        (r for r in feasible if r.metrics.acceptance >= floor), key=lambda r: r.metrics.tokens_per_second
+    )
     assert choose(record, frame, min_acceptance=floor)[0] == accepting.number != best.number
     other = next(r.number for r in feasible if r.number != best.number)
     assert choose(record, frame, trial=other) == (other, f"trial {other} chosen with --trial")
-    with pytest.raises(UserError, match=rf"--trial {fastest.number}: not a complete trial of 'demo' that meets the "
-                                        "quality floor"):
+    with pytest.raises(
+        UserError,
+        match=rf"--trial {fastest.number}: not a complete trial of 'demo' that meets the "
+        "quality floor",
+    ):
         choose(record, frame, trial=fastest.number)
     top = max(r.metrics.acceptance for r in feasible)
-    with pytest.raises(UserError, match=rf"--min-acceptance 0.95: no feasible trial .* \(best feasible acceptance "
-                                        rf"{top:.2f}\)"):
+    with pytest.raises(
+        UserError,
+        match=rf"--min-acceptance 0.95: no feasible trial .* \(best feasible acceptance "
+        rf"{top:.2f}\)",
+    ):
         choose(record, frame, min_acceptance=0.95)
 
 
@@ -72,16 +95,36 @@ def test_knee_policy_pays_little_quality_for_much_speed(storage, tmp_path):
 
 def test_no_feasible_trial_is_a_one_line_error(storage, tmp_path, capsys):
     """Scored on expected answers the stand-in never gives, even the baseline falls below the floor."""
-    (tmp_path / "answers.yaml").write_text(yaml.safe_dump({"prompts": [
-        {"id": "add", "text": "def add(a, b):\n", "expected": [{"kind": "contains", "value": "return a + b"}]}]}))
-    study, _ = run_study_file(write_study(tmp_path, storage, "hopeless", budget={"trials": 1},
-                                          workload={"suites": ["answers.yaml"], "n_predict": 8},
-                                          quality={"scorer": "answers", "floor": 0.99}))
+    (tmp_path / "answers.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "prompts": [
+                    {
+                        "id": "add",
+                        "text": "def add(a, b):\n",
+                        "expected": [{"kind": "contains", "value": "return a + b"}],
+                    }
+                ]
+            }
+        )
+    )
+    study, _ = run_study_file(
+        write_study(
+            tmp_path,
+            storage,
+            "hopeless",
+            budget={"trials": 1},
+            workload={"suites": ["answers.yaml"], "n_predict": 8},
+            quality={"scorer": "answers", "floor": 0.99},
+        )
+    )
     assert [r.metrics.quality for r in store.read_trials(study)] == [0.0]
     assert main(["export", "hopeless", "--storage", storage, "--no-race"]) == 2
     err = capsys.readouterr().err
-    assert err == ("tuner export: error: study 'hopeless' has no feasible trial (1 complete, none meets the quality "
-                   "floor 0.99); run more trials or lower quality.floor in the study file\n")
+    assert err == (
+        "tuner export: error: study 'hopeless' has no feasible trial (1 complete, none meets the quality "
+        "floor 0.99); run more trials or lower quality.floor in the study file\n"
+    )
 
 
 # ------------------------------------------------------------------ what is written
@@ -90,7 +133,9 @@ def test_no_feasible_trial_is_a_one_line_error(storage, tmp_path, capsys):
 def preset_options(command: ServerCommand, temperature: float) -> list[str]:
     """What a preset section holds for a command: numactl's CPUs as a mask, then every option."""
     pinning = [f"cpu-mask = {cpu_mask(list(command.cpus))}", "cpu-strict = 1"] if command.prefix else []
-    options = [f"{flag.lstrip('-')} = {'true' if value is None else value}" for flag, value in command.options]
+    options = [
+        f"{flag.lstrip('-')} = {'true' if value is None else value}" for flag, value in command.options
+    ]
     return pinning + options + [f"temp = {temperature:g}"]
 
 
@@ -98,28 +143,46 @@ def test_files_script_json_yaml_and_preset(storage, demo, tmp_path, capsys):
     study, record = demo
     best = store.best_feasible(study)
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
-    assert main(["export", "demo", "--storage", storage, "--no-race", "--out", str(out), "--preset", str(preset)]) == 0
+    assert (
+        main(
+            ["export", "demo", "--storage", storage, "--no-race", "--out", str(out), "--preset", str(preset)]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
-    assert f"chosen: trial {best.number} (highest tokens/s among trials that meet the quality floor)" in printed
+    assert (
+        f"chosen: trial {best.number} (highest tokens/s among trials that meet the quality floor)" in printed
+    )
     feasible = [r for r in store.read_trials(study) if r.feasible]
-    per_suite = {suite: max(feasible, key=lambda r: r.per_suite_tokens_per_second[suite])
-                 for suite in ("code", "prose")}
+    per_suite = {
+        suite: max(feasible, key=lambda r: r.per_suite_tokens_per_second[suite])
+        for suite in ("code", "prose")
+    }
     for suite, r in per_suite.items():
-        assert (f"best on {suite} (recorded, all its prompts): trial {r.number}, draft, K={r.config.draft_max}, T=0.0: "
-                f"{r.per_suite_tokens_per_second[suite]:.1f} tokens/s") in printed
+        assert (
+            f"best on {suite} (recorded, all its prompts): trial {r.number}, draft, K={r.config.draft_max}, T=0.0: "
+            f"{r.per_suite_tokens_per_second[suite]:.1f} tokens/s"
+        ) in printed
 
     script = (out / "serve.sh").read_text()
     assert os.access(out / "serve.sh", os.X_OK)
     argv = [*best.argv, "--temp", "0"]  # the tuned temperature becomes the server's default
-    assert script.splitlines()[-1] == ("exec " + shlex.join(argv) + ' --host "${LLAMA_ARG_HOST:-127.0.0.1}" '
-                                       '--port "${LLAMA_ARG_PORT:-8080}" "$@"')
+    assert script.splitlines()[-1] == (
+        "exec " + shlex.join(argv) + ' --host "${LLAMA_ARG_HOST:-127.0.0.1}" '
+        '--port "${LLAMA_ARG_PORT:-8080}" "$@"'
+    )
 
     exported = json.loads((out / "config.json").read_text())
     assert exported == yaml.safe_load((out / "config.yaml").read_text())
-    assert (exported["trial"], exported["config"], exported["argv"]) == (best.number, best.config.as_dict(), argv)
+    assert (exported["trial"], exported["config"], exported["argv"]) == (
+        best.number,
+        best.config.as_dict(),
+        argv,
+    )
     assert exported["metrics"] == asdict(best.metrics) and exported["race"] is None
     assert [(r["suite"], r["trial"], r["draft_max"]) for r in exported["per_content_type"]] == [
-        (suite, r.number, r.config.draft_max) for suite, r in per_suite.items()]
+        (suite, r.number, r.config.draft_max) for suite, r in per_suite.items()
+    ]
     assert exported["llama_cpp"]["commit"] == record.fingerprint["llama_commit"] == PINNED_COMMIT
     assert exported["preset_section"] == "demo"
 
@@ -130,35 +193,69 @@ def test_files_script_json_yaml_and_preset(storage, demo, tmp_path, capsys):
 
 
 def quoted_export(command: ServerCommand, temperature: float = 0.0) -> Export:
-    return Export(study="big model", trial=3, policy="max-tps", config={"temperature": temperature},
-                  metrics={"tokens_per_second": 10.0, "speedup": 1.5, "acceptance": 0.5, "quality": 1.0},
-                  argv=production_argv(command.argv, temperature), command=command, per_content_type=[],
-                  llama_cpp={"commit": "0c1e570"}, machine={"cpu_model": "x"})
+    return Export(
+        study="big model",
+        trial=3,
+        policy="max-tps",
+        config={"temperature": temperature},
+        metrics={"tokens_per_second": 10.0, "speedup": 1.5, "acceptance": 0.5, "quality": 1.0},
+        argv=production_argv(command.argv, temperature),
+        command=command,
+        per_content_type=[],
+        llama_cpp={"commit": "0c1e570"},
+        machine={"cpu_model": "x"},
+    )
 
 
 def test_script_quotes_every_argument():
     export = quoted_export(ServerCommand((), "/opt/my llama/llama-server", (("--model", "/m/it's.gguf"),)))
     exec_line = shell_script(export).splitlines()[-1]
-    assert exec_line.startswith("""exec '/opt/my llama/llama-server' --model '/m/it'"'"'s.gguf' --temp 0 --host""")
+    assert exec_line.startswith(
+        """exec '/opt/my llama/llama-server' --model '/m/it'"'"'s.gguf' --temp 0 --host"""
+    )
 
 
 def test_preset_turns_numactl_pinning_into_cpu_mask_and_keeps_policy_as_a_comment():
     command = ServerCommand(
-        prefix=("/usr/bin/numactl", "--physcpubind=0-3", "--interleave=all"), binary="/opt/llama/llama-server",
-        options=(("--model", "/m/t.gguf"), ("--threads", "4"), ("--no-webui", None), ("--numa", "numactl"),
-                 ("--override-kv", "qwen3moe.expert_used_count=int:3")),
-        cpus=(0, 1, 2, 3))
+        prefix=("/usr/bin/numactl", "--physcpubind=0-3", "--interleave=all"),
+        binary="/opt/llama/llama-server",
+        options=(
+            ("--model", "/m/t.gguf"),
+            ("--threads", "4"),
+            ("--no-webui", None),
+            ("--numa", "numactl"),
+            ("--override-kv", "qwen3moe.expert_used_count=int:3"),
+        ),
+        cpus=(0, 1, 2, 3),
+    )
     lines = preset_lines(quoted_export(command, temperature=0.7))
     assert lines[0] == "[big-model]"  # the study name made INI-safe
-    assert "; tuned under numactl --interleave=all: start the router with it to keep that memory policy" in lines
+    assert (
+        "; tuned under numactl --interleave=all: start the router with it to keep that memory policy" in lines
+    )
     options = [line for line in lines if not line.startswith((";", "["))]
-    assert options == ["cpu-mask = 0xf", "cpu-strict = 1", "model = /m/t.gguf", "threads = 4", "no-webui = true",
-                       "override-kv = qwen3moe.expert_used_count=int:3", "temp = 0.7"]
+    assert options == [
+        "cpu-mask = 0xf",
+        "cpu-strict = 1",
+        "model = /m/t.gguf",
+        "threads = 4",
+        "no-webui = true",
+        "override-kv = qwen3moe.expert_used_count=int:3",
+        "temp = 0.7",
+    ]
     with pytest.raises(UserError, match="contains ; # or a newline"):
         preset_lines(quoted_export(ServerCommand((), "/opt/llama-server", (("--model", "/m/a#b.gguf"),))))
     with pytest.raises(UserError, match="repeats --override-kv"):
-        preset_lines(quoted_export(ServerCommand((), "/opt/llama-server", (("--override-kv", "a=int:1"),),
-                                                 extra=("--override-kv", "b=int:2"))))
+        preset_lines(
+            quoted_export(
+                ServerCommand(
+                    (),
+                    "/opt/llama-server",
+                    (("--override-kv", "a=int:1"),),
+                    extra=("--override-kv", "b=int:2"),
+                )
+            )
+        )
 
 
 def test_preset_file_keeps_other_sections_and_replaces_its_own(tmp_path):
@@ -188,38 +285,77 @@ def served(synthetic_models, storage, tmp_path_factory):
     synthetic family: the baseline, then one draft model with n-gram lookup stacked on it. Tests export the draft with --trial: which
     of the two the real build measures faster depends on how busy the machine is."""
     folder = tmp_path_factory.mktemp("served")
-    (folder / "prompts.yaml").write_text(yaml.safe_dump({"prompts": [
-        {"id": "code-1", "text": "def add(a, b):\n    return"},
-        {"id": "code-2", "text": "for i in range(10):\n    print("}]}))
+    (folder / "prompts.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "prompts": [
+                    {"id": "code-1", "text": "def add(a, b):\n    return"},
+                    {"id": "code-2", "text": "for i in range(10):\n    print("},
+                ]
+            }
+        )
+    )
     threads = min(2, read_topology().physical_cores)
-    (folder / "served.yaml").write_text(yaml.safe_dump({
-        "name": "served", "target": str(synthetic("target")), "drafts": [str(synthetic("draft-small"))],
-        "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4], "temperature": 0.0,
-                                       "threads": threads, "lookup": ["none", "ngram-simple"], "ngram_key": [2],
-                                       "lookup_max": [8]}},
-        # a stack: prompt lookup in front of the draft model, one server
-        "warm_start": [{"spec_type": "draft-simple", "draft": "draft-small", "draft_max": 4, "temperature": 0.0,
-                        "threads": threads, "lookup": "ngram-simple", "ngram_key": 2, "lookup_max": 8}],
-        "budget": {"trials": 2},
-        "workload": {"suites": ["prompts.yaml"], "n_predict": 16},
-        "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 120},
-        "race": {"min_rounds": 3, "max_rounds": 3, "confirm_rounds": 3},
-        "storage": storage,
-    }))
+    (folder / "served.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "served",
+                "target": str(synthetic("target")),
+                "drafts": [str(synthetic("draft-small"))],
+                "search_space": {
+                    "overrides": {
+                        "spec_type": ["none", "draft-simple"],
+                        "draft_max": [4],
+                        "temperature": 0.0,
+                        "threads": threads,
+                        "lookup": ["none", "ngram-simple"],
+                        "ngram_key": [2],
+                        "lookup_max": [8],
+                    }
+                },
+                # a stack: prompt lookup in front of the draft model, one server
+                "warm_start": [
+                    {
+                        "spec_type": "draft-simple",
+                        "draft": "draft-small",
+                        "draft_max": 4,
+                        "temperature": 0.0,
+                        "threads": threads,
+                        "lookup": "ngram-simple",
+                        "ngram_key": 2,
+                        "lookup_max": 8,
+                    }
+                ],
+                "budget": {"trials": 2},
+                "workload": {"suites": ["prompts.yaml"], "n_predict": 16},
+                "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 120},
+                "race": {"min_rounds": 3, "max_rounds": 3, "confirm_rounds": 3},
+                "storage": storage,
+            }
+        )
+    )
     study, record = run_study_file(folder / "served.yaml")
     return study, record, store.read_trials(study)[1]
 
 
 def post_json(url: str, body: dict, timeout: float = 60.0) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=timeout) as resp:
         return json.load(resp)
 
 
 def start(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
     with open(log, "wb") as fh:
-        return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
+        return subprocess.Popen(
+            argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
 
 
 @pytest.mark.llama
@@ -227,14 +363,34 @@ def start(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Pop
 def test_exported_script_serves_the_synthetic_family(served, storage, tmp_path):
     draft = served[2]
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
-    assert main(["export", "served", "--storage", storage, "--trial", str(draft.number), "--no-race",
-                 "--out", str(out), "--preset", str(preset)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "served",
+                "--storage",
+                storage,
+                "--trial",
+                str(draft.number),
+                "--no-race",
+                "--out",
+                str(out),
+                "--preset",
+                str(preset),
+            ]
+        )
+        == 0
+    )
     port = free_port()
-    proc = start([str(out / "serve.sh")], tmp_path / "serve.log", env={**os.environ, "LLAMA_ARG_PORT": str(port)})
+    proc = start(
+        [str(out / "serve.sh")], tmp_path / "serve.log", env={**os.environ, "LLAMA_ARG_PORT": str(port)}
+    )
     try:
         wait_for_json(proc, f"http://127.0.0.1:{port}/health", 90, "llama-server")
-        answer = post_json(f"http://127.0.0.1:{port}/completion",
-                           {"prompt": "def add(a, b):\n    return", "n_predict": 16, "temperature": 0})
+        answer = post_json(
+            f"http://127.0.0.1:{port}/completion",
+            {"prompt": "def add(a, b):\n    return", "n_predict": 16, "temperature": 0},
+        )
         assert answer["timings"]["predicted_n"] > 0
         assert answer["timings"].get("draft_n", 0) > 0, "the exported command did not speculate"
     finally:
@@ -252,17 +408,32 @@ def test_preset_file_is_accepted_by_the_llama_server_router(served, tmp_path):
     assert draft.config.stacked
     preset = tmp_path / "models-preset.ini"
     preset.write_text("version = 1\n\n[*]\nc = 1024\nlog-verbosity = 4\n")
-    merge_preset(preset, "served", preset_lines(build_export(record, draft, trials_frame(store.read_trials(study)),
-                                                             "max-tps")))
+    merge_preset(
+        preset,
+        "served",
+        preset_lines(build_export(record, draft, trials_frame(store.read_trials(study)), "max-tps")),
+    )
     port = free_port()
-    proc = start([str(binary("llama-server")), "--models-preset", str(preset), "--host", "127.0.0.1",
-                  "--port", str(port)], tmp_path / "router.log")
+    proc = start(
+        [
+            str(binary("llama-server")),
+            "--models-preset",
+            str(preset),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        tmp_path / "router.log",
+    )
     try:
         wait_for_json(proc, f"http://127.0.0.1:{port}/health", 90, "llama-server")
         models = get_json(f"http://127.0.0.1:{port}/models")
         assert "served" in [m["id"] for m in models["data"]]
-        answer = post_json(f"http://127.0.0.1:{port}/v1/completions",
-                           {"model": "served", "prompt": "def add(a, b):\n    return", "max_tokens": 64, "temperature": 0})
+        answer = post_json(
+            f"http://127.0.0.1:{port}/v1/completions",
+            {"model": "served", "prompt": "def add(a, b):\n    return", "max_tokens": 64, "temperature": 0},
+        )
         assert answer["choices"][0]["text"] != "" or answer["usage"]["completion_tokens"] > 0
         totals = wait_for_sources(tmp_path / "router.log")
     finally:
@@ -281,23 +452,47 @@ def wait_for_sources(log: Path, timeout_s: float = 10.0) -> dict[str, tuple[int,
 
 @pytest.mark.llama
 @pytest.mark.slow
-def test_export_races_the_choice_against_the_baseline_side_by_side(served, storage, tmp_path, capsys, monkeypatch):
+def test_export_races_the_choice_against_the_baseline_side_by_side(
+    served, storage, tmp_path, capsys, monkeypatch
+):
     study, record, draft = served
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path))  # the race's server logs
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
-    assert main(["export", "served", "--storage", storage, "--trial", str(draft.number),
-                 "--out", str(out), "--preset", str(preset)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "served",
+                "--storage",
+                storage,
+                "--trial",
+                str(draft.number),
+                "--out",
+                str(out),
+                "--preset",
+                str(preset),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "race round 3:" in printed and "winner: trial" in printed and "verdict: " in printed
     race = json.loads((out / "config.json").read_text())["race"]
-    assert race["rounds"] == 3 and {e["trial"] for e in race["entries"]} == {draft.number, race["baseline_trial"]}
-    assert all(len(e["rates"]) == 3 and e["speedup_low"] <= e["speedup"] <= e["speedup_high"] for e in race["entries"])
+    assert race["rounds"] == 3 and {e["trial"] for e in race["entries"]} == {
+        draft.number,
+        race["baseline_trial"],
+    }
+    assert all(
+        len(e["rates"]) == 3 and e["speedup_low"] <= e["speedup"] <= e["speedup_high"]
+        for e in race["entries"]
+    )
     assert race["drafted"][f"trial-{draft.number}"] > 0  # the draft configuration drafted while racing
     assert store.read_race(study) is not None  # recorded with the study
     # one launch per contender and round (selection and confirmation), each with its own log
     logs = list((tmp_path / "logs" / "served").glob(f"remeasure-trial-{draft.number}-*.log"))
     assert len(logs) == 3 + (race["confirmation"]["rounds"] if race["confirmation"] else 0) + sum(
-        1 for line in race["outliers"] if f"trial-{draft.number} measured" in line)
+        1 for line in race["outliers"] if f"trial-{draft.number} measured" in line
+    )
 
 
 @pytest.mark.llama
@@ -307,13 +502,19 @@ def test_a_stacked_trial_records_what_each_source_drafted(served):
     add up to the request's own draft counters, and the report's family table reads them."""
     study, record, stacked = served
     samples = stacked.samples
-    assert samples and all({name for name, _, _ in s["sources"]} == {"ngram-simple", "draft-simple"} for s in samples)
+    assert samples and all(
+        {name for name, _, _ in s["sources"]} == {"ngram-simple", "draft-simple"} for s in samples
+    )
     for s in samples:
         assert sum(d for _, d, _ in s["sources"]) == s["draft_n"]
         assert sum(a for _, _, a in s["sources"]) == s["draft_n_accepted"]
     families = families_by_suite(trials_frame(store.read_trials(study)), store.read_trials(study))
     row = families[families["family"] == "stack"].iloc[0]
-    assert row["trial"] == stacked.number and "ngram-simple" in row["sources"] and "draft-simple" in row["sources"]
+    assert (
+        row["trial"] == stacked.number
+        and "ngram-simple" in row["sources"]
+        and "draft-simple" in row["sources"]
+    )
 
 
 def test_break_even_is_the_fewest_users_where_speculation_is_not_shown_to_pay():
@@ -323,54 +524,133 @@ def test_break_even_is_the_fewest_users_where_speculation_is_not_shown_to_pay():
     def curves(rows):
         return pd.DataFrame(rows, columns=["family", "users", "aggregate_tokens_per_second", "trial"])
 
-    pays = curves([("none", 1, 100.0, 0), ("draft", 1, 150.0, 1), ("none", 2, 180.0, 0), ("lookup", 2, 216.0, 2)])
-    assert break_even(pays).startswith("speculation pays at every measured level (1 user: x1.50 (draft); 2 users: x1.20")
+    pays = curves(
+        [("none", 1, 100.0, 0), ("draft", 1, 150.0, 1), ("none", 2, 180.0, 0), ("lookup", 2, 216.0, 2)]
+    )
+    assert break_even(pays).startswith(
+        "speculation pays at every measured level (1 user: x1.50 (draft); 2 users: x1.20"
+    )
     assert "beyond x0.87-x1.15" in break_even(pays) and "launch spread of 5%" in break_even(pays)
-    stops = curves([("none", 1, 100.0, 0), ("stack", 1, 150.0, 1), ("none", 2, 200.0, 0), ("stack", 2, 160.0, 1),
-                    ("none", 4, 350.0, 0), ("stack", 4, 300.0, 1)])
+    stops = curves(
+        [
+            ("none", 1, 100.0, 0),
+            ("stack", 1, 150.0, 1),
+            ("none", 2, 200.0, 0),
+            ("stack", 2, 160.0, 1),
+            ("none", 4, 350.0, 0),
+            ("stack", 4, 300.0, 1),
+        ]
+    )
     assert break_even(stops).startswith("speculation stops paying at 2 users at once on this host")
-    close = curves([("none", 1, 100.0, 0), ("stack", 1, 150.0, 1), ("none", 2, 200.0, 0), ("stack", 2, 182.0, 1)])
-    assert break_even(close).startswith("speculation is shown to pay up to 1 user; at 2 users at once it is within "
-                                        "the launch spread"), break_even(close)
-    assert break_even(close, spread=0.02).startswith("speculation stops paying at 2 users"), "a quieter host tells"
+    close = curves(
+        [("none", 1, 100.0, 0), ("stack", 1, 150.0, 1), ("none", 2, 200.0, 0), ("stack", 2, 182.0, 1)]
+    )
+    assert break_even(close).startswith(
+        "speculation is shown to pay up to 1 user; at 2 users at once it is within the launch spread"
+    ), break_even(close)
+    assert break_even(close, spread=0.02).startswith("speculation stops paying at 2 users"), (
+        "a quieter host tells"
+    )
     assert break_even(curves([("none", 1, 100.0, 0)])).startswith("no break-even figure")
 
 
 @pytest.mark.llama
 @pytest.mark.slow
-def test_a_load_class_section_serves_its_users_at_once_with_the_real_router(synthetic_models, storage, tmp_path):
+def test_a_load_class_section_serves_its_users_at_once_with_the_real_router(
+    synthetic_models, storage, tmp_path
+):
     """A study of 1 and 2 users exports a STUDY-c2 section with 2 slots; the real router serves 2 requests
     to it at once, and ROUTER.md says which section is for which load."""
-    (tmp_path / "prompts.yaml").write_text(yaml.safe_dump({"prompts": [
-        {"id": "code-1", "text": "def add(a, b):\n    return"}, {"id": "code-2", "text": "for i in range(10):\n"}]}))
+    (tmp_path / "prompts.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "prompts": [
+                    {"id": "code-1", "text": "def add(a, b):\n    return"},
+                    {"id": "code-2", "text": "for i in range(10):\n"},
+                ]
+            }
+        )
+    )
     threads = min(2, read_topology().physical_cores)
-    (tmp_path / "load.yaml").write_text(yaml.safe_dump({
-        "name": "loadclass", "target": str(synthetic("target")), "drafts": [],
-        "search_space": {"overrides": {"spec_type": ["none", "ngram-mod"], "draft_max": [4], "ngram_key": [3],
-                                       "temperature": 0.0, "threads": threads}},
-        "warm_start": [{"spec_type": "ngram-mod", "draft_max": 4, "ngram_key": 3, "temperature": 0.0,
-                        "threads": threads}],
-        "budget": {"trials": 2}, "storage": storage,
-        "workload": {"suites": ["prompts.yaml"], "n_predict": 16, "concurrency": [1, 2]},
-        "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 120},
-    }))
+    (tmp_path / "load.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "loadclass",
+                "target": str(synthetic("target")),
+                "drafts": [],
+                "search_space": {
+                    "overrides": {
+                        "spec_type": ["none", "ngram-mod"],
+                        "draft_max": [4],
+                        "ngram_key": [3],
+                        "temperature": 0.0,
+                        "threads": threads,
+                    }
+                },
+                "warm_start": [
+                    {
+                        "spec_type": "ngram-mod",
+                        "draft_max": 4,
+                        "ngram_key": 3,
+                        "temperature": 0.0,
+                        "threads": threads,
+                    }
+                ],
+                "budget": {"trials": 2},
+                "storage": storage,
+                "workload": {"suites": ["prompts.yaml"], "n_predict": 16, "concurrency": [1, 2]},
+                "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 120},
+            }
+        )
+    )
     run_study_file(tmp_path / "load.yaml")
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
-    assert main(["export", "loadclass", "--storage", storage, "--no-race", "--out", str(out),
-                 "--preset", str(preset)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "loadclass",
+                "--storage",
+                storage,
+                "--no-race",
+                "--out",
+                str(out),
+                "--preset",
+                str(preset),
+            ]
+        )
+        == 0
+    )
     text = preset.read_text()
-    section = text[text.index("[loadclass-c2]"):]
+    section = text[text.index("[loadclass-c2]") :]
     assert "parallel = 2" in section.split("\n[")[0] and "[loadclass-c1]" in text
     assert "`loadclass-c2`: up to 2 simultaneous user(s)" in (out / "ROUTER.md").read_text()
     port = free_port()
-    proc = start([str(binary("llama-server")), "--models-preset", str(preset), "--host", "127.0.0.1",
-                  "--port", str(port)], tmp_path / "router.log")
+    proc = start(
+        [
+            str(binary("llama-server")),
+            "--models-preset",
+            str(preset),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        tmp_path / "router.log",
+    )
     try:
         wait_for_json(proc, f"http://127.0.0.1:{port}/health", 90, "llama-server")
-        body = {"model": "loadclass-c2", "prompt": "def add(a, b):\n    return", "max_tokens": 16, "temperature": 0}
+        body = {
+            "model": "loadclass-c2",
+            "prompt": "def add(a, b):\n    return",
+            "max_tokens": 16,
+            "temperature": 0,
+        }
         post_json(f"http://127.0.0.1:{port}/v1/completions", body)  # loads the child server
         with ThreadPoolExecutor(2) as pool:
-            answers = list(pool.map(lambda _: post_json(f"http://127.0.0.1:{port}/v1/completions", body), range(2)))
+            answers = list(
+                pool.map(lambda _: post_json(f"http://127.0.0.1:{port}/v1/completions", body), range(2))
+            )
     finally:
         stop_group(proc)
     assert all(a["usage"]["completion_tokens"] > 0 for a in answers)

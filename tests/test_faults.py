@@ -34,11 +34,15 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from fake_llama_server import launches, wait_for, write_study
+
 from tuner.storage.urls import safe_url, with_driver
 
-COMPLETE, FAIL, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING
+COMPLETE, FAIL, RUNNING = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.FAIL,
+    optuna.trial.TrialState.RUNNING,
+)
 
 
 # ------------------------------------------------------------------ helpers
@@ -52,14 +56,24 @@ def fenv(env, tmp_path, monkeypatch) -> dict:
 
 
 def tuner(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *map(str, args)], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def start(*args: str, env: dict, out: Path) -> subprocess.Popen:
     with open(out, "w") as f:
-        return subprocess.Popen([sys.executable, "-m", "tuner.cli", *map(str, args)], env=env, stdout=f,
-                                stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tuner.cli", *map(str, args)],
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
 
 def error_line(proc: subprocess.CompletedProcess | str) -> str:
@@ -100,24 +114,39 @@ def test_two_studies_started_together_measure_one_after_the_other(fenv, tmp_path
     env = {**fenv, "FAKE_LLAMA_DELAY_S": "0.2"}
     a = write_study(tmp_path / "a", f"sqlite:///{tmp_path / 'a.db'}", name="a", budget={"trials": 3})
     b = write_study(tmp_path / "b", f"sqlite:///{tmp_path / 'b.db'}", name="b", budget={"trials": 3})
-    first = start("run", a, env={**env, "FAKE_LLAMA_DELAY_S": "2"}, out=tmp_path / "a.log")  # still running when b starts
+    first = start(
+        "run", a, env={**env, "FAKE_LLAMA_DELAY_S": "2"}, out=tmp_path / "a.log"
+    )  # still running when b starts
     try:
-        wait_for(lambda: "study a" in (tmp_path / "measure.lock").read_text(errors="replace")
-                 if (tmp_path / "measure.lock").exists() else False, 60, "run a to hold the measurement lock")
+        wait_for(
+            lambda: (
+                "study a" in (tmp_path / "measure.lock").read_text(errors="replace")
+                if (tmp_path / "measure.lock").exists()
+                else False
+            ),
+            60,
+            "run a to hold the measurement lock",
+        )
         refused = tuner("run", b, "--no-wait", env=env)
         assert refused.returncode == 75
         assert error_line(refused) == (
             f"tuner run: error: another measurement runs on this host (pid {first.pid}, tuner run, study a; lock "
             f"{tmp_path / 'measure.lock'}): two measurements on one host measure each other; run again when it "
-            "is done, or drop --no-wait to wait for it")
+            "is done, or drop --no-wait to wait for it"
+        )
         second = tuner("run", b, env=env, timeout=180)
     finally:
         first.wait(timeout=180)
     assert first.returncode == 0, (tmp_path / "a.log").read_text()
     assert second.returncode == 0, second.stderr
-    assert f"waiting for the measurement running on this host to finish (pid {first.pid}, tuner run, study a" \
+    assert (
+        f"waiting for the measurement running on this host to finish (pid {first.pid}, tuner run, study a"
         in second.stdout
-    order = ["a" if f"{tmp_path / 'a'}/" in " ".join(launch["argv"]) else "b" for launch in launches(tmp_path / "launches.jsonl")]
+    )
+    order = [
+        "a" if f"{tmp_path / 'a'}/" in " ".join(launch["argv"]) else "b"
+        for launch in launches(tmp_path / "launches.jsonl")
+    ]
     assert order == sorted(order) and set(order) == {"a", "b"}, order  # every launch of b after all of a's
     for name in "ab":
         assert measured_numbers(stored(f"sqlite:///{tmp_path / (name + '.db')}", name)) == {0, 1, 2}
@@ -127,9 +156,17 @@ def test_every_measuring_command_takes_the_host_lock(fenv, tmp_path):
     url = f"sqlite:///{tmp_path / 'a.db'}"
     study = write_study(tmp_path / "a", url, name="a", budget={"trials": 2})
     assert tuner("run", study, env=fenv).returncode == 0
-    holder = subprocess.Popen([sys.executable, "-c", "import time; from tuner.machine import hostlock\n"
-                               "with hostlock.measuring('other'):\n    print('held', flush=True); time.sleep(120)"],
-                              env=fenv, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; from tuner.machine import hostlock\n"
+            "with hostlock.measuring('other'):\n    print('held', flush=True); time.sleep(120)",
+        ],
+        env=fenv,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         for command, args in [
@@ -141,8 +178,10 @@ def test_every_measuring_command_takes_the_host_lock(fenv, tmp_path):
         ]:
             proc = tuner(command, *args, "--no-wait", env=fenv)
             assert proc.returncode == 75, (command, proc.stderr)
-            assert error_line(proc).startswith(f"tuner {command}: error: another measurement runs on this host "
-                                               f"(pid {holder.pid}, tuner, study other;"), (command, proc.stderr)
+            assert error_line(proc).startswith(
+                f"tuner {command}: error: another measurement runs on this host "
+                f"(pid {holder.pid}, tuner, study other;"
+            ), (command, proc.stderr)
     finally:
         holder.kill()
         holder.wait()
@@ -157,7 +196,9 @@ def small_fs(tmp_path):
     """A 4 MB tmpfs for the SQLite file (a filesystem this test can fill or make read-only)."""
     mount = tmp_path / "fs"
     mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a small filesystem to fill (needs root): {proc.stderr.strip()}")
     try:
@@ -183,14 +224,20 @@ def fill(folder: Path) -> Path:
 
 
 def journal_lines(storage_dir: Path) -> list[dict]:
-    return [json.loads(line) for p in sorted((storage_dir / "journal").glob("*.jsonl"))
-            for line in p.read_text().splitlines()]
+    return [
+        json.loads(line)
+        for p in sorted((storage_dir / "journal").glob("*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
 
 
 def run_until_third_launch(study: Path, env: dict, tmp_path: Path) -> subprocess.Popen:
     proc = start("run", study, env=env, out=tmp_path / "run.log")
-    wait_for(lambda: len(launches(tmp_path / "launches.jsonl")) >= 3 or proc.poll() is not None, 120,
-             "the third trial to start")
+    wait_for(
+        lambda: len(launches(tmp_path / "launches.jsonl")) >= 3 or proc.poll() is not None,
+        120,
+        "the third trial to start",
+    )
     assert proc.poll() is None, (tmp_path / "run.log").read_text()
     return proc
 
@@ -198,7 +245,9 @@ def run_until_third_launch(study: Path, env: dict, tmp_path: Path) -> subprocess
 def test_filesystem_filling_mid_trial_keeps_the_trial_in_the_journal(fenv, tmp_path, small_fs):
     env = {**fenv, "FAKE_LLAMA_DELAY_S": "1.5"}  # two prompts: 3 s of measuring per trial
     url = f"sqlite:///{small_fs / 'tuner.db'}"
-    study = write_study(tmp_path / "s", url, name="full", budget={"trials": 4}, workers={"storage_retry_s": 2})
+    study = write_study(
+        tmp_path / "s", url, name="full", budget={"trials": 4}, workers={"storage_retry_s": 2}
+    )
     proc = run_until_third_launch(study, env, tmp_path)
     time.sleep(1.2)  # its server is up and measuring
     filler = fill(small_fs)
@@ -208,8 +257,10 @@ def test_filesystem_filling_mid_trial_keeps_the_trial_in_the_journal(fenv, tmp_p
     journal = journal_lines(tmp_path / "storage")
     assert len(journal) == 1 and journal[0]["number"] == 2 and journal[0]["state"] == "COMPLETE"
     journal_file = next((tmp_path / "storage" / "journal").glob("*.jsonl"))
-    assert line == (f"tuner run: error: storage unavailable: {url}: database or disk is full; 1 measured trial(s) "
-                    f"kept in {journal_file}, run again to store them")
+    assert line == (
+        f"tuner run: error: storage unavailable: {url}: database or disk is full; 1 measured trial(s) "
+        f"kept in {journal_file}, run again to store them"
+    )
     filler.unlink()  # space again: the rerun stores the journalled trial first
     rerun = tuner("run", study, env=env, timeout=180)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
@@ -222,12 +273,16 @@ def test_filesystem_filling_mid_trial_keeps_the_trial_in_the_journal(fenv, tmp_p
 
 
 @pytest.mark.parametrize("resume", [False, True], ids=["new-database", "resume"])
-def test_full_filesystem_at_start_is_retried_for_storage_retry_s_then_one_line(fenv, tmp_path, small_fs, resume):
+def test_full_filesystem_at_start_is_retried_for_storage_retry_s_then_one_line(
+    fenv, tmp_path, small_fs, resume
+):
     """Issue 21: a full disk at start stopped the run after about 6 s (a resume: Optuna's trial cache
     creates trials through a storage method that was not retried), or at once (a new database), not
     after workers.storage_retry_s."""
     url = f"sqlite:///{small_fs / 'db' / 'tuner.db'}"
-    study = write_study(tmp_path / "s", url, name="full", budget={"trials": 2}, workers={"storage_retry_s": 8})
+    study = write_study(
+        tmp_path / "s", url, name="full", budget={"trials": 2}, workers={"storage_retry_s": 8}
+    )
     (small_fs / "db").mkdir()
     if resume:
         assert tuner("run", study, "--trials", "1", env=fenv).returncode == 0
@@ -238,8 +293,10 @@ def test_full_filesystem_at_start_is_retried_for_storage_retry_s_then_one_line(f
     assert proc.returncode == 69
     assert f"storage {url}: database or disk is full; retrying for up to 8 s" in proc.stderr
     assert 8 <= time.monotonic() - started < 60
-    assert error_line(proc) == (f"tuner run: error: storage unavailable: {url}: "
-                                "database or disk is full; no measured trial is waiting to be stored")
+    assert error_line(proc) == (
+        f"tuner run: error: storage unavailable: {url}: "
+        "database or disk is full; no measured trial is waiting to be stored"
+    )
     assert len(launches(tmp_path / "launches.jsonl")) == launched
 
 
@@ -251,20 +308,30 @@ def test_read_only_database_at_start_is_one_line(fenv, tmp_path):
     study = write_study(tmp_path / "s", read_only, name="ro", budget={"trials": 4})
     proc = tuner("run", study, env=fenv)
     assert proc.returncode == 69
-    assert error_line(proc) == (f"tuner run: error: storage unavailable: {read_only}: attempt to write a readonly "
-                                "database; no measured trial is waiting to be stored")
+    assert error_line(proc) == (
+        f"tuner run: error: storage unavailable: {read_only}: attempt to write a readonly "
+        "database; no measured trial is waiting to be stored"
+    )
     assert measured_numbers(stored(f"sqlite:///{db}", "ro")) == {0, 1}
 
 
 def pg_ctl(cluster, action: str) -> None:
     from postgres import _as_server_user, server_bin_dir
 
-    options = (f"-p {cluster.port} -k {cluster.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-               "-c max_connections=200")
-    args = {"stop": ["-m", "fast", "stop"], "start": ["-o", options, "-l", str(cluster.root / "server.log"),
-                                                      "-w", "-t", "60", "start"]}[action]
-    subprocess.run([*_as_server_user(), str(server_bin_dir() / "pg_ctl"), "-D", str(cluster.root / "data"), *args],
-                   check=True, capture_output=True, timeout=90)
+    options = (
+        f"-p {cluster.port} -k {cluster.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+        "-c max_connections=200"
+    )
+    args = {
+        "stop": ["-m", "fast", "stop"],
+        "start": ["-o", options, "-l", str(cluster.root / "server.log"), "-w", "-t", "60", "start"],
+    }[action]
+    subprocess.run(
+        [*_as_server_user(), str(server_bin_dir() / "pg_ctl"), "-D", str(cluster.root / "data"), *args],
+        check=True,
+        capture_output=True,
+        timeout=90,
+    )
 
 
 @contextmanager
@@ -281,11 +348,19 @@ PG_WORKERS = {"heartbeat_s": 1, "grace_s": 30, "max_retry": 1, "baseline_wait_s"
 
 def test_postgres_stopped_15_s_mid_trial_the_worker_goes_on(fenv, tmp_path, cluster, database):
     env = {**fenv, "FAKE_LLAMA_DELAY_S": "0.5"}
-    study = write_study(tmp_path / "s", database, name="pg", budget={"trials": 5},
-                        workers={**PG_WORKERS, "storage_retry_s": 60})
+    study = write_study(
+        tmp_path / "s",
+        database,
+        name="pg",
+        budget={"trials": 5},
+        workers={**PG_WORKERS, "storage_retry_s": 60},
+    )
     proc = start("worker", study, env=env, out=tmp_path / "worker.log")
-    wait_for(lambda: len(launches(tmp_path / "launches.jsonl")) >= 3 or proc.poll() is not None, 120,
-             "the third trial to start")
+    wait_for(
+        lambda: len(launches(tmp_path / "launches.jsonl")) >= 3 or proc.poll() is not None,
+        120,
+        "the third trial to start",
+    )
     with stopped(cluster):
         time.sleep(15)
     assert proc.wait(timeout=180) == 0, (tmp_path / "worker.log").read_text()
@@ -297,11 +372,19 @@ def test_postgres_stopped_15_s_mid_trial_the_worker_goes_on(fenv, tmp_path, clus
 
 def test_postgres_down_for_good_keeps_the_trial_and_the_rerun_stores_it(fenv, tmp_path, cluster, database):
     env = {**fenv, "FAKE_LLAMA_DELAY_S": "1.5"}  # two prompts: 3 s of measuring per trial
-    study = write_study(tmp_path / "s", database, name="pg", budget={"trials": 4},
-                        workers={**PG_WORKERS, "storage_retry_s": 3})
+    study = write_study(
+        tmp_path / "s",
+        database,
+        name="pg",
+        budget={"trials": 4},
+        workers={**PG_WORKERS, "storage_retry_s": 3},
+    )
     proc = start("worker", study, env=env, out=tmp_path / "worker.log")
-    wait_for(lambda: len(launches(tmp_path / "launches.jsonl")) >= 3 or proc.poll() is not None, 120,
-             "the third trial to start")
+    wait_for(
+        lambda: len(launches(tmp_path / "launches.jsonl")) >= 3 or proc.poll() is not None,
+        120,
+        "the third trial to start",
+    )
     time.sleep(1.2)  # its server is up and measuring
     with stopped(cluster):
         code = proc.wait(timeout=120)
@@ -331,7 +414,9 @@ def test_heartbeat_thread_survives_an_outage(tmp_path, monkeypatch):
 
     def down(self, trial_id):
         calls.append(trial_id)
-        raise sqlalchemy.exc.OperationalError("UPDATE trial_heartbeats", {}, Exception("server closed the connection"))
+        raise sqlalchemy.exc.OperationalError(
+            "UPDATE trial_heartbeats", {}, Exception("server closed the connection")
+        )
 
     monkeypatch.setattr(RDBStorage, "record_heartbeat", down)
     thread = HeartbeatThread(trial._trial_id, storage)
@@ -350,8 +435,9 @@ def test_heartbeat_thread_survives_an_outage(tmp_path, monkeypatch):
 def test_passwords_are_never_printed(password):
     url = f"postgresql://tuner:{password}@db-host:5432/tuner"
     assert safe_url(url) == "postgresql://tuner:***@db-host:5432/tuner"
-    from sqlalchemy.engine import make_url
     from urllib.parse import unquote
+
+    from sqlalchemy.engine import make_url
 
     assert make_url(with_driver(url)).password == unquote(password)
 
@@ -363,32 +449,49 @@ def test_password_with_special_characters_works_and_never_shows(fenv, tmp_path, 
     ran = tuner("worker", study, env=fenv, timeout=180)
     assert ran.returncode == 0, ran.stderr
     unreachable = url.replace(f":{cluster.port}/", ":1/")
-    outputs = [ran, tuner("report", "pw", "--storage", url, env=fenv),
-               tuner("report", "pw", "--storage", unreachable, env=fenv),
-               tuner("worker", study, "--storage", unreachable, env=fenv)]
+    outputs = [
+        ran,
+        tuner("report", "pw", "--storage", url, env=fenv),
+        tuner("report", "pw", "--storage", unreachable, env=fenv),
+        tuner("worker", study, "--storage", unreachable, env=fenv),
+    ]
     for proc in outputs:
         for secret in ("Sl/ash", "ash@Pw", "Pw:42", "Sl%2Fash"):
             assert secret not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert f"storage {safe_url(url)}" in ran.stdout
-    assert error_line(outputs[2]).startswith(f"tuner report: error: storage {safe_url(unreachable)}: cannot open (")
+    assert error_line(outputs[2]).startswith(
+        f"tuner report: error: storage {safe_url(unreachable)}: cannot open ("
+    )
 
 
 # ------------------------------------------------------------------ 4. warm starts
 
 
 def test_warm_start_outside_the_space_is_refused_before_anything_runs(fenv, tmp_path):
-    study = write_study(tmp_path / "s", f"sqlite:///{tmp_path / 'db.sqlite'}", name="w",
-                        warm_start=[{"spec_type": "draft-simple", "draft": "draft-huge", "draft_max": 4}])
+    study = write_study(
+        tmp_path / "s",
+        f"sqlite:///{tmp_path / 'db.sqlite'}",
+        name="w",
+        warm_start=[{"spec_type": "draft-simple", "draft": "draft-huge", "draft_max": 4}],
+    )
     for args in (["--check"], []):
         proc = tuner("run", study, *args, env=fenv)
         assert proc.returncode == 2
-        assert error_line(proc) == (f"tuner run: error: {study}: warm_start[0].draft: 'draft-huge' is not one of draft; "
-                                    "use a value of the resolved space (`tuner run STUDY --check` prints it)")
-    study = write_study(tmp_path / "s", f"sqlite:///{tmp_path / 'db.sqlite'}", name="w",
-                        warm_start=[{"spec_type": "draft-simple", "draft_max": 7}])
+        assert error_line(proc) == (
+            f"tuner run: error: {study}: warm_start[0].draft: 'draft-huge' is not one of draft; "
+            "use a value of the resolved space (`tuner run STUDY --check` prints it)"
+        )
+    study = write_study(
+        tmp_path / "s",
+        f"sqlite:///{tmp_path / 'db.sqlite'}",
+        name="w",
+        warm_start=[{"spec_type": "draft-simple", "draft_max": 7}],
+    )
     proc = tuner("run", study, env=fenv)
-    assert error_line(proc) == (f"tuner run: error: {study}: warm_start[0].draft_max: 7 is not one of 2, 3, 4, 5, 6, "
-                                "8; use a value of the resolved space (`tuner run STUDY --check` prints it)")
+    assert error_line(proc) == (
+        f"tuner run: error: {study}: warm_start[0].draft_max: 7 is not one of 2, 3, 4, 5, 6, "
+        "8; use a value of the resolved space (`tuner run STUDY --check` prints it)"
+    )
     assert launches(tmp_path / "launches.jsonl") == [] and not (tmp_path / "db.sqlite").exists()
 
 
@@ -401,22 +504,47 @@ def test_unusable_inputs_are_one_line(fenv, tmp_path, cluster):
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     proc_path = write_study(tmp_path / "p", "sqlite:////proc/x/x.db", name="p")
-    suite = write_study(tmp_path / "u", f"sqlite:///{tmp_path / 'u.db'}", name="u", workload={"suites": ["x"]})
-    space = write_study(tmp_path / "f", f"sqlite:///{tmp_path / 'f.db'}", name="f",
-                        search_space={"file": "nope.yaml"})
+    suite = write_study(
+        tmp_path / "u", f"sqlite:///{tmp_path / 'u.db'}", name="u", workload={"suites": ["x"]}
+    )
+    space = write_study(
+        tmp_path / "f", f"sqlite:///{tmp_path / 'f.db'}", name="f", search_space={"file": "nope.yaml"}
+    )
     cases = [
-        (["run", binary], 2, f"tuner run: error: {binary}: not a text file (no UTF-8 at byte 0); pass a YAML file"),
-        (["run", empty], 2, f"tuner run: error: {empty}: the file is empty; expected a mapping of fields "
-                            "(see studies/demo.yaml)"),
-        (["run", proc_path], 2, "tuner run: error: storage sqlite:////proc/x/x.db: cannot create the folder /proc/x "
-                                "(No such file or directory); check the path of the SQLite file"),
+        (
+            ["run", binary],
+            2,
+            f"tuner run: error: {binary}: not a text file (no UTF-8 at byte 0); pass a YAML file",
+        ),
+        (
+            ["run", empty],
+            2,
+            f"tuner run: error: {empty}: the file is empty; expected a mapping of fields "
+            "(see studies/demo.yaml)",
+        ),
+        (
+            ["run", proc_path],
+            2,
+            "tuner run: error: storage sqlite:////proc/x/x.db: cannot create the folder /proc/x "
+            "(No such file or directory); check the path of the SQLite file",
+        ),
         (["run", suite], 2, f"tuner run: error: {suite}: workload.suites: unknown suite 'x'; use one of "),
-        (["run", space], 2, f"tuner run: error: {space}: search_space.file: {tmp_path / 'f' / 'nope.yaml'}: no such "
-                            "file; fix the path (relative to the study file's folder)"),
-        (["report", "x", "--storage", f"postgresql://postgres@127.0.0.1:{cluster.port}/missing"], 2,
-         f"tuner report: error: storage postgresql://postgres@127.0.0.1:{cluster.port}/missing: cannot open ("),
-        (["report", "x", "--storage", "postgresql://postgres@127.0.0.1:1/tuner"], 2,
-         "tuner report: error: storage postgresql://postgres@127.0.0.1:1/tuner: cannot open ("),
+        (
+            ["run", space],
+            2,
+            f"tuner run: error: {space}: search_space.file: {tmp_path / 'f' / 'nope.yaml'}: no such "
+            "file; fix the path (relative to the study file's folder)",
+        ),
+        (
+            ["report", "x", "--storage", f"postgresql://postgres@127.0.0.1:{cluster.port}/missing"],
+            2,
+            f"tuner report: error: storage postgresql://postgres@127.0.0.1:{cluster.port}/missing: cannot open (",
+        ),
+        (
+            ["report", "x", "--storage", "postgresql://postgres@127.0.0.1:1/tuner"],
+            2,
+            "tuner report: error: storage postgresql://postgres@127.0.0.1:1/tuner: cannot open (",
+        ),
     ]
     for args, code, expected in cases:
         proc = tuner(*args, env=fenv)
@@ -432,9 +560,13 @@ def test_draft_mtp_on_a_target_that_does_not_announce_it_is_one_line_at_check(fe
     study = write_study(tmp_path / "s", f"sqlite:///{tmp_path / 'db.sqlite'}", name="m", search_space=asked)
     for args in (["--check"], []):
         proc = tuner("run", study, *args, env=fenv)
-        assert (proc.returncode, error_line(proc)) == (2, (
-            f"tuner run: error: {study}: search_space.spec_type: target.gguf does not announce draft-mtp (`tuner "
-            "inspect` lists the types a model announces); remove draft-mtp from spec_type"))
+        assert (proc.returncode, error_line(proc)) == (
+            2,
+            (
+                f"tuner run: error: {study}: search_space.spec_type: target.gguf does not announce draft-mtp (`tuner "
+                "inspect` lists the types a model announces); remove draft-mtp from spec_type"
+            ),
+        )
     assert launches(tmp_path / "launches.jsonl") == [] and not (tmp_path / "db.sqlite").exists()
     write_gguf(tmp_path / "s" / "models" / "target.gguf", block_count=2, nextn=True)  # now with an MTP head
     proc = tuner("run", study, "--check", env=fenv)
@@ -459,11 +591,17 @@ def test_kill_9_during_the_baseline_rerun_names_the_orphan(fenv, tmp_path):
         kill_stand_ins(tmp_path / "launches.jsonl")
     rerun = tuner("run", study, env={**env, "FAKE_LLAMA_DELAY_S": "0"}, timeout=180)
     assert rerun.returncode == 0, rerun.stderr
-    assert "trial 0 (baseline) was left running by a process that died: failed as orphaned, queued again" in rerun.stdout
+    assert (
+        "trial 0 (baseline) was left running by a process that died: failed as orphaned, queued again"
+        in rerun.stdout
+    )
     assert "waiting for the baseline" not in rerun.stdout
     trials = stored(url, "k")
     assert trials[0].state == FAIL
-    assert trials[0].user_attrs["record"]["failure"] == {"reason": "orphaned", "detail": "the process running it died"}
+    assert trials[0].user_attrs["record"]["failure"] == {
+        "reason": "orphaned",
+        "detail": "the process running it died",
+    }
     assert trials[1].user_attrs["role"] == "baseline" and trials[1].state == COMPLETE
 
 
@@ -482,13 +620,22 @@ def test_damaged_or_foreign_sqlite_file_is_one_line_and_left_as_it_is(fenv, tmp_
     foreign = tmp_path / "notes.sqlite"
     foreign.write_text("not a database\n" * 300)
     foreign_study = write_study(tmp_path / "f", f"sqlite:///{foreign}", name="d")
-    advice = "restore it from a backup, or salvage what SQLite can still read with `sqlite3 {0} .recover` (or `.dump`) " \
-             "into a new file and use that as the storage"
-    malformed = f"storage {db}: database disk image is malformed (the SQLite file is damaged); {advice.format(db)}"
-    not_db = (f"storage {foreign}: file is not a database (not a SQLite file, or one whose header is damaged); "
-              f"{advice.format(foreign)}")
+    advice = (
+        "restore it from a backup, or salvage what SQLite can still read with `sqlite3 {0} .recover` (or `.dump`) "
+        "into a new file and use that as the storage"
+    )
+    malformed = (
+        f"storage {db}: database disk image is malformed (the SQLite file is damaged); {advice.format(db)}"
+    )
+    not_db = (
+        f"storage {foreign}: file is not a database (not a SQLite file, or one whose header is damaged); "
+        f"{advice.format(foreign)}"
+    )
     cases = [
-        (["report", "d", "--storage", f"sqlite:///{db}", "--out", tmp_path / "rep"], f"tuner report: error: {malformed}"),
+        (
+            ["report", "d", "--storage", f"sqlite:///{db}", "--out", tmp_path / "rep"],
+            f"tuner report: error: {malformed}",
+        ),
         (["run", study], f"tuner run: error: {malformed}; no measured trial is waiting to be stored"),
         (["report", "d", "--storage", f"sqlite:///{foreign}"], f"tuner report: error: {not_db}"),
         (["run", foreign_study], f"tuner run: error: {not_db}; no measured trial is waiting to be stored"),
@@ -508,13 +655,27 @@ def test_output_path_under_a_file_is_one_line_before_any_work(fenv, tmp_path):
     db = tmp_path / "db.sqlite"
     study = write_study(tmp_path / "s", f"sqlite:///{db}", name="o", budget={"trials": 2})
     assert tuner("run", study, env=fenv).returncode == 0
-    under = f"{blocker} is a file, not a folder; pass a path whose parents are folders (missing ones are created)"
+    under = (
+        f"{blocker} is a file, not a folder; pass a path whose parents are folders (missing ones are created)"
+    )
     cases = [
-        (["report", study, "--out", blocker / "rep"], f"tuner report: error: --out {blocker / 'rep'}: {under}"),
-        (["report", study, "--out", blocker], f"tuner report: error: --out {blocker}: is a file, not a folder; "
-                                              "pass a folder path (it is created if missing)"),
-        (["export", study, "--out", blocker / "a" / "b"], f"tuner export: error: --out {blocker / 'a' / 'b'}: {under}"),
-        (["export", study, "--preset", blocker / "p.ini"], f"tuner export: error: --preset {blocker / 'p.ini'}: {under}"),
+        (
+            ["report", study, "--out", blocker / "rep"],
+            f"tuner report: error: --out {blocker / 'rep'}: {under}",
+        ),
+        (
+            ["report", study, "--out", blocker],
+            f"tuner report: error: --out {blocker}: is a file, not a folder; "
+            "pass a folder path (it is created if missing)",
+        ),
+        (
+            ["export", study, "--out", blocker / "a" / "b"],
+            f"tuner export: error: --out {blocker / 'a' / 'b'}: {under}",
+        ),
+        (
+            ["export", study, "--preset", blocker / "p.ini"],
+            f"tuner export: error: --preset {blocker / 'p.ini'}: {under}",
+        ),
     ]
     launched = len(launches(tmp_path / "launches.jsonl"))
     for args, expected in cases:
@@ -528,7 +689,9 @@ def test_output_path_under_a_file_is_one_line_before_any_work(fenv, tmp_path):
 # ------------------------------------------------------------------ 8. a prompt longer than the context (issue 21)
 
 
-def test_check_names_the_prompt_that_does_not_fit_ctx_size_in_the_targets_tokens(fenv, tmp_path, llama_bin_dir):
+def test_check_names_the_prompt_that_does_not_fit_ctx_size_in_the_targets_tokens(
+    fenv, tmp_path, llama_bin_dir
+):
     import yaml
 
     from tuner.measurement.workload import llama_tokenize_count
@@ -536,24 +699,37 @@ def test_check_names_the_prompt_that_does_not_fit_ctx_size_in_the_targets_tokens
     folder = tmp_path / "s"
     folder.mkdir()
     essay = " ".join(f"word{i % 50}" for i in range(3000))  # 3,000 words
-    (folder / "long.yaml").write_text(yaml.safe_dump({"prompts": [{"id": "short", "text": "def f():\n"},
-                                                                  {"id": "essay", "text": essay}]}))
-    study = write_study(folder, f"sqlite:///{tmp_path / 'db.sqlite'}", name="l",
-                        workload={"suites": ["long.yaml"], "n_predict": 8},
-                        measurement={"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 20})
+    (folder / "long.yaml").write_text(
+        yaml.safe_dump({"prompts": [{"id": "short", "text": "def f():\n"}, {"id": "essay", "text": essay}]})
+    )
+    study = write_study(
+        folder,
+        f"sqlite:///{tmp_path / 'db.sqlite'}",
+        name="l",
+        workload={"suites": ["long.yaml"], "n_predict": 8},
+        measurement={"warmup": 0, "repetitions": 1, "ctx_size": 1024, "trial_timeout_s": 20},
+    )
     without = tuner("run", study, "--check", env=fenv)  # the stand-in's folder has no llama-tokenize: a note
-    assert without.returncode == 0 and (
-        f"note: prompt 'essay' (long.yaml: prompts[1]) may not fit measurement.ctx_size 1024, and llama-tokenize is "
-        f"not in {folder / 'bin'} to count it; a prompt that does not fit fails its trials as context_exceeded"
-    ) in without.stderr
+    assert (
+        without.returncode == 0
+        and (
+            f"note: prompt 'essay' (long.yaml: prompts[1]) may not fit measurement.ctx_size 1024, and llama-tokenize is "
+            f"not in {folder / 'bin'} to count it; a prompt that does not fit fails its trials as context_exceeded"
+        )
+        in without.stderr
+    )
     (folder / "bin" / "llama-tokenize").symlink_to(llama_bin_dir / "llama-tokenize")
     tokens = llama_tokenize_count(llama_bin_dir / "llama-tokenize", folder / "models" / "target.gguf", essay)
     assert tokens > 3000
     proc = tuner("run", study, "--check", env=fenv)
-    assert (proc.returncode, error_line(proc)) == (2, (
-        f"tuner run: error: {study}: measurement.ctx_size: prompt 'essay' (long.yaml: prompts[1]) is {tokens} tokens "
-        f"in the target's vocabulary (counted by llama-tokenize), which with n_predict 8 does not fit ctx_size 1024; "
-        f"raise measurement.ctx_size to at least {tokens + 9}, or shorten the prompt"))
+    assert (proc.returncode, error_line(proc)) == (
+        2,
+        (
+            f"tuner run: error: {study}: measurement.ctx_size: prompt 'essay' (long.yaml: prompts[1]) is {tokens} tokens "
+            f"in the target's vocabulary (counted by llama-tokenize), which with n_predict 8 does not fit ctx_size 1024; "
+            f"raise measurement.ctx_size to at least {tokens + 9}, or shorten the prompt"
+        ),
+    )
     assert tuner("run", study, env=fenv).returncode == 2  # a run refuses it the same way, before any launch
     assert launches(tmp_path / "launches.jsonl") == [] and not (tmp_path / "db.sqlite").exists()
     (folder / "long.yaml").write_text(yaml.safe_dump({"prompts": [{"id": "essay", "text": essay[:600]}]}))
@@ -583,8 +759,12 @@ def test_a_scorer_cache_write_during_an_outage_leaves_the_measurement_to_the_jou
         store.write_kld_cache(study, {"-m t.gguf --override-kv x": {"mean_kld": 0.1, "same_top": 0.9}})
         store.write_perplexity_cache(study, {"-m t.gguf": 3.2})  # neither raised
         assert outage.is_down()  # the storage is down for the rest of the run...
-        assert store.kld_cache(study) == {} and store.perplexity_cache(study) == {}  # ...read empty, not raised
-        with pytest.raises(outage.StorageDown):  # ...and the trial's own record write (after the journal) stops it
+        assert (
+            store.kld_cache(study) == {} and store.perplexity_cache(study) == {}
+        )  # ...read empty, not raised
+        with pytest.raises(
+            outage.StorageDown
+        ):  # ...and the trial's own record write (after the journal) stops it
             study.set_user_attr("record", {})
     finally:
         outage.reset()

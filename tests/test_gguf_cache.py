@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from gguf_factory import spm_tokens, write_gguf
+
 from tuner.models import gguf_cache
 from tuner.models.gguf_info import check_draft_compatibility, read_model_info
 
@@ -37,8 +37,16 @@ def _entries(tmp_path: Path) -> list[Path]:
 
 
 def test_second_read_is_served_from_memory_then_from_disk(tmp_path: Path, parses: list[Path]) -> None:
-    path = _aged(write_gguf(tmp_path / "m.gguf", architecture="qwen3moe", expert_count=8, expert_used_count=2,
-                            block_count=2, nextn=True))
+    path = _aged(
+        write_gguf(
+            tmp_path / "m.gguf",
+            architecture="qwen3moe",
+            expert_count=8,
+            expert_used_count=2,
+            block_count=2,
+            nextn=True,
+        )
+    )
     first = read_model_info(path)
     assert len(parses) == 1 and len(_entries(tmp_path)) == 1
 

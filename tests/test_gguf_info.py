@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, LlamaFileType
-
 from gguf_factory import DEFAULT_VOCAB_SIZE, spm_tokens, write_gguf
+
 from tuner.cli import main
 from tuner.errors import UserError
 from tuner.models.gguf_header import Vocab, _bulk_reader, parse_header
@@ -21,6 +21,7 @@ from tuner.models.gguf_info import (
     check_draft_compatibility,
     read_model_info,
 )
+
 
 def test_dense_model_metadata(tmp_path: Path) -> None:
     path = write_gguf(
@@ -66,9 +67,9 @@ def test_quantization_falls_back_to_dominant_tensor_type(tmp_path: Path) -> None
 
 
 def test_moe_model_names_its_override_key(tmp_path: Path) -> None:
-    info = read_model_info(write_gguf(
-        tmp_path / "moe.gguf", architecture="qwen3moe", expert_count=128, expert_used_count=8,
-    ))
+    info = read_model_info(
+        write_gguf(tmp_path / "moe.gguf", architecture="qwen3moe", expert_count=128, expert_used_count=8)
+    )
     assert info.is_moe
     assert (info.expert_count, info.expert_used_count) == (128, 8)
     assert info.expert_override_key == "qwen3moe.expert_used_count"
@@ -86,7 +87,9 @@ def test_moe_model_names_its_override_key(tmp_path: Path) -> None:
         ("llama", False, None),
     ],
 )
-def test_recurrent_and_hybrid_architectures(tmp_path: Path, architecture: str, ssm: bool, kind: str | None) -> None:
+def test_recurrent_and_hybrid_architectures(
+    tmp_path: Path, architecture: str, ssm: bool, kind: str | None
+) -> None:
     info = read_model_info(write_gguf(tmp_path / "m.gguf", architecture=architecture, ssm=ssm))
     assert info.recurrent_kind == kind
     assert info.is_recurrent == (kind is not None)
@@ -101,7 +104,10 @@ _ONES = np.ones(8, dtype=np.float32)
         ({"block_count": 4, "nextn": True}, ("draft-mtp",)),  # blk.3.nextn.eh_proj.weight: the last block
         ({"block_count": 1, "nextn": True}, ("draft-mtp",)),
         ({"block_count": 4, "tensors": {"blk.2.nextn.eh_proj.weight": _ONES}}, ()),  # not the last block
-        ({"block_count": 4, "tensors": {"blk.3.nextn.enorm.weight": _ONES}}, ()),  # llama.cpp looks for eh_proj
+        (
+            {"block_count": 4, "tensors": {"blk.3.nextn.enorm.weight": _ONES}},
+            (),
+        ),  # llama.cpp looks for eh_proj
         ({"block_count": None, "nextn": True}, ()),  # no block count: no last block to look in
         ({}, ()),
         ({"architecture": "dflash"}, ("draft-dflash",)),
@@ -146,7 +152,9 @@ def test_empty_token_text_is_renamed_like_llama_cpp(tmp_path: Path) -> None:
 
 
 def test_vocab_less_model_has_blank_texts_of_its_arch_size(tmp_path: Path) -> None:
-    info = read_model_info(write_gguf(tmp_path / "m.gguf", tokenizer_model="no_vocab", extra_kv={"llama.vocab_size": 64}))
+    info = read_model_info(
+        write_gguf(tmp_path / "m.gguf", tokenizer_model="no_vocab", extra_kv={"llama.vocab_size": 64})
+    )
     assert (info.vocab_type, info.vocab_size, info.bos_token_id, info.add_bos) == ("NONE", 64, None, False)
     assert info.vocab.text(63) == ""
 
@@ -165,10 +173,18 @@ def _mixed_tokens() -> list[str]:
         {"tokenizer_model": "gpt2", "tokenizer_pre": "llama-bpe"},
         {"tokenizer_model": "t5", "bos_id": None},
         {"architecture": "mamba2", "ssm": True, "extra_kv": {"general.license": "apache-2.0"}},
-        {"architecture": "qwen3moe", "expert_count": 4, "expert_used_count": 2, "tensors": {
-            "blk.0.ffn_up_exps.weight": (np.ones((4, 32, 32), dtype=np.float32), GGMLQuantizationType.Q8_0),
-            "output_norm.weight": np.ones(8, dtype=np.float32),
-        }},
+        {
+            "architecture": "qwen3moe",
+            "expert_count": 4,
+            "expert_used_count": 2,
+            "tensors": {
+                "blk.0.ffn_up_exps.weight": (
+                    np.ones((4, 32, 32), dtype=np.float32),
+                    GGMLQuantizationType.Q8_0,
+                ),
+                "output_norm.weight": np.ones(8, dtype=np.float32),
+            },
+        },
     ],
 )
 def test_bulk_reader_reads_what_gguf_reader_reads(tmp_path: Path, kwargs: dict) -> None:
@@ -178,7 +194,9 @@ def test_bulk_reader_reads_what_gguf_reader_reads(tmp_path: Path, kwargs: dict) 
     arrays = {k for k, f in fields.items() if f.types[0] == GGUFValueType.ARRAY}
     assert set(header.array_keys) == arrays
     assert header.metadata == {k: f.contents() for k, f in fields.items() if k not in arrays}
-    assert [header.vocab.text(i) for i in range(len(header.vocab))] == fields["tokenizer.ggml.tokens"].contents()
+    assert [header.vocab.text(i) for i in range(len(header.vocab))] == fields[
+        "tokenizer.ggml.tokens"
+    ].contents()
     for key in arrays - {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"}:  # number arrays: whole views
         assert bulk.fields[key].contents() == fields[key].contents()
     assert header.parameter_count == sum(int(t.n_elements) for t in reader.tensors)
@@ -207,7 +225,9 @@ def _texts(rng: random.Random, n: int) -> list[str]:
 
 def _vocab(texts: list[str]) -> Vocab:
     encoded = [t.encode() for t in texts]
-    return Vocab(np.frombuffer(b"".join(encoded), dtype=np.uint8), np.cumsum([len(e) for e in encoded], dtype=np.int64))
+    return Vocab(
+        np.frombuffer(b"".join(encoded), dtype=np.uint8), np.cumsum([len(e) for e in encoded], dtype=np.int64)
+    )
 
 
 def test_first_mismatch_agrees_with_comparing_text_by_text() -> None:
@@ -285,9 +305,7 @@ def test_vocab_size_difference_limit(tmp_path: Path) -> None:
     assert at_limit.ok
     over = _check(tmp_path, {}, {"tokens": spm_tokens(n + SPEC_VOCAB_MAX_SIZE_DIFFERENCE + 1)})
     assert not over.ok
-    assert over.reasons == (
-        f"vocab sizes differ by 129 (target {n}, draft {n + 129}; llama.cpp allows 128)",
-    )
+    assert over.reasons == (f"vocab sizes differ by 129 (target {n}, draft {n + 129}; llama.cpp allows 128)",)
 
 
 def test_token_text_from_check_start_must_match(tmp_path: Path) -> None:
@@ -383,7 +401,9 @@ def test_unreadable_files_are_user_errors_naming_the_path(tmp_path: Path, make, 
 
 
 def _cli_models(tmp_path: Path) -> tuple[Path, Path, Path]:
-    target = write_gguf(tmp_path / "target.gguf", architecture="qwen3moe", expert_count=64, expert_used_count=4)
+    target = write_gguf(
+        tmp_path / "target.gguf", architecture="qwen3moe", expert_count=64, expert_used_count=4
+    )
     good = write_gguf(tmp_path / "good.gguf", architecture="qwen3")
     bad = write_gguf(tmp_path / "bad.gguf", tokenizer_model="gpt2", tokens=spm_tokens())
     return target, good, bad
@@ -429,7 +449,10 @@ def test_inspect_lists_the_speculative_types_a_gguf_announces(tmp_path: Path, ca
     assert main(["inspect", str(target)]) == 0
     assert "speculative types: draft-mtp (its own head; a study may search it)" in capsys.readouterr().out
     assert main(["inspect", str(sidecar)]) == 0
-    assert "speculative types: draft-dspark (a draft-side sidecar; not searched by the tuner)" in capsys.readouterr().out
+    assert (
+        "speculative types: draft-dspark (a draft-side sidecar; not searched by the tuner)"
+        in capsys.readouterr().out
+    )
     assert main(["inspect", str(target), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["target"]["speculative_types"] == ["draft-mtp"]
 
@@ -479,6 +502,11 @@ def test_inspect_gemma_3_270m(capsys) -> None:
     target = doc["target"]
     assert (target["architecture"], target["block_count"], target["file_type"]) == ("gemma3", 18, "Q4_K_M")
     assert (target["vocab_type"], target["vocab_size"]) == ("SPM", 262144)
-    assert (target["bos_token_id"], target["eos_token_id"], target["add_bos"], target["add_eos"]) == (2, 1, True, False)
+    assert (target["bos_token_id"], target["eos_token_id"], target["add_bos"], target["add_eos"]) == (
+        2,
+        1,
+        True,
+        False,
+    )
     assert doc["drafts"][0]["compatible"]
     assert cpu_s < 5, f"inspect took {cpu_s:.1f} s of CPU (the full parse it replaced took over 20 s)"

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner.machine import fingerprint as fingerprints, host as hosts, topology
-from tuner.measurement import launch
 from tuner.errors import UserError
+from tuner.machine import fingerprint as fingerprints
+from tuner.machine import host as hosts
+from tuner.machine import topology
+from tuner.measurement import launch
 
 SYSFS = Path(__file__).parent / "data" / "sysfs"
 ONE_NODE = SYSFS / "one-node-2core"
@@ -262,7 +264,11 @@ def test_key_field_change_is_a_mismatch(big, small):
     assert "llama_commit" in message and "0c1e570" in message and "deadbee" in message
     mismatched = fingerprints.compare_fingerprints(study, fingerprints.fingerprint(small, MANIFEST))
     assert {m.split()[0] for m in mismatched} == {
-        "cpu_model", "logical_cpus", "physical_cores", "numa_nodes", "memory_gib",
+        "cpu_model",
+        "logical_cpus",
+        "physical_cores",
+        "numa_nodes",
+        "memory_gib",
     }
 
 

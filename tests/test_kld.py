@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gguf_factory import write_gguf
 
 import tuner.measurement.runner
-from gguf_factory import write_gguf
 from tuner.errors import UserError
 from tuner.measurement.quality import MEAN_KLD, SAME_TOP, measure_kld, save_kld_base
 from tuner.studyfile.spec import load_spec
@@ -39,28 +39,40 @@ def write_study(tmp_path: Path, quality: dict) -> Path:
 
 
 def test_kld_needs_a_text_file_and_max_kld_needs_kld(tmp_path):
-    spec = load_spec(write_study(tmp_path, {"scorer": "kld", "floor": 0.9, "text_file": "text.txt", "max_kld": 0.05}))
+    spec = load_spec(
+        write_study(tmp_path, {"scorer": "kld", "floor": 0.9, "text_file": "text.txt", "max_kld": 0.05})
+    )
     assert (spec.quality.scorer, spec.quality.floor, spec.quality.max_kld) == ("kld", 0.9, 0.05)
-    for quality, message in [({"scorer": "kld"}, "quality.text_file: the kld scorer needs a text file"),
-                             ({"scorer": "agreement", "max_kld": 0.1}, "quality.max_kld: only the kld scorer")]:
+    for quality, message in [
+        ({"scorer": "kld"}, "quality.text_file: the kld scorer needs a text file"),
+        ({"scorer": "agreement", "max_kld": 0.1}, "quality.max_kld: only the kld scorer"),
+    ]:
         with pytest.raises(UserError, match=message):
             load_spec(write_study(tmp_path, quality))
 
 
 @pytest.mark.llama
-def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(synthetic_models, llama_bin_dir, tmp_path):
+def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(
+    synthetic_models, llama_bin_dir, tmp_path
+):
     """Expert reduction changes the model: the scorer must see it, and see nothing when nothing changed."""
     target = synthetic_models.path("moe-target")
     text = tmp_path / "text.txt"
-    text.write_text(inspect.getsource(tuner.measurement.runner))  # Python source: what the synthetic models know
+    text.write_text(
+        inspect.getsource(tuner.measurement.runner)
+    )  # Python source: what the synthetic models know
     flags = ["--model", str(target), "--threads", "1"]
     base = save_kld_base(flags, text, tmp_path / "base.bin", ctx=128, chunks=4, bin_dir=llama_bin_dir)
     assert base.is_file() and not list(tmp_path.glob("*.tmp"))
     assert save_kld_base(flags, text, base, bin_dir=llama_bin_dir) == base  # saved once: not run again
 
     def at(experts: int) -> dict:
-        return measure_kld([*flags, "--override-kv", f"llama.expert_used_count=int:{experts}"], base, ctx=128,
-                           bin_dir=llama_bin_dir)
+        return measure_kld(
+            [*flags, "--override-kv", f"llama.expert_used_count=int:{experts}"],
+            base,
+            ctx=128,
+            bin_dir=llama_bin_dir,
+        )
 
     default = at(4)  # the synthetic MoE's expert_used_count
     # nothing changed: a KLD at the resolution of the saved base's 16-bit log-probabilities (llama-perplexity
@@ -81,17 +93,26 @@ def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(
     text = tmp_path / "text.txt"
     text.write_text(inspect.getsource(tuner.measurement.runner))
     path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "kld", "target": str(synthetic_models.path("moe-target")),
-        "search_space": {"overrides": {"spec_type": "none", "threads": 1, "temperature": 0.0}},
-        "workload": {"suites": ["code"], "n_predict": 16},
-        "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 512, "trial_timeout_s": 120},
-        "quality": {"scorer": "kld", "floor": 0.5, "max_kld": 0.0005, "text_file": str(text)},
-        "storage": f"sqlite:///{tmp_path / 'studies.db'}", "sampler": {"name": "tpe", "prune": False}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "kld",
+                "target": str(synthetic_models.path("moe-target")),
+                "search_space": {"overrides": {"spec_type": "none", "threads": 1, "temperature": 0.0}},
+                "workload": {"suites": ["code"], "n_predict": 16},
+                "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 512, "trial_timeout_s": 120},
+                "quality": {"scorer": "kld", "floor": 0.5, "max_kld": 0.0005, "text_file": str(text)},
+                "storage": f"sqlite:///{tmp_path / 'studies.db'}",
+                "sampler": {"name": "tpe", "prune": False},
+            }
+        )
+    )
     ctx = prepare(load_spec(path), progress=lambda _: None)
     study = open_study(ctx)
-    study.enqueue_trial({"spec_type": "none", "experts": ctx.space.default_experts, "threads": 1},
-                        user_attrs={store.ROLE: "baseline"})
+    study.enqueue_trial(
+        {"spec_type": "none", "experts": ctx.space.default_experts, "threads": 1},
+        user_attrs={store.ROLE: "baseline"},
+    )
     study.enqueue_trial({"spec_type": "none", "experts": 1, "threads": 1})
     study.optimize(TrialRunner(ctx, study, progress=lambda _: None), n_trials=2)
     full, one = store.read_trials(study)
@@ -108,5 +129,9 @@ def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(
     stored = store.read_study_record(study)
     assert stored.quality["max_kld"] == 0.0005 and stored.comparability()["quality.text"]
     text.write_text(text.read_text() + "\n# changed\n")
-    assert "quality.text" in changes(stored, prepare(load_spec(path), progress=lambda _: None)
-                                     .study_record(stored.created_by))[0]
+    assert (
+        "quality.text"
+        in changes(stored, prepare(load_spec(path), progress=lambda _: None).study_record(stored.created_by))[
+            0
+        ]
+    )

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.machine.topology import read_topology
+from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.measurement.launch import LaunchContext, build_server_argv
 from tuner.search.space import TrialConfig
 
@@ -81,7 +81,9 @@ def test_without_numactl_llama_pins_itself():
 
 
 def test_draft_model_flags():
-    config = TrialConfig(spec_type="draft-simple", draft="small", draft_max=8, draft_min=2, draft_p_min=0.5, threads=2)
+    config = TrialConfig(
+        spec_type="draft-simple", draft="small", draft_max=8, draft_min=2, draft_p_min=0.5, threads=2
+    )
     argv = build_server_argv(config, context("one-node-2core"))
     assert flag(argv, "--spec-type") == "draft-simple"  # -md alone does not draft in this llama.cpp
     assert flag(argv, "--spec-draft-model") == "/models/small.gguf"
@@ -93,17 +95,25 @@ def test_draft_model_flags():
 
 def test_unknown_draft_is_invalid():
     with pytest.raises(TrialFailure) as err:
-        build_server_argv(TrialConfig(spec_type="draft-simple", draft="nope", draft_max=4), context("one-node-2core"))
+        build_server_argv(
+            TrialConfig(spec_type="draft-simple", draft="nope", draft_max=4), context("one-node-2core")
+        )
     assert err.value.reason is FailureReason.INVALID_CONFIG
 
 
 @pytest.mark.parametrize(
     "spec_type,k_flag",
-    [("ngram-simple", "--spec-ngram-simple-size-m"), ("ngram-map-k", "--spec-ngram-map-k-size-m"),
-     ("ngram-map-k4v", "--spec-ngram-map-k4v-size-m"), ("ngram-mod", "--spec-ngram-mod-n-max")],
+    [
+        ("ngram-simple", "--spec-ngram-simple-size-m"),
+        ("ngram-map-k", "--spec-ngram-map-k-size-m"),
+        ("ngram-map-k4v", "--spec-ngram-map-k4v-size-m"),
+        ("ngram-mod", "--spec-ngram-mod-n-max"),
+    ],
 )
 def test_ngram_types_carry_k_in_their_own_flag(spec_type, k_flag):
-    argv = build_server_argv(TrialConfig(spec_type=spec_type, draft_max=6, threads=1), context("one-node-2core"))
+    argv = build_server_argv(
+        TrialConfig(spec_type=spec_type, draft_max=6, threads=1), context("one-node-2core")
+    )
     assert flag(argv, "--spec-type") == spec_type and flag(argv, k_flag) == "6"
     assert "--spec-draft-model" not in argv
     if spec_type == "ngram-mod":  # its default minimum (48) would exceed K
@@ -129,8 +139,16 @@ def test_shell_syntax_is_inert():
 
 
 def test_a_stack_is_one_spec_type_list_with_each_part_sized():
-    config = TrialConfig(spec_type="draft-simple", draft="small", draft_max=8, lookup="ngram-simple", lookup_max=5,
-                         ngram_key=3, ngram_min_hits=2, threads=2)
+    config = TrialConfig(
+        spec_type="draft-simple",
+        draft="small",
+        draft_max=8,
+        lookup="ngram-simple",
+        lookup_max=5,
+        ngram_key=3,
+        ngram_min_hits=2,
+        threads=2,
+    )
     argv = build_server_argv(config, context("one-node-2core"))
     assert flag(argv, "--spec-type") == "ngram-simple,draft-simple"
     assert flag(argv, "--spec-draft-n-max") == "8"  # K stays the draft model's
@@ -141,8 +159,17 @@ def test_a_stack_is_one_spec_type_list_with_each_part_sized():
 
 
 def test_stacked_ngram_mod_gets_its_match_length_and_a_minimum_below_its_length():
-    config = TrialConfig(spec_type="draft-simple", draft="small", draft_max=4, lookup="ngram-mod", lookup_max=6,
-                         lookup_min=9, ngram_key=4, ngram_min_hits=3, threads=1)
+    config = TrialConfig(
+        spec_type="draft-simple",
+        draft="small",
+        draft_max=4,
+        lookup="ngram-mod",
+        lookup_max=6,
+        lookup_min=9,
+        ngram_key=4,
+        ngram_min_hits=3,
+        threads=1,
+    )
     argv = build_server_argv(config, context("one-node-2core"))
     assert flag(argv, "--spec-type") == "ngram-mod,draft-simple"
     assert flag(argv, "--spec-ngram-mod-n-match") == "4" and flag(argv, "--spec-ngram-mod-n-max") == "6"

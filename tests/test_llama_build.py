@@ -24,7 +24,9 @@ from tuner.machine.llama_build import (
 def test_pinned_server_reports_the_manifest_commit(llama_bin_dir, monkeypatch):
     monkeypatch.delenv(ENV_BIN_DIR, raising=False)
     manifest = build_pinned()
-    proc = subprocess.run([str(pinned_bin_dir() / "llama-server"), "--version"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(pinned_bin_dir() / "llama-server"), "--version"], capture_output=True, text=True
+    )
     assert f"commit {manifest['commit']})" in proc.stderr
     assert manifest["commit"] == PINNED_LLAMA_COMMIT
     assert all((pinned_bin_dir() / tool).is_file() for tool in TOOLS)

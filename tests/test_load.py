@@ -27,7 +27,9 @@ from tuner.studyfile.validate import Fields
 SYNTH = models_dir() / "synthetic"
 
 
-def request(client: int, wall: float, predicted: float, n: int = 10, prompt_ms: float = 5.0, start: float = 0.0):
+def request(
+    client: int, wall: float, predicted: float, n: int = 10, prompt_ms: float = 5.0, start: float = 0.0
+):
     return LoadRequest(2, client, f"p{client}", n, predicted, 8, prompt_ms, wall, start)
 
 
@@ -35,15 +37,24 @@ def request(client: int, wall: float, predicted: float, n: int = 10, prompt_ms: 
 
 
 def test_a_level_pools_tokens_over_its_wall_time_and_reads_latency_from_the_server():
-    level = Level(2, (request(0, wall=120.0, predicted=100.0), request(1, wall=150.0, predicted=100.0, n=20),
-                      request(0, wall=101.0, predicted=100.0, prompt_ms=30.0)), wall_s=0.5)
+    level = Level(
+        2,
+        (
+            request(0, wall=120.0, predicted=100.0),
+            request(1, wall=150.0, predicted=100.0, n=20),
+            request(0, wall=101.0, predicted=100.0, prompt_ms=30.0),
+        ),
+        wall_s=0.5,
+    )
     assert level.tokens == 40 and level.aggregate_tokens_per_second == pytest.approx(80.0)
     ttft = [r.ttft_ms for r in level.requests]
     assert ttft == [20.0, 50.0, 30.0]  # wall less generation, never below the server's prompt time
     assert [r.tpot_ms for r in level.requests] == [10.0, 5.0, 10.0]
     summary = level.summary()
     assert summary["p50_ttft_ms"] == 30.0 and summary["p95_ttft_ms"] == pytest.approx(48.0)
-    assert summary["requests"] == 3 and len(summary["samples"]) == 3 and summary["samples"][1]["ttft_ms"] == 50.0
+    assert (
+        summary["requests"] == 3 and len(summary["samples"]) == 3 and summary["samples"][1]["ttft_ms"] == 50.0
+    )
 
 
 def test_percentile_interpolates_between_ranks():
@@ -77,12 +88,16 @@ def test_a_trial_record_answers_load_objectives_by_name_and_round_trips():
         record.objective("p95_ttft_ms_c4")
     back = TrialRecord.from_json(record.to_json(), 3, "COMPLETE")
     assert back.load == record.load and back.config.parallel == 2
-    assert TrialRecord.from_json({"config": {}, "role": "search"}, 1, "FAIL").load == ()  # a record from before
+    assert (
+        TrialRecord.from_json({"config": {}, "role": "search"}, 1, "FAIL").load == ()
+    )  # a record from before
 
 
 def test_parse_batched_bench_counts_generated_tokens_over_the_whole_time():
-    jsonl = ('main: ignored line\n{"pp": 40, "tg": 128, "pl": 1, "t": 0.5, "speed": 336.0}\n'
-             '{"pp": 40, "tg": 128, "pl": 2, "t": 0.8, "speed": 420.0}\n')
+    jsonl = (
+        'main: ignored line\n{"pp": 40, "tg": 128, "pl": 1, "t": 0.5, "speed": 336.0}\n'
+        '{"pp": 40, "tg": 128, "pl": 2, "t": 0.8, "speed": 420.0}\n'
+    )
     assert parse_batched_bench(jsonl) == {1: pytest.approx(256.0), 2: pytest.approx(320.0)}
     # the median of paired per-round ratios: one round hit on one side (the third) does not decide
     near = LevelComparison(2, (95.0, 99.0, 5.0), (100.0, 100.0, 100.0))
@@ -94,12 +109,16 @@ def test_parse_batched_bench_counts_generated_tokens_over_the_whole_time():
 
 
 def write(tmp_path: Path, **fields) -> Path:
-    study = {"name": "c", "target": str(SYNTH / "target.gguf"),
-             "search_space": {"overrides": {"spec_type": "none", "threads": 1}},
-             "workload": {"suites": ["code"], "n_predict": 32, "concurrency": [1, 2]},
-             "measurement": {"warmup": 1, "repetitions": 1, "ctx_size": 512, "trial_timeout_s": 120},
-             "storage": f"sqlite:///{tmp_path / 'studies.db'}",
-             "sampler": {"name": "tpe", "seed": 1, "prune": False}, "budget": {"trials": 1}}
+    study = {
+        "name": "c",
+        "target": str(SYNTH / "target.gguf"),
+        "search_space": {"overrides": {"spec_type": "none", "threads": 1}},
+        "workload": {"suites": ["code"], "n_predict": 32, "concurrency": [1, 2]},
+        "measurement": {"warmup": 1, "repetitions": 1, "ctx_size": 512, "trial_timeout_s": 120},
+        "storage": f"sqlite:///{tmp_path / 'studies.db'}",
+        "sampler": {"name": "tpe", "seed": 1, "prune": False},
+        "budget": {"trials": 1},
+    }
     for key, value in fields.items():
         if isinstance(value, dict) and isinstance(study.get(key), dict):
             study[key] = {**study[key], **value}
@@ -118,32 +137,68 @@ def refusal(tmp_path: Path, **fields) -> str:
     return message
 
 
-@pytest.mark.parametrize("fields, expected", [
-    ({"workload": {"concurrency": [0, 2]}}, "workload.concurrency[0]: expected a number of users >= 1, got 0"),
-    ({"workload": {"concurrency": [2, 2]}}, "workload.concurrency: expected a non-empty list of distinct user counts"),
-    ({"workload": {"concurrency": [1, 32]}}, "workload.concurrency: 32 users split measurement.ctx_size 512 into 16 "
-                                           "tokens per slot, too few for a prompt and n_predict 32; raise"),
-    ({"constraints": {"p95_ttft_s": 2}}, "constraints.p95_ttft_s: latency constraints are in milliseconds: "
-                                         "write p95_ttft_ms (2 s is 2000)"),
-    ({"constraints": {"p95_ttft_ms": 0.5}}, "constraints.p95_ttft_ms: 0.5 ms cannot be a latency bound here"),
-    ({"constraints": {"p95_ttft_ms": 5e6}}, "constraints.p95_ttft_ms: 5e+06 ms cannot be a latency bound here"),
-    ({"constraints": {"p95_ttft_ms": "2s"}}, "constraints.p95_ttft_ms: expected a number, got '2s'; latencies are in "
-                                             "milliseconds"),
-    ({"constraints": {"p95_ttft_ms_c4": 2000}}, "constraints.p95_ttft_ms_c4: workload.concurrency has no level of 4 "
-                                                "users (1, 2)"),
-    ({"constraints": {"p99_latency": 5}}, "constraints.p99_latency: unknown constraint"),
-    ({"objectives": [{"metric": "p95_tpot_s"}]}, "objectives[0].metric: unknown value 'p95_tpot_s'"),
-])
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        (
+            {"workload": {"concurrency": [0, 2]}},
+            "workload.concurrency[0]: expected a number of users >= 1, got 0",
+        ),
+        (
+            {"workload": {"concurrency": [2, 2]}},
+            "workload.concurrency: expected a non-empty list of distinct user counts",
+        ),
+        (
+            {"workload": {"concurrency": [1, 32]}},
+            "workload.concurrency: 32 users split measurement.ctx_size 512 into 16 "
+            "tokens per slot, too few for a prompt and n_predict 32; raise",
+        ),
+        (
+            {"constraints": {"p95_ttft_s": 2}},
+            "constraints.p95_ttft_s: latency constraints are in milliseconds: "
+            "write p95_ttft_ms (2 s is 2000)",
+        ),
+        (
+            {"constraints": {"p95_ttft_ms": 0.5}},
+            "constraints.p95_ttft_ms: 0.5 ms cannot be a latency bound here",
+        ),
+        (
+            {"constraints": {"p95_ttft_ms": 5e6}},
+            "constraints.p95_ttft_ms: 5e+06 ms cannot be a latency bound here",
+        ),
+        (
+            {"constraints": {"p95_ttft_ms": "2s"}},
+            "constraints.p95_ttft_ms: expected a number, got '2s'; latencies are in milliseconds",
+        ),
+        (
+            {"constraints": {"p95_ttft_ms_c4": 2000}},
+            "constraints.p95_ttft_ms_c4: workload.concurrency has no level of 4 users (1, 2)",
+        ),
+        ({"constraints": {"p99_latency": 5}}, "constraints.p99_latency: unknown constraint"),
+        ({"objectives": [{"metric": "p95_tpot_s"}]}, "objectives[0].metric: unknown value 'p95_tpot_s'"),
+    ],
+)
 def test_bad_concurrency_and_latency_bounds_are_one_line_errors(tmp_path, synthetic_models, fields, expected):
     assert expected in refusal(tmp_path, **fields)
 
 
 def test_load_objectives_and_bounds_name_their_level(tmp_path, synthetic_models):
-    spec = load_spec(write(tmp_path, objectives=[{"metric": "aggregate_tokens_per_second"},
-                                                 {"metric": "p95_ttft_ms_c1"}, {"metric": "quality"}],
-                           constraints={"p95_ttft_ms": 2000, "aggregate_tokens_per_second_c1": 10}))
+    spec = load_spec(
+        write(
+            tmp_path,
+            objectives=[
+                {"metric": "aggregate_tokens_per_second"},
+                {"metric": "p95_ttft_ms_c1"},
+                {"metric": "quality"},
+            ],
+            constraints={"p95_ttft_ms": 2000, "aggregate_tokens_per_second_c1": 10},
+        )
+    )
     assert [(o.metric, o.direction) for o in spec.objectives] == [
-        ("aggregate_tokens_per_second_c2", "maximize"), ("p95_ttft_ms_c1", "minimize"), ("quality", "maximize")]
+        ("aggregate_tokens_per_second_c2", "maximize"),
+        ("p95_ttft_ms_c1", "minimize"),
+        ("quality", "maximize"),
+    ]
     bounds = {c.name: c for c in spec.constraints}
     assert set(bounds) == {"p95_ttft_ms_c2", "aggregate_tokens_per_second_c1"}
     assert bounds["p95_ttft_ms_c2"].violation(3000) == pytest.approx(0.5)  # 50% over: infeasible
@@ -155,7 +210,9 @@ def test_a_study_of_one_user_drives_no_load_and_stores_what_it_always_stored(tmp
     spec = load_spec(write(tmp_path, workload={"concurrency": [1]}))
     assert spec.load_levels == () and "concurrency" not in spec.measurement.comparability()
     old = StudyRecord.for_replay("s", {}, ("tokens_per_second",), workload={"digest": "abc"})
-    new = StudyRecord.for_replay("s", {}, ("tokens_per_second",), workload={"digest": "abc", "concurrency": [1, 2]})
+    new = StudyRecord.for_replay(
+        "s", {}, ("tokens_per_second",), workload={"digest": "abc", "concurrency": [1, 2]}
+    )
     assert old.comparability()["workload.concurrency"] == [1]
     assert any(line.startswith("workload.concurrency differs") for line in changes(old, new))
 
@@ -164,20 +221,44 @@ def test_a_study_of_one_user_drives_no_load_and_stores_what_it_always_stored(tmp
 
 
 def resolve(raw: RawSpace, concurrency: tuple[int, ...]):
-    return resolve_space(raw, fields=Fields(Path("s.yaml"), {}), draft_names=(), expert_used_count=None,
-                         expert_count=None, physical_cores=2, logical_cpus=2, numa_policies=("none",),
-                         numa_nodes=(0,), concurrency=concurrency)
+    return resolve_space(
+        raw,
+        fields=Fields(Path("s.yaml"), {}),
+        draft_names=(),
+        expert_used_count=None,
+        expert_count=None,
+        physical_cores=2,
+        logical_cpus=2,
+        numa_policies=("none",),
+        numa_nodes=(0,),
+        concurrency=concurrency,
+    )
 
 
 def test_serving_knobs_apply_only_with_several_users():
-    raw = parse_space(Fields(Path("s.yaml"), {"threads": 1, "poll": [0, 50], "parallel": [1, 2],
-                                              "concurrent": {"ubatch": [64, 512], "batch": 128,
-                                                             "flash_attn": ["on", False], "cache_type_v": ["q8_0"]}}))
+    raw = parse_space(
+        Fields(
+            Path("s.yaml"),
+            {
+                "threads": 1,
+                "poll": [0, 50],
+                "parallel": [1, 2],
+                "concurrent": {
+                    "ubatch": [64, 512],
+                    "batch": 128,
+                    "flash_attn": ["on", False],
+                    "cache_type_v": ["q8_0"],
+                },
+            },
+        )
+    )
     alone = resolve(raw, (1,))
     assert set(alone.domains) >= {"poll"} and not {"parallel", "ubatch", "flash_attn"} & set(alone.domains)
     assert any(note.startswith("parallel: dropped") for note in alone.notes)
     several = resolve(raw, (1, 4))
-    assert several.domains["flash_attn"] == Choices(("on", "off")) and several.domains["parallel"] == Choices((1, 2))
+    assert several.domains["flash_attn"] == Choices(("on", "off")) and several.domains["parallel"] == Choices(
+        (1, 2)
+    )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
     configs = [suggest(study.ask(), several) for _ in range(30)]
     assert all(c.ubatch <= c.batch == 128 for c in configs)  # the micro batch never exceeds the batch
@@ -185,10 +266,15 @@ def test_serving_knobs_apply_only_with_several_users():
     assert {c.flash_attn for c in configs} == {"on", "off"}
 
 
-@pytest.mark.parametrize("bad, expected", [({"flash_attn": "maybe"}, "unknown flash attention mode"),
-                                           ({"cache_type_k": "q3_k"}, "unknown KV cache type"),
-                                           ({"concurrent": {"parallel": 0}}, "concurrent.parallel: must be at least 1"),
-                                           ({"poll": 101}, "a polling level is 0..100")])
+@pytest.mark.parametrize(
+    "bad, expected",
+    [
+        ({"flash_attn": "maybe"}, "unknown flash attention mode"),
+        ({"cache_type_k": "q3_k"}, "unknown KV cache type"),
+        ({"concurrent": {"parallel": 0}}, "concurrent.parallel: must be at least 1"),
+        ({"poll": 101}, "a polling level is 0..100"),
+    ],
+)
 def test_bad_serving_domains_are_refused(bad, expected):
     with pytest.raises(UserError, match=expected):
         parse_space(Fields(Path("s.yaml"), bad))
@@ -197,9 +283,16 @@ def test_bad_serving_domains_are_refused(bad, expected):
 def launch_context(tmp_path: Path, slots: int) -> LaunchContext:
     from tuner.machine.topology import read_topology
 
-    return LaunchContext(server_binary=Path("/bin/llama-server"), target=tmp_path / "t.gguf", drafts={},
-                         expert_override_key=None, topology=read_topology(), numactl=None, ctx_size=1024,
-                         slots=slots)
+    return LaunchContext(
+        server_binary=Path("/bin/llama-server"),
+        target=tmp_path / "t.gguf",
+        drafts={},
+        expert_override_key=None,
+        topology=read_topology(),
+        numactl=None,
+        ctx_size=1024,
+        slots=slots,
+    )
 
 
 def test_argv_carries_slots_and_serving_flags_and_nothing_new_by_default(tmp_path):
@@ -207,8 +300,16 @@ def test_argv_carries_slots_and_serving_flags_and_nothing_new_by_default(tmp_pat
     assert plain[plain.index("--parallel") + 1] == "1"
     assert not {"--flash-attn", "--cache-type-k", "--batch-size", "--ubatch-size", "--poll"} & set(plain)
     assert build_server_command(TrialConfig(threads=1), launch_context(tmp_path, 4)).argv.count("4") >= 1
-    config = TrialConfig(threads=1, parallel=2, batch=256, ubatch=64, flash_attn="on", cache_type_k="q8_0",
-                         cache_type_v="q8_0", poll=0)
+    config = TrialConfig(
+        threads=1,
+        parallel=2,
+        batch=256,
+        ubatch=64,
+        flash_attn="on",
+        cache_type_k="q8_0",
+        cache_type_v="q8_0",
+        poll=0,
+    )
     argv = build_server_command(config, launch_context(tmp_path, 4)).argv
     pairs = dict(zip(argv, argv[1:]))
     assert pairs["--parallel"] == "2" and pairs["--batch-size"] == "256" and pairs["--ubatch-size"] == "64"
@@ -227,8 +328,18 @@ def test_two_users_are_served_at_once_on_two_slots(tmp_path, synthetic_models):
     from tuner.measurement.runner import LlamaServer, free_port
 
     prompts = load_workload(["code"], Path(".")).prompts[:4]
-    argv = [str(binary("llama-server")), "--model", str(synthetic_models.path("target")), "--ctx-size", "1024",
-            "--parallel", "2", "--no-webui", "--threads", "1"]
+    argv = [
+        str(binary("llama-server")),
+        "--model",
+        str(synthetic_models.path("target")),
+        "--ctx-size",
+        "1024",
+        "--parallel",
+        "2",
+        "--no-webui",
+        "--threads",
+        "1",
+    ]
     with LlamaServer(argv, free_port(), tmp_path / "server.log") as server:
         level = run_level(server, prompts, 2, 48, 0.0, 42)
     assert "n_slots = 2" in (tmp_path / "server.log").read_text()
@@ -244,7 +355,9 @@ def test_two_users_are_served_at_once_on_two_slots(tmp_path, synthetic_models):
     assert first[1].start_ms < first[0].start_ms + first[0].wall_ms
     assert first[0].start_ms < first[1].start_ms + first[1].wall_ms
     summary = level.summary()
-    assert summary["p50_ttft_ms"] <= summary["p95_ttft_ms"] and summary["p50_tpot_ms"] <= summary["p95_tpot_ms"]
+    assert (
+        summary["p50_ttft_ms"] <= summary["p95_ttft_ms"] and summary["p50_tpot_ms"] <= summary["p95_tpot_ms"]
+    )
 
 
 def test_check_refuses_prompts_that_do_not_fit_a_slot(tmp_path, synthetic_models, capsys):
@@ -262,9 +375,13 @@ def test_a_study_of_two_levels_stores_each_level_its_objectives_and_bounds(tmp_p
     from tuner.storage import store
     from tuner.study import run_study
 
-    spec = load_spec(write(tmp_path, objectives=[{"metric": "tokens_per_second"},
-                                                 {"metric": "aggregate_tokens_per_second"}],
-                           constraints={"p95_ttft_ms": 60000, "aggregate_tokens_per_second_c1": 1e9}))
+    spec = load_spec(
+        write(
+            tmp_path,
+            objectives=[{"metric": "tokens_per_second"}, {"metric": "aggregate_tokens_per_second"}],
+            constraints={"p95_ttft_ms": 60000, "aggregate_tokens_per_second_c1": 1e9},
+        )
+    )
     study = run_study(spec, progress=lambda line: None)
     record = store.read_study_record(study)
     assert record.objectives == ("tokens_per_second", "aggregate_tokens_per_second_c2")
@@ -275,25 +392,36 @@ def test_a_study_of_two_levels_stores_each_level_its_objectives_and_bounds(tmp_p
     pairs = dict(zip(baseline.argv, baseline.argv[1:]))
     assert pairs["--parallel"] == "2"  # slots for the highest level
     assert [level["users"] for level in baseline.load] == [1, 2]
-    assert all(level["requests"] >= level["users"] and level["tokens"] == 32 * level["requests"]
-               for level in baseline.load)
+    assert all(
+        level["requests"] >= level["users"] and level["tokens"] == 32 * level["requests"]
+        for level in baseline.load
+    )
     assert trial.values[1] == baseline.load[1]["aggregate_tokens_per_second"] > 0
     # a minute for the first token is met; a billion tokens/s is not: infeasible by that bound alone
     assert set(baseline.constraints) == {"quality_floor", "p95_ttft_ms_c2", "aggregate_tokens_per_second_c1"}
     assert baseline.constraints["p95_ttft_ms_c2"] < 0 < baseline.constraints["aggregate_tokens_per_second_c1"]
     assert baseline.constraints["quality_floor"] <= 0  # the baseline is its own quality reference
-    assert not baseline.feasible and baseline.constraint == baseline.constraints["aggregate_tokens_per_second_c1"]
+    assert (
+        not baseline.feasible
+        and baseline.constraint == baseline.constraints["aggregate_tokens_per_second_c1"]
+    )
     assert trial.system_attrs["constraints:aggregate_tokens_per_second_c1"] > 0
 
 
-def test_the_bench_compares_the_load_with_batched_bench_level_by_level(tmp_path, synthetic_models, monkeypatch):
+def test_the_bench_compares_the_load_with_batched_bench_level_by_level(
+    tmp_path, synthetic_models, monkeypatch
+):
     from tuner.bench.concurrency import markdown, measure_concurrency, to_dict
     from tuner.context import prepare
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
-    found = measure_concurrency(prepare(load_spec(write(tmp_path))), levels=(1, 2), rounds=2, tg=16, per_client=1)
+    found = measure_concurrency(
+        prepare(load_spec(write(tmp_path))), levels=(1, 2), rounds=2, tg=16, per_client=1
+    )
     assert [c.users for c in found] == [1, 2]
     assert all(len(c.load) == len(c.bench) == 2 and min(c.load + c.bench) > 0 for c in found)
-    assert all(0.5 < c.ratio < 2 for c in found)  # the server's figure, generously: the bench prints the ratio
+    assert all(
+        0.5 < c.ratio < 2 for c in found
+    )  # the server's figure, generously: the bench prints the ratio
     assert [row["users"] for row in to_dict(found)["levels"]] == [1, 2]
     assert markdown(found).count("\n| ") == 2  # one row per level

@@ -15,8 +15,15 @@ from tuner.measurement.workload import Prompt, Workload
 
 def sample(prompt_id="p", suite="code", repetition=0, n=100, ms=1000.0, draft_n=0, accepted=0, text="t"):
     return Sample(
-        prompt_id=prompt_id, suite=suite, repetition=repetition, predicted_n=n, predicted_ms=ms,
-        tokens_per_second=1000.0 * n / ms if ms else 0.0, draft_n=draft_n, draft_n_accepted=accepted, text=text,
+        prompt_id=prompt_id,
+        suite=suite,
+        repetition=repetition,
+        predicted_n=n,
+        predicted_ms=ms,
+        tokens_per_second=1000.0 * n / ms if ms else 0.0,
+        draft_n=draft_n,
+        draft_n_accepted=accepted,
+        text=text,
         tokens=(repetition,),
     )
 
@@ -24,9 +31,12 @@ def sample(prompt_id="p", suite="code", repetition=0, n=100, ms=1000.0, draft_n=
 def test_rate_is_pooled_per_repetition_then_median():
     # repetition 0: (100 + 20) tokens in (1000 + 1000) ms = 60 tok/s, not the mean of 100 and 20
     samples = [
-        sample("a", repetition=0, n=100, ms=1000), sample("b", repetition=0, n=20, ms=1000),
-        sample("a", repetition=1, n=100, ms=500), sample("b", repetition=1, n=20, ms=500),
-        sample("a", repetition=2, n=100, ms=1200), sample("b", repetition=2, n=20, ms=800),
+        sample("a", repetition=0, n=100, ms=1000),
+        sample("b", repetition=0, n=20, ms=1000),
+        sample("a", repetition=1, n=100, ms=500),
+        sample("b", repetition=1, n=20, ms=500),
+        sample("a", repetition=2, n=100, ms=1200),
+        sample("b", repetition=2, n=20, ms=800),
     ]
     scores = summarize(samples, MeasurementSettings())
     assert scores.tokens_per_second == pytest.approx(60.0)
@@ -68,24 +78,40 @@ def test_no_drafting_means_zero_acceptance_and_zero_time_means_zero_rate():
 
 
 def test_outputs_by_prompt_takes_the_first_measured_repetition():
-    samples = [sample("a", repetition=r, text=f"a{r}") for r in (1, 2)] + [sample("b", repetition=1, text="b1")]
+    samples = [sample("a", repetition=r, text=f"a{r}") for r in (1, 2)] + [
+        sample("b", repetition=1, text="b1")
+    ]
     outputs = outputs_by_prompt(samples)
     assert {k: v.text for k, v in outputs.items()} == {"a": "a1", "b": "b1"}
 
 
 def test_run_workload_on_a_real_server(synthetic_models, tmp_path):
-    workload = Workload(prompts=(
-        Prompt("a", "code", "def flatten(items):\n"),
-        Prompt("b", "prose", "The lighthouse keeper"),
-    ))
+    workload = Workload(
+        prompts=(Prompt("a", "code", "def flatten(items):\n"), Prompt("b", "prose", "The lighthouse keeper"))
+    )
     settings = MeasurementSettings(warmup=1, repetitions=2, n_predict=12)
-    argv = [str(binary("llama-server")), "-m", str(synthetic_models.path("draft-small")),
-            "-t", "2", "-c", "512", "-np", "1", "--no-webui"]
+    argv = [
+        str(binary("llama-server")),
+        "-m",
+        str(synthetic_models.path("draft-small")),
+        "-t",
+        "2",
+        "-c",
+        "512",
+        "-np",
+        "1",
+        "--no-webui",
+    ]
     progress, hooked = [], []
     with LlamaServer(argv, free_port(), tmp_path / "server.log", ready_timeout_s=60) as server:
-        samples = run_workload(server, workload, settings, temperature=0.0,
-                               progress=lambda done, total: progress.append((done, total)),
-                               after_request=lambda so_far, *flags: hooked.append((len(so_far), *flags)))
+        samples = run_workload(
+            server,
+            workload,
+            settings,
+            temperature=0.0,
+            progress=lambda done, total: progress.append((done, total)),
+            after_request=lambda so_far, *flags: hooked.append((len(so_far), *flags)),
+        )
     assert progress == [(1, 4), (2, 4), (3, 4), (4, 4)]
     # the pruner's hook after every request: a pass's end marked, and whether another request follows
     assert hooked == [(1, False, True), (2, True, True), (3, False, True), (4, True, False)]
@@ -110,21 +136,41 @@ class ScriptedServer:
         from tuner.measurement.runner import Completion
 
         rate = next(self.rates)
-        return Completion(text="t", tokens=(1,), predicted_n=n_predict, predicted_ms=1000.0 * n_predict / rate,
-                          predicted_per_second=rate, prompt_n=1, prompt_ms=1.0, draft_n=0, draft_n_accepted=0,
-                          stop_type="limit")
+        return Completion(
+            text="t",
+            tokens=(1,),
+            predicted_n=n_predict,
+            predicted_ms=1000.0 * n_predict / rate,
+            predicted_per_second=rate,
+            prompt_n=1,
+            prompt_ms=1.0,
+            draft_n=0,
+            draft_n_accepted=0,
+            stop_type="limit",
+        )
 
 
-@pytest.mark.parametrize("rates, passes", [
-    ([100.0] * 5, 2),  # warm-up and two steady passes: no third
-    ([100.0] * 3 + [50.0] * 2 + [100.0] * 4, 4),  # noisy: passes go on to max_repetitions, the hook up to its last
-])
+@pytest.mark.parametrize(
+    "rates, passes",
+    [
+        ([100.0] * 5, 2),  # warm-up and two steady passes: no third
+        (
+            [100.0] * 3 + [50.0] * 2 + [100.0] * 4,
+            4,
+        ),  # noisy: passes go on to max_repetitions, the hook up to its last
+    ],
+)
 def test_the_hook_says_no_request_follows_the_last(rates, passes):
     workload = Workload(prompts=(Prompt("a", "code", "x"), Prompt("b", "code", "y")))
     settings = MeasurementSettings(warmup=1, repetitions=2, max_repetitions=4, n_predict=10, noise_cv=0.05)
     hooked = []
-    samples = run_workload(ScriptedServer(rates), workload, settings, 0.0,
-                           after_request=lambda so_far, done, more: hooked.append((len(so_far), done, more)))
+    samples = run_workload(
+        ScriptedServer(rates),
+        workload,
+        settings,
+        0.0,
+        after_request=lambda so_far, done, more: hooked.append((len(so_far), done, more)),
+    )
     assert {s.repetition for s in samples} == set(range(passes))
     assert [n for n, _, more in hooked if more] == list(range(1, 2 * passes))  # every request but the last
     assert [n for n, done, _ in hooked if done] == [2 * p for p in range(1, passes + 1)]
@@ -133,19 +179,25 @@ def test_the_hook_says_no_request_follows_the_last(rates, passes):
 def test_per_source_counts_are_differences_of_the_servers_running_totals():
     from tuner.measurement.measure import per_source, with_sources
     from tuner.measurement.runner import source_blocks
-    log = "\n".join([
-        "spec stats: statistics     ngram-simple: #calls(b,g,a) = 1 4 2, #gen drafts = 2, #acc drafts = 1, "
-        "#gen tokens = 6, #acc tokens = 3",
-        "spec stats: statistics     draft-simple: #calls(b,g,a) = 1 3 3, #gen drafts = 3, #acc drafts = 3, "
-        "#gen tokens = 12, #acc tokens = 5",  # the warm-up request
-        "slot print_timings: eval time = ...",
-        "spec stats: statistics     ngram-simple: #calls(b,g,a) = 2 9 5, #gen drafts = 5, #acc drafts = 4, "
-        "#gen tokens = 16, #acc tokens = 11, #mean acc len = 3.20, #acc rate/pos = (0.8, 0.6)",
-        "spec stats: statistics     draft-simple: #calls(b,g,a) = 2 6 6, #gen drafts = 6, #acc drafts = 5, "
-        "#gen tokens = 20, #acc tokens = 9",
-    ])
+
+    log = "\n".join(
+        [
+            "spec stats: statistics     ngram-simple: #calls(b,g,a) = 1 4 2, #gen drafts = 2, #acc drafts = 1, "
+            "#gen tokens = 6, #acc tokens = 3",
+            "spec stats: statistics     draft-simple: #calls(b,g,a) = 1 3 3, #gen drafts = 3, #acc drafts = 3, "
+            "#gen tokens = 12, #acc tokens = 5",  # the warm-up request
+            "slot print_timings: eval time = ...",
+            "spec stats: statistics     ngram-simple: #calls(b,g,a) = 2 9 5, #gen drafts = 5, #acc drafts = 4, "
+            "#gen tokens = 16, #acc tokens = 11, #mean acc len = 3.20, #acc rate/pos = (0.8, 0.6)",
+            "spec stats: statistics     draft-simple: #calls(b,g,a) = 2 6 6, #gen drafts = 6, #acc drafts = 5, "
+            "#gen tokens = 20, #acc tokens = 9",
+        ]
+    )
     blocks = source_blocks(log)
-    assert blocks == [{"ngram-simple": (6, 3), "draft-simple": (12, 5)}, {"ngram-simple": (16, 11), "draft-simple": (20, 9)}]
+    assert blocks == [
+        {"ngram-simple": (6, 3), "draft-simple": (12, 5)},
+        {"ngram-simple": (16, 11), "draft-simple": (20, 9)},
+    ]
     sample = Sample("p", "code", 0, 32, 100.0, 320.0, 18, 12, "", ())
     [measured] = with_sources([sample], blocks)
     assert measured.sources == (("ngram-simple", 10, 8), ("draft-simple", 8, 4))

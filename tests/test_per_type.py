@@ -16,27 +16,26 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import running_llama_processes
 from fake_llama_server import get_json, stop_group, wait_for, wait_for_json, write_study
-from tuner.storage import store
-from tuner.cli import main
-from tuner.output.export import Export, merge_sections, write_export
-from tuner.measurement.launch import ServerCommand
-from tuner.machine.llama_build import binary
-from tuner.paths import models_dir
-from tuner.decisions.per_type import PerTypeResult, tuning_rate
-from tuner.output.analysis import report_data
-from tuner.storage.records import TrialRecord
-from tuner.output.report_html import render
-from tuner.machine.roofline import Bandwidth
-from tuner.decisions.route import accuracy, content_type
-from tuner.measurement.runner import free_port
-from tuner.search.space import TrialConfig
-from tuner.studyfile.spec import load_spec
-from tuner.study import run_study
-from tuner.measurement.workload import BUILTIN_SUITES, Prompt, Workload, load_workload, split
 
+from tuner.cli import main
+from tuner.decisions.per_type import PerTypeResult, tuning_rate
+from tuner.decisions.route import accuracy, content_type
+from tuner.machine.llama_build import binary
+from tuner.machine.roofline import Bandwidth
+from tuner.measurement.launch import ServerCommand
+from tuner.measurement.runner import free_port
+from tuner.measurement.workload import BUILTIN_SUITES, Prompt, Workload, load_workload, split
+from tuner.output.analysis import report_data
+from tuner.output.export import Export, merge_sections, write_export
+from tuner.output.report_html import render
+from tuner.paths import models_dir
+from tuner.search.space import TrialConfig
+from tuner.storage import store
+from tuner.storage.records import TrialRecord
+from tuner.study import run_study
+from tuner.studyfile.spec import load_spec
 
 # ------------------------------------------------------------------ the split
 
@@ -61,8 +60,11 @@ def test_a_suite_of_two_prompts_has_no_split_and_says_why():
 
 
 def test_a_tuning_rate_pools_the_tuning_prompts_samples_only():
-    samples = tuple({"prompt_id": p, "suite": "s", "repetition": r, "predicted_n": 10, "predicted_ms": ms}
-                    for r in (0, 1) for p, ms in (("t", 100.0), ("h", 1000.0)))
+    samples = tuple(
+        {"prompt_id": p, "suite": "s", "repetition": r, "predicted_n": 10, "predicted_ms": ms}
+        for r in (0, 1)
+        for p, ms in (("t", 100.0), ("h", 1000.0))
+    )
     record = TrialRecord(0, "COMPLETE", "search", TrialConfig(), samples=samples)
     assert tuning_rate(record, ["t"]) == pytest.approx(100.0)
     assert tuning_rate(record, ["t", "h"]) == pytest.approx(20 / 1.1)
@@ -84,15 +86,19 @@ def test_content_type_names_the_built_in_suites_prompts():
 # ------------------------------------------------------------------ merging the preset
 
 
-OTHERS = ("version = 1\n; hand-kept comment\n\n[*]\nc = 8192\n\n[other-study]\n; tuner export: study other\n"
-          "model = /m/o.gguf\nspec-draft-n-max = 8\n\n\n[hand-written]  ; mine\nmodel = /m/x.gguf ; keep\n\n")
+OTHERS = (
+    "version = 1\n; hand-kept comment\n\n[*]\nc = 8192\n\n[other-study]\n; tuner export: study other\n"
+    "model = /m/o.gguf\nspec-draft-n-max = 8\n\n\n[hand-written]  ; mine\nmodel = /m/x.gguf ; keep\n\n"
+)
 
 
 def test_merging_sections_keeps_other_studies_sections_byte_for_byte_and_never_duplicates(tmp_path):
     path = tmp_path / "models-preset.ini"
     path.write_text(OTHERS)
-    sections = {"demo": ["[demo]", "model = /m/t.gguf"], "demo-code": ["[demo-code]", "model = /m/t.gguf",
-                                                                        "spec-draft-n-max = 16"]}
+    sections = {
+        "demo": ["[demo]", "model = /m/t.gguf"],
+        "demo-code": ["[demo-code]", "model = /m/t.gguf", "spec-draft-n-max = 16"],
+    }
     merge_sections(path, sections)
     merge_sections(path, {**sections, "demo": ["[demo]", "model = /m/t2.gguf"]})  # again: replaced, not added
     text = path.read_text()
@@ -111,20 +117,28 @@ def two_type_study(tmp_path: Path, **fields) -> Path:
     """Code and prose suites of three prompts; the stand-in drafts prose badly past K=2."""
     path = write_study(tmp_path, f"sqlite:///{tmp_path / 's.db'}", name="mixed", **fields)
     data = yaml.safe_load(path.read_text())
-    (tmp_path / "code.yaml").write_text(yaml.safe_dump({"prompts": [
-        {"id": f"c{i}", "text": f"def f{i}(a, b):\n"} for i in range(3)]}))
-    (tmp_path / "prose.yaml").write_text(yaml.safe_dump({"prompts": [
-        {"id": f"p{i}", "text": f"PROSE: the story number {i} begins"} for i in range(3)]}))
-    data.update(workload={"suites": ["code.yaml", "prose.yaml"], "n_predict": 8},
-                budget={"trials": 3}, race={"min_rounds": 3, "max_rounds": 3, "confirm_rounds": 3, "max_finalists": 2},
-                warm_start=[{"spec_type": "draft-simple", "draft": "draft", "draft_max": k} for k in (2, 4)])
+    (tmp_path / "code.yaml").write_text(
+        yaml.safe_dump({"prompts": [{"id": f"c{i}", "text": f"def f{i}(a, b):\n"} for i in range(3)]})
+    )
+    (tmp_path / "prose.yaml").write_text(
+        yaml.safe_dump(
+            {"prompts": [{"id": f"p{i}", "text": f"PROSE: the story number {i} begins"} for i in range(3)]}
+        )
+    )
+    data.update(
+        workload={"suites": ["code.yaml", "prose.yaml"], "n_predict": 8},
+        budget={"trials": 3},
+        race={"min_rounds": 3, "max_rounds": 3, "confirm_rounds": 3, "max_finalists": 2},
+        warm_start=[{"spec_type": "draft-simple", "draft": "draft", "draft_max": k} for k in (2, 4)],
+    )
     data.update(fields)
     path.write_text(yaml.safe_dump(data))
     return path
 
 
-def test_per_type_export_races_on_held_out_prompts_and_writes_the_sections_that_pay(tmp_path, env, monkeypatch,
-                                                                                     capsys):
+def test_per_type_export_races_on_held_out_prompts_and_writes_the_sections_that_pay(
+    tmp_path, env, monkeypatch, capsys
+):
     monkeypatch.setenv("FAKE_LLAMA_SHORT_K", "PROSE")
     path = two_type_study(tmp_path)
     run_study(load_spec(path), progress=lambda _: None)
@@ -147,7 +161,10 @@ def test_per_type_export_races_on_held_out_prompts_and_writes_the_sections_that_
     text = preset.read_text()
     assert text.startswith(OTHERS + stale) and "[mixed]" in text and "[mixed-code]" in text
     assert text.count("[mixed-prose]") == 1  # an earlier export's section is kept, and the export says so
-    assert "prose: no own entry" in printed and "note: section [mixed-prose] of an earlier export is kept" in printed
+    assert (
+        "prose: no own entry" in printed
+        and "note: section [mixed-prose] of an earlier export is kept" in printed
+    )
     router = (out / "serve-router.sh").read_text()
     assert "--models-preset" in router and str(preset.resolve()) in router
     assert "mixed-code" in (out / "ROUTER.md").read_text() and '"model"' in (out / "ROUTER.md").read_text()
@@ -163,10 +180,28 @@ def test_per_type_export_of_a_one_type_study_is_a_clear_message_not_an_empty_fil
     path = write_study(tmp_path, f"sqlite:///{tmp_path / 's.db'}", budget={"trials": 2})
     run_study(load_spec(path), progress=lambda _: None)
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
-    assert main(["export", "t", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--per-type", "--no-race",
-                 "--out", str(out), "--preset", str(preset)]) == 2
+    assert (
+        main(
+            [
+                "export",
+                "t",
+                "--storage",
+                f"sqlite:///{tmp_path / 's.db'}",
+                "--per-type",
+                "--no-race",
+                "--out",
+                str(out),
+                "--preset",
+                str(preset),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert "--per-type: study 't' measured one content type (suite)" in err and "export without --per-type" in err
+    assert (
+        "--per-type: study 't' measured one content type (suite)" in err
+        and "export without --per-type" in err
+    )
     assert not preset.exists() and not out.exists()
 
 
@@ -176,28 +211,62 @@ def test_per_type_export_of_a_one_type_study_is_a_clear_message_not_an_empty_fil
 def served_export(study: str, trial: int, k: int, section: str = "") -> Export:
     """An export of target + draft-small at draft length K, as `tuner export` builds it from a trial."""
     synth = models_dir() / "synthetic"
-    command = ServerCommand((), str(binary("llama-server")), (
-        ("--model", str(synth / "target.gguf")), ("--threads", "1"), ("--ctx-size", "512"), ("--parallel", "1"),
-        ("--no-webui", None), ("-md", str(synth / "draft-small.gguf")), ("--spec-type", "draft-simple"),
-        ("--spec-draft-n-max", str(k)), ("-td", "1")))
+    command = ServerCommand(
+        (),
+        str(binary("llama-server")),
+        (
+            ("--model", str(synth / "target.gguf")),
+            ("--threads", "1"),
+            ("--ctx-size", "512"),
+            ("--parallel", "1"),
+            ("--no-webui", None),
+            ("-md", str(synth / "draft-small.gguf")),
+            ("--spec-type", "draft-simple"),
+            ("--spec-draft-n-max", str(k)),
+            ("-td", "1"),
+        ),
+    )
     config = {"spec_type": "draft-simple", "draft": "draft-small", "draft_max": k, "temperature": 0.0}
-    per_type = {"types": [{"suite": "code", "held_out_tokens_per_second": 1.0, "gain": 1.1, "gain_low": 1.05,
-                           "gain_high": 1.2}]}
-    return Export(study=study, trial=trial, policy="test", config=config,
-                  metrics={"tokens_per_second": 1.0, "speedup": 1.0, "acceptance": 0.5, "quality": 1.0},
-                  argv=command.argv, command=command, per_content_type=[], llama_cpp={}, machine={},
-                  per_type=per_type, section_name=section)
+    per_type = {
+        "types": [
+            {
+                "suite": "code",
+                "held_out_tokens_per_second": 1.0,
+                "gain": 1.1,
+                "gain_low": 1.05,
+                "gain_high": 1.2,
+            }
+        ]
+    }
+    return Export(
+        study=study,
+        trial=trial,
+        policy="test",
+        config=config,
+        metrics={"tokens_per_second": 1.0, "speedup": 1.0, "acceptance": 0.5, "quality": 1.0},
+        argv=command.argv,
+        command=command,
+        per_content_type=[],
+        llama_cpp={},
+        machine={},
+        per_type=per_type,
+        section_name=section,
+    )
 
 
 def post_json(url: str, body: dict, timeout: float = 180.0) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=timeout) as resp:
         return json.load(resp)
 
 
 @pytest.mark.llama
 @pytest.mark.slow
-def test_the_exported_router_serves_every_section_with_its_own_speculative_settings(synthetic_models, tmp_path):
+def test_the_exported_router_serves_every_section_with_its_own_speculative_settings(
+    synthetic_models, tmp_path
+):
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
     preset.write_text(OTHERS.replace("[other-study]", "[other-study]\nload-on-startup = false"))
     pooled, code = served_export("synth", 3, 2), served_export("synth", 5, 12, "synth-code")
@@ -206,9 +275,14 @@ def test_the_exported_router_serves_every_section_with_its_own_speculative_setti
     port = free_port()
     log = tmp_path / "router.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(out / "serve-router.sh")], stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, "LLAMA_ARG_PORT": str(port)})
+        proc = subprocess.Popen(
+            [str(out / "serve-router.sh")],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "LLAMA_ARG_PORT": str(port)},
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for_json(proc, f"{base}/health", 90, "the router")
@@ -216,8 +290,10 @@ def test_the_exported_router_serves_every_section_with_its_own_speculative_setti
         assert {"synth", "synth-code", "other-study", "hand-written"} <= listed
         lengths: dict[str, float] = {}
         for name, k in (("synth", 2), ("synth-code", 12)):
-            answer = post_json(f"{base}/v1/completions", {"model": name, "prompt": "def add(a, b):\n    return",
-                                                          "max_tokens": 16, "temperature": 0})
+            answer = post_json(
+                f"{base}/v1/completions",
+                {"model": name, "prompt": "def add(a, b):\n    return", "max_tokens": 16, "temperature": 0},
+            )
             assert answer["usage"]["completion_tokens"] > 0
             props = get_json(f"{base}/props?model={name}")
             assert props["model_alias"] == name  # answered by that section's own server
@@ -226,9 +302,15 @@ def test_the_exported_router_serves_every_section_with_its_own_speculative_setti
             args = entry["status"]["args"]
             child = int(args[args.index("--port") + 1])
             # the child's own log, forwarded by the router as "[PORT] ...": how long its drafts were
-            lines = wait_for(lambda: [line for line in log.read_text(errors="replace").splitlines()
-                                      if line.startswith(f"[{child:5d}]") and "draft acceptance" in line],
-                             30, f"{name}'s draft statistics in the log")
+            lines = wait_for(
+                lambda: [
+                    line
+                    for line in log.read_text(errors="replace").splitlines()
+                    if line.startswith(f"[{child:5d}]") and "draft acceptance" in line
+                ],
+                30,
+                f"{name}'s draft statistics in the log",
+            )
             mean_len = float(re.search(r"mean len =\s*([\d.]+)", lines[-1]).group(1))
             lengths[name] = mean_len
             assert 0 < mean_len <= k, lines

@@ -9,7 +9,13 @@ import pytest
 import tuner.measurement.runner
 from tuner.errors import UserError
 from tuner.measurement.failures import TrialFailure
-from tuner.measurement.quality import agreement, answer_score, edit_similarity, measure_perplexity, perplexity_ratio
+from tuner.measurement.quality import (
+    agreement,
+    answer_score,
+    edit_similarity,
+    measure_perplexity,
+    perplexity_ratio,
+)
 from tuner.measurement.workload import Expectation, Prompt, Workload
 
 
@@ -39,11 +45,13 @@ def test_agreement_is_exactly_one_for_identical_outputs_and_a_mean_otherwise():
 
 
 def test_answer_score_counts_prompts_meeting_all_expectations():
-    workload = Workload(prompts=(
-        Prompt("add", "math", "40 + 2 =", (Expectation("contains", "42"),)),
-        Prompt("obj", "json", "{", (Expectation("regex", r"^\s*\"x\""), Expectation("contains", "1"))),
-        Prompt("free", "prose", "Once", ()),  # no expectation: not graded
-    ))
+    workload = Workload(
+        prompts=(
+            Prompt("add", "math", "40 + 2 =", (Expectation("contains", "42"),)),
+            Prompt("obj", "json", "{", (Expectation("regex", r"^\s*\"x\""), Expectation("contains", "1"))),
+            Prompt("free", "prose", "Once", ()),  # no expectation: not graded
+        )
+    )
     assert answer_score({"add": " 42", "obj": ' "x": 1}', "free": "anything"}, workload) == 1.0
     assert answer_score({"add": " 41", "obj": ' "x": 2}', "free": ""}, workload) == 0.0
     assert answer_score({"add": "42", "obj": ' "y": 1}', "free": ""}, workload) == 0.5
@@ -62,12 +70,18 @@ def test_perplexity_ratio():
 
 def test_measure_perplexity_on_a_real_model(synthetic_models, llama_bin_dir, tmp_path):
     text_file = tmp_path / "text.txt"
-    text_file.write_text(inspect.getsource(tuner.measurement.runner))  # Python source: what the synthetic models know
+    text_file.write_text(
+        inspect.getsource(tuner.measurement.runner)
+    )  # Python source: what the synthetic models know
     flags = ["-m", str(synthetic_models.path("draft-small")), "-t", "2"]
     ppl = measure_perplexity(flags, text_file, ctx=64, chunks=2, bin_dir=llama_bin_dir)
-    assert measure_perplexity(flags, text_file, ctx=64, chunks=2, bin_dir=llama_bin_dir) == ppl  # deterministic
+    assert (
+        measure_perplexity(flags, text_file, ctx=64, chunks=2, bin_dir=llama_bin_dir) == ppl
+    )  # deterministic
     other = ["-m", str(synthetic_models.path("target")), "-t", "2"]
-    assert measure_perplexity(other, text_file, ctx=64, chunks=2, bin_dir=llama_bin_dir) != ppl  # the model's own figure
+    assert (
+        measure_perplexity(other, text_file, ctx=64, chunks=2, bin_dir=llama_bin_dir) != ppl
+    )  # the model's own figure
     short = tmp_path / "short.txt"
     short.write_text("def f(): pass\n")
     # the "too short" line can be lost at exit like the estimate (see measure_perplexity): either error names the fix

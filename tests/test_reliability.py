@@ -21,20 +21,23 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-
 from fake_llama_server import alive, launches, port_is_free, wait_for, write_study
 from gguf_factory import write_gguf
-from tuner.storage import store
+
 from tuner.cli import main
 from tuner.errors import UserError
 from tuner.measurement.failures import TrialFailure
 from tuner.paths import models_dir
-from tuner.studyfile.spec import load_spec
-from tuner.study import TrialRunner, open_study, prepare, run_study
+from tuner.storage import store
 from tuner.storage.coordination import tally
+from tuner.study import TrialRunner, open_study, prepare, run_study
+from tuner.studyfile.spec import load_spec
 
-COMPLETE, FAIL, RUNNING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
-                           optuna.trial.TrialState.RUNNING)
+COMPLETE, FAIL, RUNNING = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.FAIL,
+    optuna.trial.TrialState.RUNNING,
+)
 SYNTH = models_dir() / "synthetic"
 
 # draft length K -> the fault the stand-in shows for it -> the reason its trial must record
@@ -50,8 +53,13 @@ FAULTS = {
 
 
 def tuner(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tuner.cli", *args], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", *args],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def draft_k(k: int) -> dict:
@@ -69,12 +77,23 @@ def stored(tmp_path: Path) -> optuna.Study:
 # ------------------------------------------------------------------ faults, trial by trial
 
 
-def test_each_fault_fails_its_trial_with_reason_and_log_tail_and_the_study_goes_on(tmp_path, env, monkeypatch):
-    monkeypatch.setenv("FAKE_LLAMA_FAULTS", json.dumps({f"--spec-draft-n-max {k} ": f for k, (f, _) in FAULTS.items()}))
+def test_each_fault_fails_its_trial_with_reason_and_log_tail_and_the_study_goes_on(
+    tmp_path, env, monkeypatch
+):
+    monkeypatch.setenv(
+        "FAKE_LLAMA_FAULTS", json.dumps({f"--spec-draft-n-max {k} ": f for k, (f, _) in FAULTS.items()})
+    )
     path = write_study(
-        tmp_path, sqlite(tmp_path),
-        search_space={"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [*FAULTS, 10],
-                                    "temperature": 0.0, "threads": 1}},
+        tmp_path,
+        sqlite(tmp_path),
+        search_space={
+            "overrides": {
+                "spec_type": ["none", "draft-simple"],
+                "draft_max": [*FAULTS, 10],
+                "temperature": 0.0,
+                "threads": 1,
+            }
+        },
         measurement={"warmup": 0, "repetitions": 1, "ctx_size": 256, "trial_timeout_s": 3},
         warm_start=[draft_k(k) for k in FAULTS] + [draft_k(10)],
         budget={"trials": len(FAULTS) + 2},
@@ -98,18 +117,28 @@ def test_each_fault_fails_its_trial_with_reason_and_log_tail_and_the_study_goes_
 
     # Again: a permanent failure (out of memory) is recorded at once without a launch;
     # a crash may be a fluke, so that configuration is launched again.
-    k6_launches = sum("--spec-draft-n-max 6" in " ".join(x["argv"]) for x in launches(tmp_path / "launches.jsonl"))
+    k6_launches = sum(
+        "--spec-draft-n-max 6" in " ".join(x["argv"]) for x in launches(tmp_path / "launches.jsonl")
+    )
     study.enqueue_trial(draft_k(3))
     study.enqueue_trial(draft_k(6))
     study = run_study(load_spec(path), trials=len(FAULTS) + 4, progress=lines.append)
     first_oom = next(t for t in trials if t.params.get("draft_max") == 3)
     oom_again, crash_again = study.get_trials()[-2:]
     assert store.read_trial(oom_again).failure.reason == "out_of_memory"
-    assert store.read_trial(oom_again).failure.detail == f"same configuration already failed permanently in trial {first_oom.number}"
+    assert (
+        store.read_trial(oom_again).failure.detail
+        == f"same configuration already failed permanently in trial {first_oom.number}"
+    )
     assert store.read_trial(oom_again).log_tail == store.read_trial(first_oom).log_tail
-    assert not (tmp_path / "storage" / "logs" / "t" / f"trial-{oom_again.number}.log").exists()  # never launched
+    assert not (
+        tmp_path / "storage" / "logs" / "t" / f"trial-{oom_again.number}.log"
+    ).exists()  # never launched
     assert store.read_trial(crash_again).failure.reason == "crashed"
-    assert sum("--spec-draft-n-max 6" in " ".join(x["argv"]) for x in launches(tmp_path / "launches.jsonl")) == k6_launches + 1
+    assert (
+        sum("--spec-draft-n-max 6" in " ".join(x["argv"]) for x in launches(tmp_path / "launches.jsonl"))
+        == k6_launches + 1
+    )
 
 
 def test_an_exception_mid_trial_still_stops_the_server(tmp_path, env, monkeypatch):
@@ -131,8 +160,12 @@ def test_an_exception_mid_trial_still_stops_the_server(tmp_path, env, monkeypatc
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_interrupt_mid_trial_records_it_stops_the_server_and_resumes(tmp_path, env, sig):
-    path = write_study(tmp_path, sqlite(tmp_path), budget={"trials": 2},
-                       measurement={"warmup": 0, "repetitions": 1, "ctx_size": 256, "trial_timeout_s": 60})
+    path = write_study(
+        tmp_path,
+        sqlite(tmp_path),
+        budget={"trials": 2},
+        measurement={"warmup": 0, "repetitions": 1, "ctx_size": 256, "trial_timeout_s": 60},
+    )
     proc = tuner(["run", str(path)], {**env, "FAKE_LLAMA_DELAY_S": "120"})
     try:
         launch = wait_for(lambda: launches(tmp_path / "launches.jsonl"), 60, "the baseline's server")[0]
@@ -150,8 +183,13 @@ def test_interrupt_mid_trial_records_it_stops_the_server_and_resumes(tmp_path, e
     assert trial.state == FAIL and store.read_trial(trial).failure.reason == "interrupted"
     assert "processing task" in store.read_trial(trial).log_tail
 
-    resumed = subprocess.run([sys.executable, "-m", "tuner.cli", "run", str(path)], env=env,
-                             capture_output=True, text=True, timeout=120)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "run", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert resumed.returncode == 0, resumed.stderr
     study = stored(tmp_path)
     # the interrupted trial measured nothing: it does not count, and the baseline runs again
@@ -161,15 +199,26 @@ def test_interrupt_mid_trial_records_it_stops_the_server_and_resumes(tmp_path, e
 
 
 def test_sqlite_takes_one_process_and_a_killed_run_resumes(tmp_path, env, capsys, monkeypatch):
-    path = write_study(tmp_path, sqlite(tmp_path), budget={"trials": 3},
-                       measurement={"warmup": 0, "repetitions": 1, "ctx_size": 256, "trial_timeout_s": 60})
+    path = write_study(
+        tmp_path,
+        sqlite(tmp_path),
+        budget={"trials": 3},
+        measurement={"warmup": 0, "repetitions": 1, "ctx_size": 256, "trial_timeout_s": 60},
+    )
     proc = tuner(["run", str(path)], {**env, "FAKE_LLAMA_DELAY_S": "120"})
     try:
         launch = wait_for(lambda: launches(tmp_path / "launches.jsonl"), 60, "the baseline's server")[0]
-        assert main(["run", str(path), "--no-wait"]) == 75  # the host's measurement lock (tuner.machine.hostlock)
-        assert f"another measurement runs on this host (pid {proc.pid}, tuner run, study " in capsys.readouterr().err
+        assert (
+            main(["run", str(path), "--no-wait"]) == 75
+        )  # the host's measurement lock (tuner.machine.hostlock)
+        assert (
+            f"another measurement runs on this host (pid {proc.pid}, tuner run, study "
+            in capsys.readouterr().err
+        )
         host_lock = os.environ.get("TUNER_MEASURE_LOCK")
-        monkeypatch.setenv("TUNER_MEASURE_LOCK", str(tmp_path / "other-host.lock"))  # then the study's own lock
+        monkeypatch.setenv(
+            "TUNER_MEASURE_LOCK", str(tmp_path / "other-host.lock")
+        )  # then the study's own lock
         assert main(["run", str(path)]) == 2
         assert f"is being run by pid {proc.pid} on " in capsys.readouterr().err
         if host_lock is None:
@@ -211,9 +260,19 @@ def test_existing_study_with_another_search_space_is_refused_untouched(tmp_path,
     path = write_study(tmp_path, sqlite(tmp_path), budget={"trials": 1})
     run_study(load_spec(path), progress=lambda _: None)
     digest = store.read_study_record(stored(tmp_path)).space_digest
-    write_study(tmp_path, sqlite(tmp_path), budget={"trials": 2},
-                search_space={"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 4],
-                                            "temperature": 0.0, "threads": 1}})
+    write_study(
+        tmp_path,
+        sqlite(tmp_path),
+        budget={"trials": 2},
+        search_space={
+            "overrides": {
+                "spec_type": ["none", "draft-simple"],
+                "draft_max": [2, 4],
+                "temperature": 0.0,
+                "threads": 1,
+            }
+        },
+    )
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "search space differs" in err
@@ -221,18 +280,35 @@ def test_existing_study_with_another_search_space_is_refused_untouched(tmp_path,
     assert len(after.trials) == 1 and store.read_study_record(after).space_digest == digest
 
 
-@pytest.mark.parametrize("edit, changed", [
-    (lambda folder: (folder / "suite.yaml").write_text(
-        (folder / "suite.yaml").read_text().replace("def add(a, b)", "def add(x, y)")), "workload (prompt texts) differs"),
-    (lambda folder: write_study(folder, sqlite(folder), workload={"suites": ["suite.yaml"], "n_predict": 16}),
-     "measurement.n_predict differs (the study has 8, this run has 16)"),
-    (lambda folder: write_study(folder, sqlite(folder), quality={"scorer": "agreement", "floor": 0.5}),
-     "quality.floor differs (the study has 0.9, this run has 0.5)"),
-    # issue 21: the target replaced at the same path was two truncated JSON blobs; now the entry that differs
-    (lambda folder: write_gguf(folder / "models" / "target.gguf", name="tiny-v2"),
-     "target model name differs (the study has \"tiny\", this run has \"tiny-v2\")"),
-])
-def test_resume_after_a_change_that_breaks_comparability_is_refused_in_one_line(tmp_path, env, capsys, edit, changed):
+@pytest.mark.parametrize(
+    "edit, changed",
+    [
+        (
+            lambda folder: (folder / "suite.yaml").write_text(
+                (folder / "suite.yaml").read_text().replace("def add(a, b)", "def add(x, y)")
+            ),
+            "workload (prompt texts) differs",
+        ),
+        (
+            lambda folder: write_study(
+                folder, sqlite(folder), workload={"suites": ["suite.yaml"], "n_predict": 16}
+            ),
+            "measurement.n_predict differs (the study has 8, this run has 16)",
+        ),
+        (
+            lambda folder: write_study(folder, sqlite(folder), quality={"scorer": "agreement", "floor": 0.5}),
+            "quality.floor differs (the study has 0.9, this run has 0.5)",
+        ),
+        # issue 21: the target replaced at the same path was two truncated JSON blobs; now the entry that differs
+        (
+            lambda folder: write_gguf(folder / "models" / "target.gguf", name="tiny-v2"),
+            'target model name differs (the study has "tiny", this run has "tiny-v2")',
+        ),
+    ],
+)
+def test_resume_after_a_change_that_breaks_comparability_is_refused_in_one_line(
+    tmp_path, env, capsys, edit, changed
+):
     """An edited prompt used to crash a resumed study; a new n_predict made every trial infeasible."""
     path = write_study(tmp_path, sqlite(tmp_path), budget={"trials": 2})
     run_study(load_spec(path), progress=lambda _: None)
@@ -241,7 +317,9 @@ def test_resume_after_a_change_that_breaks_comparability_is_refused_in_one_line(
         assert main(command) == 2
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and "{" not in err and changed in err, err  # no JSON blob
-    assert len(stored(tmp_path).trials) == 2 and not (tmp_path / "x").exists()  # nothing added, nothing written
+    assert (
+        len(stored(tmp_path).trials) == 2 and not (tmp_path / "x").exists()
+    )  # nothing added, nothing written
 
 
 def test_a_study_stored_by_the_old_schema_is_one_line_naming_its_version(tmp_path, env, capsys):
@@ -280,8 +358,14 @@ def real_study(tmp_path: Path, **fields) -> Path:
         "target": str(SYNTH / "target.gguf"),
         "drafts": [str(SYNTH / "draft-small.gguf")],
         # one thread: two would spin-wait on each other whenever a busy machine preempts one
-        "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 4],
-                                       "temperature": 0.0, "threads": 1}},
+        "search_space": {
+            "overrides": {
+                "spec_type": ["none", "draft-simple"],
+                "draft_max": [2, 4],
+                "temperature": 0.0,
+                "threads": 1,
+            }
+        },
         "workload": {"suites": ["code"], "n_predict": 32},  # ten requests: long enough to sabotage mid-way
         "measurement": {"warmup": 0, "repetitions": 2, "ctx_size": 512, "trial_timeout_s": 10},
         "budget": {"trials": 4},
@@ -310,8 +394,12 @@ def server_child() -> int | None:
 def test_truncated_gguf_is_refused_up_front_or_fails_its_trial(tmp_path, env, synthetic_models, capsys):
     """As a target it is bad input, refused before anything runs; a draft truncated in the
     middle of a study (replaced on disk) fails its trial, and the study goes on."""
-    path = real_study(tmp_path, target=str(SYNTH / "corrupt.gguf"), drafts=[],
-                      search_space={"overrides": {"spec_type": "none", "temperature": 0.0, "threads": 1}})
+    path = real_study(
+        tmp_path,
+        target=str(SYNTH / "corrupt.gguf"),
+        drafts=[],
+        search_space={"overrides": {"spec_type": "none", "temperature": 0.0, "threads": 1}},
+    )
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "corrupt.gguf: truncated or corrupt GGUF" in err
@@ -329,9 +417,13 @@ def test_truncated_gguf_is_refused_up_front_or_fails_its_trial(tmp_path, env, sy
     assert after.state == COMPLETE
 
 
-def test_real_server_killed_or_stopped_mid_trial_fails_that_trial_and_the_study_goes_on(tmp_path, env, synthetic_models):
-    path = real_study(tmp_path, warm_start=[{"spec_type": "draft-simple", "draft": "draft-small", "draft_max": k}
-                                            for k in (2, 4)])
+def test_real_server_killed_or_stopped_mid_trial_fails_that_trial_and_the_study_goes_on(
+    tmp_path, env, synthetic_models
+):
+    path = real_study(
+        tmp_path,
+        warm_start=[{"spec_type": "draft-simple", "draft": "draft-small", "draft_max": k} for k in (2, 4)],
+    )
     logs = tmp_path / "storage" / "logs" / "t"
     sabotaged: list[int] = []
 
@@ -339,7 +431,11 @@ def test_real_server_killed_or_stopped_mid_trial_fails_that_trial_and_the_study_
         """Trial 1's server gets SIGKILL, trial 2's SIGSTOP, each once it is serving."""
         for trial, sig in ((1, signal.SIGKILL), (2, signal.SIGSTOP)):
             log = logs / f"trial-{trial}.log"
-            wait_for(lambda: log.exists() and "listening on http" in log.read_text(), 120, f"trial {trial}'s server")
+            wait_for(
+                lambda: log.exists() and "listening on http" in log.read_text(),
+                120,
+                f"trial {trial}'s server",
+            )
             pid = wait_for(server_child, 10, f"trial {trial}'s server process")
             os.kill(pid, sig)
             sabotaged.append(pid)

@@ -10,17 +10,17 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import browser
 import optuna
 import pandas as pd
 import pytest
-
-import browser
 from fake_llama_server import run_study_file, write_moe_study, write_study
-from tuner.output import analysis, report
-from tuner.storage import store
+
 from tuner.cli import main
 from tuner.errors import UserError
+from tuner.output import analysis, report
 from tuner.output.report_html import render
+from tuner.storage import store
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,10 @@ def hot(records):
 
 def dominated(record, others, objectives) -> bool:
     values = [record.metrics.objective(o) for o in objectives]
-    return any(all(a >= b for a, b in zip(theirs, values)) and theirs != values
-               for theirs in ([other.metrics.objective(o) for o in objectives] for other in others))
+    return any(
+        all(a >= b for a, b in zip(theirs, values)) and theirs != values
+        for theirs in ([other.metrics.objective(o) for o in objectives] for other in others)
+    )
 
 
 def test_trials_frame_has_knobs_objectives_attrs_and_roofline(demo, records, data):
@@ -56,13 +58,18 @@ def test_trials_frame_has_knobs_objectives_attrs_and_roofline(demo, records, dat
         row = frame.loc[r.number]
         assert row["tokens_per_second"] == r.metrics.tokens_per_second
         assert row["roofline_fraction"] == pytest.approx(r.metrics.tokens_per_second / ceiling)
-        assert (row["tps_code"], row["tps_prose"]) == (r.per_suite_tokens_per_second["code"],
-                                                       r.per_suite_tokens_per_second["prose"])
+        assert (row["tps_code"], row["tps_prose"]) == (
+            r.per_suite_tokens_per_second["code"],
+            r.per_suite_tokens_per_second["prose"],
+        )
     assert not frame.loc[hot(records).number, "feasible"] and hot(records).metrics.quality < record.floor
     failed = frame[frame["state"] == "FAIL"].iloc[0]
     assert failed["failure_reason"] == "out_of_memory" and pd.isna(failed["tokens_per_second"])
     k8 = next(r for r in records if r.config.draft_max == 8)
-    assert "--spec-draft-n-max 8" in frame.loc[k8.number, "command"] and "--port" not in frame.loc[k8.number, "command"]
+    assert (
+        "--spec-draft-n-max 8" in frame.loc[k8.number, "command"]
+        and "--port" not in frame.loc[k8.number, "command"]
+    )
 
 
 def test_pareto_front_keeps_feasible_nondominated_trials(demo, records, data):
@@ -73,7 +80,9 @@ def test_pareto_front_keeps_feasible_nondominated_trials(demo, records, data):
     assert list(data.pareto["tokens_per_second"]) == sorted(data.pareto["tokens_per_second"], reverse=True)
     best = store.best_feasible(study)
     assert data.pareto["trial"].iloc[0] == best.number
-    assert hot(records).metrics.tokens_per_second > best.metrics.tokens_per_second  # faster, but below the floor
+    assert (
+        hot(records).metrics.tokens_per_second > best.metrics.tokens_per_second
+    )  # faster, but below the floor
     assert hot(records).number not in set(data.pareto["trial"])
     assert {r.metrics.quality for r in feasible} == {1.0}  # greedy speculation is lossless
     assert list(data.front_quality["trial"]) == [best.number]
@@ -89,16 +98,21 @@ def test_k_effects_and_best_per_content_type(records, data):
     curve = data.k_by_method[data.k_by_method["method"] == "draft"]
     assert dict(zip(curve["K"], curve["tokens_per_second"])) == {
         k: max(r.metrics.tokens_per_second for r in drafts if r.config.draft_max == k)
-        for k in {r.config.draft_max for r in drafts}}
+        for k in {r.config.draft_max for r in drafts}
+    }
     none = data.k_by_method[data.k_by_method["method"] == "none"]
-    assert none["K"].tolist() == [0] and none["trials"].tolist() == [sum(not r.config.speculative for r in feasible)]
+    assert none["K"].tolist() == [0] and none["trials"].tolist() == [
+        sum(not r.config.speculative for r in feasible)
+    ]
     best = data.best_per_suite.set_index("suite")
     for suite in ("code", "prose"):
         fastest = max(feasible, key=lambda r: r.per_suite_tokens_per_second[suite])
         assert best.loc[suite, "trial"] == fastest.number
         on_suite = data.k_by_suite[data.k_by_suite["suite"] == suite]
-        assert dict(zip(on_suite["K"], on_suite["tokens_per_second"]))[fastest.config.draft_max or 0] == \
-            fastest.per_suite_tokens_per_second[suite]
+        assert (
+            dict(zip(on_suite["K"], on_suite["tokens_per_second"]))[fastest.config.draft_max or 0]
+            == fastest.per_suite_tokens_per_second[suite]
+        )
     # the stand-in's draft keeps being accepted longer on code than on prose
     assert best.loc["code", "draft_max"] > best.loc["prose", "draft_max"]
 
@@ -106,11 +120,13 @@ def test_k_effects_and_best_per_content_type(records, data):
 def test_temperature_threads_numa_and_importances(records, data):
     above = data.temperature[data.temperature["temperature"] > 0]
     assert above[["method", "best_tokens_per_second", "quality"]].values.tolist() == [
-        ["draft", hot(records).metrics.tokens_per_second, hot(records).metrics.quality]]
+        ["draft", hot(records).metrics.tokens_per_second, hot(records).metrics.quality]
+    ]
     threads = data.threads_numa.set_index(["numa", "threads"])["best_tokens_per_second"]
     assert threads.to_dict() == {
         ("none", n): max(r.metrics.tokens_per_second for r in records if r.complete and r.config.threads == n)
-        for n in {r.config.threads for r in records}}
+        for n in {r.config.threads for r in records}
+    }
     if len(threads) > 1:
         assert threads[("none", 2)] > threads[("none", 1)]  # the stand-in: two threads decode faster
     tps = data.importances[data.importances["objective"] == "tokens_per_second"]
@@ -132,12 +148,16 @@ def test_moe_roofline_counts_only_active_experts_and_knee_sits_at_the_bend(moe):
     roof = data.roofline
     # write_moe_study's target: 256 bytes of shared weights and 1024 of 8 experts, 4 of them used
     assert roof.bytes_per_token(2) == pytest.approx(256 + 1024 * 2 / 8)
-    assert roof.tokens_per_second(None) == pytest.approx(record.fingerprint["bandwidth_bytes_per_s"] / (256 + 512))
+    assert roof.tokens_per_second(None) == pytest.approx(
+        record.fingerprint["bandwidth_bytes_per_s"] / (256 + 512)
+    )
     frame = data.trials.set_index("trial")
     records = store.read_trials(study)
     for r in records:
         ceiling = record.fingerprint["bandwidth_bytes_per_s"] / (256 + 1024 * r.config.experts / 8)
-        assert frame.loc[r.number, "roofline_fraction"] == pytest.approx(r.metrics.tokens_per_second / ceiling)
+        assert frame.loc[r.number, "roofline_fraction"] == pytest.approx(
+            r.metrics.tokens_per_second / ceiling
+        )
     assert list(data.experts["experts"]) == [1, 2, 3, 4]
     # the stand-in: each expert fewer is faster and agrees less, so every feasible trial is on the front
     feasible = sorted((r for r in records if r.feasible), key=lambda r: r.metrics.quality)
@@ -149,14 +169,18 @@ def test_moe_roofline_counts_only_active_experts_and_knee_sits_at_the_bend(moe):
 
 def test_missing_bandwidth_is_measured_at_report_time_and_said(demo, records):
     study, record = demo
-    elsewhere = replace(record, fingerprint={**record.fingerprint, "bandwidth_bytes_per_s": None,
-                                             "cpu_model": "Some Other CPU"})
+    elsewhere = replace(
+        record,
+        fingerprint={**record.fingerprint, "bandwidth_bytes_per_s": None, "cpu_model": "Some Other CPU"},
+    )
     bandwidth = analysis.study_bandwidth(elsewhere, probe=lambda: 40e9)
     assert bandwidth.source == "measured at report time" and bandwidth.bytes_per_s == 40e9
     assert "has no bandwidth" in bandwidth.note and "Some Other CPU" in bandwidth.note
     data = analysis.report_data(study, elsewhere, bandwidth)
     ceiling = 40e9 / record.target["weights_bytes"]
-    assert data.trials.loc[0, "roofline_fraction"] == pytest.approx(records[0].metrics.tokens_per_second / ceiling)
+    assert data.trials.loc[0, "roofline_fraction"] == pytest.approx(
+        records[0].metrics.tokens_per_second / ceiling
+    )
 
 
 def test_open_study_by_name_or_study_file_and_clear_errors(storage, demo, tmp_path):
@@ -175,9 +199,24 @@ def test_report_command_writes_html_and_csv(storage, records, tmp_path, capsys):
     assert f"report: {out / 'index.html'}" in capsys.readouterr().out
     csv = pd.read_csv(out / "trials.csv")
     assert list(csv["trial"]) == [r.number for r in records]
-    assert {"spec_type", "draft", "draft_max", "temperature", "threads", "tokens_per_second", "acceptance",
-            "quality", "speedup", "cv", "feasible", "roofline_fraction", "command", "failure_reason",
-            "tps_code", "tps_prose"} <= set(csv.columns)
+    assert {
+        "spec_type",
+        "draft",
+        "draft_max",
+        "temperature",
+        "threads",
+        "tokens_per_second",
+        "acceptance",
+        "quality",
+        "speedup",
+        "cv",
+        "feasible",
+        "roofline_fraction",
+        "command",
+        "failure_reason",
+        "tps_code",
+        "tps_prose",
+    } <= set(csv.columns)
     html = (out / "index.html").read_text()
     assert "<script src=" not in html and len(html) > 3_000_000  # plotly.js inlined: works offline
 
@@ -192,15 +231,24 @@ def test_report_renders_pareto_plots_in_headless_chromium(data, tmp_path):
     traces = quality.find_all("g", "trace")
     assert len(traces) == 4  # feasible, below the floor, Pareto front, baseline
     complete = analysis.complete(data.trials)
-    assert len(quality.find_all("path", "point")) == len(complete) + len(data.front_quality) + 1  # + baseline star
+    assert (
+        len(quality.find_all("path", "point")) == len(complete) + len(data.front_quality) + 1
+    )  # + baseline star
     legend = {e.all_text() for e in quality.find_all("g", "traces")}
     assert {"feasible", "below quality floor", "Pareto front", "baseline"} <= {t.strip() for t in legend}
 
     acceptance = root.by_id("fig-pareto-acceptance")
     front = [t for t in acceptance.find_all("g", "trace") if t.find_all("path", "js-line")]
     assert len(front) == 1 and len(front[0].find_all("path", "point")) == len(data.front_acceptance)
-    for fig_id in ("fig-k-method", "fig-k-suite", "fig-temperature", "fig-threads-numa", "fig-speedup",
-                   "fig-roofline", "fig-importance"):
+    for fig_id in (
+        "fig-k-method",
+        "fig-k-suite",
+        "fig-temperature",
+        "fig-threads-numa",
+        "fig-speedup",
+        "fig-roofline",
+        "fig-importance",
+    ):
         assert root.by_id(fig_id).find_all("g", "trace"), f"{fig_id} has no trace"
     best_k = data.pareto["draft_max"].iloc[0]
     assert f"--spec-draft-n-max {best_k}" in root.by_id("pareto-table").all_text()
@@ -222,9 +270,12 @@ def test_report_of_a_study_without_trials_is_a_one_line_error(storage, demo, cap
     directions = ["maximize"] * 3
     optuna.create_study(study_name="unrecorded", storage=storage, directions=directions)
     assert main(["report", "unrecorded", "--storage", storage]) == 2
-    assert capsys.readouterr().err.startswith("tuner report: error: study 'unrecorded' has no study record yet: ")
+    assert capsys.readouterr().err.startswith(
+        "tuner report: error: study 'unrecorded' has no study record yet: "
+    )
     empty = optuna.create_study(study_name="empty", storage=storage, directions=directions)
     store.write_study_record(empty, replace(demo[1], name="empty"))
     assert main(["report", "empty", "--storage", storage]) == 2
-    assert capsys.readouterr().err == ("tuner report: error: study 'empty' has no finished trial; "
-                                       "run it first (`tuner run`)\n")
+    assert capsys.readouterr().err == (
+        "tuner report: error: study 'empty' has no finished trial; run it first (`tuner run`)\n"
+    )

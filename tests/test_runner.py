@@ -3,9 +3,8 @@ a real server cannot be made to show on demand (OOM kill, a crash before ready).
 
 from __future__ import annotations
 
-import re
-
 import os
+import re
 import signal
 import socket
 import time
@@ -14,13 +13,25 @@ from pathlib import Path
 import pytest
 from fake_llama_server import alive, port_is_free, wait_for
 
-from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.machine.llama_build import binary
+from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.measurement.runner import LlamaServer, classify_exit, free_port
 
 
 def server_argv(model: Path, *extra: str) -> list[str]:
-    return [str(binary("llama-server")), "-m", str(model), "-t", "2", "-c", "1024", "-np", "1", "--no-webui", *extra]
+    return [
+        str(binary("llama-server")),
+        "-m",
+        str(model),
+        "-t",
+        "2",
+        "-c",
+        "1024",
+        "-np",
+        "1",
+        "--no-webui",
+        *extra,
+    ]
 
 
 def draft_flags(draft: Path) -> list[str]:
@@ -67,8 +78,11 @@ def test_ready_completion_deterministic_greedy_and_clean_stop(small, tmp_path):
     assert second.tokens == first.tokens and second.text == first.text  # greedy ignores the seed
     # issue 21: llama-server's HTTP 400 for a prompt longer than the context is the study file's to fix
     assert too_long.value.reason is FailureReason.CONTEXT_EXCEEDED
-    assert re.fullmatch(r"a prompt of \d{4,} tokens does not fit ctx_size 1024; shorten it or raise "
-                        r"measurement.ctx_size \(`tuner run STUDY --check` names the prompt\)", too_long.value.detail)
+    assert re.fullmatch(
+        r"a prompt of \d{4,} tokens does not fit ctx_size 1024; shorten it or raise "
+        r"measurement.ctx_size \(`tuner run STUDY --check` names the prompt\)",
+        too_long.value.detail,
+    )
     assert not alive(pid)
     assert port_is_free(port)
     assert "listening on http" in (tmp_path / "server.log").read_text()
@@ -126,8 +140,9 @@ def test_port_taken_between_free_port_and_bind_retries_on_another(small, tmp_pat
 
 
 def test_stopped_server_times_out_a_request_and_is_still_reaped(small, tmp_path):
-    server = LlamaServer(server_argv(small), free_port(), tmp_path / "server.log",
-                         ready_timeout_s=60, request_timeout_s=1.0)
+    server = LlamaServer(
+        server_argv(small), free_port(), tmp_path / "server.log", ready_timeout_s=60, request_timeout_s=1.0
+    )
     with pytest.raises(TrialFailure) as err:
         with server:
             os.kill(server.pid, signal.SIGSTOP)  # the kernel still accepts the connection: the request hangs
@@ -146,7 +161,9 @@ def test_ctrl_c_inside_the_block_still_stops_the_server(small, tmp_path):
 
 def test_server_killed_mid_run_is_reported_not_unreachable(small, tmp_path):
     with pytest.raises(TrialFailure) as err:
-        with LlamaServer(server_argv(small), free_port(), tmp_path / "server.log", ready_timeout_s=60) as server:
+        with LlamaServer(
+            server_argv(small), free_port(), tmp_path / "server.log", ready_timeout_s=60
+        ) as server:
             os.kill(server.pid, signal.SIGSEGV)
             server.complete("import os\n", n_predict=4, temperature=0.0, seed=1)
     assert err.value.reason is FailureReason.CRASHED
@@ -196,7 +213,9 @@ def test_ignoring_sigterm_gets_sigkill_after_the_grace(tmp_path):
     with pytest.raises(TrialFailure):
         with server:
             pass
-    assert "trapped" in (tmp_path / "server.log").read_text()  # SIGTERM came after the trap: only SIGKILL ends it
+    assert (
+        "trapped" in (tmp_path / "server.log").read_text()
+    )  # SIGTERM came after the trap: only SIGKILL ends it
     assert not alive(server.pid)
     assert time.monotonic() - started >= 0.5 + 0.5  # a lower bound: a busy machine only makes it longer
 
@@ -204,7 +223,9 @@ def test_ignoring_sigterm_gets_sigkill_after_the_grace(tmp_path):
 def test_second_ctrl_c_while_stopping_kills_at_once_and_still_reaps(tmp_path):
     argv = stand_in(tmp_path, "trap '' TERM\nwhile :; do sleep 0.1; done")
     grace_s = 300.0  # only the "Ctrl-C" can end the wait for the SIGTERM that is ignored
-    server = LlamaServer(argv, free_port(), tmp_path / "server.log", ready_timeout_s=0.3, stop_grace_s=grace_s)
+    server = LlamaServer(
+        argv, free_port(), tmp_path / "server.log", ready_timeout_s=0.3, stop_grace_s=grace_s
+    )
 
     def interrupt(*_):
         raise KeyboardInterrupt
@@ -236,10 +257,18 @@ def test_missing_executable_is_launch_failed(tmp_path):
     [
         (137, "", False, FailureReason.OUT_OF_MEMORY),
         (-signal.SIGKILL, "", True, FailureReason.OUT_OF_MEMORY),
-        (1, "ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 9 GiB", False,
-         FailureReason.OUT_OF_MEMORY),
-        (1, "llama_model_load: error loading model: tensor data is not within the file bounds", False,
-         FailureReason.MODEL_LOAD_FAILED),
+        (
+            1,
+            "ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 9 GiB",
+            False,
+            FailureReason.OUT_OF_MEMORY,
+        ),
+        (
+            1,
+            "llama_model_load: error loading model: tensor data is not within the file bounds",
+            False,
+            FailureReason.MODEL_LOAD_FAILED,
+        ),
         (1, "gguf_init_from_file_impl: failed to read magic", False, FailureReason.MODEL_LOAD_FAILED),
         (1, "error: invalid argument: --bogus", False, FailureReason.LAUNCH_FAILED),
         (-signal.SIGSEGV, "", False, FailureReason.CRASHED),

@@ -14,11 +14,17 @@ import optuna
 import pytest
 
 from tuner.bench import operator as op
-from tuner.bench.operator_landscapes import (CODER_DRAFTS, SERVE, Grounding, configurations, landscapes,
-                                            operator_space)
+from tuner.bench.operator_landscapes import (
+    CODER_DRAFTS,
+    SERVE,
+    Grounding,
+    configurations,
+    landscapes,
+    operator_space,
+)
+from tuner.search import sampler
 from tuner.search.model import Point, acceptance_probability, fit, measured_acceptance, speedup
 from tuner.search.prior import admitted, find_prior
-from tuner.search import sampler
 from tuner.search.pruning import prune_decision, prunes_on, should_prune
 from tuner.search.space import TrialConfig, baseline_config
 from tuner.storage import store
@@ -27,20 +33,27 @@ from tuner.storage import store
 def small_landscape():
     """dense-code on a smaller space: K 1-16, two temperatures, threads 24-96 (1,372 configurations)."""
     land = landscapes()["dense-code"]
-    space = operator_space(("none", "draft-simple"), tuple(CODER_DRAFTS), temperatures=(0.0, 0.5), k_high=16,
-                           threads_high=96)
+    space = operator_space(
+        ("none", "draft-simple"), tuple(CODER_DRAFTS), temperatures=(0.0, 0.5), k_high=16, threads_high=96
+    )
     return replace(land, name="small", space=space)
 
 
 def small_stack(k_high: int = 16, threads_high: int = 96, temperatures=(0.0,), **changes):
     """dense-stack with one draft, two lookup types alone and stacked, n-gram sizes (72,156 configurations)."""
-    space = operator_space(("none", "draft-simple", "ngram-map-k", "ngram-mod"), ("qwen2.5-0.5b-instruct-q8_0",),
-                           temperatures=temperatures, k_high=k_high, threads_high=threads_high,
-                           lookups=("ngram-map-k", "ngram-mod"))
+    space = operator_space(
+        ("none", "draft-simple", "ngram-map-k", "ngram-mod"),
+        ("qwen2.5-0.5b-instruct-q8_0",),
+        temperatures=temperatures,
+        k_high=k_high,
+        threads_high=threads_high,
+        lookups=("ngram-map-k", "ngram-mod"),
+    )
     return replace(landscapes()["dense-stack"], name="small-stack", space=space, **changes)
 
 
 # -- the analytic model -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("a,c", [(0.8, 0.05), (0.95, 0.1), (0.6, 0.02)])
 def test_fit_recovers_acceptance_and_cost_from_one_trial(a, c):
@@ -65,6 +78,7 @@ def test_two_points_interpolate_a_decaying_acceptance():
 
 # -- the pruning rule -------------------------------------------------------------------------
 
+
 def test_prunes_a_trial_clearly_below_the_incumbent():
     d = prune_decision([0.55, 0.6, 0.58], unseen=6)
     assert d.prune and d.bound < 1.0 and "optimistic bound" in d.reason
@@ -77,14 +91,21 @@ def test_keeps_a_trial_within_the_noise_of_the_incumbent():
 
 def test_keeps_a_trial_with_too_few_samples_or_a_spread_that_could_hide_a_win():
     assert not prune_decision([0.5, 0.5]).prune  # two samples: too few
-    assert not prune_decision([0.5, 0.9, 0.7], unseen=6).prune  # unseen prompts may be as good as the best seen
+    assert not prune_decision(
+        [0.5, 0.9, 0.7], unseen=6
+    ).prune  # unseen prompts may be as good as the best seen
     assert prune_decision([0.5, 0.9, 0.7, 0.6, 0.55, 0.8, 0.6, 0.7, 0.65], unseen=0).prune
 
 
 def test_pairs_samples_by_prompt_and_never_prunes_the_baseline_or_a_finalist():
-    incumbent = [{"prompt_id": p, "tokens_per_second": r} for p, r in (("a", 10.0), ("b", 40.0), ("c", 20.0))] * 2
-    slow_prompts = [{"prompt_id": "a", "tokens_per_second": 9.8}, {"prompt_id": "c", "tokens_per_second": 19.5},
-                    {"prompt_id": "a", "tokens_per_second": 10.1}]
+    incumbent = [
+        {"prompt_id": p, "tokens_per_second": r} for p, r in (("a", 10.0), ("b", 40.0), ("c", 20.0))
+    ] * 2
+    slow_prompts = [
+        {"prompt_id": "a", "tokens_per_second": 9.8},
+        {"prompt_id": "c", "tokens_per_second": 19.5},
+        {"prompt_id": "a", "tokens_per_second": 10.1},
+    ]
     assert not should_prune(slow_prompts, incumbent).prune  # slow prompts, not a slow configuration
     bad = [{"prompt_id": p, "tokens_per_second": r} for p, r in (("a", 5.0), ("b", 20.0), ("c", 10.0))]
     assert should_prune(bad, incumbent).prune
@@ -94,17 +115,21 @@ def test_pairs_samples_by_prompt_and_never_prunes_the_baseline_or_a_finalist():
 
 def test_no_bound_before_every_suite_was_measured():
     """A configuration slow on code may be the best on prose (a shorter K): the code prompts alone do not prune it."""
-    incumbent = [{"prompt_id": p, "suite": suite, "tokens_per_second": 20.0}
-                 for p, suite in (("c1", "code"), ("c2", "code"), ("c3", "code"), ("p1", "prose"), ("p2", "prose"))]
+    incumbent = [
+        {"prompt_id": p, "suite": suite, "tokens_per_second": 20.0}
+        for p, suite in (("c1", "code"), ("c2", "code"), ("c3", "code"), ("p1", "prose"), ("p2", "prose"))
+    ]
     slow_on_code = [{"prompt_id": p, "suite": "code", "tokens_per_second": 10.0} for p in ("c1", "c2", "c3")]
     decision = should_prune(slow_on_code, incumbent)
     assert not decision.prune and "prose not measured yet" in decision.reason
-    assert should_prune(slow_on_code + [{"prompt_id": "p1", "suite": "prose", "tokens_per_second": 10.0}],
-                        incumbent).prune  # every suite seen: the usual bound
+    assert should_prune(
+        slow_on_code + [{"prompt_id": "p1", "suite": "prose", "tokens_per_second": 10.0}], incumbent
+    ).prune  # every suite seen: the usual bound
     assert should_prune(slow_on_code, incumbent[:3]).prune  # a code-only workload
 
 
 # -- the sampler and the replay ---------------------------------------------------------------
+
 
 def test_replay_asks_integer_ranges_for_k_and_threads_as_a_study_does():
     study, log = op.run_study(small_landscape(), "default", seed=0, budget=6, prune=False)
@@ -142,16 +167,26 @@ def test_pruned_trials_are_recorded_with_what_they_measured_and_save_seconds():
 
 
 def test_operator_benchmark_prints_a_row_per_strategy():
-    result = op.benchmark(names=("small",), strategies=("default", "random"), seeds=2, budget=12,
-                          baseline_budget=12, lands={"small": small_landscape()})
+    result = op.benchmark(
+        names=("small",),
+        strategies=("default", "random"),
+        seeds=2,
+        budget=12,
+        baseline_budget=12,
+        lands={"small": small_landscape()},
+    )
     text = op.markdown(result)
     assert "| default |" in text and "| random |" in text and "with pruning" in text
     row = result["landscapes"]["small"]["strategies"]["default"]
     assert set(row) == {"full", "pruned"} and len(row["full"]["trials_to_target"]) == 2
     worst = row["full"]["worst_trials"]
-    assert worst == max(row["full"]["trials_to_target"]) or (worst is None and None in row["full"]["trials_to_target"])
+    assert worst == max(row["full"]["trials_to_target"]) or (
+        worst is None and None in row["full"]["trials_to_target"]
+    )
     summary = text.splitlines()[2]  # the summary's one row: what wins, the default's median and worst seed
-    assert summary.startswith(f"| small | {small_landscape().size:,} | draft | ") and f" | {worst} | " in summary
+    assert (
+        summary.startswith(f"| small | {small_landscape().size:,} | draft | ") and f" | {worst} | " in summary
+    )
     assert set(result["targets"]["small"]) == {"median_le_20", "all_by_40", "over_tpe", "tpe_censored", "met"}
 
 
@@ -162,11 +197,14 @@ def test_fitted_models_list_measured_points_against_the_model():
     rows = fitted_models(study)
     assert rows and {r["option"] for r in rows} >= {"draft qwen2.5-0.5b-instruct-q8_0"}
     for r in rows:
-        assert r["model_acceptance"] == pytest.approx(r["acceptance"], abs=0.02)  # the fit passes through its points
+        assert r["model_acceptance"] == pytest.approx(
+            r["acceptance"], abs=0.02
+        )  # the fit passes through its points
         assert 1 <= r["predicted_best_k"] <= 16
 
 
 # -- warm starts from earlier studies in the same storage --------------------------------------
+
 
 def test_warm_start_takes_the_hardware_of_the_same_host_and_the_whole_winner_of_the_same_target():
     storage = optuna.storages.InMemoryStorage()
@@ -181,11 +219,16 @@ def test_warm_start_takes_the_hardware_of_the_same_host_and_the_whole_winner_of_
     prior = find_prior(storage, other_model.study_record(objectives), other_model.space)
     assert prior["study"] == "small" and prior["trial"] == winner.number and not prior["same_target"]
     assert prior["params"] is None  # another model: only the host's knobs carry over
-    assert prior["hardware"]["threads"] == winner.config.threads and prior["hardware"]["numa"] == winner.config.numa
+    assert (
+        prior["hardware"]["threads"] == winner.config.threads
+        and prior["hardware"]["numa"] == winner.config.numa
+    )
 
     prose = replace(small_landscape(), name="prose", prompts=("prose",) * 9)
     prior = find_prior(storage, prose.study_record(objectives), prose.space)
-    assert prior["same_target"] and not prior["same_workload"] and prior["params"] is None  # K depends on content
+    assert (
+        prior["same_target"] and not prior["same_workload"] and prior["params"] is None
+    )  # K depends on content
 
     again = replace(small_landscape(), name="small again")  # the same target and workload: a re-tune
     study, _ = op.run_study(again, "default", seed=0, budget=3, prune=False, storage=storage)
@@ -196,12 +239,27 @@ def test_warm_start_takes_the_hardware_of_the_same_host_and_the_whole_winner_of_
 
 
 def test_a_prior_keeps_only_the_values_the_new_space_admits():
-    space = operator_space(("none", "draft-simple"), tuple(CODER_DRAFTS), temperatures=(0.0,), k_high=8,
-                           threads_high=48)
-    kept = admitted({"spec_type": "draft-simple", "draft": "qwen2.5-0.5b-instruct-q8_0", "draft_max": 24,
-                     "numa": "interleave", "numa_node": 2, "threads": 96, "temperature": 0.0}, space)
-    assert kept == {"spec_type": "draft-simple", "draft": "qwen2.5-0.5b-instruct-q8_0", "numa": "interleave",
-                    "temperature": 0.0}  # K 24 > 8, 96 threads > 48, a node only under bind
+    space = operator_space(
+        ("none", "draft-simple"), tuple(CODER_DRAFTS), temperatures=(0.0,), k_high=8, threads_high=48
+    )
+    kept = admitted(
+        {
+            "spec_type": "draft-simple",
+            "draft": "qwen2.5-0.5b-instruct-q8_0",
+            "draft_max": 24,
+            "numa": "interleave",
+            "numa_node": 2,
+            "threads": 96,
+            "temperature": 0.0,
+        },
+        space,
+    )
+    assert kept == {
+        "spec_type": "draft-simple",
+        "draft": "qwen2.5-0.5b-instruct-q8_0",
+        "numa": "interleave",
+        "temperature": 0.0,
+    }  # K 24 > 8, 96 threads > 48, a node only under bind
 
 
 def test_the_hardware_stage_tries_the_prior_pair_first_and_skips_policy_probes_when_it_leads():
@@ -221,24 +279,42 @@ def test_the_hardware_stage_tries_the_prior_pair_first_and_skips_policy_probes_w
 
 # -- prompt lookup and stacks -----------------------------------------------------------------
 
+
 def _ratio(land, content: str, **knobs) -> float:
     """A configuration's rate on one content type over the target alone at the same hardware."""
     config = TrialConfig(numa="interleave", threads=96, **knobs)
-    return land.evaluate(config).rates[content] / land.evaluate(replace(config, spec_type="none", draft=None,
-                                                                         draft_max=None, lookup=None,
-                                                                         lookup_max=None, ngram_key=None,
-                                                                         ngram_min_hits=None)).rates[content]
+    return (
+        land.evaluate(config).rates[content]
+        / land.evaluate(
+            replace(
+                config,
+                spec_type="none",
+                draft=None,
+                draft_max=None,
+                lookup=None,
+                lookup_max=None,
+                ngram_key=None,
+                ngram_min_hits=None,
+            )
+        ).rates[content]
+    )
 
 
 def test_lookup_pays_by_content_and_key_and_a_stack_adds_the_draft_where_lookup_finds_nothing():
     land = landscapes()["dense-stack"]
     lookup = dict(spec_type="ngram-map-k", draft_max=32, ngram_key=3, ngram_min_hits=1)
     by_content = {c: _ratio(land, c, **lookup) for c in ("summarize", "code", "prose")}
-    assert by_content["summarize"] > by_content["code"] > by_content["prose"]  # seed 003, Track 8: the task order
-    assert _ratio(land, "code", **{**lookup, "ngram_key": None}) < by_content["code"]  # llama.cpp's 12-token key
+    assert (
+        by_content["summarize"] > by_content["code"] > by_content["prose"]
+    )  # seed 003, Track 8: the task order
+    assert (
+        _ratio(land, "code", **{**lookup, "ngram_key": None}) < by_content["code"]
+    )  # llama.cpp's 12-token key
     draft = dict(spec_type="draft-simple", draft="qwen2.5-0.5b-instruct-q8_0", draft_max=8)
     stack = dict(draft, lookup="ngram-map-k", lookup_max=32, ngram_key=3, ngram_min_hits=1)
-    assert _ratio(land, "summarize", **stack) > max(_ratio(land, "summarize", **draft), by_content["summarize"])
+    assert _ratio(land, "summarize", **stack) > max(
+        _ratio(land, "summarize", **draft), by_content["summarize"]
+    )
     assert _ratio(land, "prose", **stack) == pytest.approx(_ratio(land, "prose", **draft), rel=0.03)
 
 
@@ -246,8 +322,9 @@ def test_the_vectorised_optimum_and_size_match_every_configuration_suggest_can_r
     land = small_stack(k_high=4, threads_high=48, temperatures=(0.0, 0.7))
     configs = list(configurations(land.space, ()))
     assert land.size == len(configs) == len(set(configs))
-    assert any(c.stacked and c.ngram_min_hits for c in configs) and not any(c.ngram_key and not c.ngram_type
-                                                                           for c in configs)
+    assert any(c.stacked and c.ngram_min_hits for c in configs) and not any(
+        c.ngram_key and not c.ngram_type for c in configs
+    )
     best = max((land.true_rate(c), c) for c in configs if land.evaluate(c).feasible)
     assert land.optimum[0] == pytest.approx(best[0], rel=1e-9) and land.optimum[1] == best[1]
 
@@ -266,7 +343,9 @@ def test_structured_sampler_stacks_lookup_on_the_best_draft_and_plans_every_knob
     study, log = op.run_study(land, "default", seed=seed, budget=16, prune=False)
     assert op.scores(land, log, 0.03)["trials"] is not None
     stacks = [t for t in study.trials if store.search_note(t)[0] == "stacks"]
-    assert stacks and all(t.params["lookup"] != "none" and t.params["spec_type"] == "draft-simple" for t in stacks)
+    assert stacks and all(
+        t.params["lookup"] != "none" and t.params["spec_type"] == "draft-simple" for t in stacks
+    )
     assert "faster on" in store.search_note(stacks[0])[1]  # it says on which suites lookup paid alone
     lengths = [t.params["lookup_max"] for t in stacks]
     assert max(lengths) > min(lengths)  # the stacked length is searched, not left at its first value
@@ -289,6 +368,7 @@ def test_no_stack_where_lookup_pays_on_no_suite():
 
 # -- several users at once: the serving landscape and the serving stage --------------------------------------
 
+
 def _at(land, users: int):
     return replace(land, serving=replace(land.serving, users=users))
 
@@ -306,7 +386,9 @@ def test_aggregate_grows_with_users_until_compute_bound_and_speculation_gains_le
     queued = _at(land, 8)
     assert queued.true_rate(replace(alone, parallel=2)) < 0.6 * queued.true_rate(replace(alone, parallel=8))
     q4 = land.evaluate(replace(alone, cache_type_k="q4_0"))
-    assert not q4.feasible and land.evaluate(replace(alone, cache_type_k="q8_0")).feasible  # the floor knows KV
+    assert (
+        not q4.feasible and land.evaluate(replace(alone, cache_type_k="q8_0")).feasible
+    )  # the floor knows KV
 
 
 def test_serving_landscape_optimum_is_the_best_of_every_configuration_at_its_level():
@@ -331,7 +413,8 @@ def test_serving_stage_probes_slots_at_the_level_then_walks_the_knobs(monkeypatc
     assert serving and serving[0].params["parallel"] == SERVE.users  # the level first
     assert "slots for 8 users" in store.search_note(serving[0])[1]
     assert {"ubatch", "flash_attn", "cache_type_k", "cache_type_v"} <= {
-        k for t in serving for k, v in t.params.items() if v != study.trials[0].params.get(k)}
+        k for t in serving for k, v in t.params.items() if v != study.trials[0].params.get(k)
+    }
     assert not any(e.state == "pruned" for e in log)  # aggregate objective: per-request rates never prune
     assert op.scores(land, log, op.TOLERANCE)["trials"] <= 30
     monkeypatch.setattr(sampler.Planner, "serving", lambda self: None)  # without the stage: missed
@@ -348,8 +431,15 @@ def test_the_sampler_maximises_the_first_objective_and_inverts_a_latency():
     land = landscapes()["dense-serve"]
     study, _ = op.run_study(land, "default", seed=1, budget=4, prune=False)
     recs = sampler.records(study)
-    assert [r.tps for r in recs] == [t.values[0] for t in study.trials]  # aggregate at 8 users, not per request
+    assert [r.tps for r in recs] == [
+        t.values[0] for t in study.trials
+    ]  # aggregate at 8 users, not per request
     record = store.read_trial(study.trials[0])
     assert sampler.value(record, "aggregate_tokens_per_second_c8", True) == pytest.approx(1 / recs[0].tps)
-    assert sampler.value(record, "aggregate_tokens_per_second_c4", False) is None  # a level it did not measure
-    assert sampler.level_of(["aggregate_tokens_per_second_c8"]) == 8 and sampler.level_of(["tokens_per_second"]) is None
+    assert (
+        sampler.value(record, "aggregate_tokens_per_second_c4", False) is None
+    )  # a level it did not measure
+    assert (
+        sampler.level_of(["aggregate_tokens_per_second_c8"]) == 8
+        and sampler.level_of(["tokens_per_second"]) is None
+    )

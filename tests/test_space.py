@@ -6,8 +6,18 @@ import optuna
 import pytest
 
 from tuner.errors import UserError
-from tuner.search.space import (Choices, FloatRange, IntRange, RawSpace, ResolvedSpace, TrialConfig, baseline_config,
-                                enqueue_params, resolve_space, suggest)
+from tuner.search.space import (
+    Choices,
+    FloatRange,
+    IntRange,
+    RawSpace,
+    ResolvedSpace,
+    TrialConfig,
+    baseline_config,
+    enqueue_params,
+    resolve_space,
+    suggest,
+)
 from tuner.studyfile.validate import Fields
 
 
@@ -63,8 +73,13 @@ def test_digest_changes_with_the_space():
 
 
 def test_lookup_stacks_only_on_a_draft_model_and_sizes_follow_the_type_in_play():
-    s = space(lookup=Choices(("none", "ngram-simple", "ngram-mod", "ngram-cache")), lookup_max=IntRange(2, 16),
-              lookup_min=IntRange(1, 4), ngram_key=IntRange(2, 8), ngram_min_hits=IntRange(1, 3))
+    s = space(
+        lookup=Choices(("none", "ngram-simple", "ngram-mod", "ngram-cache")),
+        lookup_max=IntRange(2, 16),
+        lookup_min=IntRange(1, 4),
+        ngram_key=IntRange(2, 8),
+        ngram_min_hits=IntRange(1, 3),
+    )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
     families = set()
     for _ in range(150):
@@ -87,10 +102,22 @@ def test_lookup_stacks_only_on_a_draft_model_and_sizes_follow_the_type_in_play()
 
 def resolve(spec_types: tuple[str, ...], *, from_file: bool, announced: tuple[str, ...]) -> ResolvedSpace:
     """spec_type as a space file (for any model) or a study's overrides (for its target) gives it."""
-    raw = RawSpace({"spec_type": Choices(spec_types)}, from_file=frozenset({"spec_type"} if from_file else ()))
-    return resolve_space(raw, fields=Fields(Path("study.yaml"), {}), draft_names=("small",), expert_used_count=None,
-                         expert_count=None, physical_cores=2, logical_cpus=2, numa_policies=("none",),
-                         numa_nodes=(0,), target_name="target.gguf", announced=announced)
+    raw = RawSpace(
+        {"spec_type": Choices(spec_types)}, from_file=frozenset({"spec_type"} if from_file else ())
+    )
+    return resolve_space(
+        raw,
+        fields=Fields(Path("study.yaml"), {}),
+        draft_names=("small",),
+        expert_used_count=None,
+        expert_count=None,
+        physical_cores=2,
+        logical_cpus=2,
+        numa_policies=("none",),
+        numa_nodes=(0,),
+        target_name="target.gguf",
+        announced=announced,
+    )
 
 
 def test_draft_mtp_is_searched_where_the_target_announces_it():
@@ -104,8 +131,9 @@ def test_draft_mtp_is_searched_where_the_target_announces_it():
 
 def test_draft_mtp_is_never_offered_where_the_target_does_not_announce_it():
     for announced in ((), ("draft-dflash",)):  # a sidecar's type is no MTP head
-        assert resolve(("none", "draft-simple"), from_file=True, announced=announced).domains["spec_type"] == \
-            Choices(("none", "draft-simple"))
+        assert resolve(("none", "draft-simple"), from_file=True, announced=announced).domains[
+            "spec_type"
+        ] == Choices(("none", "draft-simple"))
     dropped = resolve(("none", "draft-mtp", "ngram-mod"), from_file=True, announced=())
     assert dropped.domains["spec_type"] == Choices(("none", "ngram-mod"))
     assert "spec_type: draft-mtp dropped (target.gguf does not announce it)" in dropped.notes
@@ -116,13 +144,20 @@ def test_draft_mtp_is_never_offered_where_the_target_does_not_announce_it():
 def test_asking_for_draft_mtp_on_a_target_without_it_is_one_line():
     with pytest.raises(UserError) as err:
         resolve(("none", "draft-simple", "draft-mtp"), from_file=False, announced=())
-    assert str(err.value) == ("study.yaml: search_space.spec_type: target.gguf does not announce draft-mtp "
-                              "(`tuner inspect` lists the types a model announces); remove draft-mtp from spec_type")
+    assert str(err.value) == (
+        "study.yaml: search_space.spec_type: target.gguf does not announce draft-mtp "
+        "(`tuner inspect` lists the types a model announces); remove draft-mtp from spec_type"
+    )
 
 
 def test_the_baseline_serves_with_llama_cpp_defaults_not_a_drawn_kv_cache_type():
-    s = space(parallel=Choices((2, 4)), ubatch=Choices((128, 512)), flash_attn=Choices(("off", "auto")),
-              cache_type_k=Choices(("q8_0", "f16")), cache_type_v=Choices(("q8_0",)))
+    s = space(
+        parallel=Choices((2, 4)),
+        ubatch=Choices((128, 512)),
+        flash_attn=Choices(("off", "auto")),
+        cache_type_k=Choices(("q8_0", "f16")),
+        cache_type_v=Choices(("q8_0",)),
+    )
     base = baseline_config(s)
     assert (base.parallel, base.ubatch, base.flash_attn, base.cache_type_k) == (4, 512, "auto", "f16")
     assert base.cache_type_v == "q8_0"  # f16 is not in its domain: the first choice

@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from gguf_factory import bpe_tokens, write_gguf
+
 from tuner.cli import main
+from tuner.context import check_models_and_space
 from tuner.errors import UserError
 from tuner.machine.topology import read_topology
 from tuner.search.space import Choices, IntRange
 from tuner.studyfile.spec import load_spec
-from tuner.context import check_models_and_space
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = Path(__file__).parent / "data" / "sysfs"
@@ -32,8 +32,12 @@ def models(tmp_path):
 
 
 def write_study(tmp_path: Path, models: Path, **fields) -> Path:
-    study = {"name": "t", "target": str(models / "target.gguf"), "drafts": [str(models / "draft.gguf")],
-             "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 4]}}}
+    study = {
+        "name": "t",
+        "target": str(models / "target.gguf"),
+        "drafts": [str(models / "draft.gguf")],
+        "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 4]}},
+    }
     study.update(fields)
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study))
@@ -61,7 +65,9 @@ def test_valid_study_resolves_for_this_machine(tmp_path, models):
 
 
 def test_numa_choices_collapse_on_one_node_and_stay_on_four(tmp_path, models):
-    path = write_study(tmp_path, models, search_space={"overrides": {"numa": ["none", "interleave", "bind", "distribute"]}})
+    path = write_study(
+        tmp_path, models, search_space={"overrides": {"numa": ["none", "interleave", "bind", "distribute"]}}
+    )
     _, _, one = check_models_and_space(load_spec(path), ONE_NODE, "/usr/bin/numactl")
     assert one.domains["numa"] == Choices(("none",))
     assert any("not meaningful" in n for n in one.notes)
@@ -86,12 +92,28 @@ def test_moe_target_gets_expert_knob(tmp_path, models):
         ({"budget": {"trials": "many"}}, "budget.trials: expected an integer"),
         ({"budget": {"trials": 0}}, "budget.trials: must be >= 1"),
         ({"search_space": {"overrides": {"draft_max": []}}}, "search_space.draft_max: empty list"),
-        ({"search_space": {"overrides": {"draft_max": {"low": 8, "high": 2}}}}, "draft_max: empty range: low 8 > high 2"),
-        ({"search_space": {"overrides": {"draft_max": {"low": -1, "high": 2}}}}, "draft_max.low: must not be negative"),
-        ({"search_space": {"overrides": {"temperature": {"low": 0.1, "high": 1, "step": 0.1, "log": True}}}}, "step and log"),
+        (
+            {"search_space": {"overrides": {"draft_max": {"low": 8, "high": 2}}}},
+            "draft_max: empty range: low 8 > high 2",
+        ),
+        (
+            {"search_space": {"overrides": {"draft_max": {"low": -1, "high": 2}}}},
+            "draft_max.low: must not be negative",
+        ),
+        (
+            {
+                "search_space": {
+                    "overrides": {"temperature": {"low": 0.1, "high": 1, "step": 0.1, "log": True}}
+                }
+            },
+            "step and log",
+        ),
         ({"search_space": {"overrides": {"kk": [1]}}}, "search_space.kk: unknown knob"),
         ({"search_space": {"overrides": {"spec_type": ["eagle"]}}}, "unknown speculative type 'eagle'"),
-        ({"search_space": {"overrides": {"threads": {"low": 1, "high": 64}}}}, "search_space.threads: 64 threads exceed the 2"),
+        (
+            {"search_space": {"overrides": {"threads": {"low": 1, "high": 64}}}},
+            "search_space.threads: 64 threads exceed the 2",
+        ),
         ({"target": "missing.gguf"}, "target: "),
         ({"quality": {"scorer": "vibes"}}, "quality.scorer: unknown value 'vibes'"),
         ({"quality": {"floor": 1.5}}, "quality.floor: must be <= 1.0"),
@@ -109,19 +131,29 @@ def test_draft_mtp_is_offered_only_where_the_target_announces_it(tmp_path, model
     """The default space file joins draft-mtp to its list for an MTP target; a study's own list is as written."""
     write_gguf(models / "mtp.gguf", block_count=2, nextn=True)
     default = {"file": str(REPO / "search_spaces" / "default.yaml")}
-    _, _, mtp = check_models_and_space(load_spec(write_study(
-        tmp_path, models, target=str(models / "mtp.gguf"), search_space=default)), ONE_NODE, None)
+    _, _, mtp = check_models_and_space(
+        load_spec(write_study(tmp_path, models, target=str(models / "mtp.gguf"), search_space=default)),
+        ONE_NODE,
+        None,
+    )
     assert mtp.domains["spec_type"].values[-1] == "draft-mtp"
     assert "spec_type: draft-mtp added (mtp.gguf announces it)" in mtp.notes
-    _, _, plain = check_models_and_space(load_spec(write_study(tmp_path, models, search_space=default)), ONE_NODE, None)
+    _, _, plain = check_models_and_space(
+        load_spec(write_study(tmp_path, models, search_space=default)), ONE_NODE, None
+    )
     assert "draft-mtp" not in plain.domains["spec_type"].values
     asked = {"overrides": {"spec_type": ["none", "draft-mtp"]}}
-    _, _, own = check_models_and_space(load_spec(write_study(
-        tmp_path, models, target=str(models / "mtp.gguf"), search_space=asked)), ONE_NODE, None)
+    _, _, own = check_models_and_space(
+        load_spec(write_study(tmp_path, models, target=str(models / "mtp.gguf"), search_space=asked)),
+        ONE_NODE,
+        None,
+    )
     assert own.domains["spec_type"] == Choices(("none", "draft-mtp"))
     path = write_study(tmp_path, models, search_space=asked)
-    assert error_of(path) == (f"{path}: search_space.spec_type: target.gguf does not announce draft-mtp "
-                              "(`tuner inspect` lists the types a model announces); remove draft-mtp from spec_type")
+    assert error_of(path) == (
+        f"{path}: search_space.spec_type: target.gguf does not announce draft-mtp "
+        "(`tuner inspect` lists the types a model announces); remove draft-mtp from spec_type"
+    )
 
 
 def test_incompatible_draft_is_refused(tmp_path, models):
@@ -162,8 +194,13 @@ def test_example_studies_validate_with_stand_in_models(tmp_path, monkeypatch, na
     write_gguf(tmp_path / "Qwen2.5-72B-Instruct-Q4_K_M.gguf", architecture="qwen2", **common)
     write_gguf(tmp_path / "Qwen2.5-0.5B-Instruct-Q8_0.gguf", architecture="qwen2", **common)
     write_gguf(tmp_path / "Qwen2.5-Coder-0.5B-Instruct-Q8_0.gguf", architecture="qwen2", **common)
-    write_gguf(tmp_path / "Qwen3-Coder-30B-A3B-Instruct-Q4_K_M.gguf", architecture="qwen3moe",
-               expert_count=128, expert_used_count=8, **common)
+    write_gguf(
+        tmp_path / "Qwen3-Coder-30B-A3B-Instruct-Q4_K_M.gguf",
+        architecture="qwen3moe",
+        expert_count=128,
+        expert_used_count=8,
+        **common,
+    )
     monkeypatch.setenv("MODELS", str(tmp_path))
     spec = load_spec(REPO / "studies" / f"{name}.yaml")
     target, drafts, space = check_models_and_space(spec, FOUR_NODES, "/usr/bin/numactl")

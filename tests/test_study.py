@@ -1,18 +1,17 @@
 """Studies on the real pinned llama.cpp and the synthetic family, persisted in SQLite."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
 
-from dataclasses import replace
-
-from tuner.storage import store
 from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.paths import models_dir
-from tuner.studyfile.spec import load_spec
+from tuner.storage import store
 from tuner.study import TrialRunner, open_study, prepare, run_study
+from tuner.studyfile.spec import load_spec
 
 SYNTH = models_dir() / "synthetic"
 
@@ -23,14 +22,24 @@ def write_study(tmp_path: Path, **fields) -> Path:
         "name": "t",
         "target": str(SYNTH / "target.gguf"),
         "drafts": [str(SYNTH / "draft-large.gguf"), str(SYNTH / "draft-small.gguf")],
-        "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 4, 8],
-                                       "temperature": 0.0, "threads": 1}},
+        "search_space": {
+            "overrides": {
+                "spec_type": ["none", "draft-simple"],
+                "draft_max": [2, 4, 8],
+                "temperature": 0.0,
+                "threads": 1,
+            }
+        },
         "workload": {"suites": ["code"], "n_predict": 32},
         "measurement": {"warmup": 1, "repetitions": 1, "ctx_size": 512, "trial_timeout_s": 120},
         "quality": {"scorer": "agreement", "floor": 0.99},
         "budget": {"trials": 4},
         "storage": f"sqlite:///{tmp_path / 'studies.db'}",
-        "sampler": {"name": "tpe", "seed": 1, "prune": False},  # every trial measured whole (pruning: test_trust)
+        "sampler": {
+            "name": "tpe",
+            "seed": 1,
+            "prune": False,
+        },  # every trial measured whole (pruning: test_trust)
     }
     study.update(fields)
     path = tmp_path / "study.yaml"
@@ -40,14 +49,20 @@ def write_study(tmp_path: Path, **fields) -> Path:
 
 def test_short_study_persists_objectives_and_evidence(tmp_path, synthetic_models):
     lines: list[str] = []
-    spec = load_spec(write_study(tmp_path, warm_start=[{"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4}]))
+    spec = load_spec(
+        write_study(
+            tmp_path, warm_start=[{"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4}]
+        )
+    )
     run_study(spec, progress=lines.append)
     study = optuna.load_study(study_name="t", storage=spec.storage)  # re-read from the SQLite file
     trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(study.trials) == 4 and len(trials) == 4
     record = store.read_study_record(study)
     assert record.fingerprint["llama_commit"] == record.build["commit"]
-    assert record.target["architecture"] and record.workload["digest"] and record.measurement["n_predict"] == 32
+    assert (
+        record.target["architecture"] and record.workload["digest"] and record.measurement["n_predict"] == 32
+    )
     records = store.read_trials(study)
     baseline, warm = records[0], records[1]
     assert baseline.role == "baseline" and baseline.config.spec_type == "none"
@@ -70,21 +85,29 @@ def test_short_study_persists_objectives_and_evidence(tmp_path, synthetic_models
 
 
 def test_expert_reduction_changes_speed_and_quality(tmp_path, synthetic_models):
-    path = write_study(tmp_path, target=str(SYNTH / "moe-target.gguf"), drafts=[],
-                       search_space={"overrides": {"spec_type": "none", "threads": 1, "temperature": 0.0}},
-                       workload={"suites": ["code"], "n_predict": 48})
+    path = write_study(
+        tmp_path,
+        target=str(SYNTH / "moe-target.gguf"),
+        drafts=[],
+        search_space={"overrides": {"spec_type": "none", "threads": 1, "temperature": 0.0}},
+        workload={"suites": ["code"], "n_predict": 48},
+    )
     spec = load_spec(path)
     ctx = prepare(spec)
     study = open_study(ctx)
     assert ctx.space.default_experts and ctx.space.default_experts > 1
     runner = TrialRunner(ctx, study, progress=lambda _: None)
-    study.enqueue_trial({"spec_type": "none", "experts": ctx.space.default_experts, "threads": 1},
-                        user_attrs={store.ROLE: "baseline"})
+    study.enqueue_trial(
+        {"spec_type": "none", "experts": ctx.space.default_experts, "threads": 1},
+        user_attrs={store.ROLE: "baseline"},
+    )
     study.enqueue_trial({"spec_type": "none", "experts": 1, "threads": 1})
     study.optimize(runner, n_trials=2)
     full, one = store.read_trials(study)
     # each trial's fastest request (a busy machine only slows requests down), with a margin: measured 1.6x to 2.8x
-    assert max(s["tokens_per_second"] for s in one.samples) >= 1.2 * max(s["tokens_per_second"] for s in full.samples)
+    assert max(s["tokens_per_second"] for s in one.samples) >= 1.2 * max(
+        s["tokens_per_second"] for s in full.samples
+    )
     assert full.metrics.quality == pytest.approx(1.0)
     assert one.metrics.quality < 1.0
 

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from tuner.errors import UserError
+from tuner.machine.llama_build import binary
 from tuner.measurement.failures import FailureReason, TrialFailure
+from tuner.measurement.runner import LlamaServer, free_port
 from tuner.synthetic import family, landscape, pinned, tables
 from tuner.synthetic.ngrams import NgramCounts
 from tuner.synthetic.vocab import BYTE, NORMAL, train
-from tuner.machine.llama_build import binary
-from tuner.measurement.runner import LlamaServer, free_port
 
 # ---------------------------------------------------------------- pure Python
 
@@ -102,9 +102,20 @@ def test_index_pairs_targets_with_drafts(synthetic_models):
 def test_llama_tokenize_reads_the_vocabulary_back(synthetic_models):
     text = "    def get(self, key, default=None):\n        return self.data.get(key, default)  # é\n"
     out = subprocess.run(
-        [str(binary("llama-tokenize")), "-m", str(synthetic_models.path("target")), "-p", text,
-         "--ids", "--no-bos", "--no-escape", "--log-disable"],
-        capture_output=True, text=True, check=True,
+        [
+            str(binary("llama-tokenize")),
+            "-m",
+            str(synthetic_models.path("target")),
+            "-p",
+            text,
+            "--ids",
+            "--no-bos",
+            "--no-escape",
+            "--log-disable",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     ids = json.loads(out.strip().splitlines()[-1])
     voc = pinned.load_vocab()
@@ -118,7 +129,9 @@ def test_llama_cpp_computes_what_the_draft_is_defined_to_compute(synthetic_model
     token, up to the first near-tie (which quantization may break either way)."""
     spec = family.load_spec()
     member = spec.member("draft-large")
-    factors = tables.member_factors(tables.factorize(pinned.load_counts(), spec.stats), member.bigram_rank, member.skip)
+    factors = tables.member_factors(
+        tables.factorize(pinned.load_counts(), spec.stats), member.bigram_rank, member.skip
+    )
     argv = landscape.Launch(synthetic_models.path("draft-large")).argv()
     compared = 0
     with LlamaServer(argv, free_port(), tmp_path / "server.log", ready_timeout_s=60) as server:
@@ -214,8 +227,10 @@ def test_longer_drafts_pay_off_for_the_better_draft_more(measured):
     """Draft and K interact: from K=2 to K=8 the large draft gains speed, the small one
     (accepting less) loses it. The ratio of the two gains does not depend on the target's
     speed: 1.5 to 2.6 on a busy 2-core machine (1 would be no interaction)."""
-    gain = {draft: fastest(measured[((draft, 8), 0.0)]) / fastest(measured[((draft, 2), 0.0)])
-            for draft in ("large", "small")}
+    gain = {
+        draft: fastest(measured[((draft, 8), 0.0)]) / fastest(measured[((draft, 2), 0.0)])
+        for draft in ("large", "small")
+    }
     assert gain["large"] >= 1.2 * gain["small"], gain
 
 

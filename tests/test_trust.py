@@ -12,44 +12,69 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from fake_llama_server import write_study
-from tuner.storage import store
-from tuner.decisions.drift import Sentinels, sentinel_due
-from tuner.search.pruning import prune_decision
-from tuner.measurement.measure import MeasurementSettings, check_timing
-from tuner.paths import models_dir
-from tuner.machine.placement import contradiction, evict, parse_numa_maps, resident_fraction
+
 from tuner.context import prepare
-from tuner.output.analysis import report_data
+from tuner.decisions.drift import Sentinels, sentinel_due
 from tuner.decisions.race import describe, finalists, race_study
-from tuner.output.report_html import summary_table
-from tuner.storage.records import Metrics, Spread, StudyRecord, TrialRecord
+from tuner.machine.placement import contradiction, evict, parse_numa_maps, resident_fraction
 from tuner.machine.roofline import Bandwidth, Roofline, impossible
+from tuner.measurement.measure import MeasurementSettings, check_timing
 from tuner.measurement.runner import Completion
+from tuner.output.analysis import report_data
+from tuner.output.report_html import summary_table
+from tuner.paths import models_dir
+from tuner.search.pruning import prune_decision
 from tuner.search.space import TrialConfig
-from tuner.studyfile.spec import SentinelSpec, load_spec
+from tuner.storage import store
+from tuner.storage.records import Metrics, Spread, StudyRecord, TrialRecord
 from tuner.study import run_study
+from tuner.studyfile.spec import SentinelSpec, load_spec
 
 DATA = Path(__file__).parent / "data"
 
 
-def record(number: int, tps: float, *, role: str = "search", at: float = 0.0, worker: str = "h:1", cv: float | None = 0.02,
-           threads: int = 2, k: int | None = None, constraint: float = -0.01) -> TrialRecord:
-    config = TrialConfig(spec_type="draft-simple" if k else "none", draft="d" if k else None, draft_max=k,
-                         threads=threads)
-    return TrialRecord(number=number, state="COMPLETE", role=role, config=config, worker=worker,
-                       metrics=Metrics(tps, 0.5, 1.0, 1.0), spread=Spread(3, cv, False), constraint=constraint,
-                       started_at=at - 1, ended_at=at + 1)
+def record(
+    number: int,
+    tps: float,
+    *,
+    role: str = "search",
+    at: float = 0.0,
+    worker: str = "h:1",
+    cv: float | None = 0.02,
+    threads: int = 2,
+    k: int | None = None,
+    constraint: float = -0.01,
+) -> TrialRecord:
+    config = TrialConfig(
+        spec_type="draft-simple" if k else "none", draft="d" if k else None, draft_max=k, threads=threads
+    )
+    return TrialRecord(
+        number=number,
+        state="COMPLETE",
+        role=role,
+        config=config,
+        worker=worker,
+        metrics=Metrics(tps, 0.5, 1.0, 1.0),
+        spread=Spread(3, cv, False),
+        constraint=constraint,
+        started_at=at - 1,
+        ended_at=at + 1,
+    )
 
 
 # ------------------------------------------------------------------ sentinels
 
 
 def test_speedup_divides_by_the_sentinels_interpolated_at_the_trials_time_per_worker():
-    records = [record(0, 100.0, role="baseline", at=0), record(5, 80.0, role="sentinel", at=100),
-               record(2, 180.0, at=50), record(3, 150.0, at=200),
-               record(9, 100.0, role="baseline", at=0, worker="other:2"), record(10, 300.0, at=50, worker="other:2")]
+    records = [
+        record(0, 100.0, role="baseline", at=0),
+        record(5, 80.0, role="sentinel", at=100),
+        record(2, 180.0, at=50),
+        record(3, 150.0, at=200),
+        record(9, 100.0, role="baseline", at=0, worker="other:2"),
+        record(10, 300.0, at=50, worker="other:2"),
+    ]
     s = Sentinels(records, noise_cv=0.05)
     assert s.rate_at("h:1", 50) == pytest.approx(90.0)  # halfway from 100 to 80
     assert s.speedup(records[2]) == pytest.approx(2.0)
@@ -60,10 +85,20 @@ def test_speedup_divides_by_the_sentinels_interpolated_at_the_trials_time_per_wo
 
 
 def test_the_launch_spread_comes_from_the_sentinels_and_widens_the_pruning_bound():
-    steady = Sentinels([record(0, 100.0, role="baseline", at=0), record(5, 101.0, role="sentinel", at=100)], 0.05)
-    shaky = Sentinels([record(0, 100.0, role="baseline", at=0), record(5, 88.0, role="sentinel", at=100),
-                       record(8, 100.0, role="sentinel", at=200)], 0.05)
-    assert Sentinels([record(0, 100.0, role="baseline", at=0)], 0.05).launch_sigma("h:1") is None  # one launch
+    steady = Sentinels(
+        [record(0, 100.0, role="baseline", at=0), record(5, 101.0, role="sentinel", at=100)], 0.05
+    )
+    shaky = Sentinels(
+        [
+            record(0, 100.0, role="baseline", at=0),
+            record(5, 88.0, role="sentinel", at=100),
+            record(8, 100.0, role="sentinel", at=200),
+        ],
+        0.05,
+    )
+    assert (
+        Sentinels([record(0, 100.0, role="baseline", at=0)], 0.05).launch_sigma("h:1") is None
+    )  # one launch
     assert steady.launch_sigma("h:1") < 0.01 < 0.05 < shaky.launch_sigma("h:1") < 0.15
     # a trial at 87% of the incumbent after six requests: pruned on a steady host, measured on at a shaky one's spread
     ratios = [0.87, 0.86, 0.88, 0.87, 0.86, 0.88]
@@ -89,9 +124,14 @@ STUDY = StudyRecord.for_replay("t", {}, ("tokens_per_second",))
 
 
 def test_finalists_are_the_leader_and_those_within_reach_on_drift_corrected_rates():
-    records = [record(0, 100.0, role="baseline", at=0), record(1, 200.0, k=4, at=10), record(2, 170.0, k=8, cv=None, at=90),
-               record(3, 120.0, k=2, at=10), record(4, 210.0, k=6, constraint=0.2, at=10),  # 4: below the floor
-               record(5, 80.0, role="sentinel", at=100)]
+    records = [
+        record(0, 100.0, role="baseline", at=0),
+        record(1, 200.0, k=4, at=10),
+        record(2, 170.0, k=8, cv=None, at=90),
+        record(3, 120.0, k=2, at=10),
+        record(4, 210.0, k=6, constraint=0.2, at=10),  # 4: below the floor
+        record(5, 80.0, role="sentinel", at=100),
+    ]
     chosen = finalists(records, noise_cv=0.05, max_finalists=5)
     # the host slowed to 80% by trial 2's time: 170 then is 200 at trial 1's time; 120 is far behind
     assert [r.number for r in chosen] == [2, 1]
@@ -134,7 +174,9 @@ def test_numa_maps_of_a_multi_node_host_give_pages_per_node_and_flag_a_contradic
 
 
 def completion(predicted_ms: float, wall_ms: float, prompt_ms: float = 10.0) -> Completion:
-    return Completion("x", (1,), 64, predicted_ms, 64_000 / predicted_ms, 8, prompt_ms, 0, 0, "limit", wall_ms)
+    return Completion(
+        "x", (1,), 64, predicted_ms, 64_000 / predicted_ms, 8, prompt_ms, 0, 0, "limit", wall_ms
+    )
 
 
 def test_a_decode_time_the_wall_clock_cannot_hold_is_refused():
@@ -154,11 +196,17 @@ def test_a_rate_far_above_the_roofline_without_speculation_is_impossible_unless_
 
 
 @pytest.mark.parametrize("fault, reason", [("liar", "impossible_timing"), ("http200error", "bad_response")])
-def test_impossible_numbers_from_a_server_are_failed_trials_with_their_reason(tmp_path, env, monkeypatch, fault, reason):
+def test_impossible_numbers_from_a_server_are_failed_trials_with_their_reason(
+    tmp_path, env, monkeypatch, fault, reason
+):
     monkeypatch.setenv("FAKE_LLAMA_FAULTS", json.dumps({"--spec-draft-n-max 4 ": fault}))
-    path = write_study(tmp_path, f"sqlite:///{tmp_path / 's.db'}", budget={"trials": 2},
-                       workload={"suites": ["suite.yaml"], "n_predict": 64},  # long enough to judge
-                       warm_start=[{"spec_type": "draft-simple", "draft": "draft", "draft_max": 4}])
+    path = write_study(
+        tmp_path,
+        f"sqlite:///{tmp_path / 's.db'}",
+        budget={"trials": 2},
+        workload={"suites": ["suite.yaml"], "n_predict": 64},  # long enough to judge
+        warm_start=[{"spec_type": "draft-simple", "draft": "draft", "draft_max": 4}],
+    )
     study = run_study(load_spec(path), progress=lambda _: None)
     base, bad = store.read_trials(study)
     assert base.complete and bad.state == "FAIL" and bad.failure.reason == reason, bad.failure
@@ -167,19 +215,39 @@ def test_impossible_numbers_from_a_server_are_failed_trials_with_their_reason(tm
 def test_repetitions_go_on_while_the_spread_is_above_the_noise(tmp_path, env, monkeypatch):
     """With rates jittering by +-40%, a loose noise target stops at the minimum, a tight one at the cap."""
     monkeypatch.setenv("FAKE_LLAMA_JITTER", "0.4")
-    path = write_study(tmp_path, f"sqlite:///{tmp_path / 's.db'}", budget={"trials": 1},
-                       measurement={"warmup": 0, "repetitions": 2, "max_repetitions": 5, "noise_cv": 0.5,
-                                    "ctx_size": 256, "trial_timeout_s": 10},
-                       objectives=[{"metric": "tokens_per_second"}])
+    path = write_study(
+        tmp_path,
+        f"sqlite:///{tmp_path / 's.db'}",
+        budget={"trials": 1},
+        measurement={
+            "warmup": 0,
+            "repetitions": 2,
+            "max_repetitions": 5,
+            "noise_cv": 0.5,
+            "ctx_size": 256,
+            "trial_timeout_s": 10,
+        },
+        objectives=[{"metric": "tokens_per_second"}],
+    )
     study = run_study(load_spec(path), progress=lambda _: None)
     (base,) = store.read_trials(study)
     assert base.spread.repetitions == 2 and base.spread.cv is not None
     # one objective: the running tokens/s reached Optuna after every pass (dashboard plots)
     assert set(study.trials[0].intermediate_values) == {1, 2}
     assert study.trials[0].intermediate_values[2] == pytest.approx(base.metrics.tokens_per_second)
-    path = write_study(tmp_path, f"sqlite:///{tmp_path / 's2.db'}", budget={"trials": 1},
-                       measurement={"warmup": 0, "repetitions": 2, "max_repetitions": 4, "noise_cv": 0.001,
-                                    "ctx_size": 256, "trial_timeout_s": 10})
+    path = write_study(
+        tmp_path,
+        f"sqlite:///{tmp_path / 's2.db'}",
+        budget={"trials": 1},
+        measurement={
+            "warmup": 0,
+            "repetitions": 2,
+            "max_repetitions": 4,
+            "noise_cv": 0.001,
+            "ctx_size": 256,
+            "trial_timeout_s": 10,
+        },
+    )
     study = run_study(load_spec(path), progress=lambda _: None)
     (base,) = store.read_trials(study)
     assert base.spread.repetitions == 4 and base.spread.cv > 0.001  # not met: the cap stops it
@@ -189,14 +257,27 @@ def test_repetitions_go_on_while_the_spread_is_above_the_noise(tmp_path, env, mo
 def test_tpe_goes_on_after_a_pruned_trial_in_a_study_of_several_objectives(tmp_path, env):
     """A pruned trial of a multi-objective study carries no intermediate values (Optuna has none there:
     TPE failed on them in `make demo`); the study goes on with TPE's proposals after it."""
-    space = {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 3, 4, 5, 6, 8],
-                           "temperature": 0.0, "threads": [1, 2]}}
-    path = write_study(tmp_path, f"sqlite:///{tmp_path / 's.db'}", search_space=space, budget={"trials": 8},
-                       measurement={"warmup": 0, "repetitions": 3, "ctx_size": 256, "trial_timeout_s": 10},
-                       sampler={"name": "tpe", "seed": 1, "prune": True},
-                       # a fast incumbent, then the target alone on one thread: far below it, pruned
-                       warm_start=[{"spec_type": "draft-simple", "draft": "draft", "draft_max": 4, "threads": 2},
-                                   {"spec_type": "none", "threads": 1}])
+    space = {
+        "overrides": {
+            "spec_type": ["none", "draft-simple"],
+            "draft_max": [2, 3, 4, 5, 6, 8],
+            "temperature": 0.0,
+            "threads": [1, 2],
+        }
+    }
+    path = write_study(
+        tmp_path,
+        f"sqlite:///{tmp_path / 's.db'}",
+        search_space=space,
+        budget={"trials": 8},
+        measurement={"warmup": 0, "repetitions": 3, "ctx_size": 256, "trial_timeout_s": 10},
+        sampler={"name": "tpe", "seed": 1, "prune": True},
+        # a fast incumbent, then the target alone on one thread: far below it, pruned
+        warm_start=[
+            {"spec_type": "draft-simple", "draft": "draft", "draft_max": 4, "threads": 2},
+            {"spec_type": "none", "threads": 1},
+        ],
+    )
     study = run_study(load_spec(path), progress=lambda _: None)
     states = [t.state for t in study.trials]
     assert states[2] == optuna.trial.TrialState.PRUNED and study.trials[2].intermediate_values == {}
@@ -207,29 +288,61 @@ def test_a_second_study_on_this_host_starts_from_the_first_ones_winner(tmp_path,
     """Warm start (tuner.search.prior) through real studies in one SQLite file: the first study's winner
     is the second's first trial after the baseline; `reuse: false` turns it off."""
     storage = f"sqlite:///{tmp_path / 's.db'}"
-    space = {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [2, 3, 4, 5, 6, 8],
-                           "temperature": 0.0, "threads": [1, 2]}}
+    space = {
+        "overrides": {
+            "spec_type": ["none", "draft-simple"],
+            "draft_max": [2, 3, 4, 5, 6, 8],
+            "temperature": 0.0,
+            "threads": [1, 2],
+        }
+    }
     sampler = {"name": "structured", "seed": 1, "prune": False}
-    first = run_study(load_spec(write_study(tmp_path / "a", storage, name="a", search_space=space, sampler=sampler,
-                                            budget={"trials": 4})), progress=lambda _: None)
+    first = run_study(
+        load_spec(
+            write_study(
+                tmp_path / "a", storage, name="a", search_space=space, sampler=sampler, budget={"trials": 4}
+            )
+        ),
+        progress=lambda _: None,
+    )
     winner = store.best_feasible(first)
     lines: list[str] = []
-    second = run_study(load_spec(write_study(tmp_path / "b", storage, name="b", search_space=space, sampler=sampler,
-                                             budget={"trials": 2})), progress=lines.append)
+    second = run_study(
+        load_spec(
+            write_study(
+                tmp_path / "b", storage, name="b", search_space=space, sampler=sampler, budget={"trials": 2}
+            )
+        ),
+        progress=lines.append,
+    )
     prior = store.read_prior(second)
     assert prior["study"] == "a" and prior["trial"] == winner.number and prior["same_workload"]
     assert prior["params"] == dict(first.trials[winner.number].params)
-    assert prior["hardware"] == {"threads": winner.config.threads, **({"numa": winner.config.numa}
-                                                                       if "numa" in prior["params"] else {})}
+    assert prior["hardware"] == {
+        "threads": winner.config.threads,
+        **({"numa": winner.config.numa} if "numa" in prior["params"] else {}),
+    }
     warm = second.trials[1]
     assert store.search_note(warm)[0] == "warm start" and warm.params == prior["params"]
     assert any(line.startswith("warm start from study a (trial ") for line in lines)
-    summary = summary_table(report_data(second, store.read_study_record(second)))  # the report's header says so
+    summary = summary_table(
+        report_data(second, store.read_study_record(second))
+    )  # the report's header says so
     assert "warm start</th><td>from study a (trial " in summary
 
-    third = run_study(load_spec(write_study(tmp_path / "c", storage, name="c", search_space=space,
-                                            sampler={**sampler, "reuse": False}, budget={"trials": 1})),
-                      progress=lambda _: None)
+    third = run_study(
+        load_spec(
+            write_study(
+                tmp_path / "c",
+                storage,
+                name="c",
+                search_space=space,
+                sampler={**sampler, "reuse": False},
+                budget={"trials": 1},
+            )
+        ),
+        progress=lambda _: None,
+    )
     assert store.read_prior(third) is None
 
 
@@ -240,25 +353,37 @@ def test_a_second_study_on_this_host_starts_from_the_first_ones_winner(tmp_path,
 def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path, synthetic_models):
     synth = models_dir() / "synthetic"
     study_file = tmp_path / "study.yaml"
-    study_file.write_text(json.dumps({
-        "name": "trust",
-        "target": str(synth / "target.gguf"),
-        "drafts": [str(synth / "draft-large.gguf"), str(synth / "draft-small.gguf")],
-        "search_space": {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4, 6, 8, 16],
-                                       "temperature": 0.0, "threads": 1}},  # one thread: two spin-wait on a busy machine
-        "workload": {"suites": ["code"], "n_predict": 32},
-        "measurement": {"warmup": 1, "repetitions": 3, "ctx_size": 512, "trial_timeout_s": 120},
-        "quality": {"scorer": "agreement", "floor": 0.99},
-        "budget": {"trials": 5},
-        "storage": f"sqlite:///{tmp_path / 's.db'}",
-        "sentinel": {"every_trials": 2},
-        "race": {"min_rounds": 3, "max_rounds": 3, "confirm_rounds": 3, "max_finalists": 3},
-        # a fast incumbent first, then draft-small at K=16, about half the target's speed alone
-        "warm_start": [{"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 8},
-                       {"spec_type": "draft-simple", "draft": "draft-small", "draft_max": 16},
-                       {"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4},
-                       {"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 6}],
-    }))
+    study_file.write_text(
+        json.dumps(
+            {
+                "name": "trust",
+                "target": str(synth / "target.gguf"),
+                "drafts": [str(synth / "draft-large.gguf"), str(synth / "draft-small.gguf")],
+                "search_space": {
+                    "overrides": {
+                        "spec_type": ["none", "draft-simple"],
+                        "draft_max": [4, 6, 8, 16],
+                        "temperature": 0.0,
+                        "threads": 1,
+                    }
+                },  # one thread: two spin-wait on a busy machine
+                "workload": {"suites": ["code"], "n_predict": 32},
+                "measurement": {"warmup": 1, "repetitions": 3, "ctx_size": 512, "trial_timeout_s": 120},
+                "quality": {"scorer": "agreement", "floor": 0.99},
+                "budget": {"trials": 5},
+                "storage": f"sqlite:///{tmp_path / 's.db'}",
+                "sentinel": {"every_trials": 2},
+                "race": {"min_rounds": 3, "max_rounds": 3, "confirm_rounds": 3, "max_finalists": 3},
+                # a fast incumbent first, then draft-small at K=16, about half the target's speed alone
+                "warm_start": [
+                    {"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 8},
+                    {"spec_type": "draft-simple", "draft": "draft-small", "draft_max": 16},
+                    {"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4},
+                    {"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 6},
+                ],
+            }
+        )
+    )
     lines: list[str] = []
     spec = load_spec(study_file)
     study = run_study(spec, progress=lines.append)
@@ -271,8 +396,11 @@ def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path,
     assert study.trials[small.number].state == optuna.trial.TrialState.PRUNED
     # the two fastest draft-large trials and the baseline: a race of three, decided on its own rounds (which of
     # K=4/6/8 is pruned against the others depends on how busy the machine is; a pruned one still names a config)
-    two = sorted((r for r in records if r.config.draft == "draft-large" and r.metrics),
-                 key=lambda r: r.metrics.tokens_per_second, reverse=True)[:2]
+    two = sorted(
+        (r for r in records if r.config.draft == "draft-large" and r.metrics),
+        key=lambda r: r.metrics.tokens_per_second,
+        reverse=True,
+    )[:2]
     result = race_study(prepare(spec), study, lines.append, two)
     race = store.read_race(study)
     assert race == result.to_json() and len(race["entries"]) == 3 and race["rounds"] == 3

@@ -16,16 +16,22 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from fake_llama_server import alive, launches, wait_for, write_study
-from tuner.storage import store
+
 from tuner.cli import main
+from tuner.storage import store
 from tuner.storage.coordination import tally, with_driver
 
-pytest.importorskip("psycopg2", reason="the PostgreSQL driver is the `postgres` extra: pip install -e '.[postgres]'")
+pytest.importorskip(
+    "psycopg2", reason="the PostgreSQL driver is the `postgres` extra: pip install -e '.[postgres]'"
+)
 
-COMPLETE, FAIL, RUNNING, WAITING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
-                                    optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+COMPLETE, FAIL, RUNNING, WAITING = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.FAIL,
+    optuna.trial.TrialState.RUNNING,
+    optuna.trial.TrialState.WAITING,
+)
 # Two workers that pass the budget check in the same instant each start a trial (see tuner.worker).
 OVERSHOOT = 3 - 1
 FAST_HEARTBEAT = {"heartbeat_s": 1, "grace_s": 3, "max_retry": 1, "baseline_wait_s": 60}
@@ -37,9 +43,15 @@ def start_workers(n: int, study: Path, storage: str, env: dict, tmp_path: Path) 
     procs = []
     for i in range(n):
         out = open(tmp_path / f"worker-{i}.log", "w")
-        procs.append(subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", str(study), "--storage", storage],
-                                      env={**env, "TUNER_MEASURE_LOCK": str(tmp_path / f"host-{i}.lock")},
-                                      stdout=out, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tuner.cli", "worker", str(study), "--storage", storage],
+                env={**env, "TUNER_MEASURE_LOCK": str(tmp_path / f"host-{i}.lock")},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
         out.close()
     return procs
 
@@ -104,8 +116,12 @@ def killed_worker_trial(study_file: Path, database: str, env: dict, tmp_path: Pa
     server up is still running when its worker is killed a moment later."""
     procs = start_workers(3, study_file, database, {**env, "FAKE_LLAMA_DELAY_S": "0.6"}, tmp_path)
     try:
-        trial = wait_for(lambda: running_trial(database, role), 90, f"a running {role} trial with its server up",
-                         poll_s=0.2)
+        trial = wait_for(
+            lambda: running_trial(database, role),
+            90,
+            f"a running {role} trial with its server up",
+            poll_s=0.2,
+        )
         pid = int(store.running_on(trial)["worker"].rsplit(":", 1)[1])
         (killed,) = [p for p in procs if p.pid == pid]
         killed.send_signal(signal.SIGKILL)
@@ -120,7 +136,9 @@ def killed_worker_trial(study_file: Path, database: str, env: dict, tmp_path: Pa
     return study_of(database), trial.number
 
 
-def test_a_killed_worker_trial_is_failed_by_heartbeat_retried_once_and_the_study_completes(tmp_path, env, database):
+def test_a_killed_worker_trial_is_failed_by_heartbeat_retried_once_and_the_study_completes(
+    tmp_path, env, database
+):
     study_file = write_study(tmp_path, "sqlite:///unused.db", budget={"trials": 4}, workers=FAST_HEARTBEAT)
     study, lost = killed_worker_trial(study_file, database, env, tmp_path, "search")
 
@@ -143,8 +161,13 @@ def test_a_killed_baseline_worker_is_replaced_and_the_baseline_runs_once(tmp_pat
     completed_baselines = [t for t in trials if store.role_of(t) == "baseline" and t.state == COMPLETE]
     assert [t.system_attrs.get("failed_trial") for t in completed_baselines] == [0]
     assert store.read_reference(study).trial == completed_baselines[0].number
-    assert store.read_trial(completed_baselines[0]).worker == completed_baselines[0].user_attrs[store.REQUEUED_BY]
-    assert 3 <= tally(study).counted <= 3 + OVERSHOOT and not [t for t in trials if t.state in (RUNNING, WAITING)]
+    assert (
+        store.read_trial(completed_baselines[0]).worker
+        == completed_baselines[0].user_attrs[store.REQUEUED_BY]
+    )
+    assert 3 <= tally(study).counted <= 3 + OVERSHOOT and not [
+        t for t in trials if t.state in (RUNNING, WAITING)
+    ]
 
 
 def test_a_worker_with_another_llama_build_is_refused(tmp_path, env, database, monkeypatch, capsys):
@@ -154,25 +177,41 @@ def test_a_worker_with_another_llama_build_is_refused(tmp_path, env, database, m
     capsys.readouterr()
     assert main(["worker", str(study_file), "--storage", database]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "llama_commit differs (the study has \"0c1e570\", this run has \"deadbee\")" in err
+    assert "\n" not in err and 'llama_commit differs (the study has "0c1e570", this run has "deadbee")' in err
     assert len(study_of(database).trials) == 2  # nothing added
 
 
-def test_a_paused_worker_whose_trial_was_failed_elsewhere_drops_it_in_one_line_and_goes_on(tmp_path, env, database):
+def test_a_paused_worker_whose_trial_was_failed_elsewhere_drops_it_in_one_line_and_goes_on(
+    tmp_path, env, database
+):
     """Issue 21: a worker SIGSTOPped past grace_s while measuring, its trial failed and queued again by
     another worker, then SIGCONTed, died with ``ValueError: Cannot tell a FAIL trial.``"""
     study_file = write_study(tmp_path, "sqlite:///unused.db", budget={"trials": 10}, workers=FAST_HEARTBEAT)
     procs = start_workers(2, study_file, database, {**env, "FAKE_LLAMA_DELAY_S": "0.6"}, tmp_path)
     try:
-        trial = wait_for(lambda: running_trial(database, "search"), 90, "a running search trial with its server up",
-                         poll_s=0.2)
+        trial = wait_for(
+            lambda: running_trial(database, "search"),
+            90,
+            "a running search trial with its server up",
+            poll_s=0.2,
+        )
         pid = int(store.running_on(trial)["worker"].rsplit(":", 1)[1])
         (paused,) = [p for p in procs if p.pid == pid]
         paused.send_signal(signal.SIGSTOP)
         try:
-            retry = wait_for(lambda: next((t for t in study_of(database).get_trials(deepcopy=False)
-                                           if t.system_attrs.get("failed_trial") == trial.number), None),
-                             60, "the paused worker's trial failed and queued again by the other worker", poll_s=0.3)
+            retry = wait_for(
+                lambda: next(
+                    (
+                        t
+                        for t in study_of(database).get_trials(deepcopy=False)
+                        if t.system_attrs.get("failed_trial") == trial.number
+                    ),
+                    None,
+                ),
+                60,
+                "the paused worker's trial failed and queued again by the other worker",
+                poll_s=0.3,
+            )
         finally:
             paused.send_signal(signal.SIGCONT)
     finally:
@@ -180,15 +219,25 @@ def test_a_paused_worker_whose_trial_was_failed_elsewhere_drops_it_in_one_line_a
     log = output(tmp_path, procs.index(paused))
     assert codes == [0, 0], [output(tmp_path, i)[-2000:] for i in range(2)]
     assert "Traceback" not in log and "Cannot tell" not in log
-    assert (f"trial {trial.number} was failed as dead by another worker while this one did not send heartbeats for "
-            f"workers.grace_s (3 s; paused?) and was queued again as trial {retry.number}; its measurement here is "
-            "dropped, not stored or journalled, so the configuration counts once; going on with the next trial") in log
+    assert (
+        f"trial {trial.number} was failed as dead by another worker while this one did not send heartbeats for "
+        f"workers.grace_s (3 s; paused?) and was queued again as trial {retry.number}; its measurement here is "
+        "dropped, not stored or journalled, so the configuration counts once; going on with the next trial"
+    ) in log
     study = study_of(database)
     trials = study.get_trials()
-    assert trials[trial.number].state == FAIL and not store.has_record(trials[trial.number])  # nothing written to it
+    assert trials[trial.number].state == FAIL and not store.has_record(
+        trials[trial.number]
+    )  # nothing written to it
     assert trials[retry.number].state == COMPLETE and trials[retry.number].params == trial.params
-    later = [t for t in trials if t.number > retry.number and t.state == COMPLETE
-             and store.read_trial(t).worker == store.running_on(trial)["worker"]]
+    later = [
+        t
+        for t in trials
+        if t.number > retry.number
+        and t.state == COMPLETE
+        and store.read_trial(t).worker == store.running_on(trial)["worker"]
+    ]
     assert later, log  # the resumed worker measured further trials
     assert not list((tmp_path / "storage" / "journal").glob("*.jsonl")) or all(
-        not p.read_text() for p in (tmp_path / "storage" / "journal").glob("*.jsonl"))  # nothing journalled
+        not p.read_text() for p in (tmp_path / "storage" / "journal").glob("*.jsonl")
+    )  # nothing journalled

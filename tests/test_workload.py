@@ -41,14 +41,18 @@ def test_user_suite_relative_to_base_dir_next_to_builtins(tmp_path):
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("prompts: [{text: a, expected: [{kind: equals, value: x}]}]",
-         "suites/my.yaml: prompts[0].expected[0].kind: unknown kind 'equals'; use exact, regex or contains"),
+        (
+            "prompts: [{text: a, expected: [{kind: equals, value: x}]}]",
+            "suites/my.yaml: prompts[0].expected[0].kind: unknown kind 'equals'; use exact, regex or contains",
+        ),
         ("prompts: [{text: a}, {id: b}]", "suites/my.yaml: prompts[1].text: missing or empty"),
         ("prompts: [{id: x, text: a}, {id: x, text: b}]", "suites/my.yaml: prompt id 'x' is already used"),
         ("prompts: []", "suites/my.yaml: prompts: the suite is empty"),
         ("prompts: [{text: a", "suites/my.yaml: malformed YAML at line 1"),
-        ("prompts: [{text: a, expected: [{kind: regex, value: '(unclosed'}]}]",
-         "suites/my.yaml: prompts[0].expected[0].value: invalid regex"),
+        (
+            "prompts: [{text: a, expected: [{kind: regex, value: '(unclosed'}]}]",
+            "suites/my.yaml: prompts[0].expected[0].value: invalid regex",
+        ),
         ("prompts: [{text: a, answer: b}]", "suites/my.yaml: prompts[0]: unknown field(s) answer"),
         ("- text: a", "suites/my.yaml: expected a mapping with a `prompts` list"),
     ],

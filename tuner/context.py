@@ -15,21 +15,26 @@ from pathlib import Path
 
 from tuner.errors import MissingBinaryError, UserError
 from tuner.machine.fingerprint import fingerprint
-from tuner.models.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
 from tuner.machine.host import measure_memory_bandwidth, numactl_path, read_host_state
-from tuner.measurement.launch import LaunchContext, meaningful_numa_policies
 from tuner.machine.llama_build import binary, find_build_info, resolve_bin_dir
+from tuner.machine.topology import Topology, read_topology
+from tuner.measurement.launch import LaunchContext, meaningful_numa_policies
 from tuner.measurement.measure import MeasurementSettings
-from tuner.paths import storage_dir
+from tuner.measurement.workload import (
+    TOKENS_PER_BYTE_SLACK,
+    Workload,
+    llama_tokenize_count,
+    load_workload,
+    too_long,
+)
+from tuner.models.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
 from tuner.models.quantize import Variant, ensure_variant
-from tuner.storage.records import StudyRecord
+from tuner.paths import storage_dir
 from tuner.search.knobs import KNOB_TYPES
 from tuner.search.space import Choices, ResolvedSpace, outside, resolve_space
+from tuner.storage.records import StudyRecord
 from tuner.studyfile.spec import StudySpec
-from tuner.machine.topology import Topology, read_topology
 from tuner.studyfile.validate import Fields
-from tuner.measurement.workload import TOKENS_PER_BYTE_SLACK, Workload, llama_tokenize_count, load_workload, too_long
-
 
 BANDWIDTH_ENV = "TUNER_MEMORY_BANDWIDTH"
 
@@ -123,7 +128,9 @@ def check_models_and_space(
         expert_count=target.expert_count,
         physical_cores=topo.physical_cores,
         logical_cpus=topo.logical_cpus,
-        numa_policies=tuple(p for p in meaningful_numa_policies(topo) if numactl or p not in ("interleave", "bind")),
+        numa_policies=tuple(
+            p for p in meaningful_numa_policies(topo) if numactl or p not in ("interleave", "bind")
+        ),
         numa_nodes=tuple(n.id for n in topo.nodes),
         target_name=spec.target.name,
         announced=target.speculative_types,
@@ -142,13 +149,16 @@ def check_warm_starts(spec: StudySpec, space: ResolvedSpace) -> None:
                 raise UserError(f"{where}: unknown knob; known: {', '.join(KNOB_TYPES)}")
             domain = space.domains.get(knob)
             if domain is None:
-                raise UserError(f"{where}: not searched by this study on this machine (resolved space: "
-                                f"{', '.join(space.domains)}); remove it from the warm start")
+                raise UserError(
+                    f"{where}: not searched by this study on this machine (resolved space: "
+                    f"{', '.join(space.domains)}); remove it from the warm start"
+                )
             problem = outside(domain, value)
             if problem:
-                raise UserError(f"{where}: {value!r} {problem}; use a value of the resolved space "
-                                "(`tuner run STUDY --check` prints it)")
-
+                raise UserError(
+                    f"{where}: {value!r} {problem}; use a value of the resolved space "
+                    "(`tuner run STUDY --check` prints it)"
+                )
 
 
 def fingerprint_bandwidth() -> float:
@@ -187,13 +197,17 @@ def max_slots(spec: StudySpec, space: ResolvedSpace) -> int:
     return max(top, *spec.measurement.concurrency)
 
 
-def check_prompts_fit(spec: StudySpec, workload: Workload, bin_dir: Path, progress=_to_stderr, slots: int = 1) -> None:
+def check_prompts_fit(
+    spec: StudySpec, workload: Workload, bin_dir: Path, progress=_to_stderr, slots: int = 1
+) -> None:
     """Every prompt leaves room for n_predict tokens in its slot's share of ctx_size, counted in the
     target's own vocabulary; else one line naming the prompt, where it is defined, its tokens and the
     ctx_size it needs."""
     m = replace(spec.measurement, ctx_size=spec.measurement.ctx_size // slots)
     field = "measurement.ctx_size" if slots == 1 else "workload.concurrency"
-    split = "" if slots == 1 else f" (measurement.ctx_size {spec.measurement.ctx_size} split over {slots} slots)"
+    split = (
+        "" if slots == 1 else f" (measurement.ctx_size {spec.measurement.ctx_size} split over {slots} slots)"
+    )
 
     def count(text: str) -> int:
         return llama_tokenize_count(tokenizer, spec.target, text)
@@ -202,11 +216,15 @@ def check_prompts_fit(spec: StudySpec, workload: Workload, bin_dir: Path, progre
         tokenizer = binary("llama-tokenize", bin_dir)
         long = too_long(workload, m.ctx_size, m.n_predict, count)
     except MissingBinaryError:
-        long = too_long(workload, m.ctx_size, m.n_predict, lambda text: len(text.encode()) + TOKENS_PER_BYTE_SLACK)
+        long = too_long(
+            workload, m.ctx_size, m.n_predict, lambda text: len(text.encode()) + TOKENS_PER_BYTE_SLACK
+        )
         if long:
-            progress(f"note: prompt '{long[0][0].id}' ({long[0][0].source}) may not fit measurement.ctx_size "
-                     f"{m.ctx_size}, and llama-tokenize is not in {bin_dir} to count it; a prompt that does not "
-                     "fit fails its trials as context_exceeded")
+            progress(
+                f"note: prompt '{long[0][0].id}' ({long[0][0].source}) may not fit measurement.ctx_size "
+                f"{m.ctx_size}, and llama-tokenize is not in {bin_dir} to count it; a prompt that does not "
+                "fit fails its trials as context_exceeded"
+            )
         return
     if long:
         prompt, tokens = long[0]
@@ -215,7 +233,9 @@ def check_prompts_fit(spec: StudySpec, workload: Workload, bin_dir: Path, progre
             f"{spec.path}: {field}: prompt '{prompt.id}' ({prompt.source}) is {tokens} tokens in the "
             f"target's vocabulary (counted by llama-tokenize), which with n_predict {m.n_predict} does not fit "
             f"ctx_size {m.ctx_size}{split}{more}; raise measurement.ctx_size to at least "
-            f"{slots * (tokens + m.n_predict + 1)}, or shorten the prompt" + (", or lower the level" if slots > 1 else ""))
+            f"{slots * (tokens + m.n_predict + 1)}, or shorten the prompt"
+            + (", or lower the level" if slots > 1 else "")
+        )
 
 
 def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
@@ -224,8 +244,9 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
     numactl = numactl_path()
     bin_dir = resolve_bin_dir(spec.bin_dir)
     quantized = make_variants(spec, bin_dir, progress)
-    target, drafts, space = check_models_and_space(spec, topo, numactl,
-                                                   {name: v.path for name, v in quantized.items()})
+    target, drafts, space = check_models_and_space(
+        spec, topo, numactl, {name: v.path for name, v in quantized.items()}
+    )
     server = binary("llama-server", bin_dir)
     build = find_build_info(bin_dir)
     try:
@@ -253,7 +274,9 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
         launch=launch,
         workload=workload,
         # the bandwidth is provenance for the report's roofline, not a comparability key
-        fingerprint=fingerprint(topo, build, host=read_host_state(topo), bandwidth_bytes_per_s=fingerprint_bandwidth()),
+        fingerprint=fingerprint(
+            topo, build, host=read_host_state(topo), bandwidth_bytes_per_s=fingerprint_bandwidth()
+        ),
         build=build,
         log_dir=storage_dir() / "logs" / spec.name,
         quantized=quantized,

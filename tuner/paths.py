@@ -35,7 +35,9 @@ def writable_folder(path: Path, option: str) -> Path:
     work; anything else is one line naming ``option`` and the path. Nothing is created here."""
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
-        raise UserError(f"{option} {path}: is a file, not a folder; pass a folder path (it is created if missing)")
+        raise UserError(
+            f"{option} {path}: is a file, not a folder; pass a folder path (it is created if missing)"
+        )
     _check_parents(path, path, option)
     return path
 
@@ -53,7 +55,11 @@ def _check_parents(folder: Path, path: Path, option: str) -> None:
     """The nearest existing one of ``folder`` and its parents must be a folder this user can write to."""
     existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
     if not existing.is_dir():
-        raise UserError(f"{option} {path}: {existing} is a file, not a folder; pass a path whose parents are "
-                        "folders (missing ones are created)")
+        raise UserError(
+            f"{option} {path}: {existing} is a file, not a folder; pass a path whose parents are "
+            "folders (missing ones are created)"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{option} {path}: {existing} is not writable by this user; pass a folder you can write to")
+        raise UserError(
+            f"{option} {path}: {existing} is not writable by this user; pass a folder you can write to"
+        )

@@ -33,42 +33,50 @@ from typing import Callable
 
 import optuna
 
-from tuner.storage import store
-from tuner.errors import UserError
-from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
-from tuner.storage.records import Failure, Metrics, Reference, Spread, StudyRecord, TrialRecord, changes, digest
-from tuner.measurement.launch import build_server_command, model_flags
-from tuner.measurement.load import run_levels
-from tuner.measurement.measure import Sample, outputs_by_prompt, run_workload, score_trial, summarize
-from tuner.machine.host import busy_processes, cpu_seconds_by_process, host_was_busy, trial_host_state
-from tuner.machine.placement import contradiction, evict, read_numa_maps
-from tuner.machine.roofline import Bandwidth, impossible, last_level_cache_bytes, study_roofline
-from tuner.measurement.runner import LlamaServer, free_port, read_log_tail
+from tuner.context import StudyContext, prepare
 from tuner.decisions.drift import Sentinels, midpoint, sentinel_due
 from tuner.decisions.race import describe as describe_race
 from tuner.decisions.race import race_study
+from tuner.errors import UserError
 from tuner.machine import hostlock
-from tuner.storage import outage
-from tuner.storage.journal import Journal
-from tuner.search.sampling import sampler_for
+from tuner.machine.host import busy_processes, cpu_seconds_by_process, host_was_busy, trial_host_state
+from tuner.machine.placement import contradiction, evict, read_numa_maps
+from tuner.machine.roofline import Bandwidth, impossible, last_level_cache_bytes, study_roofline
+from tuner.measurement import quality as quality_scorers
+from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
+from tuner.measurement.launch import build_server_command, model_flags
+from tuner.measurement.load import run_levels
+from tuner.measurement.measure import Sample, outputs_by_prompt, run_workload, score_trial, summarize
+from tuner.measurement.runner import LlamaServer, free_port, read_log_tail
 from tuner.search.prior import describe as describe_prior
 from tuner.search.prior import find_prior
 from tuner.search.pruning import may_prune, prunes_on, should_prune
+from tuner.search.sampling import sampler_for
 from tuner.search.space import TrialConfig, baseline_config, suggest
-from tuner.studyfile.spec import StudySpec, load_spec
-from tuner.measurement import quality as quality_scorers
-from tuner.context import StudyContext, prepare
+from tuner.storage import outage, store
 from tuner.storage.coordination import (
     ensure_baseline,
-    failed_elsewhere,
-    make_storage,
     fail_orphans,
+    failed_elsewhere,
     hold_sqlite_study,
+    make_storage,
     run_until_budget,
     safe_url,
     tally,
     worker_id,
 )
+from tuner.storage.journal import Journal
+from tuner.storage.records import (
+    Failure,
+    Metrics,
+    Reference,
+    Spread,
+    StudyRecord,
+    TrialRecord,
+    changes,
+    digest,
+)
+from tuner.studyfile.spec import StudySpec, load_spec
 
 INIT_WAIT_S = 10.0  # how long a joining worker waits for the study's creator to record the study
 
@@ -83,21 +91,30 @@ def open_study(ctx: StudyContext) -> optuna.Study:
     storage = make_storage(spec.storage, spec.workers)
     directions = [o.direction for o in spec.objectives]
     try:  # creation is atomic: with several workers starting at once, exactly one creates
-        study = optuna.create_study(study_name=spec.name, storage=storage, directions=directions,
-                                    sampler=make_sampler(spec))
+        study = optuna.create_study(
+            study_name=spec.name, storage=storage, directions=directions, sampler=make_sampler(spec)
+        )
         store.set_created_by(study, worker_id())
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec))
     if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
-        raise UserError(f"{spec.path}: objectives: study {spec.name!r} exists with other objective directions; use a new name")
+        raise UserError(
+            f"{spec.path}: objectives: study {spec.name!r} exists with other objective directions; use a new name"
+        )
     waited = time.monotonic() + INIT_WAIT_S
-    while not store.has_study_record(study) and store.created_by(study) != worker_id() and time.monotonic() < waited:
+    while (
+        not store.has_study_record(study)
+        and store.created_by(study) != worker_id()
+        and time.monotonic() < waited
+    ):
         time.sleep(0.2)  # joining a study whose creator is recording it right now
     if not store.has_study_record(study):  # created here, or its creator died before recording it
         store.set_created_by(study, worker_id())
         record = ctx.study_record(worker_id())
         store.write_study_record(study, record)
-        prior = find_prior(storage, record, ctx.space) if spec.reuse and spec.sampler == "structured" else None
+        prior = (
+            find_prior(storage, record, ctx.space) if spec.reuse and spec.sampler == "structured" else None
+        )
         if prior:
             store.write_prior(study, prior)
         return study
@@ -145,8 +162,13 @@ class FailedElsewhere(Exception):
 class TrialRunner:
     """The objective: one trial = one launch, one workload, one record stored."""
 
-    def __init__(self, ctx: StudyContext, study: optuna.Study, progress: Callable[[str], None] = print,
-                 journal: Journal | None = None):
+    def __init__(
+        self,
+        ctx: StudyContext,
+        study: optuna.Study,
+        progress: Callable[[str], None] = print,
+        journal: Journal | None = None,
+    ):
         self.ctx = ctx
         self.study = study
         self.progress = progress
@@ -154,8 +176,11 @@ class TrialRunner:
         self._reference: Reference | None = None  # a baseline's, stored with its record
         self.failed_elsewhere: str | None = None  # why the last trial's measurement was dropped
         bandwidth = ctx.fingerprint.get("bandwidth_bytes_per_s")
-        self.roofline = (study_roofline(ctx.study_record(worker_id()), Bandwidth(bandwidth, "fingerprint", ""))
-                         if bandwidth else None)
+        self.roofline = (
+            study_roofline(ctx.study_record(worker_id()), Bandwidth(bandwidth, "fingerprint", ""))
+            if bandwidth
+            else None
+        )
         self.llc_bytes = last_level_cache_bytes()
         self.placed_under: str | None = None  # the NUMA policy the models' cached pages were placed under
 
@@ -163,9 +188,13 @@ class TrialRunner:
         config = suggest(trial, self.ctx.space)
         self._reference = None
         try:
-            record = self.measure(config, store.role_of(trial), trial.number,
-                                  on_running=lambda port: store.mark_running(trial, worker_id(), port),
-                                  on_pass=self._reporter(trial))
+            record = self.measure(
+                config,
+                store.role_of(trial),
+                trial.number,
+                on_running=lambda port: store.mark_running(trial, worker_id(), port),
+                on_pass=self._reporter(trial),
+            )
         except Interrupted as stop:
             self._store(trial, stop.record, None)
             raise
@@ -175,7 +204,9 @@ class TrialRunner:
             raise FailedElsewhere(lost)
         stage, reason = store.search_note(trial)
         record = replace(record, search={"stage": stage, "reason": reason} if stage else {})
-        values = tuple(record.objective(o.metric) for o in self.ctx.spec.objectives) if record.complete else None
+        values = (
+            tuple(record.objective(o.metric) for o in self.ctx.spec.objectives) if record.complete else None
+        )
         self._store(trial, record, values)
         if record.state == "PRUNED":
             raise optuna.TrialPruned(record.pruned)
@@ -205,30 +236,58 @@ class TrialRunner:
                 trial.set_constraint(name, value)
         store.write_trial_record(trial, record)
 
-    def measure(self, config: TrialConfig, role: str, number: int | None,
-                on_running: Callable[[int], None] = lambda port: None,
-                on_pass: Callable[[int, float], None] = lambda step, rate: None) -> TrialRecord:
+    def measure(
+        self,
+        config: TrialConfig,
+        role: str,
+        number: int | None,
+        on_running: Callable[[int], None] = lambda port: None,
+        on_pass: Callable[[int, float], None] = lambda step, rate: None,
+    ) -> TrialRecord:
         """One configuration measured into a COMPLETE, PRUNED or FAIL record (``Interrupted`` on Ctrl-C);
         ``on_pass(passes done, running tokens/s)`` after every pass."""
         started, wall_start = time.monotonic(), time.time()
-        log_path = self.ctx.log_dir / (f"trial-{number}.log" if number is not None else f"sentinel-{wall_start:.0f}.log")
-        record = TrialRecord(number=number if number is not None else -1, state="RUNNING", role=role, config=config,
-                             worker=worker_id(), started_at=wall_start)
+        log_path = self.ctx.log_dir / (
+            f"trial-{number}.log" if number is not None else f"sentinel-{wall_start:.0f}.log"
+        )
+        record = TrialRecord(
+            number=number if number is not None else -1,
+            state="RUNNING",
+            role=role,
+            config=config,
+            worker=worker_id(),
+            started_at=wall_start,
+        )
         try:
             known = self._known_permanent_failure(config)
             if known:
-                raise TrialFailure(FailureReason(known.failure.reason),
-                                   f"same configuration already failed permanently in trial {known.number}",
-                                   known.log_tail)
+                raise TrialFailure(
+                    FailureReason(known.failure.reason),
+                    f"same configuration already failed permanently in trial {known.number}",
+                    known.log_tail,
+                )
             record = replace(record, command=build_server_command(config, self.ctx.launch))
             record = self._measure(record, log_path, on_running, on_pass)
         except (TrialFailure, KeyboardInterrupt) as err:
-            failure = err if isinstance(err, TrialFailure) else TrialFailure(
-                FailureReason.INTERRUPTED, "interrupted by the user or SIGTERM", read_log_tail(log_path, 40))
-            record = replace(record, state="FAIL", failure=Failure(failure.reason.value, failure.detail),
-                             log_tail=failure.log_tail or record.log_tail)
+            failure = (
+                err
+                if isinstance(err, TrialFailure)
+                else TrialFailure(
+                    FailureReason.INTERRUPTED,
+                    "interrupted by the user or SIGTERM",
+                    read_log_tail(log_path, 40),
+                )
+            )
+            record = replace(
+                record,
+                state="FAIL",
+                failure=Failure(failure.reason.value, failure.detail),
+                log_tail=failure.log_tail or record.log_tail,
+            )
             if not isinstance(err, TrialFailure):
-                raise Interrupted(replace(record, duration_s=time.monotonic() - started, ended_at=time.time())) from err
+                raise Interrupted(
+                    replace(record, duration_s=time.monotonic() - started, ended_at=time.time())
+                ) from err
         return replace(record, duration_s=time.monotonic() - started, ended_at=time.time())
 
     def _place(self, config: TrialConfig) -> bool:
@@ -240,8 +299,13 @@ class TrialRunner:
         self.placed_under = config.numa
         return evicted
 
-    def _measure(self, record: TrialRecord, log_path: Path, on_running: Callable[[int], None],
-                 on_pass: Callable[[int, float], None]) -> TrialRecord:
+    def _measure(
+        self,
+        record: TrialRecord,
+        log_path: Path,
+        on_running: Callable[[int], None],
+        on_pass: Callable[[int, float], None],
+    ) -> TrialRecord:
         ctx, config = self.ctx, record.config
         ctx.log_dir.mkdir(parents=True, exist_ok=True)
         timeout = ctx.settings.trial_timeout_s
@@ -253,10 +317,16 @@ class TrialRunner:
         records = store.read_trials(self.study)
         sentinels = Sentinels(records, ctx.settings.noise_cv)
         reference_rate = None  # a baseline or sentinel is its own reference
-        if record.role not in ("baseline", "sentinel"):  # this worker's latest reference: the speedup known now
-            reference_rate = sentinels.rate_at(worker_id(), time.time()) or (reference.tokens_per_second
-                                                                              if reference else None)
-        prune = ctx.spec.prune and may_prune(record.role) and prunes_on([o.metric for o in ctx.spec.objectives])
+        if record.role not in (
+            "baseline",
+            "sentinel",
+        ):  # this worker's latest reference: the speedup known now
+            reference_rate = sentinels.rate_at(worker_id(), time.time()) or (
+                reference.tokens_per_second if reference else None
+            )
+        prune = (
+            ctx.spec.prune and may_prune(record.role) and prunes_on([o.metric for o in ctx.spec.objectives])
+        )
         incumbent = store.best_of(records) if prune else None
         against = drift_corrected(incumbent, sentinels) if incumbent is not None else []
         # the incumbent ran in another launch: allow the spread this host's sentinels show between launches
@@ -266,34 +336,63 @@ class TrialRunner:
         def after_request(samples: list[Sample], pass_done: bool, more: bool) -> None:
             """Running tokens/s after a pass; before another request, stop once it cannot beat the incumbent."""
             if pass_done:
-                on_pass(len({s.repetition for s in samples}), summarize(samples, ctx.settings).tokens_per_second)
+                on_pass(
+                    len({s.repetition for s in samples}), summarize(samples, ctx.settings).tokens_per_second
+                )
             if incumbent is not None and more:
-                decision = should_prune([sample_record(s) for s in samples], against, record.role, planned,
-                                        launch_sigma=launch_sigma)
+                decision = should_prune(
+                    [sample_record(s) for s in samples],
+                    against,
+                    record.role,
+                    planned,
+                    launch_sigma=launch_sigma,
+                )
                 if decision.prune:
                     raise Pruned(samples, f"against trial {incumbent.number}: {decision.reason}")
 
         try:
-            with LlamaServer(record.command.argv, free_port(), log_path,
-                             ready_timeout_s=timeout, request_timeout_s=timeout) as server:
+            with LlamaServer(
+                record.command.argv, free_port(), log_path, ready_timeout_s=timeout, request_timeout_s=timeout
+            ) as server:
                 on_running(server.port)
-                samples = run_workload(server, ctx.workload, ctx.settings, config.temperature,
-                                       after_request=after_request, speculative=config.speculative)
-                levels = run_levels(server, ctx.workload.prompts, ctx.spec.load_levels, ctx.settings.n_predict,
-                                    config.temperature, ctx.settings.seed)
-                busy = busy_processes(before, cpu_seconds_by_process(), time.monotonic() - wall,
-                                      {os.getpid(), server.pid})
+                samples = run_workload(
+                    server,
+                    ctx.workload,
+                    ctx.settings,
+                    config.temperature,
+                    after_request=after_request,
+                    speculative=config.speculative,
+                )
+                levels = run_levels(
+                    server,
+                    ctx.workload.prompts,
+                    ctx.spec.load_levels,
+                    ctx.settings.n_predict,
+                    config.temperature,
+                    ctx.settings.seed,
+                )
+                busy = busy_processes(
+                    before, cpu_seconds_by_process(), time.monotonic() - wall, {os.getpid(), server.pid}
+                )
                 pages = read_numa_maps(server.pid, models)
                 spec_problem = server.speculation_log_problem()
                 log_tail = server.log_tail()
         except Pruned as pruned:
             scores = summarize(pruned.samples, ctx.settings)
-            return replace(record, state="PRUNED", pruned=pruned.reason,
-                           metrics=Metrics(scores.tokens_per_second, scores.acceptance, 0.0, 0.0),
-                           spread=Spread(scores.repetitions, scores.cv, scores.noisy),
-                           drafted=scores.drafted, accepted=scores.accepted,
-                           samples=tuple(sample_record(s) for s in pruned.samples), log_tail=read_log_tail(log_path, 40))
-        scores = score_trial(samples, ctx.settings, config.speculative, ",".join(config.spec_types), spec_problem, log_tail)
+            return replace(
+                record,
+                state="PRUNED",
+                pruned=pruned.reason,
+                metrics=Metrics(scores.tokens_per_second, scores.acceptance, 0.0, 0.0),
+                spread=Spread(scores.repetitions, scores.cv, scores.noisy),
+                drafted=scores.drafted,
+                accepted=scores.accepted,
+                samples=tuple(sample_record(s) for s in pruned.samples),
+                log_tail=read_log_tail(log_path, 40),
+            )
+        scores = score_trial(
+            samples, ctx.settings, config.speculative, ",".join(config.spec_types), spec_problem, log_tail
+        )
         if not config.speculative and self.roofline is not None:
             why = impossible(scores.tokens_per_second, self.roofline, config.experts, self.llc_bytes)
             if why:
@@ -301,13 +400,23 @@ class TrialRunner:
         outputs = outputs_by_prompt(samples)
         if record.role == "baseline":  # the study's reference, stored with this trial's record
             self._reference = reference = Reference(
-                trial=record.number, tokens={pid: list(s.tokens) for pid, s in outputs.items()},
-                texts={pid: s.text for pid, s in outputs.items()}, tokens_per_second=scores.tokens_per_second)
+                trial=record.number,
+                tokens={pid: list(s.tokens) for pid, s in outputs.items()},
+                texts={pid: s.text for pid, s in outputs.items()},
+                tokens_per_second=scores.tokens_per_second,
+            )
         quality, extra_scores = self._quality(config, outputs, reference)
-        reference_rate = reference_rate or scores.tokens_per_second  # a baseline or sentinel is its own reference
+        reference_rate = (
+            reference_rate or scores.tokens_per_second
+        )  # a baseline or sentinel is its own reference
         host = trial_host_state(ctx.launch.topology, busy)
-        host.update(evicted_pages=evicted, numa_pages={Path(f).name: n for f, n in pages.items()},
-                    placement_problem=contradiction(config.numa, config.numa_node, pages, len(ctx.launch.topology.nodes)))
+        host.update(
+            evicted_pages=evicted,
+            numa_pages={Path(f).name: n for f, n in pages.items()},
+            placement_problem=contradiction(
+                config.numa, config.numa_node, pages, len(ctx.launch.topology.nodes)
+            ),
+        )
         return replace(
             record,
             state="COMPLETE",
@@ -341,13 +450,15 @@ class TrialRunner:
         """The trial's quality, and the scorer's other figures (kld: mean_kld, same_top)."""
         scorer = self.ctx.spec.quality.scorer
         if scorer == "perplexity":
-            return quality_scorers.perplexity_ratio(self._perplexity(baseline_config(self.ctx.space)),
-                                                    self._perplexity(config)), {}
+            return quality_scorers.perplexity_ratio(
+                self._perplexity(baseline_config(self.ctx.space)), self._perplexity(config)
+            ), {}
         if scorer == "kld":
             scores = self._kld(config)
             return scores["same_top"], scores
-        return quality_scorers.output_quality(scorer, outputs, self.ctx.workload,
-                                              reference.tokens if reference else {}), {}
+        return quality_scorers.output_quality(
+            scorer, outputs, self.ctx.workload, reference.tokens if reference else {}
+        ), {}
 
     def _constraints(self, quality: float, scores: dict, levels: list) -> dict:
         """The record's ``constraint`` (feasible when <= 0: every bound met) and, with load bounds, each one
@@ -387,10 +498,15 @@ class TrialRunner:
                 return {"mean_kld": 0.0, "same_top": 1.0}  # batch-order rounding only, ~1e-6)
             base_key = digest([base_flags, hashlib.sha256(text_file.read_bytes()).hexdigest()])
             base = quality_scorers.save_kld_base(
-                base_flags, text_file, ctx.log_dir / f"kld-base-{base_key}.bin",
-                bin_dir=ctx.launch.server_binary.parent, timeout_s=ctx.settings.trial_timeout_s)
-            cache[key] = quality_scorers.measure_kld(flags, base, bin_dir=ctx.launch.server_binary.parent,
-                                                     timeout_s=ctx.settings.trial_timeout_s)
+                base_flags,
+                text_file,
+                ctx.log_dir / f"kld-base-{base_key}.bin",
+                bin_dir=ctx.launch.server_binary.parent,
+                timeout_s=ctx.settings.trial_timeout_s,
+            )
+            cache[key] = quality_scorers.measure_kld(
+                flags, base, bin_dir=ctx.launch.server_binary.parent, timeout_s=ctx.settings.trial_timeout_s
+            )
             store.write_kld_cache(self.study, cache)
         return cache[key]
 
@@ -402,8 +518,11 @@ class TrialRunner:
         cache = store.perplexity_cache(self.study)
         if key not in cache:
             cache[key] = quality_scorers.measure_perplexity(
-                flags, self.ctx.spec.quality.text_file, bin_dir=self.ctx.launch.server_binary.parent,
-                timeout_s=self.ctx.settings.trial_timeout_s)
+                flags,
+                self.ctx.spec.quality.text_file,
+                bin_dir=self.ctx.launch.server_binary.parent,
+                timeout_s=self.ctx.settings.trial_timeout_s,
+            )
             store.write_perplexity_cache(self.study, cache)
         return cache[key]
 
@@ -444,14 +563,17 @@ def describe_trial(record: TrialRecord) -> str:
         if record.host and host_was_busy(record.host):
             others = {k: v for k, v in record.host["busy_processes"].items() if k != "all others"}
             flag += f" (host busy: {', '.join(others) or 'many small processes'})"
-        return (f"{m.tokens_per_second:.1f} t/s{flag}, x{m.speedup:.2f}, acceptance {m.acceptance:.2f}, "
-                f"quality {m.quality:.3f} | {knobs}")
+        return (
+            f"{m.tokens_per_second:.1f} t/s{flag}, x{m.speedup:.2f}, acceptance {m.acceptance:.2f}, "
+            f"quality {m.quality:.3f} | {knobs}"
+        )
     failure = record.failure or Failure("error", "")
     return f"FAILED ({failure.reason}: {failure.detail}) | {knobs}"
 
 
-def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[str], None] = print,
-              race: bool = False) -> optuna.Study:
+def run_study(
+    spec: StudySpec, trials: int | None = None, progress: Callable[[str], None] = print, race: bool = False
+) -> optuna.Study:
     """Run or resume a study until its budget is spent, alone or as one of its workers; returns the study.
 
     Every ``sentinel.every_trials`` trials (or minutes) this process re-measures the baseline
@@ -467,8 +589,9 @@ def run_study(spec: StudySpec, trials: int | None = None, progress: Callable[[st
     return study
 
 
-def _run_locked(ctx: StudyContext, journal: Journal, trials: int | None, progress: Callable[[str], None],
-                race: bool) -> optuna.Study:
+def _run_locked(
+    ctx: StudyContext, journal: Journal, trials: int | None, progress: Callable[[str], None], race: bool
+) -> optuna.Study:
     spec = ctx.spec
     lock = hold_sqlite_study(spec.storage, spec.name)
     verbosity = optuna.logging.get_verbosity()
@@ -484,9 +607,16 @@ def _run_locked(ctx: StudyContext, journal: Journal, trials: int | None, progres
             progress(f"note: {note}")
         prior = store.read_prior(study)
         if prior:
-            uses = ([f"its {', '.join(f'{k}={v}' for k, v in prior['hardware'].items())} first in the hardware stage"]
-                    if prior["hardware"] else []) + (["its winner right after the baseline"] if prior["params"] else [])
-            progress(f"warm start from {describe_prior(prior)}: {' and '.join(uses)} (sampler.reuse: false turns it off)")
+            uses = (
+                [
+                    f"its {', '.join(f'{k}={v}' for k, v in prior['hardware'].items())} first in the hardware stage"
+                ]
+                if prior["hardware"]
+                else []
+            ) + (["its winner right after the baseline"] if prior["params"] else [])
+            progress(
+                f"warm start from {describe_prior(prior)}: {' and '.join(uses)} (sampler.reuse: false turns it off)"
+            )
         budget = trials or spec.budget_trials
         objective = TrialRunner(ctx, study, progress, journal)
         deadline = time.monotonic() + spec.budget_minutes * 60 if spec.budget_minutes else None
@@ -494,11 +624,16 @@ def _run_locked(ctx: StudyContext, journal: Journal, trials: int | None, progres
         def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
             journal.stored(trial.number)
             best = store.best_feasible(study)
-            best_text = (f"best feasible {best.metrics.tokens_per_second:.1f} t/s (trial {best.number})"
-                         if best else "no feasible trial yet")
+            best_text = (
+                f"best feasible {best.metrics.tokens_per_second:.1f} t/s (trial {best.number})"
+                if best
+                else "no feasible trial yet"
+            )
             record = store.read_trial(trial)
             why = f" [{record.search['stage']}: {record.search['reason']}]" if record.search else ""
-            progress(f"[{tally(study).counted}/{budget}] trial {trial.number}{why}: {describe_trial(record)} | {best_text}")
+            progress(
+                f"[{tally(study).counted}/{budget}] trial {trial.number}{why}: {describe_trial(record)} | {best_text}"
+            )
 
         def run_one() -> None:
             if sentinel_due(store.read_trials(study), worker_id(), spec.sentinel, time.time()):
@@ -506,8 +641,13 @@ def _run_locked(ctx: StudyContext, journal: Journal, trials: int | None, progres
             timeout = max(1.0, deadline - time.monotonic()) if deadline else None
             objective.failed_elsewhere = None
             try:
-                study.optimize(objective, n_trials=1, timeout=timeout, catch=(TrialFailure,), callbacks=[report])
-            except (FailedElsewhere, ValueError):  # Optuna cannot tell a trial another worker failed: ValueError
+                study.optimize(
+                    objective, n_trials=1, timeout=timeout, catch=(TrialFailure,), callbacks=[report]
+                )
+            except (
+                FailedElsewhere,
+                ValueError,
+            ):  # Optuna cannot tell a trial another worker failed: ValueError
                 if objective.failed_elsewhere is None:
                     raise
                 progress(objective.failed_elsewhere)
@@ -519,14 +659,18 @@ def _run_locked(ctx: StudyContext, journal: Journal, trials: int | None, progres
             run_until_budget(study, run_one, budget, spec.workers, deadline, progress)
         if race:
             result = race_study(ctx, study, progress)
-            for line in describe_race(result) if result else ["race: no feasible trial besides the baseline to race"]:
+            for line in (
+                describe_race(result) if result else ["race: no feasible trial besides the baseline to race"]
+            ):
                 progress(line)
     finally:
         optuna.logging.set_verbosity(verbosity)
         if lock:
             try:
                 lock.close()
-            except OSError:  # its holder line could not be flushed (a full disk): the lock is released all the same
+            except (
+                OSError
+            ):  # its holder line could not be flushed (a full disk): the lock is released all the same
                 pass
     return study
 
@@ -540,9 +684,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("study", help="study file, e.g. studies/demo.yaml")
     parser.add_argument("--trials", type=int, help="total trial budget (default: the study's budget.trials)")
-    parser.add_argument("--check", action="store_true", help="validate the study file and models, print the resolved space, run nothing")
-    parser.add_argument("--no-race", action="store_true",
-                        help="skip the finalist race at the end (the winner is then the best single recorded trial)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the study file and models, print the resolved space, run nothing",
+    )
+    parser.add_argument(
+        "--no-race",
+        action="store_true",
+        help="skip the finalist race at the end (the winner is then the best single recorded trial)",
+    )
     hostlock.add_argument(parser)
 
 
@@ -552,17 +703,33 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--trials: must be >= 1, got {args.trials}")
     if args.check:
         ctx = prepare(spec)
-        print(json.dumps({"study": spec.name, "space": ctx.space.describe(), "notes": list(ctx.space.notes),
-                          "drafts": list(ctx.drafts), "prompts": len(ctx.workload.prompts),
-                          **({"concurrency": list(spec.load_levels)} if spec.load_levels else {}),
-                          **({"constraints": {c.name: c.limit for c in spec.constraints}} if spec.constraints else {})},
-                         indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "study": spec.name,
+                    "space": ctx.space.describe(),
+                    "notes": list(ctx.space.notes),
+                    "drafts": list(ctx.drafts),
+                    "prompts": len(ctx.workload.prompts),
+                    **({"concurrency": list(spec.load_levels)} if spec.load_levels else {}),
+                    **(
+                        {"constraints": {c.name: c.limit for c in spec.constraints}}
+                        if spec.constraints
+                        else {}
+                    ),
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return 0
     try:
         study = run_study(spec, args.trials, race=not args.no_race)
     except KeyboardInterrupt:
-        print(f"tuner run: interrupted; measured trials are stored, run `tuner run {args.study}` again to resume",
-              file=sys.stderr)
+        print(
+            f"tuner run: interrupted; measured trials are stored, run `tuner run {args.study}` again to resume",
+            file=sys.stderr,
+        )
         return 130
     best = store.best_feasible(study)
     if best is None:

@@ -11,11 +11,11 @@ import argparse
 import sys
 from dataclasses import replace
 
-from tuner.storage.coordination import safe_url, tally, worker_id
-from tuner.machine import hostlock
 from tuner.errors import UserError
-from tuner.studyfile.spec import load_spec
+from tuner.machine import hostlock
+from tuner.storage.coordination import safe_url, tally, worker_id
 from tuner.study import run_study
+from tuner.studyfile.spec import load_spec
 
 
 def refuse_sqlite(url: str) -> None:
@@ -36,8 +36,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "measure each other."
     )
     parser.add_argument("study", help="study file, the same on every host, e.g. studies/demo.yaml")
-    parser.add_argument("--storage", help="the shared database, e.g. postgresql://tuner:PASSWORD@db-host:5432/tuner "
-                                          "(default: the study file's storage)")
+    parser.add_argument(
+        "--storage",
+        help="the shared database, e.g. postgresql://tuner:PASSWORD@db-host:5432/tuner "
+        "(default: the study file's storage)",
+    )
     hostlock.add_argument(parser)
 
 
@@ -49,8 +52,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         study = run_study(spec)
     except KeyboardInterrupt:
-        print("tuner worker: interrupted; this worker's trial is recorded as failed (interrupted), "
-              "the other workers go on", file=sys.stderr)
+        print(
+            "tuner worker: interrupted; this worker's trial is recorded as failed (interrupted), "
+            "the other workers go on",
+            file=sys.stderr,
+        )
         return 130
-    print(f"worker {worker_id()} done: study {spec.name} has {tally(study).counted} of {spec.budget_trials} trials")
+    print(
+        f"worker {worker_id()} done: study {spec.name} has {tally(study).counted} of {spec.budget_trials} trials"
+    )
     return 0

@@ -67,15 +67,30 @@ def bench_config(ctx: StudyContext) -> TrialConfig:
     return replace(config, threads=max(1, min(config.threads, ctx.space.physical_cores - 1)))
 
 
-def batched_bench(ctx: StudyContext, pp: int, tg: int, levels: tuple[int, ...], ctx_size: int) -> dict[int, float]:
+def batched_bench(
+    ctx: StudyContext, pp: int, tg: int, levels: tuple[int, ...], ctx_size: int
+) -> dict[int, float]:
     """One llama-batched-bench run over every level, with the server's model options and pinning."""
     config = bench_config(ctx)
     command = build_server_command(config, ctx.launch)
     pinning = [item for flag, value in command.options if flag in PINNING_FLAGS for item in (flag, value)]
     model = [item for pair in model_options(config, ctx.launch) for item in pair]
-    argv = [*command.prefix, str(bench_tool("llama-batched-bench", ctx.spec.bin_dir)), *model, *pinning,
-            "-c", str(ctx_size), "-npp", str(pp), "-ntg", str(tg), "-npl", ",".join(map(str, levels)),
-            "--output-format", "jsonl"]
+    argv = [
+        *command.prefix,
+        str(bench_tool("llama-batched-bench", ctx.spec.bin_dir)),
+        *model,
+        *pinning,
+        "-c",
+        str(ctx_size),
+        "-npp",
+        str(pp),
+        "-ntg",
+        str(tg),
+        "-npl",
+        ",".join(map(str, levels)),
+        "--output-format",
+        "jsonl",
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=ctx.settings.trial_timeout_s)
     rates = parse_batched_bench(proc.stdout)
     if proc.returncode != 0 or set(rates) != set(levels):
@@ -84,25 +99,34 @@ def batched_bench(ctx: StudyContext, pp: int, tg: int, levels: tuple[int, ...], 
     return rates
 
 
-def load_round(ctx: StudyContext, levels: tuple[int, ...], tg: int, per_client: int, ctx_size: int,
-               log_path: Path) -> tuple[dict[int, float], int]:
+def load_round(
+    ctx: StudyContext, levels: tuple[int, ...], tg: int, per_client: int, ctx_size: int, log_path: Path
+) -> tuple[dict[int, float], int]:
     """One server launch with max(levels) slots, every level in turn: (users -> aggregate tokens/s,
     the median prompt length of its requests)."""
     config = replace(bench_config(ctx), parallel=max(levels))
     launch = replace(ctx.launch, ctx_size=ctx_size)
     timeout = ctx.settings.trial_timeout_s
     prompts = ctx.workload.prompts
-    with LlamaServer(build_server_command(config, launch).argv, free_port(), log_path,
-                     ready_timeout_s=timeout, request_timeout_s=timeout) as server:
+    with LlamaServer(
+        build_server_command(config, launch).argv,
+        free_port(),
+        log_path,
+        ready_timeout_s=timeout,
+        request_timeout_s=timeout,
+    ) as server:
         server.complete(prompts[0].text, tg, 0.0, ctx.settings.seed)  # warm-up, as batched-bench warms up
-        found = {users: run_level(server, prompts, users, tg, 0.0, ctx.settings.seed, rounds=per_client)
-                 for users in levels}
+        found = {
+            users: run_level(server, prompts, users, tg, 0.0, ctx.settings.seed, rounds=per_client)
+            for users in levels
+        }
     prompt_tokens = statistics.median(r.prompt_n for level in found.values() for r in level.requests)
     return {users: level.aggregate_tokens_per_second for users, level in found.items()}, int(prompt_tokens)
 
 
-def measure_concurrency(ctx: StudyContext, levels: tuple[int, ...] = LEVELS, rounds: int = 3, tg: int = 128,
-                        per_client: int = 4) -> list[LevelComparison]:
+def measure_concurrency(
+    ctx: StudyContext, levels: tuple[int, ...] = LEVELS, rounds: int = 3, tg: int = 128, per_client: int = 4
+) -> list[LevelComparison]:
     """Alternating rounds of the load generator and batched-bench on the study's target."""
     ctx_size = max(levels) * SLOT_CTX
     log_dir = ctx.log_dir / "bench-concurrency"
@@ -110,7 +134,7 @@ def measure_concurrency(ctx: StudyContext, levels: tuple[int, ...] = LEVELS, rou
     bench: dict[int, list[float]] = {u: [] for u in levels}
     pp = 0
     for i in range(rounds):  # round 0 starts with the load: batched-bench takes the prompt length it measured
-        for side in (("load", "bench") if i % 2 == 0 else ("bench", "load")):
+        for side in ("load", "bench") if i % 2 == 0 else ("bench", "load"):
             if side == "load":
                 rates, pp = load_round(ctx, levels, tg, per_client, ctx_size, log_dir / f"round-{i}.log")
             else:
@@ -121,12 +145,29 @@ def measure_concurrency(ctx: StudyContext, levels: tuple[int, ...] = LEVELS, rou
 
 
 def to_dict(found: list[LevelComparison]) -> dict:
-    return {"levels": [{"users": c.users, "load": list(c.load), "batched_bench": list(c.bench), "ratio": c.ratio,
-                        "within": c.within} for c in found], "tolerance": TOLERANCE}
+    return {
+        "levels": [
+            {
+                "users": c.users,
+                "load": list(c.load),
+                "batched_bench": list(c.bench),
+                "ratio": c.ratio,
+                "within": c.within,
+            }
+            for c in found
+        ],
+        "tolerance": TOLERANCE,
+    }
 
 
 def markdown(found: list[LevelComparison]) -> str:
-    rows = ["| users | load generator t/s | llama-batched-bench t/s | ratio | within 10% |", "|---|---|---|---|---|"]
-    rows += [f"| {c.users} | {statistics.median(c.load):.1f} | {statistics.median(c.bench):.1f} | {c.ratio:.3f} | "
-             f"{'yes' if c.within else 'no'} |" for c in found]
+    rows = [
+        "| users | load generator t/s | llama-batched-bench t/s | ratio | within 10% |",
+        "|---|---|---|---|---|",
+    ]
+    rows += [
+        f"| {c.users} | {statistics.median(c.load):.1f} | {statistics.median(c.bench):.1f} | {c.ratio:.3f} | "
+        f"{'yes' if c.within else 'no'} |"
+        for c in found
+    ]
     return "\n".join(rows) + "\n"

@@ -29,8 +29,8 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from tuner.decisions import evidence
-from tuner.decisions.race import confirm, sequential_race, within_reach
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, allowed_launch_spread
+from tuner.decisions.race import confirm, sequential_race, within_reach
 from tuner.search.pruning import SIGMA_FLOOR, Z, paired_ratios, should_prune
 from tuner.studyfile.spec import RaceSpec
 
@@ -44,7 +44,12 @@ OLD_ROUNDS = 5
 # launch + warm-up, in passes of the workload: make demo's export raced 57 launches in 108 s where today's rules
 # took 57 s for 30 passes on 6 launches: a pass is about 1.6 s, a launch and warm-up a few tenths
 LAUNCH_COST_PASSES = 0.2
-ROUND_BUDGETS = (10, 20, 30, 40)  # race.max_rounds tried at the default host: what the wrong-deployment bar costs
+ROUND_BUDGETS = (
+    10,
+    20,
+    30,
+    40,
+)  # race.max_rounds tried at the default host: what the wrong-deployment bar costs
 TARGETS = {"coverage": 0.93, "wrong": 0.05, "pruned": 0.05, "finalist": 0.95, "cost": 2.0}
 Z_ONE_SIDED = 1.645
 
@@ -84,8 +89,14 @@ def field_of(gap: float) -> tuple[list[float], list[tuple]]:
     return mus, resources
 
 
-def new_race(mus: list[float], resources: list[tuple], launch_sigma: float, round_sigma: float,
-             rng: random.Random, spec: RaceSpec) -> tuple[int, evidence.Ratio, int, bool]:
+def new_race(
+    mus: list[float],
+    resources: list[tuple],
+    launch_sigma: float,
+    round_sigma: float,
+    rng: random.Random,
+    spec: RaceSpec,
+) -> tuple[int, evidence.Ratio, int, bool]:
     names = [f"c{i}" for i in range(len(mus))]
     index = {n: i for i, n in enumerate(names)}
 
@@ -95,8 +106,15 @@ def new_race(mus: list[float], resources: list[tuple], launch_sigma: float, roun
     def launch_round(labels: list[str], r: int) -> dict[str, float]:
         return {n: launch(n) for n in labels}
 
-    contest, outcome = sequential_race(names[:-1], names[-1], launch_round, launch,
-                                       {n: resources[index[n]] for n in names}, spec, progress=lambda _: None)
+    contest, outcome = sequential_race(
+        names[:-1],
+        names[-1],
+        launch_round,
+        launch,
+        {n: resources[index[n]] for n in names},
+        spec,
+        progress=lambda _: None,
+    )
     launches = contest.launches
     if outcome.winner == names[-1]:
         return index[outcome.winner], evidence.Ratio(1.0, 1.0, 1.0, 0), launches, outcome.decided
@@ -107,13 +125,16 @@ def new_race(mus: list[float], resources: list[tuple], launch_sigma: float, roun
 
 def bootstrap(a: list[float], b: list[float], rng: random.Random, samples: int = 400) -> tuple[float, float]:
     n = len(a)
-    ratios = sorted(statistics.median(a[i] for i in idx) / statistics.median(b[i] for i in idx)
-                    for idx in ([rng.randrange(n) for _ in range(n)] for _ in range(samples)))
+    ratios = sorted(
+        statistics.median(a[i] for i in idx) / statistics.median(b[i] for i in idx)
+        for idx in ([rng.randrange(n) for _ in range(n)] for _ in range(samples))
+    )
     return ratios[int(0.025 * samples)], ratios[min(int(0.975 * samples), samples - 1)]
 
 
-def old_race(mus: list[float], resources: list[tuple], launch_sigma: float, round_sigma: float,
-             rng: random.Random) -> tuple[int, evidence.Ratio]:
+def old_race(
+    mus: list[float], resources: list[tuple], launch_sigma: float, round_sigma: float, rng: random.Random
+) -> tuple[int, evidence.Ratio]:
     """Today's race: one launch per contender, OLD_ROUNDS passes on it, medians, bootstrap, tie rule."""
     effects = [rng.gauss(0, launch_sigma) for _ in mus]
     rates = [[noisy(mu, e, round_sigma, rng) for _ in range(OLD_ROUNDS)] for mu, e in zip(mus, effects)]
@@ -127,7 +148,9 @@ def old_race(mus: list[float], resources: list[tuple], launch_sigma: float, roun
     return winner, evidence.Ratio(medians[winner] / medians[base], s_low, s_high, OLD_ROUNDS)
 
 
-def race_cell(launch_sigma: float, round_sigma: float, gap: float, runs: int, seed: int, spec: RaceSpec) -> RaceCell:
+def race_cell(
+    launch_sigma: float, round_sigma: float, gap: float, runs: int, seed: int, spec: RaceSpec
+) -> RaceCell:
     rng = random.Random(seed)
     mus, resources = field_of(gap)
     best = max(mus[:-1])
@@ -147,9 +170,20 @@ def race_cell(launch_sigma: float, round_sigma: float, gap: float, runs: int, se
             cover[k] += ratio.low <= truth <= ratio.high
             wrong[k] += mus[w] <= best * (1 - SLOWER) + 1e-12
     n = len(mus)
-    return RaceCell(launch_sigma, round_sigma, gap, cover[0] / runs, cover[1] / runs, wrong[0] / runs,
-                    wrong[1] / runs, wrong_decided / max(runs - undecided, 1), launches / runs,
-                    float(OLD_ROUNDS * n), float(n), undecided / runs)
+    return RaceCell(
+        launch_sigma,
+        round_sigma,
+        gap,
+        cover[0] / runs,
+        cover[1] / runs,
+        wrong[0] / runs,
+        wrong[1] / runs,
+        wrong_decided / max(runs - undecided, 1),
+        launches / runs,
+        float(OLD_ROUNDS * n),
+        float(n),
+        undecided / runs,
+    )
 
 
 # ------------------------------------------------------------------ pruning
@@ -163,9 +197,17 @@ REQUEST_SIGMA = 0.04
 def trial_samples(launch_sigma: float, rng: random.Random, prompt_effect: dict[str, float]) -> list[dict]:
     """One equal configuration's trial: one launch, REPETITIONS passes over the prompts."""
     effect = rng.gauss(0, launch_sigma)
-    return [{"prompt_id": p, "suite": suite, "repetition": rep,
-             "tokens_per_second": 100 * prompt_effect[p] * math.exp(effect + rng.gauss(0, REQUEST_SIGMA))}
-            for rep in range(REPETITIONS) for suite, n in PROMPTS for p in (f"{suite}-{i}" for i in range(n))]
+    return [
+        {
+            "prompt_id": p,
+            "suite": suite,
+            "repetition": rep,
+            "tokens_per_second": 100 * prompt_effect[p] * math.exp(effect + rng.gauss(0, REQUEST_SIGMA)),
+        }
+        for rep in range(REPETITIONS)
+        for suite, n in PROMPTS
+        for p in (f"{suite}-{i}" for i in range(n))
+    ]
 
 
 def old_prune(samples: list[dict], incumbent: list[dict], launch: float) -> bool:
@@ -236,10 +278,18 @@ def finalist_cell(launch_sigma: float, round_sigma: float, runs: int, seed: int,
         hit_new += 0 in new
         top = max(range(8), key=lambda i: recorded[i][0])
         low = recorded[top][0] * (1 - 2 * recorded[top][1])
-        old = sorted((i for i in range(8) if recorded[i][0] * (1 + 2 * recorded[i][1]) >= low),
-                     key=lambda i: recorded[i][0], reverse=True)[:4]
+        old = sorted(
+            (i for i in range(8) if recorded[i][0] * (1 + 2 * recorded[i][1]) >= low),
+            key=lambda i: recorded[i][0],
+            reverse=True,
+        )[:4]
         hit_old += 0 in old
-    return {"launch_sigma": launch_sigma, "round_sigma": round_sigma, "new": hit_new / runs, "old": hit_old / runs}
+    return {
+        "launch_sigma": launch_sigma,
+        "round_sigma": round_sigma,
+        "new": hit_new / runs,
+        "old": hit_old / runs,
+    }
 
 
 # ------------------------------------------------------------------ the section
@@ -253,20 +303,39 @@ def round_budget_cells(runs: int, seed: int, spec: RaceSpec) -> list[dict]:
     for i, rounds in enumerate(ROUND_BUDGETS):
         spec_r = RaceSpec(**(asdict(spec) | {"max_rounds": rounds}))
         c = race_cell(*DEFAULT_HOST, SLOWER, runs, seed + i, spec_r)
-        cells.append({"max_rounds": rounds, "wrong": c.wrong_new, "undecided": c.undecided_new,
-                      "launches": c.launches_new, "cost_ratio": c.cost_ratio})
+        cells.append(
+            {
+                "max_rounds": rounds,
+                "wrong": c.wrong_new,
+                "undecided": c.undecided_new,
+                "launches": c.launches_new,
+                "cost_ratio": c.cost_ratio,
+            }
+        )
     return cells
 
 
 def measure_decisions(runs: int = 400, seed: int = 0, spec: RaceSpec = RaceSpec()) -> dict:
-    races = [race_cell(ls, rs, gap, runs, seed + i, spec) for i, (ls, rs, gap) in
-             enumerate((ls, rs, gap) for ls in LAUNCH_SPREADS for rs in ROUND_SPREADS for gap in GAPS)]
+    races = [
+        race_cell(ls, rs, gap, runs, seed + i, spec)
+        for i, (ls, rs, gap) in enumerate(
+            (ls, rs, gap) for ls in LAUNCH_SPREADS for rs in ROUND_SPREADS for gap in GAPS
+        )
+    ]
     prunes = [prune_cell(ls, runs, seed + 100 + i) for i, ls in enumerate(LAUNCH_SPREADS)]
-    cuts = [finalist_cell(ls, rs, runs, seed + 200 + i, spec.max_finalists)
-            for i, (ls, rs) in enumerate((ls, rs) for ls in LAUNCH_SPREADS for rs in ROUND_SPREADS)]
-    return {"runs": runs, "spec": asdict(spec), "races": [asdict(c) | {"cost_ratio": c.cost_ratio} for c in races],
-            "pruning": prunes, "finalists": cuts, "round_budgets": round_budget_cells(runs, seed + 300, spec),
-            "verdicts": verdicts(races, prunes, cuts)}
+    cuts = [
+        finalist_cell(ls, rs, runs, seed + 200 + i, spec.max_finalists)
+        for i, (ls, rs) in enumerate((ls, rs) for ls in LAUNCH_SPREADS for rs in ROUND_SPREADS)
+    ]
+    return {
+        "runs": runs,
+        "spec": asdict(spec),
+        "races": [asdict(c) | {"cost_ratio": c.cost_ratio} for c in races],
+        "pruning": prunes,
+        "finalists": cuts,
+        "round_budgets": round_budget_cells(runs, seed + 300, spec),
+        "verdicts": verdicts(races, prunes, cuts),
+    }
 
 
 def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dict:
@@ -274,59 +343,106 @@ def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dic
     at_default = [c for c in races if (c.launch_sigma, c.round_sigma) == DEFAULT_HOST]
     prune_default = next(p for p in prunes if p["launch_sigma"] == DEFAULT_HOST[0])
     cut_default = next(c for c in cuts if (c["launch_sigma"], c["round_sigma"]) == DEFAULT_HOST)
-    figures = {"coverage": min(c.coverage_new for c in at_default),
-               "wrong": max(c.wrong_decided_new for c in at_default),
-               "pruned": prune_default["new_one"], "finalist": cut_default["new"],
-               "cost": max(c.cost_ratio for c in at_default)}
-    return {k: {"figure": v, "target": TARGETS[k],
-                "met": v >= TARGETS[k] if k in ("coverage", "finalist") else v <= TARGETS[k]} for k, v in figures.items()}
+    figures = {
+        "coverage": min(c.coverage_new for c in at_default),
+        "wrong": max(c.wrong_decided_new for c in at_default),
+        "pruned": prune_default["new_one"],
+        "finalist": cut_default["new"],
+        "cost": max(c.cost_ratio for c in at_default),
+    }
+    return {
+        k: {
+            "figure": v,
+            "target": TARGETS[k],
+            "met": v >= TARGETS[k] if k in ("coverage", "finalist") else v <= TARGETS[k],
+        }
+        for k, v in figures.items()
+    }
 
 
 def markdown(result: dict) -> str:
     pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
-    lines = [f"Simulated host, {result['runs']} runs per cell; the product's race, finalist and pruning code "
-             f"against today's rules (new / old). Finalists: the best, one GAP slower with fewer threads, two at "
-             f"92% and 88%, the baseline at 60%; {pct(OUTLIER_P)} of launches are outliers at a tenth of the rate.", "",
-             "| launch spread | round spread | gap | coverage of the printed 95% interval | deployed >= 3% slower | "
-             "of which when decided (new) | undecided (new) | launches per race (new) | old: launches + passes | "
-             "modelled time new/old |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Simulated host, {result['runs']} runs per cell; the product's race, finalist and pruning code "
+        f"against today's rules (new / old). Finalists: the best, one GAP slower with fewer threads, two at "
+        f"92% and 88%, the baseline at 60%; {pct(OUTLIER_P)} of launches are outliers at a tenth of the rate.",
+        "",
+        "| launch spread | round spread | gap | coverage of the printed 95% interval | deployed >= 3% slower | "
+        "of which when decided (new) | undecided (new) | launches per race (new) | old: launches + passes | "
+        "modelled time new/old |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in result["races"]:
-        lines.append(f"| {pct(c['launch_sigma'])} | {pct(c['round_sigma'])} | {pct(c['gap'])} | "
-                     f"{pct(c['coverage_new'])} / {pct(c['coverage_old'])} | {pct(c['wrong_new'])} / "
-                     f"{pct(c['wrong_old'])} | {pct(c['wrong_decided_new'])} | {pct(c['undecided_new'])} | "
-                     f"{c['launches_new']:.1f} | "
-                     f"{c['launches_old']:.0f} + {c['passes_old']:.0f} | {c['cost_ratio']:.2f} |")
-    lines += ["", "Pruning an equal configuration (12 prompts x 3 passes, one launch each; the launch spread as three "
-              "sentinels measure it), new / old:", "",
-              "| launch spread | against one equal trial | against the best of 5 equal trials | new, before 3 sentinels "
-              "(prior 5%) |", "|---|---|---|---|"]
+        lines.append(
+            f"| {pct(c['launch_sigma'])} | {pct(c['round_sigma'])} | {pct(c['gap'])} | "
+            f"{pct(c['coverage_new'])} / {pct(c['coverage_old'])} | {pct(c['wrong_new'])} / "
+            f"{pct(c['wrong_old'])} | {pct(c['wrong_decided_new'])} | {pct(c['undecided_new'])} | "
+            f"{c['launches_new']:.1f} | "
+            f"{c['launches_old']:.0f} + {c['passes_old']:.0f} | {c['cost_ratio']:.2f} |"
+        )
+    lines += [
+        "",
+        "Pruning an equal configuration (12 prompts x 3 passes, one launch each; the launch spread as three "
+        "sentinels measure it), new / old:",
+        "",
+        "| launch spread | against one equal trial | against the best of 5 equal trials | new, before 3 sentinels "
+        "(prior 5%) |",
+        "|---|---|---|---|",
+    ]
     for p in result["pruning"]:
-        lines.append(f"| {pct(p['launch_sigma'])} | {pct(p['new_one'])} / {pct(p['old_one'])} | "
-                     f"{pct(p['new_best5'])} / {pct(p['old_best5'])} | {pct(p['new_prior'])} |")
-    lines += ["", "The true best among the finalists (8 configurations within 10%, each recorded in one launch), "
-              "new / old:", "", "| launch spread | round spread | true best a finalist |", "|---|---|---|"]
+        lines.append(
+            f"| {pct(p['launch_sigma'])} | {pct(p['new_one'])} / {pct(p['old_one'])} | "
+            f"{pct(p['new_best5'])} / {pct(p['old_best5'])} | {pct(p['new_prior'])} |"
+        )
+    lines += [
+        "",
+        "The true best among the finalists (8 configurations within 10%, each recorded in one launch), "
+        "new / old:",
+        "",
+        "| launch spread | round spread | true best a finalist |",
+        "|---|---|---|",
+    ]
     for c in result["finalists"]:
-        lines.append(f"| {pct(c['launch_sigma'])} | {pct(c['round_sigma'])} | {pct(c['new'])} / {pct(c['old'])} |")
-    lines += ["", f"Targets at the default host (launch spread {pct(DEFAULT_HOST[0])}, round spread "
-              f"{pct(DEFAULT_HOST[1])}, every gap):"]
-    names = {"coverage": "coverage >=", "wrong": "wrong deployment when the race says it decided <=",
-             "pruned": "equal configuration pruned <=",
-             "finalist": "true best a finalist >=", "cost": "race time vs today's <="}
+        lines.append(
+            f"| {pct(c['launch_sigma'])} | {pct(c['round_sigma'])} | {pct(c['new'])} / {pct(c['old'])} |"
+        )
+    lines += [
+        "",
+        f"Targets at the default host (launch spread {pct(DEFAULT_HOST[0])}, round spread "
+        f"{pct(DEFAULT_HOST[1])}, every gap):",
+    ]
+    names = {
+        "coverage": "coverage >=",
+        "wrong": "wrong deployment when the race says it decided <=",
+        "pruned": "equal configuration pruned <=",
+        "finalist": "true best a finalist >=",
+        "cost": "race time vs today's <=",
+    }
     for k, v in result["verdicts"].items():
         figure = f"{v['figure']:.2f}x" if k == "cost" else pct(v["figure"])
         target = f"{v['target']:.1f}x" if k == "cost" else pct(v["target"])
         lines.append(f"- {names[k]} {target}: {figure}: {'met' if v['met'] else 'MISSED'}")
-    overall = max(c["wrong_new"] for c in result["races"] if (c["launch_sigma"], c["round_sigma"]) == DEFAULT_HOST)
+    overall = max(
+        c["wrong_new"] for c in result["races"] if (c["launch_sigma"], c["round_sigma"]) == DEFAULT_HOST
+    )
     sigma = math.sqrt(2 * (DEFAULT_HOST[0] ** 2 + DEFAULT_HOST[1] ** 2))
-    lines.append(f"- wrong deployment over all races at the default host, undecided ones included (they deploy the "
-                 f"higher estimate and say so): {pct(overall)}; no target is claimed here: telling 3% apart at 5% "
-                 f"takes about (z x {pct(sigma)} / 3%)^2 = {(Z_ONE_SIDED * sigma / SLOWER) ** 2:.0f} paired rounds, "
-                 f"more than race.max_rounds ({result['spec']['max_rounds']})")
-    lines += ["", f"What that bar costs: the same race at the default host and a {pct(SLOWER)} gap with a larger "
-              "race.max_rounds (all races, undecided ones included):", "",
-              "| race.max_rounds | deployed >= 3% slower | undecided | launches per race | modelled time new/old |",
-              "|---|---|---|---|---|"]
+    lines.append(
+        f"- wrong deployment over all races at the default host, undecided ones included (they deploy the "
+        f"higher estimate and say so): {pct(overall)}; no target is claimed here: telling 3% apart at 5% "
+        f"takes about (z x {pct(sigma)} / 3%)^2 = {(Z_ONE_SIDED * sigma / SLOWER) ** 2:.0f} paired rounds, "
+        f"more than race.max_rounds ({result['spec']['max_rounds']})"
+    )
+    lines += [
+        "",
+        f"What that bar costs: the same race at the default host and a {pct(SLOWER)} gap with a larger "
+        "race.max_rounds (all races, undecided ones included):",
+        "",
+        "| race.max_rounds | deployed >= 3% slower | undecided | launches per race | modelled time new/old |",
+        "|---|---|---|---|---|",
+    ]
     for c in result["round_budgets"]:
-        lines.append(f"| {c['max_rounds']} | {pct(c['wrong'])} | {pct(c['undecided'])} | {c['launches']:.1f} | "
-                     f"{c['cost_ratio']:.2f} |")
+        lines.append(
+            f"| {c['max_rounds']} | {pct(c['wrong'])} | {pct(c['undecided'])} | {c['launches']:.1f} | "
+            f"{c['cost_ratio']:.2f} |"
+        )
     return "\n".join(lines) + "\n"

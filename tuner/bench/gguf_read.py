@@ -43,7 +43,9 @@ def benchmark(paths: Sequence[Path], *, repeats: int = 5, reference_repeats: int
                 first = _child("tuner", path, cache_home)
                 again = _child("tuner", path, cache_home)
             if again["parsed"]:
-                raise UserError(f"{path}: modified in the last seconds, which the cache never keeps; run again")
+                raise UserError(
+                    f"{path}: modified in the last seconds, which the cache never keeps; run again"
+                )
             cold.append(first["read_s"])
             cached.append(again["read_s"])
             memo.extend((first["again_s"], again["again_s"]))
@@ -59,22 +61,33 @@ def benchmark(paths: Sequence[Path], *, repeats: int = 5, reference_repeats: int
         row["cold_speedup"] = row["reference_s"]["median"] / row["cold_s"]["median"]
         row["met"] = row["cold_s"]["median"] < COLD_TARGET_S and row["cached_s"]["median"] < CACHED_TARGET_S
         files.append(row)
-    return {"repeats": repeats, "reference_repeats": reference_repeats,
-            "targets": {"cold_s": COLD_TARGET_S, "cached_s": CACHED_TARGET_S}, "files": files}
+    return {
+        "repeats": repeats,
+        "reference_repeats": reference_repeats,
+        "targets": {"cold_s": COLD_TARGET_S, "cached_s": CACHED_TARGET_S},
+        "files": files,
+    }
 
 
 def markdown(result: dict) -> str:
-    lines = ["| model | tokens | gguf full parse | tuner cold | tuner cached (new process) | same process | cold speedup | target |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | tokens | gguf full parse | tuner cold | tuner cached (new process) | same process | cold speedup | target |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for f in result["files"]:
         lines.append(
             f"| {Path(f['path']).name} ({f['file_size_bytes'] / 2**20:.0f} MiB) | {f['vocab_size']} "
             f"| {f['reference_s']['median']:.2f} s | {f['cold_s']['median'] * 1000:.0f} ms "
             f"| {f['cached_s']['median'] * 1000:.1f} ms | {f['same_process_s']['median'] * 1e6:.0f} µs "
-            f"| {f['cold_speedup']:.0f}x | {'met' if f['met'] else 'MISSED'} |")
-    lines += ["", f"Medians over {result['repeats']} fresh processes ({result['reference_repeats']} for gguf's full "
-              f"parse: GGUFReader and every token text as a Python string, the tuner's reader before). Targets: "
-              f"cold under {COLD_TARGET_S:g} s, cached under {CACHED_TARGET_S * 1000:g} ms.", ""]
+            f"| {f['cold_speedup']:.0f}x | {'met' if f['met'] else 'MISSED'} |"
+        )
+    lines += [
+        "",
+        f"Medians over {result['repeats']} fresh processes ({result['reference_repeats']} for gguf's full "
+        f"parse: GGUFReader and every token text as a Python string, the tuner's reader before). Targets: "
+        f"cold under {COLD_TARGET_S:g} s, cached under {CACHED_TARGET_S * 1000:g} ms.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -97,8 +110,12 @@ def _summary(samples: list[float]) -> dict:
 
 def _child(mode: str, path: Path, cache_home: str | None = None) -> dict:
     env = {**os.environ, **({"XDG_CACHE_HOME": cache_home} if cache_home else {})}
-    proc = subprocess.run([sys.executable, "-m", "tuner.bench.gguf_read", mode, str(path)],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner.bench.gguf_read", mode, str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise UserError(f"{path}: the {mode} read failed ({last})")
@@ -128,8 +145,12 @@ def _read_tuner(path: Path) -> dict:
     info = read_model_info(path)
     middle = time.perf_counter()
     read_model_info(path)
-    return {"read_s": middle - start, "again_s": time.perf_counter() - middle,
-            "parsed": len(parsed), "vocab_size": info.vocab_size}
+    return {
+        "read_s": middle - start,
+        "again_s": time.perf_counter() - middle,
+        "parsed": len(parsed),
+        "vocab_size": info.vocab_size,
+    }
 
 
 if __name__ == "__main__":  # one sample, in the fresh process `_child` starts

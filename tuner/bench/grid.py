@@ -27,20 +27,19 @@ from typing import Any, Callable
 import optuna
 import pandas as pd
 
-from tuner.machine import hostlock
 from tuner.bench.table import RESULT_COLUMNS
+from tuner.context import StudyContext, prepare
 from tuner.errors import UserError
-from tuner.search.knobs import NAMES as KNOBS
+from tuner.machine import hostlock
 from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import outputs_by_prompt, run_workload, score_trial
-from tuner.paths import reports_dir
 from tuner.measurement.quality import output_quality
 from tuner.measurement.runner import LlamaServer, free_port
+from tuner.paths import reports_dir
+from tuner.search.knobs import NAMES as KNOBS
 from tuner.search.space import Choices, ResolvedSpace, TrialConfig, baseline_config, suggest
 from tuner.studyfile.spec import load_spec
-from tuner.context import StudyContext, prepare
-
 
 
 def grid_configs(space: ResolvedSpace, where: str = "search_space") -> list[TrialConfig]:
@@ -48,9 +47,13 @@ def grid_configs(space: ResolvedSpace, where: str = "search_space") -> list[Tria
     ranges = [name for name, d in space.domains.items() if not isinstance(d, Choices)]
     if ranges:
         name = ranges[0]
-        raise UserError(f"{where}.{name}: is a range ({type(space.domains[name]).__name__}); a grid needs "
-                        f"explicit choices: list them in the study's search_space.overrides, e.g. {name}: [1, 2]")
-    names = sorted(space.domains, key=lambda n: (n == "temperature", KNOBS.index(n) if n in KNOBS else len(KNOBS)))
+        raise UserError(
+            f"{where}.{name}: is a range ({type(space.domains[name]).__name__}); a grid needs "
+            f"explicit choices: list them in the study's search_space.overrides, e.g. {name}: [1, 2]"
+        )
+    names = sorted(
+        space.domains, key=lambda n: (n == "temperature", KNOBS.index(n) if n in KNOBS else len(KNOBS))
+    )
     configs = {}
     for values in itertools.product(*(space.domains[n].values for n in names)):
         config = suggest(optuna.trial.FixedTrial(dict(zip(names, values))), space)
@@ -92,8 +95,10 @@ class GridRecorder:
 
     def __init__(self, ctx: StudyContext, jsonl: Path, progress: Callable[[str], None] = print):
         if ctx.spec.quality.scorer == "perplexity":
-            raise UserError(f"{ctx.spec.path}: quality.scorer: record-grid scores agreement or answers; "
-                            "perplexity needs a llama-perplexity run per expert count, use `tuner run` for it")
+            raise UserError(
+                f"{ctx.spec.path}: quality.scorer: record-grid scores agreement or answers; "
+                "perplexity needs a llama-perplexity run per expert count, use `tuner run` for it"
+            )
         self.ctx = ctx
         self.jsonl = jsonl
         jsonl.parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +112,9 @@ class GridRecorder:
             "repetitions": ctx.settings.repetitions,
         }
         self.done = self._resume()
-        self.reference = json.loads(self.reference_path.read_text()) if self.reference_path.is_file() else None
+        self.reference = (
+            json.loads(self.reference_path.read_text()) if self.reference_path.is_file() else None
+        )
 
     def _resume(self) -> dict[str, dict]:
         """Rows already recorded (the last per configuration), except failures that may not recur
@@ -119,11 +126,16 @@ class GridRecorder:
         for row in rows:
             other = {k: row.get(k) for k in self.provenance if row.get(k) != self.provenance[k]}
             if other:
-                raise UserError(f"{self.jsonl}: recorded with {other}, not {({k: self.provenance[k] for k in other})}; "
-                                "rows would not be comparable: delete it or pass another --out")
+                raise UserError(
+                    f"{self.jsonl}: recorded with {other}, not { ({k: self.provenance[k] for k in other}) }; "
+                    "rows would not be comparable: delete it or pass another --out"
+                )
         latest = {config_key({k: row[k] for k in KNOBS if row.get(k) is not None}): row for row in rows}
-        return {key: row for key, row in latest.items()
-                if row["status"] == "ok" or FailureReason(row["status"]) in PERMANENT}
+        return {
+            key: row
+            for key, row in latest.items()
+            if row["status"] == "ok" or FailureReason(row["status"]) in PERMANENT
+        }
 
     def record(self, launches: list[Launch]) -> list[dict]:
         total = sum(len(launch.configs) for launch in launches)
@@ -137,11 +149,18 @@ class GridRecorder:
                 pending = self._launch(number, launch, pending, total)
         return list(self.done.values())
 
-    def _launch(self, number: int, launch: Launch, pending: list[TrialConfig], total: int) -> list[TrialConfig]:
+    def _launch(
+        self, number: int, launch: Launch, pending: list[TrialConfig], total: int
+    ) -> list[TrialConfig]:
         """One server for the pending configurations; returns those left after a failure."""
         timeout = self.ctx.spec.measurement.trial_timeout_s
-        server = LlamaServer(list(launch.argv), free_port(), self.ctx.log_dir / f"grid-{number}.log",
-                             ready_timeout_s=timeout, request_timeout_s=timeout)
+        server = LlamaServer(
+            list(launch.argv),
+            free_port(),
+            self.ctx.log_dir / f"grid-{number}.log",
+            ready_timeout_s=timeout,
+            request_timeout_s=timeout,
+        )
         started = time.monotonic()
         try:
             with server:
@@ -171,14 +190,24 @@ class GridRecorder:
         started = time.monotonic()
         samples = run_workload(server, ctx.workload, ctx.settings, config.temperature)
         measure_s = time.monotonic() - started
-        scores = score_trial(samples, ctx.settings, config.speculative, config.spec_type,
-                             server.speculation_log_problem(), server.log_tail())
+        scores = score_trial(
+            samples,
+            ctx.settings,
+            config.speculative,
+            config.spec_type,
+            server.speculation_log_problem(),
+            server.log_tail(),
+        )
         outputs = outputs_by_prompt(samples)
         if self.reference is None:
             if config != baseline_config(ctx.space):
-                raise UserError("record-grid: the baseline must be measured first; delete the table and record again")
-            self.reference = {"tokens": {pid: list(s.tokens) for pid, s in outputs.items()},
-                              "tokens_per_second": scores.tokens_per_second}
+                raise UserError(
+                    "record-grid: the baseline must be measured first; delete the table and record again"
+                )
+            self.reference = {
+                "tokens": {pid: list(s.tokens) for pid, s in outputs.items()},
+                "tokens_per_second": scores.tokens_per_second,
+            }
             self.reference_path.write_text(json.dumps(self.reference) + "\n")
         quality = output_quality(ctx.spec.quality.scorer, outputs, ctx.workload, self.reference["tokens"])
         floor = ctx.spec.quality.floor
@@ -200,11 +229,18 @@ class GridRecorder:
 
     def _failed(self, config: TrialConfig, failure: TrialFailure) -> dict[str, Any]:
         if self.reference is None:
-            raise UserError(f"record-grid: the baseline failed ({failure}); fix it before recording "
-                            f"(logs in {self.ctx.log_dir})")
+            raise UserError(
+                f"record-grid: the baseline failed ({failure}); fix it before recording "
+                f"(logs in {self.ctx.log_dir})"
+            )
         self.progress(f"[{len(self.done) + 1}] FAILED {failure.reason.value}: {config_key(config)}")
-        return {**asdict(config), "status": failure.reason.value, "failure_detail": failure.detail,
-                "feasible": False, **self.provenance}
+        return {
+            **asdict(config),
+            "status": failure.reason.value,
+            "failure_detail": failure.detail,
+            "feasible": False,
+            **self.provenance,
+        }
 
     def _write(self, row: dict[str, Any]) -> None:
         with open(self.jsonl, "a") as fh:
@@ -215,8 +251,10 @@ class GridRecorder:
 
 def _describe(row: dict) -> str:
     knobs = " ".join(f"{k}={row[k]}" for k in KNOBS if row.get(k) is not None)
-    return (f"{row['tokens_per_second']:.1f} t/s (cv {row['cv']:.0%}), acceptance {row['acceptance']:.2f}, "
-            f"quality {row['quality']:.3f} | {knobs}")
+    return (
+        f"{row['tokens_per_second']:.1f} t/s (cv {row['cv']:.0%}), acceptance {row['acceptance']:.2f}, "
+        f"quality {row['quality']:.3f} | {knobs}"
+    )
 
 
 def write_table(rows: list[dict], csv: Path) -> pd.DataFrame:
@@ -229,7 +267,9 @@ def write_table(rows: list[dict], csv: Path) -> pd.DataFrame:
     return frame
 
 
-def record_grid(study_file: str | Path, out: Path | None = None, progress: Callable[[str], None] = print) -> Path:
+def record_grid(
+    study_file: str | Path, out: Path | None = None, progress: Callable[[str], None] = print
+) -> Path:
     """Record (or resume) the study's grid; returns the CSV table."""
     spec = load_spec(study_file)
     ctx = prepare(spec)
@@ -238,8 +278,10 @@ def record_grid(study_file: str | Path, out: Path | None = None, progress: Calla
     recorder = GridRecorder(ctx, csv.with_suffix(".jsonl"), progress)
     launches = plan(ctx, configs)
     todo = sum(config_key(c) not in recorder.done for launch in launches for c in launch.configs)
-    progress(f"grid {spec.name}: {sum(len(launch.configs) for launch in launches)} configurations in "
-             f"{len(launches)} launch(es), {todo} to measure; rows in {recorder.jsonl}")
+    progress(
+        f"grid {spec.name}: {sum(len(launch.configs) for launch in launches)} configurations in "
+        f"{len(launches)} launch(es), {todo} to measure; rows in {recorder.jsonl}"
+    )
     with hostlock.measuring(spec.name, progress=progress):  # one measurement per host
         rows = recorder.record(launches)
     write_table(rows, csv)
@@ -254,7 +296,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "`tuner bench-search`."
     )
     parser.add_argument("study", help="study file, e.g. studies/bench-grid.yaml")
-    parser.add_argument("--out", type=Path, help="CSV table (default: reports/bench/grid-NAME.csv; rows in .jsonl beside it)")
+    parser.add_argument(
+        "--out", type=Path, help="CSV table (default: reports/bench/grid-NAME.csv; rows in .jsonl beside it)"
+    )
     hostlock.add_argument(parser)
 
 

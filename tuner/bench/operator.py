@@ -30,19 +30,23 @@ import numpy as np
 import optuna
 from joblib import Parallel, delayed
 
-from tuner.storage import store
 from tuner.bench.operator_landscapes import LANDSCAPES, REPETITIONS, OperatorLandscape, landscapes
-from tuner.storage.records import Failure, Metrics, TrialRecord
 from tuner.search.prior import find_prior
 from tuner.search.pruning import prunes_on, should_prune
 from tuner.search.space import baseline_config, enqueue_params, suggest
+from tuner.storage import store
+from tuner.storage.records import Failure, Metrics, TrialRecord
 
 STRATEGIES = ("default", "warm", "today", "tpe", "random")
 # The earlier study a ``warm`` replay follows in the same storage, on the same host: the same target on another
 # workload (its hardware carries over), the same target and workload again (a re-tune after an upgrade: its
 # winner too), another model (its hardware). ``dense-moved`` is another host: nothing to reuse.
-WARM_FROM = {"dense-code": "dense-prose", "dense-prose": "dense-prose", "moe-lookup": "dense-code",
-             "dense-stack": "dense-code"}
+WARM_FROM = {
+    "dense-code": "dense-prose",
+    "dense-prose": "dense-prose",
+    "moe-lookup": "dense-code",
+    "dense-stack": "dense-code",
+}
 TOLERANCE = 0.03
 CHECKPOINTS = (10, 20, 40)
 
@@ -79,7 +83,9 @@ class Objective:
     def __init__(self, land: OperatorLandscape, rng: np.random.Generator, prune: bool):
         self.land, self.rng, self.prune = land, rng, prune
         self.log: list[TrialLog] = []
-        self.incumbent: tuple[float, list[dict]] | None = None  # measured tps and samples of the best feasible trial
+        self.incumbent: tuple[float, list[dict]] | None = (
+            None  # measured tps and samples of the best feasible trial
+        )
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
         land = self.land
@@ -99,16 +105,30 @@ class Objective:
             self.log.append(TrialLog(config.as_dict(), state, true, m.seconds, stage or role, reason or ""))
 
         if not out.ok:
-            store.write_trial_record(trial, replace(base, state="FAIL", failure=Failure(out.failure, "simulated")))
+            store.write_trial_record(
+                trial, replace(base, state="FAIL", failure=Failure(out.failure, "simulated"))
+            )
             log("failed")
             raise Failed(out.failure)
         constraint = land.quality_floor - out.quality
-        samples = tuple({k: s[k] for k in ("prompt_id", "suite", "repetition", "tokens_per_second")} for s in m.samples)
+        samples = tuple(
+            {k: s[k] for k in ("prompt_id", "suite", "repetition", "tokens_per_second")} for s in m.samples
+        )
         metrics = Metrics(m.tokens_per_second, m.acceptance, out.quality, 1.0)
         trial.set_constraint("quality_floor", constraint)
-        load = () if m.aggregate is None else ({"users": land.serving.users, "aggregate_tokens_per_second": m.aggregate},)
-        record = replace(base, state="PRUNED" if m.stopped else "COMPLETE", metrics=metrics, samples=samples,
-                         constraint=constraint, load=load)
+        load = (
+            ()
+            if m.aggregate is None
+            else ({"users": land.serving.users, "aggregate_tokens_per_second": m.aggregate},)
+        )
+        record = replace(
+            base,
+            state="PRUNED" if m.stopped else "COMPLETE",
+            metrics=metrics,
+            samples=samples,
+            constraint=constraint,
+            load=load,
+        )
         store.write_trial_record(trial, record)
         if m.stopped:
             log("pruned")
@@ -119,25 +139,42 @@ class Objective:
         return tuple(record.objective(o) for o in land.objectives)
 
 
-def replay(land: OperatorLandscape, strategy: str, seed: int, budget: int, prune: bool,
-           earlier: OperatorLandscape | None = None) -> list[TrialLog]:
+def replay(
+    land: OperatorLandscape,
+    strategy: str,
+    seed: int,
+    budget: int,
+    prune: bool,
+    earlier: OperatorLandscape | None = None,
+) -> list[TrialLog]:
     """What one strategy tried, in order, with each trial's cost. ``warm`` is the default after a
     study of ``earlier`` in the same storage; that study's trials are not counted."""
     storage = optuna.storages.InMemoryStorage()
     if strategy == "warm":
-        run_study(replace(earlier, name=f"{earlier.name} (earlier)"), "default", seed + 1000, budget, prune, storage)
+        run_study(
+            replace(earlier, name=f"{earlier.name} (earlier)"), "default", seed + 1000, budget, prune, storage
+        )
     return run_study(land, strategy, seed, budget, prune, storage)[1]
 
 
-def run_study(land: OperatorLandscape, strategy: str, seed: int, budget: int, prune: bool,
-              storage: optuna.storages.BaseStorage | None = None) -> tuple[optuna.Study, list[TrialLog]]:
+def run_study(
+    land: OperatorLandscape,
+    strategy: str,
+    seed: int,
+    budget: int,
+    prune: bool,
+    storage: optuna.storages.BaseStorage | None = None,
+) -> tuple[optuna.Study, list[TrialLog]]:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = storage or optuna.storages.InMemoryStorage()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", (FutureWarning, UserWarning, optuna.exceptions.ExperimentalWarning))
-        study = optuna.create_study(study_name=land.name, storage=storage,
-                                    directions=["maximize"] * len(land.objectives),
-                                    sampler=make_sampler(strategy, seed, budget))
+        study = optuna.create_study(
+            study_name=land.name,
+            storage=storage,
+            directions=["maximize"] * len(land.objectives),
+            sampler=make_sampler(strategy, seed, budget),
+        )
         record = land.study_record(land.objectives)
         store.write_study_record(study, record)
         prior = find_prior(storage, record, land.space) if strategy in ("default", "warm") else None
@@ -158,8 +195,13 @@ def scores(land: OperatorLandscape, log: list[TrialLog], tolerance: float) -> di
         curve.append(1.0 - found / best)
         if hit is None and curve[-1] <= tolerance:
             hit, hit_s = t, spent
-    return {"curve": curve, "trials": hit, "seconds": hit_s, "pruned": sum(e.state == "pruned" for e in log),
-            "total_seconds": spent}
+    return {
+        "curve": curve,
+        "trials": hit,
+        "seconds": hit_s,
+        "pruned": sum(e.state == "pruned" for e in log),
+        "total_seconds": spent,
+    }
 
 
 def _median(values: list) -> float | None:
@@ -168,32 +210,55 @@ def _median(values: list) -> float | None:
     return None if math.isinf(m) else m
 
 
-def run_landscape(land: OperatorLandscape, strategies: tuple[str, ...], seeds: int, budgets: dict[str, int],
-                  tolerance: float, jobs: int, prune_modes: tuple[bool, ...] = (False, True),
-                  earlier: OperatorLandscape | None = None) -> dict:
+def run_landscape(
+    land: OperatorLandscape,
+    strategies: tuple[str, ...],
+    seeds: int,
+    budgets: dict[str, int],
+    tolerance: float,
+    jobs: int,
+    prune_modes: tuple[bool, ...] = (False, True),
+    earlier: OperatorLandscape | None = None,
+) -> dict:
     land.optimum  # noqa: B018  (computed once, before the workers copy the landscape)
     # pruning is measured on the default only: the others are there for their trial counts
     if earlier is None:
         strategies = tuple(s for s in strategies if s != "warm")
     modes = {s: (prune_modes if s == "default" else (False,)) for s in strategies}
     runs = [(s, seed, p) for s in strategies for p in modes[s] for seed in range(seeds)]
-    logs = Parallel(n_jobs=jobs)(delayed(replay)(land, s, seed, budgets.get(s, 40), p, earlier)
-                                 for s, seed, p in runs)
-    result = {"configurations": land.size, "optimum": land.optimum[0], "best_config": land.optimum[1].as_dict(),
-              "best_family": land.optimum[1].family, "description": land.description, "strategies": {}}
+    logs = Parallel(n_jobs=jobs)(
+        delayed(replay)(land, s, seed, budgets.get(s, 40), p, earlier) for s, seed, p in runs
+    )
+    result = {
+        "configurations": land.size,
+        "optimum": land.optimum[0],
+        "best_config": land.optimum[1].as_dict(),
+        "best_family": land.optimum[1].family,
+        "description": land.description,
+        "strategies": {},
+    }
     for strategy in strategies:
         row = {}
         for p in modes[strategy]:
-            sc = [scores(land, log, tolerance) for (s, _, pp), log in zip(runs, logs) if s == strategy and pp == p]
+            sc = [
+                scores(land, log, tolerance)
+                for (s, _, pp), log in zip(runs, logs)
+                if s == strategy and pp == p
+            ]
             budget = budgets.get(strategy, 40)
             row["pruned" if p else "full"] = {
                 "trials_to_target": [x["trials"] for x in sc],
                 "median_trials": _median([x["trials"] for x in sc]),
                 "reached": sum(x["trials"] is not None for x in sc),
                 "reached_by_40": sum(x["trials"] is not None and x["trials"] <= 40 for x in sc),
-                "worst_trials": None if any(x["trials"] is None for x in sc) else max(x["trials"] for x in sc),
-                "regret_at": {n: float(np.median([x["curve"][min(n, len(x["curve"])) - 1] for x in sc]))
-                              for n in CHECKPOINTS if n <= budget},
+                "worst_trials": None
+                if any(x["trials"] is None for x in sc)
+                else max(x["trials"] for x in sc),
+                "regret_at": {
+                    n: float(np.median([x["curve"][min(n, len(x["curve"])) - 1] for x in sc]))
+                    for n in CHECKPOINTS
+                    if n <= budget
+                },
                 "median_seconds": _median([x["seconds"] for x in sc]),
                 "pruned_trials": float(np.mean([x["pruned"] for x in sc])),
             }
@@ -201,17 +266,33 @@ def run_landscape(land: OperatorLandscape, strategies: tuple[str, ...], seeds: i
     return result
 
 
-def benchmark(names: tuple[str, ...] = LANDSCAPES, strategies: tuple[str, ...] = STRATEGIES, seeds: int = 20,
-              budget: int = 40, baseline_budget: int = 100, tolerance: float = TOLERANCE, jobs: int = 1,
-              prune_modes: tuple[bool, ...] = (False, True), lands: dict | None = None) -> dict:
+def benchmark(
+    names: tuple[str, ...] = LANDSCAPES,
+    strategies: tuple[str, ...] = STRATEGIES,
+    seeds: int = 20,
+    budget: int = 40,
+    baseline_budget: int = 100,
+    tolerance: float = TOLERANCE,
+    jobs: int = 1,
+    prune_modes: tuple[bool, ...] = (False, True),
+    lands: dict | None = None,
+) -> dict:
     """Every strategy on every landscape over ``seeds`` seeds; the default with ``budget`` trials,
     the others with ``baseline_budget`` (they need more to be measured at all)."""
     lands = lands or landscapes()
     budgets = {s: (budget if s in ("default", "warm") else baseline_budget) for s in strategies}
     result = {"seeds": seeds, "tolerance": tolerance, "budgets": budgets, "landscapes": {}}
     for name in names:
-        result["landscapes"][name] = run_landscape(lands[name], strategies, seeds, budgets, tolerance, jobs, prune_modes,
-                                                   earlier=lands.get(WARM_FROM.get(name, "")))
+        result["landscapes"][name] = run_landscape(
+            lands[name],
+            strategies,
+            seeds,
+            budgets,
+            tolerance,
+            jobs,
+            prune_modes,
+            earlier=lands.get(WARM_FROM.get(name, "")),
+        )
     result["targets"] = targets(result)
     return result
 
@@ -232,8 +313,12 @@ def targets(result: dict) -> dict:
             "all_by_40": d["reached_by_40"] == result["seeds"],
             "over_tpe": ratio,
             "tpe_censored": bool(tpe) and tpe["median_trials"] is None,  # TPE missed in most seeds: a bound
-            "met": (d["median_trials"] is not None and d["median_trials"] <= 20 and d["reached_by_40"] == result["seeds"]
-                    and (ratio is None or ratio <= 1 / 3)),
+            "met": (
+                d["median_trials"] is not None
+                and d["median_trials"] <= 20
+                and d["reached_by_40"] == result["seeds"]
+                and (ratio is None or ratio <= 1 / 3)
+            ),
         }
     return out
 
@@ -254,14 +339,19 @@ def _trials(r: dict | None) -> tuple[str, str]:
 def summary(result: dict) -> list[str]:
     """One row per landscape: what wins it and the default's trials to the tolerance (median, worst seed)."""
     tol = f"{result['tolerance']:.0%}"
-    lines = [f"| landscape | configurations | best is | default: median trials to {tol} | worst seed | "
-             "with pruning: median, worst | targets |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| landscape | configurations | best is | default: median trials to {tol} | worst seed | "
+        "with pruning: median, worst | targets |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, land in result["landscapes"].items():
         row = land["strategies"].get("default", {})
         (median, worst), pruned = _trials(row.get("full")), _trials(row.get("pruned"))
         t = result["targets"].get(name)
-        lines.append(f"| {name} | {land['configurations']:,} | {land['best_family']} | {median} | {worst} | "
-                     f"{', '.join(pruned)} | {'-' if not t else 'met' if t['met'] else 'MISSED'} |")
+        lines.append(
+            f"| {name} | {land['configurations']:,} | {land['best_family']} | {median} | {worst} | "
+            f"{', '.join(pruned)} | {'-' if not t else 'met' if t['met'] else 'MISSED'} |"
+        )
     return lines + [""]
 
 
@@ -270,32 +360,74 @@ def markdown(result: dict) -> str:
     lines = summary(result)
     for name, land in result["landscapes"].items():
         cfg = " ".join(f"{k}={v}" for k, v in land["best_config"].items())
-        lines += [f"**{name}**: {land['description']}; {land['configurations']} configurations, "
-                  f"best {land['optimum']:.2f} t/s ({cfg})", ""]
-        head = ["strategy", f"median trials to {tol}", "seeds reached (by 40)", "regret@10", "regret@20", "regret@40",
-                f"median time to {tol}", "... with pruning", "pruned trials/run"]
+        lines += [
+            f"**{name}**: {land['description']}; {land['configurations']} configurations, "
+            f"best {land['optimum']:.2f} t/s ({cfg})",
+            "",
+        ]
+        head = [
+            "strategy",
+            f"median trials to {tol}",
+            "seeds reached (by 40)",
+            "regret@10",
+            "regret@20",
+            "regret@40",
+            f"median time to {tol}",
+            "... with pruning",
+            "pruned trials/run",
+        ]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for strategy, row in land["strategies"].items():
             full, pruned = row.get("full"), row.get("pruned")
             r = full or pruned
             n = len(r["trials_to_target"])
-            median = f"{r['median_trials']:g}" if r["median_trials"] is not None else f"> {result['budgets'][strategy]}"
+            median = (
+                f"{r['median_trials']:g}"
+                if r["median_trials"] is not None
+                else f"> {result['budgets'][strategy]}"
+            )
             regrets = [f"{r['regret_at'][c]:.1%}" if c in r["regret_at"] else "-" for c in CHECKPOINTS]
-            lines.append("| " + " | ".join([
-                strategy, median, f"{r['reached']}/{n} ({r['reached_by_40']})", *regrets,
-                _fmt_s(full["median_seconds"]) if full else "-",
-                (_fmt_s(pruned["median_seconds"]) + (f" ({pruned['median_trials']:g} trials)"
-                                                     if pruned["median_trials"] is not None else "")) if pruned else "-",
-                f"{pruned['pruned_trials']:.1f}" if pruned else "-"]) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        strategy,
+                        median,
+                        f"{r['reached']}/{n} ({r['reached_by_40']})",
+                        *regrets,
+                        _fmt_s(full["median_seconds"]) if full else "-",
+                        (
+                            _fmt_s(pruned["median_seconds"])
+                            + (
+                                f" ({pruned['median_trials']:g} trials)"
+                                if pruned["median_trials"] is not None
+                                else ""
+                            )
+                        )
+                        if pruned
+                        else "-",
+                        f"{pruned['pruned_trials']:.1f}" if pruned else "-",
+                    ]
+                )
+                + " |"
+            )
         if "warm" in land["strategies"]:
-            lines += ["", f"warm: the default in a storage that already holds a study of {WARM_FROM[name]} on this "
-                          "host (tuner.search.prior; that study's trials are not counted)."]
+            lines += [
+                "",
+                f"warm: the default in a storage that already holds a study of {WARM_FROM[name]} on this "
+                "host (tuner.search.prior; that study's trials are not counted).",
+            ]
         t = result["targets"].get(name)
         if t:
-            ratio = "n/a" if t["over_tpe"] is None else f"{'<= ' if t['tpe_censored'] else ''}{t['over_tpe']:.2f}"
-            lines += ["", f"default: median <= 20 {'yes' if t['median_le_20'] else 'NO'}, every seed by 40 "
-                          f"{'yes' if t['all_by_40'] else 'NO'}, default / TPE trials {ratio} (target <= 0.33): "
-                          f"{'met' if t['met'] else 'MISSED'}"]
+            ratio = (
+                "n/a" if t["over_tpe"] is None else f"{'<= ' if t['tpe_censored'] else ''}{t['over_tpe']:.2f}"
+            )
+            lines += [
+                "",
+                f"default: median <= 20 {'yes' if t['median_le_20'] else 'NO'}, every seed by 40 "
+                f"{'yes' if t['all_by_40'] else 'NO'}, default / TPE trials {ratio} (target <= 0.33): "
+                f"{'met' if t['met'] else 'MISSED'}",
+            ]
         lines.append("")
     return "\n".join(lines)
 
@@ -308,11 +440,23 @@ def configure(parser) -> None:
         "8 users at once, aggregate tokens/s, with the serving knobs) for each "
         "strategy over seeds: trials and measured seconds to come within 3% of the best, with and without pruning."
     )
-    parser.add_argument("--landscapes", default=",".join(LANDSCAPES), help=f"comma-separated (default: all: {','.join(LANDSCAPES)})")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated (default: {','.join(STRATEGIES)})")
+    parser.add_argument(
+        "--landscapes",
+        default=",".join(LANDSCAPES),
+        help=f"comma-separated (default: all: {','.join(LANDSCAPES)})",
+    )
+    parser.add_argument(
+        "--strategies",
+        default=",".join(STRATEGIES),
+        help=f"comma-separated (default: {','.join(STRATEGIES)})",
+    )
     parser.add_argument("--seeds", type=int, default=20, help="seeds per strategy (default: 20)")
-    parser.add_argument("--trials", type=int, default=40, help="trials per replay of the default (default: 40)")
-    parser.add_argument("--baseline-trials", type=int, default=100, help="trials per replay of the others (default: 100)")
+    parser.add_argument(
+        "--trials", type=int, default=40, help="trials per replay of the default (default: 40)"
+    )
+    parser.add_argument(
+        "--baseline-trials", type=int, default=100, help="trials per replay of the others (default: 100)"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="parallel replays (default: 1)")
     parser.add_argument("--json", help="also write the full result here")
 
@@ -333,8 +477,14 @@ def run(args) -> int:
             raise UserError(f"--strategies: unknown {s!r}; use some of {', '.join(STRATEGIES)}")
     if args.seeds < 1 or args.trials < 1 or args.baseline_trials < 1:
         raise UserError("--seeds, --trials and --baseline-trials must be >= 1")
-    result = benchmark(names, strategies, seeds=args.seeds, budget=args.trials, baseline_budget=args.baseline_trials,
-                       jobs=args.jobs)
+    result = benchmark(
+        names,
+        strategies,
+        seeds=args.seeds,
+        budget=args.trials,
+        baseline_budget=args.baseline_trials,
+        jobs=args.jobs,
+    )
     print(markdown(result), end="")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

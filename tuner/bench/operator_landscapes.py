@@ -63,9 +63,17 @@ import numpy as np
 
 from tuner.measurement.failures import FailureReason
 from tuner.measurement.measure import pooled_from_rates
+from tuner.search.space import (
+    Choices,
+    FloatRange,
+    IntRange,
+    RawSpace,
+    ResolvedSpace,
+    TrialConfig,
+    resolve_space,
+    suggest,
+)
 from tuner.storage.records import StudyRecord, digest
-from tuner.search.space import (Choices, FloatRange, IntRange, RawSpace, ResolvedSpace, TrialConfig, resolve_space,
-                                suggest)
 from tuner.studyfile.validate import Fields
 
 N_PREDICT = 128  # tokens per request, as in the research's protocol (seed 000, 3.3)
@@ -90,9 +98,15 @@ class Lookup:
     fidelity: float  # chance its continuation is the one being copied (map types keep the most frequent)
     temp_slope: float = -0.25  # acceptance change per unit temperature (a sampled answer leaves the copy)
     chance: float = 1.0  # spurious matches relative to the grounding's (ngram-mod's hashes collide)
-    key_default: int = 12  # llama.cpp's key length when the space leaves it out (size-n 12; ngram-mod n-match 24)
-    length_default: int = 48  # its draft length when stacked without lookup_max (size-m 48; ngram-mod n-max 64)
-    fails: bool = False  # drafts nothing on this workload (alone: a failed trial; stacked: the draft model drafts)
+    key_default: int = (
+        12  # llama.cpp's key length when the space leaves it out (size-n 12; ngram-mod n-match 24)
+    )
+    length_default: int = (
+        48  # its draft length when stacked without lookup_max (size-m 48; ngram-mod n-max 64)
+    )
+    fails: bool = (
+        False  # drafts nothing on this workload (alone: a failed trial; stacked: the draft model drafts)
+    )
 
 
 @dataclass(frozen=True)
@@ -101,7 +115,9 @@ class Grounding:
 
     copy: float  # share of answer tokens inside spans copied from the prompt (or the answer so far)
     span: float  # mean copied span, tokens: a key of n tokens is found once n tokens of the span went by
-    chance: float  # a novel position whose last token occurs in the context anyway (x CHANCE_DECAY per key token)
+    chance: (
+        float  # a novel position whose last token occurs in the context anyway (x CHANCE_DECAY per key token)
+    )
     repeated: float  # share of copied keys that occur more than once in the context (what min_hits > 1 keeps)
 
 
@@ -122,13 +138,31 @@ class Rounds:
 
 
 # Bytes per KV element of each cache type (ggml's blocks: q8_0 34 bytes per 32 values, q4_0 18, ...).
-KV_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32,
-            "q4_0": 18 / 32, "iq4_nl": 18 / 32}
+KV_BYTES = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q5_1": 24 / 32,
+    "q5_0": 22 / 32,
+    "q4_1": 20 / 32,
+    "q4_0": 18 / 32,
+    "iq4_nl": 18 / 32,
+}
 # Quality a quantized KV cache costs (K, V), on the landscapes' agreement scale: in proportion to the KL divergence
 # in llama.cpp PR 7412's table (q8_0 V 0.0007, q8_0 K 0.0009 against 0.0002 for f16; q4 several times q8_0; K more
 # sensitive than V). The scale is an assumption: 8-bit is harmless, a 4-bit K falls below a 0.97 floor.
-KV_LOSS = {"f32": (0.0, 0.0), "f16": (0.0, 0.0), "bf16": (0.0, 0.0), "q8_0": (0.004, 0.002), "q5_1": (0.012, 0.006),
-           "q5_0": (0.014, 0.007), "q4_1": (0.03, 0.014), "q4_0": (0.035, 0.015), "iq4_nl": (0.03, 0.013)}
+KV_LOSS = {
+    "f32": (0.0, 0.0),
+    "f16": (0.0, 0.0),
+    "bf16": (0.0, 0.0),
+    "q8_0": (0.004, 0.002),
+    "q5_1": (0.012, 0.006),
+    "q5_0": (0.014, 0.007),
+    "q4_1": (0.03, 0.014),
+    "q4_0": (0.035, 0.015),
+    "iq4_nl": (0.03, 0.013),
+}
 # Micro batches above llama.cpp's default 512 spill the caches: the batched rate falls by this per doubling (an
 # assumption; below 512 more passes over the weights cost instead, so the best micro batch depends on the load).
 UBATCH_FIT, UBATCH_SPILL = 512, 0.06
@@ -157,8 +191,12 @@ class Serving:
     users: int  # the objective: aggregate tokens/s at this many users at once
     ceiling: float  # batched tokens per single-user decode step once compute-bound
     kv_bytes: float  # f16 K+V bytes per context token / the weights' bytes (read every round per slot)
-    scores_bytes: float  # without flash attention: attention scores written and read per context token / weights
-    context: dict[str, int]  # a request's mean context while it decodes, per content type (prompt + half the answer)
+    scores_bytes: (
+        float  # without flash attention: attention scores written and read per context token / weights
+    )
+    context: dict[
+        str, int
+    ]  # a request's mean context while it decodes, per content type (prompt + half the answer)
     sharpness: float = 4.0  # how sharply the bandwidth-bound and compute-bound regimes meet (a soft maximum)
 
 
@@ -178,7 +216,9 @@ class Measurement:
     """One simulated trial: what ``run_workload`` would have returned, and what it cost."""
 
     samples: tuple[dict, ...]  # per request: prompt_id, suite (content type), repetition, tokens_per_second
-    tokens_per_second: float  # median over repetitions of each repetition's pooled rate (0 when stopped early)
+    tokens_per_second: (
+        float  # median over repetitions of each repetition's pooled rate (0 when stopped early)
+    )
     acceptance: float
     seconds: float
     stopped: bool  # the stop callback ended it early (a pruned trial)
@@ -220,10 +260,21 @@ class OperatorLandscape:
 
     def study_record(self, objectives: tuple[str, ...]) -> StudyRecord:
         """The record a study of this landscape stores: its space, objectives, machine and target."""
-        fingerprint = {"cpu_model": self.host, "logical_cpus": LOGICAL_CPUS, "physical_cores": PHYSICAL_CORES,
-                       "numa_nodes": [str(n) for n in NODES], "memory_gib": 768}
-        return StudyRecord.for_replay(self.name, self.space.describe(), objectives, fingerprint=fingerprint,
-                                      target={"name": self.target}, workload={"digest": digest(self.prompts)})
+        fingerprint = {
+            "cpu_model": self.host,
+            "logical_cpus": LOGICAL_CPUS,
+            "physical_cores": PHYSICAL_CORES,
+            "numa_nodes": [str(n) for n in NODES],
+            "memory_gib": 768,
+        }
+        return StudyRecord.for_replay(
+            self.name,
+            self.space.describe(),
+            objectives,
+            fingerprint=fingerprint,
+            target={"name": self.target},
+            workload={"digest": digest(self.prompts)},
+        )
 
     # -- the true landscape -------------------------------------------------------------
 
@@ -235,7 +286,12 @@ class OperatorLandscape:
             sat = 1 - math.exp(-min(t, node_cores) / (hw.tau / len(NODES)))
             over = max(0, t - node_cores) / node_cores
             # more threads than the node has cores share them (SMT, then oversubscription)
-            factor = hw.numa["bind"] * hw.bind_node.get(config.numa_node or 0, 1.0) * sat * max(0.35, 1 - 0.15 * over)
+            factor = (
+                hw.numa["bind"]
+                * hw.bind_node.get(config.numa_node or 0, 1.0)
+                * sat
+                * max(0.35, 1 - 0.15 * over)
+            )
             return max(factor, 0.02)
         sat = (1 - math.exp(-min(t, PHYSICAL_CORES) / hw.tau)) / (1 - math.exp(-hw.contention_from / hw.tau))
         sat = min(sat, 1.0)
@@ -243,14 +299,15 @@ class OperatorLandscape:
         smt = hw.smt_penalty * max(0, t - PHYSICAL_CORES) / PHYSICAL_CORES
         return max(hw.numa[config.numa] * sat * (1 - cont) * (1 - smt), 0.02)
 
-    def _draft_rounds(self, d: Draft, content: str, k: np.ndarray, temperature: float, threads: int,
-                      rel: float) -> Rounds:
+    def _draft_rounds(
+        self, d: Draft, content: str, k: np.ndarray, temperature: float, threads: int, rel: float
+    ) -> Rounds:
         """A draft model's round of K drafts: per-position acceptance a0 * decay^(i-1), its cost growing with
         threads; a faster target (fewer experts, ``rel`` < 1) makes the same draft relatively dearer."""
         a0 = min(max(d.accept[content] + d.temp_slope.get(content, 0.0) * temperature, 0.0), 0.999)
         survive, accepted = 1.0, np.zeros(np.shape(k))
         for i in range(int(np.max(k))):
-            survive *= a0 * self.decay ** i
+            survive *= a0 * self.decay**i
             accepted = accepted + np.where(i < k, survive, 0.0)
         time = 1 + self.verify_cost * k * rel + d.cost * self._coupling(threads) * rel * k
         return Rounds(1 + accepted, time, np.asarray(k, dtype=float), accepted)
@@ -259,28 +316,52 @@ class OperatorLandscape:
         """A draft's cost grows with the target's threads (small models do not scale)."""
         return 1 + self.hardware.draft_thread_coupling * (threads / PHYSICAL_CORES - 1)
 
-    def _lookup_rounds(self, lk: Lookup, g: Grounding, copied: bool, ints: dict[str, np.ndarray], length: np.ndarray,
-                       temperature: float, rel: float) -> tuple[np.ndarray, Rounds]:
+    def _lookup_rounds(
+        self,
+        lk: Lookup,
+        g: Grounding,
+        copied: bool,
+        ints: dict[str, np.ndarray],
+        length: np.ndarray,
+        temperature: float,
+        rel: float,
+    ) -> tuple[np.ndarray, Rounds]:
         """(share of rounds where the lookup finds its key, its round then) in copied spans or novel text."""
         p = 1 - 1 / g.span
         key, hits = ints["ngram_key"], ints["ngram_min_hits"]
         if copied:
-            found = p ** key * g.repeated ** (hits - 1)
+            found = p**key * g.repeated ** (hits - 1)
             a = min(max(p * lk.fidelity + lk.temp_slope * temperature, 0.0), 0.999)
         else:
-            found = np.minimum(1.0, g.chance * lk.chance * CHANCE_DECAY ** (key - 1)) * SPURIOUS_REPEATED ** (hits - 1)
+            found = np.minimum(1.0, g.chance * lk.chance * CHANCE_DECAY ** (key - 1)) * SPURIOUS_REPEATED ** (
+                hits - 1
+            )
             a = SPURIOUS_ACCEPT
-        accepted = a * (1 - a ** length) / (1 - a)
-        return found * (not lk.fails), Rounds(1 + accepted, 1 + self.verify_cost * length * rel, length, accepted)
+        accepted = a * (1 - a**length) / (1 - a)
+        return found * (not lk.fails), Rounds(
+            1 + accepted, 1 + self.verify_cost * length * rel, length, accepted
+        )
 
-    def _speculation(self, spec_type: str, draft: str | None, lookup: str | None, content: str,
-                     ints: dict[str, np.ndarray], temperature: float, threads: int, rel: float):
+    def _speculation(
+        self,
+        spec_type: str,
+        draft: str | None,
+        lookup: str | None,
+        content: str,
+        ints: dict[str, np.ndarray],
+        temperature: float,
+        threads: int,
+        rel: float,
+    ):
         """(rate factor over the target alone, measured acceptance) for one content type, as arrays over the
         integer knobs ``ints``: the lookup (alone, or stacked first) where it finds a key, else the draft model."""
         if spec_type == "none":
             return np.ones(np.shape(ints["draft_max"])), np.zeros(np.shape(ints["draft_max"]))
-        fallback = TARGET_ALONE if spec_type != "draft-simple" else self._draft_rounds(
-            self.drafts[draft], content, ints["draft_max"], temperature, threads, rel)
+        fallback = (
+            TARGET_ALONE
+            if spec_type != "draft-simple"
+            else self._draft_rounds(self.drafts[draft], content, ints["draft_max"], temperature, threads, rel)
+        )
         ngram = lookup or (spec_type if spec_type in self.lookups else None)
         if ngram is None:
             return fallback.tokens / fallback.time, fallback.accepted / fallback.drafted
@@ -303,15 +384,22 @@ class OperatorLandscape:
 
         def kv(c: TrialConfig) -> float:
             types = KV_BYTES[c.cache_type_k or "f16"] + KV_BYTES[c.cache_type_v or "f16"]
-            return sv.kv_bytes * types / (2 * KV_BYTES["f16"]) + (sv.scores_bytes if c.flash_attn == "off" else 0.0)
+            return sv.kv_bytes * types / (2 * KV_BYTES["f16"]) + (
+                sv.scores_bytes if c.flash_attn == "off" else 0.0
+            )
 
-        return {"slots": np.array([min(c.parallel or sv.users, sv.users) for c in configs], dtype=float),
-                "ubatch": np.array([min(c.ubatch or 512, c.batch or 2048) for c in configs], dtype=float),
-                "kv": np.array([kv(c) for c in configs]),
-                "loss": np.array([KV_LOSS[c.cache_type_k or "f16"][0] + KV_LOSS[c.cache_type_v or "f16"][1]
-                                  for c in configs])}
+        return {
+            "slots": np.array([min(c.parallel or sv.users, sv.users) for c in configs], dtype=float),
+            "ubatch": np.array([min(c.ubatch or 512, c.batch or 2048) for c in configs], dtype=float),
+            "kv": np.array([kv(c) for c in configs]),
+            "loss": np.array(
+                [KV_LOSS[c.cache_type_k or "f16"][0] + KV_LOSS[c.cache_type_v or "f16"][1] for c in configs]
+            ),
+        }
 
-    def _step(self, tokens: np.ndarray, ubatch: np.ndarray, kv: np.ndarray, hw: float, cores: float) -> np.ndarray:
+    def _step(
+        self, tokens: np.ndarray, ubatch: np.ndarray, kv: np.ndarray, hw: float, cores: float
+    ) -> np.ndarray:
         """One decode call over ``tokens`` (all slots' tokens), in single-user steps at the best hardware: each
         micro batch reads the weights once, each token adds a little (verification's cost) and the slots'
         KV caches are read, at the hardware's bandwidth; the arithmetic runs at the cores' batched rate."""
@@ -320,11 +408,21 @@ class OperatorLandscape:
         efficiency = np.minimum(1.0, 1 - UBATCH_SPILL * np.log2(np.maximum(ubatch, 1) / UBATCH_FIT))
         compute = tokens / (self.serving.ceiling * cores * efficiency)
         p = self.serving.sharpness
-        return (bandwidth ** p + compute ** p) ** (1 / p)
+        return (bandwidth**p + compute**p) ** (1 / p)
 
-    def _served(self, spec_type: str, draft: str | None, content: str, ints: dict[str, np.ndarray],
-                serv: dict[str, np.ndarray], slots: np.ndarray, temperature: float, threads: int, hw: float,
-                cores: float) -> tuple[np.ndarray, np.ndarray]:
+    def _served(
+        self,
+        spec_type: str,
+        draft: str | None,
+        content: str,
+        ints: dict[str, np.ndarray],
+        serv: dict[str, np.ndarray],
+        slots: np.ndarray,
+        temperature: float,
+        threads: int,
+        hw: float,
+        cores: float,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(decode rate per request, aggregate rate with prompt processing) at ``slots`` busy slots, in
         single-user steps at the best hardware: one round batches every slot's token and K drafts; drafts run
         slot by slot; a closed loop processes each slot's prompt, then its answer."""
@@ -336,17 +434,27 @@ class OperatorLandscape:
             draft_time = d.cost * self._coupling(threads) * k / hw
         kv = slots * self.serving.context[content] * serv["kv"]
         round_time = self._step(slots * (1 + k), serv["ubatch"], kv, hw, cores) + slots * draft_time
-        prefill = self._step(np.full(np.shape(k), float(self.prompt_tokens[content])), serv["ubatch"], 0.0, hw, cores)
+        prefill = self._step(
+            np.full(np.shape(k), float(self.prompt_tokens[content])), serv["ubatch"], 0.0, hw, cores
+        )
         cycle = slots * prefill + N_PREDICT / (1 + accepted) * round_time
         return (1 + accepted) / round_time, slots * N_PREDICT / cycle
 
     def _ints(self, configs: list[TrialConfig]) -> dict[str, np.ndarray]:
         """The integer knobs of configurations as arrays; a size a study leaves out is llama.cpp's default."""
         lk = self.lookups.get(configs[0].ngram_type or "")
-        defaults = {"draft_max": 8, "ngram_key": lk.key_default if lk else 1, "ngram_min_hits": 1,
-                    "lookup_max": lk.length_default if lk else 1}
-        return {knob: np.array([default if getattr(c, knob) is None else getattr(c, knob) for c in configs],
-                               dtype=float) for knob, default in defaults.items()}
+        defaults = {
+            "draft_max": 8,
+            "ngram_key": lk.key_default if lk else 1,
+            "ngram_min_hits": 1,
+            "lookup_max": lk.length_default if lk else 1,
+        }
+        return {
+            knob: np.array(
+                [default if getattr(c, knob) is None else getattr(c, knob) for c in configs], dtype=float
+            )
+            for knob, default in defaults.items()
+        }
 
     def _quality(self, temperature: float, experts: int | None) -> tuple[float, float]:
         """(quality, rate factor of the expert count)."""
@@ -357,8 +465,11 @@ class OperatorLandscape:
         return round(quality, 6), factor
 
     def _fails(self, config: TrialConfig) -> bool:
-        source = self.drafts.get(config.draft) if config.spec_type == "draft-simple" \
+        source = (
+            self.drafts.get(config.draft)
+            if config.spec_type == "draft-simple"
             else self.lookups.get(config.spec_type)
+        )
         return config.speculative and (source is None or getattr(source, "fails", False))
 
     def evaluate(self, config: TrialConfig) -> Outcome:
@@ -371,8 +482,16 @@ class OperatorLandscape:
         rates, accept = {}, []
         ints = self._ints([config])
         for content in set(self.prompts):
-            ratio, acc = self._speculation(config.spec_type, config.draft, config.lookup if config.stacked else None,
-                                           content, ints, config.temperature, config.threads, experts_factor)
+            ratio, acc = self._speculation(
+                config.spec_type,
+                config.draft,
+                config.lookup if config.stacked else None,
+                content,
+                ints,
+                config.temperature,
+                config.threads,
+                experts_factor,
+            )
             rates[content] = self.base_rate[content] * experts_factor * hw * float(ratio[0])
             accept.append(float(acc[0]))
         return Outcome(True, None, rates, float(np.mean(accept)), quality, quality >= self.quality_floor)
@@ -392,12 +511,28 @@ class OperatorLandscape:
             args = (config.spec_type, config.draft, content, ints, serv)
             alone, _ = self._served(*args, np.ones(1), config.temperature, config.threads, hw, cores)
             _, level = self._served(*args, serv["slots"], config.temperature, config.threads, hw, cores)
-            rates[content], aggregate[content] = self.base_rate[content] * float(alone[0]), \
-                self.base_rate[content] * float(level[0])
-            accept.append(float(self._speculation(config.spec_type, config.draft, None, content, ints,
-                                                   config.temperature, config.threads, 1.0)[1][0]))
+            rates[content], aggregate[content] = (
+                self.base_rate[content] * float(alone[0]),
+                self.base_rate[content] * float(level[0]),
+            )
+            accept.append(
+                float(
+                    self._speculation(
+                        config.spec_type,
+                        config.draft,
+                        None,
+                        content,
+                        ints,
+                        config.temperature,
+                        config.threads,
+                        1.0,
+                    )[1][0]
+                )
+            )
         pooled_level = len(self.prompts) / sum(1.0 / aggregate[c] for c in self.prompts)
-        return Outcome(True, None, rates, float(np.mean(accept)), quality, quality >= self.quality_floor, pooled_level)
+        return Outcome(
+            True, None, rates, float(np.mean(accept)), quality, quality >= self.quality_floor, pooled_level
+        )
 
     def true_rate(self, config: TrialConfig) -> float:
         """The objective without noise: tokens/s pooled over the workload (equal tokens per prompt: a harmonic
@@ -417,8 +552,9 @@ class OperatorLandscape:
         the context knobs (hardware, temperature, experts) at their first value."""
         groups: dict[tuple, list[TrialConfig]] = {}
         for config in configurations(self.space, CONTEXT_KNOBS):
-            groups.setdefault((config.spec_type, config.draft, config.lookup if config.stacked else None),
-                              []).append(config)
+            groups.setdefault(
+                (config.spec_type, config.draft, config.lookup if config.stacked else None), []
+            ).append(config)
         return groups
 
     def _contexts(self):
@@ -453,31 +589,62 @@ class OperatorLandscape:
                     continue
                 ints = self._ints(configs)
                 if self.serving:
-                    inverse = self._served_inverse(spec, draft, configs, ints, temperature, threads, hw, cores, quality)
+                    inverse = self._served_inverse(
+                        spec, draft, configs, ints, temperature, threads, hw, cores, quality
+                    )
                 else:
-                    inverse = sum(n / (self.base_rate[c] * factor * hw * self._speculation(
-                        spec, draft, lookup, c, ints, temperature, threads, factor)[0])
-                        for c, n in Counter(self.prompts).items())
+                    inverse = sum(
+                        n
+                        / (
+                            self.base_rate[c]
+                            * factor
+                            * hw
+                            * self._speculation(spec, draft, lookup, c, ints, temperature, threads, factor)[0]
+                        )
+                        for c, n in Counter(self.prompts).items()
+                    )
                 i = int(np.argmin(inverse))
                 if len(self.prompts) / inverse[i] > best:
                     best = len(self.prompts) / float(inverse[i])
-                    best_config = replace(configs[i], temperature=temperature, experts=experts, numa=numa,
-                                          numa_node=node, threads=threads)
+                    best_config = replace(
+                        configs[i],
+                        temperature=temperature,
+                        experts=experts,
+                        numa=numa,
+                        numa_node=node,
+                        threads=threads,
+                    )
         return self.true_rate(best_config), best_config  # as every trial is scored (the same sums, one order)
 
-    def _served_inverse(self, spec: str, draft: str | None, configs: list[TrialConfig], ints: dict[str, np.ndarray],
-                        temperature: float, threads: int, hw: float, cores: float, quality: float) -> np.ndarray:
+    def _served_inverse(
+        self,
+        spec: str,
+        draft: str | None,
+        configs: list[TrialConfig],
+        ints: dict[str, np.ndarray],
+        temperature: float,
+        threads: int,
+        hw: float,
+        cores: float,
+        quality: float,
+    ) -> np.ndarray:
         """Seconds per pooled token at the level, as arrays over configurations (infinite below the floor)."""
         serv = self._serving_arrays(configs)
-        inverse = sum(n / (self.base_rate[c] * self._served(spec, draft, c, ints, serv, serv["slots"], temperature,
-                                                             threads, hw, cores)[1])
-                      for c, n in Counter(self.prompts).items())
+        inverse = sum(
+            n
+            / (
+                self.base_rate[c]
+                * self._served(spec, draft, c, ints, serv, serv["slots"], temperature, threads, hw, cores)[1]
+            )
+            for c, n in Counter(self.prompts).items()
+        )
         return np.where(np.round(quality - serv["loss"], 6) >= self.quality_floor, inverse, np.inf)
 
     # -- one simulated trial --------------------------------------------------------------
 
-    def measure(self, config: TrialConfig, rng: np.random.Generator,
-                stop: Callable[[list[dict]], bool] | None = None) -> tuple[Outcome, Measurement]:
+    def measure(
+        self, config: TrialConfig, rng: np.random.Generator, stop: Callable[[list[dict]], bool] | None = None
+    ) -> tuple[Outcome, Measurement]:
         """Launch, warm up with one request of the first prompt, then repetitions over the prompts.
 
         ``stop(samples)`` is asked after every request but the last; True ends the trial there.
@@ -491,9 +658,17 @@ class OperatorLandscape:
         launch = max(0.5, 1 + self.cv_launch * rng.standard_normal())
 
         def request(content: str, prompt: int) -> tuple[float, float]:
-            rate = out.rates[content] * launch * self._prompt_factor[prompt] * max(
-                0.5, 1 + self.cv_request * rng.standard_normal())
-            secs = N_PREDICT / rate + self.prompt_tokens[content] / (self.prefill_rate * hw) + self.request_overhead_s
+            rate = (
+                out.rates[content]
+                * launch
+                * self._prompt_factor[prompt]
+                * max(0.5, 1 + self.cv_request * rng.standard_normal())
+            )
+            secs = (
+                N_PREDICT / rate
+                + self.prompt_tokens[content] / (self.prefill_rate * hw)
+                + self.request_overhead_s
+            )
             return rate, secs
 
         _, secs = request(self.prompts[0], 0)  # warm-up, discarded
@@ -503,18 +678,33 @@ class OperatorLandscape:
             for i, content in enumerate(self.prompts):
                 rate, secs = request(content, i)
                 seconds += secs
-                samples.append({"prompt_id": f"p{i}", "suite": content, "repetition": repetition,
-                                "tokens_per_second": rate})
+                samples.append(
+                    {
+                        "prompt_id": f"p{i}",
+                        "suite": content,
+                        "repetition": repetition,
+                        "tokens_per_second": rate,
+                    }
+                )
                 last = repetition + 1 == REPETITIONS and i + 1 == len(self.prompts)
                 if stop and not last and stop(samples):  # as a study: never after the last request
-                    return out, Measurement(tuple(samples), pooled_from_rates(samples), out.acceptance, seconds, True)
-        per_rep = [pooled_from_rates([s for s in samples if s["repetition"] == r]) for r in range(REPETITIONS)]
+                    return out, Measurement(
+                        tuple(samples), pooled_from_rates(samples), out.acceptance, seconds, True
+                    )
+        per_rep = [
+            pooled_from_rates([s for s in samples if s["repetition"] == r]) for r in range(REPETITIONS)
+        ]
         aggregate = None
         if self.serving:  # then the level: every prompt once, its users at once (tuner.measurement.load)
-            aggregate = out.aggregate * launch * max(0.5, 1 + self.cv_request / math.sqrt(len(self.prompts))
-                                                     * rng.standard_normal())
+            aggregate = (
+                out.aggregate
+                * launch
+                * max(0.5, 1 + self.cv_request / math.sqrt(len(self.prompts)) * rng.standard_normal())
+            )
             seconds += len(self.prompts) * N_PREDICT / aggregate
-        return out, Measurement(tuple(samples), float(np.median(per_rep)), out.acceptance, seconds, False, aggregate)
+        return out, Measurement(
+            tuple(samples), float(np.median(per_rep)), out.acceptance, seconds, False, aggregate
+        )
 
     @cached_property
     def _prompt_factor(self) -> tuple[float, ...]:
@@ -573,9 +763,18 @@ def _values(domain) -> list:
     return [round(domain.low + i * domain.step, 10) for i in range(n + 1)]
 
 
-def operator_space(spec_types: tuple[str, ...], drafts: tuple[str, ...], *, temperatures=(0.0, 0.3, 0.5, 0.7),
-                   experts: int | None = None, k_high: int = 48, threads_high: int = LOGICAL_CPUS,
-                   lookups: tuple[str, ...] = (), serving: dict | None = None, users: int = 1) -> ResolvedSpace:
+def operator_space(
+    spec_types: tuple[str, ...],
+    drafts: tuple[str, ...],
+    *,
+    temperatures=(0.0, 0.3, 0.5, 0.7),
+    experts: int | None = None,
+    k_high: int = 48,
+    threads_high: int = LOGICAL_CPUS,
+    lookups: tuple[str, ...] = (),
+    serving: dict | None = None,
+    users: int = 1,
+) -> ResolvedSpace:
     """The space a study would resolve on the 96-core / 192-thread, 4-node box (SMT allowed); ``lookups``
     stack on the draft models. N-gram sizes are searched wherever a lookup type is in play (the research's
     keys were 3-4 tokens, llama.cpp's default 12 finds nothing in short answers: DESIGN.md).
@@ -598,11 +797,18 @@ def operator_space(spec_types: tuple[str, ...], drafts: tuple[str, ...], *, temp
         domains["lookup"] = Choices(("none", *lookups))
     if experts:
         domains["experts"] = IntRange(1, experts)
-    return resolve_space(RawSpace(domains, allow_smt=True, concurrent=serving or {}),
-                         fields=Fields("operator-landscape", {}), concurrency=(1, users),
-                         draft_names=drafts, expert_used_count=experts, expert_count=experts * 16 if experts else None,
-                         physical_cores=PHYSICAL_CORES, logical_cpus=LOGICAL_CPUS,
-                         numa_policies=("none", "interleave", "bind", "distribute"), numa_nodes=NODES)
+    return resolve_space(
+        RawSpace(domains, allow_smt=True, concurrent=serving or {}),
+        fields=Fields("operator-landscape", {}),
+        concurrency=(1, users),
+        draft_names=drafts,
+        expert_used_count=experts,
+        expert_count=experts * 16 if experts else None,
+        physical_cores=PHYSICAL_CORES,
+        logical_cpus=LOGICAL_CPUS,
+        numa_policies=("none", "interleave", "bind", "distribute"),
+        numa_nodes=NODES,
+    )
 
 
 # -- the variants ---------------------------------------------------------------------------
@@ -612,20 +818,38 @@ DENSE_DRAFTS = ("qwen2.5-0.5b-instruct-q8_0", "qwen2.5-coder-1.5b-q4_k_m", "qwen
 # seed 003, Track A (Qwen2.5-Coder-32B tg128): interleave -t 96 3.77 t/s = 1.0; membind=0 -t 96 2.05 (0.54);
 # cpunodebind=0+membind=0 -t 48 2.10 (0.56); interleave -t 192 1.62 (0.43: SMT hurts). "none" (first touch,
 # the weights on the node that read them) is set so the baseline decodes 2.9 t/s (seed 002, 3.1: 2.89 t/s).
-EPYC = Hardware(numa={"interleave": 1.0, "distribute": 0.93, "none": 0.77, "bind": 0.62},
-                tau=28.0, contention_from=96, contention=0.0, smt_penalty=0.57, draft_thread_coupling=0.25,
-                bind_node={0: 0.97, 1: 1.0, 2: 1.0, 3: 0.99})
+EPYC = Hardware(
+    numa={"interleave": 1.0, "distribute": 0.93, "none": 0.77, "bind": 0.62},
+    tau=28.0,
+    contention_from=96,
+    contention=0.0,
+    smt_penalty=0.57,
+    draft_thread_coupling=0.25,
+    bind_node={0: 0.97, 1: 1.0, 2: 1.0, 3: 0.99},
+)
 
 
-def _dense(name: str, description: str, prompts: tuple[str, ...], drafts: dict[str, Draft], hardware: Hardware,
-           quality_temp: float = 0.05, quality_floor: float = 0.97) -> OperatorLandscape:
+def _dense(
+    name: str,
+    description: str,
+    prompts: tuple[str, ...],
+    drafts: dict[str, Draft],
+    hardware: Hardware,
+    quality_temp: float = 0.05,
+    quality_floor: float = 0.97,
+) -> OperatorLandscape:
     return OperatorLandscape(
-        name=name, description=description,
+        name=name,
+        description=description,
         space=operator_space(("none", "draft-simple"), tuple(drafts)),
         prompts=prompts,
         base_rate={"code": 3.77, "prose": 3.77},  # seed 003, Track A: 3.77 t/s at interleave, 96 threads
-        drafts=drafts, hardware=hardware,
-        verify_cost=0.012, decay=0.9985, quality_temp=quality_temp, quality_floor=quality_floor,
+        drafts=drafts,
+        hardware=hardware,
+        verify_cost=0.012,
+        decay=0.9985,
+        quality_temp=quality_temp,
+        quality_floor=quality_floor,
     )
 
 
@@ -635,30 +859,56 @@ def _dense(name: str, description: str, prompts: tuple[str, ...], drafts: dict[s
 # 32B Q2_K self-draft: 60.7% at K=8, 0.63x -> a = 0.89, c = 1.0 (a 12 GB draft; never worth it).
 # Temperature: Coder-32B 26.6 t/s at 0, 19.0 at 0.5, 19.4 at 0.7 (seed 003, Track 1) -> acceptance falls ~0.06/unit.
 CODER_DRAFTS = {
-    "qwen2.5-0.5b-instruct-q8_0": Draft(0.046, {"code": 0.985, "prose": 0.74}, {"code": -0.06, "prose": -0.08}, load_s=0.5),
-    "qwen2.5-coder-1.5b-q4_k_m": Draft(0.13, {"code": 0.988, "prose": 0.76}, {"code": -0.05, "prose": -0.07}, load_s=1.0),
-    "qwen2.5-coder-32b-q2_k": Draft(1.0, {"code": 0.93, "prose": 0.86}, {"code": -0.04, "prose": -0.04}, load_s=5.0),
+    "qwen2.5-0.5b-instruct-q8_0": Draft(
+        0.046, {"code": 0.985, "prose": 0.74}, {"code": -0.06, "prose": -0.08}, load_s=0.5
+    ),
+    "qwen2.5-coder-1.5b-q4_k_m": Draft(
+        0.13, {"code": 0.988, "prose": 0.76}, {"code": -0.05, "prose": -0.07}, load_s=1.0
+    ),
+    "qwen2.5-coder-32b-q2_k": Draft(
+        1.0, {"code": 0.93, "prose": 0.86}, {"code": -0.04, "prose": -0.04}, load_s=5.0
+    ),
 }
 # Another host and draft builds: the 0.5B draft matches poorly here, the 1.5B is Q2_K (cheaper), temperature
 # *raises* acceptance as for Qwen2.5-VL-7B (28.3 -> 57.1 t/s at 0.7) and Qwen2.5-Math-72B (best at 0.5), seed 003.
 MOVED_DRAFTS = {
-    "qwen2.5-0.5b-instruct-q8_0": Draft(0.05, {"code": 0.93, "prose": 0.62}, {"code": 0.02, "prose": 0.10}, load_s=0.5),
-    "qwen2.5-coder-1.5b-q4_k_m": Draft(0.075, {"code": 0.975, "prose": 0.80}, {"code": 0.02, "prose": 0.16}, load_s=1.0),
-    "qwen2.5-coder-32b-q2_k": Draft(0.9, {"code": 0.94, "prose": 0.88}, {"code": 0.0, "prose": 0.02}, load_s=5.0),
+    "qwen2.5-0.5b-instruct-q8_0": Draft(
+        0.05, {"code": 0.93, "prose": 0.62}, {"code": 0.02, "prose": 0.10}, load_s=0.5
+    ),
+    "qwen2.5-coder-1.5b-q4_k_m": Draft(
+        0.075, {"code": 0.975, "prose": 0.80}, {"code": 0.02, "prose": 0.16}, load_s=1.0
+    ),
+    "qwen2.5-coder-32b-q2_k": Draft(
+        0.9, {"code": 0.94, "prose": 0.88}, {"code": 0.0, "prose": 0.02}, load_s=5.0
+    ),
 }
 # A host where bandwidth saturates early and 96 threads contend: 72 threads best; distribute beats interleave.
-MOVED_HARDWARE = Hardware(numa={"distribute": 1.0, "interleave": 0.94, "none": 0.74, "bind": 0.6},
-                          tau=18.0, contention_from=72, contention=0.45, smt_penalty=0.6,
-                          draft_thread_coupling=0.9, bind_node={0: 1.0, 1: 0.98, 2: 1.0, 3: 0.97})
+MOVED_HARDWARE = Hardware(
+    numa={"distribute": 1.0, "interleave": 0.94, "none": 0.74, "bind": 0.6},
+    tau=18.0,
+    contention_from=72,
+    contention=0.45,
+    smt_penalty=0.6,
+    draft_thread_coupling=0.9,
+    bind_node={0: 1.0, 1: 0.98, 2: 1.0, 3: 0.97},
+)
 
 # Qwen3-Coder-30B-A3B (seed 003, Tracks 2 and 8): 26.6 t/s alone, 22.8 at the study's baseline (first touch);
 # 6 experts 30.1, 4 experts ~35, 3 experts ~38 (Qwen3-VL-30B: 37.7, "3 experts safe"); lookup alone 43.2
 # (summarize) / 40.9 (code) with near-100% acceptance of what it drafts; MoE + lookup 47.5 t/s.
 # A 0.6B draft does not help a 3B-active MoE (seed 000, 4.3): c ~ 0.45.
-MOE_HARDWARE = Hardware(numa={"interleave": 1.0, "distribute": 0.95, "none": 0.857, "bind": 0.7},
-                        tau=22.0, contention_from=96, contention=0.0, smt_penalty=0.5, draft_thread_coupling=0.3,
-                        bind_node={0: 0.97, 1: 1.0, 2: 0.99, 3: 1.0})
-MOE_DRAFTS = {"qwen3-0.6b-q8_0": Draft(0.45, {"code": 0.7, "prose": 0.6}, {"code": -0.05, "prose": -0.05}, load_s=0.8)}
+MOE_HARDWARE = Hardware(
+    numa={"interleave": 1.0, "distribute": 0.95, "none": 0.857, "bind": 0.7},
+    tau=22.0,
+    contention_from=96,
+    contention=0.0,
+    smt_penalty=0.5,
+    draft_thread_coupling=0.3,
+    bind_node={0: 0.97, 1: 1.0, 2: 0.99, 3: 1.0},
+)
+MOE_DRAFTS = {
+    "qwen3-0.6b-q8_0": Draft(0.45, {"code": 0.7, "prose": 0.6}, {"code": -0.05, "prose": -0.05}, load_s=0.8)
+}
 # The n-gram types: ngram-simple drafts the continuation of the last occurrence, the map types the most frequent
 # one, ngram-mod hashes n-grams into a shared pool (more collisions: chance). Near-100% acceptance of what lookup
 # drafts on the MoE targets (seed 003, Track 8); acceptance falls with temperature as a sample leaves the copy.
@@ -670,8 +920,10 @@ LOOKUPS = {
 MOE_LOOKUPS = {**LOOKUPS, "ngram-map-k4v": Lookup(fidelity=0.97, fails=True)}
 # Qwen3-Coder-30B-A3B lookup alone: 43.2 t/s summarizing, 40.9 on code against 26.6 (x1.6, x1.5; seed 003, Track 8):
 # short copies (the answers quote names and phrases of long prompts), more of them in summaries.
-MOE_GROUNDING = {"prose": Grounding(copy=0.55, span=9.0, chance=0.5, repeated=0.4),
-                 "code": Grounding(copy=0.5, span=8.0, chance=0.6, repeated=0.5)}
+MOE_GROUNDING = {
+    "prose": Grounding(copy=0.55, span=9.0, chance=0.5, repeated=0.4),
+    "code": Grounding(copy=0.5, span=8.0, chance=0.6, repeated=0.5),
+}
 _MOE_QUALITY = {8: 1.0, 7: 0.996, 6: 0.992, 5: 0.985, 4: 0.978, 3: 0.968, 2: 0.9, 1: 0.6}
 
 
@@ -679,19 +931,30 @@ def _moe() -> OperatorLandscape:
     return OperatorLandscape(
         name="moe-lookup",
         description="Qwen3-Coder-30B-A3B: experts 1-8, a 0.6B draft and four n-gram types alone or stacked on it, "
-                    "n-gram sizes, grounded prompts",
-        space=operator_space(("none", "draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod"),
-                             ("qwen3-0.6b-q8_0",), experts=8, lookups=tuple(MOE_LOOKUPS)),
+        "n-gram sizes, grounded prompts",
+        space=operator_space(
+            ("none", "draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod"),
+            ("qwen3-0.6b-q8_0",),
+            experts=8,
+            lookups=tuple(MOE_LOOKUPS),
+        ),
         prompts=("prose", "code", "prose", "code", "prose", "code", "prose", "code", "prose"),
         base_rate={"code": 26.6, "prose": 26.6},
-        drafts=MOE_DRAFTS, hardware=MOE_HARDWARE, lookups=MOE_LOOKUPS, grounding=MOE_GROUNDING,
+        drafts=MOE_DRAFTS,
+        hardware=MOE_HARDWARE,
+        lookups=MOE_LOOKUPS,
+        grounding=MOE_GROUNDING,
         verify_cost=0.05,  # a MoE verifies K tokens through more experts than one
-        decay=0.995, quality_temp=0.04, quality_floor=0.96,
+        decay=0.995,
+        quality_temp=0.04,
+        quality_floor=0.96,
         # 1/rate = fixed + per expert: 26.6 t/s at 8, 30.1 at 6, 35 at 4 (seed 003, Track 2)
         expert_speed=lambda e: (0.0196 + 0.00225 * 8) / (0.0196 + 0.00225 * e),
         expert_quality=lambda e: _MOE_QUALITY[e],
         prompt_tokens={"code": 60, "prose": 600},  # summarization prompts are long: that is why lookup works
-        prefill_rate=150.0, launch_s=12.0, target="Qwen3-Coder-30B-A3B-Instruct Q4_K_M",
+        prefill_rate=150.0,
+        launch_s=12.0,
+        target="Qwen3-Coder-30B-A3B-Instruct Q4_K_M",
     )
 
 
@@ -700,23 +963,38 @@ def _moe() -> OperatorLandscape:
 # Track 8; "2-4x" in the literature), chat almost nothing. The drafts as on code and prose, and summaries as
 # predictable for them as for the target. Stacked on the 0.5B draft at K=24, lookup added a fifth on code
 # (39.44 t/s against 33.0: seed 004, seed 003 "Actual Combined Performance").
-STACK_GROUNDING = {"summarize": Grounding(copy=0.98, span=80.0, chance=0.5, repeated=0.3),
-                   "code": Grounding(copy=0.5, span=40.0, chance=0.6, repeated=0.5),
-                   "prose": Grounding(copy=0.05, span=6.0, chance=0.4, repeated=0.3)}
-STACK_DRAFTS = {name: replace(d, accept={**d.accept, "summarize": d.accept["prose"] + 0.06},
-                              temp_slope={**d.temp_slope, "summarize": d.temp_slope["prose"]})
-                for name, d in CODER_DRAFTS.items()}
+STACK_GROUNDING = {
+    "summarize": Grounding(copy=0.98, span=80.0, chance=0.5, repeated=0.3),
+    "code": Grounding(copy=0.5, span=40.0, chance=0.6, repeated=0.5),
+    "prose": Grounding(copy=0.05, span=6.0, chance=0.4, repeated=0.3),
+}
+STACK_DRAFTS = {
+    name: replace(
+        d,
+        accept={**d.accept, "summarize": d.accept["prose"] + 0.06},
+        temp_slope={**d.temp_slope, "summarize": d.temp_slope["prose"]},
+    )
+    for name, d in CODER_DRAFTS.items()
+}
 
 
 def _stack() -> OperatorLandscape:
     lookups = ("ngram-simple", "ngram-map-k", "ngram-mod")
     return replace(
-        _dense("dense-stack", "Qwen2.5-Coder-32B, three drafts and three lookup types alone or stacked, n-gram "
-                              "sizes; summaries, code edits and chat", ("summarize", "code", "prose") * 3,
-               STACK_DRAFTS, EPYC),
+        _dense(
+            "dense-stack",
+            "Qwen2.5-Coder-32B, three drafts and three lookup types alone or stacked, n-gram "
+            "sizes; summaries, code edits and chat",
+            ("summarize", "code", "prose") * 3,
+            STACK_DRAFTS,
+            EPYC,
+        ),
         space=operator_space(("none", "draft-simple", *lookups), tuple(STACK_DRAFTS), lookups=lookups),
         base_rate={"summarize": 3.77, "code": 3.77, "prose": 3.77},
-        lookups=LOOKUPS, grounding=STACK_GROUNDING, prompt_tokens={"summarize": 800, "code": 200, "prose": 60})
+        lookups=LOOKUPS,
+        grounding=STACK_GROUNDING,
+        prompt_tokens={"summarize": 800, "code": 200, "prose": 60},
+    )
 
 
 # Qwen2.5-Coder-32B served to 8 users (an editor plugin's team): code edits and chat. Batched decode: prompt
@@ -726,35 +1004,66 @@ def _stack() -> OperatorLandscape:
 # layers x 8 KV heads x 128 dims x (K, V) x 2 bytes = 256 KiB at f16 (the model's config.json) against 19 GB of
 # weights (seed 002, 3.1); without flash attention the f32 scores of 40 query heads are written and read three
 # times per context token and layer (64 x 40 x 4 x 3 bytes).
-SERVE = Serving(users=8, ceiling=69.05 / 2.89, kv_bytes=64 * 8 * 128 * 2 * 2 / 19e9, scores_bytes=64 * 40 * 4 * 3 / 19e9,
-                context={"code": 300 + N_PREDICT // 2, "prose": 100 + N_PREDICT // 2})
-SERVING_DOMAINS = {"parallel": Choices((1, 2, 4, 8, 16)), "batch": Choices((512, 2048)),
-                   "ubatch": Choices((64, 128, 256, 512, 1024, 2048)), "flash_attn": Choices(("auto", "on", "off")),
-                   "cache_type_k": Choices(("f16", "q8_0", "q4_0")), "cache_type_v": Choices(("f16", "q8_0", "q4_0"))}
+SERVE = Serving(
+    users=8,
+    ceiling=69.05 / 2.89,
+    kv_bytes=64 * 8 * 128 * 2 * 2 / 19e9,
+    scores_bytes=64 * 40 * 4 * 3 / 19e9,
+    context={"code": 300 + N_PREDICT // 2, "prose": 100 + N_PREDICT // 2},
+)
+SERVING_DOMAINS = {
+    "parallel": Choices((1, 2, 4, 8, 16)),
+    "batch": Choices((512, 2048)),
+    "ubatch": Choices((64, 128, 256, 512, 1024, 2048)),
+    "flash_attn": Choices(("auto", "on", "off")),
+    "cache_type_k": Choices(("f16", "q8_0", "q4_0")),
+    "cache_type_v": Choices(("f16", "q8_0", "q4_0")),
+}
 
 
 def _serve() -> OperatorLandscape:
     return replace(
-        _dense("dense-serve", "Qwen2.5-Coder-32B, three drafts, 8 users at once (aggregate tokens/s): slots, batch "
-                              "sizes, flash attention, KV cache types; code edits and chat",
-               ("code", "prose") * 4 + ("code",), CODER_DRAFTS, EPYC),
-        space=operator_space(("none", "draft-simple"), tuple(CODER_DRAFTS), temperatures=(0.0,),
-                             serving=SERVING_DOMAINS, users=SERVE.users),
-        serving=SERVE, prompt_tokens={"code": 300, "prose": 100})
+        _dense(
+            "dense-serve",
+            "Qwen2.5-Coder-32B, three drafts, 8 users at once (aggregate tokens/s): slots, batch "
+            "sizes, flash attention, KV cache types; code edits and chat",
+            ("code", "prose") * 4 + ("code",),
+            CODER_DRAFTS,
+            EPYC,
+        ),
+        space=operator_space(
+            ("none", "draft-simple"),
+            tuple(CODER_DRAFTS),
+            temperatures=(0.0,),
+            serving=SERVING_DOMAINS,
+            users=SERVE.users,
+        ),
+        serving=SERVE,
+        prompt_tokens={"code": 300, "prose": 100},
+    )
 
 
 def landscapes() -> dict[str, OperatorLandscape]:
     code, prose = ("code",) * 9, ("prose",) * 9
     return {
-        "dense-code": _dense("dense-code", "Qwen2.5-Coder-32B, three drafts, nine code prompts", code,
-                             CODER_DRAFTS, EPYC),
-        "dense-prose": _dense("dense-prose", "Qwen2.5-Coder-32B, three drafts, nine prose prompts", prose,
-                              CODER_DRAFTS, EPYC),
+        "dense-code": _dense(
+            "dense-code", "Qwen2.5-Coder-32B, three drafts, nine code prompts", code, CODER_DRAFTS, EPYC
+        ),
+        "dense-prose": _dense(
+            "dense-prose", "Qwen2.5-Coder-32B, three drafts, nine prose prompts", prose, CODER_DRAFTS, EPYC
+        ),
         "dense-moved": replace(
-            _dense("dense-moved", "another host: mixed prompts, optima moved (draft, K, temperature, NUMA, threads)",
-                   ("code", "prose") * 4 + ("code",), MOVED_DRAFTS, MOVED_HARDWARE, quality_temp=0.05,
-                   quality_floor=0.97),
-            host="Intel Xeon 6980P (SNC3)"),
+            _dense(
+                "dense-moved",
+                "another host: mixed prompts, optima moved (draft, K, temperature, NUMA, threads)",
+                ("code", "prose") * 4 + ("code",),
+                MOVED_DRAFTS,
+                MOVED_HARDWARE,
+                quality_temp=0.05,
+                quality_floor=0.97,
+            ),
+            host="Intel Xeon 6980P (SNC3)",
+        ),
         "moe-lookup": _moe(),
         "dense-stack": _stack(),
         "dense-serve": _serve(),

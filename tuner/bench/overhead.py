@@ -27,14 +27,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from tuner.context import StudyContext
 from tuner.errors import UserError
-from tuner.measurement.launch import build_server_argv
 from tuner.machine.llama_build import binary
+from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import MeasurementSettings, run_workload, summarize
 from tuner.measurement.runner import LlamaServer, free_port
-from tuner.search.space import TrialConfig, baseline_config
-from tuner.context import StudyContext
 from tuner.measurement.workload import Workload
+from tuner.search.space import TrialConfig, baseline_config
 
 TPS_TOLERANCE = 0.05
 WALL_RATIO_TARGET = 1.25
@@ -63,27 +63,43 @@ class BenchRun:
     wall_s: float
 
 
-def timed_trial(ctx: StudyContext, config: TrialConfig, workload: Workload, settings: MeasurementSettings,
-                log_path: Path) -> TrialTiming:
+def timed_trial(
+    ctx: StudyContext, config: TrialConfig, workload: Workload, settings: MeasurementSettings, log_path: Path
+) -> TrialTiming:
     """What ``TrialRunner`` does for one trial (launch, workload, stop), with a clock per stage;
     then, untimed, one token more to learn the prompt's length from llama.cpp's timings."""
     timeout = ctx.spec.measurement.trial_timeout_s
-    server = LlamaServer(build_server_argv(config, ctx.launch), free_port(), log_path,
-                         ready_timeout_s=timeout, request_timeout_s=timeout)
+    server = LlamaServer(
+        build_server_argv(config, ctx.launch),
+        free_port(),
+        log_path,
+        ready_timeout_s=timeout,
+        request_timeout_s=timeout,
+    )
     started = time.monotonic()
     with server:
         ready = time.monotonic()
         samples = run_workload(server, workload, settings, config.temperature)
         measured = time.monotonic()
-        prompt_tokens = server.complete(workload.prompts[0].text, 1, config.temperature, settings.seed).prompt_n
+        prompt_tokens = server.complete(
+            workload.prompts[0].text, 1, config.temperature, settings.seed
+        ).prompt_n
         probed = time.monotonic()
     stopped = time.monotonic()
     scores = summarize(samples, settings)
-    return TrialTiming(scores.tokens_per_second, sum(s.predicted_n for s in samples), prompt_tokens,
-                       ready - started, measured - ready, stopped - probed)
+    return TrialTiming(
+        scores.tokens_per_second,
+        sum(s.predicted_n for s in samples),
+        prompt_tokens,
+        ready - started,
+        measured - ready,
+        stopped - probed,
+    )
 
 
-def bench_argv(ctx: StudyContext, config: TrialConfig, n_predict: int, repetitions: int, depth: int) -> list[str]:
+def bench_argv(
+    ctx: StudyContext, config: TrialConfig, n_predict: int, repetitions: int, depth: int
+) -> list[str]:
     """llama-bench's tg test with the trial's model, threads and pinning (numactl prefix or CPU
     mask): R + 1 runs at the trial's depth, the first to be discarded like the trial's warm-up."""
     server_argv = build_server_argv(config, ctx.launch)
@@ -92,17 +108,35 @@ def bench_argv(ctx: StudyContext, config: TrialConfig, n_predict: int, repetitio
     if "--cpu-mask" in server_argv:
         i = server_argv.index("--cpu-mask")
         pinning = ["--cpu-mask", server_argv[i + 1], "--cpu-strict", "1"]
-    return [*server_argv[:server_at], str(binary("llama-bench", ctx.launch.server_binary.parent)),
-            "-m", str(ctx.launch.target), "-t", str(config.threads), *pinning,
-            "-p", "0", "-n", str(n_predict), "-d", str(depth), "-r", str(repetitions + 1), "--no-warmup",
-            "-o", "jsonl"]
+    return [
+        *server_argv[:server_at],
+        str(binary("llama-bench", ctx.launch.server_binary.parent)),
+        "-m",
+        str(ctx.launch.target),
+        "-t",
+        str(config.threads),
+        *pinning,
+        "-p",
+        "0",
+        "-n",
+        str(n_predict),
+        "-d",
+        str(depth),
+        "-r",
+        str(repetitions + 1),
+        "--no-warmup",
+        "-o",
+        "jsonl",
+    ]
 
 
 def run_llama_bench(argv: list[str], n_predict: int, timeout_s: float) -> BenchRun:
     """Run llama-bench once (killed and reaped on timeout or Ctrl-C by subprocess.run)."""
     started = time.monotonic()
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired as err:
         raise UserError(f"llama-bench did not finish within {timeout_s:g} s") from err
     wall = time.monotonic() - started
@@ -112,7 +146,9 @@ def run_llama_bench(argv: list[str], n_predict: int, timeout_s: float) -> BenchR
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip().startswith("{")]
     tg = [r for r in records if r.get("n_prompt") == 0 and r.get("n_gen") == n_predict]
     if not tg or len(tg[0].get("samples_ts") or ()) < 2:
-        raise UserError(f"llama-bench printed no tg{n_predict} record with 2+ runs; its output was:\n{proc.stdout[-500:]}")
+        raise UserError(
+            f"llama-bench printed no tg{n_predict} record with 2+ runs; its output was:\n{proc.stdout[-500:]}"
+        )
     samples = tuple(float(x) for x in tg[0]["samples_ts"])
     return BenchRun(statistics.median(samples[1:]), samples, wall)
 
@@ -147,8 +183,14 @@ class OverheadResult:
         return out
 
 
-def measure_overhead(ctx: StudyContext, *, n_predict: int = 64, repetitions: int = 3, rounds: int = 3,
-                     progress: Callable[[str], None] = print) -> OverheadResult:
+def measure_overhead(
+    ctx: StudyContext,
+    *,
+    n_predict: int = 64,
+    repetitions: int = 3,
+    rounds: int = 3,
+    progress: Callable[[str], None] = print,
+) -> OverheadResult:
     """Alternating rounds of llama-bench and a tuner trial of the baseline configuration."""
     config = baseline_config(ctx.space)
     workload = Workload(prompts=ctx.workload.prompts[:1])
@@ -158,18 +200,24 @@ def measure_overhead(ctx: StudyContext, *, n_predict: int = 64, repetitions: int
     bench: list[BenchRun] = []
     trials: list[TrialTiming] = []
     for r in range(rounds):
-        for step in ("trial", "bench") if r % 2 == 0 else ("bench", "trial"):  # a trial first: it knows the depth
+        for step in (
+            ("trial", "bench") if r % 2 == 0 else ("bench", "trial")
+        ):  # a trial first: it knows the depth
             if step == "bench":
                 argv = bench_argv(ctx, config, n_predict, repetitions, trials[0].prompt_tokens)
                 bench.append(run_llama_bench(argv, n_predict, timeout))
             else:
                 trials.append(timed_trial(ctx, config, workload, settings, log))
-        progress(f"overhead round {r + 1}/{rounds}: llama-bench {bench[-1].tokens_per_second:.1f} t/s in "
-                 f"{bench[-1].wall_s:.2f} s; tuner {trials[-1].tokens_per_second:.1f} t/s in {trials[-1].wall_s:.2f} s "
-                 f"(launch {trials[-1].launch_s:.2f} s)")
+        progress(
+            f"overhead round {r + 1}/{rounds}: llama-bench {bench[-1].tokens_per_second:.1f} t/s in "
+            f"{bench[-1].wall_s:.2f} s; tuner {trials[-1].tokens_per_second:.1f} t/s in {trials[-1].wall_s:.2f} s "
+            f"(launch {trials[-1].launch_s:.2f} s)"
+        )
     study_trial = timed_trial(ctx, config, ctx.workload, ctx.settings, log)
-    progress(f"a {ctx.spec.name} trial: launch {study_trial.launch_s:.2f} s, measure {study_trial.measure_s:.2f} s, "
-             f"stop {study_trial.stop_s:.2f} s")
+    progress(
+        f"a {ctx.spec.name} trial: launch {study_trial.launch_s:.2f} s, measure {study_trial.measure_s:.2f} s, "
+        f"stop {study_trial.stop_s:.2f} s"
+    )
     median = statistics.median
     tps_ratios = [t.tokens_per_second / b.tokens_per_second for t, b in zip(trials, bench)]
     wall_ratios = [t.wall_s / b.wall_s for t, b in zip(trials, bench)]
@@ -195,20 +243,22 @@ def measure_overhead(ctx: StudyContext, *, n_predict: int = 64, repetitions: int
 def markdown(result: OverheadResult) -> str:
     median = statistics.median
     rounds = lambda ratios, digits: ", ".join(f"{r:.{digits}f}" for r in ratios)  # noqa: E731
-    return "\n".join([
-        f"| {result.model}, {result.threads} threads, tg{result.n_predict} @ depth {result.depth} x {result.repetitions}, "
-        f"{result.rounds} alternating rounds | llama-bench | tuner trial | tuner / llama-bench (per round) | target |",
-        "|---|---|---|---|---|",
-        f"| decode tokens/s (median) | {median(b.tokens_per_second for b in result.bench):.1f} | "
-        f"{median(t.tokens_per_second for t in result.trials):.1f} | {result.tps_ratio:.3f} "
-        f"({rounds(result.tps_ratios, 3)}) | within {TPS_TOLERANCE:.0%} |",
-        f"| wall time per run, s (median) | {median(b.wall_s for b in result.bench):.2f} | "
-        f"{median(t.wall_s for t in result.trials):.2f} | {result.wall_ratio:.2f} ({rounds(result.wall_ratios, 2)}) "
-        f"| <= {WALL_RATIO_TARGET} |",
-        "",
-        f"Trial time spent launching and loading: {result.launch_share:.0%} (same work as llama-bench); "
-        f"{result.study_launch_share:.0%} for a trial of the study's own workload "
-        f"(launch {result.study_trial.launch_s:.2f} s, measure {result.study_trial.measure_s:.2f} s, "
-        f"stop {result.study_trial.stop_s:.2f} s). Targets {'met' if result.met else 'MISSED'}.",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"| {result.model}, {result.threads} threads, tg{result.n_predict} @ depth {result.depth} x {result.repetitions}, "
+            f"{result.rounds} alternating rounds | llama-bench | tuner trial | tuner / llama-bench (per round) | target |",
+            "|---|---|---|---|---|",
+            f"| decode tokens/s (median) | {median(b.tokens_per_second for b in result.bench):.1f} | "
+            f"{median(t.tokens_per_second for t in result.trials):.1f} | {result.tps_ratio:.3f} "
+            f"({rounds(result.tps_ratios, 3)}) | within {TPS_TOLERANCE:.0%} |",
+            f"| wall time per run, s (median) | {median(b.wall_s for b in result.bench):.2f} | "
+            f"{median(t.wall_s for t in result.trials):.2f} | {result.wall_ratio:.2f} ({rounds(result.wall_ratios, 2)}) "
+            f"| <= {WALL_RATIO_TARGET} |",
+            "",
+            f"Trial time spent launching and loading: {result.launch_share:.0%} (same work as llama-bench); "
+            f"{result.study_launch_share:.0%} for a trial of the study's own workload "
+            f"(launch {result.study_trial.launch_s:.2f} s, measure {result.study_trial.measure_s:.2f} s, "
+            f"stop {result.study_trial.stop_s:.2f} s). Targets {'met' if result.met else 'MISSED'}.",
+            "",
+        ]
+    )

@@ -43,10 +43,10 @@ import optuna
 import pandas as pd
 from joblib import Parallel, delayed
 
-from tuner.storage import store
 from tuner.bench.table import parameter_columns, read_table
-from tuner.storage.records import Failure, Metrics, StudyRecord, TrialRecord, config_from_dict
 from tuner.errors import UserError
+from tuner.storage import store
+from tuner.storage.records import Failure, Metrics, StudyRecord, TrialRecord, config_from_dict
 
 STRATEGIES = ("default", "today", "tpe", "nsga2", "random", "grid")
 DEFAULT_OBJECTIVES = ("tokens_per_second", "acceptance", "quality")  # a study's default objectives
@@ -81,8 +81,10 @@ class Landscape:
         return max((e.tokens_per_second for e in self.entries.values() if e.ok and e.feasible), default=0.0)
 
     def best_key(self) -> tuple:
-        return max((k for k, e in self.entries.items() if e.ok and e.feasible),
-                   key=lambda k: self.entries[k].tokens_per_second)
+        return max(
+            (k for k, e in self.entries.items() if e.ok and e.feasible),
+            key=lambda k: self.entries[k].tokens_per_second,
+        )
 
     def config(self, key: tuple) -> dict[str, Any]:
         return {p: v for p, v in zip(self.params, key) if v is not None}
@@ -98,8 +100,9 @@ def _column_values(column: pd.Series) -> list[Any]:
     return values
 
 
-def load_landscape(frame: pd.DataFrame, params: list[str] | None = None,
-                   objectives: list[str] | None = None) -> Landscape:
+def load_landscape(
+    frame: pd.DataFrame, params: list[str] | None = None, objectives: list[str] | None = None
+) -> Landscape:
     """A table as a landscape; a table the replay cannot use is a UserError naming the column."""
     if "tokens_per_second" not in frame.columns:
         raise UserError("the table has no tokens_per_second column; the benchmark scores decode speed")
@@ -118,17 +121,27 @@ def load_landscape(frame: pd.DataFrame, params: list[str] | None = None,
         constraint = (~frame["feasible"].fillna(False).astype(bool)).astype(float)
     else:
         constraint = pd.Series(0.0, frame.index)
-    feasible = frame["feasible"].fillna(False).astype(bool) if "feasible" in frame.columns else constraint <= 0
+    feasible = (
+        frame["feasible"].fillna(False).astype(bool) if "feasible" in frame.columns else constraint <= 0
+    )
     cv = frame["cv"].fillna(0.0) if "cv" in frame.columns else pd.Series(0.0, frame.index)
     entries: dict[tuple, Entry] = {}
     for i, key in enumerate(keys):
         if key in entries:
-            raise UserError(f"rows {keys.index(key) + 1} and {i + 1} record the same configuration {dict(zip(params, key))}")
+            raise UserError(
+                f"rows {keys.index(key) + 1} and {i + 1} record the same configuration {dict(zip(params, key))}"
+            )
         values = tuple(float(frame[c].iloc[i]) if ok.iloc[i] else 0.0 for c in objectives)
         status = frame["status"].iloc[i] if "status" in frame.columns and not ok.iloc[i] else None
-        entries[key] = Entry(bool(ok.iloc[i]), float(frame["tokens_per_second"].iloc[i]) if ok.iloc[i] else 0.0,
-                             values, float(cv.iloc[i]), bool(feasible.iloc[i]), float(constraint.iloc[i]),
-                             None if ok.iloc[i] else (str(status) if isinstance(status, str) else "unknown"))
+        entries[key] = Entry(
+            bool(ok.iloc[i]),
+            float(frame["tokens_per_second"].iloc[i]) if ok.iloc[i] else 0.0,
+            values,
+            float(cv.iloc[i]),
+            bool(feasible.iloc[i]),
+            float(constraint.iloc[i]),
+            None if ok.iloc[i] else (str(status) if isinstance(status, str) else "unknown"),
+        )
     _check_conditional(params, keys)
     domains = {p: tuple(sorted({k[i] for k in keys if k[i] is not None})) for i, p in enumerate(params)}
     landscape = Landscape(tuple(params), domains, entries, tuple(keys), tuple(objectives))
@@ -146,8 +159,10 @@ def _check_conditional(params: list[str], keys: list[tuple]) -> None:
         mixed = next((prefix for prefix, kinds in set_by_prefix.items() if len(kinds) > 1), None)
         if mixed is not None:
             where = dict(zip(params, mixed))
-            raise UserError(f"column {name!r} is empty in some rows and set in others with {where}; "
-                            "order the parameter columns so a knob follows the one it depends on (--params)")
+            raise UserError(
+                f"column {name!r} is empty in some rows and set in others with {where}; "
+                "order the parameter columns so a knob follows the one it depends on (--params)"
+            )
 
 
 class NotRecorded(Exception):
@@ -177,11 +192,23 @@ class ReplayObjective:
         key = self.ask(trial)
         trial.set_user_attr("key", list(key))
         entry = self.landscape.entries.get(key)
-        base = TrialRecord(number=trial.number, state="RUNNING", role=store.role_of(trial),
-                           config=config_from_dict(self.landscape.config(key)))
+        base = TrialRecord(
+            number=trial.number,
+            state="RUNNING",
+            role=store.role_of(trial),
+            config=config_from_dict(self.landscape.config(key)),
+        )
         if entry is None or not entry.ok:  # a study records why; the structured sampler blames it
-            store.write_trial_record(trial, replace(base, state="FAIL", failure=Failure(
-                "not_recorded" if entry is None else entry.failure, "replayed from the table")))
+            store.write_trial_record(
+                trial,
+                replace(
+                    base,
+                    state="FAIL",
+                    failure=Failure(
+                        "not_recorded" if entry is None else entry.failure, "replayed from the table"
+                    ),
+                ),
+            )
             raise NotRecorded(str(key))
         trial.set_constraint("quality_floor", entry.constraint)
         noise = max(0.0, 1.0 + entry.cv * self.rng.standard_normal())
@@ -191,9 +218,20 @@ class ReplayObjective:
                 values[i] *= noise
         named = dict(zip(self.landscape.objectives, values))
         # what a study's record holds, so samplers that read records (the structured one) see the trial
-        store.write_trial_record(trial, replace(base, state="COMPLETE", constraint=entry.constraint, metrics=Metrics(
-            named.get("tokens_per_second", entry.tokens_per_second * noise), named.get("acceptance", 0.0),
-            named.get("quality", 1.0), 1.0)))
+        store.write_trial_record(
+            trial,
+            replace(
+                base,
+                state="COMPLETE",
+                constraint=entry.constraint,
+                metrics=Metrics(
+                    named.get("tokens_per_second", entry.tokens_per_second * noise),
+                    named.get("acceptance", 0.0),
+                    named.get("quality", 1.0),
+                    1.0,
+                ),
+            ),
+        )
         return tuple(values)
 
 
@@ -216,13 +254,16 @@ def replay(landscape: Landscape, strategy: str, seed: int, budget: int) -> list[
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # runs in a joblib worker: silence per process
     with warnings.catch_warnings():  # Optuna's deprecation notices, once per replay, would drown the table
         warnings.simplefilter("ignore", (FutureWarning, optuna.exceptions.ExperimentalWarning))
-        study = optuna.create_study(directions=["maximize"] * len(landscape.objectives),
-                                    sampler=make_sampler(strategy, seed, budget))
+        study = optuna.create_study(
+            directions=["maximize"] * len(landscape.objectives), sampler=make_sampler(strategy, seed, budget)
+        )
         # what a study records for its sampler: the space (here the table's choices) and the objectives
         space = {p: ["Choices", {"values": list(landscape.domains[p])}] for p in landscape.params}
         store.write_study_record(study, StudyRecord.for_replay("replay", space, tuple(landscape.objectives)))
         store.enqueue(study, landscape.config(landscape.order[0]), "baseline")  # as in a study
-        study.optimize(ReplayObjective(landscape, np.random.default_rng(seed)), n_trials=budget, catch=(NotRecorded,))
+        study.optimize(
+            ReplayObjective(landscape, np.random.default_rng(seed)), n_trials=budget, catch=(NotRecorded,)
+        )
     return [tuple(t.user_attrs["key"]) for t in study.trials]
 
 
@@ -250,7 +291,9 @@ class StrategyResult:
     median_regret_at: dict[int, float]
 
 
-def summarize_strategy(strategy: str, curves: list[list[float]], tolerance: float, checkpoints: list[int]) -> StrategyResult:
+def summarize_strategy(
+    strategy: str, curves: list[list[float]], tolerance: float, checkpoints: list[int]
+) -> StrategyResult:
     hits = [trials_to(c, tolerance) for c in curves]
     median = float(np.median([math.inf if h is None else h for h in hits]))
     return StrategyResult(
@@ -262,8 +305,15 @@ def summarize_strategy(strategy: str, curves: list[list[float]], tolerance: floa
     )
 
 
-def benchmark(landscape: Landscape, *, strategies: tuple[str, ...] = STRATEGIES, seeds: int = 10,
-              budget: int | None = None, tolerance: float = TOLERANCE, jobs: int = -1) -> dict:
+def benchmark(
+    landscape: Landscape,
+    *,
+    strategies: tuple[str, ...] = STRATEGIES,
+    seeds: int = 10,
+    budget: int | None = None,
+    tolerance: float = TOLERANCE,
+    jobs: int = -1,
+) -> dict:
     """Replay every strategy over ``seeds`` seeds; the grid, being deterministic, once."""
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
@@ -283,8 +333,10 @@ def benchmark(landscape: Landscape, *, strategies: tuple[str, ...] = STRATEGIES,
     return {
         "configurations": size,
         "feasible": sum(e.ok and e.feasible for e in landscape.entries.values()),
-        "within_tolerance": sum(e.ok and e.feasible and e.tokens_per_second >= best * (1 - tolerance)
-                                for e in landscape.entries.values()),
+        "within_tolerance": sum(
+            e.ok and e.feasible and e.tokens_per_second >= best * (1 - tolerance)
+            for e in landscape.entries.values()
+        ),
         "best_tokens_per_second": best,
         "best_config": landscape.config(landscape.best_key()),
         "params": list(landscape.params),
@@ -311,8 +363,11 @@ def targets(results: dict[str, StrategyResult], size: int, budget: int) -> dict:
     vs_grid = None if d is None else d / size
     today = results.get("today")
     # "no worse than today": the median, and the seeds that got there at all
-    vs_today = None if today is None else (d is not None and d <= (today.median_trials or budget)
-                                           and default.reached >= today.reached)
+    vs_today = (
+        None
+        if today is None
+        else (d is not None and d <= (today.median_trials or budget) and default.reached >= today.reached)
+    )
     return {
         "default_over_random": vs_random,
         "random_censored": random.median_trials is None,
@@ -331,21 +386,30 @@ def markdown(result: dict) -> str:
     for name, r in result["strategies"].items():
         median = f"{r['median_trials']:g}" if r["median_trials"] is not None else f"> {result['budget']}"
         seeds = len(r["trials_to_target"])
-        cells = [name, median, f"{r['reached']}/{seeds}"] + [f"{v:.1%}" for v in r["median_regret_at"].values()]
+        cells = [name, median, f"{r['reached']}/{seeds}"] + [
+            f"{v:.1%}" for v in r["median_regret_at"].values()
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     t = result["targets"]
     lines.append("")
-    lines.append(f"{result['configurations']} configurations, {result['feasible']} feasible, "
-                 f"{result['within_tolerance']} within {tol} of the best ({result['best_tokens_per_second']:.1f} t/s: "
-                 f"{result['best_config']}); budget {result['budget']} trials, {result['seeds']} seeds.")
+    lines.append(
+        f"{result['configurations']} configurations, {result['feasible']} feasible, "
+        f"{result['within_tolerance']} within {tol} of the best ({result['best_tokens_per_second']:.1f} t/s: "
+        f"{result['best_config']}); budget {result['budget']} trials, {result['seeds']} seeds."
+    )
     if t:
         ratio = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
         bound = "<= " if t["random_censored"] else ""
-        today = {None: "", True: "; no worse than today's default (median and seeds reached): yes",
-                 False: "; no worse than today's default (median and seeds reached): NO"}[t.get("no_worse_than_today")]
-        lines.append(f"default / random: {bound}{ratio(t['default_over_random'])} (target <= 0.5); "
-                     f"default / grid size: {ratio(t['default_over_grid_size'])} (target <= 0.25){today}: "
-                     f"{'met' if t['met'] else 'MISSED'}")
+        today = {
+            None: "",
+            True: "; no worse than today's default (median and seeds reached): yes",
+            False: "; no worse than today's default (median and seeds reached): NO",
+        }[t.get("no_worse_than_today")]
+        lines.append(
+            f"default / random: {bound}{ratio(t['default_over_random'])} (target <= 0.5); "
+            f"default / grid size: {ratio(t['default_over_grid_size'])} (target <= 0.25){today}: "
+            f"{'met' if t['met'] else 'MISSED'}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -357,14 +421,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "feasible tokens/s are compared over seeds."
     )
     parser.add_argument("table", type=Path, help="the recorded table (.csv or .jsonl)")
-    parser.add_argument("--params", help="comma-separated parameter columns, in the order they are asked "
-                        "(default: every non-result column that varies)")
-    parser.add_argument("--objectives", help="comma-separated objective columns "
-                        f"(default: those of {', '.join(DEFAULT_OBJECTIVES)} in the table)")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated (default: {','.join(STRATEGIES)})")
+    parser.add_argument(
+        "--params",
+        help="comma-separated parameter columns, in the order they are asked "
+        "(default: every non-result column that varies)",
+    )
+    parser.add_argument(
+        "--objectives",
+        help="comma-separated objective columns "
+        f"(default: those of {', '.join(DEFAULT_OBJECTIVES)} in the table)",
+    )
+    parser.add_argument(
+        "--strategies",
+        default=",".join(STRATEGIES),
+        help=f"comma-separated (default: {','.join(STRATEGIES)})",
+    )
     parser.add_argument("--seeds", type=int, default=10, help="seeds per strategy (default: 10)")
-    parser.add_argument("--trials", type=int, help="trials per replay (default: the number of configurations)")
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="regret counted as found (default: 0.03)")
+    parser.add_argument(
+        "--trials", type=int, help="trials per replay (default: the number of configurations)"
+    )
+    parser.add_argument(
+        "--tolerance", type=float, default=TOLERANCE, help="regret counted as found (default: 0.03)"
+    )
     parser.add_argument("--jobs", type=int, default=-1, help="parallel replays (default: all CPUs)")
     parser.add_argument("--json", type=Path, help="also write the full result here")
 
@@ -377,8 +455,14 @@ def run(args: argparse.Namespace) -> int:
     if args.trials is not None and args.trials < 1:
         raise UserError(f"--trials: must be >= 1, got {args.trials}")
     landscape = load_landscape(read_table(args.table), _split(args.params), _split(args.objectives))
-    result = benchmark(landscape, strategies=tuple(_split(args.strategies) or STRATEGIES), seeds=args.seeds,
-                       budget=args.trials, tolerance=args.tolerance, jobs=args.jobs)
+    result = benchmark(
+        landscape,
+        strategies=tuple(_split(args.strategies) or STRATEGIES),
+        seeds=args.seeds,
+        budget=args.trials,
+        tolerance=args.tolerance,
+        jobs=args.jobs,
+    )
     result["table"] = str(args.table)
     print(markdown(result), end="")
     if args.json:

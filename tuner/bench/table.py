@@ -45,7 +45,9 @@ def read_table(path: Path) -> pd.DataFrame:
         else:
             frame = pd.read_csv(path)
     except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise UserError(f"{path}: cannot read it as {'JSONL' if path.suffix in ('.jsonl', '.json') else 'CSV'} ({err})") from err
+        raise UserError(
+            f"{path}: cannot read it as {'JSONL' if path.suffix in ('.jsonl', '.json') else 'CSV'} ({err})"
+        ) from err
     if frame.empty:
         raise UserError(f"{path}: the table has no rows")
     return frame
@@ -60,7 +62,9 @@ def parameter_columns(frame: pd.DataFrame, given: list[str] | None = None) -> li
     if given:
         missing = [c for c in given if c not in frame.columns]
         if missing:
-            raise UserError(f"--params: {missing[0]!r} is not a column of the table (columns: {', '.join(frame.columns)})")
+            raise UserError(
+                f"--params: {missing[0]!r} is not a column of the table (columns: {', '.join(frame.columns)})"
+            )
         return list(given)
     params = [c for c in frame.columns if c not in RESULT_COLUMNS and frame[c].nunique(dropna=False) > 1]
     if not params:

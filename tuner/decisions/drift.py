@@ -22,7 +22,9 @@ from tuner.storage.records import TrialRecord
 from tuner.studyfile.spec import SentinelSpec
 
 REFERENCE_ROLES = ("baseline", "sentinel")
-PRIOR_LAUNCH_SIGMA = 0.05  # launch-to-launch spread assumed until three reference runs of a worker measured it
+PRIOR_LAUNCH_SIGMA = (
+    0.05  # launch-to-launch spread assumed until three reference runs of a worker measured it
+)
 PRIOR_WEIGHT = 2  # the prior counts as this many measured steps: two steps barely measure a spread
 MIN_LAUNCH_SIGMA = 0.02
 
@@ -50,7 +52,8 @@ class Sentinels:
             at = midpoint(r)
             if r.role in REFERENCE_ROLES and r.complete and at is not None:
                 self.points.setdefault(r.worker, []).append(
-                    Point(at, r.metrics.tokens_per_second, r.spread.cv if r.spread else None))
+                    Point(at, r.metrics.tokens_per_second, r.spread.cv if r.spread else None)
+                )
         for series in self.points.values():
             series.sort(key=lambda p: p.at)
 
@@ -76,8 +79,11 @@ class Sentinels:
     def steps(self, worker: str) -> list[float]:
         """Log-ratios of consecutive reference runs of one worker: each a difference of two launches."""
         series = self.points.get(worker) or []
-        return [math.log(b.tokens_per_second / a.tokens_per_second) for a, b in zip(series, series[1:])
-                if a.tokens_per_second > 0 and b.tokens_per_second > 0]
+        return [
+            math.log(b.tokens_per_second / a.tokens_per_second)
+            for a, b in zip(series, series[1:])
+            if a.tokens_per_second > 0 and b.tokens_per_second > 0
+        ]
 
     def launch_sigma(self, worker: str) -> float | None:
         """The launch-to-launch spread of one configuration on this worker, in log terms: the RMS of the
@@ -99,7 +105,10 @@ class Sentinels:
             return False
         a, b = around
         noise = 2 * max(a.cv or 0.0, b.cv or 0.0, self.noise_cv)
-        return abs(b.tokens_per_second - a.tokens_per_second) / ((a.tokens_per_second + b.tokens_per_second) / 2) > noise
+        return (
+            abs(b.tokens_per_second - a.tokens_per_second) / ((a.tokens_per_second + b.tokens_per_second) / 2)
+            > noise
+        )
 
     def speedup(self, record: TrialRecord) -> float | None:
         at = midpoint(record)
@@ -114,8 +123,10 @@ def allowed_launch_spread(steps: list[float]) -> float:
     if len(steps) < 2:
         return PRIOR_LAUNCH_SIGMA
     measured = sum(d * d for d in steps) / 2
-    return max(math.sqrt((measured + PRIOR_WEIGHT * PRIOR_LAUNCH_SIGMA ** 2) / (len(steps) + PRIOR_WEIGHT)),
-               MIN_LAUNCH_SIGMA)
+    return max(
+        math.sqrt((measured + PRIOR_WEIGHT * PRIOR_LAUNCH_SIGMA**2) / (len(steps) + PRIOR_WEIGHT)),
+        MIN_LAUNCH_SIGMA,
+    )
 
 
 def sentinel_due(records: list[TrialRecord], worker: str, spec: SentinelSpec, now: float) -> bool:

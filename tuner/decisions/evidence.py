@@ -129,8 +129,13 @@ def ratio(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
     if not logs:
         return Ratio(math.nan, math.nan, math.nan, 0, confidence)
     low, high = _bounds(logs, confidence)
-    return Ratio(math.exp(statistics.fmean(logs)), math.exp(low) if low > -math.inf else 0.0,
-                 math.exp(high) if high < math.inf else math.inf, len(logs), confidence)
+    return Ratio(
+        math.exp(statistics.fmean(logs)),
+        math.exp(low) if low > -math.inf else 0.0,
+        math.exp(high) if high < math.inf else math.inf,
+        len(logs),
+        confidence,
+    )
 
 
 def shown_better(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> bool:

@@ -28,17 +28,19 @@ from dataclasses import asdict, dataclass, field
 
 import optuna
 
-from tuner.storage import store
 from tuner.context import StudyContext
 from tuner.decisions import evidence
 from tuner.decisions.race import label
-from tuner.storage.records import TrialRecord
 from tuner.decisions.remeasure import contender, rounds_of_launches
 from tuner.measurement.workload import HELD_OUT_MIN, Split, restrict, split
 from tuner.search.space import method_of
+from tuner.storage import store
+from tuner.storage.records import TrialRecord
 
-RULE = ("a type gets its own entry when its winner beats the pooled winner on the type's held-out prompts with the "
-        f"whole 95% t-interval of the gain (paired launches, at least {evidence.MIN_ROUNDS} rounds) above 1")
+RULE = (
+    "a type gets its own entry when its winner beats the pooled winner on the type's held-out prompts with the "
+    f"whole 95% t-interval of the gain (paired launches, at least {evidence.MIN_ROUNDS} rounds) above 1"
+)
 
 
 def _pooled(samples: list[dict]) -> float:
@@ -57,7 +59,9 @@ def tuning_rate(record: TrialRecord, prompt_ids: tuple[str, ...] | list[str]) ->
     return statistics.median(_pooled([s for s in chosen if s.get("repetition", 0) == r]) for r in repetitions)
 
 
-def type_winners(records: list[TrialRecord], splits: dict[str, Split]) -> dict[str, tuple[TrialRecord, float]]:
+def type_winners(
+    records: list[TrialRecord], splits: dict[str, Split]
+) -> dict[str, tuple[TrialRecord, float]]:
     """For each split suite, the feasible trial fastest on its tuning prompts, with that rate."""
     pool = [r for r in records if r.feasible and r.role != "sentinel"]
     winners: dict[str, tuple[TrialRecord, float]] = {}
@@ -110,8 +114,13 @@ class PerTypeResult:
         return cls(**{**data, "types": [TypeResult(**t) for t in data["types"]]})
 
 
-def race_per_type(ctx: StudyContext, study: optuna.Study, pooled: TrialRecord,
-                  progress: Callable[[str], None] = print, rounds: int | None = None) -> PerTypeResult | None:
+def race_per_type(
+    ctx: StudyContext,
+    study: optuna.Study,
+    pooled: TrialRecord,
+    progress: Callable[[str], None] = print,
+    rounds: int | None = None,
+) -> PerTypeResult | None:
     """Per-type winners on the tuning prompts, re-measured on the held-out prompts against the
     pooled winner and the baseline; stored with the study. None when there is no baseline."""
     baseline = store.baseline_record(study)
@@ -129,10 +138,18 @@ def race_per_type(ctx: StudyContext, study: optuna.Study, pooled: TrialRecord,
     for r in (pooled, baseline, *(w for w, _ in winners.values())):
         contenders.setdefault(r.config, r)
     held_out = restrict(ctx.workload, [i for suite in winners for i in splits[suite].held_out])
-    progress(f"per-type race: {len(contenders)} configurations on {len(held_out.prompts)} held-out prompts "
-             f"({', '.join(winners)}) x {rounds} rounds, one launch each per round")
-    measured = rounds_of_launches([contender(label(r), r) for r in contenders.values()],
-                                  held_out, ctx.settings, rounds, ctx.log_dir, progress)
+    progress(
+        f"per-type race: {len(contenders)} configurations on {len(held_out.prompts)} held-out prompts "
+        f"({', '.join(winners)}) x {rounds} rounds, one launch each per round"
+    )
+    measured = rounds_of_launches(
+        [contender(label(r), r) for r in contenders.values()],
+        held_out,
+        ctx.settings,
+        rounds,
+        ctx.log_dir,
+        progress,
+    )
     types = []
     for suite, (winner, tuning) in winners.items():
         own = contenders[winner.config]
@@ -146,18 +163,36 @@ def race_per_type(ctx: StudyContext, study: optuna.Study, pooled: TrialRecord,
             ratio = evidence.ratio(mine, theirs)
             gain, low, high = ratio.estimate, ratio.low, ratio.high
             pays = ratio.enough and low > 1.0
-            why = (f"{ratio.text()} over the pooled winner on held-out prompts"
-                   + ("" if pays else ": too few rounds, no separate entry" if not ratio.enough
-                      else ": slower than the pooled winner there" if high < 1.0
-                      else ": within the noise, no separate entry"))
-        types.append(TypeResult(
-            suite=suite, tuning_prompts=list(splits[suite].tuning), held_out_prompts=list(splits[suite].held_out),
-            winner=winner.number, config=winner.config.as_dict(), pooled=pooled.number,
-            tuning_tokens_per_second=tuning, pooled_tuning_tokens_per_second=tuning_rate(pooled, splits[suite].tuning),
-            held_out_tokens_per_second=evidence.geometric_mean(mine),
-            pooled_held_out_tokens_per_second=evidence.geometric_mean(theirs),
-            baseline_held_out_tokens_per_second=evidence.geometric_mean(base), held_out_rates=mine,
-            gain=gain, gain_low=low, gain_high=high, pays=pays, why=why))
+            why = f"{ratio.text()} over the pooled winner on held-out prompts" + (
+                ""
+                if pays
+                else ": too few rounds, no separate entry"
+                if not ratio.enough
+                else ": slower than the pooled winner there"
+                if high < 1.0
+                else ": within the noise, no separate entry"
+            )
+        types.append(
+            TypeResult(
+                suite=suite,
+                tuning_prompts=list(splits[suite].tuning),
+                held_out_prompts=list(splits[suite].held_out),
+                winner=winner.number,
+                config=winner.config.as_dict(),
+                pooled=pooled.number,
+                tuning_tokens_per_second=tuning,
+                pooled_tuning_tokens_per_second=tuning_rate(pooled, splits[suite].tuning),
+                held_out_tokens_per_second=evidence.geometric_mean(mine),
+                pooled_held_out_tokens_per_second=evidence.geometric_mean(theirs),
+                baseline_held_out_tokens_per_second=evidence.geometric_mean(base),
+                held_out_rates=mine,
+                gain=gain,
+                gain_low=low,
+                gain_high=high,
+                pays=pays,
+                why=why,
+            )
+        )
     result = PerTypeResult(rounds, pooled.number, baseline.number, types, unsplit)
     store.write_per_type(study, result.to_json())
     return result
@@ -165,18 +200,22 @@ def race_per_type(ctx: StudyContext, study: optuna.Study, pooled: TrialRecord,
 
 def describe(result: PerTypeResult) -> list[str]:
     """The per-type table an operator reads, and which types get their own entry."""
-    lines = [f"per-type winners (picked on tuning prompts, re-measured on {HELD_OUT_MIN}+ held-out prompts per type "
-             f"over {result.rounds} rounds against the pooled winner, trial {result.pooled}):",
-             f"  {'type':<10} {'trial':>5} {'K':>3} {'draft':<12} {'tuning t/s':>10} {'held-out t/s':>12} "
-             f"{'pooled held-out':>15} {'gain [95%]':>18}  entry"]
+    lines = [
+        f"per-type winners (picked on tuning prompts, re-measured on {HELD_OUT_MIN}+ held-out prompts per type "
+        f"over {result.rounds} rounds against the pooled winner, trial {result.pooled}):",
+        f"  {'type':<10} {'trial':>5} {'K':>3} {'draft':<12} {'tuning t/s':>10} {'held-out t/s':>12} "
+        f"{'pooled held-out':>15} {'gain [95%]':>18}  entry",
+    ]
     for t in result.types:
         c = t.config
         k = c.get("draft_max") if c.get("spec_type", "none") != "none" else 0
         draft = method_of(c)
-        lines.append(f"  {t.suite:<10} {t.winner:>5} {k if k is not None else '-':>3} {draft[:24]:<12} "
-                     f"{t.tuning_tokens_per_second:>10.1f} {t.held_out_tokens_per_second:>12.1f} "
-                     f"{t.pooled_held_out_tokens_per_second:>15.1f} "
-                     f"{f'x{t.gain:.2f} [{t.gain_low:.2f}, {t.gain_high:.2f}]':>18}  {'yes' if t.pays else 'no'}")
+        lines.append(
+            f"  {t.suite:<10} {t.winner:>5} {k if k is not None else '-':>3} {draft[:24]:<12} "
+            f"{t.tuning_tokens_per_second:>10.1f} {t.held_out_tokens_per_second:>12.1f} "
+            f"{t.pooled_held_out_tokens_per_second:>15.1f} "
+            f"{f'x{t.gain:.2f} [{t.gain_low:.2f}, {t.gain_high:.2f}]':>18}  {'yes' if t.pays else 'no'}"
+        )
     for t in result.types:
         lines.append(f"  {t.suite}: {'own entry' if t.pays else 'no own entry'}: {t.why}")
     for suite, why in result.unsplit.items():

@@ -46,7 +46,9 @@ from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord
 from tuner.studyfile.spec import RaceSpec
 
-RESOURCE_RULE = "among configurations shown equivalent: fewer threads, then the smaller draft model (none is smallest)"
+RESOURCE_RULE = (
+    "among configurations shown equivalent: fewer threads, then the smaller draft model (none is smallest)"
+)
 Z = 2.0
 OUTLIER_CONTEXT = 3  # other rounds a launch is compared with before it is judged an outlier
 
@@ -62,7 +64,9 @@ def within_reach(scored: list[tuple[float, float]], launch: float) -> list[int]:
         return []
     order = sorted(range(len(scored)), key=lambda i: scored[i][0], reverse=True)
     top, top_cv = scored[order[0]]
-    return [i for i in order if top - scored[i][0] <= Z * math.sqrt(top_cv ** 2 + scored[i][1] ** 2 + 2 * launch ** 2)]
+    return [
+        i for i in order if top - scored[i][0] <= Z * math.sqrt(top_cv**2 + scored[i][1] ** 2 + 2 * launch**2)
+    ]
 
 
 def finalists(records: list[TrialRecord], noise_cv: float, max_finalists: int) -> list[TrialRecord]:
@@ -72,8 +76,10 @@ def finalists(records: list[TrialRecord], noise_cv: float, max_finalists: int) -
     pool = [r for r in records if r.feasible and r.role != "sentinel" and r.metrics.tokens_per_second > 0]
     corrected = [1.0 if r.role == "baseline" else sentinels.speedup(r) for r in pool]
     rates = corrected if all(corrected) else [r.metrics.tokens_per_second for r in pool]
-    scored = [(math.log(rate), r.spread.cv if r.spread and r.spread.cv is not None else noise_cv)
-              for rate, r in zip(rates, pool)]
+    scored = [
+        (math.log(rate), r.spread.cv if r.spread and r.spread.cv is not None else noise_cv)
+        for rate, r in zip(rates, pool)
+    ]
     chosen: dict = {}
     for i in within_reach(scored, sentinels.launch_spread()):
         chosen.setdefault(pool[i].config, pool[i])
@@ -115,19 +121,27 @@ def _add_round(contest: Contest, launched: dict[str, float], relaunch: Callable[
             if (name, i) in contest.vetted or (len(rates) - 1 < OUTLIER_CONTEXT and value > 0):
                 continue
             contest.vetted.add((name, i))
-            if evidence.is_outlier(value, rates[:i] + rates[i + 1:]):
+            if evidence.is_outlier(value, rates[:i] + rates[i + 1 :]):
                 again = relaunch(name)
                 contest.launches += 1
                 rates[i] = again
-                contest.outliers.append(f"round {i + 1}: {name} measured {value:.1f} t/s, far from its other "
-                                        f"rounds ({', '.join(f'{v:.1f}' for v in rates[:i] + rates[i + 1:])}); "
-                                        f"launched again: {again:.1f} t/s (used)")
+                contest.outliers.append(
+                    f"round {i + 1}: {name} measured {value:.1f} t/s, far from its other "
+                    f"rounds ({', '.join(f'{v:.1f}' for v in rates[:i] + rates[i + 1 :])}); "
+                    f"launched again: {again:.1f} t/s (used)"
+                )
 
 
-def sequential_race(labels: list[str], baseline: str, launch_round: Callable[[list[str], int], dict[str, float]],
-                    relaunch: Callable[[str], float], resources: dict[str, tuple], spec: RaceSpec,
-                    progress: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic
-                    ) -> tuple[Contest, Outcome]:
+def sequential_race(
+    labels: list[str],
+    baseline: str,
+    launch_round: Callable[[list[str], int], dict[str, float]],
+    relaunch: Callable[[str], float],
+    resources: dict[str, tuple],
+    spec: RaceSpec,
+    progress: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[Contest, Outcome]:
     """Selection rounds until the leader is shown better than or equivalent to every other finalist.
 
     ``launch_round(labels, round_index)`` launches each once and returns its rate; ``relaunch(label)``
@@ -140,8 +154,11 @@ def sequential_race(labels: list[str], baseline: str, launch_round: Callable[[li
         measured = list(contest.candidates)
         _add_round(contest, launch_round(measured, r), relaunch)
         outcome = _judge(contest, resources, spec, r + 1)
-        progress(f"race round {r + 1}: " + ", ".join(f"{n} {contest.rates[n][-1]:.1f}" for n in measured)
-                 + f" t/s; {outcome.verdict if outcome else 'racing on'}")
+        progress(
+            f"race round {r + 1}: "
+            + ", ".join(f"{n} {contest.rates[n][-1]:.1f}" for n in measured)
+            + f" t/s; {outcome.verdict if outcome else 'racing on'}"
+        )
         if outcome is not None:
             return contest, outcome
         if clock() >= deadline and r + 1 >= evidence.MIN_ROUNDS:
@@ -171,17 +188,22 @@ def _judge(contest: Contest, resources: dict[str, tuple], spec: RaceSpec, rounds
             contest.candidates.remove(other)
             contest.dropped[other] = f"shown slower than {leader} after {rounds} rounds"
     others = [c for c in contest.candidates if c != leader]
-    equivalent = [c for c in others
-                  if evidence.shown_equivalent(lead, contest.rates[c], spec.equivalence, look_alpha(spec))]
+    equivalent = [
+        c
+        for c in others
+        if evidence.shown_equivalent(lead, contest.rates[c], spec.equivalence, look_alpha(spec))
+    ]
     if len(equivalent) < len(others):
         return None
     winner = min([leader, *equivalent], key=lambda c: resources.get(c, ()))
     if not equivalent:
         verdict = f"{leader} shown faster than every other finalist after {rounds} rounds"
     else:
-        verdict = (f"{leader} leads; {', '.join(equivalent)} shown equivalent to it within "
-                   f"{spec.equivalence:.0%} after {rounds} rounds"
-                   + (f"; {winner} deployed by the resource rule ({RESOURCE_RULE})" if winner != leader else ""))
+        verdict = (
+            f"{leader} leads; {', '.join(equivalent)} shown equivalent to it within "
+            f"{spec.equivalence:.0%} after {rounds} rounds"
+            + (f"; {winner} deployed by the resource rule ({RESOURCE_RULE})" if winner != leader else "")
+        )
     return Outcome(winner, True, verdict, equivalent, leader)
 
 
@@ -189,11 +211,19 @@ def _undecided(contest: Contest, spec: RaceSpec, limit: str, rounds: int) -> Out
     leader = _leader(contest)
     lead = contest.rates[leader]
     open_ = [c for c in contest.candidates if c != leader]
-    equivalent = [c for c in open_
-                  if evidence.shown_equivalent(lead, contest.rates[c], spec.equivalence, look_alpha(spec))]
-    verdict = (f"undecided after {rounds} rounds ({limit} reached): {leader} has the higher estimate and is deployed; "
-               f"not told apart from {', '.join(c for c in open_ if c not in equivalent)}") if open_ else \
-        f"{leader} is the only finalist left after {rounds} rounds"
+    equivalent = [
+        c
+        for c in open_
+        if evidence.shown_equivalent(lead, contest.rates[c], spec.equivalence, look_alpha(spec))
+    ]
+    verdict = (
+        (
+            f"undecided after {rounds} rounds ({limit} reached): {leader} has the higher estimate and is deployed; "
+            f"not told apart from {', '.join(c for c in open_ if c not in equivalent)}"
+        )
+        if open_
+        else f"{leader} is the only finalist left after {rounds} rounds"
+    )
     return Outcome(leader, not open_, verdict, equivalent, leader)
 
 
@@ -237,7 +267,9 @@ class RaceResult:
     verdict: str
     rule: str
     equivalence: float
-    drafted: dict[str, int]  # per label, tokens drafted during the race (0 for a speculative one: it did not draft)
+    drafted: dict[
+        str, int
+    ]  # per label, tokens drafted during the race (0 for a speculative one: it did not draft)
     outliers: list[str]
     launches: int
     confirmation: Confirmation | None  # None when the baseline won
@@ -251,8 +283,10 @@ class RaceResult:
         if self.confirmation is None:
             return "x1.00: the baseline configuration won (nothing to confirm)"
         c = self.confirmation
-        return (f"{c.text()} over the baseline, from {c.rounds} confirmation rounds (winner and baseline "
-                f"launched alone, not used to pick it)")
+        return (
+            f"{c.text()} over the baseline, from {c.rounds} confirmation rounds (winner and baseline "
+            f"launched alone, not used to pick it)"
+        )
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -268,13 +302,22 @@ class RaceResult:
 
 def resource_key(record: TrialRecord, study: StudyRecord) -> tuple:
     c = record.config
-    draft_bytes = (study.drafts.get(c.draft) or {}).get("file_size_bytes", 0) if c.speculative and c.draft else 0
+    draft_bytes = (
+        (study.drafts.get(c.draft) or {}).get("file_size_bytes", 0) if c.speculative and c.draft else 0
+    )
     return (c.threads, draft_bytes)
 
 
-def run_race(study: StudyRecord, candidates: list[TrialRecord], baseline: TrialRecord, workload: Workload,
-             settings: MeasurementSettings, spec: RaceSpec, log_dir: Path,
-             progress: Callable[[str], None] = print) -> RaceResult:
+def run_race(
+    study: StudyRecord,
+    candidates: list[TrialRecord],
+    baseline: TrialRecord,
+    workload: Workload,
+    settings: MeasurementSettings,
+    spec: RaceSpec,
+    log_dir: Path,
+    progress: Callable[[str], None] = print,
+) -> RaceResult:
     """Selection rounds of launches, then confirmation rounds of the winner against the baseline."""
     records = {label(r): r for r in [*candidates, baseline]}
     contenders: dict[str, Contender] = {name: contender(name, r) for name, r in records.items()}
@@ -291,80 +334,158 @@ def run_race(study: StudyRecord, candidates: list[TrialRecord], baseline: TrialR
         return rate(name, remeasure.launch(contenders[name]))
 
     def launch_round(names: list[str], r: int) -> dict[str, float]:
-        return {name: rate(name, launched)
-                for name, launched in remeasure.round([contenders[n] for n in names], r).items()}
+        return {
+            name: rate(name, launched)
+            for name, launched in remeasure.round([contenders[n] for n in names], r).items()
+        }
 
-    progress(f"race: {len(records)} finalists ({', '.join(records)}), one launch each per round, "
-             f"{spec.min_rounds}-{spec.max_rounds} rounds until decided (equivalence margin {spec.equivalence:.0%})")
-    contest, outcome = sequential_race([n for n in records if n != label(baseline)], label(baseline), launch_round,
-                                       launch, {n: resource_key(r, study) for n, r in records.items()}, spec, progress)
+    progress(
+        f"race: {len(records)} finalists ({', '.join(records)}), one launch each per round, "
+        f"{spec.min_rounds}-{spec.max_rounds} rounds until decided (equivalence margin {spec.equivalence:.0%})"
+    )
+    contest, outcome = sequential_race(
+        [n for n in records if n != label(baseline)],
+        label(baseline),
+        launch_round,
+        launch,
+        {n: resource_key(r, study) for n, r in records.items()},
+        spec,
+        progress,
+    )
     confirmation = None
     if outcome.winner != label(baseline) and spec.confirm_rounds:
-        progress(f"race: confirming {outcome.winner} against the baseline in {spec.confirm_rounds} fresh rounds")
-        confirmation, check = confirm(outcome.winner, label(baseline), launch_round, launch, spec.confirm_rounds)
+        progress(
+            f"race: confirming {outcome.winner} against the baseline in {spec.confirm_rounds} fresh rounds"
+        )
+        confirmation, check = confirm(
+            outcome.winner, label(baseline), launch_round, launch, spec.confirm_rounds
+        )
         contest.outliers += [f"confirmation {line}" for line in check.outliers]
         contest.launches += check.launches
     entries = _entries(contest, outcome, records, label(baseline), accepted)
-    return RaceResult(max(len(v) for v in contest.rates.values()), baseline.number, entries, records[outcome.winner].number,
-                      outcome.decided, outcome.verdict, RESOURCE_RULE, spec.equivalence, drafted, contest.outliers,
-                      contest.launches, confirmation)
+    return RaceResult(
+        max(len(v) for v in contest.rates.values()),
+        baseline.number,
+        entries,
+        records[outcome.winner].number,
+        outcome.decided,
+        outcome.verdict,
+        RESOURCE_RULE,
+        spec.equivalence,
+        drafted,
+        contest.outliers,
+        contest.launches,
+        confirmation,
+    )
 
 
-def confirm(winner: str, baseline: str, launch_round: Callable[[list[str], int], dict[str, float]],
-            relaunch: Callable[[str], float], rounds: int) -> tuple[Confirmation, Contest]:
+def confirm(
+    winner: str,
+    baseline: str,
+    launch_round: Callable[[list[str], int], dict[str, float]],
+    relaunch: Callable[[str], float],
+    rounds: int,
+) -> tuple[Confirmation, Contest]:
     """The winner and the baseline alone for ``rounds`` fresh rounds: the speedup the operator is told."""
     pair = [winner, baseline]
     check = Contest({n: [] for n in pair}, list(pair))
     for r in range(rounds):
         _add_round(check, launch_round(pair, r), relaunch)
     ratio = evidence.ratio(check.rates[winner], check.rates[baseline])
-    return Confirmation(rounds, check.rates[winner], check.rates[baseline], ratio.estimate, ratio.low, ratio.high), check
+    return Confirmation(
+        rounds, check.rates[winner], check.rates[baseline], ratio.estimate, ratio.low, ratio.high
+    ), check
 
 
-def _entries(contest: Contest, outcome: Outcome, records: dict[str, TrialRecord], baseline: str,
-             accepted: dict[str, list[int]]) -> list[Entry]:
+def _entries(
+    contest: Contest,
+    outcome: Outcome,
+    records: dict[str, TrialRecord],
+    baseline: str,
+    accepted: dict[str, list[int]],
+) -> list[Entry]:
     entries = []
     base = contest.rates[baseline]
     for name, rates in contest.rates.items():
         r = records[name]
         common = min(len(rates), len(base))  # the baseline or this finalist may have been dropped first
         ratio = evidence.ratio(rates[:common], base[:common])
-        status = ("winner" if name == outcome.winner else "equivalent" if name in outcome.equivalent
-                  else f"dropped: {contest.dropped[name]}" if name in contest.dropped
-                  else "leader" if name == outcome.leader else "undecided")
-        entries.append(Entry(r.number, name, r.config.as_dict(), r.metrics.tokens_per_second, rates,
-                             evidence.geometric_mean(rates), ratio.estimate, ratio.low, ratio.high, status, accepted[name]))
+        status = (
+            "winner"
+            if name == outcome.winner
+            else "equivalent"
+            if name in outcome.equivalent
+            else f"dropped: {contest.dropped[name]}"
+            if name in contest.dropped
+            else "leader"
+            if name == outcome.leader
+            else "undecided"
+        )
+        entries.append(
+            Entry(
+                r.number,
+                name,
+                r.config.as_dict(),
+                r.metrics.tokens_per_second,
+                rates,
+                evidence.geometric_mean(rates),
+                ratio.estimate,
+                ratio.low,
+                ratio.high,
+                status,
+                accepted[name],
+            )
+        )
     return sorted(entries, key=lambda e: (len(e.rates), e.mean_tokens_per_second), reverse=True)
 
 
-def race_study(ctx: StudyContext, study: optuna.Study, progress: Callable[[str], None] = print,
-               candidates: list[TrialRecord] | None = None) -> RaceResult | None:
+def race_study(
+    ctx: StudyContext,
+    study: optuna.Study,
+    progress: Callable[[str], None] = print,
+    candidates: list[TrialRecord] | None = None,
+) -> RaceResult | None:
     """Race a study's finalists (or the given candidates) against its baseline; stored with the study.
     None when there is nothing to race: no feasible trial other than the baseline itself."""
     base = store.baseline_record(study)
     if base is None:
         return None
-    pool = candidates if candidates is not None else finalists(
-        store.read_trials(study), ctx.settings.noise_cv, ctx.spec.race.max_finalists)
+    pool = (
+        candidates
+        if candidates is not None
+        else finalists(store.read_trials(study), ctx.settings.noise_cv, ctx.spec.race.max_finalists)
+    )
     pool = [r for r in pool if r.config != base.config]
     if not pool:
         return None
-    result = run_race(store.read_study_record(study), pool, base, ctx.workload, ctx.settings, ctx.spec.race,
-                      ctx.log_dir, progress)
+    result = run_race(
+        store.read_study_record(study),
+        pool,
+        base,
+        ctx.workload,
+        ctx.settings,
+        ctx.spec.race,
+        ctx.log_dir,
+        progress,
+    )
     store.write_race(study, result.to_json())
     return result
 
 
 def describe(result: RaceResult) -> list[str]:
     """What an operator reads: the table, the verdict, outliers, and the winner's confirmed figure."""
-    lines = [f"race: {result.rounds} selection rounds, {result.launches} launches (per finalist: geometric mean "
-             f"tokens/s over its launches; speedup over the baseline on paired rounds, 95% t-interval):"]
+    lines = [
+        f"race: {result.rounds} selection rounds, {result.launches} launches (per finalist: geometric mean "
+        f"tokens/s over its launches; speedup over the baseline on paired rounds, 95% t-interval):"
+    ]
     for e in result.entries:
         mark = "*" if e.trial == result.winner else " "
         ratio = evidence.Ratio(e.speedup, e.speedup_low, e.speedup_high, len(e.rates))
-        lines.append(f" {mark} trial {e.trial:>3}: {e.mean_tokens_per_second:8.1f} t/s over {len(e.rates)} launches (recorded "
-                     f"{e.recorded_tokens_per_second:.1f}), {ratio.text()} | {e.status} | "
-                     + " ".join(f"{k}={v}" for k, v in e.config.items()))
+        lines.append(
+            f" {mark} trial {e.trial:>3}: {e.mean_tokens_per_second:8.1f} t/s over {len(e.rates)} launches (recorded "
+            f"{e.recorded_tokens_per_second:.1f}), {ratio.text()} | {e.status} | "
+            + " ".join(f"{k}={v}" for k, v in e.config.items())
+        )
     lines.append(f"verdict: {result.verdict}")
     lines += [f"outlier: {line}" for line in result.outliers]
     w = result.winning

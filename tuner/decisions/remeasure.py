@@ -78,8 +78,13 @@ def williams_order(n: int, round_index: int) -> list[int]:
 class Remeasure:
     """Launches contenders one at a time; remembers the NUMA policy its pages were placed under."""
 
-    def __init__(self, workload: Workload, settings: MeasurementSettings, log_dir: Path,
-                 progress: Callable[[str], None] = print):
+    def __init__(
+        self,
+        workload: Workload,
+        settings: MeasurementSettings,
+        log_dir: Path,
+        progress: Callable[[str], None] = print,
+    ):
         self.workload, self.log_dir, self.progress = workload, log_dir, progress
         self.settings = replace(settings, repetitions=1, max_repetitions=None)
         self.placed_under: str | None = None
@@ -94,12 +99,18 @@ class Remeasure:
         timeout = self.settings.trial_timeout_s
         log = self.log_dir / f"remeasure-{c.label}-{self.launches}.log"
         try:
-            with LlamaServer(c.argv, free_port(), log, ready_timeout_s=timeout, request_timeout_s=timeout) as server:
+            with LlamaServer(
+                c.argv, free_port(), log, ready_timeout_s=timeout, request_timeout_s=timeout
+            ) as server:
                 samples = run_workload(server, self.workload, self.settings, c.temperature)
         except TrialFailure as failure:
             raise UserError(f"re-measuring {c.label} failed: {failure}; see {log}") from None
-        return Launch(pooled_rate(samples), sum(s.draft_n for s in samples), sum(s.draft_n_accepted for s in samples),
-                      {suite: pooled_rate(s for s in samples if s.suite == suite) for suite in self.workload.suites})
+        return Launch(
+            pooled_rate(samples),
+            sum(s.draft_n for s in samples),
+            sum(s.draft_n_accepted for s in samples),
+            {suite: pooled_rate(s for s in samples if s.suite == suite) for suite in self.workload.suites},
+        )
 
     def round(self, contenders: Sequence[Contender], round_index: int) -> dict[str, Launch]:
         """Each contender launched once, in the Williams order of this round."""
@@ -107,17 +118,30 @@ class Remeasure:
         return {c.label: self.launch(c) for c in order}
 
 
-def rounds_of_launches(contenders: list[Contender], workload: Workload, settings: MeasurementSettings, rounds: int,
-                       log_dir: Path, progress: Callable[[str], None] = print) -> dict[str, Rates]:
+def rounds_of_launches(
+    contenders: list[Contender],
+    workload: Workload,
+    settings: MeasurementSettings,
+    rounds: int,
+    log_dir: Path,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Rates]:
     """A fixed number of rounds, each launching every contender once (per-type race, repeatability bench)."""
     remeasure = Remeasure(workload, settings, log_dir, progress)
     launches: dict[str, list[Launch]] = {c.label: [] for c in contenders}
     for r in range(rounds):
         for label, launch in remeasure.round(contenders, r).items():
             launches[label].append(launch)
-        progress(f"re-measure round {r + 1}/{rounds} (one launch each): "
-                 + ", ".join(f"{label} {values[-1].rate:.1f} t/s" for label, values in launches.items()))
-    return {label: Rates([x.rate for x in values], sum(x.drafted for x in values),
-                         {s: [x.per_suite.get(s, 0.0) for x in values] for s in workload.suites},
-                         [x.accepted for x in values])
-            for label, values in launches.items()}
+        progress(
+            f"re-measure round {r + 1}/{rounds} (one launch each): "
+            + ", ".join(f"{label} {values[-1].rate:.1f} t/s" for label, values in launches.items())
+        )
+    return {
+        label: Rates(
+            [x.rate for x in values],
+            sum(x.drafted for x in values),
+            {s: [x.per_suite.get(s, 0.0) for x in values] for s in workload.suites},
+            [x.accepted for x in values],
+        )
+        for label, values in launches.items()
+    }

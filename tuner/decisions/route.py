@@ -31,7 +31,9 @@ import re
 from tuner.measurement.workload import BUILTIN_SUITES, load_workload
 
 _JSON = re.compile(r"\bJSON\s*:|\bas an? JSON\b|\bjson\.(dumps|loads)\b|\{\s*\"[^\"\n]+\"\s*:", re.IGNORECASE)
-_MATH_WORDS = re.compile(r"[-+*/=]|\b(plus|minus|times|divided|sum|how many|how much|next|number)\b", re.IGNORECASE)
+_MATH_WORDS = re.compile(
+    r"[-+*/=]|\b(plus|minus|times|divided|sum|how many|how much|next|number)\b", re.IGNORECASE
+)
 _CODE_LINE = re.compile(r"^\s*(def |class |import |from \S+ import |#include|async def |@\w+)", re.MULTILINE)
 _SUMMARIZE = re.compile(r"\bsummar(y|ize|ise)\b|\btl;?dr\b", re.IGNORECASE)
 
@@ -41,13 +43,20 @@ def content_type(text: str) -> str:
     stripped = text.strip()
     if _JSON.search(text) or stripped.endswith(("{", "[")):
         return "json"
-    if stripped.startswith(">>>") or (re.search(r"^\s*Q:", text, re.MULTILINE) and re.search(r"\d", text)
-                                      and _MATH_WORDS.search(text)):
+    if stripped.startswith(">>>") or (
+        re.search(r"^\s*Q:", text, re.MULTILINE) and re.search(r"\d", text) and _MATH_WORDS.search(text)
+    ):
         return "math"
     lines = text.splitlines()
-    indented_code = sum(1 for line in lines if line.startswith(("    ", "\t")) and line.rstrip().endswith((":", ")")))
-    if (_CODE_LINE.search(text) or '"""' in text or indented_code >= 2
-            or ("{" in text and "}" in text and text.count(";") >= 2)):
+    indented_code = sum(
+        1 for line in lines if line.startswith(("    ", "\t")) and line.rstrip().endswith((":", ")"))
+    )
+    if (
+        _CODE_LINE.search(text)
+        or '"""' in text
+        or indented_code >= 2
+        or ("{" in text and "}" in text and text.count(";") >= 2)
+    ):
         return "code"
     if _SUMMARIZE.search(text) or len([line for line in lines if line.strip()]) >= 5 or len(stripped) >= 350:
         return "summarize"
@@ -63,5 +72,9 @@ def accuracy(suites: tuple[str, ...] = BUILTIN_SUITES) -> tuple[int, int, list[t
 
 def describe_accuracy() -> str:
     correct, total, misses = accuracy()
-    text = f"tuner.decisions.route.content_type: {correct} of {total} built-in prompts classified as their suite"
-    return text + ("" if not misses else "; missed: " + ", ".join(f"{i} ({s} taken for {g})" for i, s, g in misses))
+    text = (
+        f"tuner.decisions.route.content_type: {correct} of {total} built-in prompts classified as their suite"
+    )
+    return text + (
+        "" if not misses else "; missed: " + ", ".join(f"{i} ({s} taken for {g})" for i, s, g in misses)
+    )

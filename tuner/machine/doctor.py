@@ -15,11 +15,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tuner.machine import fingerprint as fingerprints, host as hosts, topology
-from tuner.measurement import launch
 from tuner.errors import UserError
+from tuner.machine import fingerprint as fingerprints
+from tuner.machine import host as hosts
+from tuner.machine import topology
 from tuner.machine.host import HostState
 from tuner.machine.topology import Topology
+from tuner.measurement import launch
 
 NOISY_GOVERNORS = frozenset({"powersave", "ondemand", "conservative", "schedutil"})
 LOAD_ADVICE_FRACTION = 0.10
@@ -27,17 +29,25 @@ NUMACTL_TIMEOUT_S = 10
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the fingerprint, host state and advice as JSON")
     parser.add_argument(
-        "--bandwidth", action="store_true",
+        "--json", action="store_true", help="print the fingerprint, host state and advice as JSON"
+    )
+    parser.add_argument(
+        "--bandwidth",
+        action="store_true",
         help="measure memory bandwidth (single-threaded numpy copy of 256 MiB; a few seconds)",
     )
     parser.add_argument(
-        "--sysfs-root", type=Path, default=topology.LIVE_ROOT, metavar="DIR",
+        "--sysfs-root",
+        type=Path,
+        default=topology.LIVE_ROOT,
+        metavar="DIR",
         help="read sys/ and proc/ under DIR instead of / (e.g. a recorded tree)",
     )
     parser.add_argument(
-        "--record-sysfs", type=Path, metavar="DIR",
+        "--record-sysfs",
+        type=Path,
+        metavar="DIR",
         help="copy the topology files this command reads into DIR (to send with a bug report)",
     )
 
@@ -106,19 +116,27 @@ def live_advice() -> list[str]:
     """This machine right now: boost, temperature, busy processes (not part of a recorded sysfs tree)."""
     lines = []
     if hosts.read_boost() is True:
-        lines.append("CPU boost/turbo is on: clocks depend on temperature and how many cores are busy, so figures "
-                     "drift; turn it off for tuning (echo 0 > /sys/devices/system/cpu/cpufreq/boost, or "
-                     "intel_pstate/no_turbo 1)")
+        lines.append(
+            "CPU boost/turbo is on: clocks depend on temperature and how many cores are busy, so figures "
+            "drift; turn it off for tuning (echo 0 > /sys/devices/system/cpu/cpufreq/boost, or "
+            "intel_pstate/no_turbo 1)"
+        )
     temperature = hosts.read_temperature_c()
     if temperature is not None and temperature >= HOT_C:
-        lines.append(f"CPU at {temperature:.0f} C: it may throttle during a study; let it cool or check its cooling")
+        lines.append(
+            f"CPU at {temperature:.0f} C: it may throttle during a study; let it cool or check its cooling"
+        )
     before = hosts.cpu_seconds_by_process()
     time.sleep(BUSY_SAMPLE_S)
     busy = hosts.busy_processes(before, hosts.cpu_seconds_by_process(), BUSY_SAMPLE_S, {os.getpid()})
     if busy.get("all others", 0.0) > hosts.BUSY_CORES:
-        named = ", ".join(f"{k} ({v:g} cores)" for k, v in busy.items() if k != "all others") or "many small ones"
-        lines.append(f"other processes use {busy['all others']:g} cores right now ({named}): "
-                     "stop them, or every trial will be flagged as measured on a busy host")
+        named = (
+            ", ".join(f"{k} ({v:g} cores)" for k, v in busy.items() if k != "all others") or "many small ones"
+        )
+        lines.append(
+            f"other processes use {busy['all others']:g} cores right now ({named}): "
+            "stop them, or every trial will be flagged as measured on a busy host"
+        )
     return lines
 
 
@@ -135,7 +153,9 @@ def _siblings_text(topo: Topology, shown: int = 4) -> str:
 def _build_text(build: dict | None, reason: str | None) -> list[str]:
     if build is None:
         return ["llama.cpp: not built (run `make llama`)", f"  why: {reason}"]
-    lines = [f"llama.cpp: commit {build.get('commit')}, build {build.get('build_number')} ({build.get('source')})"]
+    lines = [
+        f"llama.cpp: commit {build.get('commit')}, build {build.get('build_number')} ({build.get('source')})"
+    ]
     lines += [
         f"  {key}: {build[key]}" for key in ("compiler", "target", "cmake_flags", "bin_dir") if build.get(key)
     ]
@@ -153,8 +173,12 @@ def _numactl_hardware(numactl: str) -> str:
 
 
 def report(
-    topo: Topology, host: HostState, build: dict | None, build_reason: str | None,
-    bandwidth: float | None, live: bool,
+    topo: Topology,
+    host: HostState,
+    build: dict | None,
+    build_reason: str | None,
+    bandwidth: float | None,
+    live: bool,
 ) -> list[str]:
     lines = [
         f"CPU: {topo.cpu_model}",
@@ -171,16 +195,23 @@ def report(
             f"memory {_gib(node.mem_total_bytes)} total, {_gib(node.mem_free_bytes)} free"
         )
     if live and host.numactl:
-        lines += ["numactl --hardware:"] + [f"  {line}" for line in _numactl_hardware(host.numactl).splitlines()]
+        lines += ["numactl --hardware:"] + [
+            f"  {line}" for line in _numactl_hardware(host.numactl).splitlines()
+        ]
     lines.append(f"memory: {_gib(topo.mem_total_bytes)} total, {_gib(topo.mem_available_bytes)} available")
     lines.append(f"transparent hugepages: {host.thp_mode or 'unknown'}")
     governors = hosts.summarize_governors(host.governors)
     lines.append(
         "cpufreq governor: "
-        + (", ".join(f"{name} (CPUs {cpus})" for name, cpus in governors.items()) or "not exposed (VM or no cpufreq)")
+        + (
+            ", ".join(f"{name} (CPUs {cpus})" for name, cpus in governors.items())
+            or "not exposed (VM or no cpufreq)"
+        )
     )
     if host.load is not None:
-        lines.append(f"load average: {host.load.one:.2f} {host.load.five:.2f} {host.load.fifteen:.2f} (1/5/15 min)")
+        lines.append(
+            f"load average: {host.load.one:.2f} {host.load.five:.2f} {host.load.fifteen:.2f} (1/5/15 min)"
+        )
     else:
         lines.append("load average: unknown")
     if host.affinity is not None:
@@ -189,11 +220,15 @@ def report(
     lines += _build_text(build, build_reason)
     lines.append(f"NUMA policies worth trying: {', '.join(launch.meaningful_numa_policies(topo))}")
     if bandwidth is not None:
-        lines.append(f"memory bandwidth: {bandwidth / 1e9:.1f} GB/s (copy probe, one thread per core; STREAM-counted read + write)")
+        lines.append(
+            f"memory bandwidth: {bandwidth / 1e9:.1f} GB/s (copy probe, one thread per core; STREAM-counted read + write)"
+        )
     if live:
         boost, temperature = hosts.read_boost(), hosts.read_temperature_c()
         lines.append(f"CPU boost: {'unknown (not exposed)' if boost is None else 'on' if boost else 'off'}")
-        lines.append(f"CPU temperature: {'unknown (no sensor exposed)' if temperature is None else f'{temperature:.0f} C'}")
+        lines.append(
+            f"CPU temperature: {'unknown (no sensor exposed)' if temperature is None else f'{temperature:.0f} C'}"
+        )
     lines += [f"ADVICE: {line}" for line in advice(topo, host, build, live)]
     return lines
 

@@ -12,11 +12,30 @@ from tuner.machine.host import HostState, summarize_governors
 from tuner.machine.topology import Topology, format_cpu_list
 
 # SIMD features that change llama.cpp's kernels; recorded as provenance.
-SIMD_FLAGS = frozenset({
-    "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
-    "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16",
-    "asimd", "asimddp", "sve", "sve2", "i8mm", "bf16",
-})
+SIMD_FLAGS = frozenset(
+    {
+        "sse4_2",
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "avx_vnni",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512_vnni",
+        "avx512_bf16",
+        "amx_tile",
+        "amx_int8",
+        "amx_bf16",
+        "asimd",
+        "asimddp",
+        "sve",
+        "sve2",
+        "i8mm",
+        "bf16",
+    }
+)
 
 COMPARABILITY_KEYS = (
     "cpu_model",
@@ -61,14 +80,16 @@ def fingerprint(
         "bandwidth_bytes_per_s": bandwidth_bytes_per_s,
     }
     if host is not None:
-        fp.update({
-            "hostname": host.hostname,
-            "thp_mode": host.thp_mode,
-            "governors": summarize_governors(host.governors),
-            "load_avg": [host.load.one, host.load.five, host.load.fifteen] if host.load else None,
-            "affinity": format_cpu_list(host.affinity) if host.affinity is not None else None,
-            "numactl": host.numactl,
-        })
+        fp.update(
+            {
+                "hostname": host.hostname,
+                "thp_mode": host.thp_mode,
+                "governors": summarize_governors(host.governors),
+                "load_avg": [host.load.one, host.load.five, host.load.fifteen] if host.load else None,
+                "affinity": format_cpu_list(host.affinity) if host.affinity is not None else None,
+                "numactl": host.numactl,
+            }
+        )
     return fp
 
 

@@ -111,8 +111,12 @@ def read_host_state(topo: Topology, root: Path = LIVE_ROOT) -> HostState:
     )
 
 
-def measure_memory_bandwidth(seconds: float = 0.5, size_bytes: int = 256 * 2**20, threads: int | None = None,
-                             clock: Callable[[], float] = time.perf_counter) -> float:
+def measure_memory_bandwidth(
+    seconds: float = 0.5,
+    size_bytes: int = 256 * 2**20,
+    threads: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
     """Memory copy bandwidth in bytes/s with one copy thread per core (best of several rounds).
 
     Bytes are counted STREAM-style (read + write of the array). Decode without
@@ -120,8 +124,9 @@ def measure_memory_bandwidth(seconds: float = 0.5, size_bytes: int = 256 * 2**20
     ceiling (the roofline). numpy releases the GIL while copying, so the threads copy
     their slices at once; a round lasts until the slowest finishes. ``clock`` is for tests.
     """
-    import numpy as np  # lazy: keeps `tuner --help` fast
     from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np  # lazy: keeps `tuner --help` fast
 
     threads = threads or os.cpu_count() or 1
     src = np.ones(max(size_bytes // 8, threads), dtype=np.float64)
@@ -143,7 +148,10 @@ def measure_memory_bandwidth(seconds: float = 0.5, size_bytes: int = 256 * 2**20
 
 BUSY_CORES = 1.0  # other processes together using more than this many cores during a trial: a busy host
 LISTED_CORES = 0.25  # ...and those using more than this are named
-BOOST_FILES = (Path("sys/devices/system/cpu/cpufreq/boost"), Path("sys/devices/system/cpu/intel_pstate/no_turbo"))
+BOOST_FILES = (
+    Path("sys/devices/system/cpu/cpufreq/boost"),
+    Path("sys/devices/system/cpu/intel_pstate/no_turbo"),
+)
 
 
 def read_boost(root: Path = LIVE_ROOT) -> bool | None:
@@ -162,7 +170,11 @@ def read_temperature_c(root: Path = LIVE_ROOT) -> float | None:
     for zone in sorted(Path(root, "sys/class/thermal").glob("thermal_zone*")):
         kind = (read_text(zone, Path("type")) or "").strip().lower()
         value = read_text(zone, Path("temp"))
-        if value and value.strip().lstrip("-").isdigit() and any(k in kind for k in ("cpu", "x86", "pkg", "soc", "k10")):
+        if (
+            value
+            and value.strip().lstrip("-").isdigit()
+            and any(k in kind for k in ("cpu", "x86", "pkg", "soc", "k10"))
+        ):
             readings.append(int(value) / 1000)
     for sensor in sorted(Path(root, "sys/class/hwmon").glob("hwmon*/temp*_input")):
         value = read_text(sensor.parent, Path(sensor.name))
@@ -180,14 +192,15 @@ def cpu_seconds_by_process() -> dict[int, tuple[str, float]]:
             text = stat.read_text()
         except OSError:
             continue
-        name = text[text.find("(") + 1:text.rfind(")")]
-        fields = text[text.rfind(")") + 2:].split()
+        name = text[text.find("(") + 1 : text.rfind(")")]
+        fields = text[text.rfind(")") + 2 :].split()
         out[int(stat.parent.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
     return out
 
 
-def busy_processes(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float,
-                   ours: set[int]) -> dict[str, float]:
+def busy_processes(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float, ours: set[int]
+) -> dict[str, float]:
     """CPU cores used between two snapshots by processes other than ``ours``: those above
     LISTED_CORES by name (``name[pid]``), and ``"all others"``, the total."""
     busy: dict[str, float] = {}

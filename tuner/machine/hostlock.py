@@ -42,8 +42,11 @@ def lock_path() -> Path:
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-wait", action="store_true",
-                        help="refuse at once when another measurement runs on this host, instead of waiting for it")
+    parser.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="refuse at once when another measurement runs on this host, instead of waiting for it",
+    )
 
 
 def apply(args: argparse.Namespace) -> None:
@@ -59,7 +62,9 @@ def _open(path: Path) -> int:
     except PermissionError:  # another user's file in a sticky /tmp: locking needs no write access
         return os.open(path, os.O_RDONLY)
     except OSError as err:
-        raise UserError(f"measurement lock {path}: cannot open ({err.strerror}); set {ENV} to a writable path") from None
+        raise UserError(
+            f"measurement lock {path}: cannot open ({err.strerror}); set {ENV} to a writable path"
+        ) from None
 
 
 def holder(fd: int) -> str:
@@ -72,7 +77,9 @@ def holder(fd: int) -> str:
 
 
 @contextmanager
-def measuring(study: str, wait: bool | None = None, progress: Callable[[str], None] = print) -> Iterator[None]:
+def measuring(
+    study: str, wait: bool | None = None, progress: Callable[[str], None] = print
+) -> Iterator[None]:
     """Hold this host's measurement lock for the block; wait for it (saying who holds it once),
     or refuse when ``wait`` (default: not ``--no-wait``) is false."""
     global _depth
@@ -92,10 +99,14 @@ def measuring(study: str, wait: bool | None = None, progress: Callable[[str], No
         except BlockingIOError:
             who = holder(fd)
             if not wait:
-                raise HostBusy(f"another measurement runs on this host ({who}; lock {path}): two measurements on one "
-                               "host measure each other; run again when it is done, or drop --no-wait to wait for it")
-            progress(f"waiting for the measurement running on this host to finish ({who}; lock {path}): "
-                     "two measurements on one host measure each other")
+                raise HostBusy(
+                    f"another measurement runs on this host ({who}; lock {path}): two measurements on one "
+                    "host measure each other; run again when it is done, or drop --no-wait to wait for it"
+                )
+            progress(
+                f"waiting for the measurement running on this host to finish ({who}; lock {path}): "
+                "two measurements on one host measure each other"
+            )
             fcntl.flock(fd, fcntl.LOCK_EX)
         try:  # who holds it, for the next one's message; a full disk must not stop the measurement
             os.ftruncate(fd, 0)

@@ -88,9 +88,7 @@ def _cpu_model() -> str:
 
 def build_key() -> str:
     """Cache key: a native build is only valid for this version, flags, tools and CPU."""
-    ident = json.dumps(
-        [PINNED_VERSION, CMAKE_FLAGS, TOOLS, platform.machine(), _cpu_model()], sort_keys=True
-    )
+    ident = json.dumps([PINNED_VERSION, CMAKE_FLAGS, TOOLS, platform.machine(), _cpu_model()], sort_keys=True)
     return f"{PINNED_VERSION}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 
@@ -115,8 +113,19 @@ def _fetch_source(dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         print(f"llama.cpp: fetching {PINNED_PACKAGE}=={PINNED_VERSION} source distribution", flush=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-               f"{PINNED_PACKAGE}=={PINNED_VERSION}", "-d", tmp]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"{PINNED_PACKAGE}=={PINNED_VERSION}",
+            "-d",
+            tmp,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         archives = list(Path(tmp).glob("*.tar.gz"))
         if proc.returncode != 0 or not archives:
@@ -141,11 +150,15 @@ def read_binary_version(binary_path: Path) -> BinaryVersion:
     try:
         proc = subprocess.run([str(binary_path), "--version"], capture_output=True, text=True, timeout=30)
     except OSError as err:
-        raise MissingBinaryError(f"{binary_path}: cannot run ({err.strerror}); rebuild with `make llama`") from err
+        raise MissingBinaryError(
+            f"{binary_path}: cannot run ({err.strerror}); rebuild with `make llama`"
+        ) from err
     text = proc.stderr + proc.stdout
     match = re.search(r"version: (\S+) \(build (\d+), commit (\S+)\)", text)
     if not match:
-        raise MissingBinaryError(f"{binary_path}: `--version` printed no llama.cpp build info; is it a llama.cpp tool?")
+        raise MissingBinaryError(
+            f"{binary_path}: `--version` printed no llama.cpp build info; is it a llama.cpp tool?"
+        )
     built = re.search(r"built with (.+) for (.+)", text)
     return BinaryVersion(
         version=match.group(1),
@@ -175,8 +188,13 @@ def build_pinned(force: bool = False, jobs: int | None = None) -> dict:
             print(f"llama.cpp: configuring in {build} (log: {log_path})", flush=True)
             _run_logged(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], log)
             jobs = jobs or os.cpu_count() or 2
-            print(f"llama.cpp: building {len(TOOLS)} tools with {jobs} jobs (about 4 min on 2 cores)", flush=True)
-            _run_logged(["cmake", "--build", str(build), "-j", str(jobs), "--target", *TOOLS], log, progress=True)
+            print(
+                f"llama.cpp: building {len(TOOLS)} tools with {jobs} jobs (about 4 min on 2 cores)",
+                flush=True,
+            )
+            _run_logged(
+                ["cmake", "--build", str(build), "-j", str(jobs), "--target", *TOOLS], log, progress=True
+            )
         version = read_binary_version(pinned_bin_dir() / "llama-server")
         manifest = {
             "source": f"{PINNED_PACKAGE}=={PINNED_VERSION} sdist (vendor/llama.cpp)",
@@ -215,7 +233,10 @@ def bench_tool(name: str, bin_dir: str | os.PathLike | None = None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / name).is_file():
             print(f"llama.cpp: building {name} (log: {root / 'build.log'})", flush=True)
-            _run_logged(["cmake", "--build", str(root / "build"), "-j", str(os.cpu_count() or 2), "--target", name], log)
+            _run_logged(
+                ["cmake", "--build", str(root / "build"), "-j", str(os.cpu_count() or 2), "--target", name],
+                log,
+            )
     return binary(name, bin_dir)
 
 
@@ -252,7 +273,9 @@ def resolve_bin_dir(explicit: str | os.PathLike | None = None) -> Path:
         path = Path(chosen).expanduser()
         if not path.is_dir():
             origin = "--bin-dir" if explicit else ENV_BIN_DIR
-            raise MissingBinaryError(f"{origin}={chosen}: not a directory; point it at the folder holding llama-server")
+            raise MissingBinaryError(
+                f"{origin}={chosen}: not a directory; point it at the folder holding llama-server"
+            )
         return path
     if (pinned_root() / "manifest.json").is_file():
         return pinned_bin_dir()
@@ -298,7 +321,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         f"--bin-dir / ${ENV_BIN_DIR}, check a build of your own. Prints the build manifest "
         "that every study records."
     )
-    parser.add_argument("--bin-dir", help=f"use this folder of llama.cpp binaries (default: ${ENV_BIN_DIR} or the pinned build)")
+    parser.add_argument(
+        "--bin-dir",
+        help=f"use this folder of llama.cpp binaries (default: ${ENV_BIN_DIR} or the pinned build)",
+    )
     parser.add_argument("--force", action="store_true", help="rebuild the pinned tools even if cached")
     parser.add_argument("--jobs", type=int, help="parallel build jobs (default: all CPUs)")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")

@@ -51,7 +51,14 @@ def resident_fraction(path: Path) -> float:
         return 0.0
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     pages = (size + PAGE - 1) // PAGE
@@ -89,7 +96,9 @@ def read_numa_maps(pid: int, files: list[Path]) -> dict[str, dict[int, int]]:
     return parse_numa_maps(text, [str(f) for f in files])
 
 
-def contradiction(policy: str, node: int | None, pages: dict[str, dict[int, int]], n_nodes: int) -> str | None:
+def contradiction(
+    policy: str, node: int | None, pages: dict[str, dict[int, int]], n_nodes: int
+) -> str | None:
     """Why the placement does not follow the policy, or None."""
     total: dict[int, int] = {}
     for by_node in pages.values():

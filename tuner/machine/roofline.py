@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.machine.host import measure_memory_bandwidth
-from tuner.storage.records import StudyRecord
 from tuner.machine.topology import read_topology
+from tuner.storage.records import StudyRecord
 
 ABOVE_ROOFLINE_FACTOR = 2.0  # a non-speculative trial this far above the (estimated) ceiling is impossible
 CACHE_RESIDENT_FACTOR = 4  # weights below this many last-level caches may be served from cache
@@ -36,8 +36,11 @@ def study_bandwidth(record: StudyRecord, probe: Callable[[], float] | None = Non
     """The fingerprint's bandwidth; without one, measured now (and the report says so)."""
     fp = record.fingerprint
     if fp.get("bandwidth_bytes_per_s"):
-        return Bandwidth(float(fp["bandwidth_bytes_per_s"]), "fingerprint",
-                         "measured when the study started (copy probe, one thread per core: an estimate)")
+        return Bandwidth(
+            float(fp["bandwidth_bytes_per_s"]),
+            "fingerprint",
+            "measured when the study started (copy probe, one thread per core: an estimate)",
+        )
     measured = (probe or measure_memory_bandwidth)()
     here = read_topology().cpu_model
     note = "the study's fingerprint has no bandwidth: measured at report time on this host (copy probe, one thread per core: an estimate)"
@@ -76,10 +79,14 @@ def study_roofline(record: StudyRecord, bandwidth: Bandwidth) -> Roofline | None
     note = "weights read per token = all tensor bytes of the target"
     if target.get("is_moe"):
         note = "weights read per token = shared tensors + active/total of the routed experts"
-    return Roofline(bandwidth, int(target["weights_bytes"]), expert_bytes or None, target.get("expert_count"),
-                    target.get("expert_used_count"), note)
-
-
+    return Roofline(
+        bandwidth,
+        int(target["weights_bytes"]),
+        expert_bytes or None,
+        target.get("expert_count"),
+        target.get("expert_used_count"),
+        note,
+    )
 
 
 def last_level_cache_bytes() -> int:
@@ -95,14 +102,18 @@ def last_level_cache_bytes() -> int:
     return int(text.rstrip("KMGkmg")) * scale
 
 
-def impossible(tokens_per_second: float, roofline: Roofline, experts: int | None, llc_bytes: int) -> str | None:
+def impossible(
+    tokens_per_second: float, roofline: Roofline, experts: int | None, llc_bytes: int
+) -> str | None:
     """Why a non-speculative rate cannot be real, or None (also when the model may be cache-resident)."""
     per_token = roofline.bytes_per_token(experts)
     if per_token <= CACHE_RESIDENT_FACTOR * llc_bytes:
         return None
     ceiling = roofline.tokens_per_second(experts)
     if tokens_per_second > ABOVE_ROOFLINE_FACTOR * ceiling:
-        return (f"{tokens_per_second:.1f} tokens/s without speculation is above x{ABOVE_ROOFLINE_FACTOR:g} the "
-                f"memory roofline ({ceiling:.1f} tokens/s = {roofline.bandwidth.bytes_per_s / 1e9:.1f} GB/s / "
-                f"{per_token / 1e9:.3f} GB per token)")
+        return (
+            f"{tokens_per_second:.1f} tokens/s without speculation is above x{ABOVE_ROOFLINE_FACTOR:g} the "
+            f"memory roofline ({ceiling:.1f} tokens/s = {roofline.bandwidth.bytes_per_s / 1e9:.1f} GB/s / "
+            f"{per_token / 1e9:.3f} GB per token)"
+        )
     return None

@@ -169,8 +169,7 @@ def _parse_cpuinfo(text: str) -> tuple[str, tuple[str, ...]]:
         if sep:
             fields.setdefault(key.strip(), value.strip())
     model = next(
-        (fields[k] for k in ("model name", "Model", "Hardware", "cpu model") if fields.get(k)),
-        "unknown",
+        (fields[k] for k in ("model name", "Model", "Hardware", "cpu model") if fields.get(k)), "unknown"
     )
     flags = fields.get("flags") or fields.get("Features") or ""
     return model, tuple(sorted(set(flags.split())))
@@ -228,12 +227,14 @@ def read_topology(root: Path = LIVE_ROOT) -> Topology:
         siblings_text = read_text(root, topo_dir / "thread_siblings_list")
         siblings = parse_cpu_list(siblings_text) if siblings_text is not None else [cpu_id]
         groups.add(tuple(c for c in siblings if c in online_set) or (cpu_id,))
-        cpus.append(Cpu(
-            id=cpu_id,
-            package=package if package is not None else 0,
-            core=core if core is not None else cpu_id,
-            node=node_of.get(cpu_id, nodes[0].id),
-        ))
+        cpus.append(
+            Cpu(
+                id=cpu_id,
+                package=package if package is not None else 0,
+                core=core if core is not None else cpu_id,
+                node=node_of.get(cpu_id, nodes[0].id),
+            )
+        )
 
     mem_total = meminfo.get("MemTotal")
     node_totals = [n.mem_total_bytes for n in nodes if n.mem_total_bytes is not None]

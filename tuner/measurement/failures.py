@@ -29,7 +29,9 @@ class FailureReason(str, enum.Enum):
     BAD_RESPONSE = "bad_response"  # HTTP 200 whose body is an error, or has no timings
     IMPOSSIBLE_TIMING = "impossible_timing"  # decode time that wall-clock time cannot hold
     ABOVE_ROOFLINE = "above_roofline"  # faster than memory bandwidth allows without speculation
-    CONTEXT_EXCEEDED = "context_exceeded"  # a prompt longer than measurement.ctx_size: the study file's to fix
+    CONTEXT_EXCEEDED = (
+        "context_exceeded"  # a prompt longer than measurement.ctx_size: the study file's to fix
+    )
 
 
 PERMANENT = frozenset(

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.errors import UserError
-from tuner.search.knobs import NUMA_POLICIES
 from tuner.machine.topology import Topology, format_cpu_list
+from tuner.measurement.failures import FailureReason, TrialFailure
+from tuner.search.knobs import NUMA_POLICIES
 from tuner.search.space import TrialConfig
 
 # Which flag carries the draft length K for each speculative type of the pinned build.
@@ -146,17 +146,29 @@ class ServerCommand:
 
     @property
     def argv(self) -> list[str]:
-        flat = [item for flag, value in self.options for item in ((flag,) if value is None else (flag, value))]
+        flat = [
+            item for flag, value in self.options for item in ((flag,) if value is None else (flag, value))
+        ]
         return [*self.prefix, self.binary, *flat, *self.extra]
 
     def to_json(self) -> dict:
-        return {"prefix": list(self.prefix), "binary": self.binary, "options": [list(o) for o in self.options],
-                "extra": list(self.extra), "cpus": list(self.cpus)}
+        return {
+            "prefix": list(self.prefix),
+            "binary": self.binary,
+            "options": [list(o) for o in self.options],
+            "extra": list(self.extra),
+            "cpus": list(self.cpus),
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> ServerCommand:
-        return cls(tuple(data["prefix"]), data["binary"], tuple((f, v) for f, v in data["options"]),
-                   tuple(data.get("extra", ())), tuple(data.get("cpus", ())))
+        return cls(
+            tuple(data["prefix"]),
+            data["binary"],
+            tuple((f, v) for f, v in data["options"]),
+            tuple(data.get("extra", ())),
+            tuple(data.get("cpus", ())),
+        )
 
 
 def build_server_command(config: TrialConfig, ctx: LaunchContext) -> ServerCommand:
@@ -187,7 +199,9 @@ def build_server_command(config: TrialConfig, ctx: LaunchContext) -> ServerComma
         *pinning,
         *speculative_options(config, ctx),
     ]
-    return ServerCommand(tuple(prefix), str(ctx.server_binary), tuple(options), tuple(ctx.extra_args), tuple(cpus))
+    return ServerCommand(
+        tuple(prefix), str(ctx.server_binary), tuple(options), tuple(ctx.extra_args), tuple(cpus)
+    )
 
 
 def build_server_argv(config: TrialConfig, ctx: LaunchContext) -> list[str]:
@@ -209,8 +223,11 @@ def model_options(config: TrialConfig, ctx: LaunchContext) -> list[tuple[str, st
 def attention_options(config: TrialConfig) -> list[tuple[str, str]]:
     """Flash attention and the KV cache types: they change the logits (a quantized cache most), so they
     are model options, passed to llama-perplexity too and scored like the experts."""
-    flags = (("--flash-attn", config.flash_attn), ("--cache-type-k", config.cache_type_k),
-             ("--cache-type-v", config.cache_type_v))
+    flags = (
+        ("--flash-attn", config.flash_attn),
+        ("--cache-type-k", config.cache_type_k),
+        ("--cache-type-v", config.cache_type_v),
+    )
     return [(flag, value) for flag, value in flags if value is not None]
 
 
@@ -231,9 +248,17 @@ def model_flags(config: TrialConfig, ctx: LaunchContext) -> list[str]:
 
 # Per n-gram type: the flags of its key length, draft length and minimum hits (ngram-mod: match length, n-max).
 NGRAM_FLAGS = {
-    "ngram-simple": ("--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m", "--spec-ngram-simple-min-hits"),
+    "ngram-simple": (
+        "--spec-ngram-simple-size-n",
+        "--spec-ngram-simple-size-m",
+        "--spec-ngram-simple-min-hits",
+    ),
     "ngram-map-k": ("--spec-ngram-map-k-size-n", "--spec-ngram-map-k-size-m", "--spec-ngram-map-k-min-hits"),
-    "ngram-map-k4v": ("--spec-ngram-map-k4v-size-n", "--spec-ngram-map-k4v-size-m", "--spec-ngram-map-k4v-min-hits"),
+    "ngram-map-k4v": (
+        "--spec-ngram-map-k4v-size-n",
+        "--spec-ngram-map-k4v-size-m",
+        "--spec-ngram-map-k4v-min-hits",
+    ),
     "ngram-mod": ("--spec-ngram-mod-n-match", "--spec-ngram-mod-n-max", None),
 }
 

@@ -28,8 +28,13 @@ from tuner.measurement.runner import LlamaServer
 from tuner.measurement.workload import Prompt
 
 # What a study can optimise or bound at a concurrency level; latencies are in milliseconds.
-LOAD_METRICS = {"aggregate_tokens_per_second": "maximize", "p50_ttft_ms": "minimize", "p95_ttft_ms": "minimize",
-                "p50_tpot_ms": "minimize", "p95_tpot_ms": "minimize"}
+LOAD_METRICS = {
+    "aggregate_tokens_per_second": "maximize",
+    "p50_ttft_ms": "minimize",
+    "p95_ttft_ms": "minimize",
+    "p50_tpot_ms": "minimize",
+    "p95_tpot_ms": "minimize",
+}
 LATENCY_METRICS = tuple(m for m in LOAD_METRICS if m.endswith("_ms"))
 _LEVEL_NAME = re.compile(r"^(?P<metric>[a-z0-9_]+?)(?:_c(?P<users>\d+))?$")
 
@@ -93,11 +98,18 @@ class Level:
         """The level as a trial record stores it: figures by metric name, and every request."""
         ttft = [r.ttft_ms for r in self.requests]
         tpot = [r.tpot_ms for r in self.requests]
-        return {"users": self.users, "requests": len(self.requests), "tokens": self.tokens, "wall_s": self.wall_s,
-                "aggregate_tokens_per_second": self.aggregate_tokens_per_second,
-                "p50_ttft_ms": percentile(ttft, 50), "p95_ttft_ms": percentile(ttft, 95),
-                "p50_tpot_ms": percentile(tpot, 50), "p95_tpot_ms": percentile(tpot, 95),
-                "samples": [{**asdict(r), "ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms} for r in self.requests]}
+        return {
+            "users": self.users,
+            "requests": len(self.requests),
+            "tokens": self.tokens,
+            "wall_s": self.wall_s,
+            "aggregate_tokens_per_second": self.aggregate_tokens_per_second,
+            "p50_ttft_ms": percentile(ttft, 50),
+            "p95_ttft_ms": percentile(ttft, 95),
+            "p50_tpot_ms": percentile(tpot, 50),
+            "p95_tpot_ms": percentile(tpot, 95),
+            "samples": [{**asdict(r), "ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms} for r in self.requests],
+        }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -114,11 +126,20 @@ def plan(prompts: tuple[Prompt, ...], users: int, rounds: int = 1) -> list[list[
     """Each client's prompts: the suite dealt round-robin, every client the same number of requests
     (at least ``rounds``), so all users stay busy until the level ends."""
     per_client = max(rounds, math.ceil(len(prompts) / users))
-    return [[prompts[(client + users * i) % len(prompts)] for i in range(per_client)] for client in range(users)]
+    return [
+        [prompts[(client + users * i) % len(prompts)] for i in range(per_client)] for client in range(users)
+    ]
 
 
-def run_level(server: LlamaServer, prompts: tuple[Prompt, ...], users: int, n_predict: int, temperature: float,
-              seed: int, rounds: int = 1) -> Level:
+def run_level(
+    server: LlamaServer,
+    prompts: tuple[Prompt, ...],
+    users: int,
+    n_predict: int,
+    temperature: float,
+    seed: int,
+    rounds: int = 1,
+) -> Level:
     """``users`` clients at once over ``prompts`` (see ``plan``); the first failure stops the others
     after their current request and is raised here."""
     work = plan(prompts, users, rounds)
@@ -138,11 +159,26 @@ def run_level(server: LlamaServer, prompts: tuple[Prompt, ...], users: int, n_pr
                 failures.append(err)
                 stop.set()
                 return
-            done.append(LoadRequest(users, index, prompt.id, c.predicted_n, c.predicted_ms, c.prompt_n, c.prompt_ms,
-                                    c.wall_ms, 1000.0 * (sent - started), c.draft_n, c.draft_n_accepted))
+            done.append(
+                LoadRequest(
+                    users,
+                    index,
+                    prompt.id,
+                    c.predicted_n,
+                    c.predicted_ms,
+                    c.prompt_n,
+                    c.prompt_ms,
+                    c.wall_ms,
+                    1000.0 * (sent - started),
+                    c.draft_n,
+                    c.draft_n_accepted,
+                )
+            )
 
-    threads = [threading.Thread(target=client, args=(i,), name=f"load-{users}-{i}", daemon=True)
-               for i in range(users)]
+    threads = [
+        threading.Thread(target=client, args=(i,), name=f"load-{users}-{i}", daemon=True)
+        for i in range(users)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -152,7 +188,13 @@ def run_level(server: LlamaServer, prompts: tuple[Prompt, ...], users: int, n_pr
     return Level(users, tuple(sorted(done, key=lambda r: r.start_ms)), time.monotonic() - started)
 
 
-def run_levels(server: LlamaServer, prompts: tuple[Prompt, ...], levels: tuple[int, ...], n_predict: int,
-               temperature: float, seed: int) -> list[Level]:
+def run_levels(
+    server: LlamaServer,
+    prompts: tuple[Prompt, ...],
+    levels: tuple[int, ...],
+    n_predict: int,
+    temperature: float,
+    seed: int,
+) -> list[Level]:
     """Every level in turn on one server, fewest users first."""
     return [run_level(server, prompts, users, n_predict, temperature, seed) for users in sorted(levels)]

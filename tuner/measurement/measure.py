@@ -16,7 +16,6 @@ from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.measurement.runner import Completion, LlamaServer
 from tuner.measurement.workload import Workload
 
-
 TIMING_FLOOR_MS = 200.0  # requests shorter than this are not judged against the wall clock
 
 
@@ -33,7 +32,9 @@ class MeasurementSettings:
     noise_cv: float = 0.10  # above this coefficient of variation a trial is flagged noisy
     trial_timeout_s: float = 600.0
     timing_factor: float = 3.0  # llama.cpp's decode time and the wall clock may differ by at most this
-    concurrency: tuple[int, ...] = (1,)  # users served at once (tuner.measurement.load); the study record keeps it
+    concurrency: tuple[int, ...] = (
+        1,
+    )  # users served at once (tuner.measurement.load); the study record keeps it
 
     def comparability(self) -> dict:
         """What changes the numbers: everything but the timeout (and the concurrency levels, which the
@@ -102,7 +103,9 @@ def run_workload(
         if repetition and not _another_pass(samples, repetition, cap, settings):
             break
         for i, prompt in enumerate(workload.prompts):
-            c = check_timing(server.complete(prompt.text, settings.n_predict, temperature, settings.seed), settings)
+            c = check_timing(
+                server.complete(prompt.text, settings.n_predict, temperature, settings.seed), settings
+            )
             samples.append(
                 Sample(
                     prompt_id=prompt.id,
@@ -122,7 +125,9 @@ def run_workload(
                 progress(len(samples), cap * len(workload.prompts))
             if after_request:
                 pass_done = i + 1 == len(workload.prompts)
-                after_request(samples, pass_done, not pass_done or _another_pass(samples, repetition + 1, cap, settings))
+                after_request(
+                    samples, pass_done, not pass_done or _another_pass(samples, repetition + 1, cap, settings)
+                )
     return with_sources(samples, server.source_totals(settings.warmup + len(samples)) if speculative else [])
 
 
@@ -131,11 +136,13 @@ def with_sources(samples: list[Sample], totals: list[dict[str, tuple[int, int]]]
     (one block per finished request, warm-up first); unchanged when the totals do not line up."""
     if not samples or len(totals) < len(samples):
         return samples
-    totals = totals[len(totals) - len(samples) - 1:] if len(totals) > len(samples) else [{}, *totals]
+    totals = totals[len(totals) - len(samples) - 1 :] if len(totals) > len(samples) else [{}, *totals]
     out = []
     for sample, before, after in zip(samples, totals, totals[1:]):
-        sources = tuple((name, d - before.get(name, (0, 0))[0], a - before.get(name, (0, 0))[1])
-                        for name, (d, a) in after.items())
+        sources = tuple(
+            (name, d - before.get(name, (0, 0))[0], a - before.get(name, (0, 0))[1])
+            for name, (d, a) in after.items()
+        )
         out.append(replace(sample, sources=sources))
     return out
 
@@ -144,7 +151,9 @@ def per_source(samples: Iterable[Sample | dict]) -> dict[str, tuple[int, int]]:
     """Drafted and accepted tokens per speculative source over a group of requests (samples or their records)."""
     totals: dict[str, tuple[int, int]] = {}
     for sample in samples:
-        for name, drafted, accepted in (sample.get("sources") or () if isinstance(sample, dict) else sample.sources):
+        for name, drafted, accepted in (
+            sample.get("sources") or () if isinstance(sample, dict) else sample.sources
+        ):
             d, a = totals.get(name, (0, 0))
             totals[name] = (d + drafted, a + accepted)
     return totals
@@ -169,7 +178,10 @@ def check_timing(c: Completion, settings: MeasurementSettings) -> Completion:
     decode_wall_ms = c.wall_ms - c.prompt_ms
     if c.wall_ms <= 0 or decode_wall_ms < TIMING_FLOOR_MS:
         return c  # too short to judge (or no wall time: a replay)
-    if c.predicted_ms > c.wall_ms * 1.05 + TIMING_FLOOR_MS or c.predicted_ms * settings.timing_factor < decode_wall_ms:
+    if (
+        c.predicted_ms > c.wall_ms * 1.05 + TIMING_FLOOR_MS
+        or c.predicted_ms * settings.timing_factor < decode_wall_ms
+    ):
         raise TrialFailure(
             FailureReason.IMPOSSIBLE_TIMING,
             f"llama.cpp says {c.predicted_n} tokens decoded in {c.predicted_ms:.0f} ms, but the request took "
@@ -233,14 +245,23 @@ def outputs_by_prompt(samples: list[Sample]) -> dict[str, Sample]:
     return {s.prompt_id: s for s in samples if s.repetition == first}
 
 
-def score_trial(samples: list[Sample], settings: MeasurementSettings, speculative: bool, spec_type: str,
-                spec_problem: str | None, log_tail: str) -> Scores:
+def score_trial(
+    samples: list[Sample],
+    settings: MeasurementSettings,
+    speculative: bool,
+    spec_type: str,
+    spec_problem: str | None,
+    log_tail: str,
+) -> Scores:
     """The trial's scores; a trial that asked for speculation and drafted nothing is a failure
     (llama.cpp serves without a draft it cannot use), never a fast result. One rule for
     studies and recorded grids."""
     scores = summarize(samples, settings)
     if speculative and scores.drafted == 0:
-        raise TrialFailure(FailureReason.SPECULATION_UNAVAILABLE,
-                           f"asked for {spec_type} but llama.cpp drafted nothing"
-                           + (f": {spec_problem}" if spec_problem else ""), log_tail)
+        raise TrialFailure(
+            FailureReason.SPECULATION_UNAVAILABLE,
+            f"asked for {spec_type} but llama.cpp drafted nothing"
+            + (f": {spec_problem}" if spec_problem else ""),
+            log_tail,
+        )
     return scores

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tuner.errors import UserError
-from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.machine.llama_build import binary
+from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.measurement.measure import Sample
 from tuner.measurement.runner import classify_exit, describe_exit, read_log_tail, stop_process_group
 from tuner.measurement.workload import Workload
@@ -65,7 +65,9 @@ def agreement(outputs: dict[str, tuple[int, ...]], reference: dict[str, tuple[in
     if not reference:
         raise ValueError("agreement needs a non-empty reference")
     if outputs.keys() != reference.keys():
-        raise ValueError(f"outputs and reference cover different prompts: {sorted(outputs.keys() ^ reference.keys())}")
+        raise ValueError(
+            f"outputs and reference cover different prompts: {sorted(outputs.keys() ^ reference.keys())}"
+        )
     return sum(edit_similarity(outputs[p], ref) for p, ref in reference.items()) / len(reference)
 
 
@@ -81,14 +83,17 @@ def answer_score(outputs: dict[str, str], workload: Workload) -> float:
     return passed / len(graded)
 
 
-def output_quality(scorer: str, outputs: dict[str, Sample], workload: Workload,
-                   reference_tokens: dict[str, list[int]]) -> float:
+def output_quality(
+    scorer: str, outputs: dict[str, Sample], workload: Workload, reference_tokens: dict[str, list[int]]
+) -> float:
     """A trial's quality from its outputs: the one rule for studies and recorded grids.
     (``perplexity`` is not an output score: it needs llama-perplexity runs, see the study.)"""
     if scorer == "answers":
         return answer_score({pid: s.text for pid, s in outputs.items()}, workload)
-    return agreement({pid: tuple(s.tokens) for pid, s in outputs.items()},
-                     {pid: tuple(tokens) for pid, tokens in reference_tokens.items()})
+    return agreement(
+        {pid: tuple(s.tokens) for pid, s in outputs.items()},
+        {pid: tuple(tokens) for pid, tokens in reference_tokens.items()},
+    )
 
 
 def measure_perplexity(
@@ -106,14 +111,24 @@ def measure_perplexity(
     logger on purpose), so a run can exit 0 with its last lines, the estimate among
     them, unwritten; such a run is repeated, up to ``PERPLEXITY_ATTEMPTS`` times.
     """
-    argv = [str(binary("llama-perplexity", bin_dir)), *model_argv_flags,
-            "-f", str(text_file), "-c", str(ctx), "--chunks", str(chunks)]
+    argv = [
+        str(binary("llama-perplexity", bin_dir)),
+        *model_argv_flags,
+        "-f",
+        str(text_file),
+        "-c",
+        str(ctx),
+        "--chunks",
+        str(chunks),
+    ]
     for _ in range(PERPLEXITY_ATTEMPTS):
         returncode, text = _run_to_exit(argv, timeout_s)
         tail = "\n".join(text.splitlines()[-40:])
         if "you need at least" in text:
-            raise UserError(f"{text_file}: too short for perplexity with a context of {ctx}; "
-                            f"it needs {2 * ctx} tokens or more")
+            raise UserError(
+                f"{text_file}: too short for perplexity with a context of {ctx}; "
+                f"it needs {2 * ctx} tokens or more"
+            )
         match = FINAL_ESTIMATE.search(text)
         if match:
             return float(match.group(1))
@@ -128,36 +143,71 @@ def measure_perplexity(
     )
 
 
-def save_kld_base(model_argv_flags: list[str], text_file: Path, base_file: Path, ctx: int = 128,
-                  chunks: int = 8, timeout_s: float = 600.0, bin_dir: str | Path | None = None) -> Path:
+def save_kld_base(
+    model_argv_flags: list[str],
+    text_file: Path,
+    base_file: Path,
+    ctx: int = 128,
+    chunks: int = 8,
+    timeout_s: float = 600.0,
+    bin_dir: str | Path | None = None,
+) -> Path:
     """The baseline's logits on ``text_file``, written once to ``base_file`` (a temp name, then renamed)."""
     if base_file.is_file():
         return base_file
     base_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = base_file.with_name(base_file.name + ".tmp")
-    argv = [str(binary("llama-perplexity", bin_dir)), *model_argv_flags, "-f", str(text_file),
-            "-c", str(ctx), "--chunks", str(chunks), "--kl-divergence-base", str(tmp)]
+    argv = [
+        str(binary("llama-perplexity", bin_dir)),
+        *model_argv_flags,
+        "-f",
+        str(text_file),
+        "-c",
+        str(ctx),
+        "--chunks",
+        str(chunks),
+        "--kl-divergence-base",
+        str(tmp),
+    ]
     for _ in range(PERPLEXITY_ATTEMPTS):
         returncode, text = _run_to_exit(argv, timeout_s)
         if "you need at least" in text:
-            raise UserError(f"{text_file}: too short for the kld scorer with a context of {ctx}; "
-                            f"it needs {2 * ctx} tokens or more")
+            raise UserError(
+                f"{text_file}: too short for the kld scorer with a context of {ctx}; "
+                f"it needs {2 * ctx} tokens or more"
+            )
         if returncode == 0 and FINAL_ESTIMATE.search(text) and tmp.is_file():
             tmp.replace(base_file)
             return base_file
         if returncode != 0:
-            raise TrialFailure(classify_exit(returncode, text, started=False),
-                               f"llama-perplexity --kl-divergence-base failed ({describe_exit(returncode)})",
-                               "\n".join(text.splitlines()[-40:]))
-    raise TrialFailure(FailureReason.LAUNCH_FAILED, "llama-perplexity --kl-divergence-base never finished its log")
+            raise TrialFailure(
+                classify_exit(returncode, text, started=False),
+                f"llama-perplexity --kl-divergence-base failed ({describe_exit(returncode)})",
+                "\n".join(text.splitlines()[-40:]),
+            )
+    raise TrialFailure(
+        FailureReason.LAUNCH_FAILED, "llama-perplexity --kl-divergence-base never finished its log"
+    )
 
 
-def measure_kld(model_argv_flags: list[str], base_file: Path, ctx: int = 128, timeout_s: float = 600.0,
-                bin_dir: str | Path | None = None) -> dict[str, float]:
+def measure_kld(
+    model_argv_flags: list[str],
+    base_file: Path,
+    ctx: int = 128,
+    timeout_s: float = 600.0,
+    bin_dir: str | Path | None = None,
+) -> dict[str, float]:
     """``{"mean_kld", "same_top"}`` of a model configuration against the saved base logits
     (the tokens come from the base file). Repeated like perplexity when the log is cut short."""
-    argv = [str(binary("llama-perplexity", bin_dir)), *model_argv_flags, "-c", str(ctx),
-            "--kl-divergence-base", str(base_file), "--kl-divergence"]
+    argv = [
+        str(binary("llama-perplexity", bin_dir)),
+        *model_argv_flags,
+        "-c",
+        str(ctx),
+        "--kl-divergence-base",
+        str(base_file),
+        "--kl-divergence",
+    ]
     for _ in range(PERPLEXITY_ATTEMPTS):
         returncode, text = _run_to_exit(argv, timeout_s)
         kld, same = MEAN_KLD.search(text), SAME_TOP.search(text)
@@ -165,27 +215,35 @@ def measure_kld(model_argv_flags: list[str], base_file: Path, ctx: int = 128, ti
             # -0.000001 is rounding of an identical model: KLD is never negative
             return {"mean_kld": max(0.0, float(kld.group(1))), "same_top": float(same.group(1)) / 100.0}
         if returncode != 0:
-            raise TrialFailure(classify_exit(returncode, text, started=False),
-                               f"llama-perplexity --kl-divergence failed ({describe_exit(returncode)})",
-                               "\n".join(text.splitlines()[-40:]))
-    raise TrialFailure(FailureReason.LAUNCH_FAILED,
-                       f"llama-perplexity --kl-divergence exited {PERPLEXITY_ATTEMPTS} times without its summary; "
-                       f"it prints one only for 100 scored tokens or more: use a longer text or more chunks")
+            raise TrialFailure(
+                classify_exit(returncode, text, started=False),
+                f"llama-perplexity --kl-divergence failed ({describe_exit(returncode)})",
+                "\n".join(text.splitlines()[-40:]),
+            )
+    raise TrialFailure(
+        FailureReason.LAUNCH_FAILED,
+        f"llama-perplexity --kl-divergence exited {PERPLEXITY_ATTEMPTS} times without its summary; "
+        f"it prints one only for 100 scored tokens or more: use a longer text or more chunks",
+    )
 
 
 def _run_to_exit(argv: list[str], timeout_s: float) -> tuple[int, str]:
     """Run a llama.cpp tool in its own process group; its exit code and output. Always reaped."""
     with tempfile.NamedTemporaryFile(prefix="llama-tool-", suffix=".log") as log:
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         except OSError as err:
             raise TrialFailure(FailureReason.LAUNCH_FAILED, f"cannot run {argv[0]}: {err.strerror}") from err
         try:
             returncode = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise TrialFailure(FailureReason.TIMEOUT, f"{Path(argv[0]).name} not done after {timeout_s:g} s",
-                               read_log_tail(Path(log.name), 40)) from None
+            raise TrialFailure(
+                FailureReason.TIMEOUT,
+                f"{Path(argv[0]).name} not done after {timeout_s:g} s",
+                read_log_tail(Path(log.name), 40),
+            ) from None
         finally:
             stop_process_group(proc)
         return returncode, Path(log.name).read_text(errors="replace")

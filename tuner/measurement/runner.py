@@ -14,8 +14,8 @@ import contextlib
 import ctypes
 import functools
 import json
-import re
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -129,8 +129,10 @@ class Completion:
     def from_response(cls, body: dict, wall_ms: float = 0.0) -> Completion:
         """A completion, or BAD_RESPONSE for a body that is an error or lacks its timings."""
         if not isinstance(body, dict) or "error" in body or not isinstance(body.get("timings"), dict):
-            raise TrialFailure(FailureReason.BAD_RESPONSE,
-                               f"/completion answered HTTP 200 with no result: {json.dumps(body)[:300]}")
+            raise TrialFailure(
+                FailureReason.BAD_RESPONSE,
+                f"/completion answered HTTP 200 with no result: {json.dumps(body)[:300]}",
+            )
         timings = body["timings"]
         return cls(
             text=body["content"],
@@ -147,7 +149,9 @@ class Completion:
         )
 
 
-def classify_exit(returncode: int, log_text: str, started: bool, oom_killed: bool | None = None) -> FailureReason:
+def classify_exit(
+    returncode: int, log_text: str, started: bool, oom_killed: bool | None = None
+) -> FailureReason:
     """Why a llama.cpp process ended on its own; ``started`` means it had been serving.
 
     Exit 137 / SIGKILL is what the kernel's OOM killer leaves; allocation errors in
@@ -171,15 +175,21 @@ def classify_exit(returncode: int, log_text: str, started: bool, oom_killed: boo
 def context_exceeded(status: int, body: str) -> str | None:
     """The detail of llama-server's refusal of a prompt longer than its context (HTTP 400,
     ``exceed_context_size_error``), or None for any other answer."""
-    if status != 400 or "exceed_context_size_error" not in body and "exceeds the available context size" not in body:
+    if (
+        status != 400
+        or "exceed_context_size_error" not in body
+        and "exceeds the available context size" not in body
+    ):
         return None
     try:
         error = json.loads(body).get("error", {})
         tokens, ctx = int(error["n_prompt_tokens"]), int(error["n_ctx"])
     except (ValueError, KeyError, TypeError, AttributeError):
         return f"a prompt does not fit the context (llama-server: {body[:200]}); shorten it or raise measurement.ctx_size"
-    return (f"a prompt of {tokens} tokens does not fit ctx_size {ctx}; shorten it or raise measurement.ctx_size "
-            "(`tuner run STUDY --check` names the prompt)")
+    return (
+        f"a prompt of {tokens} tokens does not fit ctx_size {ctx}; shorten it or raise measurement.ctx_size "
+        "(`tuner run STUDY --check` names the prompt)"
+    )
 
 
 def describe_exit(returncode: int) -> str:
@@ -321,7 +331,9 @@ class LlamaServer:
                     preexec_fn=functools.partial(_die_with_parent, os.getpid()) if _LIBC else None,
                 )
             except OSError as err:
-                raise TrialFailure(FailureReason.LAUNCH_FAILED, f"cannot run {self.argv[0]}: {err.strerror}") from err
+                raise TrialFailure(
+                    FailureReason.LAUNCH_FAILED, f"cannot run {self.argv[0]}: {err.strerror}"
+                ) from err
 
     def _oom_killed(self) -> bool | None:
         now = oom_kills()
@@ -342,13 +354,17 @@ class LlamaServer:
         while True:
             returncode = self._proc.poll()
             if returncode is not None:
-                reason = classify_exit(returncode, self._attempt_log(), started=False, oom_killed=self._oom_killed())
+                reason = classify_exit(
+                    returncode, self._attempt_log(), started=False, oom_killed=self._oom_killed()
+                )
                 detail = f"llama-server ended before ready ({describe_exit(returncode)})"
                 raise TrialFailure(reason, detail, self.log_tail())
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TrialFailure(
-                    FailureReason.TIMEOUT, f"llama-server not ready after {self.ready_timeout_s:g} s", self.log_tail()
+                    FailureReason.TIMEOUT,
+                    f"llama-server not ready after {self.ready_timeout_s:g} s",
+                    self.log_tail(),
                 )
             if self._healthy(min(2.0, remaining)):
                 return
@@ -362,8 +378,9 @@ class LlamaServer:
         except (urllib.error.URLError, OSError):
             return False
 
-    def complete(self, prompt: str, n_predict: int, temperature: float, seed: int,
-                 extra: dict | None = None) -> Completion:
+    def complete(
+        self, prompt: str, n_predict: int, temperature: float, seed: int, extra: dict | None = None
+    ) -> Completion:
         """One /completion request, prompt cache off so every request does the same work; ``extra``:
         more request fields (the load generator's ``ignore_eos``). Safe from several threads at once."""
         body = {
@@ -392,7 +409,9 @@ class LlamaServer:
             if exceeded is not None:
                 raise TrialFailure(FailureReason.CONTEXT_EXCEEDED, exceeded, self.log_tail()) from err
             raise TrialFailure(
-                FailureReason.SERVER_UNREACHABLE, f"/completion answered HTTP {err.code}: {detail}", self.log_tail()
+                FailureReason.SERVER_UNREACHABLE,
+                f"/completion answered HTTP {err.code}: {detail}",
+                self.log_tail(),
             ) from err
         except (TimeoutError, socket.timeout) as err:
             self._raise_if_died()
@@ -407,7 +426,9 @@ class LlamaServer:
 
     def _timeout(self) -> TrialFailure:
         return TrialFailure(
-            FailureReason.TIMEOUT, f"/completion not answered within {self.request_timeout_s:g} s", self.log_tail()
+            FailureReason.TIMEOUT,
+            f"/completion not answered within {self.request_timeout_s:g} s",
+            self.log_tail(),
         )
 
     def _raise_if_died(self, grace_s: float = DEATH_GRACE_S) -> None:
@@ -418,7 +439,9 @@ class LlamaServer:
         except subprocess.TimeoutExpired:
             return
         reason = classify_exit(returncode, self._attempt_log(), started=True, oom_killed=self._oom_killed())
-        raise TrialFailure(reason, f"llama-server died during a request ({describe_exit(returncode)})", self.log_tail())
+        raise TrialFailure(
+            reason, f"llama-server died during a request ({describe_exit(returncode)})", self.log_tail()
+        )
 
     def stop(self) -> None:
         """End the process group (SIGTERM, then SIGKILL after ``stop_grace_s``) and reap it; idempotent."""

@@ -101,8 +101,10 @@ def split(workload: Workload) -> tuple[dict[str, Split], dict[str, str]]:
     for suite in workload.suites:
         ids = [p.id for p in workload.prompts if p.suite == suite]
         if len(ids) < SPLIT_MIN_PROMPTS:
-            unsplit[suite] = (f"{len(ids)} prompt(s); a per-type winner needs at least {SPLIT_MIN_PROMPTS} "
-                              f"({HELD_OUT_MIN} held out, 1 to tune on)")
+            unsplit[suite] = (
+                f"{len(ids)} prompt(s); a per-type winner needs at least {SPLIT_MIN_PROMPTS} "
+                f"({HELD_OUT_MIN} held out, 1 to tune on)"
+            )
             continue
         n_held = max(HELD_OUT_MIN, len(ids) // 3)
         splits[suite] = Split(suite, tuple(ids[:-n_held]), tuple(ids[-n_held:]))
@@ -118,7 +120,9 @@ def restrict(workload: Workload, prompt_ids: tuple[str, ...] | list[str] | set[s
 def load_workload(suites: list[str], base_dir: Path) -> Workload:
     """Load suites by built-in name or by path (relative to ``base_dir``, the study file's folder)."""
     if not suites:
-        raise UserError("workload: no suites given; use any of " + ", ".join(BUILTIN_SUITES) + " or a suite file")
+        raise UserError(
+            "workload: no suites given; use any of " + ", ".join(BUILTIN_SUITES) + " or a suite file"
+        )
     prompts: list[Prompt] = []
     seen: dict[str, str] = {}  # prompt id -> where it was defined
     for entry in suites:
@@ -138,9 +142,13 @@ def load_workload(suites: list[str], base_dir: Path) -> Workload:
             try:
                 text = path.read_text()
             except OSError as err:
-                raise UserError(f"{entry}: cannot read suite file ({err.strerror}; relative to {base_dir})") from err
+                raise UserError(
+                    f"{entry}: cannot read suite file ({err.strerror}; relative to {base_dir})"
+                ) from err
             except UnicodeDecodeError as err:
-                raise UserError(f"{entry}: not a text file (no UTF-8 at byte {err.start}); pass a suite YAML file") from None
+                raise UserError(
+                    f"{entry}: not a text file (no UTF-8 at byte {err.start}); pass a suite YAML file"
+                ) from None
             where = entry
             suite_prompts = parse_suite(text, suite=path.stem, where=where)
         for prompt in suite_prompts:
@@ -235,8 +243,12 @@ def too_long(workload: Workload, ctx_size: int, n_predict: int, count_tokens) ->
 def llama_tokenize_count(tokenizer: Path, model: Path, text: str, timeout_s: float = 300.0) -> int:
     """Tokens of ``text`` in ``model``'s own vocabulary, counted as llama-server counts a /completion
     prompt: by llama.cpp's llama-tokenize (vocabulary only, BOS as the model wants, special tokens parsed)."""
-    proc = subprocess.run([str(tokenizer), "-m", str(model), "--stdin", "--ids", "--log-disable"],
-                          input=text.encode(), capture_output=True, timeout=timeout_s)
+    proc = subprocess.run(
+        [str(tokenizer), "-m", str(model), "--stdin", "--ids", "--log-disable"],
+        input=text.encode(),
+        capture_output=True,
+        timeout=timeout_s,
+    )
     lines = proc.stdout.decode(errors="replace").strip().splitlines()
     try:
         if proc.returncode != 0:
@@ -244,5 +256,7 @@ def llama_tokenize_count(tokenizer: Path, model: Path, text: str, timeout_s: flo
         return len(json.loads(lines[-1]))
     except (ValueError, IndexError):
         tail = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        raise UserError(f"{tokenizer}: cannot count the tokens of a prompt with {model.name} ({tail}); "
-                        "check the build (`make llama`)") from None
+        raise UserError(
+            f"{tokenizer}: cannot count the tokens of a prompt with {model.name} ({tail}); "
+            "check the build (`make llama`)"
+        ) from None

@@ -22,30 +22,55 @@ from dataclasses import dataclass
 import optuna
 import pandas as pd
 
-from tuner.storage import store
-from tuner.machine.host import host_was_busy
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, REFERENCE_ROLES, Sentinels, midpoint
 from tuner.decisions.per_type import PerTypeResult
 from tuner.decisions.race import RaceResult
-from tuner.search.sampler import fitted_models
-from tuner.storage.records import StudyRecord, TrialRecord
+from tuner.machine.host import host_was_busy
 from tuner.machine.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
 from tuner.measurement.measure import per_source
 from tuner.search.knobs import INT_KNOBS
-from tuner.search.space import method_of
 from tuner.search.knobs import NAMES as KNOB_NAMES
+from tuner.search.sampler import fitted_models
+from tuner.search.space import method_of
+from tuner.storage import store
+from tuner.storage.records import StudyRecord, TrialRecord
 
 METRICS = ("tokens_per_second", "acceptance", "quality", "speedup")
-COLUMNS = ("trial", "state", "role", "feasible", "method", "family", *KNOB_NAMES, *METRICS, "recorded_speedup", "drifted",
-           "host_busy", "placement_problem", "pruned", "search_stage", "cv", "noisy", "drafted", "accepted",
-           "constraint_quality", "failure_reason", "failure_detail", "duration_s", "command",
-           "roofline_tokens_per_second", "roofline_fraction")
+COLUMNS = (
+    "trial",
+    "state",
+    "role",
+    "feasible",
+    "method",
+    "family",
+    *KNOB_NAMES,
+    *METRICS,
+    "recorded_speedup",
+    "drifted",
+    "host_busy",
+    "placement_problem",
+    "pruned",
+    "search_stage",
+    "cv",
+    "noisy",
+    "drafted",
+    "accepted",
+    "constraint_quality",
+    "failure_reason",
+    "failure_detail",
+    "duration_s",
+    "command",
+    "roofline_tokens_per_second",
+    "roofline_fraction",
+)
 
 
 # ------------------------------------------------------------------ the trials frame
 
 
-def trials_frame(records: list[TrialRecord], roofline: Roofline | None = None, noise_cv: float = 0.10) -> pd.DataFrame:
+def trials_frame(
+    records: list[TrialRecord], roofline: Roofline | None = None, noise_cv: float = 0.10
+) -> pd.DataFrame:
     """One row per finished trial record: knobs, figures, per-suite t/s, roofline share.
 
     ``speedup`` divides by the worker's sentinel rate interpolated at the trial's time
@@ -122,7 +147,9 @@ def pareto_mask(frame: pd.DataFrame, columns: list[str], maximize: list[bool] | 
     values = frame[columns].astype(float).to_numpy() * signs
     mask = []
     for i, row in enumerate(values):
-        dominated = any((other >= row).all() and (other > row).any() for j, other in enumerate(values) if j != i)
+        dominated = any(
+            (other >= row).all() and (other > row).any() for j, other in enumerate(values) if j != i
+        )
         mask.append(not dominated)
     return pd.Series(mask, index=frame.index, dtype=bool)
 
@@ -172,9 +199,11 @@ def k_by_method(frame: pd.DataFrame) -> pd.DataFrame:
     pool = feasible(frame).assign(K=lambda f: f["draft_max"].fillna(0).astype(int))
     if pool.empty:
         return pd.DataFrame(columns=["method", "K", "tokens_per_second", "acceptance", "trials"])
-    return (pool.groupby(["method", "K"], as_index=False)
-            .agg(tokens_per_second=("tokens_per_second", "max"), acceptance=("acceptance", "mean"),
-                 trials=("trial", "count")))
+    return pool.groupby(["method", "K"], as_index=False).agg(
+        tokens_per_second=("tokens_per_second", "max"),
+        acceptance=("acceptance", "mean"),
+        trials=("trial", "count"),
+    )
 
 
 def per_suite_long(frame: pd.DataFrame) -> pd.DataFrame:
@@ -184,8 +213,12 @@ def per_suite_long(frame: pd.DataFrame) -> pd.DataFrame:
     if pool.empty or not suites:
         return pd.DataFrame(columns=["trial", "suite", "tokens_per_second"])
     keep = ["trial", "method", "spec_type", "draft", "draft_max", "temperature"]
-    long = pool.melt(id_vars=keep, value_vars=[f"tps_{s}" for s in suites], var_name="suite",
-                     value_name="suite_tokens_per_second").dropna(subset=["suite_tokens_per_second"])
+    long = pool.melt(
+        id_vars=keep,
+        value_vars=[f"tps_{s}" for s in suites],
+        var_name="suite",
+        value_name="suite_tokens_per_second",
+    ).dropna(subset=["suite_tokens_per_second"])
     long["suite"] = long["suite"].str.removeprefix("tps_")
     return long.rename(columns={"suite_tokens_per_second": "tokens_per_second"})
 
@@ -205,12 +238,23 @@ def best_per_suite(frame: pd.DataFrame) -> pd.DataFrame:
     if long.empty:
         return long
     best = long.loc[long.groupby("suite")["tokens_per_second"].idxmax()]
-    return best[["suite", "trial", "tokens_per_second", "method", "spec_type", "draft", "draft_max",
-                 "temperature"]].reset_index(drop=True)
+    return best[
+        ["suite", "trial", "tokens_per_second", "method", "spec_type", "draft", "draft_max", "temperature"]
+    ].reset_index(drop=True)
 
 
 FAMILIES = ("draft", "lookup", "stack")
-FAMILY_COLUMNS = ["suite", "family", "trial", "method", "K", "tokens_per_second", "speedup", "sources", "lookup_share"]
+FAMILY_COLUMNS = [
+    "suite",
+    "family",
+    "trial",
+    "method",
+    "K",
+    "tokens_per_second",
+    "speedup",
+    "sources",
+    "lookup_share",
+]
 
 
 def families_by_suite(frame: pd.DataFrame, records: list[TrialRecord]) -> pd.DataFrame:
@@ -224,22 +268,37 @@ def families_by_suite(frame: pd.DataFrame, records: list[TrialRecord]) -> pd.Dat
     rows = []
     for suite in suites_of(frame):
         column = f"tps_{suite}"
-        baseline = base[column].dropna().iloc[0] if column in base and not base[column].dropna().empty else None
+        baseline = (
+            base[column].dropna().iloc[0] if column in base and not base[column].dropna().empty else None
+        )
         for family in FAMILIES:
             pool = feasible(frame)
-            pool = pool[(pool["family"] == family) & pool[column].notna()] if column in pool else pool.iloc[0:0]
+            pool = (
+                pool[(pool["family"] == family) & pool[column].notna()] if column in pool else pool.iloc[0:0]
+            )
             if pool.empty:
                 continue
             best = pool.loc[pool[column].idxmax()]
             sources = per_source(s for s in by_number[int(best["trial"])].samples if s.get("suite") == suite)
             accepted = sum(a for _, a in sources.values())
             lookup_accepted = sum(a for name, (_, a) in sources.items() if name.startswith("ngram"))
-            rows.append({"suite": suite, "family": family, "trial": int(best["trial"]), "method": best["method"],
-                         "K": best["draft_max"], "tokens_per_second": best[column],
-                         "speedup": best[column] / baseline if baseline else None,
-                         "sources": "; ".join(f"{name} {a}/{d} ({a / d:.0%})" if d else f"{name} 0/0"
-                                              for name, (d, a) in sources.items()) or "not recorded",
-                         "lookup_share": lookup_accepted / accepted if accepted else None})
+            rows.append(
+                {
+                    "suite": suite,
+                    "family": family,
+                    "trial": int(best["trial"]),
+                    "method": best["method"],
+                    "K": best["draft_max"],
+                    "tokens_per_second": best[column],
+                    "speedup": best[column] / baseline if baseline else None,
+                    "sources": "; ".join(
+                        f"{name} {a}/{d} ({a / d:.0%})" if d else f"{name} 0/0"
+                        for name, (d, a) in sources.items()
+                    )
+                    or "not recorded",
+                    "lookup_share": lookup_accepted / accepted if accepted else None,
+                }
+            )
     return pd.DataFrame(rows, columns=FAMILY_COLUMNS)
 
 
@@ -259,8 +318,14 @@ def by_concurrency(frame: pd.DataFrame) -> pd.DataFrame:
         column = f"aggregate_tokens_per_second_c{users}"
         for family, group in pool.dropna(subset=[column]).groupby("family"):
             best = group.loc[group[column].idxmax()]
-            rows.append({"family": family, "users": users, "aggregate_tokens_per_second": best[column],
-                         "trial": int(best["trial"])})
+            rows.append(
+                {
+                    "family": family,
+                    "users": users,
+                    "aggregate_tokens_per_second": best[column],
+                    "trial": int(best["trial"]),
+                }
+            )
     return pd.DataFrame(rows, columns=["family", "users", "aggregate_tokens_per_second", "trial"])
 
 
@@ -289,9 +354,11 @@ def break_even(curves: pd.DataFrame, spread: float = PRIOR_LAUNCH_SIGMA) -> str:
         best = spec.loc[spec["aggregate_tokens_per_second"].idxmax()]
         lines.append((int(users), best["aggregate_tokens_per_second"] / plain.iloc[0], best["family"]))
     detail = "; ".join(f"{_users(u)}: x{r:.2f} ({f})" for u, r, f in lines)
-    how = (f"{detail}; best speculative over best without, aggregate tokens/s, best recorded trial of each, one "
-           f"launch each: told apart from x1.00 beyond x{math.exp(-band):.2f}-x{math.exp(band):.2f}, 95% for two "
-           f"launches at the study's launch spread of {spread:.0%}")
+    how = (
+        f"{detail}; best speculative over best without, aggregate tokens/s, best recorded trial of each, one "
+        f"launch each: told apart from x1.00 beyond x{math.exp(-band):.2f}-x{math.exp(band):.2f}, 95% for two "
+        f"launches at the study's launch spread of {spread:.0%}"
+    )
     first = next(((u, r) for u, r, _ in lines if math.log(r) <= band), None)
     if first is None:
         return f"speculation pays at every measured level ({how})"
@@ -299,9 +366,11 @@ def break_even(curves: pd.DataFrame, spread: float = PRIOR_LAUNCH_SIGMA) -> str:
     if math.log(ratio) < -band:
         return f"speculation stops paying at {_users(users)} at once on this host ({how})"
     shown = [u for u, r, _ in lines if u < users]
-    return (f"speculation is shown to pay {f'up to {_users(max(shown))}' if shown else 'at no measured level'}; "
-            f"at {_users(users)} at once it is within the launch spread of no speculation, so where it stops "
-            f"paying is not shown by one launch of each ({how})")
+    return (
+        f"speculation is shown to pay {f'up to {_users(max(shown))}' if shown else 'at no measured level'}; "
+        f"at {_users(users)} at once it is within the launch spread of no speculation, so where it stops "
+        f"paying is not shown by one launch of each ({how})"
+    )
 
 
 def _users(n: int) -> str:
@@ -312,12 +381,23 @@ def effect(frame: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Complete trials grouped by ``by``: best and median tokens/s, mean acceptance and quality."""
     pool = complete(frame).dropna(subset=by)
     if pool.empty:
-        return pd.DataFrame(columns=[*by, "best_tokens_per_second", "median_tokens_per_second",
-                                     "acceptance", "quality", "trials"])
-    return (pool.groupby(by, as_index=False)
-            .agg(best_tokens_per_second=("tokens_per_second", "max"),
-                 median_tokens_per_second=("tokens_per_second", "median"),
-                 acceptance=("acceptance", "mean"), quality=("quality", "mean"), trials=("trial", "count")))
+        return pd.DataFrame(
+            columns=[
+                *by,
+                "best_tokens_per_second",
+                "median_tokens_per_second",
+                "acceptance",
+                "quality",
+                "trials",
+            ]
+        )
+    return pool.groupby(by, as_index=False).agg(
+        best_tokens_per_second=("tokens_per_second", "max"),
+        median_tokens_per_second=("tokens_per_second", "median"),
+        acceptance=("acceptance", "mean"),
+        quality=("quality", "mean"),
+        trials=("trial", "count"),
+    )
 
 
 def importances(study: optuna.Study, record: StudyRecord) -> pd.DataFrame:
@@ -335,7 +415,8 @@ def importances(study: optuna.Study, record: StudyRecord) -> pd.DataFrame:
                 warnings.filterwarnings("ignore", message=".*importances of params to achieve low")
                 warnings.filterwarnings("ignore", message=".*have less than 2 trials")  # small studies
                 result = optuna.importance.get_param_importances(
-                    study, target=lambda t, i=i, sign=sign: sign * t.values[i])
+                    study, target=lambda t, i=i, sign=sign: sign * t.values[i]
+                )
         except (ValueError, RuntimeError):
             continue  # e.g. no parameter varied across complete trials
         rows += [{"objective": objective, "param": p, "importance": v} for p, v in result.items()]
@@ -376,7 +457,9 @@ class ReportData:
     acceptance_model: pd.DataFrame  # the structured sampler's fitted model against measured points
     per_type: PerTypeResult | None = None  # the last per-type race (tuner export --per-type)
     families: pd.DataFrame | None = None  # per content type: best draft-only, lookup-only and stacked trial
-    concurrency: pd.DataFrame | None = None  # per family and level: the best aggregate tokens/s (by_concurrency)
+    concurrency: pd.DataFrame | None = (
+        None  # per family and level: the best aggregate tokens/s (by_concurrency)
+    )
     prior: dict | None = None  # the warm start from an earlier study (tuner.search.prior)
     launch_spread: float = PRIOR_LAUNCH_SIGMA  # the study's launch-to-launch spread (drift.Sentinels)
 
@@ -428,20 +511,38 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
 
 def per_type_frame(result: PerTypeResult) -> pd.DataFrame:
     """One row per content type of a per-type race: its winner, K, tuning and held-out figures, gain."""
-    rows = [{"suite": t.suite, "trial": t.winner, "method": method_of(t.config),
-             "K": (t.config.get("draft_max") or 0) if t.config.get("spec_type", "none") != "none" else 0,
-             "tuning_tokens_per_second": t.tuning_tokens_per_second,
-             "held_out_tokens_per_second": t.held_out_tokens_per_second,
-             "pooled_held_out_tokens_per_second": t.pooled_held_out_tokens_per_second,
-             "baseline_held_out_tokens_per_second": t.baseline_held_out_tokens_per_second,
-             "gain": t.gain, "interval": f"{t.gain_low:.2f}-{t.gain_high:.2f}",
-             "entry": "own entry" if t.pays else "pooled winner", "why": t.why} for t in result.types]
+    rows = [
+        {
+            "suite": t.suite,
+            "trial": t.winner,
+            "method": method_of(t.config),
+            "K": (t.config.get("draft_max") or 0) if t.config.get("spec_type", "none") != "none" else 0,
+            "tuning_tokens_per_second": t.tuning_tokens_per_second,
+            "held_out_tokens_per_second": t.held_out_tokens_per_second,
+            "pooled_held_out_tokens_per_second": t.pooled_held_out_tokens_per_second,
+            "baseline_held_out_tokens_per_second": t.baseline_held_out_tokens_per_second,
+            "gain": t.gain,
+            "interval": f"{t.gain_low:.2f}-{t.gain_high:.2f}",
+            "entry": "own entry" if t.pays else "pooled winner",
+            "why": t.why,
+        }
+        for t in result.types
+    ]
     return pd.DataFrame(rows)
 
 
 def sentinel_frame(records: list[TrialRecord]) -> pd.DataFrame:
     """The reference configuration's tokens/s over time, per worker: the drift the study saw."""
-    rows = [{"trial": r.number, "role": r.role, "worker": r.worker, "at": pd.Timestamp(midpoint(r), unit="s"),
-             "tokens_per_second": r.metrics.tokens_per_second, "cv": r.spread.cv if r.spread else None}
-            for r in records if r.role in REFERENCE_ROLES and r.complete and midpoint(r) is not None]
+    rows = [
+        {
+            "trial": r.number,
+            "role": r.role,
+            "worker": r.worker,
+            "at": pd.Timestamp(midpoint(r), unit="s"),
+            "tokens_per_second": r.metrics.tokens_per_second,
+            "cv": r.spread.cv if r.spread else None,
+        }
+        for r in records
+        if r.role in REFERENCE_ROLES and r.complete and midpoint(r) is not None
+    ]
     return pd.DataFrame(rows, columns=["trial", "role", "worker", "at", "tokens_per_second", "cv"])

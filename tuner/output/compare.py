@@ -20,12 +20,12 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from tuner.machine.fingerprint import COMPARABILITY_KEYS
-from tuner.storage import store
-from tuner.output.analysis import complete, trials_frame
 from tuner.errors import UserError
+from tuner.machine.fingerprint import COMPARABILITY_KEYS
+from tuner.output.analysis import complete, trials_frame
 from tuner.search.knobs import INT_KNOBS
 from tuner.search.knobs import NAMES as KNOBS
+from tuner.storage import store
 from tuner.storage.records import StudyRecord, changes
 
 # Differences a comparison reports instead of refusing: what it measures, or what joining on configurations absorbs.
@@ -52,8 +52,10 @@ def _per_config(frame: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["key", "tokens_per_second", "acceptance", "n"])
     done = done.assign(key=[_config_key(r) for _, r in done[list(KNOBS)].iterrows()])
     return done.groupby("key", as_index=False).agg(
-        tokens_per_second=("tokens_per_second", "median"), acceptance=("acceptance", "median"),
-        n=("trial", "count"))
+        tokens_per_second=("tokens_per_second", "median"),
+        acceptance=("acceptance", "median"),
+        n=("trial", "count"),
+    )
 
 
 def _config_key(row: pd.Series) -> str:
@@ -64,23 +66,41 @@ def _differences(a: dict, b: dict, keys: tuple[str, ...]) -> list[tuple[str, Any
     return [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)]
 
 
-def compare_studies(a: optuna.Study, record_a: StudyRecord, b: optuna.Study, record_b: StudyRecord) -> Comparison:
+def compare_studies(
+    a: optuna.Study, record_a: StudyRecord, b: optuna.Study, record_b: StudyRecord
+) -> Comparison:
     """Join A and B on identical configurations; B/A ratios and the fingerprint differences."""
     incomparable = changes(record_a, record_b, ignore=MEASURED_DIFFERENCES, sides=("A has", "B has"))
     if incomparable:
-        raise UserError(f"study {b.study_name!r} cannot be compared with {a.study_name!r}: {incomparable[0]}; "
-                        "compare studies of the same models, workload, measurement settings and scorer")
-    per_a, per_b = _per_config(trials_frame(store.read_trials(a))), _per_config(trials_frame(store.read_trials(b)))
+        raise UserError(
+            f"study {b.study_name!r} cannot be compared with {a.study_name!r}: {incomparable[0]}; "
+            "compare studies of the same models, workload, measurement settings and scorer"
+        )
+    per_a, per_b = (
+        _per_config(trials_frame(store.read_trials(a))),
+        _per_config(trials_frame(store.read_trials(b))),
+    )
     joined = per_a.merge(per_b, on="key", suffixes=("_a", "_b"))
     knobs = pd.DataFrame([json.loads(k) for k in joined["key"]], columns=list(KNOBS))
     for knob in INT_KNOBS:
         knobs[knob] = knobs[knob].astype("Int64")
-    rows = pd.concat([knobs, pd.DataFrame({
-        "tps_a": joined["tokens_per_second_a"], "tps_b": joined["tokens_per_second_b"],
-        "ratio": joined["tokens_per_second_b"] / joined["tokens_per_second_a"],
-        "acceptance_a": joined["acceptance_a"], "acceptance_b": joined["acceptance_b"],
-        "n_a": joined["n_a"], "n_b": joined["n_b"],
-    })], axis=1).sort_values("tps_a", ascending=False, ignore_index=True)
+    rows = pd.concat(
+        [
+            knobs,
+            pd.DataFrame(
+                {
+                    "tps_a": joined["tokens_per_second_a"],
+                    "tps_b": joined["tokens_per_second_b"],
+                    "ratio": joined["tokens_per_second_b"] / joined["tokens_per_second_a"],
+                    "acceptance_a": joined["acceptance_a"],
+                    "acceptance_b": joined["acceptance_b"],
+                    "n_a": joined["n_a"],
+                    "n_b": joined["n_b"],
+                }
+            ),
+        ],
+        axis=1,
+    ).sort_values("tps_a", ascending=False, ignore_index=True)
     ratios = [r for r in rows["ratio"] if r > 0 and math.isfinite(r)]
     fp_a, fp_b = record_a.fingerprint, record_b.fingerprint
     return Comparison(
@@ -107,20 +127,32 @@ def format_markdown(c: Comparison) -> str:
     """Header (what differs), then a pipe table of the joined configurations."""
     lines = [f"Comparing {c.name_b} (B) against {c.name_a} (A)."]
     if c.differing:
-        lines.append("Fingerprint keys that differ: "
-                     + "; ".join(f"{k}: {va!r} (A) vs {vb!r} (B)" for k, va, vb in c.differing))
+        lines.append(
+            "Fingerprint keys that differ: "
+            + "; ".join(f"{k}: {va!r} (A) vs {vb!r} (B)" for k, va, vb in c.differing)
+        )
     else:
-        lines.append("All comparability keys are equal (" + ", ".join(COMPARABILITY_KEYS) + "): differences are noise.")
+        lines.append(
+            "All comparability keys are equal (" + ", ".join(COMPARABILITY_KEYS) + "): differences are noise."
+        )
     lines.append(f"{len(c.rows)} configurations in both; {c.only_a} only in A, {c.only_b} only in B.")
     if c.rows.empty:
         return "\n".join(lines)
     varying = [k for k in KNOBS if c.rows[k].astype(str).nunique() > 1] or ["spec_type"]
     measured = ["t/s A", "t/s B", "B/A", "accept A", "accept B"]
-    lines += ["", "| " + " | ".join(varying + measured) + " |",
-              "|" + "|".join(["---"] * len(varying) + ["---:"] * len(measured)) + "|"]
+    lines += [
+        "",
+        "| " + " | ".join(varying + measured) + " |",
+        "|" + "|".join(["---"] * len(varying) + ["---:"] * len(measured)) + "|",
+    ]
     for _, r in c.rows.iterrows():
         cells = [_cell(r[k], None) for k in varying] + [
-            _cell(r["tps_a"]), _cell(r["tps_b"]), _cell(r["ratio"]), _cell(r["acceptance_a"]), _cell(r["acceptance_b"])]
+            _cell(r["tps_a"]),
+            _cell(r["tps_b"]),
+            _cell(r["ratio"]),
+            _cell(r["acceptance_a"]),
+            _cell(r["acceptance_b"]),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     if c.geomean_ratio is not None:
         lines += ["", f"Geometric mean B/A over {len(c.rows)} configurations: {c.geomean_ratio:.3f}"]
@@ -135,9 +167,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("study_a", help="baseline study: name in the storage or a study file")
     parser.add_argument("study_b", help="study compared against it")
-    parser.add_argument("--storage", help="storage URL of A (default: the study file's, else the shared SQLite file)")
-    parser.add_argument("--storage-b", help="storage URL of B (default: --storage, else B's study file's, else the shared SQLite file)")
-    parser.add_argument("--format", choices=("md", "csv"), default="md", help="markdown table (default) or CSV rows")
+    parser.add_argument(
+        "--storage", help="storage URL of A (default: the study file's, else the shared SQLite file)"
+    )
+    parser.add_argument(
+        "--storage-b",
+        help="storage URL of B (default: --storage, else B's study file's, else the shared SQLite file)",
+    )
+    parser.add_argument(
+        "--format", choices=("md", "csv"), default="md", help="markdown table (default) or CSV rows"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

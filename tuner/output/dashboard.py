@@ -19,8 +19,8 @@ import optuna
 from tuner.errors import UserError
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord
-from tuner.studyfile.spec import default_storage_url
 from tuner.storage.urls import with_driver
+from tuner.studyfile.spec import default_storage_url
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -41,10 +41,15 @@ def study_note(study: optuna.Study, record: StudyRecord) -> str:
         lines.append(f"- **baseline**: trial {reference.trial}, {reference.tokens_per_second:.1f} tokens/s")
     best = store.best_feasible(study)
     if best is not None:
-        lines.append(f"- **best feasible**: trial {best.number}, {best.metrics.tokens_per_second:.1f} tokens/s, "
-                     f"x{best.metrics.speedup:.2f} over the baseline")
-    lines += ["", f"`tuner report {study.study_name}` draws the fronts and the roofline; "
-                  f"`tuner export {study.study_name}` writes the winner's launch script."]
+        lines.append(
+            f"- **best feasible**: trial {best.number}, {best.metrics.tokens_per_second:.1f} tokens/s, "
+            f"x{best.metrics.speedup:.2f} over the baseline"
+        )
+    lines += [
+        "",
+        f"`tuner report {study.study_name}` draws the fronts and the roofline; "
+        f"`tuner export {study.study_name}` writes the winner's launch script.",
+    ]
     return "\n".join(lines)
 
 
@@ -53,9 +58,11 @@ def trial_note(record: TrialRecord) -> str:
     m = record.metrics
     if record.complete:
         verdict = "feasible" if record.feasible else "below the quality floor"
-        lines.append(f"{m.tokens_per_second:.1f} tokens/s, x{m.speedup:.2f} over the baseline, "
-                     f"acceptance {m.acceptance:.2f}, quality {m.quality:.3f}: {verdict}"
-                     + (" (noisy)" if record.spread and record.spread.noisy else ""))
+        lines.append(
+            f"{m.tokens_per_second:.1f} tokens/s, x{m.speedup:.2f} over the baseline, "
+            f"acceptance {m.acceptance:.2f}, quality {m.quality:.3f}: {verdict}"
+            + (" (noisy)" if record.spread and record.spread.noisy else "")
+        )
     if record.failure:
         lines.append(f"**failed**: {record.failure.reason}: {record.failure.detail}")
     if record.argv:
@@ -95,10 +102,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "Serve optuna-dashboard on the studies' storage: every study, its Pareto front, each trial's "
         "attrs, and a note per trial with its exact llama-server command line."
     )
-    parser.add_argument("--storage", default=None, help=f"Optuna storage URL (default: {default_storage_url()})")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; the dashboard has no login)")
+    parser.add_argument(
+        "--storage", default=None, help=f"Optuna storage URL (default: {default_storage_url()})"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; the dashboard has no login)"
+    )
     parser.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
-    parser.add_argument("--no-notes", action="store_true", help="serve as is, without writing notes into the storage")
+    parser.add_argument(
+        "--no-notes", action="store_true", help="serve as is, without writing notes into the storage"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,12 +125,17 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_notes:
         print(f"dashboard: {annotate(url)} notes updated", flush=True)
     if args.host not in LOOPBACK:
-        print(f"dashboard: listening on {args.host}: anyone who can reach it can edit or delete studies", flush=True)
+        print(
+            f"dashboard: listening on {args.host}: anyone who can reach it can edit or delete studies",
+            flush=True,
+        )
     print(f"dashboard: http://{args.host}:{args.port}/dashboard (Ctrl-C stops it)", flush=True)
     try:
         run_server(url, host=args.host, port=args.port)
     except KeyboardInterrupt:
         pass
     except OSError as err:
-        raise UserError(f"--host {args.host} --port {args.port}: cannot listen ({err.strerror}); pick another port") from None
+        raise UserError(
+            f"--host {args.host} --port {args.port}: cannot listen ({err.strerror}); pick another port"
+        ) from None
     return 0

@@ -36,22 +36,32 @@ import optuna
 import pandas as pd
 import yaml
 
-from tuner.errors import UserError
-from tuner.machine.fingerprint import COMPARABILITY_KEYS
-from tuner.paths import reports_dir, writable_file, writable_folder
-from tuner.machine import hostlock
-from tuner.storage import store
-from tuner.output.analysis import (best_per_suite, break_even, by_concurrency, feasible, front_2d, knee, launch_spread,
-                                   levels_of, suites_of, trials_frame)
 from tuner.context import prepare
-from tuner.measurement.launch import ServerCommand, cpu_mask
-from tuner.storage.records import StudyRecord, TrialRecord, changes
-from tuner.search.space import method_of
-from tuner.decisions.race import RaceResult, finalists, race_study
-from tuner.decisions.race import describe as describe_race
 from tuner.decisions.per_type import PerTypeResult, race_per_type
 from tuner.decisions.per_type import describe as describe_per_type
+from tuner.decisions.race import RaceResult, finalists, race_study
+from tuner.decisions.race import describe as describe_race
 from tuner.decisions.route import describe_accuracy
+from tuner.errors import UserError
+from tuner.machine import hostlock
+from tuner.machine.fingerprint import COMPARABILITY_KEYS
+from tuner.measurement.launch import ServerCommand, cpu_mask
+from tuner.output.analysis import (
+    best_per_suite,
+    break_even,
+    by_concurrency,
+    feasible,
+    front_2d,
+    knee,
+    launch_spread,
+    levels_of,
+    suites_of,
+    trials_frame,
+)
+from tuner.paths import reports_dir, writable_file, writable_folder
+from tuner.search.space import method_of
+from tuner.storage import store
+from tuner.storage.records import StudyRecord, TrialRecord, changes
 from tuner.studyfile.spec import load_spec
 
 POLICIES = {
@@ -65,8 +75,13 @@ INI_UNSAFE = re.compile(r"[;#\r\n]")  # llama.cpp's INI parser ends a value at a
 # ------------------------------------------------------------------ choosing
 
 
-def choose(record: StudyRecord, frame: pd.DataFrame, policy: str = "max-tps",
-           min_acceptance: float | None = None, trial: int | None = None) -> tuple[int, str]:
+def choose(
+    record: StudyRecord,
+    frame: pd.DataFrame,
+    policy: str = "max-tps",
+    min_acceptance: float | None = None,
+    trial: int | None = None,
+) -> tuple[int, str]:
     """The exported trial's number and why it was chosen; no candidate is a UserError."""
     if policy not in POLICIES:
         raise UserError(f"--policy: unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
@@ -80,15 +95,19 @@ def choose(record: StudyRecord, frame: pd.DataFrame, policy: str = "max-tps",
         )
     if trial is not None:
         if trial not in set(pool["trial"]):
-            raise UserError(f"--trial {trial}: not a complete trial of {name!r} that meets the quality floor; "
-                            "pick one from the report's Pareto table")
+            raise UserError(
+                f"--trial {trial}: not a complete trial of {name!r} that meets the quality floor; "
+                "pick one from the report's Pareto table"
+            )
         return trial, f"trial {trial} chosen with --trial"
     if min_acceptance is not None:
         best = pool["acceptance"].max()
         pool = pool[pool["acceptance"] >= min_acceptance]
         if pool.empty:
-            raise UserError(f"--min-acceptance {min_acceptance:g}: no feasible trial of {name!r} reaches it "
-                            f"(best feasible acceptance {best:.2f}); lower it")
+            raise UserError(
+                f"--min-acceptance {min_acceptance:g}: no feasible trial of {name!r} reaches it "
+                f"(best feasible acceptance {best:.2f}); lower it"
+            )
     why = POLICIES[policy] + (f", acceptance >= {min_acceptance:g}" if min_acceptance is not None else "")
     if policy == "knee":
         return knee(front_2d(pool, "quality")), why
@@ -113,7 +132,9 @@ class Export:
     llama_cpp: dict
     machine: dict
     race: RaceResult | None = None
-    per_type: dict | None = None  # tuner.decisions.per_type.PerTypeResult as JSON (the pooled export's), else None
+    per_type: dict | None = (
+        None  # tuner.decisions.per_type.PerTypeResult as JSON (the pooled export's), else None
+    )
     section_name: str = ""  # the router model name; default the study's (per-type: STUDY-TYPE)
 
     @property
@@ -141,8 +162,11 @@ def production_argv(argv: list[str], temperature: float) -> list[str]:
 def build_export(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame, policy: str) -> Export:
     fp = record.fingerprint
     suites = best_per_suite(frame)
-    per_suite = [] if len(suites) < 2 else [
-        {k: _plain(v) for k, v in row.items()} for row in suites.to_dict(orient="records")]
+    per_suite = (
+        []
+        if len(suites) < 2
+        else [{k: _plain(v) for k, v in row.items()} for row in suites.to_dict(orient="records")]
+    )
     return Export(
         study=record.name,
         trial=trial.number,
@@ -167,15 +191,18 @@ def _plain(value):
 # ------------------------------------------------------------------ racing
 
 
-def race_for_export(study: optuna.Study, record: StudyRecord, candidates: list[TrialRecord] | None,
-                    progress=print) -> RaceResult | None:
+def race_for_export(
+    study: optuna.Study, record: StudyRecord, candidates: list[TrialRecord] | None, progress=print
+) -> RaceResult | None:
     """Race with the study's own workload and settings, refused if they changed since it was measured."""
     ctx = export_context(record)
     if candidates is None:
         candidates = finalists(store.read_trials(study), ctx.settings.noise_cv, ctx.spec.race.max_finalists)
     for trial in candidates:
         if not Path(trial.command.binary).exists():
-            raise UserError(f"{trial.command.binary}: not on this host; export on the study's host or pass --no-race")
+            raise UserError(
+                f"{trial.command.binary}: not on this host; export on the study's host or pass --no-race"
+            )
     with hostlock.measuring(record.name, progress=progress):  # one measurement per host
         return race_study(ctx, study, progress, candidates)
 
@@ -184,13 +211,17 @@ def export_context(record: StudyRecord):
     """The study's context from its study file, refused if what it measures changed since."""
     spec_path = Path(record.spec_path)
     if not spec_path.is_file():
-        raise UserError(f"study {record.name!r}: its study file {spec_path} is not here, so its workload "
-                        "cannot be re-run; export on the study's host or pass --no-race")
+        raise UserError(
+            f"study {record.name!r}: its study file {spec_path} is not here, so its workload "
+            "cannot be re-run; export on the study's host or pass --no-race"
+        )
     ctx = prepare(load_spec(spec_path))
     changed = changes(record, ctx.study_record(record.created_by), ignore=("search space",))
     if changed:
-        raise UserError(f"{spec_path}: {changed[0]}: a re-measure now would not compare with the study's figures; "
-                        "revert the change, or pass --no-race")
+        raise UserError(
+            f"{spec_path}: {changed[0]}: a re-measure now would not compare with the study's figures; "
+            "revert the change, or pass --no-race"
+        )
     return ctx
 
 
@@ -213,7 +244,9 @@ def shell_script(export: Export) -> str:
         "# --temp sets the tuned temperature as the default; clients may send their own.",
         "# Usage: LLAMA_ARG_HOST=0.0.0.0 LLAMA_ARG_PORT=9000 ./serve.sh [more llama-server flags]",
         "set -eu",
-        'exec ' + shlex.join(export.argv) + ' --host "${LLAMA_ARG_HOST:-127.0.0.1}" --port "${LLAMA_ARG_PORT:-8080}" "$@"',
+        "exec "
+        + shlex.join(export.argv)
+        + ' --host "${LLAMA_ARG_HOST:-127.0.0.1}" --port "${LLAMA_ARG_PORT:-8080}" "$@"',
         "",
     ]
     return "\n".join(lines)
@@ -232,19 +265,30 @@ def preset_lines(export: Export) -> list[str]:
     if command.prefix:
         options["cpu-mask"] = cpu_mask(list(command.cpus))
         options["cpu-strict"] = "1"
-        comments += [f"; tuned under numactl {opt}: start the router with it to keep that memory policy"
-                     for opt in command.prefix[1:] if not opt.startswith("--physcpubind=")]
-    pairs = [*command.options, *_pairs(command.extra), ("--temp", f"{export.config.get('temperature', 0.0):g}")]
+        comments += [
+            f"; tuned under numactl {opt}: start the router with it to keep that memory policy"
+            for opt in command.prefix[1:]
+            if not opt.startswith("--physcpubind=")
+        ]
+    pairs = [
+        *command.options,
+        *_pairs(command.extra),
+        ("--temp", f"{export.config.get('temperature', 0.0):g}"),
+    ]
     for flag, value in pairs:
         key = flag.lstrip("-")
         if key == "numa" and value == "numactl" and command.prefix:
             continue  # the CPUs numactl chose are pinned by cpu-mask now
         if key in options:
-            raise UserError(f"{export.study}: the command repeats --{key}; a preset holds one value per option")
+            raise UserError(
+                f"{export.study}: the command repeats --{key}; a preset holds one value per option"
+            )
         value = "true" if value is None else value
         if INI_UNSAFE.search(value):
-            raise UserError(f"{export.study}: --{key} value {value!r} contains ; # or a newline, "
-                            "which the preset format cannot hold; rename the file or pass the flag on the command line")
+            raise UserError(
+                f"{export.study}: --{key} value {value!r} contains ; # or a newline, "
+                "which the preset format cannot hold; rename the file or pass the flag on the command line"
+            )
         options[key] = value
     return [f"[{export.section}]", *comments, *(f"{k} = {v}" for k, v in options.items())]
 
@@ -301,8 +345,10 @@ def merge_sections(path: Path, new: dict[str, list[str]]) -> None:
     blocks.append((name, "".join(current)))
     preamble = blocks[0][1]
     if not any(re.match(r"\s*version\s*=", line) for line in preamble.splitlines()):
-        preamble = ("version = 1\n; llama-server --models-preset FILE: one section per exported study "
-                    "(tuner export)\n\n" + preamble)
+        preamble = (
+            "version = 1\n; llama-server --models-preset FILE: one section per exported study "
+            "(tuner export)\n\n" + preamble
+        )
     out = [preamble]
     written: set[str] = set()
     for block_name, raw in blocks[1:]:
@@ -326,7 +372,7 @@ def merge_sections(path: Path, new: dict[str, list[str]]) -> None:
 def _section_text(lines: list[str], replaced: str) -> str:
     """A section's lines, then the blank lines that followed the section it replaces."""
     stripped = replaced.rstrip("\r\n")
-    return "\n".join(lines) + "\n" + replaced[len(stripped):].replace("\r", "")[1:]
+    return "\n".join(lines) + "\n" + replaced[len(stripped) :].replace("\r", "")[1:]
 
 
 def router_script(pooled: Export, per_type: list[Export], preset_path: Path) -> str:
@@ -336,13 +382,14 @@ def router_script(pooled: Export, per_type: list[Export], preset_path: Path) -> 
     lines = [
         "#!/bin/sh",
         f"# Generated by `tuner export` from study {pooled.study}: one llama-server in router mode",
-        f"# on {preset_path}, one configuration per section. The request's \"model\" field picks it:",
+        f'# on {preset_path}, one configuration per section. The request\'s "model" field picks it:',
         f"#   {pooled.section}: the pooled winner (trial {pooled.trial}), for any content",
         *(f"#   {e.section}: {_type_note(e) if e.per_type else e.policy}" for e in per_type),
         "# The preset may hold other studies' sections too; each is served under its own name.",
         "# Usage: LLAMA_ARG_HOST=0.0.0.0 LLAMA_ARG_PORT=9000 ./serve-router.sh [more llama-server flags]",
         "set -eu",
-        "exec " + shlex.join([binary, "--models-preset", str(preset_path.resolve()), "--models-max", str(len(names))])
+        "exec "
+        + shlex.join([binary, "--models-preset", str(preset_path.resolve()), "--models-max", str(len(names))])
         + ' --host "${LLAMA_ARG_HOST:-127.0.0.1}" --port "${LLAMA_ARG_PORT:-8080}" "$@"',
         "",
     ]
@@ -352,52 +399,68 @@ def router_script(pooled: Export, per_type: list[Export], preset_path: Path) -> 
 def _type_note(export: Export) -> str:
     t = next(t for t in export.per_type["types"] if export.section.endswith("-" + section_name(t["suite"])))
     k = export.config.get("draft_max") if export.config.get("spec_type", "none") != "none" else 0
-    return (f"{t['suite']} (trial {export.trial}, {method_of(export.config)}, K={k}): {t['held_out_tokens_per_second']:.1f} tokens/s on held-out "
-            f"{t['suite']} prompts, x{t['gain']:.2f} over the pooled winner [{t['gain_low']:.2f}, {t['gain_high']:.2f}]")
+    return (
+        f"{t['suite']} (trial {export.trial}, {method_of(export.config)}, K={k}): {t['held_out_tokens_per_second']:.1f} tokens/s on held-out "
+        f"{t['suite']} prompts, x{t['gain']:.2f} over the pooled winner [{t['gain_low']:.2f}, {t['gain_high']:.2f}]"
+    )
 
 
 def client_note(pooled: Export, per_type: list[Export]) -> str:
     """``ROUTER.md``: how a client picks a configuration."""
     sections = [pooled.section, *(e.section for e in per_type)]
     example = per_type[0].section if per_type else pooled.section
-    return "\n".join([
-        f"# Serving study {pooled.study} per content type",
-        "",
-        "Start the router: `./serve-router.sh` (one llama-server, one child server per configuration, started on "
-        "first use). Every request names its configuration in the `model` field (POST endpoints), or the `model` "
-        "query parameter (GET endpoints such as `/props?model=NAME`):",
-        "",
-        f"- `{pooled.section}`: the pooled winner (trial {pooled.trial}), for any content",
-        *(f"- `{e.section}`: {_type_note(e)}" for e in per_type),
-        *([f"- no content type's own winner beat the pooled winner on its held-out prompts beyond the noise: "
-           f"every type is served by `{pooled.section}` ("
-           + "; ".join(f"{t['suite']}: {t['why']}" for t in (pooled.per_type or {}).get("types", [])) + ")"]
-          if not per_type and pooled.per_type else []),
-        "",
-        "```sh",
-        "curl -s http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\",
-        f"  -d '{{\"model\": \"{example}\", \"prompt\": \"def add(a, b):\", \"max_tokens\": 64}}'",
-        "```",
-        "",
-        "Mixed traffic: classify each prompt, then fall back to the pooled section:",
-        "",
-        "```python",
-        "from tuner.decisions.route import content_type",
-        f"SECTIONS = {sections!r}",
-        f"name = f\"{pooled.section}-{{content_type(prompt)}}\"",
-        f"model = name if name in SECTIONS else {pooled.section!r}",
-        "```",
-        "",
-        describe_accuracy() + ".",
-        "",
-        "The configurations share the machine: under concurrent traffic their servers compete for the same cores "
-        "and memory bandwidth, unlike when they were measured one at a time.",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"# Serving study {pooled.study} per content type",
+            "",
+            "Start the router: `./serve-router.sh` (one llama-server, one child server per configuration, started on "
+            "first use). Every request names its configuration in the `model` field (POST endpoints), or the `model` "
+            "query parameter (GET endpoints such as `/props?model=NAME`):",
+            "",
+            f"- `{pooled.section}`: the pooled winner (trial {pooled.trial}), for any content",
+            *(f"- `{e.section}`: {_type_note(e)}" for e in per_type),
+            *(
+                [
+                    f"- no content type's own winner beat the pooled winner on its held-out prompts beyond the noise: "
+                    f"every type is served by `{pooled.section}` ("
+                    + "; ".join(f"{t['suite']}: {t['why']}" for t in (pooled.per_type or {}).get("types", []))
+                    + ")"
+                ]
+                if not per_type and pooled.per_type
+                else []
+            ),
+            "",
+            "```sh",
+            "curl -s http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\",
+            f'  -d \'{{"model": "{example}", "prompt": "def add(a, b):", "max_tokens": 64}}\'',
+            "```",
+            "",
+            "Mixed traffic: classify each prompt, then fall back to the pooled section:",
+            "",
+            "```python",
+            "from tuner.decisions.route import content_type",
+            f"SECTIONS = {sections!r}",
+            f'name = f"{pooled.section}-{{content_type(prompt)}}"',
+            f"model = name if name in SECTIONS else {pooled.section!r}",
+            "```",
+            "",
+            describe_accuracy() + ".",
+            "",
+            "The configurations share the machine: under concurrent traffic their servers compete for the same cores "
+            "and memory bandwidth, unlike when they were measured one at a time.",
+            "",
+        ]
+    )
 
 
-def write_export(export: Export, out_dir: Path, preset_path: Path, per_type: list[Export] | None = None,
-                 by_load: list[Export] = (), verdict: str = "") -> list[Path]:
+def write_export(
+    export: Export,
+    out_dir: Path,
+    preset_path: Path,
+    per_type: list[Export] | None = None,
+    by_load: list[Export] = (),
+    verdict: str = "",
+) -> list[Path]:
     """The pooled export's files and its preset section; with ``per_type`` exports (and ``by_load``, the
     STUDY-cN sections), their sections too (one merge), ``serve-router.sh`` and ``ROUTER.md``."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -432,24 +495,42 @@ def configure(parser: argparse.ArgumentParser) -> None:
         + ". The finalists are first raced against the baseline on this host, one fresh launch each per round."
     )
     parser.add_argument("study", help="study name in the storage, or a study file (studies/NAME.yaml)")
-    parser.add_argument("--storage", help="Optuna storage URL (default: the study file's, else the shared SQLite file)")
-    parser.add_argument("--policy", choices=tuple(POLICIES), default="max-tps", help="selection policy (default: max-tps)")
-    parser.add_argument("--min-acceptance", type=float, help="only trials whose draft acceptance is at least this")
+    parser.add_argument(
+        "--storage", help="Optuna storage URL (default: the study file's, else the shared SQLite file)"
+    )
+    parser.add_argument(
+        "--policy", choices=tuple(POLICIES), default="max-tps", help="selection policy (default: max-tps)"
+    )
+    parser.add_argument(
+        "--min-acceptance", type=float, help="only trials whose draft acceptance is at least this"
+    )
     parser.add_argument("--trial", type=int, help="export this feasible trial instead of applying a policy")
-    parser.add_argument("--no-race", action="store_true",
-                        help="export the recorded choice without racing it (its figures are single measurements)")
+    parser.add_argument(
+        "--no-race",
+        action="store_true",
+        help="export the recorded choice without racing it (its figures are single measurements)",
+    )
     per_type = parser.add_mutually_exclusive_group()
-    per_type.add_argument("--per-type", action="store_true", default=None,
-                          help="also export one configuration per content type (STUDY-TYPE preset sections, "
-                               "serve-router.sh, ROUTER.md); the default when the study measured several types: "
-                               "each type's winner on its tuning prompts is raced on held-out prompts and gets a "
-                               "section only when it beats the pooled winner there beyond the noise")
-    per_type.add_argument("--no-per-type", dest="per_type", action="store_false",
-                          help="export the pooled winner only")
-    parser.add_argument("--concurrency", type=_levels, metavar="N,N,...",
-                        help="also export one configuration per load class: a STUDY-cN preset section with N slots, "
-                             "the best recorded aggregate tokens/s at N simultaneous users (default: every level "
-                             "the study measured, when it measured more than one user)")
+    per_type.add_argument(
+        "--per-type",
+        action="store_true",
+        default=None,
+        help="also export one configuration per content type (STUDY-TYPE preset sections, "
+        "serve-router.sh, ROUTER.md); the default when the study measured several types: "
+        "each type's winner on its tuning prompts is raced on held-out prompts and gets a "
+        "section only when it beats the pooled winner there beyond the noise",
+    )
+    per_type.add_argument(
+        "--no-per-type", dest="per_type", action="store_false", help="export the pooled winner only"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=_levels,
+        metavar="N,N,...",
+        help="also export one configuration per load class: a STUDY-cN preset section with N slots, "
+        "the best recorded aggregate tokens/s at N simultaneous users (default: every level "
+        "the study measured, when it measured more than one user)",
+    )
     parser.add_argument("--out", type=Path, help="output folder (default: reports/STUDY/export)")
     hostlock.add_argument(parser)
     parser.add_argument("--preset", type=Path, help=f"shared preset file (default: reports/{PRESET_FILE})")
@@ -465,8 +546,10 @@ def run(args: argparse.Namespace) -> int:
     frame = trials_frame(records)
     number, why = choose(record, frame, args.policy, args.min_acceptance, args.trial)
     chosen = store.read_trial(study.trials[number])
-    print(f"chosen: trial {number} ({why}): {chosen.metrics.tokens_per_second:.1f} tokens/s, "
-          f"x{chosen.metrics.speedup:.2f} over the baseline (recorded, one measurement)")
+    print(
+        f"chosen: trial {number} ({why}): {chosen.metrics.tokens_per_second:.1f} tokens/s, "
+        f"x{chosen.metrics.speedup:.2f} over the baseline (recorded, one measurement)"
+    )
     race = None
     if not args.no_race:
         candidates = None if args.policy == "max-tps" and args.trial is None else [chosen]
@@ -478,12 +561,20 @@ def run(args: argparse.Namespace) -> int:
                 print(line)
             number, why = race.winner, f"won the finalist race ({why} among the finalists)"
     export = replace(build_export(record, store.read_trial(study.trials[number]), frame, why), race=race)
-    if race is not None and export.config.get("spec_type", "none") != "none" and race.drafted.get(f"trial-{number}") == 0:
+    if (
+        race is not None
+        and export.config.get("spec_type", "none") != "none"
+        and race.drafted.get(f"trial-{number}") == 0
+    ):
         print("WARNING: the winner drafted nothing while racing: speculation was off")
     for row in export.per_content_type:
-        print(f"best on {row['suite']} (recorded, all its prompts): trial {row['trial']}, {row['method']}, "
-              f"K={row['draft_max']}, T={row['temperature']}: {row['tokens_per_second']:.1f} tokens/s")
-    per_type = per_type_exports(args, study, record, frame, export) if _wants_per_type(args, record, frame) else None
+        print(
+            f"best on {row['suite']} (recorded, all its prompts): trial {row['trial']}, {row['method']}, "
+            f"K={row['draft_max']}, T={row['temperature']}: {row['tokens_per_second']:.1f} tokens/s"
+        )
+    per_type = (
+        per_type_exports(args, study, record, frame, export) if _wants_per_type(args, record, frame) else None
+    )
     if per_type is not None:
         export = replace(export, per_type=per_type[0].to_json() if per_type[0] else None)
         per_type = [replace(e, per_type=export.per_type) for e in per_type[1]]
@@ -496,10 +587,14 @@ def run(args: argparse.Namespace) -> int:
     for path in write_export(export, out_dir, preset, per_type, by_load, verdict):
         print(f"wrote {path}")
     if export.per_type:
-        kept = [section_name(f"{export.section}-{t['suite']}") for t in export.per_type["types"] if not t["pays"]]
+        kept = [
+            section_name(f"{export.section}-{t['suite']}") for t in export.per_type["types"] if not t["pays"]
+        ]
         for name in set(kept) & set(preset_sections(preset)):
-            print(f"note: section [{name}] of an earlier export is kept in {preset}, but this export found no "
-                  f"gain for it on held-out prompts; remove it by hand to serve that type with [{export.section}]")
+            print(
+                f"note: section [{name}] of an earlier export is kept in {preset}, but this export found no "
+                f"gain for it on held-out prompts; remove it by hand to serve that type with [{export.section}]"
+            )
     return 0
 
 
@@ -507,14 +602,21 @@ def _levels(text: str) -> tuple[int, ...]:
     try:
         levels = tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give user counts separated by commas, such as 1,4") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give user counts separated by commas, such as 1,4"
+        ) from None
     if not levels or min(levels) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: every level needs at least 1 user")
     return levels
 
 
-def load_exports(study: optuna.Study, record: StudyRecord, frame: pd.DataFrame, asked: tuple[int, ...] | None,
-                 pooled: Export) -> list[Export]:
+def load_exports(
+    study: optuna.Study,
+    record: StudyRecord,
+    frame: pd.DataFrame,
+    asked: tuple[int, ...] | None,
+    pooled: Export,
+) -> list[Export]:
     """One STUDY-cN export per load class: the feasible trial with the best recorded aggregate tokens/s at N
     users (one launch each: the figure is the trial's own, not raced), served with N slots."""
     measured = levels_of(frame)
@@ -524,17 +626,30 @@ def load_exports(study: optuna.Study, record: StudyRecord, frame: pd.DataFrame, 
         column = f"aggregate_tokens_per_second_c{users}"
         pool = feasible(frame).dropna(subset=[column]) if column in frame else frame.iloc[0:0]
         if pool.empty:
-            raise UserError(f"--concurrency {users}: study {record.name!r} has no feasible trial measured at {users} "
-                            f"users (levels measured: {', '.join(map(str, measured)) or 'none'}); list those levels "
-                            "in workload.concurrency and run it again, or export one of them")
+            raise UserError(
+                f"--concurrency {users}: study {record.name!r} has no feasible trial measured at {users} "
+                f"users (levels measured: {', '.join(map(str, measured)) or 'none'}); list those levels "
+                "in workload.concurrency and run it again, or export one of them"
+            )
         best = pool.loc[pool[column].idxmax()]
         trial = int(best["trial"])
         chosen = store.read_trial(study.trials[trial])
-        exports.append(replace(build_export(record, chosen, frame,
-                                            f"best recorded aggregate tokens/s at {users} user(s): {best[column]:.1f}"),
-                               command=with_slots(chosen.command, users), section_name=f"{pooled.section}-c{users}"))
-        print(f"load class c{users}: trial {trial}, {best['method']}: {best[column]:.1f} tokens/s in all at {users} "
-              f"user(s) at once (recorded, one launch), served with {users} slot(s)")
+        exports.append(
+            replace(
+                build_export(
+                    record,
+                    chosen,
+                    frame,
+                    f"best recorded aggregate tokens/s at {users} user(s): {best[column]:.1f}",
+                ),
+                command=with_slots(chosen.command, users),
+                section_name=f"{pooled.section}-c{users}",
+            )
+        )
+        print(
+            f"load class c{users}: trial {trial}, {best['method']}: {best[column]:.1f} tokens/s in all at {users} "
+            f"user(s) at once (recorded, one launch), served with {users} slot(s)"
+        )
     return exports
 
 
@@ -550,12 +665,21 @@ def load_note(pooled: Export, by_load: list[Export], verdict: str = "") -> str:
     """``ROUTER.md``'s part on load: which STUDY-cN section to run for how many simultaneous users."""
     if not by_load:
         return ""
-    lines = ["", "## By load: how many users at once", "", *([verdict[0].upper() + verdict[1:] + ".", ""] if verdict else []),
-             "Each `-cN` section is the configuration that served the most tokens/s in all at N simultaneous users "
-             "(its best recorded figure, one launch), with N slots. Run the section of the load you expect; between "
-             "two classes, the larger one (a slot left idle costs memory, a missing one queues a request):", ""]
-    lines += [f"- `{e.section}`: up to {e.section.rsplit('-c', 1)[1]} simultaneous user(s): trial {e.trial}, "
-              f"{method_of(e.config)} ({e.policy})" for e in by_load]
+    lines = [
+        "",
+        "## By load: how many users at once",
+        "",
+        *([verdict[0].upper() + verdict[1:] + ".", ""] if verdict else []),
+        "Each `-cN` section is the configuration that served the most tokens/s in all at N simultaneous users "
+        "(its best recorded figure, one launch), with N slots. Run the section of the load you expect; between "
+        "two classes, the larger one (a slot left idle costs memory, a missing one queues a request):",
+        "",
+    ]
+    lines += [
+        f"- `{e.section}`: up to {e.section.rsplit('-c', 1)[1]} simultaneous user(s): trial {e.trial}, "
+        f"{method_of(e.config)} ({e.policy})"
+        for e in by_load
+    ]
     return "\n".join([*lines, ""]) + "\n"
 
 
@@ -573,22 +697,27 @@ def _wants_per_type(args: argparse.Namespace, record: StudyRecord, frame: pd.Dat
         return False
     if len(types) < 2:
         if args.per_type:
-            raise UserError(f"--per-type: study {record.name!r} measured one content type "
-                            f"({', '.join(types) or 'none'}), so there is no per-type winner to serve; export "
-                            "without --per-type (its pooled winner is that type's winner), or run a study whose "
-                            "workload has several suites")
+            raise UserError(
+                f"--per-type: study {record.name!r} measured one content type "
+                f"({', '.join(types) or 'none'}), so there is no per-type winner to serve; export "
+                "without --per-type (its pooled winner is that type's winner), or run a study whose "
+                "workload has several suites"
+            )
         return False
     if args.no_race:
         if args.per_type:
-            raise UserError("--per-type re-measures each type's winner on held-out prompts; it cannot be "
-                            "combined with --no-race")
+            raise UserError(
+                "--per-type re-measures each type's winner on held-out prompts; it cannot be "
+                "combined with --no-race"
+            )
         print("per-type: skipped with --no-race (per-type winners are only exported on held-out figures)")
         return False
     return True
 
 
-def per_type_exports(args: argparse.Namespace, study: optuna.Study, record: StudyRecord, frame: pd.DataFrame,
-                     pooled: Export) -> tuple[PerTypeResult | None, list[Export]]:
+def per_type_exports(
+    args: argparse.Namespace, study: optuna.Study, record: StudyRecord, frame: pd.DataFrame, pooled: Export
+) -> tuple[PerTypeResult | None, list[Export]]:
     """Race the per-type winners on held-out prompts; the exports of the types that pay."""
     ctx = export_context(record)
     with hostlock.measuring(record.name):  # one measurement per host
@@ -599,18 +728,34 @@ def per_type_exports(args: argparse.Namespace, study: optuna.Study, record: Stud
     for line in describe_per_type(result):
         print(line)
     if not result.types and args.per_type:
-        raise UserError(f"--per-type: no content type of {record.name!r} can be split into tuning and held-out "
-                        "prompts (" + "; ".join(f"{s}: {why}" for s, why in result.unsplit.items())
-                        + "); add prompts to its suites")
+        raise UserError(
+            f"--per-type: no content type of {record.name!r} can be split into tuning and held-out "
+            "prompts ("
+            + "; ".join(f"{s}: {why}" for s, why in result.unsplit.items())
+            + "); add prompts to its suites"
+        )
     print(describe_accuracy())
-    exports = [replace(build_export(record, store.read_trial(study.trials[t.winner]), frame,
-                                    f"fastest on the {t.suite} tuning prompts; {t.why}"),
-                       section_name=f"{pooled.section}-{t.suite}")
-               for t in result.paying]
+    exports = [
+        replace(
+            build_export(
+                record,
+                store.read_trial(study.trials[t.winner]),
+                frame,
+                f"fastest on the {t.suite} tuning prompts; {t.why}",
+            ),
+            section_name=f"{pooled.section}-{t.suite}",
+        )
+        for t in result.paying
+    ]
     if not exports:
-        print(f"per-type: no type's winner beats the pooled winner beyond the noise on held-out prompts; "
-              f"the router serves the pooled winner only, as {pooled.section!r}")
+        print(
+            f"per-type: no type's winner beats the pooled winner beyond the noise on held-out prompts; "
+            f"the router serves the pooled winner only, as {pooled.section!r}"
+        )
     else:
-        print("per-type sections: " + ", ".join(e.section for e in exports)
-              + f" (and {pooled.section!r}, the pooled winner)")
+        print(
+            "per-type sections: "
+            + ", ".join(e.section for e in exports)
+            + f" (and {pooled.section!r}, the pooled winner)"
+        )
     return result, exports

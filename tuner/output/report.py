@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner.output.analysis import ReportData, report_data
 from tuner.errors import UserError
+from tuner.output.analysis import ReportData, report_data
 from tuner.paths import reports_dir, writable_folder
 from tuner.storage.store import open_stored_study
 from tuner.studyfile.spec import default_storage_url
@@ -44,7 +44,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "of all trials under reports/STUDY/."
     )
     parser.add_argument("study", help="study name in the storage, or a study file (studies/NAME.yaml)")
-    parser.add_argument("--storage", help=f"Optuna storage URL (default: the study file's, else {default_storage_url()})")
+    parser.add_argument(
+        "--storage", help=f"Optuna storage URL (default: the study file's, else {default_storage_url()})"
+    )
     parser.add_argument("--out", type=Path, help="output folder (default: reports/STUDY)")
 
 

@@ -83,22 +83,47 @@ def _hover(frame: pd.DataFrame) -> list[str]:
 def pareto_figure(data: ReportData, x: str, front: pd.DataFrame, div_id: str) -> str:
     done = complete(data.trials)
     fig = go.Figure()
-    for ok, name, color, symbol in ((True, "feasible", FEASIBLE_COLOR, "circle"),
-                                    (False, "below quality floor", INFEASIBLE_COLOR, "x")):
+    for ok, name, color, symbol in (
+        (True, "feasible", FEASIBLE_COLOR, "circle"),
+        (False, "below quality floor", INFEASIBLE_COLOR, "x"),
+    ):
         part = done[done["feasible"] == ok]
         if not part.empty:
-            fig.add_trace(go.Scatter(x=part[x], y=part["tokens_per_second"], mode="markers", name=name,
-                                     marker={"color": color, "symbol": symbol, "size": 9},
-                                     text=_hover(part), hoverinfo="text+x+y"))
+            fig.add_trace(
+                go.Scatter(
+                    x=part[x],
+                    y=part["tokens_per_second"],
+                    mode="markers",
+                    name=name,
+                    marker={"color": color, "symbol": symbol, "size": 9},
+                    text=_hover(part),
+                    hoverinfo="text+x+y",
+                )
+            )
     if not front.empty:
-        fig.add_trace(go.Scatter(x=front[x], y=front["tokens_per_second"], mode="lines+markers",
-                                 name="Pareto front", line={"color": FRONT_COLOR, "shape": "hv"},
-                                 marker={"color": FRONT_COLOR, "size": 11, "symbol": "diamond"},
-                                 text=_hover(front), hoverinfo="text+x+y"))
+        fig.add_trace(
+            go.Scatter(
+                x=front[x],
+                y=front["tokens_per_second"],
+                mode="lines+markers",
+                name="Pareto front",
+                line={"color": FRONT_COLOR, "shape": "hv"},
+                marker={"color": FRONT_COLOR, "size": 11, "symbol": "diamond"},
+                text=_hover(front),
+                hoverinfo="text+x+y",
+            )
+        )
     base = done[done["role"] == "baseline"]
     if not base.empty:
-        fig.add_trace(go.Scatter(x=base[x], y=base["tokens_per_second"], mode="markers", name="baseline",
-                                 marker={"color": "black", "symbol": "star", "size": 14}))
+        fig.add_trace(
+            go.Scatter(
+                x=base[x],
+                y=base["tokens_per_second"],
+                mode="markers",
+                name="baseline",
+                marker={"color": "black", "symbol": "star", "size": 14},
+            )
+        )
     if x == "quality" and data.floor is not None:
         fig.add_vline(x=data.floor, line_dash="dot", annotation_text="quality floor")
     fig.update_layout(xaxis_title=x, yaxis_title="decode tokens/s")
@@ -119,32 +144,65 @@ def temperature_figure(frame: pd.DataFrame, div_id: str) -> str:
     for i, (name, part) in enumerate(frame.groupby("method", sort=True)):
         part = part.sort_values("temperature")
         for col, y in enumerate(("best_tokens_per_second", "acceptance", "quality"), start=1):
-            fig.add_trace(go.Scatter(x=part["temperature"], y=part[y], mode="lines+markers", name=str(name),
-                                     legendgroup=str(name), showlegend=col == 1,
-                                     line={"color": _palette(i)}), row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=part["temperature"],
+                    y=part[y],
+                    mode="lines+markers",
+                    name=str(name),
+                    legendgroup=str(name),
+                    showlegend=col == 1,
+                    line={"color": _palette(i)},
+                ),
+                row=1,
+                col=col,
+            )
     fig.update_xaxes(title_text="temperature")
     return _figure_html(fig, div_id)
 
 
 def experts_figure(frame: pd.DataFrame, div_id: str) -> str:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s", "quality"))
-    fig.add_trace(go.Scatter(x=frame["experts"], y=frame["best_tokens_per_second"], mode="lines+markers",
-                             name="best t/s"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=frame["experts"], y=frame["median_tokens_per_second"], mode="lines+markers",
-                             name="median t/s"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=frame["experts"], y=frame["quality"], mode="lines+markers", name="mean quality"),
-                  row=1, col=2)
+    fig.add_trace(
+        go.Scatter(
+            x=frame["experts"], y=frame["best_tokens_per_second"], mode="lines+markers", name="best t/s"
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=frame["experts"], y=frame["median_tokens_per_second"], mode="lines+markers", name="median t/s"
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(x=frame["experts"], y=frame["quality"], mode="lines+markers", name="mean quality"),
+        row=1,
+        col=2,
+    )
     fig.update_xaxes(title_text="active experts", dtick=1)
     return _figure_html(fig, div_id)
 
 
 def speedup_figure(data: ReportData, div_id: str) -> str:
     done = complete(data.trials).sort_values("speedup", ascending=False)
-    labels = [f"#{r.trial} {r.method}" + (f" K={r.draft_max}" if not pd.isna(r.draft_max) else "")
-              for r in done.itertuples()]
+    labels = [
+        f"#{r.trial} {r.method}" + (f" K={r.draft_max}" if not pd.isna(r.draft_max) else "")
+        for r in done.itertuples()
+    ]
     colors = [FEASIBLE_COLOR if ok else INFEASIBLE_COLOR for ok in done["feasible"]]
-    fig = go.Figure(go.Bar(x=labels, y=done["speedup"], marker_color=colors, text=_hover(done),
-                           hoverinfo="text+y", name="speedup"))
+    fig = go.Figure(
+        go.Bar(
+            x=labels,
+            y=done["speedup"],
+            marker_color=colors,
+            text=_hover(done),
+            hoverinfo="text+y",
+            name="speedup",
+        )
+    )
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="baseline")
     fig.update_layout(yaxis_title="tokens/s ÷ baseline", xaxis_title="trial (grey: below quality floor)")
     return _figure_html(fig, div_id)
@@ -153,26 +211,53 @@ def speedup_figure(data: ReportData, div_id: str) -> str:
 def drift_figure(data: ReportData, div_id: str) -> str:
     fig = go.Figure()
     for worker, part in data.sentinels.groupby("worker"):
-        fig.add_trace(go.Scatter(x=part["at"], y=part["tokens_per_second"], mode="lines+markers", name=str(worker),
-                                 text=[f"trial {t} ({r})" for t, r in zip(part["trial"], part["role"])]))
+        fig.add_trace(
+            go.Scatter(
+                x=part["at"],
+                y=part["tokens_per_second"],
+                mode="lines+markers",
+                name=str(worker),
+                text=[f"trial {t} ({r})" for t, r in zip(part["trial"], part["role"])],
+            )
+        )
     fig.update_layout(xaxis_title="time", yaxis_title="baseline configuration tokens/s")
     return _figure_html(fig, div_id)
 
 
 def race_table(data: ReportData) -> str:
     race = data.race
-    rows = pd.DataFrame([{"trial": e.trial, "winner": "*" if e.trial == race.winner else "",
-                          "launches": len(e.rates), "mean_tps": e.mean_tokens_per_second, "recorded_tps": e.recorded_tokens_per_second,
-                          "speedup": e.speedup, "interval": f"{e.speedup_low:.2f}-{e.speedup_high:.2f}",
-                          "status": e.status,
-                          "config": " ".join(f"{k}={v}" for k, v in e.config.items())} for e in race.entries])
+    rows = pd.DataFrame(
+        [
+            {
+                "trial": e.trial,
+                "winner": "*" if e.trial == race.winner else "",
+                "launches": len(e.rates),
+                "mean_tps": e.mean_tokens_per_second,
+                "recorded_tps": e.recorded_tokens_per_second,
+                "speedup": e.speedup,
+                "interval": f"{e.speedup_low:.2f}-{e.speedup_high:.2f}",
+                "status": e.status,
+                "config": " ".join(f"{k}={v}" for k, v in e.config.items()),
+            }
+            for e in race.entries
+        ]
+    )
     notes = [f"<p>Verdict: {html.escape(race.verdict)}. Winner: {html.escape(race.figure())}.</p>"]
     notes += [f"<p>Outlier: {html.escape(line)}</p>" for line in race.outliers]
-    return "".join(notes) + _table(rows, {
-        "trial": "trial", "winner": "winner", "launches": "launches (selection)",
-        "mean_tps": "geometric mean t/s (race)", "recorded_tps": "recorded t/s (study)",
-        "speedup": "speedup (paired rounds)", "interval": "95% t-interval", "status": "status",
-        "config": "configuration"})
+    return "".join(notes) + _table(
+        rows,
+        {
+            "trial": "trial",
+            "winner": "winner",
+            "launches": "launches (selection)",
+            "mean_tps": "geometric mean t/s (race)",
+            "recorded_tps": "recorded t/s (study)",
+            "speedup": "speedup (paired rounds)",
+            "interval": "95% t-interval",
+            "status": "status",
+            "config": "configuration",
+        },
+    )
 
 
 def per_type_figure(data: ReportData, div_id: str) -> str:
@@ -183,40 +268,90 @@ def per_type_figure(data: ReportData, div_id: str) -> str:
     for i, (suite, part) in enumerate(data.k_by_suite.groupby("suite", sort=True)):
         color = _palette(i)
         part = part.sort_values("K")
-        fig.add_trace(go.Scatter(x=part["K"], y=part["tokens_per_second"], mode="lines+markers", name=str(suite),
-                                 line={"color": color}, legendgroup=str(suite)))
+        fig.add_trace(
+            go.Scatter(
+                x=part["K"],
+                y=part["tokens_per_second"],
+                mode="lines+markers",
+                name=str(suite),
+                line={"color": color},
+                legendgroup=str(suite),
+            )
+        )
         own = rows[rows["suite"] == suite] if not rows.empty else rows
         for r in own.itertuples():
-            fig.add_trace(go.Scatter(x=[r.K], y=[r.tuning_tokens_per_second], mode="markers", legendgroup=str(suite),
-                                     name=f"{suite} winner, tuning prompts (trial {r.trial})",
-                                     marker={"color": color, "size": 14, "symbol": "circle-open", "line": {"width": 3}}))
-            fig.add_trace(go.Scatter(x=[r.K], y=[r.held_out_tokens_per_second], mode="markers", legendgroup=str(suite),
-                                     name=f"{suite} winner, held-out prompts (x{r.gain:.2f} over pooled)",
-                                     marker={"color": color, "size": 14, "symbol": "diamond"}))
-    fig.update_layout(xaxis_title="K (draft length; 0 = no speculation)", yaxis_title="tokens/s on the content type")
+            fig.add_trace(
+                go.Scatter(
+                    x=[r.K],
+                    y=[r.tuning_tokens_per_second],
+                    mode="markers",
+                    legendgroup=str(suite),
+                    name=f"{suite} winner, tuning prompts (trial {r.trial})",
+                    marker={"color": color, "size": 14, "symbol": "circle-open", "line": {"width": 3}},
+                )
+            )
+            fig.add_trace(
+                go.Scatter(
+                    x=[r.K],
+                    y=[r.held_out_tokens_per_second],
+                    mode="markers",
+                    legendgroup=str(suite),
+                    name=f"{suite} winner, held-out prompts (x{r.gain:.2f} over pooled)",
+                    marker={"color": color, "size": 14, "symbol": "diamond"},
+                )
+            )
+    fig.update_layout(
+        xaxis_title="K (draft length; 0 = no speculation)", yaxis_title="tokens/s on the content type"
+    )
     return _figure_html(fig, div_id)
 
 
 def per_type_body(data: ReportData) -> str:
     from tuner.decisions.route import describe_accuracy
 
-    parts = [per_type_figure(data, "fig-per-type") if not data.k_by_suite.empty else _empty("no per-suite measurements")]
+    parts = [
+        per_type_figure(data, "fig-per-type")
+        if not data.k_by_suite.empty
+        else _empty("no per-suite measurements")
+    ]
     if data.per_type is None:
         parts.append(_empty("no per-type race recorded yet: `tuner export STUDY --per-type` runs it"))
     else:
         result = data.per_type
-        parts.append(f"<p>Pooled winner: trial {result.pooled}. Rule: {html.escape(result.rule)}; "
-                     f"{result.rounds} rounds of fresh launches on the held-out prompts.</p>")
-        parts.append(_table(per_type_frame(result), {
-            "suite": "type", "trial": "winner (tuning)", "method": "draft", "K": "K",
-            "tuning_tokens_per_second": "t/s tuning prompts", "held_out_tokens_per_second": "t/s held-out",
-            "pooled_held_out_tokens_per_second": "pooled winner, held-out", "baseline_held_out_tokens_per_second":
-            "baseline, held-out", "gain": "gain over pooled", "interval": "95% interval", "entry": "served as"}))
+        parts.append(
+            f"<p>Pooled winner: trial {result.pooled}. Rule: {html.escape(result.rule)}; "
+            f"{result.rounds} rounds of fresh launches on the held-out prompts.</p>"
+        )
+        parts.append(
+            _table(
+                per_type_frame(result),
+                {
+                    "suite": "type",
+                    "trial": "winner (tuning)",
+                    "method": "draft",
+                    "K": "K",
+                    "tuning_tokens_per_second": "t/s tuning prompts",
+                    "held_out_tokens_per_second": "t/s held-out",
+                    "pooled_held_out_tokens_per_second": "pooled winner, held-out",
+                    "baseline_held_out_tokens_per_second": "baseline, held-out",
+                    "gain": "gain over pooled",
+                    "interval": "95% interval",
+                    "entry": "served as",
+                },
+            )
+        )
         if result.unsplit:
-            parts.append("<p>" + html.escape("; ".join(f"{s}: no per-type figure ({why})"
-                                                       for s, why in result.unsplit.items())) + "</p>")
-    parts.append(f"<p>{html.escape(describe_accuracy())} (<code>tuner.decisions.route.content_type</code>, for routing "
-                 "mixed traffic).</p>")
+            parts.append(
+                "<p>"
+                + html.escape(
+                    "; ".join(f"{s}: no per-type figure ({why})" for s, why in result.unsplit.items())
+                )
+                + "</p>"
+            )
+    parts.append(
+        f"<p>{html.escape(describe_accuracy())} (<code>tuner.decisions.route.content_type</code>, for routing "
+        "mixed traffic).</p>"
+    )
     return "".join(parts)
 
 
@@ -224,10 +359,20 @@ def acceptance_model_figure(data: ReportData, div_id: str) -> str:
     fig = go.Figure()
     for i, (option, part) in enumerate(data.acceptance_model.groupby("option")):
         color = _palette(i)
-        fig.add_trace(go.Scatter(x=part["k"], y=part["speedup"], mode="markers", name=f"{option} measured",
-                                 marker_color=color))
-        fig.add_trace(go.Scatter(x=part["k"], y=part["model_speedup"], mode="lines", name=f"{option} model",
-                                 line={"color": color, "dash": "dot"}))
+        fig.add_trace(
+            go.Scatter(
+                x=part["k"], y=part["speedup"], mode="markers", name=f"{option} measured", marker_color=color
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=part["k"],
+                y=part["model_speedup"],
+                mode="lines",
+                name=f"{option} model",
+                line={"color": color, "dash": "dot"},
+            )
+        )
     fig.update_layout(xaxis_title="draft length K", yaxis_title="speedup over the target alone")
     return _figure_html(fig, div_id)
 
@@ -236,11 +381,23 @@ def roofline_figure(data: ReportData, div_id: str) -> str:
     done = complete(data.trials).dropna(subset=["roofline_fraction"]).sort_values("trial")
     fig = go.Figure()
     for i, (name, part) in enumerate(done.groupby("method", sort=True)):
-        fig.add_trace(go.Scatter(x=part["trial"], y=part["roofline_fraction"], mode="markers", name=str(name),
-                                 marker={"size": 10, "color": _palette(i)}, text=_hover(part),
-                                 hoverinfo="text+y"))
-    fig.add_hline(y=1.0, line_dash="dash", line_color=FRONT_COLOR,
-                  annotation_text="bandwidth ceiling without speculation")
+        fig.add_trace(
+            go.Scatter(
+                x=part["trial"],
+                y=part["roofline_fraction"],
+                mode="markers",
+                name=str(name),
+                marker={"size": 10, "color": _palette(i)},
+                text=_hover(part),
+                hoverinfo="text+y",
+            )
+        )
+    fig.add_hline(
+        y=1.0,
+        line_dash="dash",
+        line_color=FRONT_COLOR,
+        annotation_text="bandwidth ceiling without speculation",
+    )
     fig.update_layout(xaxis_title="trial", yaxis_title="tokens/s ÷ (bandwidth ÷ bytes per token)")
     return _figure_html(fig, div_id)
 
@@ -267,146 +424,310 @@ def summary_table(data: ReportData) -> str:
     done = complete(data.trials)
     best = done[done["feasible"]].sort_values("tokens_per_second", ascending=False).head(1)
     rows = [
-        ("target", f"{target.get('name') or target.get('path')} ({target.get('architecture')}, "
-                   f"{target.get('quantization')}, {(target.get('weights_bytes') or 0) / 1e9:.2f} GB of weights"
-                   + (f", {target.get('expert_used_count')} of {target.get('expert_count')} experts" if target.get("is_moe") else "")
-                   + ")"),
-        ("machine", f"{fp.get('cpu_model')}: {fp.get('physical_cores')} cores / {fp.get('logical_cpus')} CPUs, "
-                    f"NUMA nodes {fp.get('numa_nodes')}, {fp.get('memory_gib')} GiB"),
-        ("llama.cpp", f"commit {fp.get('llama_commit') or build.get('commit')}, flags {fp.get('llama_build_flags')}"),
+        (
+            "target",
+            f"{target.get('name') or target.get('path')} ({target.get('architecture')}, "
+            f"{target.get('quantization')}, {(target.get('weights_bytes') or 0) / 1e9:.2f} GB of weights"
+            + (
+                f", {target.get('expert_used_count')} of {target.get('expert_count')} experts"
+                if target.get("is_moe")
+                else ""
+            )
+            + ")",
+        ),
+        (
+            "machine",
+            f"{fp.get('cpu_model')}: {fp.get('physical_cores')} cores / {fp.get('logical_cpus')} CPUs, "
+            f"NUMA nodes {fp.get('numa_nodes')}, {fp.get('memory_gib')} GiB",
+        ),
+        (
+            "llama.cpp",
+            f"commit {fp.get('llama_commit') or build.get('commit')}, flags {fp.get('llama_build_flags')}",
+        ),
         ("objectives", ", ".join(data.objectives)),
         ("quality", f"{data.record.quality.get('scorer')} scorer, floor {data.floor}"),
-        ("trials", f"{len(data.trials)} finished: {len(done)} complete, {int(done['feasible'].sum())} feasible, "
-                   f"{len(data.failures)} failed"),
+        (
+            "trials",
+            f"{len(data.trials)} finished: {len(done)} complete, {int(done['feasible'].sum())} feasible, "
+            f"{len(data.failures)} failed",
+        ),
         ("baseline", f"{_fmt(data.baseline_tokens_per_second, 1)} tokens/s (target alone, greedy)"),
     ]
     if not best.empty:
         b = best.iloc[0]
-        rows.append(("best feasible", f"trial {b['trial']}: {b['tokens_per_second']:.1f} tokens/s, "
-                                      f"x{_fmt(b['speedup'])} over the baseline"))
+        rows.append(
+            (
+                "best feasible",
+                f"trial {b['trial']}: {b['tokens_per_second']:.1f} tokens/s, "
+                f"x{_fmt(b['speedup'])} over the baseline",
+            )
+        )
     if data.prior:
-        reused = [k for k, v in (("its NUMA policy and threads", data.prior["hardware"]),
-                                 ("its winner", data.prior["params"])) if v]
+        reused = [
+            k
+            for k, v in (
+                ("its NUMA policy and threads", data.prior["hardware"]),
+                ("its winner", data.prior["params"]),
+            )
+            if v
+        ]
         rows.append(("warm start", f"from {describe_prior(data.prior)}: {' and '.join(reused)} tried early"))
     if data.roofline is not None:
         r = data.roofline
-        rows.append(("roofline", f"{r.bandwidth.bytes_per_s / 1e9:.1f} GB/s ({r.bandwidth.note}); "
-                                 f"{r.bytes_per_token(None) / 1e9:.3f} GB read per token ({r.note}): "
-                                 f"ceiling {r.tokens_per_second(None):.1f} tokens/s without speculation"))
-    return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows) + "</table>"
+        rows.append(
+            (
+                "roofline",
+                f"{r.bandwidth.bytes_per_s / 1e9:.1f} GB/s ({r.bandwidth.note}); "
+                f"{r.bytes_per_token(None) / 1e9:.3f} GB read per token ({r.note}): "
+                f"ceiling {r.tokens_per_second(None):.1f} tokens/s without speculation",
+            )
+        )
+    return (
+        "<table>"
+        + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+        + "</table>"
+    )
 
 
 def stack_and_load_sections(data: ReportData) -> list[Section]:
     """The draft/lookup/stack table per content type, and aggregate tokens/s against simultaneous users."""
     measured = data.concurrency is not None and not data.concurrency.empty
     return [
-        Section("families", "Draft model, prompt lookup and the stack, per content type",
-                "For each content type, the fastest feasible trial of each family on its prompts: a draft model "
-                "alone, n-gram lookup alone, and lookup stacked on a draft model (llama.cpp asks the lookup first and "
-                "the draft model where lookup has nothing). Sources: accepted/drafted tokens per speculative "
-                "implementation on that type's requests, from llama-server's own statistics; lookup share: the "
-                "part of the accepted tokens lookup drafted.",
-                _table(data.families, {"suite": "content type", "family": "family", "trial": "trial",
-                                       "method": "method", "K": "K", "tokens_per_second": "tokens/s",
-                                       "speedup": "x baseline", "sources": "accepted/drafted per source",
-                                       "lookup_share": "lookup share"})
-                if data.families is not None and not data.families.empty
-                else _empty("no speculative trial measured per content type")),
-        Section("concurrency", "Aggregate tokens/s against simultaneous users, and where speculation stops paying",
-                "Per family (none, draft model, lookup, stack), the best feasible trial's aggregate tokens/s at each "
-                "concurrency level (all users' tokens over the level's wall time; one launch each, the best "
-                "recorded). " + (break_even(data.concurrency, data.launch_spread) + "." if measured else ""),
-                lines_figure(data.concurrency, "family", "users", "aggregate_tokens_per_second", "fig-concurrency",
-                             "simultaneous users")
-                if measured else _empty("one user at a time (workload.concurrency: [1])")),
+        Section(
+            "families",
+            "Draft model, prompt lookup and the stack, per content type",
+            "For each content type, the fastest feasible trial of each family on its prompts: a draft model "
+            "alone, n-gram lookup alone, and lookup stacked on a draft model (llama.cpp asks the lookup first and "
+            "the draft model where lookup has nothing). Sources: accepted/drafted tokens per speculative "
+            "implementation on that type's requests, from llama-server's own statistics; lookup share: the "
+            "part of the accepted tokens lookup drafted.",
+            _table(
+                data.families,
+                {
+                    "suite": "content type",
+                    "family": "family",
+                    "trial": "trial",
+                    "method": "method",
+                    "K": "K",
+                    "tokens_per_second": "tokens/s",
+                    "speedup": "x baseline",
+                    "sources": "accepted/drafted per source",
+                    "lookup_share": "lookup share",
+                },
+            )
+            if data.families is not None and not data.families.empty
+            else _empty("no speculative trial measured per content type"),
+        ),
+        Section(
+            "concurrency",
+            "Aggregate tokens/s against simultaneous users, and where speculation stops paying",
+            "Per family (none, draft model, lookup, stack), the best feasible trial's aggregate tokens/s at each "
+            "concurrency level (all users' tokens over the level's wall time; one launch each, the best "
+            "recorded). " + (break_even(data.concurrency, data.launch_spread) + "." if measured else ""),
+            lines_figure(
+                data.concurrency,
+                "family",
+                "users",
+                "aggregate_tokens_per_second",
+                "fig-concurrency",
+                "simultaneous users",
+            )
+            if measured
+            else _empty("one user at a time (workload.concurrency: [1])"),
+        ),
     ]
 
 
 def sections(data: ReportData) -> list[Section]:
     done = complete(data.trials)
     return [
-        Section("pareto-quality", "Pareto front: tokens/s against quality",
-                "Every complete trial; the red staircase joins the feasible trials nothing beats on both axes.",
-                pareto_figure(data, "quality", data.front_quality, "fig-pareto-quality") if not done.empty
-                else _empty("no complete trial")),
-        Section("pareto-acceptance", "Pareto front: tokens/s against draft acceptance",
-                "Acceptance is accepted / drafted tokens; non-speculative trials sit at 0.",
-                pareto_figure(data, "acceptance", data.front_acceptance, "fig-pareto-acceptance") if not done.empty
-                else _empty("no complete trial")),
-        Section("k-method", "Tokens/s against K, per draft",
-                "Best feasible tokens/s at each draft length K per drafting method (K = 0: no speculation).",
-                lines_figure(data.k_by_method, "method", "K", "tokens_per_second", "fig-k-method", "K (draft length)")
-                if not data.k_by_method.empty else _empty("no feasible trial")),
-        Section("k-suite", "Tokens/s against K, per content type",
-                "Best feasible tokens/s on each prompt suite at each K: the best K differs by content.",
-                lines_figure(data.k_by_suite, "suite", "K", "tokens_per_second", "fig-k-suite", "K (draft length)")
-                if not data.k_by_suite.empty else _empty("no per-suite measurements")),
-        Section("per-type", "Per content type: winners on tuning prompts, checked on held-out prompts",
-                "K curves per type (best feasible recorded tokens/s on each suite). Each type's winner is picked on "
-                "its tuning prompts (circle) and re-measured on its held-out prompts against the pooled winner "
-                "(diamond); a type is served as its own router model (STUDY-TYPE) only when that gain is above "
-                "the noise.",
-                per_type_body(data)),
+        Section(
+            "pareto-quality",
+            "Pareto front: tokens/s against quality",
+            "Every complete trial; the red staircase joins the feasible trials nothing beats on both axes.",
+            pareto_figure(data, "quality", data.front_quality, "fig-pareto-quality")
+            if not done.empty
+            else _empty("no complete trial"),
+        ),
+        Section(
+            "pareto-acceptance",
+            "Pareto front: tokens/s against draft acceptance",
+            "Acceptance is accepted / drafted tokens; non-speculative trials sit at 0.",
+            pareto_figure(data, "acceptance", data.front_acceptance, "fig-pareto-acceptance")
+            if not done.empty
+            else _empty("no complete trial"),
+        ),
+        Section(
+            "k-method",
+            "Tokens/s against K, per draft",
+            "Best feasible tokens/s at each draft length K per drafting method (K = 0: no speculation).",
+            lines_figure(
+                data.k_by_method, "method", "K", "tokens_per_second", "fig-k-method", "K (draft length)"
+            )
+            if not data.k_by_method.empty
+            else _empty("no feasible trial"),
+        ),
+        Section(
+            "k-suite",
+            "Tokens/s against K, per content type",
+            "Best feasible tokens/s on each prompt suite at each K: the best K differs by content.",
+            lines_figure(
+                data.k_by_suite, "suite", "K", "tokens_per_second", "fig-k-suite", "K (draft length)"
+            )
+            if not data.k_by_suite.empty
+            else _empty("no per-suite measurements"),
+        ),
+        Section(
+            "per-type",
+            "Per content type: winners on tuning prompts, checked on held-out prompts",
+            "K curves per type (best feasible recorded tokens/s on each suite). Each type's winner is picked on "
+            "its tuning prompts (circle) and re-measured on its held-out prompts against the pooled winner "
+            "(diamond); a type is served as its own router model (STUDY-TYPE) only when that gain is above "
+            "the noise.",
+            per_type_body(data),
+        ),
         *stack_and_load_sections(data),
-        Section("temperature", "Temperature effect",
-                "Sampling above 0 lowers acceptance (the draft guesses the target's sample) and changes outputs.",
-                temperature_figure(data.temperature, "fig-temperature") if data.temperature["temperature"].nunique() > 1
-                else _empty("the study tried a single temperature")),
-        Section("experts", "Active experts against speed and quality",
-                "MoE only: fewer active experts read fewer weights per token, at some cost in quality.",
-                experts_figure(data.experts, "fig-experts") if not data.experts.empty
-                else _empty("dense target: no expert knob")),
-        Section("threads-numa", "Threads and NUMA policy",
-                "Best tokens/s per thread count, one line per NUMA policy.",
-                lines_figure(data.threads_numa, "numa", "threads", "best_tokens_per_second", "fig-threads-numa", "threads")
-                if not data.threads_numa.empty else _empty("no complete trial")),
-        Section("race", "Finalist race",
-                "The winner, decided on fresh launches only: each round launches every finalist still racing and "
-                "the baseline once; finalists shown slower are dropped. Geometric mean over launches; speedup over "
-                "the baseline on paired rounds with a 95% t-interval; the winner's figure from confirmation rounds.",
-                race_table(data) if data.race is not None else _empty("no race recorded (tuner run --no-race, or nothing to race)")),
-        Section("drift", "Drift: the baseline configuration over time",
-                "The baseline and its sentinel re-measures (every few trials). Speedups divide by this line "
-                "interpolated at each trial's time; trials measured while it moved more than the noise are flagged.",
-                drift_figure(data, "fig-drift") if len(data.sentinels) else _empty("no baseline measured")),
-        Section("acceptance-model", "Fitted speculation model",
-                "The sampler's fit of Leviathan et al.'s model (acceptance and draft/target cost ratio) per draft, "
-                "against the measured points; it predicts the best K before it is measured.",
-                acceptance_model_figure(data, "fig-acceptance-model") if not data.acceptance_model.empty
-                else _empty("no fitted model (another sampler, or too few speculative trials)")),
-        Section("speedup", "Speedup over the baseline",
-                "Each complete trial's tokens/s divided by the baseline configuration's rate interpolated between "
-                "the sentinels around it (same worker).",
-                speedup_figure(data, "fig-speedup") if not done.empty else _empty("no complete trial")),
-        Section("roofline", "Tokens/s as a fraction of the memory-bandwidth ceiling",
-                "1.0 = the study's copy bandwidth (numpy copy, one thread per core, read + write counted) ÷ bytes of "
-                "weights read per token: an estimate of the ceiling of decode without speculation, not a bound. "
-                "Above 1 is speculation paying off, or a model small enough to be served from the CPU's cache; "
-                "far below 1 means compute, threads or NUMA leave bandwidth unused.",
-                roofline_figure(data, "fig-roofline") if data.roofline is not None and not done.empty
-                else _empty("the study does not record the target's weight bytes")),
-        Section("importance", "Parameter importances",
-                "How much each knob explains each objective among complete trials (Optuna's default evaluator).",
-                importance_figure(data.importances, "fig-importance") if not data.importances.empty
-                else _empty("too few complete trials, or no knob varied")),
-        Section("pareto-table", "Pareto-optimal trials",
-                "Feasible trials no other feasible trial beats on every objective, with the exact command "
-                "(add --host/--port).",
-                _table(data.pareto, {"trial": "trial", "tokens_per_second": "tokens/s", "speedup": "x baseline",
-                                     "roofline_fraction": "of ceiling", "acceptance": "acceptance",
-                                     "quality": "quality", "method": "draft", "draft_max": "K",
-                                     "temperature": "T", "experts": "experts", "threads": "threads",
-                                     "numa": "numa", "command": "command"}, code=("command",))
-                if not data.pareto.empty else _empty("no feasible trial")),
-        Section("per-suite", "Best configuration per content type",
-                "From each feasible trial's per-suite tokens/s.",
-                _table(data.best_per_suite, {"suite": "suite", "trial": "trial", "tokens_per_second": "tokens/s",
-                                             "method": "draft", "draft_max": "K", "temperature": "T"})
-                if not data.best_per_suite.empty else _empty("no per-suite measurements")),
-        Section("failures", "Failed trials", "Why they failed (see the storage's log_tail for evidence).",
-                _table(data.failures, {"trial": "trial", "method": "draft", "draft_max": "K", "threads": "threads",
-                                       "failure_reason": "reason", "failure_detail": "detail"})
-                if not data.failures.empty else _empty("none")),
+        Section(
+            "temperature",
+            "Temperature effect",
+            "Sampling above 0 lowers acceptance (the draft guesses the target's sample) and changes outputs.",
+            temperature_figure(data.temperature, "fig-temperature")
+            if data.temperature["temperature"].nunique() > 1
+            else _empty("the study tried a single temperature"),
+        ),
+        Section(
+            "experts",
+            "Active experts against speed and quality",
+            "MoE only: fewer active experts read fewer weights per token, at some cost in quality.",
+            experts_figure(data.experts, "fig-experts")
+            if not data.experts.empty
+            else _empty("dense target: no expert knob"),
+        ),
+        Section(
+            "threads-numa",
+            "Threads and NUMA policy",
+            "Best tokens/s per thread count, one line per NUMA policy.",
+            lines_figure(
+                data.threads_numa, "numa", "threads", "best_tokens_per_second", "fig-threads-numa", "threads"
+            )
+            if not data.threads_numa.empty
+            else _empty("no complete trial"),
+        ),
+        Section(
+            "race",
+            "Finalist race",
+            "The winner, decided on fresh launches only: each round launches every finalist still racing and "
+            "the baseline once; finalists shown slower are dropped. Geometric mean over launches; speedup over "
+            "the baseline on paired rounds with a 95% t-interval; the winner's figure from confirmation rounds.",
+            race_table(data)
+            if data.race is not None
+            else _empty("no race recorded (tuner run --no-race, or nothing to race)"),
+        ),
+        Section(
+            "drift",
+            "Drift: the baseline configuration over time",
+            "The baseline and its sentinel re-measures (every few trials). Speedups divide by this line "
+            "interpolated at each trial's time; trials measured while it moved more than the noise are flagged.",
+            drift_figure(data, "fig-drift") if len(data.sentinels) else _empty("no baseline measured"),
+        ),
+        Section(
+            "acceptance-model",
+            "Fitted speculation model",
+            "The sampler's fit of Leviathan et al.'s model (acceptance and draft/target cost ratio) per draft, "
+            "against the measured points; it predicts the best K before it is measured.",
+            acceptance_model_figure(data, "fig-acceptance-model")
+            if not data.acceptance_model.empty
+            else _empty("no fitted model (another sampler, or too few speculative trials)"),
+        ),
+        Section(
+            "speedup",
+            "Speedup over the baseline",
+            "Each complete trial's tokens/s divided by the baseline configuration's rate interpolated between "
+            "the sentinels around it (same worker).",
+            speedup_figure(data, "fig-speedup") if not done.empty else _empty("no complete trial"),
+        ),
+        Section(
+            "roofline",
+            "Tokens/s as a fraction of the memory-bandwidth ceiling",
+            "1.0 = the study's copy bandwidth (numpy copy, one thread per core, read + write counted) ÷ bytes of "
+            "weights read per token: an estimate of the ceiling of decode without speculation, not a bound. "
+            "Above 1 is speculation paying off, or a model small enough to be served from the CPU's cache; "
+            "far below 1 means compute, threads or NUMA leave bandwidth unused.",
+            roofline_figure(data, "fig-roofline")
+            if data.roofline is not None and not done.empty
+            else _empty("the study does not record the target's weight bytes"),
+        ),
+        Section(
+            "importance",
+            "Parameter importances",
+            "How much each knob explains each objective among complete trials (Optuna's default evaluator).",
+            importance_figure(data.importances, "fig-importance")
+            if not data.importances.empty
+            else _empty("too few complete trials, or no knob varied"),
+        ),
+        Section(
+            "pareto-table",
+            "Pareto-optimal trials",
+            "Feasible trials no other feasible trial beats on every objective, with the exact command "
+            "(add --host/--port).",
+            _table(
+                data.pareto,
+                {
+                    "trial": "trial",
+                    "tokens_per_second": "tokens/s",
+                    "speedup": "x baseline",
+                    "roofline_fraction": "of ceiling",
+                    "acceptance": "acceptance",
+                    "quality": "quality",
+                    "method": "draft",
+                    "draft_max": "K",
+                    "temperature": "T",
+                    "experts": "experts",
+                    "threads": "threads",
+                    "numa": "numa",
+                    "command": "command",
+                },
+                code=("command",),
+            )
+            if not data.pareto.empty
+            else _empty("no feasible trial"),
+        ),
+        Section(
+            "per-suite",
+            "Best configuration per content type",
+            "From each feasible trial's per-suite tokens/s.",
+            _table(
+                data.best_per_suite,
+                {
+                    "suite": "suite",
+                    "trial": "trial",
+                    "tokens_per_second": "tokens/s",
+                    "method": "draft",
+                    "draft_max": "K",
+                    "temperature": "T",
+                },
+            )
+            if not data.best_per_suite.empty
+            else _empty("no per-suite measurements"),
+        ),
+        Section(
+            "failures",
+            "Failed trials",
+            "Why they failed (see the storage's log_tail for evidence).",
+            _table(
+                data.failures,
+                {
+                    "trial": "trial",
+                    "method": "draft",
+                    "draft_max": "K",
+                    "threads": "threads",
+                    "failure_reason": "reason",
+                    "failure_detail": "detail",
+                },
+            )
+            if not data.failures.empty
+            else _empty("none"),
+        ),
     ]
 
 
@@ -421,10 +742,14 @@ def render(data: ReportData) -> str:
         "</head><body>",
         f"<h1>Study {html.escape(data.study_name)}</h1>",
         summary_table(data),
-        "<nav><ul>" + "".join(f'<li><a href="#{s.id}">{html.escape(s.title)}</a></li>' for s in secs) + "</ul></nav>",
+        "<nav><ul>"
+        + "".join(f'<li><a href="#{s.id}">{html.escape(s.title)}</a></li>' for s in secs)
+        + "</ul></nav>",
     ]
     for s in secs:
-        parts.append(f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>'
-                     f'<p class="caption">{html.escape(s.caption)}</p>{s.body}</section>')
+        parts.append(
+            f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>'
+            f'<p class="caption">{html.escape(s.caption)}</p>{s.body}</section>'
+        )
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -32,8 +32,14 @@ CONCURRENT_KNOBS = ("parallel",)
 SERVING_KNOBS = ("parallel", "ubatch", "batch", "flash_attn", "cache_type_k", "cache_type_v", "poll")
 # llama.cpp's own defaults of the serving knobs: the baseline (the quality reference) runs them, never
 # a quantized KV cache a search happened to draw.
-SERVING_DEFAULTS = {"batch": 2048, "ubatch": 512, "flash_attn": "auto", "cache_type_k": "f16", "cache_type_v": "f16",
-                    "poll": 50}
+SERVING_DEFAULTS = {
+    "batch": 2048,
+    "ubatch": 512,
+    "flash_attn": "auto",
+    "cache_type_k": "f16",
+    "cache_type_v": "f16",
+    "poll": 50,
+}
 
 
 @dataclass(frozen=True)
@@ -50,15 +56,27 @@ KNOBS = (
     Knob("draft_max", int, "draft length K (--spec-draft-n-max, or the n-gram type's size-m)"),
     Knob("draft_min", int, "minimum draft length (--spec-draft-n-min / --spec-ngram-mod-n-min)"),
     Knob("draft_p_min", float, "minimum draft probability (--spec-draft-p-min), draft-simple only"),
-    Knob("lookup", str, f"prompt lookup stacked on a draft model: none or one of {', '.join(LOOKUP_TYPES)}; "
-                        "llama.cpp asks the lookup first and the draft model where lookup has nothing"),
+    Knob(
+        "lookup",
+        str,
+        f"prompt lookup stacked on a draft model: none or one of {', '.join(LOOKUP_TYPES)}; "
+        "llama.cpp asks the lookup first and the draft model where lookup has nothing",
+    ),
     Knob("lookup_max", int, "the stacked lookup's draft length (its size-m, or --spec-ngram-mod-n-max)"),
     Knob("lookup_min", int, "the stacked ngram-mod's minimum draft length (--spec-ngram-mod-n-min)"),
-    Knob("ngram_key", int, "n-gram key length of the lookup in play (--spec-ngram-*-size-n, ngram-mod's n-match)"),
-    Knob("ngram_min_hits", int, "minimum hits before an n-gram drafts (--spec-ngram-*-min-hits; not ngram-mod)"),
+    Knob(
+        "ngram_key",
+        int,
+        "n-gram key length of the lookup in play (--spec-ngram-*-size-n, ngram-mod's n-match)",
+    ),
+    Knob(
+        "ngram_min_hits", int, "minimum hits before an n-gram drafts (--spec-ngram-*-min-hits; not ngram-mod)"
+    ),
     Knob("temperature", float, "sampling temperature, sent per request"),
     Knob("experts", int, "MoE active experts (--override-kv ARCH.expert_used_count=int:N), MoE targets only"),
-    Knob("numa", str, f"NUMA policy, one of {', '.join(NUMA_POLICIES)}; collapses to what the machine supports"),
+    Knob(
+        "numa", str, f"NUMA policy, one of {', '.join(NUMA_POLICIES)}; collapses to what the machine supports"
+    ),
     Knob("numa_node", int, "the node a 'bind' policy binds to", searched=False),
     Knob("threads", int, "generation threads (-t), pinned one per physical core"),
     Knob("threads_batch", int, "batch/prompt threads (-tb); default: same as threads"),
@@ -66,7 +84,9 @@ KNOBS = (
     Knob("batch", int, "logical batch size (-b): tokens per decode call over all slots"),
     Knob("ubatch", int, "physical batch size (-ub), at most batch"),
     Knob("flash_attn", str, f"flash attention (-fa), one of {', '.join(FLASH_ATTN)}"),
-    Knob("cache_type_k", str, f"KV cache type of K (-ctk), one of {', '.join(KV_CACHE_TYPES)}; changes outputs"),
+    Knob(
+        "cache_type_k", str, f"KV cache type of K (-ctk), one of {', '.join(KV_CACHE_TYPES)}; changes outputs"
+    ),
     Knob("cache_type_v", str, "KV cache type of V (-ctv); a quantized V needs flash attention"),
     Knob("poll", int, "polling level 0..100 while waiting for work (--poll)"),
 )

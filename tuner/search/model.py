@@ -98,7 +98,7 @@ class DraftFit:
         slope = (a1 - a0) / (math.log(k1) - math.log(k0))
         if k < pts[0][0] or k > pts[-1][0]:
             slope *= 0.5  # beyond the measured range trust the trend half as much
-            k0, a0 = (pts[0] if k < pts[0][0] else pts[-1])
+            k0, a0 = pts[0] if k < pts[0][0] else pts[-1]
         return min(max(a0 + slope * (math.log(k) - math.log(k0)), 0.0), A_MAX)
 
     def predict(self, k: int) -> float:
@@ -133,7 +133,8 @@ def fit(points: Sequence[Point], default_c: float = 0.1) -> DraftFit | None:
     useful = [p for p in points if p.k > 0 and p.acceptance > 0]
     if not useful:
         return None
-    cs = sorted(cost_ratio(acceptance_probability(p.acceptance, p.k), p.k, p.speedup)
-                for p in useful if p.speedup)
+    cs = sorted(
+        cost_ratio(acceptance_probability(p.acceptance, p.k), p.k, p.speedup) for p in useful if p.speedup
+    )
     c = cs[len(cs) // 2] if cs else default_c
     return DraftFit(tuple(useful), c)

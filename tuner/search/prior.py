@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuner.search.space import ResolvedSpace, outside
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord, model_identity
-from tuner.search.space import ResolvedSpace, outside
 
 MACHINE_KEYS = ("cpu_model", "logical_cpus", "physical_cores", "numa_nodes", "memory_gib")
 HW_KNOBS = ("numa", "numa_node", "threads")
@@ -42,8 +42,9 @@ def admitted(params: dict[str, Any], space: ResolvedSpace) -> dict[str, Any]:
     return kept
 
 
-def choose(record: StudyRecord, space: ResolvedSpace,
-           winners: list[tuple[str, StudyRecord, TrialRecord, dict]]) -> dict | None:
+def choose(
+    record: StudyRecord, space: ResolvedSpace, winners: list[tuple[str, StudyRecord, TrialRecord, dict]]
+) -> dict | None:
     """The prior for a new study (``record``, ``space``) from earlier studies' winners, as stored."""
     mine = [w for w in winners if same_machine(w[1], record)]
     if not mine:
@@ -62,8 +63,15 @@ def choose(record: StudyRecord, space: ResolvedSpace,
     config = whole if whole.keys() == {k for k in params if k in space.domains or k == "numa_node"} else None
     if not hardware and config is None:
         return None
-    return {"study": name, "trial": winner.number, "tokens_per_second": winner.metrics.tokens_per_second,
-            "same_target": same_target, "same_workload": same_workload, "hardware": hardware, "params": config}
+    return {
+        "study": name,
+        "trial": winner.number,
+        "tokens_per_second": winner.metrics.tokens_per_second,
+        "same_target": same_target,
+        "same_workload": same_workload,
+        "hardware": hardware,
+        "params": config,
+    }
 
 
 def find_prior(storage, record: StudyRecord, space: ResolvedSpace) -> dict | None:
@@ -71,6 +79,11 @@ def find_prior(storage, record: StudyRecord, space: ResolvedSpace) -> dict | Non
 
 
 def describe(prior: dict) -> str:
-    what = ("the same target and workload" if prior.get("same_workload") else
-            "the same target, another workload" if prior["same_target"] else "another model")
+    what = (
+        "the same target and workload"
+        if prior.get("same_workload")
+        else "the same target, another workload"
+        if prior["same_target"]
+        else "another model"
+    )
     return f"study {prior['study']} (trial {prior['trial']}, {prior['tokens_per_second']:.1f} t/s, {what}, this host)"

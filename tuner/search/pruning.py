@@ -66,9 +66,17 @@ def may_prune(role: str | None) -> bool:
     return (role or "search") not in NEVER_PRUNED
 
 
-def prune_decision(ratios: Sequence[float], unseen: int = 0, *, z: float = Z, sigma_floor: float = SIGMA_FLOOR,
-                   min_samples: int = MIN_SAMPLES, seen: int | None = None,
-                   launch_sigma: float = PRIOR_LAUNCH_SIGMA, fraction: float = 1.0) -> PruneDecision:
+def prune_decision(
+    ratios: Sequence[float],
+    unseen: int = 0,
+    *,
+    z: float = Z,
+    sigma_floor: float = SIGMA_FLOOR,
+    min_samples: int = MIN_SAMPLES,
+    seen: int | None = None,
+    launch_sigma: float = PRIOR_LAUNCH_SIGMA,
+    fraction: float = 1.0,
+) -> PruneDecision:
     """Decide from paired ratios (trial / incumbent, per request) and the number of prompts not yet measured.
 
     ``seen``: prompts measured at least once (default: one per ratio, capped by the ratios);
@@ -82,15 +90,21 @@ def prune_decision(ratios: Sequence[float], unseen: int = 0, *, z: float = Z, si
     sd = max(statistics.stdev(logs) if n > 1 else 0.0, sigma_floor)
     seen = n if seen is None else seen
     z_look = z / math.sqrt(min(max(fraction, 1e-6), 1.0))
-    both_launches = 2 * launch_sigma ** 2
-    seen_bound = math.exp(mean + z_look * math.sqrt(sd ** 2 / n + both_launches))
-    unseen_bound = math.exp(max(logs) + z_look * math.sqrt(sd ** 2 + both_launches))
+    both_launches = 2 * launch_sigma**2
+    seen_bound = math.exp(mean + z_look * math.sqrt(sd**2 / n + both_launches))
+    unseen_bound = math.exp(max(logs) + z_look * math.sqrt(sd**2 + both_launches))
     bound = (seen * seen_bound + unseen * unseen_bound) / (seen + unseen)
     estimate = math.exp(mean)
     if bound < 1.0:
-        return PruneDecision(True, bound, estimate,
-                             f"after {n} samples at {estimate:.0%} of the incumbent, optimistic bound {bound:.1%} < 100%")
-    return PruneDecision(False, bound, estimate, f"optimistic bound {bound:.0%} of the incumbent: keep measuring")
+        return PruneDecision(
+            True,
+            bound,
+            estimate,
+            f"after {n} samples at {estimate:.0%} of the incumbent, optimistic bound {bound:.1%} < 100%",
+        )
+    return PruneDecision(
+        False, bound, estimate, f"optimistic bound {bound:.0%} of the incumbent: keep measuring"
+    )
 
 
 @dataclass(frozen=True)
@@ -127,14 +141,23 @@ def paired_ratios(samples: Iterable[dict], incumbent_samples: Iterable[dict]) ->
     return Pairing(ratios, len(seen), len(set(reference) - seen), unseen_suites)
 
 
-def should_prune(samples: Sequence[dict], incumbent_samples: Sequence[dict], role: str | None = None,
-                 planned: int | None = None, **kwargs) -> PruneDecision:
+def should_prune(
+    samples: Sequence[dict],
+    incumbent_samples: Sequence[dict],
+    role: str | None = None,
+    planned: int | None = None,
+    **kwargs,
+) -> PruneDecision:
     """The study loop's one call per finished request; ``planned``: the trial's requests in all (the looks' scale)."""
     if not may_prune(role):
         return PruneDecision(False, math.inf, math.nan, f"a {role} trial is never pruned")
     pairing = paired_ratios(samples, incumbent_samples)
     if pairing.unseen_suites:
-        return PruneDecision(False, math.inf, math.nan,
-                             f"suite(s) {', '.join(pairing.unseen_suites)} not measured yet: no bound")
+        return PruneDecision(
+            False,
+            math.inf,
+            math.nan,
+            f"suite(s) {', '.join(pairing.unseen_suites)} not measured yet: no bound",
+        )
     fraction = len(samples) / planned if planned else 1.0
     return prune_decision(pairing.ratios, pairing.unseen, seen=pairing.seen, fraction=fraction, **kwargs)

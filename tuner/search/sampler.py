@@ -78,11 +78,11 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.measurement.failures import PERMANENT
 from tuner.measurement.load import split_metric_name
 from tuner.measurement.measure import pooled_from_rates
-from tuner.storage import store
 from tuner.search.knobs import DRAFT_MODEL_TYPES, SERVING_KNOBS
 from tuner.search.model import DraftFit, Point, fit
 from tuner.search.prior import HW_KNOBS, describe
 from tuner.search.space import Choices, FloatRange, IntRange, ResolvedSpace, suggest
+from tuner.storage import store
 
 PLAN_ATTR = "search:plan"  # a system attr: the running trial's planned configuration, for other workers
 # What a pruned trial measured before it stopped, as the study loop stores it (user attr).
@@ -141,7 +141,12 @@ class Space:
             return list(d["values"])
         if kind == "IntRange":
             if d.get("log") and d["high"] > 64:
-                return sorted({int(round(math.exp(i / 16 * math.log(d["high"] / d["low"])) * d["low"])) for i in range(17)})
+                return sorted(
+                    {
+                        int(round(math.exp(i / 16 * math.log(d["high"] / d["low"])) * d["low"]))
+                        for i in range(17)
+                    }
+                )
             return list(range(d["low"], d["high"] + 1, d.get("step") or 1))
         step = d.get("step")
         if step:
@@ -151,9 +156,14 @@ class Space:
 
     def resolved(self) -> ResolvedSpace:
         """The domains as ``suggest`` reads them."""
-        kinds = {"Choices": lambda d: Choices(tuple(d["values"])), "IntRange": lambda d: IntRange(**d),
-                 "FloatRange": lambda d: FloatRange(**d)}
-        return ResolvedSpace({name: kinds[self.kinds[name]](d) for name, d in self.raw.items()}, None, 0, False)
+        kinds = {
+            "Choices": lambda d: Choices(tuple(d["values"])),
+            "IntRange": lambda d: IntRange(**d),
+            "FloatRange": lambda d: FloatRange(**d),
+        }
+        return ResolvedSpace(
+            {name: kinds[self.kinds[name]](d) for name, d in self.raw.items()}, None, 0, False
+        )
 
 
 class _Answers:
@@ -169,7 +179,9 @@ class _Answers:
             probe = PROBES.get(name)
             if probe is None or values is None:
                 return first
-            value = probe if probe in values else nearest(values, probe) if isinstance(probe, int) else values[0]
+            value = (
+                probe if probe in values else nearest(values, probe) if isinstance(probe, int) else values[0]
+            )
         self.asked[name] = value
         return value
 
@@ -194,10 +206,15 @@ class Planner:
         """``users``: the level the objective measures (``aggregate_tokens_per_second_c8``: 8), if any."""
         self.space, self.recs, self.prior, self.users = space, recs, prior or {}, users
         self.resolved = space.resolved()
-        self.taken = [r.params for r in recs if r.state != "failed" or r.failure in PERMANENT_REASONS or r.failure is None]
+        self.taken = [
+            r.params
+            for r in recs
+            if r.state != "failed" or r.failure in PERMANENT_REASONS or r.failure is None
+        ]
         self.k_values = space.values("draft_max")
-        self.base = next((r for r in recs if r.role == "baseline" and r.measured and r.feasible), None) or next(
-            (r for r in recs if r.measured and r.params.get("spec_type", "none") == "none"), None)
+        self.base = next(
+            (r for r in recs if r.role == "baseline" and r.measured and r.feasible), None
+        ) or next((r for r in recs if r.measured and r.params.get("spec_type", "none") == "none"), None)
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -220,7 +237,9 @@ class Planner:
         return p
 
     def is_new(self, params: dict) -> bool:
-        return not any(all(params.get(k) == v for k, v in t.items()) and len(t) == len(params) for t in self.taken)
+        return not any(
+            all(params.get(k) == v for k, v in t.items()) and len(t) == len(params) for t in self.taken
+        )
 
     def complete(self, params: dict) -> dict:
         """The knobs a trial of this plan is asked (the real ``suggest``), at the planned or probe values."""
@@ -239,8 +258,9 @@ class Planner:
 
     def sizes(self, option: tuple) -> dict:
         """The n-gram sizes an option's probe runs at (none for a draft model without a lookup)."""
-        probe = self.complete(self.config(option, nearest(self.k_values, K_PROBE) if self.k_values else None, {},
-                                          None, None))
+        probe = self.complete(
+            self.config(option, nearest(self.k_values, K_PROBE) if self.k_values else None, {}, None, None)
+        )
         return {k: v for k, v in probe.items() if k in SIZE_KNOBS}
 
     @staticmethod
@@ -256,7 +276,11 @@ class Planner:
                 opts.extend(("draft-simple", d) for d in self.space.values("draft"))
             elif spec != "none":
                 opts.append((spec, None))
-        dead = {self.option_of(r.params) for r in self.recs if r.state == "failed" and r.failure in PERMANENT_REASONS}
+        dead = {
+            self.option_of(r.params)
+            for r in self.recs
+            if r.state == "failed" and r.failure in PERMANENT_REASONS
+        }
         return [o for o in opts if o not in dead]
 
     def measured(self, **match) -> list[Rec]:
@@ -271,12 +295,18 @@ class Planner:
         temperature and experts."""
         hw0, t0, e0 = self.context0()
         sizes = self.sizes(option)
-        return [r for r in self.measured(**self.config(option, None, hw0, t0, e0)) if not self.stacked(r.params)
-                and all(r.params.get(k) == v for k, v in sizes.items())]
+        return [
+            r
+            for r in self.measured(**self.config(option, None, hw0, t0, e0))
+            if not self.stacked(r.params) and all(r.params.get(k) == v for k, v in sizes.items())
+        ]
 
     def target_alone(self, hw: dict, experts: Any) -> float | None:
-        recs = [r for r in self.measured(spec_type="none") if self.hw_of(r.params) == hw
-                and r.params.get("experts") == experts and r.state == "complete"]
+        recs = [
+            r
+            for r in self.measured(spec_type="none")
+            if self.hw_of(r.params) == hw and r.params.get("experts") == experts and r.state == "complete"
+        ]
         return max((r.tps for r in recs), default=None)
 
     def fit_option(self, option: tuple, temperature: Any, experts: Any) -> DraftFit | None:
@@ -284,12 +314,20 @@ class Planner:
         points = []
         sizes = self.sizes(option)
         for r in self.recs:
-            if not r.measured or self.option_of(r.params) != option or r.params.get("temperature") != temperature \
-                    or r.params.get("experts") != experts or r.acceptance is None or self.stacked(r.params) \
-                    or any(r.params.get(k) != v for k, v in sizes.items()):
+            if (
+                not r.measured
+                or self.option_of(r.params) != option
+                or r.params.get("temperature") != temperature
+                or r.params.get("experts") != experts
+                or r.acceptance is None
+                or self.stacked(r.params)
+                or any(r.params.get(k) != v for k, v in sizes.items())
+            ):
                 continue
             base = self.target_alone(self.hw_of(r.params), experts)
-            points.append(Point(r.params.get("draft_max") or K_PROBE, r.acceptance, r.tps / base if base else None))
+            points.append(
+                Point(r.params.get("draft_max") or K_PROBE, r.acceptance, r.tps / base if base else None)
+            )
         return fit(points)
 
     @staticmethod
@@ -304,8 +342,11 @@ class Planner:
         what = f"{self.name(option)} K={params.get('draft_max')}"
         if self.stacked(params):
             what += f" + {params['lookup']}"
-        sizes = [f"{k.replace('ngram_', '').replace('_', ' ')} {params[k]}" for k in ("ngram_key", "lookup_max")
-                 if params.get(k) is not None]
+        sizes = [
+            f"{k.replace('ngram_', '').replace('_', ' ')} {params[k]}"
+            for k in ("ngram_key", "lookup_max")
+            if params.get(k) is not None
+        ]
         return what + (f" ({', '.join(sizes)})" if sizes else "")
 
     # -- the plan -----------------------------------------------------------------------
@@ -313,8 +354,16 @@ class Planner:
     def next(self) -> Proposal | None:
         if self.base is None:
             return None
-        for stage in (self.warm_start, self.speculation, self.stacks, self.hardware, self.serving, self.experts,
-                      self.temperature, self.refinement):
+        for stage in (
+            self.warm_start,
+            self.speculation,
+            self.stacks,
+            self.hardware,
+            self.serving,
+            self.experts,
+            self.temperature,
+            self.refinement,
+        ):
             proposal = stage()
             if proposal is not None:
                 return proposal
@@ -344,9 +393,15 @@ class Planner:
             return None
         hw0, t0, e0 = self.context0()
         k_probe = nearest(self.k_values, K_PROBE) if self.k_values else None
-        probes = [(self.config(o, k_probe, hw0, t0, e0), "speculation",
-                   f"probe {self.name(o)} at K={k_probe}: fit its acceptance and draft cost")
-                  for o in self.options() if not self.at_start(o)]
+        probes = [
+            (
+                self.config(o, k_probe, hw0, t0, e0),
+                "speculation",
+                f"probe {self.name(o)} at K={k_probe}: fit its acceptance and draft cost",
+            )
+            for o in self.options()
+            if not self.at_start(o)
+        ]
         found = self._first_new(probes)
         if found or not self.k_values:
             return found
@@ -367,8 +422,13 @@ class Planner:
                 continue
             if len(mine) >= 2 and max(mine, key=lambda r: r.tps).params.get("draft_max") == k_probe:
                 continue  # the model's pick lost to the probe: the line search in refinement takes over
-            candidates.append((self.config(o, k, hw0, t0, e0), "speculation",
-                               f"predicted best K={k} for {self.name(o)} from {f.describe()}: x{pred:.2f}"))
+            candidates.append(
+                (
+                    self.config(o, k, hw0, t0, e0),
+                    "speculation",
+                    f"predicted best K={k} for {self.name(o)} from {f.describe()}: x{pred:.2f}",
+                )
+            )
         return self._first_new(candidates)
 
     def stacks(self) -> Proposal | None:
@@ -376,16 +436,26 @@ class Planner:
         and experts), where the draft pays and the lookup paid alone on some suite (untried types too)."""
         lookups = [v for v in self.space.values("lookup") if v != "none"]
         hw0, t0, e0 = self.context0()
-        start = {**self.hw_params(hw0),
-                 **{k: v for k, v in (("temperature", t0), ("experts", e0)) if self.space.has(k)}}
-        drafts = [r for r in self.measured(**start) if r.feasible and not self.stacked(r.params)
-                  and r.params.get("spec_type") in DRAFT_MODEL_TYPES]
+        start = {
+            **self.hw_params(hw0),
+            **{k: v for k, v in (("temperature", t0), ("experts", e0)) if self.space.has(k)},
+        }
+        drafts = [
+            r
+            for r in self.measured(**start)
+            if r.feasible and not self.stacked(r.params) and r.params.get("spec_type") in DRAFT_MODEL_TYPES
+        ]
         best = max(drafts, key=lambda r: r.tps, default=None)
         if not lookups or best is None or best.tps <= self.base.tps:
             return None
-        alone = {t: max(recs, key=lambda r: r.tps) for t in lookups
-                 if (recs := [r for r in self.measured(spec_type=t, **start) if r.feasible])}
-        tried = {o[0] for o in self.options()} - set(alone)  # in the space, not measured alone (failed, or to come)
+        alone = {
+            t: max(recs, key=lambda r: r.tps)
+            for t in lookups
+            if (recs := [r for r in self.measured(spec_type=t, **start) if r.feasible])
+        }
+        tried = {o[0] for o in self.options()} - set(
+            alone
+        )  # in the space, not measured alone (failed, or to come)
         paying = {t: self.pays_on(r) for t, r in alone.items()}
         # ranked on the suites where lookup pays: elsewhere it drafts little, and the draft model takes over
         suites = sorted({s for v in paying.values() for s in v})
@@ -398,14 +468,21 @@ class Planner:
             if t in alone:
                 p = alone[t].params
                 sizes = {k: p[k] for k in ("ngram_key", "ngram_min_hits") if k in p}
-                if p.get("draft_max") is not None and self.space.has("lookup_max"):  # its K alone: the stacked length
+                if p.get("draft_max") is not None and self.space.has(
+                    "lookup_max"
+                ):  # its K alone: the stacked length
                     sizes["lookup_max"] = nearest(self.space.values("lookup_max"), p["draft_max"])
                 if p.get("draft_min") is not None and self.space.has("lookup_min"):
                     sizes["lookup_min"] = nearest(self.space.values("lookup_min"), p["draft_min"])
                 why = f"alone x{alone[t].tps / self.base.tps:.2f}, faster on {', '.join(paying[t])}"
-            candidates.append(({**best.params, "lookup": t, **sizes}, "stacks",
-                               f"{t} stacked on {self.describe(best.params)} ({why}): lookup drafts where it finds "
-                               f"a key, the draft model elsewhere"))
+            candidates.append(
+                (
+                    {**best.params, "lookup": t, **sizes},
+                    "stacks",
+                    f"{t} stacked on {self.describe(best.params)} ({why}): lookup drafts where it finds "
+                    f"a key, the draft model elsewhere",
+                )
+            )
         return self._first_new(candidates) or self.stack_length(best, chosen)
 
     def stack_length(self, draft: Rec, chosen: list[str]) -> Proposal | None:
@@ -413,20 +490,40 @@ class Planner:
         verification, so where copies are long its best length is far above the K it had alone); then the
         other stacked types at that length (their first trial, at a short length, may have hidden them)."""
         hw0, t0, e0 = self.context0()
-        stacks = [r for r in self.measured(**self.config(self.option_of(draft.params), None, hw0, t0, e0))
-                  if self.stacked(r.params) and r.feasible]
+        stacks = [
+            r
+            for r in self.measured(**self.config(self.option_of(draft.params), None, hw0, t0, e0))
+            if self.stacked(r.params) and r.feasible
+        ]
         best = max(stacks, key=lambda r: r.tps, default=None)
         if best is None or best.tps < 0.95 * draft.tps or best.params.get("lookup_max") is None:
             return None
         step = self.line_step(best.params, "lookup_max", grow=2.0)
         lengths = [r.params["lookup_max"] for r in stacks if r.params.get("lookup") == best.params["lookup"]]
-        if step is not None and not min(lengths) < step < max(lengths):  # once bracketed, refinement narrows it
-            return self._first_new([({**best.params, "lookup_max": step}, "stacks",
-                                     f"lookup length {step}: line search around {best.params['lookup_max']} "
-                                     f"with {self.describe(best.params)}")])
-        return self._first_new([({**best.params, "lookup": t}, "stacks",
-                                 f"{t} in place of {best.params['lookup']} at the length found for it")
-                                for t in chosen if t != best.params["lookup"]])
+        if step is not None and not min(lengths) < step < max(
+            lengths
+        ):  # once bracketed, refinement narrows it
+            return self._first_new(
+                [
+                    (
+                        {**best.params, "lookup_max": step},
+                        "stacks",
+                        f"lookup length {step}: line search around {best.params['lookup_max']} "
+                        f"with {self.describe(best.params)}",
+                    )
+                ]
+            )
+        return self._first_new(
+            [
+                (
+                    {**best.params, "lookup": t},
+                    "stacks",
+                    f"{t} in place of {best.params['lookup']} at the length found for it",
+                )
+                for t in chosen
+                if t != best.params["lookup"]
+            ]
+        )
 
     def gain_on(self, r: Rec, suites: list[str]) -> float:
         """A trial's geometric-mean speedup over the target alone on ``suites`` (pooled without suites)."""
@@ -438,7 +535,11 @@ class Planner:
         """The suites where a trial beat the target alone by LOOKUP_PAYS (the pooled rate without suites)."""
         if not r.suites or not self.base.suites:
             return ["the workload"] if r.tps > LOOKUP_PAYS * self.base.tps else []
-        return [s for s, rate in sorted(r.suites.items()) if rate > LOOKUP_PAYS * self.base.suites.get(s, math.inf)]
+        return [
+            s
+            for s, rate in sorted(r.suites.items())
+            if rate > LOOKUP_PAYS * self.base.suites.get(s, math.inf)
+        ]
 
     def incumbent_spec(self) -> Rec | None:
         """Best measured configuration at the baseline's temperature, experts and serving settings (any hardware):
@@ -452,8 +553,13 @@ class Planner:
         """Measured trials that agree with ``params`` except on K, the n-gram sizes and the ``free`` knobs."""
         free_set = set(free) | {"draft_max"} | (set(SIZE_KNOBS) - {"lookup"})
         fixed = {k: v for k, v in params.items() if k not in free_set}
-        return [r for r in self.recs if r.measured and all(r.params.get(k) == v for k, v in fixed.items())
-                and all(k in fixed or k in free_set for k in r.params)]
+        return [
+            r
+            for r in self.recs
+            if r.measured
+            and all(r.params.get(k) == v for k, v in fixed.items())
+            and all(k in fixed or k in free_set for k in r.params)
+        ]
 
     def hardware(self) -> Proposal | None:
         """NUMA policies at the baseline's threads, then a unimodal walk over threads on the best policy."""
@@ -467,19 +573,35 @@ class Planner:
         nodes = self.space.values("numa_node")
         policies = {r.params.get("numa") for r in fam}
         prior_hw = self.prior.get("hardware")
-        if prior_hw:  # an earlier study's pair on this host first; if it beats the baseline's, no policy probes
-            found = self._first_new([({**rest, **self.hw_params(prior_hw)}, "hardware",
-                                      f"NUMA {prior_hw.get('numa')}, {prior_hw.get('threads')} threads with {what}: "
-                                      f"best on this host in {describe(self.prior)}")])
+        if (
+            prior_hw
+        ):  # an earlier study's pair on this host first; if it beats the baseline's, no policy probes
+            found = self._first_new(
+                [
+                    (
+                        {**rest, **self.hw_params(prior_hw)},
+                        "hardware",
+                        f"NUMA {prior_hw.get('numa')}, {prior_hw.get('threads')} threads with {what}: "
+                        f"best on this host in {describe(self.prior)}",
+                    )
+                ]
+            )
             if found:
                 return found
         # the policy carries over (threads are walked below): no probes once the prior's policy leads
-        trusted = prior_hw and self.best(fam) is not None and self.best(fam).params.get("numa") == prior_hw.get("numa")
+        trusted = (
+            prior_hw
+            and self.best(fam) is not None
+            and self.best(fam).params.get("numa") == prior_hw.get("numa")
+        )
         candidates = []
         for policy in self.space.values("numa"):
             if policy not in policies and not trusted:
-                hw = {"numa": policy, "threads": hw0.get("threads"),
-                      "numa_node": nodes[0] if policy == "bind" and nodes else None}
+                hw = {
+                    "numa": policy,
+                    "threads": hw0.get("threads"),
+                    "numa_node": nodes[0] if policy == "bind" and nodes else None,
+                }
                 candidates.append(({**rest, **self.hw_params(hw)}, "hardware", f"NUMA {policy} with {what}"))
         found = self._first_new(candidates)
         if found:
@@ -491,18 +613,29 @@ class Planner:
         candidates = []
         if hw.get("numa") == "bind":
             bound = {r.params.get("numa_node") for r in fam if r.params.get("numa") == "bind"}
-            candidates += [({**rest, **self.hw_params({**hw, "numa_node": n})}, "hardware",
-                            f"bind is best: node {n}") for n in nodes if n not in bound]
+            candidates += [
+                ({**rest, **self.hw_params({**hw, "numa_node": n})}, "hardware", f"bind is best: node {n}")
+                for n in nodes
+                if n not in bound
+            ]
         threads = self.space.values("threads")
-        walked = {r.params.get("threads") for r in fam if r.params.get("numa") == hw.get("numa")
-                  and r.params.get("numa_node") == hw.get("numa_node")}
+        walked = {
+            r.params.get("threads")
+            for r in fam
+            if r.params.get("numa") == hw.get("numa") and r.params.get("numa_node") == hw.get("numa_node")
+        }
         if hw.get("threads") in threads:
             i = threads.index(hw["threads"])
             for j in (i - 1, i + 1):
                 if 0 <= j < len(threads) and threads[j] not in walked:
-                    candidates.append(({**rest, **self.hw_params({**hw, "threads": threads[j]})}, "hardware",
-                                       f"threads {threads[j]} next to the best so far ({hw['threads']}) "
-                                       f"with NUMA {hw.get('numa')}, {what}"))
+                    candidates.append(
+                        (
+                            {**rest, **self.hw_params({**hw, "threads": threads[j]})},
+                            "hardware",
+                            f"threads {threads[j]} next to the best so far ({hw['threads']}) "
+                            f"with NUMA {hw.get('numa')}, {what}",
+                        )
+                    )
         return self._first_new(candidates)
 
     def serving(self) -> Proposal | None:
@@ -526,17 +659,29 @@ class Planner:
         if mine not in values or self.bracketed(inc.params, knob, values):
             return []
         by_value = self.walk(inc.params, knob)
-        best = max((v for v, r in by_value.items() if r.feasible), key=lambda v: by_value[v].tps, default=mine)
+        best = max(
+            (v for v, r in by_value.items() if r.feasible), key=lambda v: by_value[v].tps, default=mine
+        )
         steps = []
         if knob == "parallel" and self.users and self.users not in by_value:
             level = nearest(values, self.users)
-            steps.append(({**inc.params, knob: level}, "serving",
-                          f"{level} slots for {self.users} users at once (fewer queue them) with {self.describe(inc.params)}"))
+            steps.append(
+                (
+                    {**inc.params, knob: level},
+                    "serving",
+                    f"{level} slots for {self.users} users at once (fewer queue them) with {self.describe(inc.params)}",
+                )
+            )
         i = values.index(best)
         for j in (i - 1, i + 1):
             if 0 <= j < len(values) and values[j] not in by_value:
-                steps.append(({**inc.params, knob: values[j]}, "serving",
-                              f"{knob} {values[j]} next to the best so far ({best}) with {self.describe(inc.params)}"))
+                steps.append(
+                    (
+                        {**inc.params, knob: values[j]},
+                        "serving",
+                        f"{knob} {values[j]} next to the best so far ({best}) with {self.describe(inc.params)}",
+                    )
+                )
         return steps
 
     def walk(self, params: dict, knob: str) -> dict[Any, Rec]:
@@ -546,8 +691,12 @@ class Planner:
         fixed = {k: v for k, v in params.items() if k not in free}
         by_value: dict[Any, Rec] = {}
         for r in self.recs:
-            if r.measured and r.params.get(knob) is not None and set(r.params) - free <= set(fixed) \
-                    and all(r.params.get(k) == v for k, v in fixed.items()):
+            if (
+                r.measured
+                and r.params.get(knob) is not None
+                and set(r.params) - free <= set(fixed)
+                and all(r.params.get(k) == v for k, v in fixed.items())
+            ):
                 v = r.params[knob]
                 if v not in by_value or r.tps > by_value[v].tps:
                     by_value[v] = r
@@ -562,7 +711,11 @@ class Planner:
         for r in self.recs:
             if r.measured and r.params.get(knob) == mine:
                 by_value = self.walk(r.params, knob)
-                best = max((v for v, x in by_value.items() if x.feasible), key=lambda v: by_value[v].tps, default=None)
+                best = max(
+                    (v for v, x in by_value.items() if x.feasible),
+                    key=lambda v: by_value[v].tps,
+                    default=None,
+                )
                 if best == mine and all(n in by_value for n in neighbours):
                     return True
         return False
@@ -571,11 +724,20 @@ class Planner:
         """Measured trials with any speculation at ``params``' temperature and experts but ``knob``: speculative
         decoding keeps the target's output distribution, so their quality tells where ``knob`` falls below the floor."""
         same = {k: params.get(k) for k in ("temperature", "experts") if k != knob}
-        return [r for r in self.recs if r.measured and r.params.get(knob) is not None
-                and all(r.params.get(k) == v for k, v in same.items())]
+        return [
+            r
+            for r in self.recs
+            if r.measured
+            and r.params.get(knob) is not None
+            and all(r.params.get(k) == v for k, v in same.items())
+        ]
 
     def hw_params(self, hw: dict) -> dict:
-        return {k: hw[k] for k in CONTEXT if hw.get(k) is not None and (k != "numa_node" or hw.get("numa") == "bind")}
+        return {
+            k: hw[k]
+            for k in CONTEXT
+            if hw.get(k) is not None and (k != "numa_node" or hw.get("numa") == "bind")
+        }
 
     def overall_best(self) -> Rec | None:
         return self.best([r for r in self.recs if r.measured])
@@ -589,17 +751,27 @@ class Planner:
             return None
         option, p = self.option_of(inc.params), inc.params
         walk = self.family(p, "temperature")
-        hot = min((r.params.get("temperature") for r in walk + self.lossless(p, "temperature") if not r.feasible),
-                  default=math.inf)
+        hot = min(
+            (r.params.get("temperature") for r in walk + self.lossless(p, "temperature") if not r.feasible),
+            default=math.inf,
+        )
         seen = {r.params.get("temperature") for r in walk}
         best_t = p.get("temperature")
         i = temps.index(best_t) if best_t in temps else 0
-        candidates = [({**p, "temperature": t}, "speculation",
-                       f"temperature {t} next to the best so far ({best_t}) with the best configuration "
-                       f"(acceptance changes with it)")
-                      for t in temps[max(0, i - 1):i + 2] if t < hot and t not in seen]
+        candidates = [
+            (
+                {**p, "temperature": t},
+                "speculation",
+                f"temperature {t} next to the best so far ({best_t}) with the best configuration "
+                f"(acceptance changes with it)",
+            )
+            for t in temps[max(0, i - 1) : i + 2]
+            if t < hot and t not in seen
+        ]
         found = self._first_new(candidates)
-        if found or not self.k_values or self.stacked(p):  # a stack's acceptance mixes two sources: no K model
+        if (
+            found or not self.k_values or self.stacked(p)
+        ):  # a stack's acceptance mixes two sources: no K model
             return found
         fam = self.family(p, "temperature", "experts")
         _, t0, e0 = self.context0()
@@ -608,17 +780,29 @@ class Planner:
             return None
         candidates = []
         top = max((r.tps for r in fam if r.feasible), default=0.0)
-        at_k = [r for r in fam if r.feasible and r.acceptance and r.params.get("experts") == p.get("experts")
-                and r.params.get("temperature") != t0 and r.tps >= 0.95 * top]
+        at_k = [
+            r
+            for r in fam
+            if r.feasible
+            and r.acceptance
+            and r.params.get("experts") == p.get("experts")
+            and r.params.get("temperature") != t0
+            and r.tps >= 0.95 * top
+        ]
         for r in sorted(at_k, key=lambda r: -r.tps):
             k_r = r.params.get("draft_max")
             f = DraftFit((Point(k_r, r.acceptance, None),), f0.c)
             k = f.best_k(self.k_values)
             gain = f.predict(k) / f.predict(k_r)
             if gain > 1.01 and r.tps * gain > inc.tps * 0.99:
-                candidates.append(({**r.params, "draft_max": k}, "speculation",
-                                   f"predicted best K={k} at temperature {r.params.get('temperature')} "
-                                   f"from {f.describe()}: +{gain - 1:.0%}"))
+                candidates.append(
+                    (
+                        {**r.params, "draft_max": k},
+                        "speculation",
+                        f"predicted best K={k} at temperature {r.params.get('temperature')} "
+                        f"from {f.describe()}: +{gain - 1:.0%}",
+                    )
+                )
         return self._first_new(candidates)
 
     def experts(self) -> Proposal | None:
@@ -627,27 +811,50 @@ class Planner:
         inc = self.overall_best()
         if len(values) < 2 or inc is None or inc.params.get("experts") is None:
             return None
-        fam = [r for r in self.family(inc.params, "experts")
-               if r.params.get("spec_type") == inc.params.get("spec_type")]
+        fam = [
+            r
+            for r in self.family(inc.params, "experts")
+            if r.params.get("spec_type") == inc.params.get("spec_type")
+        ]
         by_e: dict[Any, Rec] = {}
         for r in fam:
             if r.params.get("experts") not in by_e or r.tps > by_e[r.params["experts"]].tps:
                 by_e[r.params.get("experts")] = r
         good = [e for e, r in by_e.items() if r.feasible]
         lo = min(good)
-        floor = max((r.params.get("experts") for r in list(by_e.values()) + self.lossless(inc.params, "experts")
-                     if not r.feasible and r.params.get("experts") < lo), default=min(values) - 1)
+        floor = max(
+            (
+                r.params.get("experts")
+                for r in list(by_e.values()) + self.lossless(inc.params, "experts")
+                if not r.feasible and r.params.get("experts") < lo
+            ),
+            default=min(values) - 1,
+        )
         candidates = []
         fastest = max(by_e[e].tps for e in good)
         if lo - floor > 1 and by_e[lo].tps >= 0.99 * fastest:
             e = nearest([v for v in values if floor < v < lo], (floor + lo) / 2)
-            candidates.append(({**inc.params, "experts": e}, "speculation",
-                               f"experts {e}: fewer is faster until quality falls below the floor "
-                               f"(feasible down to {lo}{'' if floor < min(values) else f', not at {floor}'})"))
+            candidates.append(
+                (
+                    {**inc.params, "experts": e},
+                    "speculation",
+                    f"experts {e}: fewer is faster until quality falls below the floor "
+                    f"(feasible down to {lo}{'' if floor < min(values) else f', not at {floor}'})",
+                )
+            )
         if self.option_of(inc.params):
-            alone = {k: v for k, v in inc.params.items() if k not in ("draft", "draft_max", "draft_min", "draft_p_min")}
-            candidates.append(({**alone, "spec_type": "none"}, "speculation",
-                               f"target alone at experts={inc.params['experts']}: does speculation still pay?"))
+            alone = {
+                k: v
+                for k, v in inc.params.items()
+                if k not in ("draft", "draft_max", "draft_min", "draft_p_min")
+            }
+            candidates.append(
+                (
+                    {**alone, "spec_type": "none"},
+                    "speculation",
+                    f"target alone at experts={inc.params['experts']}: does speculation still pay?",
+                )
+            )
         return self._first_new(candidates)
 
     def line_step(self, p: dict, knob: str = "draft_max", grow: float = 1.5) -> int | None:
@@ -657,8 +864,13 @@ class Planner:
         fixed = {k: v for k, v in p.items() if k != knob}
         by_k: dict[int, float] = {}
         for r in self.recs:
-            if r.measured and r.feasible and r.params.get(knob) is not None \
-                    and all(r.params.get(k) == v for k, v in fixed.items()) and set(r.params) <= set(p):
+            if (
+                r.measured
+                and r.feasible
+                and r.params.get(knob) is not None
+                and all(r.params.get(k) == v for k, v in fixed.items())
+                and set(r.params) <= set(p)
+            ):
                 by_k[r.params[knob]] = max(by_k.get(r.params[knob], 0.0), r.tps)
         ks = sorted(by_k)
         if not ks or not values:
@@ -677,7 +889,9 @@ class Planner:
         if left is None and best > lo:
             options.append((math.inf, max(lo, min(best - 1, round(best / grow)))))
         elif left is not None and best - left > tol:
-            options.append((best - left, (best + left + 1) // 2 if (best + left + 1) // 2 != best else best - 1))
+            options.append(
+                (best - left, (best + left + 1) // 2 if (best + left + 1) // 2 != best else best - 1)
+            )
         for _, k in sorted(options, key=lambda x: -x[0]):
             k = nearest(values, k)
             if k not in by_k:
@@ -698,8 +912,13 @@ class Planner:
             i = threads.index(p["threads"])
             for j in (i - 1, i + 1):
                 if 0 <= j < len(threads):
-                    candidates.append(({**p, "threads": threads[j]}, "refinement",
-                                       f"threads {threads[j]} with the final configuration (the pair checked again)"))
+                    candidates.append(
+                        (
+                            {**p, "threads": threads[j]},
+                            "refinement",
+                            f"threads {threads[j]} with the final configuration (the pair checked again)",
+                        )
+                    )
         experts = self.space.values("experts")
         if p.get("experts") in experts:
             for e in (p["experts"] - 1, p["experts"] + 1):
@@ -708,8 +927,13 @@ class Planner:
         if k is not None and self.k_values:
             kk = self.line_step(p)
             if kk is not None:
-                candidates.append(({**p, "draft_max": kk}, "refinement",
-                                   f"K={kk}: line search around the best K={k} (tokens/s is unimodal in K)"))
+                candidates.append(
+                    (
+                        {**p, "draft_max": kk},
+                        "refinement",
+                        f"K={kk}: line search around the best K={k} (tokens/s is unimodal in K)",
+                    )
+                )
         return self._first_new(candidates + self.size_steps(p))
 
     def other_options(self, p: dict) -> list[tuple]:
@@ -726,23 +950,40 @@ class Planner:
             mine, ours = self.at_start(o), self.at_start(option)
             top = max(mine, key=lambda r: r.tps)
             if len({r.params.get("draft_max") for r in mine}) > 1 and top.params.get("draft_max") != kk:
-                kk, why = top.params.get("draft_max"), "measured"  # the model's pick lost (a lookup misses some keys)
-            if f.predict(kk) >= 0.97 * inc_fit.predict(inc_fit.best_k(self.k_values)) \
-                    or (why == "measured" and ours and top.tps >= 0.97 * max(r.tps for r in ours)):
+                kk, why = (
+                    top.params.get("draft_max"),
+                    "measured",
+                )  # the model's pick lost (a lookup misses some keys)
+            if f.predict(kk) >= 0.97 * inc_fit.predict(inc_fit.best_k(self.k_values)) or (
+                why == "measured" and ours and top.tps >= 0.97 * max(r.tps for r in ours)
+            ):
                 rest = {x: v for x, v in p.items() if x not in ("spec_type", "draft", "draft_max")}
-                candidates.append(({**rest, **self.config(o, kk, {}, None, None)}, "refinement",
-                                   f"{self.name(o)} at its {why} best K={kk}: {why} within 3%"))
+                candidates.append(
+                    (
+                        {**rest, **self.config(o, kk, {}, None, None)},
+                        "refinement",
+                        f"{self.name(o)} at its {why} best K={kk}: {why} within 3%",
+                    )
+                )
         return candidates
 
     def size_steps(self, p: dict) -> list[tuple]:
         """Line searches over the n-gram sizes of the incumbent's lookup (alone or stacked)."""
         steps = []
-        for knob, what in (("lookup_max", "the stacked lookup's draft length"), ("ngram_key", "the n-gram key length"),
-                           ("ngram_min_hits", "the n-gram minimum hits")):
+        for knob, what in (
+            ("lookup_max", "the stacked lookup's draft length"),
+            ("ngram_key", "the n-gram key length"),
+            ("ngram_min_hits", "the n-gram minimum hits"),
+        ):
             step = self.line_step(p, knob) if p.get(knob) is not None else None
             if step is not None:
-                steps.append(({**p, knob: step}, "refinement",
-                              f"{what} {step}: line search around the best {p[knob]} with {self.describe(p)}"))
+                steps.append(
+                    (
+                        {**p, knob: step},
+                        "refinement",
+                        f"{what} {step}: line search around the best {p[knob]} with {self.describe(p)}",
+                    )
+                )
         return steps
 
 
@@ -754,8 +995,12 @@ def records(study: optuna.Study) -> list[Rec]:
     minimise = study.directions[0] == optuna.study.StudyDirection.MINIMIZE
     recs = []
     for t in study.get_trials(deepcopy=False):
-        state = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
-                 TrialState.RUNNING: "running"}.get(t.state)
+        state = {
+            TrialState.COMPLETE: "complete",
+            TrialState.PRUNED: "pruned",
+            TrialState.FAIL: "failed",
+            TrialState.RUNNING: "running",
+        }.get(t.state)
         if state is None:
             continue
         params = dict(t.params)
@@ -765,8 +1010,18 @@ def records(study: optuna.Study) -> list[Rec]:
         record = store.read_trial(t)
         m = record.metrics
         feasible = all(v <= 0 for v in (t.constraints or {}).values())
-        recs.append(Rec(params, state, value(record, objective, minimise), m.acceptance if m else None, feasible,
-                        record.failure.reason if record.failure else None, record.role, suite_rates(record.samples)))
+        recs.append(
+            Rec(
+                params,
+                state,
+                value(record, objective, minimise),
+                m.acceptance if m else None,
+                feasible,
+                record.failure.reason if record.failure else None,
+                record.role,
+                suite_rates(record.samples),
+            )
+        )
     return recs
 
 
@@ -791,7 +1046,9 @@ def suite_rates(samples: Sequence[dict]) -> dict[str, float]:
     """Tokens/s per suite over a trial's requests, pooled; from the requests, so a pruned trial (and a
     simulated replay's) has them too."""
     suites = {s["suite"] for s in samples if s.get("suite") and s.get("tokens_per_second")}
-    return {suite: pooled_from_rates(s for s in samples if s.get("suite") == suite) for suite in sorted(suites)}
+    return {
+        suite: pooled_from_rates(s for s in samples if s.get("suite") == suite) for suite in sorted(suites)
+    }
 
 
 class StructuredSampler(optuna.samplers.BaseSampler):
@@ -807,7 +1064,9 @@ class StructuredSampler(optuna.samplers.BaseSampler):
         proposal = None
         context = store.search_context(study)
         if context:
-            proposal = Planner(Space(context[0]), records(study), store.read_prior(study), level_of(context[1])).next()
+            proposal = Planner(
+                Space(context[0]), records(study), store.read_prior(study), level_of(context[1])
+            ).next()
         if proposal is None:
             self._plans[trial.number] = None
             self._note(study, trial, "refinement", "no structured step left: TPE proposes")
@@ -820,19 +1079,23 @@ class StructuredSampler(optuna.samplers.BaseSampler):
     def _note(study: optuna.Study, trial: FrozenTrial, stage: str, reason: str) -> None:
         store.note_search(study, trial, stage, reason)
 
-    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
         if self._plans.get(trial.number) is not None:
             return {}
         return self.fallback.infer_relative_search_space(study, trial)
 
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         if self._plans.get(trial.number) is not None or not search_space:
             return {}
         return self.fallback.sample_relative(study, trial, search_space)
 
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         plan = self._plans.get(trial.number)
         if plan and param_name in plan:
             value = plan[param_name]
@@ -843,8 +1106,9 @@ class StructuredSampler(optuna.samplers.BaseSampler):
                 pass
         return self.fallback.sample_independent(study, trial, param_name, param_distribution)
 
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
         self._plans.pop(trial.number, None)
         self.fallback.after_trial(study, trial, state, values)
 
@@ -872,8 +1136,18 @@ def fitted_models(study: optuna.Study) -> list[dict]:
             continue
         best_k = f.best_k(planner.k_values) if planner.k_values else None
         for p in sorted(f.points, key=lambda p: p.k):
-            rows.append({"option": planner.name(option), "k": p.k, "acceptance": p.acceptance,
-                         "model_acceptance": measured_acceptance(f.a_at(p.k), p.k), "speedup": p.speedup,
-                         "model_speedup": f.predict(p.k), "a": f.a_at(p.k), "cost_ratio": f.c,
-                         "predicted_best_k": best_k, "predicted_best_speedup": f.predict(best_k) if best_k else None})
+            rows.append(
+                {
+                    "option": planner.name(option),
+                    "k": p.k,
+                    "acceptance": p.acceptance,
+                    "model_acceptance": measured_acceptance(f.a_at(p.k), p.k),
+                    "speedup": p.speedup,
+                    "model_speedup": f.predict(p.k),
+                    "a": f.a_at(p.k),
+                    "cost_ratio": f.c,
+                    "predicted_best_k": best_k,
+                    "predicted_best_speedup": f.predict(best_k) if best_k else None,
+                }
+            )
     return rows

@@ -65,7 +65,9 @@ def culprits(bad: list[dict[str, Any]], good: list[dict[str, Any]]) -> set[tuple
         if top < 2:
             break
         tied = [item for item, t in trials_of.items() if len(t) == top]
-        told_apart = {item for item in tied if sum(trials_of[other] == trials_of[item] for other in tied) == 1}
+        told_apart = {
+            item for item in tied if sum(trials_of[other] == trials_of[item] for other in tied) == 1
+        }
         if not told_apart:
             break
         blamed |= told_apart
@@ -79,20 +81,27 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._rng = np.random.RandomState(seed)
 
-    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
         return self.base.infer_relative_search_space(study, trial)
 
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         proposal = self.base.sample_relative(study, trial, search_space)
         if not search_space:
             return proposal
-        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))
+        trials = study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+        )
         good, bad, pruned = [], [], []  # bad: below the quality floor, or failed for a reason that will recur
         for t in trials:
             if t.state == TrialState.COMPLETE:
                 (good if all(v <= 0 for v in t.constraints.values()) else bad).append(t.params)
-            elif t.state == TrialState.PRUNED:  # measured enough to know it cannot win: taken, blamed for nothing
+            elif (
+                t.state == TrialState.PRUNED
+            ):  # measured enough to know it cannot win: taken, blamed for nothing
                 pruned.append(t.params)
             elif failure_reason(t) not in TRANSIENT:
                 bad.append(t.params)
@@ -102,7 +111,9 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
         def is_new(params: dict[str, Any]) -> bool:
             # A measured trial holds only the knobs it was asked (no draft without speculation):
             # the candidate repeats it when it agrees on all of those.
-            return not any(all(k not in search_space or params.get(k) == v for k, v in p.items()) for p in measured)
+            return not any(
+                all(k not in search_space or params.get(k) == v for k, v in p.items()) for p in measured
+            )
 
         def blameless(params: dict[str, Any]) -> bool:
             return is_new(params) and not any((k, v) in blamed for k, v in params.items())
@@ -121,18 +132,22 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
                         return candidate
         return proposal
 
-    def _resample(self, study: optuna.Study, trial: FrozenTrial, name: str, distribution: BaseDistribution) -> Any:
+    def _resample(
+        self, study: optuna.Study, trial: FrozenTrial, name: str, distribution: BaseDistribution
+    ) -> Any:
         return self._random.sample_independent(study, trial, name, distribution)
 
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         return self.base.sample_independent(study, trial, param_name, param_distribution)
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self.base.before_trial(study, trial)
 
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
         self.base.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:

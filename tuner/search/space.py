@@ -18,10 +18,23 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
-from tuner.search.knobs import (ANNOUNCED_TYPES, CONCURRENT_KNOBS, SERVING_DEFAULTS, DRAFT_MODEL_TYPES, FLASH_ATTN, HITS_LOOKUP_TYPES,
-                                KNOB_TYPES, KV_CACHE_TYPES, LOOKUP_TYPES, NUMA_POLICIES, SIZED_LOOKUP_TYPES, SPEC_TYPES,
-                                SPEC_TYPES_WITH_K)
+from tuner.search.knobs import (
+    ANNOUNCED_TYPES,
+    CONCURRENT_KNOBS,
+    DRAFT_MODEL_TYPES,
+    FLASH_ATTN,
+    HITS_LOOKUP_TYPES,
+    KNOB_TYPES,
+    KV_CACHE_TYPES,
+    LOOKUP_TYPES,
+    NUMA_POLICIES,
+    SERVING_DEFAULTS,
+    SIZED_LOOKUP_TYPES,
+    SPEC_TYPES,
+    SPEC_TYPES_WITH_K,
+)
 from tuner.studyfile.validate import Fields
+
 
 @dataclass(frozen=True)
 class Choices:
@@ -213,7 +226,9 @@ def _domains(fields: Fields, skip: tuple[str, ...] = ()) -> dict[str, Domain]:
         if key in skip:
             continue
         if key not in KNOB_TYPES:
-            fields.fail(key, f"unknown knob; known knobs: {', '.join(KNOB_TYPES)} (and allow_smt, concurrent)")
+            fields.fail(
+                key, f"unknown knob; known knobs: {', '.join(KNOB_TYPES)} (and allow_smt, concurrent)"
+            )
         domains[key] = parse_domain(fields, key)
     fields.done()
     return domains
@@ -252,7 +267,10 @@ def resolve_space(
     _resolve_announced(spec_values, "spec_type" in raw.from_file, fields, target_name, announced, notes)
     if "draft-simple" in spec_values and not draft_names:
         if spec_values == ["draft-simple"]:
-            fields.fail("search_space.spec_type", "draft-simple needs draft models; list compatible ones under `drafts`")
+            fields.fail(
+                "search_space.spec_type",
+                "draft-simple needs draft models; list compatible ones under `drafts`",
+            )
         spec_values.remove("draft-simple")
         notes.append("spec_type: draft-simple dropped (the study lists no drafts)")
     if "none" not in spec_values:
@@ -264,7 +282,10 @@ def resolve_space(
         assert isinstance(wanted, Choices)
         unknown = [d for d in wanted.values if d not in draft_names]
         if unknown:
-            fields.fail("search_space.draft", f"{unknown[0]!r} is not one of the study's drafts ({', '.join(draft_names)})")
+            fields.fail(
+                "search_space.draft",
+                f"{unknown[0]!r} is not one of the study's drafts ({', '.join(draft_names)})",
+            )
         domains["draft"] = wanted
     else:
         domains.pop("draft", None)
@@ -304,11 +325,15 @@ def resolve_space(
     if "bind" in kept:
         domains["numa_node"] = Choices(numa_nodes)
 
-    _resolve_threads(domains, fields, physical_cores, logical_cpus if raw.allow_smt else physical_cores, raw.allow_smt)
+    _resolve_threads(
+        domains, fields, physical_cores, logical_cpus if raw.allow_smt else physical_cores, raw.allow_smt
+    )
     return ResolvedSpace(domains, expert_used_count, physical_cores, raw.allow_smt, tuple(notes))
 
 
-def _resolve_threads(domains: dict[str, Domain], fields: Fields, physical_cores: int, limit: int, smt: bool) -> None:
+def _resolve_threads(
+    domains: dict[str, Domain], fields: Fields, physical_cores: int, limit: int, smt: bool
+) -> None:
     """Thread ranges default to the physical cores and never exceed what the machine has."""
     for knob in ("threads", "threads_batch"):
         dom = domains.get(knob)
@@ -322,11 +347,19 @@ def _resolve_threads(domains: dict[str, Domain], fields: Fields, physical_cores:
             fields.fail(f"search_space.{knob}", "needs at least 1 thread")
         if top > limit:
             what = "logical CPUs" if smt else "physical cores (set allow_smt: true to use SMT siblings)"
-            fields.fail(f"search_space.{knob}", f"{top} threads exceed the {limit} {what} of this machine; lower it")
+            fields.fail(
+                f"search_space.{knob}", f"{top} threads exceed the {limit} {what} of this machine; lower it"
+            )
 
 
-def _resolve_announced(spec_values: list[str], from_file: bool, fields: Fields, target_name: str,
-                       announced: tuple[str, ...], notes: list[str]) -> None:
+def _resolve_announced(
+    spec_values: list[str],
+    from_file: bool,
+    fields: Fields,
+    target_name: str,
+    announced: tuple[str, ...],
+    notes: list[str],
+) -> None:
     """The target's own speculative types (draft-mtp): offered only where it announces them.
 
     A space file's list is for any model: an announced type joins it, one the target lacks is dropped.
@@ -335,8 +368,11 @@ def _resolve_announced(spec_values: list[str], from_file: bool, fields: Fields, 
     for kind in ANNOUNCED_TYPES:
         if kind in spec_values and kind not in announced:
             if not from_file:
-                fields.fail("search_space.spec_type", f"{target_name} does not announce {kind} (`tuner inspect` "
-                                                      f"lists the types a model announces); remove {kind} from spec_type")
+                fields.fail(
+                    "search_space.spec_type",
+                    f"{target_name} does not announce {kind} (`tuner inspect` "
+                    f"lists the types a model announces); remove {kind} from spec_type",
+                )
             spec_values.remove(kind)
             notes.append(f"spec_type: {kind} dropped ({target_name} does not announce it)")
         elif kind in announced and kind not in spec_values and from_file:
@@ -404,8 +440,11 @@ def _suggest_serving(trial, d: dict[str, Domain]) -> dict[str, Any]:
     """Slots, batch sizes, flash attention, KV cache types, polling: where the space has them. The micro
     batch never exceeds the batch, and a V cache type only with flash attention on or auto (llama.cpp
     refuses a quantized V cache without it)."""
-    values = {knob: _suggest(trial, knob, d[knob]) for knob in ("parallel", "batch", "ubatch", "flash_attn",
-                                                                 "cache_type_k", "poll") if knob in d}
+    values = {
+        knob: _suggest(trial, knob, d[knob])
+        for knob in ("parallel", "batch", "ubatch", "flash_attn", "cache_type_k", "poll")
+        if knob in d
+    }
     if "ubatch" in values and "batch" in values:
         values["ubatch"] = min(values["ubatch"], values["batch"])
     if "cache_type_v" in d and values.get("flash_attn") != "off":
@@ -441,18 +480,31 @@ def method_of(config: dict) -> str:
 def baseline_config(space: ResolvedSpace) -> TrialConfig:
     """The reference: target alone, all default experts, greedy, one thread per physical core, llama.cpp's
     default serving settings (f16 KV cache) and the most slots the space offers."""
-    return TrialConfig(spec_type="none", temperature=0.0, experts=space.default_experts, numa="none",
-                       threads=_baseline_threads(space), **_baseline_serving(space))
+    return TrialConfig(
+        spec_type="none",
+        temperature=0.0,
+        experts=space.default_experts,
+        numa="none",
+        threads=_baseline_threads(space),
+        **_baseline_serving(space),
+    )
 
 
 def _baseline_serving(space: ResolvedSpace) -> dict[str, Any]:
     d = space.domains
-    values = {knob: default if outside(d[knob], default) is None else _lowest(d[knob])
-              for knob, default in SERVING_DEFAULTS.items() if knob in d}
+    values = {
+        knob: default if outside(d[knob], default) is None else _lowest(d[knob])
+        for knob, default in SERVING_DEFAULTS.items()
+        if knob in d
+    }
     if "parallel" in d:
-        values["parallel"] = max(d["parallel"].values) if isinstance(d["parallel"], Choices) else d["parallel"].high
+        values["parallel"] = (
+            max(d["parallel"].values) if isinstance(d["parallel"], Choices) else d["parallel"].high
+        )
     if "ubatch" in values and "batch" in values:
-        values["ubatch"] = min(values["ubatch"], values["batch"])  # as suggest: the micro batch fits the batch
+        values["ubatch"] = min(
+            values["ubatch"], values["batch"]
+        )  # as suggest: the micro batch fits the batch
     if values.get("flash_attn") == "off":
         values.pop("cache_type_v", None)  # as suggest: no V cache type without flash attention
     return values
@@ -476,7 +528,9 @@ def outside(domain: Domain, value: object) -> str | None:
         return f"is not one of {', '.join(map(str, domain.values))}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "is not a number"
-    if isinstance(domain, IntRange) and (not float(value).is_integer() or (int(value) - domain.low) % domain.step):
+    if isinstance(domain, IntRange) and (
+        not float(value).is_integer() or (int(value) - domain.low) % domain.step
+    ):
         return f"is not an integer of {domain.low}..{domain.high} step {domain.step}"
     if not domain.low <= value <= domain.high:
         return f"is outside {domain.low}..{domain.high}"

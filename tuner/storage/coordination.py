@@ -41,14 +41,14 @@ from typing import IO, Callable
 import optuna
 from optuna.trial import TrialState
 
-from tuner.storage import store
 from tuner.context import StudyContext
 from tuner.errors import UserError
 from tuner.measurement.failures import FailureReason
-from tuner.storage.records import Failure
 from tuner.search.space import baseline_config, enqueue_params
-from tuner.studyfile.spec import WorkersSpec
+from tuner.storage import store
+from tuner.storage.records import Failure
 from tuner.storage.urls import safe_url, scrub, sqlite_path, with_driver  # noqa: F401 (re-exported)
+from tuner.studyfile.spec import WorkersSpec
 
 SCHEMA_ATTEMPTS = 3  # workers starting together on a fresh database race to create its tables
 
@@ -84,19 +84,32 @@ def failed_elsewhere(study: optuna.Study, trial: optuna.Trial, workers: WorkersS
 
     try:
         state = study._storage.get_trial(trial._trial_id).state
-    except Exception as err:  # an outage: the trial is taken as still ours, so the journal keeps its measurement
+    except (
+        Exception
+    ) as err:  # an outage: the trial is taken as still ours, so the journal keeps its measurement
         if classify(err) is None:
             raise
         return None
     if state == TrialState.RUNNING:
         return None
-    retry = next((t for t in study.get_trials(deepcopy=False)
-                  if trial.number in t.system_attrs.get("retry_history", ())), None)
-    where = (f"queued again as trial {retry.number}" if retry is not None
-             else "not queued again (workers.max_retry reached)")
-    return (f"trial {trial.number} was failed as dead by another worker while this one did not send heartbeats for "
-            f"workers.grace_s ({workers.grace_s} s; paused?) and was {where}; its measurement here is dropped, not "
-            "stored or journalled, so the configuration counts once; going on with the next trial")
+    retry = next(
+        (
+            t
+            for t in study.get_trials(deepcopy=False)
+            if trial.number in t.system_attrs.get("retry_history", ())
+        ),
+        None,
+    )
+    where = (
+        f"queued again as trial {retry.number}"
+        if retry is not None
+        else "not queued again (workers.max_retry reached)"
+    )
+    return (
+        f"trial {trial.number} was failed as dead by another worker while this one did not send heartbeats for "
+        f"workers.grace_s ({workers.grace_s} s; paused?) and was {where}; its measurement here is dropped, not "
+        "stored or journalled, so the configuration counts once; going on with the next trial"
+    )
 
 
 def open_storage(url: str, workers: WorkersSpec) -> optuna.storages.RDBStorage:
@@ -115,8 +128,12 @@ def open_storage(url: str, workers: WorkersSpec) -> optuna.storages.RDBStorage:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 storage = ResilientRDBStorage(
-                    url, engine_kwargs=engine_kwargs, heartbeat_interval=workers.heartbeat_s,
-                    grace_period=workers.grace_s, heartbeat_stale_trial_callback=retry_callback(workers))
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=workers.heartbeat_s,
+                    grace_period=workers.grace_s,
+                    heartbeat_stale_trial_callback=retry_callback(workers),
+                )
                 storage.retry_s = workers.storage_retry_s
                 storage.display_url = display
                 return storage
@@ -145,8 +162,10 @@ def tally(study: optuna.Study) -> Tally:
     trials = study.get_trials(deepcopy=False)
     replaced = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
     counted = sum(
-        1 for t in trials
-        if t.state.is_finished() and t.number not in replaced
+        1
+        for t in trials
+        if t.state.is_finished()
+        and t.number not in replaced
         and store.failure_reason(t) != FailureReason.INTERRUPTED.value
         and store.role_of(t) != "sentinel"
     )
@@ -161,8 +180,10 @@ def prepare_sqlite_dir(url: str) -> None:
     try:
         db.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UserError(f"storage {url}: cannot create the folder {db.parent} ({err.strerror}); "
-                        "check the path of the SQLite file") from None
+        raise UserError(
+            f"storage {url}: cannot create the folder {db.parent} ({err.strerror}); "
+            "check the path of the SQLite file"
+        ) from None
 
 
 def hold_sqlite_study(url: str, name: str) -> IO | None:
@@ -180,8 +201,10 @@ def hold_sqlite_study(url: str, name: str) -> IO | None:
     try:
         lock = open(path, "a+")
     except OSError as err:
-        raise UserError(f"storage {url}: cannot open the study lock {path} ({err.strerror}); "
-                        "check the folder's permissions and free space") from None
+        raise UserError(
+            f"storage {url}: cannot open the study lock {path} ({err.strerror}); "
+            "check the folder's permissions and free space"
+        ) from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -209,14 +232,22 @@ def fail_orphans(study: optuna.Study, workers: WorkersSpec, progress: Callable[[
     retry = retry_callback(workers)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         record = store.read_trial(trial)
-        store.write_finished_record(study, trial, replace(
-            record, state="FAIL", failure=Failure(store.ORPHANED, "the process running it died")))
+        store.write_finished_record(
+            study,
+            trial,
+            replace(record, state="FAIL", failure=Failure(store.ORPHANED, "the process running it died")),
+        )
         study.tell(trial.number, state=TrialState.FAIL)
         retry(study, study.get_trials()[trial.number])
-        again = "queued again" if len(trial.system_attrs.get("retry_history", ())) < workers.max_retry else \
-            "not queued again (workers.max_retry reached)"
-        progress(f"trial {trial.number} ({record.role}) was left running by a process that died: failed as "
-                 f"orphaned, {again}")
+        again = (
+            "queued again"
+            if len(trial.system_attrs.get("retry_history", ())) < workers.max_retry
+            else "not queued again (workers.max_retry reached)"
+        )
+        progress(
+            f"trial {trial.number} ({record.role}) was left running by a process that died: failed as "
+            f"orphaned, {again}"
+        )
 
 
 def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.storages.BaseStorage:
@@ -230,8 +261,11 @@ def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.stora
         if is_down():
             raise
         first = scrub(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__, url)
-        fix = ("install the PostgreSQL driver: pip install -e '.[postgres]'" if isinstance(err, ImportError)
-               else "check the URL and that the database is reachable")
+        fix = (
+            "install the PostgreSQL driver: pip install -e '.[postgres]'"
+            if isinstance(err, ImportError)
+            else "check the URL and that the database is reachable"
+        )
         raise UserError(f"storage {safe_url(url)}: cannot open ({first}); {fix}") from err
 
 
@@ -246,9 +280,14 @@ def _baseline_pending(study: optuna.Study, workers: WorkersSpec) -> bool:
     replaced = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
     return any(
         t.state in (TrialState.RUNNING, TrialState.WAITING)
-        or (t.state == TrialState.FAIL and store.failure_reason(t) is None and t.number not in replaced
-            and len(t.system_attrs.get("retry_history", ())) < workers.max_retry)
-        for t in trials if store.role_of(t) == "baseline"
+        or (
+            t.state == TrialState.FAIL
+            and store.failure_reason(t) is None
+            and t.number not in replaced
+            and len(t.system_attrs.get("retry_history", ())) < workers.max_retry
+        )
+        for t in trials
+        if store.role_of(t) == "baseline"
     )
 
 
@@ -261,8 +300,9 @@ def _baseline_failed(study: optuna.Study, ctx: StudyContext) -> UserError:
     )
 
 
-def ensure_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None],
-                    progress: Callable[[str], None]) -> None:
+def ensure_baseline(
+    study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None], progress: Callable[[str], None]
+) -> None:
     """Return once the study has its reference: run the baseline here, or wait for it.
 
     Runs it here when this process created the study, when an earlier baseline failed
@@ -275,7 +315,9 @@ def ensure_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[]
     creator = store.created_by(study)
     if _requeued_here(study):  # its worker died and this one queued it again: this one runs it
         run_one()
-    elif creator in (None, worker_id()) or (_baselines(study) and not _baseline_pending(study, ctx.spec.workers)):
+    elif creator in (None, worker_id()) or (
+        _baselines(study) and not _baseline_pending(study, ctx.spec.workers)
+    ):
         store.enqueue(study, enqueue_params(baseline_config(ctx.space), ctx.space), "baseline")
         run_one()
     else:
@@ -289,7 +331,9 @@ def ensure_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[]
 
 def _requeued_here(study: optuna.Study) -> bool:
     """A baseline this worker queued again after its worker died (this one runs it)."""
-    return any(t.state == TrialState.WAITING and store.requeued_by(t) == worker_id() for t in _baselines(study))
+    return any(
+        t.state == TrialState.WAITING and store.requeued_by(t) == worker_id() for t in _baselines(study)
+    )
 
 
 def worker_gone(worker: str | None) -> bool:
@@ -306,14 +350,17 @@ def worker_gone(worker: str | None) -> bool:
     return False
 
 
-def _wait_for_baseline(study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None],
-                       progress: Callable[[str], None]) -> None:
+def _wait_for_baseline(
+    study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None], progress: Callable[[str], None]
+) -> None:
     workers = ctx.spec.workers
     deadline = time.monotonic() + workers.baseline_wait_s
     creator = store.created_by(study)
     if worker_gone(creator):
-        progress(f"waiting for the baseline trial: the worker that created the study ({creator}) ran on this host "
-                 f"and has exited; its trial is failed after {workers.grace_s} s without a heartbeat and runs here")
+        progress(
+            f"waiting for the baseline trial: the worker that created the study ({creator}) ran on this host "
+            f"and has exited; its trial is failed after {workers.grace_s} s without a heartbeat and runs here"
+        )
     else:
         progress(f"waiting for the baseline trial, run by the worker that created the study ({creator})")
     while not store.read_reference(study):
@@ -337,8 +384,14 @@ def poll_interval(workers: WorkersSpec) -> float:
     return min(5.0, float(workers.heartbeat_s))
 
 
-def run_until_budget(study: optuna.Study, run_one: Callable[[], None], budget: int, workers: WorkersSpec,
-                     deadline: float | None, progress: Callable[[str], None]) -> None:
+def run_until_budget(
+    study: optuna.Study,
+    run_one: Callable[[], None],
+    budget: int,
+    workers: WorkersSpec,
+    deadline: float | None,
+    progress: Callable[[str], None],
+) -> None:
     """Run trials until ``budget`` of them count, across every worker of the study."""
     said = False
     while deadline is None or time.monotonic() < deadline:

@@ -32,8 +32,8 @@ import optuna
 from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.trial import TrialState
 
-from tuner.storage import store
 from tuner.paths import storage_dir
+from tuner.storage import store
 from tuner.storage.records import Failure, Reference, TrialRecord
 from tuner.storage.urls import safe_url
 
@@ -64,15 +64,25 @@ class Journal:
         for line in lines:
             try:
                 out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a crash or a full disk: nothing was stored from it
+            except (
+                json.JSONDecodeError
+            ):  # a line cut short by a crash or a full disk: nothing was stored from it
                 continue
         return out
 
-    def keep(self, trial: optuna.Trial, record: TrialRecord, values: tuple[float, ...] | None,
-             reference: Reference | None = None) -> None:
+    def keep(
+        self,
+        trial: optuna.Trial,
+        record: TrialRecord,
+        values: tuple[float, ...] | None,
+        reference: Reference | None = None,
+    ) -> None:
         """Append the trial's record, fsynced, before it goes to storage."""
         entry = {
-            "study": self.study, "storage": safe_url(self.url), "number": trial.number, "state": record.state,
+            "study": self.study,
+            "storage": safe_url(self.url),
+            "number": trial.number,
+            "state": record.state,
             "values": list(values) if values is not None else None,
             "params": trial.params,
             "distributions": {k: distribution_to_json(d) for k, d in trial.distributions.items()},
@@ -125,8 +135,9 @@ class Journal:
         for entry in entries:
             number = entry["number"]
             original = trials.get(number)
-            if number in replayed or (original is not None and original.state.is_finished()
-                                      and store.has_record(original)):
+            if number in replayed or (
+                original is not None and original.state.is_finished() and store.has_record(original)
+            ):
                 self.unstored.discard(number)
                 continue
             record = json.loads(json.dumps(entry["attrs"][store.TRIAL_RECORD]))
@@ -134,28 +145,43 @@ class Journal:
                 self.unstored.discard(number)  # measured nothing
                 continue
             state = TrialState[entry["state"]]
-            study.add_trial(optuna.trial.create_trial(
-                state=state,
-                values=entry["values"] if state == TrialState.COMPLETE else None,
-                params=entry["params"],
-                distributions={k: json_to_distribution(d) for k, d in entry["distributions"].items()},
-                user_attrs=entry["attrs"],
-                system_attrs={REPLAY_OF: number, "retry_history": [number]},
-                constraints={"quality_floor": entry["constraint"]} if entry.get("constraint") is not None else None,
-            ))
+            study.add_trial(
+                optuna.trial.create_trial(
+                    state=state,
+                    values=entry["values"] if state == TrialState.COMPLETE else None,
+                    params=entry["params"],
+                    distributions={k: json_to_distribution(d) for k, d in entry["distributions"].items()},
+                    user_attrs=entry["attrs"],
+                    system_attrs={REPLAY_OF: number, "retry_history": [number]},
+                    constraints={"quality_floor": entry["constraint"]}
+                    if entry.get("constraint") is not None
+                    else None,
+                )
+            )
             new = next(t for t in study.get_trials(deepcopy=False) if t.system_attrs.get(REPLAY_OF) == number)
             if entry.get("reference") and store.read_reference(study) is None:
                 store.write_reference(study, replace(Reference(**entry["reference"]), trial=new.number))
             if original is not None and original.state == TrialState.RUNNING:
                 orphan = store.read_trial(original)
-                store.write_finished_record(study, original, replace(
-                    orphan, state="FAIL", failure=Failure(
-                        store.ORPHANED, f"its process stopped before storing it; its measurement, kept in the "
-                                        f"journal, is trial {new.number}")))
+                store.write_finished_record(
+                    study,
+                    original,
+                    replace(
+                        orphan,
+                        state="FAIL",
+                        failure=Failure(
+                            store.ORPHANED,
+                            f"its process stopped before storing it; its measurement, kept in the "
+                            f"journal, is trial {new.number}",
+                        ),
+                    ),
+                )
                 study.tell(number, state=TrialState.FAIL)
             self.unstored.discard(number)
             added += 1
-            progress(f"trial {number}: measured before the storage failed, stored from the journal as trial "
-                     f"{new.number}")
+            progress(
+                f"trial {number}: measured before the storage failed, stored from the journal as trial "
+                f"{new.number}"
+            )
         self.settle()
         return added

@@ -88,9 +88,15 @@ def damaged_storage(err: BaseException) -> StorageDamaged | None:
     if words is None:
         return None
     path = _damaged_file() or "the SQLite file"
-    what = "the SQLite file is damaged" if words == DAMAGED[0] else "not a SQLite file, or one whose header is damaged"
-    return StorageDamaged(f"storage {path}: {words} ({what}); restore it from a backup, or salvage what SQLite can "
-                          f"still read with `sqlite3 {path} .recover` (or `.dump`) into a new file and use that as the storage")
+    what = (
+        "the SQLite file is damaged"
+        if words == DAMAGED[0]
+        else "not a SQLite file, or one whose header is damaged"
+    )
+    return StorageDamaged(
+        f"storage {path}: {words} ({what}); restore it from a backup, or salvage what SQLite can "
+        f"still read with `sqlite3 {path} .recover` (or `.dump`) into a new file and use that as the storage"
+    )
 
 
 def _cause_chain(err: BaseException) -> list[BaseException]:
@@ -109,12 +115,20 @@ def classify(err: BaseException) -> str | None:
     for link in _cause_chain(err):
         if isinstance(link, sqlalchemy.exc.IntegrityError):
             return None  # a race between workers, handled where it happens
-        if isinstance(link, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
-                             sqlalchemy.exc.PendingRollbackError, sqlalchemy.exc.TimeoutError)) or (
-                isinstance(link, sqlalchemy.exc.DBAPIError) and link.connection_invalidated):
+        if isinstance(
+            link,
+            (
+                sqlalchemy.exc.OperationalError,
+                sqlalchemy.exc.InterfaceError,
+                sqlalchemy.exc.PendingRollbackError,
+                sqlalchemy.exc.TimeoutError,
+            ),
+        ) or (isinstance(link, sqlalchemy.exc.DBAPIError) and link.connection_invalidated):
             if _damage(link) is not None:
                 return "permanent"
-            return "permanent" if "readonly database" in str(link) or "read-only" in str(link) else "transient"
+            return (
+                "permanent" if "readonly database" in str(link) or "read-only" in str(link) else "transient"
+            )
     return None
 
 
@@ -130,7 +144,11 @@ def problem_of(err: BaseException, url: str) -> str:
     return scrub(text, url)
 
 
-FULL = ("database or disk is full", "No space left on device", "could not extend file")  # SQLite, OS, PostgreSQL
+FULL = (
+    "database or disk is full",
+    "No space left on device",
+    "could not extend file",
+)  # SQLite, OS, PostgreSQL
 
 
 def is_down() -> bool:
@@ -157,7 +175,11 @@ def retrying(call: Callable[[], Any], url: str, retry_s: float, only: tuple[str,
             now = time.monotonic()
             if deadline is None and kind == "transient" and retry_s > 0:
                 deadline = now + retry_s
-                print(f"storage {safe_url(url)}: {problem}; retrying for up to {retry_s:g} s", file=sys.stderr, flush=True)
+                print(
+                    f"storage {safe_url(url)}: {problem}; retrying for up to {retry_s:g} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if deadline is None or now >= deadline:
                 _down = StorageDown(problem)
                 raise _down from err
@@ -185,16 +207,38 @@ class ResilientRDBStorage(RDBStorage):
 
 
 _RETRIED = (
-    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
-    "get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
-    "get_study_system_attrs", "get_trial_user_attrs", "get_trial_system_attrs", "get_all_studies",
-    "create_new_trial", "set_trial_param", "get_trial_param", "set_trial_state_values",
-    "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr",
-    "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id", "get_trial", "get_all_trials",
-    "get_n_trials", "get_best_trial",
+    "create_new_study",
+    "delete_study",
+    "set_study_user_attr",
+    "set_study_system_attr",
+    "get_study_id_from_name",
+    "get_study_name_from_id",
+    "get_study_directions",
+    "get_study_user_attrs",
+    "get_study_system_attrs",
+    "get_trial_user_attrs",
+    "get_trial_system_attrs",
+    "get_all_studies",
+    "create_new_trial",
+    "set_trial_param",
+    "get_trial_param",
+    "set_trial_state_values",
+    "set_trial_intermediate_value",
+    "set_trial_user_attr",
+    "set_trial_system_attr",
+    "get_trial_id_from_study_id_trial_number",
+    "get_trial_number_from_id",
+    "get_trial",
+    "get_all_trials",
+    "get_n_trials",
+    "get_best_trial",
     # Optuna's trial cache calls these private ones directly (without _create_new_trial a full disk on
     # resume stopped the run at its first trial, after SQLite's own lock timeout, not after storage_retry_s)
-    "_get_stale_trial_ids", "_get_trials", "_create_new_trial", "_set_trial_param", "_get_best_trial_id",
+    "_get_stale_trial_ids",
+    "_get_trials",
+    "_create_new_trial",
+    "_set_trial_param",
+    "_get_best_trial_id",
 )
 
 
@@ -241,8 +285,11 @@ def guard(url: str, kept: Callable[[], tuple[int, str]]) -> Iterator[None]:
 
 def _kept_text(kept: Callable[[], tuple[int, str]]) -> str:
     count, journal = kept()
-    return (f"{count} measured trial(s) kept in {journal}, run again to store them" if count
-            else "no measured trial is waiting to be stored")
+    return (
+        f"{count} measured trial(s) kept in {journal}, run again to store them"
+        if count
+        else "no measured trial is waiting to be stored"
+    )
 
 
 def _unavailable(url: str, problem: str, kept: Callable[[], tuple[int, str]]) -> str:

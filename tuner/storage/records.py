@@ -25,11 +25,25 @@ from tuner.search.space import TrialConfig
 
 SCHEMA_VERSION = 2  # 1: loose user attrs per field (before records); 2: one record per trial and study
 
-ROLES = ("baseline", "warm_start", "search", "sentinel")  # sentinel: the baseline re-measured (tuner.decisions.drift)
+ROLES = (
+    "baseline",
+    "warm_start",
+    "search",
+    "sentinel",
+)  # sentinel: the baseline re-measured (tuner.decisions.drift)
 
 # ModelInfo fields that identify a model without its path (compare, resume).
-MODEL_IDENTITY_KEYS = ("architecture", "name", "file_size_bytes", "parameter_count", "file_type",
-                       "vocab_type", "vocab_size", "expert_count", "expert_used_count")
+MODEL_IDENTITY_KEYS = (
+    "architecture",
+    "name",
+    "file_size_bytes",
+    "parameter_count",
+    "file_type",
+    "vocab_type",
+    "vocab_size",
+    "expert_count",
+    "expert_used_count",
+)
 
 
 def digest(value: Any) -> str:
@@ -82,7 +96,9 @@ class TrialRecord:
     drafted: int = 0
     accepted: int = 0
     per_suite_tokens_per_second: dict[str, float] = field(default_factory=dict)
-    samples: tuple[dict, ...] = ()  # one per measured request (tuner.measurement.measure.Sample without text/tokens)
+    samples: tuple[
+        dict, ...
+    ] = ()  # one per measured request (tuner.measurement.measure.Sample without text/tokens)
     outputs: dict[str, str] = field(default_factory=dict)  # prompt id -> text of the first repetition
     constraint: float | None = None  # quality floor - quality: feasible when <= 0
     failure: Failure | None = None
@@ -93,8 +109,12 @@ class TrialRecord:
     duration_s: float | None = None
     started_at: float | None = None  # seconds since the epoch: sentinels are interpolated in time
     ended_at: float | None = None
-    host: dict = field(default_factory=dict)  # host state during the trial (tuner.machine.host.trial_host_state)
-    scores: dict = field(default_factory=dict)  # a scorer's figures besides quality, e.g. kld: mean_kld, same_top
+    host: dict = field(
+        default_factory=dict
+    )  # host state during the trial (tuner.machine.host.trial_host_state)
+    scores: dict = field(
+        default_factory=dict
+    )  # a scorer's figures besides quality, e.g. kld: mean_kld, same_top
     load: tuple[dict, ...] = ()  # per concurrency level: tuner.measurement.load.Level.summary()
     constraints: dict = field(default_factory=dict)  # with load bounds: each named constraint (<= 0 feasible)
 
@@ -136,18 +156,20 @@ class TrialRecord:
     def from_json(cls, data: dict, number: int, state: str) -> TrialRecord:
         known = {f.name for f in fields(cls)}
         data = {k: v for k, v in data.items() if k in known}
-        return cls(**{
-            **data,
-            "number": number,
-            "state": state,
-            "config": config_from_dict(data.get("config") or {}),
-            "command": ServerCommand.from_json(data["command"]) if data.get("command") else None,
-            "metrics": Metrics(**data["metrics"]) if data.get("metrics") else None,
-            "spread": Spread(**data["spread"]) if data.get("spread") else None,
-            "samples": tuple(data.get("samples") or ()),
-            "load": tuple(data.get("load") or ()),
-            "failure": Failure(**data["failure"]) if data.get("failure") else None,
-        })
+        return cls(
+            **{
+                **data,
+                "number": number,
+                "state": state,
+                "config": config_from_dict(data.get("config") or {}),
+                "command": ServerCommand.from_json(data["command"]) if data.get("command") else None,
+                "metrics": Metrics(**data["metrics"]) if data.get("metrics") else None,
+                "spread": Spread(**data["spread"]) if data.get("spread") else None,
+                "samples": tuple(data.get("samples") or ()),
+                "load": tuple(data.get("load") or ()),
+                "failure": Failure(**data["failure"]) if data.get("failure") else None,
+            }
+        )
 
 
 def config_from_dict(data: dict) -> TrialConfig:
@@ -207,19 +229,40 @@ class StudyRecord:
             "quality.floor": self.quality.get("floor"),
             "quality.max_kld": self.quality.get("max_kld"),  # kld scorer; None for the others and old records
             "quality.text": self.quality.get("text_digest"),  # the text perplexity and kld score on
-            "quantized drafts": {name: [q.get("source_sha256"), q.get("type")]
-                                 for name, q in sorted(self.quantized_drafts.items())},
+            "quantized drafts": {
+                name: [q.get("source_sha256"), q.get("type")]
+                for name, q in sorted(self.quantized_drafts.items())
+            },
         }
 
     @classmethod
-    def for_replay(cls, name: str, space: dict, objectives: tuple[str, ...], fingerprint: dict | None = None,
-                   target: dict | None = None, workload: dict | None = None) -> StudyRecord:
+    def for_replay(
+        cls,
+        name: str,
+        space: dict,
+        objectives: tuple[str, ...],
+        fingerprint: dict | None = None,
+        target: dict | None = None,
+        workload: dict | None = None,
+    ) -> StudyRecord:
         """A benchmark replay's record: its space and objectives (and, for a modelled host, the machine,
         target and workload the warm start matches on); no build."""
-        return cls(name=name, created_by="replay", fingerprint=fingerprint or {}, build={}, target=target or {},
-                   drafts={}, space=space,
-                   space_digest=digest(space), space_notes=(), objectives=tuple(objectives), quality={},
-                   spec_path="", workload=workload or {}, measurement={})
+        return cls(
+            name=name,
+            created_by="replay",
+            fingerprint=fingerprint or {},
+            build={},
+            target=target or {},
+            drafts={},
+            space=space,
+            space_digest=digest(space),
+            space_notes=(),
+            objectives=tuple(objectives),
+            quality={},
+            spec_path="",
+            workload=workload or {},
+            measurement={},
+        )
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -231,8 +274,13 @@ class StudyRecord:
     def from_json(cls, data: dict) -> StudyRecord:
         known = {f.name for f in fields(cls)}
         data = {k: v for k, v in data.items() if k in known}
-        return cls(**{**data, "space_notes": tuple(data.get("space_notes") or ()),
-                      "objectives": tuple(data.get("objectives") or ())})
+        return cls(
+            **{
+                **data,
+                "space_notes": tuple(data.get("space_notes") or ()),
+                "objectives": tuple(data.get("objectives") or ()),
+            }
+        )
 
 
 def model_identity(info: dict) -> dict:
@@ -240,8 +288,12 @@ def model_identity(info: dict) -> dict:
     return {key: info.get(key) for key in MODEL_IDENTITY_KEYS}
 
 
-def changes(stored: StudyRecord, current: StudyRecord, ignore: tuple[str, ...] = (),
-            sides: tuple[str, str] = ("the study has", "this run has")) -> list[str]:
+def changes(
+    stored: StudyRecord,
+    current: StudyRecord,
+    ignore: tuple[str, ...] = (),
+    sides: tuple[str, str] = ("the study has", "this run has"),
+) -> list[str]:
     """What differs between two studies' comparability, one phrase per field; a field that is a
     mapping (a model's identity, the drafts) names the entry inside it that differs."""
     a, b = stored.comparability(), current.comparability()
@@ -255,11 +307,16 @@ def _differences(label: str, old: Any, new: Any, sides: tuple[str, str]) -> list
     if old == new:
         return []
     if old is _ABSENT or new is _ABSENT:  # e.g. a draft only one side has
-        return [f"{label} differs ({sides[0]} {'none' if old is _ABSENT else 'it'}, "
-                f"{sides[1]} {'none' if new is _ABSENT else 'it'})"]
+        return [
+            f"{label} differs ({sides[0]} {'none' if old is _ABSENT else 'it'}, "
+            f"{sides[1]} {'none' if new is _ABSENT else 'it'})"
+        ]
     if isinstance(old, dict) and isinstance(new, dict):
-        return [line for key in [*old, *(k for k in new if k not in old)]
-                for line in _differences(f"{label} {key}", old.get(key, _ABSENT), new.get(key, _ABSENT), sides)]
+        return [
+            line
+            for key in [*old, *(k for k in new if k not in old)]
+            for line in _differences(f"{label} {key}", old.get(key, _ABSENT), new.get(key, _ABSENT), sides)
+        ]
     return [f"{label} differs ({sides[0]} {_short(old)}, {sides[1]} {_short(new)})"]
 
 

@@ -32,10 +32,17 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UserError
-from tuner.storage.records import SCHEMA_VERSION, Failure, Reference, StudyRecord, TrialRecord, config_from_dict
 from tuner.storage.outage import classify, problem_of
-from tuner.studyfile.spec import default_storage_url
+from tuner.storage.records import (
+    SCHEMA_VERSION,
+    Failure,
+    Reference,
+    StudyRecord,
+    TrialRecord,
+    config_from_dict,
+)
 from tuner.storage.urls import safe_url, with_driver
+from tuner.studyfile.spec import default_storage_url
 from tuner.studyfile.validate import load_yaml_mapping
 
 STUDY_RECORD = "study_record"
@@ -50,7 +57,9 @@ KLD = "kld"  # model flags -> {"mean_kld", "same_top"} (the kld scorer)
 RACE = "race"  # the last finalist race (tuner.decisions.race.RaceResult as JSON)
 PER_TYPE = "per_type"  # the last per-type race (tuner.decisions.per_type.PerTypeResult as JSON)
 SEARCH_STAGE, SEARCH_REASON = "search_stage", "search_reason"  # why the sampler chose a trial
-SEARCH_PRIOR = "search_prior"  # what earlier studies in this storage found (tuner.search.prior), set at creation
+SEARCH_PRIOR = (
+    "search_prior"  # what earlier studies in this storage found (tuner.search.prior), set at creation
+)
 ORPHANED = "orphaned"  # the process running the trial died before recording it
 
 
@@ -72,14 +81,20 @@ def read_study_record(study: optuna.Study) -> StudyRecord:
     if data is None:
         version = 1 if "fingerprint" in attrs else None
         if version is None:
-            raise UserError(f"study {study.study_name!r} has no study record yet: it is being created, or its "
-                            "creator died first; run it (`tuner run`) to record it")
-        raise UserError(f"study {study.study_name!r} was stored with storage schema {version}, this tuner reads "
-                        f"schema {SCHEMA_VERSION}; run the study again under a new name (its file's `name:`)")
+            raise UserError(
+                f"study {study.study_name!r} has no study record yet: it is being created, or its "
+                "creator died first; run it (`tuner run`) to record it"
+            )
+        raise UserError(
+            f"study {study.study_name!r} was stored with storage schema {version}, this tuner reads "
+            f"schema {SCHEMA_VERSION}; run the study again under a new name (its file's `name:`)"
+        )
     if data.get("schema") != SCHEMA_VERSION:
-        raise UserError(f"study {study.study_name!r} was stored with storage schema {data.get('schema')}, this "
-                        f"tuner reads schema {SCHEMA_VERSION}; use the tuner version that wrote it, or run the "
-                        "study again under a new name")
+        raise UserError(
+            f"study {study.study_name!r} was stored with storage schema {data.get('schema')}, this "
+            f"tuner reads schema {SCHEMA_VERSION}; use the tuner version that wrote it, or run the "
+            "study again under a new name"
+        )
     return StudyRecord.from_json(data)
 
 
@@ -92,8 +107,15 @@ def set_created_by(study: optuna.Study, worker: str) -> None:
 
 
 def write_reference(study: optuna.Study, reference: Reference) -> None:
-    study.set_user_attr(REFERENCE, {"trial": reference.trial, "tokens": reference.tokens,
-                                    "texts": reference.texts, "tokens_per_second": reference.tokens_per_second})
+    study.set_user_attr(
+        REFERENCE,
+        {
+            "trial": reference.trial,
+            "tokens": reference.tokens,
+            "texts": reference.texts,
+            "tokens_per_second": reference.tokens_per_second,
+        },
+    )
 
 
 def read_reference(study: optuna.Study) -> Reference | None:
@@ -191,14 +213,20 @@ def stored_winners(storage, exclude: str) -> list[tuple[str, StudyRecord, TrialR
     for name in optuna.get_all_study_names(storage):
         if name == exclude:
             continue
-        study = optuna.load_study(study_name=name, storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
+        study = optuna.load_study(
+            study_name=name, storage=storage, sampler=optuna.samplers.RandomSampler(seed=0)
+        )
         data = study.user_attrs.get(STUDY_RECORD)
         if not data or data.get("schema") != SCHEMA_VERSION:
             continue
         trials = study.get_trials(deepcopy=False)
         race = read_race(study)
         winner = next((t for t in trials if race and t.number == race.get("winner")), None)
-        record = read_trial(winner) if winner else best_of([read_trial(t) for t in trials if t.state.is_finished()])
+        record = (
+            read_trial(winner)
+            if winner
+            else best_of([read_trial(t) for t in trials if t.state.is_finished()])
+        )
         if record is not None and record.feasible:
             params = dict(trials[record.number].params)
             out.append((name, StudyRecord.from_json(data), record, params))
@@ -252,8 +280,13 @@ def read_trial(trial: FrozenTrial) -> TrialRecord:
     failure = None
     if trial.state == TrialState.FAIL:
         failure = Failure(ORPHANED, "the process running it died before recording it")
-    return TrialRecord(number=trial.number, state=trial.state.name, role=role_of(trial),
-                       config=config_from_dict(dict(trial.params)), failure=failure)
+    return TrialRecord(
+        number=trial.number,
+        state=trial.state.name,
+        role=role_of(trial),
+        config=config_from_dict(dict(trial.params)),
+        failure=failure,
+    )
 
 
 def failure_reason(trial: FrozenTrial) -> str | None:
@@ -264,8 +297,9 @@ def failure_reason(trial: FrozenTrial) -> str | None:
 
 
 def read_trials(study: optuna.Study, finished_only: bool = True) -> list[TrialRecord]:
-    return [read_trial(t) for t in study.get_trials(deepcopy=False)
-            if t.state.is_finished() or not finished_only]
+    return [
+        read_trial(t) for t in study.get_trials(deepcopy=False) if t.state.is_finished() or not finished_only
+    ]
 
 
 def best_feasible(study: optuna.Study) -> TrialRecord | None:
@@ -285,16 +319,21 @@ def baseline_trial(study: optuna.Study) -> FrozenTrial:
     return study.trials[reference.trial]
 
 
-def add_measured_trial(study: optuna.Study, record: TrialRecord, params: dict, distributions: dict,
-                       values: list[float] | None) -> TrialRecord:
+def add_measured_trial(
+    study: optuna.Study, record: TrialRecord, params: dict, distributions: dict, values: list[float] | None
+) -> TrialRecord:
     """Store a trial measured outside Optuna's ask/tell (a sentinel), with its record, in one call."""
     complete = record.failure is None
-    study.add_trial(optuna.trial.create_trial(
-        state=TrialState.COMPLETE if complete else TrialState.FAIL,
-        params=params, distributions=distributions, values=values if complete else None,
-        user_attrs=record_attrs(record),
-        system_attrs={"constraints": [record.constraint]} if complete else {},
-    ))
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.COMPLETE if complete else TrialState.FAIL,
+            params=params,
+            distributions=distributions,
+            values=values if complete else None,
+            user_attrs=record_attrs(record),
+            system_attrs={"constraints": [record.constraint]} if complete else {},
+        )
+    )
     return read_trial(study.trials[-1])
 
 
@@ -338,8 +377,10 @@ def resolve_ref(ref: str, storage: str | None) -> tuple[str, str]:
 def require_storage(url: str) -> None:
     """A missing SQLite file is a typo or a study never run, not a new empty database."""
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        raise UserError(f"storage {safe_url(url)}: no such file; run a study first (`tuner run studies/NAME.yaml`) "
-                        "or pass --storage")
+        raise UserError(
+            f"storage {safe_url(url)}: no such file; run a study first (`tuner run studies/NAME.yaml`) "
+            "or pass --storage"
+        )
 
 
 def open_stored_study(ref: str, storage: str | None = None) -> tuple[optuna.Study, StudyRecord]:
@@ -349,8 +390,9 @@ def open_stored_study(ref: str, storage: str | None = None) -> tuple[optuna.Stud
     require_storage(url)
     try:
         try:
-            study = optuna.load_study(study_name=name, storage=with_driver(url),
-                                      sampler=optuna.samplers.RandomSampler(seed=0))
+            study = optuna.load_study(
+                study_name=name, storage=with_driver(url), sampler=optuna.samplers.RandomSampler(seed=0)
+            )
         except KeyError:
             known = optuna.get_all_study_names(with_driver(url))
             raise UserError(
@@ -359,9 +401,15 @@ def open_stored_study(ref: str, storage: str | None = None) -> tuple[optuna.Stud
     except UserError:
         raise
     except Exception as err:  # sqlalchemy and the drivers raise many kinds; all mean "cannot use this URL"
-        if not isinstance(err, ImportError) and type(err).__module__.split(".")[0] not in ("sqlalchemy", "psycopg",
-                                                                                          "psycopg2", "sqlite3"):
+        if not isinstance(err, ImportError) and type(err).__module__.split(".")[0] not in (
+            "sqlalchemy",
+            "psycopg",
+            "psycopg2",
+            "sqlite3",
+        ):
             raise
-        raise UserError(f"storage {safe_url(url)}: cannot open ({problem_of(err, url)}); "
-                        "check the URL and that the database is reachable") from None
+        raise UserError(
+            f"storage {safe_url(url)}: cannot open ({problem_of(err, url)}); "
+            "check the URL and that the database is reachable"
+        ) from None
     return study, read_study_record(study)

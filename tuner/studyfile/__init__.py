@@ -1,2 +1,1 @@
-"""The study file: YAML read with errors that name file and field (``validate``), parsed into a ``StudySpec`` (``spec``).
-"""
+"""The study file: YAML read with errors that name file and field (``validate``), parsed into a ``StudySpec`` (``spec``)."""

@@ -17,12 +17,17 @@ from typing import Any
 
 from tuner.measurement.load import LATENCY_METRICS, LOAD_METRICS, metric_name, split_metric_name
 from tuner.measurement.measure import MeasurementSettings
-from tuner.paths import storage_dir
 from tuner.models.quantize import QuantizeRequest
+from tuner.paths import storage_dir
 from tuner.search.space import RawSpace, parse_space
 from tuner.studyfile.validate import Fields, expand_env, load_yaml_mapping
 
-METRICS = {"tokens_per_second": "maximize", "acceptance": "maximize", "quality": "maximize", "speedup": "maximize"}
+METRICS = {
+    "tokens_per_second": "maximize",
+    "acceptance": "maximize",
+    "quality": "maximize",
+    "speedup": "maximize",
+}
 QUALITY_SCORERS = ("agreement", "answers", "perplexity", "kld")
 TEXT_SCORERS = ("perplexity", "kld")  # scorers that run llama-perplexity on quality.text_file
 SAMPLERS = ("structured", "tpe", "nsga2", "random")
@@ -71,7 +76,9 @@ class WorkersSpec:
     grace_s: int = 120  # a running trial without a heartbeat this long is failed
     max_retry: int = 1  # a trial failed that way is queued again at most this often
     baseline_wait_s: float = 1800.0  # how long a joining worker waits for the baseline
-    storage_retry_s: float = 120.0  # how long a storage outage is retried before the run stops (see tuner.storage.outage)
+    storage_retry_s: float = (
+        120.0  # how long a storage outage is retried before the run stops (see tuner.storage.outage)
+    )
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,9 @@ class StudySpec:
     extra_args: tuple[str, ...] = ()
     workers: WorkersSpec = WorkersSpec()
     prune: bool = True  # stop a trial early once it clearly cannot beat the incumbent (tuner.search.pruning)
-    reuse: bool = True  # warm start from earlier studies in the same storage on this host (tuner.search.prior)
+    reuse: bool = (
+        True  # warm start from earlier studies in the same storage on this host (tuner.search.prior)
+    )
     sentinel: SentinelSpec = SentinelSpec()
     race: RaceSpec = RaceSpec()
     quantize: tuple[QuantizeRequest, ...] = ()  # drafts made by llama-quantize (tuner.models.quantize)
@@ -181,7 +190,10 @@ def load_spec(path: str | Path) -> StudySpec:
     objectives = _objectives(fields, measurement.concurrency)
     constraints = _constraints(fields.section("constraints"), measurement)
     budget = fields.section("budget")
-    budget_trials, budget_minutes = budget.int("trials", 20, minimum=1), budget.number("minutes", None, minimum=0.1)
+    budget_trials, budget_minutes = (
+        budget.int("trials", 20, minimum=1),
+        budget.number("minutes", None, minimum=0.1),
+    )
     budget.done()
     storage = fields.str("storage", None) or default_storage_url()
     sampler = _sampler_section(fields.section("sampler"))  # sampler, seed, prune, reuse
@@ -225,8 +237,11 @@ def _search_space_section(section: Fields, path: Path, base: Path) -> tuple[RawS
     if section.has("file"):
         space_file = _path(section, "file", section.str("file"), base)
         if not space_file.is_file():
-            section.fail("file", f"{space_file}: {'is a directory' if space_file.is_dir() else 'no such file'}; "
-                                 "fix the path (relative to the study file's folder)")
+            section.fail(
+                "file",
+                f"{space_file}: {'is a directory' if space_file.is_dir() else 'no such file'}; "
+                "fix the path (relative to the study file's folder)",
+            )
         merged.update(load_yaml_mapping(space_file))
         parse_space(Fields(space_file, dict(merged)))  # errors point at the space file itself
     overrides = section.raw("overrides", {})
@@ -252,15 +267,20 @@ def _concurrency(section: Fields, m: MeasurementSettings) -> tuple[int, ...]:
     levels = section.list("concurrency", [1])
     for i, users in enumerate(levels):
         if isinstance(users, bool) or not isinstance(users, int) or users < 1:
-            section.fail(f"concurrency[{i}]", f"expected a number of users >= 1, got {users!r}; "
-                                              "list user counts such as [1, 2, 4]")
+            section.fail(
+                f"concurrency[{i}]",
+                f"expected a number of users >= 1, got {users!r}; list user counts such as [1, 2, 4]",
+            )
     if not levels or len(set(levels)) != len(levels):
         section.fail("concurrency", "expected a non-empty list of distinct user counts, such as [1, 2, 4]")
     top = max(levels)
     if m.ctx_size // top < m.n_predict + 2:
-        section.fail("concurrency", f"{top} users split measurement.ctx_size {m.ctx_size} into {m.ctx_size // top} "
-                                    f"tokens per slot, too few for a prompt and n_predict {m.n_predict}; raise "
-                                    f"measurement.ctx_size (at least {top * (m.n_predict + 2)}) or lower the level")
+        section.fail(
+            "concurrency",
+            f"{top} users split measurement.ctx_size {m.ctx_size} into {m.ctx_size // top} "
+            f"tokens per slot, too few for a prompt and n_predict {m.n_predict}; raise "
+            f"measurement.ctx_size (at least {top * (m.n_predict + 2)}) or lower the level",
+        )
     return tuple(sorted(levels))
 
 
@@ -272,8 +292,11 @@ def _metric(obj: Fields, levels: tuple[int, ...]) -> tuple[str, str]:
         return raw, METRICS[raw]
     load = split_metric_name(raw)
     if load is None:
-        obj.fail("metric", f"unknown value {raw!r}; use one of {', '.join([*METRICS, *LOAD_METRICS])} "
-                           "(a load metric optionally at a level: p95_ttft_ms_c4)")
+        obj.fail(
+            "metric",
+            f"unknown value {raw!r}; use one of {', '.join([*METRICS, *LOAD_METRICS])} "
+            "(a load metric optionally at a level: p95_ttft_ms_c4)",
+        )
     metric, users = load
     return metric_name(metric, _level(obj, "metric", users, levels)), LOAD_METRICS[metric]
 
@@ -282,8 +305,11 @@ def _level(fields: Fields, key: str, users: int | None, levels: tuple[int, ...])
     if users is None:
         return max(levels)
     if users not in levels:
-        fields.fail(key, f"workload.concurrency has no level of {users} users ({', '.join(map(str, levels))}); "
-                         f"add it there or use one of those")
+        fields.fail(
+            key,
+            f"workload.concurrency has no level of {users} users ({', '.join(map(str, levels))}); "
+            f"add it there or use one of those",
+        )
     return users
 
 
@@ -316,17 +342,28 @@ def _constraints(section: Fields, m: MeasurementSettings) -> tuple[Constraint, .
         if load is None:
             other = _OTHER_UNIT.match(key)
             if other:
-                section.fail(key, f"latency constraints are in milliseconds: write {other['base']}_ms (2 s is 2000)")
-            section.fail(key, f"unknown constraint; use one of {', '.join(LOAD_METRICS)} (optionally at a level: "
-                              "p95_ttft_ms_c4)")
+                section.fail(
+                    key, f"latency constraints are in milliseconds: write {other['base']}_ms (2 s is 2000)"
+                )
+            section.fail(
+                key,
+                f"unknown constraint; use one of {', '.join(LOAD_METRICS)} (optionally at a level: "
+                "p95_ttft_ms_c4)",
+            )
         metric, users = load
         if isinstance(section.data[key], str):
-            section.fail(key, f"expected a number, got {section.data[key]!r}; latencies are in milliseconds "
-                              "(2000 for 2 s), aggregate tokens/s a plain number")
+            section.fail(
+                key,
+                f"expected a number, got {section.data[key]!r}; latencies are in milliseconds "
+                "(2000 for 2 s), aggregate tokens/s a plain number",
+            )
         limit = section.number(key, minimum=0.0)
         if metric in LATENCY_METRICS and not 1.0 <= limit <= m.trial_timeout_s * 1000:
-            section.fail(key, f"{limit:g} ms cannot be a latency bound here (1 ms .. measurement.trial_timeout_s "
-                              f"{m.trial_timeout_s:g} s); latencies are in milliseconds, e.g. 2000 for 2 s")
+            section.fail(
+                key,
+                f"{limit:g} ms cannot be a latency bound here (1 ms .. measurement.trial_timeout_s "
+                f"{m.trial_timeout_s:g} s); latencies are in milliseconds, e.g. 2000 for 2 s",
+            )
         if limit <= 0:
             section.fail(key, "an aggregate tokens/s bound must be > 0")
         level = _level(section, key, users, m.concurrency)
@@ -367,16 +404,23 @@ def _measurement_section(m: Fields, n_predict: int) -> MeasurementSettings:
         trial_timeout_s=m.number("trial_timeout_s", 600.0, minimum=1.0),
     )
     if measurement.max_repetitions is not None and measurement.max_repetitions < measurement.repetitions:
-        m.fail("max_repetitions", f"must be at least repetitions ({measurement.repetitions}); "
-                                  "repetitions go on past `repetitions` until the cv is below noise_cv or this cap")
+        m.fail(
+            "max_repetitions",
+            f"must be at least repetitions ({measurement.repetitions}); "
+            "repetitions go on past `repetitions` until the cv is below noise_cv or this cap",
+        )
     m.done()
     return measurement
 
 
 def _sampler_section(s: Fields) -> dict[str, Any]:
     """``sampler:``: name, seed, pruning, warm start from earlier studies (as StudySpec's fields)."""
-    sampler = {"sampler": s.choice("name", SAMPLERS, "structured"), "seed": s.int("seed", 0, minimum=0),
-               "prune": s.bool("prune", True), "reuse": s.bool("reuse", True)}
+    sampler = {
+        "sampler": s.choice("name", SAMPLERS, "structured"),
+        "seed": s.int("seed", 0, minimum=0),
+        "prune": s.bool("prune", True),
+        "reuse": s.bool("reuse", True),
+    }
     s.done()
     return sampler
 
@@ -410,15 +454,19 @@ def _workers_section(w: Fields) -> WorkersSpec:
         storage_retry_s=w.number("storage_retry_s", 120.0, minimum=0.0),
     )
     if workers.grace_s <= workers.heartbeat_s:
-        w.fail("grace_s", f"must exceed heartbeat_s ({workers.heartbeat_s}), or live trials are failed as dead")
+        w.fail(
+            "grace_s", f"must exceed heartbeat_s ({workers.heartbeat_s}), or live trials are failed as dead"
+        )
     w.done()
     return workers
 
 
 def _sentinel_section(se: Fields) -> SentinelSpec:
     """``sentinel:``: how often the baseline is re-measured during a study."""
-    sentinel = SentinelSpec(every_trials=se.int("every_trials", 5, minimum=1),
-                            every_minutes=se.number("every_minutes", 15.0, minimum=0.1))
+    sentinel = SentinelSpec(
+        every_trials=se.int("every_trials", 5, minimum=1),
+        every_minutes=se.number("every_minutes", 15.0, minimum=0.1),
+    )
     se.done()
     return sentinel
 
@@ -426,12 +474,18 @@ def _sentinel_section(se: Fields) -> SentinelSpec:
 def _race_section(r: Fields) -> RaceSpec:
     """``race:``: the sequential race's rounds, its equivalence margin, confirmation rounds, finalists."""
     if r.has("rounds"):
-        r.fail("rounds", "the race is sequential now: set max_rounds (and min_rounds, equivalence, confirm_rounds)")
-    race = RaceSpec(min_rounds=r.int("min_rounds", 3, minimum=3), max_rounds=r.int("max_rounds", 10, minimum=3),
-                    equivalence=r.number("equivalence", 0.02, minimum=0.001, maximum=0.5),
-                    confirm_rounds=r.int("confirm_rounds", 4, minimum=0),
-                    budget_minutes=r.number("budget_minutes", None, minimum=0.1),
-                    max_finalists=r.int("max_finalists", 8, minimum=1))
+        r.fail(
+            "rounds",
+            "the race is sequential now: set max_rounds (and min_rounds, equivalence, confirm_rounds)",
+        )
+    race = RaceSpec(
+        min_rounds=r.int("min_rounds", 3, minimum=3),
+        max_rounds=r.int("max_rounds", 10, minimum=3),
+        equivalence=r.number("equivalence", 0.02, minimum=0.001, maximum=0.5),
+        confirm_rounds=r.int("confirm_rounds", 4, minimum=0),
+        budget_minutes=r.number("budget_minutes", None, minimum=0.1),
+        max_finalists=r.int("max_finalists", 8, minimum=1),
+    )
     if race.max_rounds < race.min_rounds:
         r.fail("max_rounds", f"must be at least min_rounds ({race.min_rounds})")
     r.done()
@@ -456,6 +510,9 @@ def _drafts(fields: Fields, base: Path) -> tuple[tuple[Path, ...], tuple[Quantiz
         requests += [QuantizeRequest(source, t.strip().upper()) for t in types]
     stems = [p.stem for p in paths] + [q.name for q in requests]
     if len(set(stems)) != len(stems):
-        fields.fail("drafts", "two drafts share a name; drafts are named by file stem (plus -TYPE for quantize "
-                              "variants), rename one or drop a duplicate type")
+        fields.fail(
+            "drafts",
+            "two drafts share a name; drafts are named by file stem (plus -TYPE for quantize "
+            "variants), rename one or drop a duplicate type",
+        )
     return tuple(paths), tuple(requests)

@@ -50,16 +50,23 @@ def expand_env(text: str, file: Path, field: str) -> str:
     def sub(match: re.Match) -> str:
         name = match.group(1) or match.group(2)
         if name not in os.environ:
-            raise UserError(f"{file}: {field}: environment variable ${name} is not set; export it or edit the path")
+            raise UserError(
+                f"{file}: {field}: environment variable ${name} is not set; export it or edit the path"
+            )
         return os.environ[name]
 
     return _ENV_REF.sub(sub, text)
 
 
 def type_name(value: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping"}.get(
-        type(value), type(value).__name__
-    )
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "list",
+        dict: "mapping",
+    }.get(type(value), type(value).__name__)
 
 
 class Fields:
@@ -111,7 +118,9 @@ class Fields:
             self.fail(key, f"must be >= {minimum}, got {value}")
         return value
 
-    def number(self, key: str, default: Any = _MISSING, minimum: float | None = None, maximum: float | None = None) -> Any:
+    def number(
+        self, key: str, default: Any = _MISSING, minimum: float | None = None, maximum: float | None = None
+    ) -> Any:
         value = self.raw(key, default)
         if value is default:
             return value
