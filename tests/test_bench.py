@@ -19,8 +19,9 @@ from tuner.bench.grid import grid_configs
 from tuner.bench.table import read_table
 from tuner.cli import main
 from tuner.errors import UserError
+from tuner.knobs.config import Choices, IntRange
 from tuner.search.sampling import culprits, sampler_for
-from tuner.search.space import Choices, IntRange, ResolvedSpace
+from tuner.search.space import ResolvedSpace
 
 
 def landscape_table(path: Path) -> Path:

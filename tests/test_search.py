@@ -22,11 +22,12 @@ from tuner.bench.operator_landscapes import (
     landscapes,
     operator_space,
 )
+from tuner.knobs.config import TrialConfig
 from tuner.search import sampler
 from tuner.search.model import Point, acceptance_probability, fit, measured_acceptance, speedup
 from tuner.search.prior import admitted, find_prior
 from tuner.search.pruning import prune_decision, prunes_on, should_prune
-from tuner.search.space import TrialConfig, baseline_config
+from tuner.search.space import baseline_config
 from tuner.storage import store
 
 

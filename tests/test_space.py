@@ -6,18 +6,8 @@ import optuna
 import pytest
 
 from tuner.errors import UserError
-from tuner.search.space import (
-    Choices,
-    FloatRange,
-    IntRange,
-    RawSpace,
-    ResolvedSpace,
-    TrialConfig,
-    baseline_config,
-    enqueue_params,
-    resolve_space,
-    suggest,
-)
+from tuner.knobs.config import Choices, FloatRange, IntRange, RawSpace, TrialConfig
+from tuner.search.space import ResolvedSpace, baseline_config, enqueue_params, resolve_space, suggest
 from tuner.studyfile.validate import Fields
 
 

@@ -17,6 +17,7 @@ from fake_llama_server import write_study
 from tuner.context import prepare
 from tuner.decisions.drift import Sentinels, sentinel_due
 from tuner.decisions.race import describe, finalists, race_study
+from tuner.knobs.config import TrialConfig
 from tuner.machine.placement import contradiction, evict, parse_numa_maps, resident_fraction
 from tuner.machine.roofline import Bandwidth, Roofline, impossible
 from tuner.measurement.measure import MeasurementSettings, check_timing
@@ -25,7 +26,6 @@ from tuner.output.analysis import report_data
 from tuner.output.report_html import summary_table
 from tuner.paths import models_dir
 from tuner.search.pruning import prune_decision
-from tuner.search.space import TrialConfig
 from tuner.storage import store
 from tuner.storage.records import Metrics, Spread, StudyRecord, TrialRecord
 from tuner.study import run_study

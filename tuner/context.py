@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.errors import MissingBinaryError, UserError
+from tuner.knobs.config import Choices
+from tuner.knobs.registry import KNOB_TYPES
 from tuner.machine.fingerprint import fingerprint
 from tuner.machine.host import measure_memory_bandwidth, numactl_path, read_host_state
 from tuner.machine.llama_build import binary, find_build_info, resolve_bin_dir
@@ -30,8 +32,7 @@ from tuner.measurement.workload import (
 from tuner.models.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
 from tuner.models.quantize import Variant, ensure_variant
 from tuner.paths import storage_dir
-from tuner.search.knobs import KNOB_TYPES
-from tuner.search.space import Choices, ResolvedSpace, outside, resolve_space
+from tuner.search.space import ResolvedSpace, outside, resolve_space
 from tuner.storage.records import StudyRecord
 from tuner.studyfile.spec import StudySpec
 from tuner.studyfile.validate import Fields

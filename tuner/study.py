@@ -38,6 +38,7 @@ from tuner.decisions.drift import Sentinels, midpoint, sentinel_due
 from tuner.decisions.race import describe as describe_race
 from tuner.decisions.race import race_study
 from tuner.errors import UserError
+from tuner.knobs.config import TrialConfig
 from tuner.machine import hostlock
 from tuner.machine.host import busy_processes, cpu_seconds_by_process, host_was_busy, trial_host_state
 from tuner.machine.placement import contradiction, evict, read_numa_maps
@@ -52,7 +53,7 @@ from tuner.search.prior import describe as describe_prior
 from tuner.search.prior import find_prior
 from tuner.search.pruning import may_prune, prunes_on, should_prune
 from tuner.search.sampling import sampler_for
-from tuner.search.space import TrialConfig, baseline_config, suggest
+from tuner.search.space import baseline_config, suggest
 from tuner.storage import outage, store
 from tuner.storage.coordination import (
     ensure_baseline,

@@ -30,6 +30,8 @@ import pandas as pd
 from tuner.bench.table import RESULT_COLUMNS
 from tuner.context import StudyContext, prepare
 from tuner.errors import UserError
+from tuner.knobs.config import Choices, TrialConfig
+from tuner.knobs.registry import NAMES as KNOBS
 from tuner.machine import hostlock
 from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_argv
@@ -37,8 +39,7 @@ from tuner.measurement.measure import outputs_by_prompt, run_workload, score_tri
 from tuner.measurement.quality import output_quality
 from tuner.measurement.runner import LlamaServer, free_port
 from tuner.paths import reports_dir
-from tuner.search.knobs import NAMES as KNOBS
-from tuner.search.space import Choices, ResolvedSpace, TrialConfig, baseline_config, suggest
+from tuner.search.space import ResolvedSpace, baseline_config, suggest
 from tuner.studyfile.spec import load_spec
 
 

@@ -11,7 +11,7 @@ the shape of the speculative curve is deliberately not the sampler's own model
 one step, the draft's cost grows with the thread count): a search must find optima, not
 recompute them.
 
-A configuration is a ``tuner.search.space.TrialConfig`` from the real ``suggest`` on a
+A configuration is a ``tuner.knobs.config.TrialConfig`` from the real ``suggest`` on a
 ``ResolvedSpace`` made by ``tuner.search.space.resolve_space`` for a 96-core / 192-thread,
 4-node topology. ``evaluate`` gives its true per-content rates, acceptance, quality and
 feasibility; ``measure`` simulates a trial the way ``tuner.measurement.measure.run_workload`` runs
@@ -61,18 +61,10 @@ from typing import Callable
 
 import numpy as np
 
+from tuner.knobs.config import Choices, FloatRange, IntRange, RawSpace, TrialConfig
 from tuner.measurement.failures import FailureReason
 from tuner.measurement.measure import pooled_from_rates
-from tuner.search.space import (
-    Choices,
-    FloatRange,
-    IntRange,
-    RawSpace,
-    ResolvedSpace,
-    TrialConfig,
-    resolve_space,
-    suggest,
-)
+from tuner.search.space import ResolvedSpace, resolve_space, suggest
 from tuner.storage.records import StudyRecord, digest
 from tuner.studyfile.validate import Fields
 

@@ -29,12 +29,13 @@ from typing import Callable
 
 from tuner.context import StudyContext
 from tuner.errors import UserError
+from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import binary
 from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import MeasurementSettings, run_workload, summarize
 from tuner.measurement.runner import LlamaServer, free_port
 from tuner.measurement.workload import Workload
-from tuner.search.space import TrialConfig, baseline_config
+from tuner.search.space import baseline_config
 
 TPS_TOLERANCE = 0.05
 WALL_RATIO_TARGET = 1.25

@@ -32,8 +32,8 @@ from tuner.context import StudyContext
 from tuner.decisions import evidence
 from tuner.decisions.race import label
 from tuner.decisions.remeasure import contender, rounds_of_launches
+from tuner.knobs.config import method_of
 from tuner.measurement.workload import HELD_OUT_MIN, Split, restrict, split
-from tuner.search.space import method_of
 from tuner.storage import store
 from tuner.storage.records import TrialRecord
 

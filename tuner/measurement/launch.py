@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import UserError
+from tuner.knobs.config import TrialConfig
+from tuner.knobs.registry import NUMA_POLICIES
 from tuner.machine.topology import Topology, format_cpu_list
 from tuner.measurement.failures import FailureReason, TrialFailure
-from tuner.search.knobs import NUMA_POLICIES
-from tuner.search.space import TrialConfig
 
 # Which flag carries the draft length K for each speculative type of the pinned build.
 K_FLAGS = {

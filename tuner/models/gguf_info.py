@@ -21,7 +21,7 @@ from typing import Any
 from tuner.errors import UserError
 from tuner.models.gguf_cache import read_header
 from tuner.models.gguf_header import Vocab
-from tuner.search.knobs import ANNOUNCED_TYPES
+from tuner.knobs.registry import ANNOUNCED_TYPES
 
 # common/speculative.cpp of the pinned llama.cpp.
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128

@@ -25,13 +25,13 @@ import pandas as pd
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, REFERENCE_ROLES, Sentinels, midpoint
 from tuner.decisions.per_type import PerTypeResult
 from tuner.decisions.race import RaceResult
+from tuner.knobs.config import method_of
+from tuner.knobs.registry import INT_KNOBS
+from tuner.knobs.registry import NAMES as KNOB_NAMES
 from tuner.machine.host import host_was_busy
 from tuner.machine.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
 from tuner.measurement.measure import per_source
-from tuner.search.knobs import INT_KNOBS
-from tuner.search.knobs import NAMES as KNOB_NAMES
 from tuner.search.sampler import fitted_models
-from tuner.search.space import method_of
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord
 

@@ -21,10 +21,10 @@ import optuna
 import pandas as pd
 
 from tuner.errors import UserError
+from tuner.knobs.registry import INT_KNOBS
+from tuner.knobs.registry import NAMES as KNOBS
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.output.analysis import complete, trials_frame
-from tuner.search.knobs import INT_KNOBS
-from tuner.search.knobs import NAMES as KNOBS
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, changes
 

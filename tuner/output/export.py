@@ -43,6 +43,7 @@ from tuner.decisions.race import RaceResult, finalists, race_study
 from tuner.decisions.race import describe as describe_race
 from tuner.decisions.route import describe_accuracy
 from tuner.errors import UserError
+from tuner.knobs.config import method_of
 from tuner.machine import hostlock
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.measurement.launch import ServerCommand, cpu_mask
@@ -59,7 +60,6 @@ from tuner.output.analysis import (
     trials_frame,
 )
 from tuner.paths import reports_dir, writable_file, writable_folder
-from tuner.search.space import method_of
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord, changes
 from tuner.studyfile.spec import load_spec

@@ -75,13 +75,14 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.knobs.config import Choices, FloatRange, IntRange
+from tuner.knobs.registry import DRAFT_MODEL_TYPES, SERVING_KNOBS
 from tuner.measurement.failures import PERMANENT
 from tuner.measurement.load import split_metric_name
 from tuner.measurement.measure import pooled_from_rates
-from tuner.search.knobs import DRAFT_MODEL_TYPES, SERVING_KNOBS
 from tuner.search.model import DraftFit, Point, fit
 from tuner.search.prior import HW_KNOBS, describe
-from tuner.search.space import Choices, FloatRange, IntRange, ResolvedSpace, suggest
+from tuner.search.space import ResolvedSpace, suggest
 from tuner.storage import store
 
 PLAN_ATTR = "search:plan"  # a system attr: the running trial's planned configuration, for other workers

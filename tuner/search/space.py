@@ -16,118 +16,20 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Union
+from typing import Any
 
-from tuner.search.knobs import (
+from tuner.knobs.config import Choices, Domain, IntRange, RawSpace, TrialConfig
+from tuner.knobs.registry import (
     ANNOUNCED_TYPES,
     CONCURRENT_KNOBS,
     DRAFT_MODEL_TYPES,
-    FLASH_ATTN,
     HITS_LOOKUP_TYPES,
-    KNOB_TYPES,
-    KV_CACHE_TYPES,
     LOOKUP_TYPES,
-    NUMA_POLICIES,
     SERVING_DEFAULTS,
     SIZED_LOOKUP_TYPES,
-    SPEC_TYPES,
     SPEC_TYPES_WITH_K,
 )
 from tuner.studyfile.validate import Fields
-
-
-@dataclass(frozen=True)
-class Choices:
-    values: tuple
-
-
-@dataclass(frozen=True)
-class IntRange:
-    low: int
-    high: int
-    step: int = 1
-    log: bool = False
-
-
-@dataclass(frozen=True)
-class FloatRange:
-    low: float
-    high: float
-    step: float | None = None
-    log: bool = False
-
-
-Domain = Union[Choices, IntRange, FloatRange]
-
-
-@dataclass(frozen=True)
-class RawSpace:
-    """Domains as written, before the model and machine are known."""
-
-    domains: dict[str, Domain]
-    allow_smt: bool = False
-    # Knobs whose domain a space file gave, for any model (a study's overrides are for its target).
-    from_file: frozenset[str] = frozenset()
-    # the `concurrent:` section: domains that apply only when the study drives several users at once
-    concurrent: dict[str, Domain] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TrialConfig:
-    """One launch configuration: everything the argv builder and the workload need."""
-
-    spec_type: str = "none"
-    draft: str | None = None
-    draft_max: int | None = None
-    draft_min: int | None = None
-    draft_p_min: float | None = None
-    lookup: str | None = None
-    lookup_max: int | None = None
-    lookup_min: int | None = None
-    ngram_key: int | None = None
-    ngram_min_hits: int | None = None
-    temperature: float = 0.0
-    experts: int | None = None
-    numa: str = "none"
-    numa_node: int | None = None
-    threads: int = 1
-    threads_batch: int | None = None
-    parallel: int | None = None  # None: as many slots as the study's highest concurrency level
-    batch: int | None = None
-    ubatch: int | None = None
-    flash_attn: str | None = None
-    cache_type_k: str | None = None
-    cache_type_v: str | None = None
-    poll: int | None = None
-
-    @property
-    def speculative(self) -> bool:
-        return self.spec_type != "none"
-
-    @property
-    def stacked(self) -> bool:
-        """A draft model with prompt lookup in front of it, in one server."""
-        return self.lookup not in (None, "none")
-
-    @property
-    def spec_types(self) -> tuple[str, ...]:
-        """The ``--spec-type`` list: the lookup first (llama.cpp asks it first either way), then the draft."""
-        return (self.lookup, self.spec_type) if self.stacked else (self.spec_type,)
-
-    @property
-    def ngram_type(self) -> str | None:
-        """The n-gram lookup in play, alone or stacked, whose sizes the ngram_* knobs set."""
-        return self.lookup if self.stacked else (self.spec_type if self.spec_type in LOOKUP_TYPES else None)
-
-    @property
-    def family(self) -> str:
-        """none, draft, lookup or stack: how the report groups configurations."""
-        if self.stacked:
-            return "stack"
-        return "none" if not self.speculative else ("lookup" if self.spec_type in LOOKUP_TYPES else "draft")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -147,91 +49,6 @@ class ResolvedSpace:
 
     def describe(self) -> dict[str, Any]:
         return {name: [type(d).__name__, asdict(d)] for name, d in self.domains.items()}
-
-
-def parse_domain(fields: Fields, knob: str) -> Domain:
-    """One knob's domain from YAML: scalar, list of choices, or {low, high, step, log}."""
-    kind = KNOB_TYPES[knob]
-    value = fields.raw(knob)
-
-    def check(v: Any, where: str) -> Any:
-        if knob == "flash_attn" and isinstance(v, bool):
-            v = "on" if v else "off"  # YAML reads a bare on/off as a boolean
-        ok = isinstance(v, kind) and not isinstance(v, bool)
-        if kind is float and isinstance(v, int) and not isinstance(v, bool):
-            ok, v = True, float(v)
-        if not ok:
-            fields.fail(where, f"expected {kind.__name__} values, got {type(v).__name__} {v!r}")
-        if knob == "spec_type" and v not in SPEC_TYPES:
-            fields.fail(where, f"unknown speculative type {v!r}; use one of {', '.join(SPEC_TYPES)}")
-        if knob == "lookup" and v not in ("none", *LOOKUP_TYPES):
-            fields.fail(where, f"unknown lookup {v!r}; use none or one of {', '.join(LOOKUP_TYPES)}")
-        if knob == "numa" and v not in NUMA_POLICIES:
-            fields.fail(where, f"unknown NUMA policy {v!r}; use one of {', '.join(NUMA_POLICIES)}")
-        if knob == "flash_attn" and v not in FLASH_ATTN:
-            fields.fail(where, f"unknown flash attention mode {v!r}; use one of {', '.join(FLASH_ATTN)}")
-        if knob in ("cache_type_k", "cache_type_v") and v not in KV_CACHE_TYPES:
-            fields.fail(where, f"unknown KV cache type {v!r}; use one of {', '.join(KV_CACHE_TYPES)}")
-        if knob in ("parallel", "batch", "ubatch") and v < 1:
-            fields.fail(where, f"must be at least 1, got {v}")
-        if knob == "poll" and v > 100:
-            fields.fail(where, f"a polling level is 0..100, got {v}")
-        if kind in (int, float) and v < 0:
-            fields.fail(where, f"must not be negative, got {v}")
-        return v
-
-    if isinstance(value, list):
-        if not value:
-            fields.fail(knob, "empty list of choices; give at least one value")
-        values = tuple(check(v, f"{knob}[{i}]") for i, v in enumerate(value))
-        if len(set(values)) != len(values):
-            fields.fail(knob, "duplicate choices; list each value once")
-        return Choices(values)
-    if isinstance(value, dict):
-        if kind is str:
-            fields.fail(knob, "a range makes no sense here; give a list of choices")
-        sub = Fields(fields.file, value, fields.name(knob))
-        low = check(sub.raw("low"), f"{knob}.low")
-        high = check(sub.raw("high"), f"{knob}.high")
-        log = sub.bool("log", False)
-        step = sub.raw("step", None)
-        sub.done()
-        if low > high:
-            fields.fail(knob, f"empty range: low {low} > high {high}; swap them")
-        if log and low <= 0:
-            fields.fail(knob, "a log range needs low > 0")
-        if step is not None:
-            step = check(step, f"{knob}.step")
-            if step <= 0:
-                fields.fail(f"{knob}.step", f"must be > 0, got {step}")
-            if log:
-                fields.fail(knob, "step and log cannot be combined (Optuna refuses it); drop one")
-        if kind is int:
-            return IntRange(low, high, step or 1, log)
-        return FloatRange(low, high, step, log)
-    return Choices((check(value, knob),))
-
-
-def parse_space(fields: Fields) -> RawSpace:
-    """A search-space mapping (a file, or a study's overrides merged over one); its ``concurrent:``
-    section holds domains used only when the study drives several users at once."""
-    allow_smt = fields.bool("allow_smt", False)
-    concurrent = _domains(fields.section("concurrent")) if fields.has("concurrent") else {}
-    return RawSpace(_domains(fields, skip=("allow_smt", "concurrent")), allow_smt, concurrent=concurrent)
-
-
-def _domains(fields: Fields, skip: tuple[str, ...] = ()) -> dict[str, Domain]:
-    domains = {}
-    for key in list(fields.data):
-        if key in skip:
-            continue
-        if key not in KNOB_TYPES:
-            fields.fail(
-                key, f"unknown knob; known knobs: {', '.join(KNOB_TYPES)} (and allow_smt, concurrent)"
-            )
-        domains[key] = parse_domain(fields, key)
-    fields.done()
-    return domains
 
 
 def resolve_space(
@@ -466,15 +283,6 @@ def _suggest_ngram(trial, d: dict[str, Domain], spec_type: str, lookup: str | No
         if ngram == "ngram-mod" and "lookup_min" in d:
             values["lookup_min"] = min(_suggest(trial, "lookup_min", d["lookup_min"]), values["lookup_max"])
     return values
-
-
-def method_of(config: dict) -> str:
-    """How a trial drafts, for tables: the draft model's name, the n-gram type, "none", or a stack
-    ("ngram-mod + draft-small")."""
-    spec = config.get("spec_type", "none")
-    method = (config.get("draft") or spec) if spec == "draft-simple" else spec
-    lookup = config.get("lookup")
-    return f"{lookup} + {method}" if lookup not in (None, "none") else method
 
 
 def baseline_config(space: ResolvedSpace) -> TrialConfig:

@@ -18,10 +18,10 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from tuner.knobs.config import TrialConfig
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.measurement.launch import ServerCommand
 from tuner.measurement.load import LOAD_METRICS
-from tuner.search.space import TrialConfig
 
 SCHEMA_VERSION = 2  # 1: loose user attrs per field (before records); 2: one record per trial and study
 

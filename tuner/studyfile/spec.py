@@ -15,11 +15,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tuner.knobs.config import RawSpace
 from tuner.measurement.load import LATENCY_METRICS, LOAD_METRICS, metric_name, split_metric_name
 from tuner.measurement.measure import MeasurementSettings
 from tuner.models.quantize import QuantizeRequest
 from tuner.paths import storage_dir
-from tuner.search.space import RawSpace, parse_space
+from tuner.studyfile.space import parse_space
 from tuner.studyfile.validate import Fields, expand_env, load_yaml_mapping
 
 METRICS = {

@@ -2,7 +2,7 @@
 
 One place: the search space (``tuner.search.space``), the argv builder, the report's and
 compare's columns, the grid recorder and the benchmark tables all read these names.
-``TrialConfig`` (``tuner.search.space``) has exactly these fields, in this order.
+``TrialConfig`` (``tuner.knobs.config``) has exactly these fields, in this order.
 """
 
 from __future__ import annotations

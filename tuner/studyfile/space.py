@@ -1,0 +1,102 @@
+"""The study file's search space as written: one knob's domain from YAML (scalar, list of choices,
+or ``{low, high, step, log}``), a space file or a study's overrides, its ``concurrent:`` section."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.knobs.config import Choices, Domain, FloatRange, IntRange, RawSpace
+from tuner.knobs.registry import (
+    FLASH_ATTN,
+    KNOB_TYPES,
+    KV_CACHE_TYPES,
+    LOOKUP_TYPES,
+    NUMA_POLICIES,
+    SPEC_TYPES,
+)
+from tuner.studyfile.validate import Fields
+
+
+def parse_domain(fields: Fields, knob: str) -> Domain:
+    """One knob's domain from YAML: scalar, list of choices, or {low, high, step, log}."""
+    kind = KNOB_TYPES[knob]
+    value = fields.raw(knob)
+
+    def check(v: Any, where: str) -> Any:
+        if knob == "flash_attn" and isinstance(v, bool):
+            v = "on" if v else "off"  # YAML reads a bare on/off as a boolean
+        ok = isinstance(v, kind) and not isinstance(v, bool)
+        if kind is float and isinstance(v, int) and not isinstance(v, bool):
+            ok, v = True, float(v)
+        if not ok:
+            fields.fail(where, f"expected {kind.__name__} values, got {type(v).__name__} {v!r}")
+        if knob == "spec_type" and v not in SPEC_TYPES:
+            fields.fail(where, f"unknown speculative type {v!r}; use one of {', '.join(SPEC_TYPES)}")
+        if knob == "lookup" and v not in ("none", *LOOKUP_TYPES):
+            fields.fail(where, f"unknown lookup {v!r}; use none or one of {', '.join(LOOKUP_TYPES)}")
+        if knob == "numa" and v not in NUMA_POLICIES:
+            fields.fail(where, f"unknown NUMA policy {v!r}; use one of {', '.join(NUMA_POLICIES)}")
+        if knob == "flash_attn" and v not in FLASH_ATTN:
+            fields.fail(where, f"unknown flash attention mode {v!r}; use one of {', '.join(FLASH_ATTN)}")
+        if knob in ("cache_type_k", "cache_type_v") and v not in KV_CACHE_TYPES:
+            fields.fail(where, f"unknown KV cache type {v!r}; use one of {', '.join(KV_CACHE_TYPES)}")
+        if knob in ("parallel", "batch", "ubatch") and v < 1:
+            fields.fail(where, f"must be at least 1, got {v}")
+        if knob == "poll" and v > 100:
+            fields.fail(where, f"a polling level is 0..100, got {v}")
+        if kind in (int, float) and v < 0:
+            fields.fail(where, f"must not be negative, got {v}")
+        return v
+
+    if isinstance(value, list):
+        if not value:
+            fields.fail(knob, "empty list of choices; give at least one value")
+        values = tuple(check(v, f"{knob}[{i}]") for i, v in enumerate(value))
+        if len(set(values)) != len(values):
+            fields.fail(knob, "duplicate choices; list each value once")
+        return Choices(values)
+    if isinstance(value, dict):
+        if kind is str:
+            fields.fail(knob, "a range makes no sense here; give a list of choices")
+        sub = Fields(fields.file, value, fields.name(knob))
+        low = check(sub.raw("low"), f"{knob}.low")
+        high = check(sub.raw("high"), f"{knob}.high")
+        log = sub.bool("log", False)
+        step = sub.raw("step", None)
+        sub.done()
+        if low > high:
+            fields.fail(knob, f"empty range: low {low} > high {high}; swap them")
+        if log and low <= 0:
+            fields.fail(knob, "a log range needs low > 0")
+        if step is not None:
+            step = check(step, f"{knob}.step")
+            if step <= 0:
+                fields.fail(f"{knob}.step", f"must be > 0, got {step}")
+            if log:
+                fields.fail(knob, "step and log cannot be combined (Optuna refuses it); drop one")
+        if kind is int:
+            return IntRange(low, high, step or 1, log)
+        return FloatRange(low, high, step, log)
+    return Choices((check(value, knob),))
+
+
+def parse_space(fields: Fields) -> RawSpace:
+    """A search-space mapping (a file, or a study's overrides merged over one); its ``concurrent:``
+    section holds domains used only when the study drives several users at once."""
+    allow_smt = fields.bool("allow_smt", False)
+    concurrent = _domains(fields.section("concurrent")) if fields.has("concurrent") else {}
+    return RawSpace(_domains(fields, skip=("allow_smt", "concurrent")), allow_smt, concurrent=concurrent)
+
+
+def _domains(fields: Fields, skip: tuple[str, ...] = ()) -> dict[str, Domain]:
+    domains = {}
+    for key in list(fields.data):
+        if key in skip:
+            continue
+        if key not in KNOB_TYPES:
+            fields.fail(
+                key, f"unknown knob; known knobs: {', '.join(KNOB_TYPES)} (and allow_smt, concurrent)"
+            )
+        domains[key] = parse_domain(fields, key)
+    fields.done()
+    return domains
