@@ -23,6 +23,7 @@ from tuner.machine.topology import Topology, read_topology
 from tuner.measurement.launch import LaunchContext, meaningful_numa_policies
 from tuner.measurement.measure import MeasurementSettings
 from tuner.measurement.workload import (
+    BUILTIN_CHAT_TEMPLATES,
     TOKENS_PER_BYTE_SLACK,
     Workload,
     llama_tokenize_count,
@@ -31,7 +32,7 @@ from tuner.measurement.workload import (
 )
 from tuner.models.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
 from tuner.models.quantize import Variant, ensure_variant
-from tuner.paths import storage_dir
+from tuner.paths import inside, storage_dir
 from tuner.search.space import ResolvedSpace, outside, resolve_space
 from tuner.storage.records import StudyRecord
 from tuner.studyfile.spec import StudySpec
@@ -198,8 +199,31 @@ def max_slots(spec: StudySpec, space: ResolvedSpace) -> int:
     return max(top, *spec.measurement.concurrency)
 
 
+def chat_template(spec: StudySpec, target: ModelInfo, workload: Workload) -> str | None:
+    """The Jinja source chat suites are served through: the study's ``llama_cpp.chat_template``, else the
+    target's own; a chat suite on a target without one is refused (llama-server would fall back to
+    ChatML, which a model never trained on it answers with noise)."""
+    if not workload.chat:
+        return None
+    if spec.chat_template is not None:
+        return spec.chat_template.read_text(encoding="utf-8")
+    if target.chat_template is None:
+        chats = [p.suite for p in workload.prompts if p.chat]
+        raise UserError(
+            f"{spec.path}: workload.suites: suite {chats[0]} holds conversations, but {spec.target.name} has "
+            "no chat template (no tokenizer.chat_template); name one in llama_cpp.chat_template (a built-in: "
+            f"{', '.join(BUILTIN_CHAT_TEMPLATES)}, or a Jinja file)"
+        )
+    return target.chat_template
+
+
 def check_prompts_fit(
-    spec: StudySpec, workload: Workload, bin_dir: Path, progress=_to_stderr, slots: int = 1
+    spec: StudySpec,
+    workload: Workload,
+    bin_dir: Path,
+    progress=_to_stderr,
+    slots: int = 1,
+    template: str | None = None,
 ) -> None:
     """Every prompt leaves room for n_predict tokens in its slot's share of ctx_size, counted in the
     target's own vocabulary; else one line naming the prompt, where it is defined, its tokens and the
@@ -215,10 +239,14 @@ def check_prompts_fit(
 
     try:
         tokenizer = binary("llama-tokenize", bin_dir)
-        long = too_long(workload, m.ctx_size, m.n_predict, count)
+        long = too_long(workload, m.ctx_size, m.n_predict, count, template)
     except MissingBinaryError:
         long = too_long(
-            workload, m.ctx_size, m.n_predict, lambda text: len(text.encode()) + TOKENS_PER_BYTE_SLACK
+            workload,
+            m.ctx_size,
+            m.n_predict,
+            lambda text: len(text.encode()) + TOKENS_PER_BYTE_SLACK,
+            template,
         )
         if long:
             progress(
@@ -230,8 +258,14 @@ def check_prompts_fit(
     if long:
         prompt, tokens = long[0]
         more = f" (and {len(long) - 1} more prompt(s))" if len(long) > 1 else ""
+        what = (
+            f"conversation '{prompt.id}' ({prompt.source}) reaches {tokens} tokens at its turn "
+            f"{prompt.n_turns} (through the chat template, earlier replies of n_predict tokens included)"
+            if prompt.chat
+            else f"prompt '{prompt.id}' ({prompt.source}) is {tokens} tokens"
+        )
         raise UserError(
-            f"{spec.path}: {field}: prompt '{prompt.id}' ({prompt.source}) is {tokens} tokens in the "
+            f"{spec.path}: {field}: {what} in the "
             f"target's vocabulary (counted by llama-tokenize), which with n_predict {m.n_predict} does not fit "
             f"ctx_size {m.ctx_size}{split}{more}; raise measurement.ctx_size to at least "
             f"{slots * (tokens + m.n_predict + 1)}, or shorten the prompt"
@@ -254,7 +288,8 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
         workload = load_workload(list(spec.suites), spec.base_dir)
     except UserError as err:  # name the study file and its field
         raise UserError(f"{spec.path}: workload.suites: {str(err).removeprefix('workload: ')}") from None
-    check_prompts_fit(spec, workload, bin_dir, progress, max_slots(spec, space))
+    template = chat_template(spec, target, workload)
+    check_prompts_fit(spec, workload, bin_dir, progress, max_slots(spec, space), template)
     launch = LaunchContext(
         server_binary=server,
         target=spec.target.resolve(),
@@ -266,6 +301,8 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
         allow_smt=spec.space.allow_smt,
         extra_args=spec.extra_args,
         slots=max(spec.measurement.concurrency),
+        chat_template=spec.chat_template.resolve() if spec.chat_template and workload.chat else None,
+        chat=workload.chat,
     )
     return StudyContext(
         spec=spec,
@@ -279,6 +316,6 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
             topo, build, host=read_host_state(topo), bandwidth_bytes_per_s=fingerprint_bandwidth()
         ),
         build=build,
-        log_dir=storage_dir() / "logs" / spec.name,
+        log_dir=inside(storage_dir() / "logs", spec.name, "study"),
         quantized=quantized,
     )

@@ -431,6 +431,7 @@ class TrialRunner:
             drafted=scores.drafted,
             accepted=scores.accepted,
             per_suite_tokens_per_second=scores.per_suite_tokens_per_second,
+            per_turn_tokens_per_second={str(t): v for t, v in scores.per_turn_tokens_per_second.items()},
             samples=tuple(sample_record(s) for s in samples),
             outputs={pid: s.text for pid, s in outputs.items()},
             load=tuple(level.summary() for level in levels),

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from tuner.measurement.workload import BUILTIN_SUITES, load_workload
+from tuner.measurement.workload import RAW_SUITES, load_workload
 
 _JSON = re.compile(r"\bJSON\s*:|\bas an? JSON\b|\bjson\.(dumps|loads)\b|\{\s*\"[^\"\n]+\"\s*:", re.IGNORECASE)
 _MATH_WORDS = re.compile(
@@ -63,7 +63,19 @@ def content_type(text: str) -> str:
     return "prose"
 
 
-def accuracy(suites: tuple[str, ...] = BUILTIN_SUITES) -> tuple[int, int, list[tuple[str, str, str]]]:
+def request_type(body: dict) -> str:
+    """The content type of a request body: ``/completion``'s ``prompt``, or an OpenAI chat request's
+    last user message (what this turn asks for; the earlier turns are context)."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        users = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        text = users[-1] if users and isinstance(users[-1], str) else ""
+    else:
+        text = body.get("prompt") if isinstance(body.get("prompt"), str) else ""
+    return content_type(text)
+
+
+def accuracy(suites: tuple[str, ...] = RAW_SUITES) -> tuple[int, int, list[tuple[str, str, str]]]:
     """(correct, total, misses as (prompt id, its suite, the guess)) over the built-in suites' prompts."""
     workload = load_workload(list(suites), base_dir=".")
     misses = [(p.id, p.suite, guess) for p in workload.prompts if (guess := content_type(p.text)) != p.suite]

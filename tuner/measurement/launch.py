@@ -120,6 +120,8 @@ class LaunchContext:
     allow_smt: bool = False
     extra_args: tuple[str, ...] = ()
     slots: int = 1  # --parallel when the configuration does not set it: the study's highest concurrency
+    chat: bool = False  # the workload holds conversations: served through the chat template (--jinja)
+    chat_template: Path | None = None  # the study's template file; None: the target's own
 
 
 def pinned_cpus(config: TrialConfig, ctx: LaunchContext) -> list[int]:
@@ -195,12 +197,23 @@ def build_server_command(config: TrialConfig, ctx: LaunchContext) -> ServerComma
         ("--ctx-size", str(ctx.ctx_size)),
         ("--parallel", str(config.parallel or ctx.slots)),
         ("--no-webui", None),
+        *chat_options(ctx),
         *serving_options(config),
         *pinning,
         *speculative_options(config, ctx),
     ]
     return ServerCommand(
         tuple(prefix), str(ctx.server_binary), tuple(options), tuple(ctx.extra_args), tuple(cpus)
+    )
+
+
+def chat_options(ctx: LaunchContext) -> list[tuple[str, str | None]]:
+    """A chat workload is served as production serves chat: the Jinja engine on the model's template,
+    or the study's template file."""
+    if not ctx.chat:
+        return []
+    return [("--jinja", None)] + (
+        [("--chat-template-file", str(ctx.chat_template))] if ctx.chat_template else []
     )
 
 

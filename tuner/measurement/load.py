@@ -154,7 +154,15 @@ def run_level(
                 return
             sent = time.monotonic()
             try:
-                c = server.complete(prompt.text, n_predict, temperature, seed, extra={"ignore_eos": True})
+                c = (  # a conversation's users send its first request
+                    server.chat(
+                        prompt.conversation(), n_predict, temperature, seed, extra={"ignore_eos": True}
+                    )
+                    if prompt.chat
+                    else server.complete(
+                        prompt.text, n_predict, temperature, seed, extra={"ignore_eos": True}
+                    )
+                )
             except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
                 failures.append(err)
                 stop.set()

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 
 from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.measurement.runner import Completion, LlamaServer
-from tuner.measurement.workload import Workload
+from tuner.measurement.workload import Prompt, Workload, request_key
 
 TIMING_FLOOR_MS = 200.0  # requests shorter than this are not judged against the wall clock
 
@@ -59,6 +59,14 @@ class Sample:
     wall_ms: float = 0.0  # the request's wall time (0: not measured)
     # per speculative implementation (llama.cpp's type name): (type, drafted, accepted) in this request
     sources: tuple[tuple[str, int, int], ...] = ()
+    turn: int = 0  # a conversation's turn (1, 2, ...); 0 for a raw prompt
+    prompt_ms: float = 0.0  # llama.cpp's prompt processing time: the server's part of time to first token
+    cached_n: int = 0  # prompt tokens taken from the server's prompt cache
+
+    @property
+    def key(self) -> str:
+        """This request among the trial's: the prompt id, with its turn from the second on."""
+        return request_key(self.prompt_id, self.turn)
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,7 @@ class Scores:
     noisy: bool | None  # cv above settings.noise_cv; None when the spread is unknown
     repetitions: int
     per_suite_tokens_per_second: dict[str, float]
+    per_turn_tokens_per_second: dict[int, float]  # conversations only: turn -> median over repetitions
     drafted: int
     accepted: int
     acceptance: float  # accepted / drafted, 0.0 when nothing was drafted
@@ -86,49 +95,84 @@ def run_workload(
     """Warm up, then passes over every prompt: ``repetitions`` of them, and more (up to
     ``max_repetitions``) while the per-pass rates spread more than ``noise_cv``.
 
-    Warm-up sends ``settings.warmup`` requests of the first prompt, each generating the
-    full ``n_predict``, and discards them: the first request pays for page faults in the
-    mapped weights and buffer allocation, which every prompt shares, so one prompt is
-    enough. ``after_request(samples so far, pass_done, more)`` runs after every request: ``pass_done``
-    when it ended a pass (a running rate to report), ``more`` when another request follows (a
-    pruner acts only then: after the last one there is nothing left to save). With
-    ``speculative`` each sample carries what each speculative source drafted (``sources``).
+    Warm-up replays ``warmup_entries`` ``settings.warmup`` times, each request generating the full
+    ``n_predict``, and discards them: the first request pays for page faults in the mapped weights and
+    buffer allocation, which every prompt shares; a conversation's replay also brings a stateful lookup
+    (ngram-cache) to its steady state, the same for every configuration. A conversation is measured
+    turn by turn, each turn one request and one sample. ``after_request(samples so far, pass_done,
+    more)`` runs after every request: ``pass_done`` when it ended a pass (a running rate to report),
+    ``more`` when another request follows (a pruner acts only then: after the last one there is nothing
+    left to save). With ``speculative`` each sample carries what each speculative source drafted.
     """
-    first = workload.prompts[0]
+    warm = warmup_entries(workload)
     for _ in range(settings.warmup):
-        check_timing(server.complete(first.text, settings.n_predict, temperature, settings.seed), settings)
+        for entry in warm:
+            for c in _requests(server, entry, settings, temperature):
+                check_timing(c, settings)
+    warm_requests = settings.warmup * sum(p.n_turns for p in warm)
     cap = max(settings.repetitions, settings.max_repetitions or settings.repetitions)
+    per_pass = workload.requests_per_pass
     samples: list[Sample] = []
     for repetition in range(cap):
         if repetition and not _another_pass(samples, repetition, cap, settings):
             break
-        for i, prompt in enumerate(workload.prompts):
-            c = check_timing(
-                server.complete(prompt.text, settings.n_predict, temperature, settings.seed), settings
-            )
-            samples.append(
-                Sample(
-                    prompt_id=prompt.id,
-                    suite=prompt.suite,
-                    repetition=repetition,
-                    predicted_n=c.predicted_n,
-                    predicted_ms=c.predicted_ms,
-                    tokens_per_second=c.predicted_per_second,
-                    draft_n=c.draft_n,
-                    draft_n_accepted=c.draft_n_accepted,
-                    wall_ms=c.wall_ms,
-                    text=c.text,
-                    tokens=c.tokens,
-                )
-            )
-            if progress:
-                progress(len(samples), cap * len(workload.prompts))
-            if after_request:
-                pass_done = i + 1 == len(workload.prompts)
-                after_request(
-                    samples, pass_done, not pass_done or _another_pass(samples, repetition + 1, cap, settings)
-                )
-    return with_sources(samples, server.source_totals(settings.warmup + len(samples)) if speculative else [])
+        done_in_pass = 0
+        for prompt in workload.prompts:
+            for turn, c in enumerate(_requests(server, prompt, settings, temperature), start=1):
+                samples.append(_sample(prompt, repetition, check_timing(c, settings), turn))
+                done_in_pass += 1
+                if progress:
+                    progress(len(samples), cap * per_pass)
+                if after_request:
+                    pass_done = done_in_pass == per_pass
+                    after_request(
+                        samples,
+                        pass_done,
+                        not pass_done or _another_pass(samples, repetition + 1, cap, settings),
+                    )
+    return with_sources(samples, server.source_totals(warm_requests + len(samples)) if speculative else [])
+
+
+def warmup_entries(workload: Workload) -> list[Prompt]:
+    """The first prompt, and the first conversation of every suite that holds conversations."""
+    entries = [workload.prompts[0]]
+    for suite in workload.suites:
+        first = next((p for p in workload.prompts if p.suite == suite and p.chat), None)
+        if first is not None and first not in entries:
+            entries.append(first)
+    return entries
+
+
+def _requests(server: LlamaServer, prompt: Prompt, settings: MeasurementSettings, temperature: float):
+    """One entry's requests, lazily: a raw prompt's one, or a conversation's turns, each carrying the
+    earlier turns and the replies this server gave (as llama.cpp's speed_bench does)."""
+    if not prompt.chat:
+        yield server.complete(prompt.text, settings.n_predict, temperature, settings.seed)
+        return
+    replies: list[str] = []
+    for _ in range(prompt.n_turns):
+        c = server.chat(prompt.conversation(replies), settings.n_predict, temperature, settings.seed)
+        replies.append(c.text)
+        yield c
+
+
+def _sample(prompt: Prompt, repetition: int, c: Completion, turn: int) -> Sample:
+    return Sample(
+        prompt_id=prompt.id,
+        suite=prompt.suite,
+        repetition=repetition,
+        predicted_n=c.predicted_n,
+        predicted_ms=c.predicted_ms,
+        tokens_per_second=c.predicted_per_second,
+        draft_n=c.draft_n,
+        draft_n_accepted=c.draft_n_accepted,
+        wall_ms=c.wall_ms,
+        text=c.text,
+        tokens=c.tokens,
+        turn=turn if prompt.chat else 0,
+        prompt_ms=c.prompt_ms,
+        cached_n=c.cached_n,
+    )
 
 
 def with_sources(samples: list[Sample], totals: list[dict[str, tuple[int, int]]]) -> list[Sample]:
@@ -232,6 +276,10 @@ def summarize(samples: list[Sample], settings: MeasurementSettings) -> Scores:
         per_suite_tokens_per_second={
             suite: _median_over_repetitions([s for s in samples if s.suite == suite])[0] for suite in suites
         },
+        per_turn_tokens_per_second={
+            turn: _median_over_repetitions([s for s in samples if s.turn == turn])[0]
+            for turn in sorted({s.turn for s in samples if s.turn})
+        },
         drafted=drafted,
         accepted=accepted,
         acceptance=accepted / drafted if drafted else 0.0,
@@ -240,9 +288,9 @@ def summarize(samples: list[Sample], settings: MeasurementSettings) -> Scores:
 
 
 def outputs_by_prompt(samples: list[Sample]) -> dict[str, Sample]:
-    """Each prompt's sample from the first measured repetition (for quality scoring)."""
+    """Each request's sample from the first measured repetition, by request key (for quality scoring)."""
     first = min(s.repetition for s in samples)
-    return {s.prompt_id: s for s in samples if s.repetition == first}
+    return {s.key: s for s in samples if s.repetition == first}
 
 
 def score_trial(

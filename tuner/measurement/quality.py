@@ -30,7 +30,7 @@ from tuner.machine.llama_build import binary
 from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.measurement.measure import Sample
 from tuner.measurement.runner import classify_exit, describe_exit, read_log_tail, stop_process_group
-from tuner.measurement.workload import Workload
+from tuner.measurement.workload import Workload, request_key
 
 # llama-perplexity has no structured output: this line on its log is the only result.
 FINAL_ESTIMATE = re.compile(r"Final estimate: PPL = ([0-9.]+|nan|inf)")
@@ -79,7 +79,11 @@ def answer_score(outputs: dict[str, str], workload: Workload) -> float:
             f"answer quality needs prompts with `expected` answers; suites {', '.join(workload.suites)} have none "
             "(add the math or json suite, or `expected` to your own)"
         )
-    passed = sum(all(e.met_by(outputs[p.id]) for e in p.expected) for p in graded)
+    # a conversation's expected answers are checked on its last turn's reply
+    passed = sum(
+        all(e.met_by(outputs[request_key(p.id, p.n_turns if p.chat else 0)]) for e in p.expected)
+        for p in graded
+    )
     return passed / len(graded)
 
 

@@ -124,6 +124,7 @@ class Completion:
     draft_n_accepted: int
     stop_type: str  # "eos", "limit", "word" or "none"
     wall_ms: float = 0.0  # the request as the client saw it: a check on llama.cpp's own timings
+    cached_n: int = 0  # prompt tokens the server took from its prompt cache
 
     @classmethod
     def from_response(cls, body: dict, wall_ms: float = 0.0) -> Completion:
@@ -146,6 +147,36 @@ class Completion:
             draft_n_accepted=int(timings.get("draft_n_accepted", 0)),
             stop_type=body.get("stop_type", "none"),
             wall_ms=wall_ms,
+            cached_n=int(body.get("tokens_cached") or 0),
+        )
+
+    @classmethod
+    def from_chat(cls, body: dict, wall_ms: float = 0.0) -> Completion:
+        """A /v1/chat/completions answer. The OpenAI API returns no token ids: ``tokens`` are the reply's
+        UTF-8 bytes, which agreement compares as it compares tokens (the same text, the same bytes)."""
+        choices = body.get("choices") if isinstance(body, dict) else None
+        timings = body.get("timings") if isinstance(body, dict) else None
+        message = choices[0].get("message") if isinstance(choices, list) and choices else None
+        if not isinstance(timings, dict) or not isinstance(message, dict):
+            raise TrialFailure(
+                FailureReason.BAD_RESPONSE,
+                f"/v1/chat/completions answered HTTP 200 with no result: {json.dumps(body)[:300]}",
+            )
+        text = message.get("content") or ""
+        usage = body.get("usage") or {}
+        return cls(
+            text=text,
+            tokens=tuple(text.encode()),
+            predicted_n=int(timings["predicted_n"]),
+            predicted_ms=float(timings["predicted_ms"]),
+            predicted_per_second=float(timings["predicted_per_second"]),
+            prompt_n=int(timings["prompt_n"]),
+            prompt_ms=float(timings["prompt_ms"]),
+            draft_n=int(timings.get("draft_n", 0)),
+            draft_n_accepted=int(timings.get("draft_n_accepted", 0)),
+            stop_type={"length": "limit", "stop": "eos"}.get(choices[0].get("finish_reason"), "none"),
+            wall_ms=wall_ms,
+            cached_n=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
         )
 
 
@@ -392,16 +423,39 @@ class LlamaServer:
             "return_tokens": True,
             **(extra or {}),
         }
+        return self._post("/completion", body, Completion.from_response)
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        n_predict: int,
+        temperature: float,
+        seed: int,
+        extra: dict | None = None,
+    ) -> Completion:
+        """One /v1/chat/completions request through the served chat template, prompt cache on as a
+        server in production keeps it (a conversation's next turn reuses what the last one computed)."""
+        body = {
+            "messages": messages,
+            "max_tokens": n_predict,
+            "temperature": temperature,
+            "seed": seed,
+            "cache_prompt": True,
+            "stream": False,
+            **(extra or {}),
+        }
+        return self._post("/v1/chat/completions", body, Completion.from_chat)
+
+    def _post(self, path: str, body: dict, parse) -> Completion:
+        """POST one request; every way it can fail is a classified TrialFailure."""
         request = urllib.request.Request(
-            f"{self.url}/completion",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+            f"{self.url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )
         started = time.monotonic()
         try:
             with self._opener.open(request, timeout=self.request_timeout_s) as resp:
-                body = json.load(resp)
-            return Completion.from_response(body, wall_ms=1000.0 * (time.monotonic() - started))
+                answer = json.load(resp)
+            return parse(answer, wall_ms=1000.0 * (time.monotonic() - started))
         except urllib.error.HTTPError as err:
             self._raise_if_died(grace_s=0)
             detail = err.read().decode("utf-8", errors="replace")[:500]
@@ -410,25 +464,23 @@ class LlamaServer:
                 raise TrialFailure(FailureReason.CONTEXT_EXCEEDED, exceeded, self.log_tail()) from err
             raise TrialFailure(
                 FailureReason.SERVER_UNREACHABLE,
-                f"/completion answered HTTP {err.code}: {detail}",
+                f"{path} answered HTTP {err.code}: {detail}",
                 self.log_tail(),
             ) from err
         except (TimeoutError, socket.timeout) as err:
             self._raise_if_died()
-            raise self._timeout() from err
+            raise self._timeout(path) from err
         except (urllib.error.URLError, OSError, ValueError, KeyError) as err:
             self._raise_if_died()
             if isinstance(getattr(err, "reason", None), (TimeoutError, socket.timeout)):
-                raise self._timeout() from err
+                raise self._timeout(path) from err
             raise TrialFailure(
-                FailureReason.SERVER_UNREACHABLE, f"/completion failed: {err}", self.log_tail()
+                FailureReason.SERVER_UNREACHABLE, f"{path} failed: {err}", self.log_tail()
             ) from err
 
-    def _timeout(self) -> TrialFailure:
+    def _timeout(self, path: str = "/completion") -> TrialFailure:
         return TrialFailure(
-            FailureReason.TIMEOUT,
-            f"/completion not answered within {self.request_timeout_s:g} s",
-            self.log_tail(),
+            FailureReason.TIMEOUT, f"{path} not answered within {self.request_timeout_s:g} s", self.log_tail()
         )
 
     def _raise_if_died(self, grace_s: float = DEATH_GRACE_S) -> None:

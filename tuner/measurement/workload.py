@@ -8,6 +8,19 @@ A suite file looks like::
         text: "Q: What is 40 + 2?\\nA:"
         expected:          # optional; used by the answer-quality scorer
           - {kind: contains, value: "42"}
+      - id: fix-then-extend  # a chat entry: measured through /v1/chat/completions and the target's template
+        messages:            # the conversation so far (system, user, assistant), ending with a user message
+          - {role: system, content: "You are a careful Python reviewer."}
+          - {role: user, content: "Write a function that parses a date."}
+        turns:               # later user turns: each is sent with the earlier turns and this launch's replies
+          - "It fails on 2024-02-30. Fix it."
+          - "Now accept times too."
+
+An entry holds ``text`` (a raw prompt to ``/completion``, the prompt cache off) or a conversation
+(``messages`` and/or ``turns``; ``turns`` alone starts with a user message). A conversation is
+measured turn by turn, as llama.cpp's own speed_bench does: each turn appends the user's message,
+asks the server (prompt cache on, as a server that keeps its cache serves it), and appends the reply
+it gave, so turn 2 and 3 measure speculation on text the conversation already holds.
 
 Which suite suits which knob matters: prompt-lookup drafting only helps where the
 output copies the input (summarization), a draft model only where it predicts the
@@ -36,7 +49,12 @@ import yaml
 
 from tuner.errors import UserError
 
-BUILTIN_SUITES = ("code", "summarize", "prose", "math", "json")
+RAW_SUITES = ("code", "summarize", "prose", "math", "json")  # raw prompts to /completion
+CHAT_SUITES = ("chat-code", "chat-summarize", "chat-agent")  # multi-turn conversations
+BUILTIN_SUITES = RAW_SUITES + CHAT_SUITES
+ROLES = ("system", "user", "assistant")
+# Chat templates the tuner ships (tuner/data/chat_templates/NAME.jinja), for targets whose GGUF has none.
+BUILTIN_CHAT_TEMPLATES = ("gemma", "chatml")
 EXPECTATION_KINDS = ("exact", "regex", "contains")
 HELD_OUT_MIN = 2  # held-out prompts per suite, at least
 SPLIT_MIN_PROMPTS = HELD_OUT_MIN + 1  # a suite needs one tuning prompt besides them
@@ -59,16 +77,60 @@ class Expectation:
 
 @dataclass(frozen=True)
 class Prompt:
+    """One entry of a suite: a raw prompt (``text``), or a conversation (``messages`` then ``turns``).
+
+    For a conversation ``text`` is its first request's user message (what the content-type classifier
+    reads); ``messages`` are (role, content) pairs ending with a user message."""
+
     id: str
     suite: str
     text: str
     expected: tuple[Expectation, ...] = ()
     source: str = field(default="", compare=False)  # where it is defined, e.g. "long.yaml: prompts[0]"
+    messages: tuple[tuple[str, str], ...] = ()
+    turns: tuple[str, ...] = ()
+
+    @property
+    def chat(self) -> bool:
+        """Measured through /v1/chat/completions with the target's chat template."""
+        return bool(self.messages)
+
+    @property
+    def n_turns(self) -> int:
+        """Requests one measurement of this entry makes."""
+        return 1 + len(self.turns)
+
+    def conversation(self, replies: tuple[str, ...] | list[str] = ()) -> list[dict[str, str]]:
+        """The messages of request ``len(replies) + 1``: the opening messages, then each earlier
+        reply and the user turn that followed it (OpenAI's ``messages`` list)."""
+        out = [{"role": r, "content": c} for r, c in self.messages]
+        for reply, turn in zip(replies, self.turns):
+            out += [{"role": "assistant", "content": reply}, {"role": "user", "content": turn}]
+        return out
+
+
+def builtin_chat_template(name: str) -> Path:
+    """The file of a built-in chat template."""
+    return Path(str(resources.files("tuner") / "data" / "chat_templates" / f"{name}.jinja"))
+
+
+def request_key(prompt_id: str, turn: int) -> str:
+    """One request's key among a trial's requests: the prompt id, and its turn from the second on."""
+    return prompt_id if turn <= 1 else f"{prompt_id}#{turn}"
 
 
 @dataclass(frozen=True)
 class Workload:
     prompts: tuple[Prompt, ...]
+
+    @property
+    def chat(self) -> bool:
+        """Some entry is a conversation: the server needs a chat template."""
+        return any(p.chat for p in self.prompts)
+
+    @property
+    def requests_per_pass(self) -> int:
+        return sum(p.n_turns for p in self.prompts)
 
     @property
     def suites(self) -> tuple[str, ...]:
@@ -78,7 +140,11 @@ class Workload:
     def digest(self) -> str:
         """A hash of what is measured and scored: suites, ids, texts and expected answers.
         An edited prompt file changes it, so a resumed study can refuse to mix the two."""
-        payload = [[p.suite, p.id, p.text, [[e.kind, e.value] for e in p.expected]] for p in self.prompts]
+        payload = [
+            [p.suite, p.id, p.text, [[e.kind, e.value] for e in p.expected]]
+            + ([[list(m) for m in p.messages], list(p.turns)] if p.chat else [])
+            for p in self.prompts
+        ]
         return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
 
@@ -183,12 +249,25 @@ def parse_suite(text: str, suite: str, where: str) -> list[Prompt]:
 def _parse_prompt(item: object, suite: str, where: str, index: int) -> Prompt:
     if not isinstance(item, dict):
         raise UserError(f"{where}: expected a mapping with `text` (and optional `id`, `expected`)")
-    unknown = sorted(set(item) - {"id", "text", "expected"})
+    unknown = sorted(set(item) - {"id", "text", "expected", "messages", "turns"})
     if unknown:
-        raise UserError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}; use id, text, expected")
-    text = item.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise UserError(f"{where}.text: missing or empty; every prompt needs its text")
+        raise UserError(
+            f"{where}: unknown field(s) {', '.join(map(str, unknown))}; use id, text or messages/turns, expected"
+        )
+    messages, turns = (), ()
+    if "messages" in item or "turns" in item:
+        if "text" in item:
+            raise UserError(
+                f"{where}: both text and messages/turns; an entry is a raw prompt or a conversation"
+            )
+        messages, turns = _parse_conversation(item, where)
+        text = messages[-1][1]
+    else:
+        text = item.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise UserError(
+                f"{where}.text: missing or empty; every prompt needs its text (or messages/turns)"
+            )
     prompt_id = item.get("id", f"{suite}-{index + 1}")
     if not isinstance(prompt_id, str) or not prompt_id:
         raise UserError(f"{where}.id: must be a non-empty string")
@@ -201,7 +280,38 @@ def _parse_prompt(item: object, suite: str, where: str, index: int) -> Prompt:
         text=text,
         expected=tuple(_parse_expectation(e, f"{where}.expected[{j}]") for j, e in enumerate(expected)),
         source=where,
+        messages=messages,
+        turns=turns,
     )
+
+
+def _parse_conversation(item: dict, where: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """(opening messages ending with a user message, later user turns) of a chat entry."""
+    raw_messages = item.get("messages", [])
+    raw_turns = item.get("turns", [])
+    if not isinstance(raw_messages, list) or not isinstance(raw_turns, list):
+        raise UserError(f"{where}: messages and turns must be lists")
+    messages = []
+    for j, m in enumerate(raw_messages):
+        at = f"{where}.messages[{j}]"
+        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+            raise UserError(f"{at}: expected a mapping with exactly `role` and `content`")
+        if m["role"] not in ROLES:
+            raise UserError(f"{at}.role: unknown role {str(m['role'])[:20]!r}; use one of {', '.join(ROLES)}")
+        if not isinstance(m["content"], str) or not m["content"].strip():
+            raise UserError(f"{at}.content: missing or empty")
+        messages.append((m["role"], m["content"]))
+    for j, t in enumerate(raw_turns):
+        if not isinstance(t, str) or not t.strip():
+            raise UserError(f"{where}.turns[{j}]: expected a non-empty string (a user message)")
+    turns = list(raw_turns)
+    if not messages or messages[-1][0] != "user":
+        if not turns:
+            raise UserError(
+                f"{where}: the conversation has no user turn to answer; end messages with a user one"
+            )
+        messages.append(("user", turns.pop(0)))
+    return tuple(messages), tuple(turns)
 
 
 def _parse_expectation(item: object, where: str) -> Expectation:
@@ -226,18 +336,52 @@ def _parse_expectation(item: object, where: str) -> Expectation:
 TOKENS_PER_BYTE_SLACK = 3
 
 
-def too_long(workload: Workload, ctx_size: int, n_predict: int, count_tokens) -> list[tuple[Prompt, int]]:
+def too_long(
+    workload: Workload, ctx_size: int, n_predict: int, count_tokens, template: str | None = None
+) -> list[tuple[Prompt, int]]:
     """(prompt, its tokens) for every prompt that does not leave room for ``n_predict`` tokens in
     ``ctx_size`` (llama-server refuses a prompt that fills its context, and stops generating one token
-    short of it). Only prompts long enough in bytes to possibly not fit are tokenized (``count_tokens``)."""
+    short of it). Only prompts long enough in bytes to possibly not fit are tokenized (``count_tokens``).
+
+    A conversation is counted at its last request, rendered with the chat ``template``, with room for a
+    reply of ``n_predict`` tokens after every turn (the earlier replies are in that request's context)."""
     found = []
     for prompt in workload.prompts:
-        if len(prompt.text.encode()) + TOKENS_PER_BYTE_SLACK + n_predict + 1 <= ctx_size:
+        text = (
+            render_chat(template, prompt.conversation([""] * len(prompt.turns)))
+            if prompt.chat
+            else prompt.text
+        )
+        room = n_predict * prompt.n_turns
+        if len(text.encode()) + TOKENS_PER_BYTE_SLACK + room + 1 <= ctx_size:
             continue
-        tokens = count_tokens(prompt.text)
-        if tokens + n_predict + 1 > ctx_size:
-            found.append((prompt, tokens))
+        tokens = count_tokens(text)
+        if tokens + room + 1 > ctx_size:
+            found.append((prompt, tokens + n_predict * (prompt.n_turns - 1)))
     return found
+
+
+def render_chat(template: str | None, messages: list[dict[str, str]]) -> str:
+    """The text a chat template makes of ``messages`` with the generation prompt, as llama-server's
+    ``--jinja`` renders it (Jinja in a sandbox; special tokens as their text, which llama-tokenize
+    parses). Without a template, the contents joined: a lower bound."""
+    if template is None:
+        return "\n".join(m["content"] for m in messages)
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise UserError(f"the chat template refused the conversation: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=True, bos_token="", eos_token=""
+        )
+    except UserError:
+        raise
+    except Exception as err:  # a template the sandbox cannot render: llama-server would refuse it too
+        raise UserError(f"the chat template cannot be rendered ({type(err).__name__}: {err})") from None
 
 
 def llama_tokenize_count(tokenizer: Path, model: Path, text: str, timeout_s: float = 300.0) -> int:

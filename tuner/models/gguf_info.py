@@ -29,11 +29,28 @@ SPEC_VOCAB_CHECK_START_TOKEN_ID = 5
 
 # llm_arch_is_recurrent / llm_arch_is_hybrid in src/llama-arch.cpp (architecture names).
 RECURRENT_ARCHITECTURES = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
-HYBRID_ARCHITECTURES = frozenset({
-    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h",
-    "nemotron_h_moe", "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next",
-    "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "minimax-01",
-})
+HYBRID_ARCHITECTURES = frozenset(
+    {
+        "jamba",
+        "falcon-h1",
+        "plamo2",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "qwen3next",
+        "kimi-linear",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm5-next",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "minimax-01",
+    }
+)
 
 # tokenizer.ggml.model -> (llama_vocab_type, default bos id, default eos id, add_bos, add_eos)
 # as llama_vocab::impl::load sets them before reading the GGUF's own keys.
@@ -52,10 +69,21 @@ _TOKENIZERS: dict[str, tuple[str, int | None, int | None, bool, bool]] = {
     "test": ("TEST", None, None, False, False),
 }
 # BPE pre-tokenizers for which llama.cpp turns add_bos on, or has no BOS at all.
-_BPE_PRE_ADD_BOS = frozenset({
-    "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-    "jina-v5-nano", "tekken", "chameleon",
-})
+_BPE_PRE_ADD_BOS = frozenset(
+    {
+        "llama3",
+        "llama-v3",
+        "llama-bpe",
+        "falcon3",
+        "falcon-h1",
+        "pixtral",
+        "midm-2.0",
+        "lfm2",
+        "jina-v5-nano",
+        "tekken",
+        "chameleon",
+    }
+)
 _BPE_PRE_NO_BOS = frozenset({"chatglm-bpe", "glm4", "glm5"})
 # Pre-tokenizers of type GEMMA4: llama.cpp forces add_bos on even against the GGUF key.
 _PRE_FORCE_ADD_BOS = frozenset({"gemma4", "granite-embed-multi-311m"})
@@ -91,6 +119,7 @@ class ModelInfo:
     expert_used_count: int | None
     recurrent_kind: str | None  # "recurrent", "hybrid" or None (plain transformer)
     speculative_types: tuple[str, ...]  # the --spec-type values its GGUF announces, e.g. draft-mtp
+    chat_template: str | None  # tokenizer.chat_template (Jinja), None when the model has none
     vocab: Vocab = field(repr=False, compare=False)  # token texts as llama.cpp stores them
 
     @property
@@ -182,8 +211,9 @@ def read_model_info(path: str | Path) -> ModelInfo:
     if vocab_model is None:
         raise UserError(f"{path}: no tokenizer.ggml.model key; llama.cpp cannot load it as a model")
     if vocab_model not in _TOKENIZERS:
-        raise UserError(f"{path}: unknown tokenizer.ggml.model {vocab_model!r}; "
-                        "the pinned llama.cpp refuses to load it")
+        raise UserError(
+            f"{path}: unknown tokenizer.ggml.model {vocab_model!r}; the pinned llama.cpp refuses to load it"
+        )
     vocab_type, bos, eos, add_bos, add_eos = _TOKENIZERS[vocab_model]
     vocab_pre = value("tokenizer.ggml.pre")
     if vocab_model == "gemma4":
@@ -231,6 +261,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
         expert_used_count=integer(f"{arch}.expert_used_count"),
         recurrent_kind=_recurrent_kind(arch, header.keys),
         speculative_types=_announced_types(arch, block_count, header.spec_tensors),
+        chat_template=template if isinstance(template := value("tokenizer.chat_template"), str) else None,
         vocab=vocab,
     )
 
@@ -243,39 +274,56 @@ def check_draft_compatibility(target: ModelInfo, draft: ModelInfo) -> Compatibil
     """
     reasons: list[str] = []
     if target.vocab_type != draft.vocab_type:
-        reasons.append(f"vocab type differs: target {target.vocab_type} ({target.vocab_model}), "
-                       f"draft {draft.vocab_type} ({draft.vocab_model})")
-    for label, add_field, id_field in (("BOS", "add_bos", "bos_token_id"), ("EOS", "add_eos", "eos_token_id")):
+        reasons.append(
+            f"vocab type differs: target {target.vocab_type} ({target.vocab_model}), "
+            f"draft {draft.vocab_type} ({draft.vocab_model})"
+        )
+    for label, add_field, id_field in (
+        ("BOS", "add_bos", "bos_token_id"),
+        ("EOS", "add_eos", "eos_token_id"),
+    ):
         t_add, d_add = getattr(target, add_field), getattr(draft, add_field)
         t_id, d_id = getattr(target, id_field), getattr(draft, id_field)
         if t_add != d_add or (t_add and t_id != d_id):
-            reasons.append(f"{label} differs: target {add_field}={t_add} id={t_id}, "
-                           f"draft {add_field}={d_add} id={d_id}")
+            reasons.append(
+                f"{label} differs: target {add_field}={t_add} id={t_id}, draft {add_field}={d_add} id={d_id}"
+            )
     size_diff = abs(target.vocab_size - draft.vocab_size)
     if size_diff > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
-        reasons.append(f"vocab sizes differ by {size_diff} (target {target.vocab_size}, "
-                       f"draft {draft.vocab_size}; llama.cpp allows {SPEC_VOCAB_MAX_SIZE_DIFFERENCE})")
+        reasons.append(
+            f"vocab sizes differ by {size_diff} (target {target.vocab_size}, "
+            f"draft {draft.vocab_size}; llama.cpp allows {SPEC_VOCAB_MAX_SIZE_DIFFERENCE})"
+        )
     else:  # llama.cpp compares texts only once the sizes are close
         i = target.vocab.first_mismatch(draft.vocab, SPEC_VOCAB_CHECK_START_TOKEN_ID)
         if i is not None:
-            reasons.append(f"token {i} differs: target {target.vocab.text(i)!r}, "
-                           f"draft {draft.vocab.text(i)!r}")
+            reasons.append(
+                f"token {i} differs: target {target.vocab.text(i)!r}, draft {draft.vocab.text(i)!r}"
+            )
     warnings = [
         f"{role} is a {info.recurrent_kind} model ({info.architecture}): the pinned llama-server "
         "speculates on it by checkpointing its state, which costs memory and time per draft"
-        for role, info in (("target", target), ("draft", draft)) if info.is_recurrent
+        for role, info in (("target", target), ("draft", draft))
+        if info.is_recurrent
     ]
     return Compatibility(ok=not reasons, reasons=tuple(reasons), warnings=tuple(warnings))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", type=Path, help="the target model (.gguf)")
-    parser.add_argument("drafts", type=Path, nargs="*", metavar="DRAFT",
-                        help="candidate draft models to check against the target")
+    parser.add_argument(
+        "drafts",
+        type=Path,
+        nargs="*",
+        metavar="DRAFT",
+        help="candidate draft models to check against the target",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    parser.epilog = ("Exit status is 0 whenever every file could be read, even if a draft is "
-                     "incompatible (that is the answer, not a failure); 2 if a file is missing "
-                     "or not a readable GGUF.")
+    parser.epilog = (
+        "Exit status is 0 whenever every file could be read, even if a draft is "
+        "incompatible (that is the answer, not a failure); 2 if a file is missing "
+        "or not a readable GGUF."
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -283,14 +331,24 @@ def run(args: argparse.Namespace) -> int:
     drafts = [read_model_info(p) for p in args.drafts]
     checks = [check_draft_compatibility(target, d) for d in drafts]
     if args.json:
-        print(json.dumps({
-            "target": target.to_dict(),
-            "drafts": [
-                {"path": str(d.path), "compatible": c.ok, "reasons": list(c.reasons),
-                 "warnings": list(c.warnings), "info": d.to_dict()}
-                for d, c in zip(drafts, checks)
-            ],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "target": target.to_dict(),
+                    "drafts": [
+                        {
+                            "path": str(d.path),
+                            "compatible": c.ok,
+                            "reasons": list(c.reasons),
+                            "warnings": list(c.warnings),
+                            "info": d.to_dict(),
+                        }
+                        for d, c in zip(drafts, checks)
+                    ],
+                },
+                indent=2,
+            )
+        )
         return 0
     print(format_model_info(target))
     for draft, check in zip(drafts, checks):
@@ -301,8 +359,10 @@ def run(args: argparse.Namespace) -> int:
 def format_model_info(info: ModelInfo) -> str:
     """Aligned ``key: value`` lines for a person reading the terminal."""
     if info.is_moe:
-        experts = (f"{info.expert_count} total, {info.expert_used_count} used; change with "
-                   f"--override-kv {info.expert_override_key}=int:N")
+        experts = (
+            f"{info.expert_count} total, {info.expert_used_count} used; change with "
+            f"--override-kv {info.expert_override_key}=int:N"
+        )
     else:
         experts = "none (dense)"
     quant = info.quantization or "unknown"
@@ -329,7 +389,9 @@ def format_model_info(info: ModelInfo) -> str:
 
 
 def format_compatibility(draft: ModelInfo, check: Compatibility) -> str:
-    line = f"draft {draft.path}: " + ("compatible" if check.ok else "INCOMPATIBLE: " + "; ".join(check.reasons))
+    line = f"draft {draft.path}: " + (
+        "compatible" if check.ok else "INCOMPATIBLE: " + "; ".join(check.reasons)
+    )
     return line + "".join(f"; warning: {w}" for w in check.warnings)
 
 
@@ -379,8 +441,12 @@ def _speculative_text(types: tuple[str, ...]) -> str:
     """What each announced type means for a study: offered on this target, or a draft-side sidecar."""
     if not types:
         return "none announced"
-    return ", ".join(f"{t} (its own head; a study may search it)" if t in ANNOUNCED_TYPES
-                     else f"{t} (a draft-side sidecar; not searched by the tuner)" for t in types)
+    return ", ".join(
+        f"{t} (its own head; a study may search it)"
+        if t in ANNOUNCED_TYPES
+        else f"{t} (a draft-side sidecar; not searched by the tuner)"
+        for t in types
+    )
 
 
 def _human_count(n: int) -> str:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA
+from tuner.measurement.workload import request_key
 
 Z = 2.0  # the final look's one-sided boundary; earlier looks use Z / sqrt(fraction) (O'Brien-Fleming)
 SIGMA_FLOOR = 0.04  # log-ratio spread assumed at least (a few % per request on a shared box)
@@ -120,22 +121,24 @@ class Pairing:
 def paired_ratios(samples: Iterable[dict], incumbent_samples: Iterable[dict]) -> Pairing:
     """A running trial's samples against the incumbent's.
 
-    Samples are dicts with ``prompt_id``, ``tokens_per_second`` and ``suite`` (as
+    Samples are dicts with ``prompt_id`` (and a conversation's ``turn``), ``tokens_per_second`` and ``suite`` (as
     ``tuner.study.sample_record`` stores them; without a suite, one suite is assumed); the
     incumbent's per-prompt reference is its median over repetitions.
     """
     by_prompt: dict[str, list[float]] = {}
     suite_of: dict[str, str | None] = {}
     for s in incumbent_samples:
-        by_prompt.setdefault(s["prompt_id"], []).append(s["tokens_per_second"])
-        suite_of[s["prompt_id"]] = s.get("suite")
+        key = request_key(s["prompt_id"], s.get("turn", 0))
+        by_prompt.setdefault(key, []).append(s["tokens_per_second"])
+        suite_of[key] = s.get("suite")
     reference = {p: statistics.median(v) for p, v in by_prompt.items() if v}
     ratios, seen = [], set()
     for s in samples:
-        ref = reference.get(s["prompt_id"])
+        key = request_key(s["prompt_id"], s.get("turn", 0))
+        ref = reference.get(key)
         if ref and s["tokens_per_second"] > 0:
             ratios.append(s["tokens_per_second"] / ref)
-            seen.add(s["prompt_id"])
+            seen.add(key)
     seen_suites = {suite_of.get(p) for p in seen}
     unseen_suites = sorted({str(suite_of[p]) for p in reference if suite_of.get(p) not in seen_suites})
     return Pairing(ratios, len(seen), len(set(reference) - seen), unseen_suites)

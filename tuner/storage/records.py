@@ -96,6 +96,8 @@ class TrialRecord:
     drafted: int = 0
     accepted: int = 0
     per_suite_tokens_per_second: dict[str, float] = field(default_factory=dict)
+    # conversations only: turn number (as a string: JSON keys) -> median over repetitions of that turn's pooled rate
+    per_turn_tokens_per_second: dict[str, float] = field(default_factory=dict)
     samples: tuple[
         dict, ...
     ] = ()  # one per measured request (tuner.measurement.measure.Sample without text/tokens)
