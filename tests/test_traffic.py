@@ -12,31 +12,20 @@ import yaml
 
 from tuner.cli import main
 from tuner.errors import UserError
-from tuner.measurement.workload import SPLIT_MIN_PROMPTS
+from tuner.measurement.workload import SPLIT_MIN_PROMPTS, parse_suite
 from tuner.traffic import allocate
 
 SECRET = "TOP-SECRET-PAYROLL " + "the quarterly salary of every engineer is listed below " * 20
-ROLES = {"system", "user", "assistant"}
+SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 
 def check_suite(path: Path) -> list[dict]:
-    """The suite format as issue 30 describes it (until workload.parse_suite reads messages/turns): a mapping
-    of description and prompts; each prompt an id and text, or messages ending with a user message and/or
-    turns; ids unique and made of letters, digits, '-' and '_'."""
-    data = yaml.safe_load(path.read_text())
-    assert isinstance(data, dict) and set(data) <= {"description", "prompts"} and data["prompts"]
-    ids = [p["id"] for p in data["prompts"]]
-    assert len(ids) == len(set(ids)) and all(isinstance(i, str) and i for i in ids)
-    assert all(set(i) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") for i in ids)
-    for prompt in data["prompts"]:
-        assert set(prompt) <= {"id", "text", "expected", "messages", "turns"}
-        assert ("text" in prompt) != ("messages" in prompt or "turns" in prompt)
-        messages = prompt.get("messages", [])
-        assert all(set(m) == {"role", "content"} and m["role"] in ROLES for m in messages)
-        assert all(isinstance(m["content"], str) for m in messages)
-        assert not messages or messages[-1]["role"] == "user"
-        assert all(isinstance(t, str) and t for t in prompt.get("turns", []))
-    return data["prompts"]
+    """The prompts of a written suite, as written, once the tuner's own reader accepts the file; ids made
+    of letters, digits, '-' and '_', conversations ending with a user message."""
+    prompts = parse_suite(path.read_text(), suite=path.stem, where=path.name)
+    assert all(set(p.id) <= SAFE for p in prompts)
+    assert all(p.chat and p.messages[-1][0] == "user" for p in prompts)
+    return yaml.safe_load(path.read_text())["prompts"]
 
 
 def jsonl(path: Path, rows: list) -> Path:
