@@ -340,6 +340,9 @@ def test_a_stratified_sample_by_type(tmp_path, capsys):
     code, _, err = run(capsys, log, "--out", tmp_path / "t.yaml", "--sample", "8")
     assert code == 2 and "--sample 8: too few to keep 3 prompts of each of the 3 content types" in err
     assert "use --sample 9 or more" in err and not (tmp_path / "t.yaml").exists()
+    code, out, _ = run(capsys, log, "--out", tmp_path / "all.yaml", "--sample", "500")
+    assert code == 0 and len(check_suite(tmp_path / "all.yaml")) == 100
+    assert "note: --sample 500 is more than the file holds; kept every conversation" in out
 
 
 def test_the_same_seed_gives_the_same_bytes(tmp_path, capsys):
