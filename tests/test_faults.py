@@ -16,6 +16,10 @@ the fault is in storage afterwards, or in the journal and then in storage after 
 - one-line errors for a binary or empty study file, an unusable SQLite path, an unreachable or
   missing PostgreSQL database, an unknown suite, a missing space file.
 - a run killed -9 during its baseline: the rerun fails the orphan with a reason and says so.
+- issue 32: a study name that is a path (in a study file or on the command line) is refused in one
+  line; report and export on a full disk (a real 64 kB tmpfs) are one line naming the path and the
+  free space, and keep the previous files; a mysql:// storage names the supported kinds; a replayed
+  table with numa bind and no numa_node column is one line.
 
 The host's measurement lock is pointed at a per-test file (TUNER_MEASURE_LOCK): test
 sessions sharing a machine must not block each other.
@@ -768,3 +772,195 @@ def test_a_scorer_cache_write_during_an_outage_leaves_the_measurement_to_the_jou
             study.set_user_attr("record", {})
     finally:
         outage.reset()
+
+
+# ------------------------------------------------------------------ 10. names, full disks, storages, tables (issue 32)
+
+UNSAFE_NAMES = ["../../e1escape", "a/b", ".hidden", "/tmp/e1abs", "-dash", "x" * 101]
+
+
+@pytest.mark.parametrize("name", UNSAFE_NAMES)
+def test_a_study_name_that_is_a_path_is_refused_by_the_spec_loader_in_one_line(tmp_path, name):
+    """A study's name becomes folders (storage/logs/NAME, reports/NAME): a path there wrote outside them."""
+    from tuner.errors import UserError
+    from tuner.paths import NAME_RULE
+    from tuner.studyfile.spec import load_spec
+
+    study = tmp_path / "s.yaml"
+    study.write_text(json.dumps({"name": name, "target": "missing.gguf"}))
+    with pytest.raises(UserError) as err:
+        load_spec(study)  # refused before the (missing) target is even looked at
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{study}: name: {name!r} ")
+    assert message.endswith(NAME_RULE)
+    assert not (tmp_path / "e1escape").exists() and not Path("/tmp/e1abs").exists()
+
+
+def test_a_file_stem_that_is_no_study_name_is_refused_and_the_rule_is_named(tmp_path):
+    from tuner.errors import UserError
+    from tuner.studyfile.spec import load_spec
+
+    for stem in (".hidden", "my study"):
+        study = tmp_path / f"{stem}.yaml"
+        study.write_text("target: missing.gguf\n")
+        with pytest.raises(UserError, match=r"name \(not set, so the file name's stem; set name: or rename"):
+            load_spec(study)
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_a_study_name_that_is_a_path_is_refused_on_the_command_line(fenv, tmp_path, command, capsys):
+    from tuner.cli import main
+
+    for name in ("../../e1escape", "a/b", ".hidden", "/tmp/e1abs", "x" * 101):
+        assert main([command, name]) == 2
+        line = error_line(capsys.readouterr().err)
+        assert line.startswith(f"tuner {command}: error: study (not a file, so a study name): {name!r} "), (
+            line
+        )
+        assert line.endswith(
+            "a study name is one folder name: letters, digits, '.', '_' and '-', "
+            "not starting with '.' or '-', at most 100 characters"
+        )
+    assert not (tmp_path.parent / "e1escape").exists() and not Path("/tmp/e1abs").exists()
+
+
+def test_a_joined_name_never_leaves_its_folder(tmp_path):
+    from tuner.errors import UserError
+    from tuner.paths import inside
+
+    assert inside(tmp_path, "demo", "study") == tmp_path / "demo"
+    for name in ("..", "../x", "a/../../x", str(tmp_path.parent / "x"), "/etc", "."):
+        with pytest.raises(UserError, match=rf"study {re_quote(name)}: the path .* leaves {tmp_path}"):
+            inside(tmp_path, name, "study")
+
+
+def re_quote(name: str) -> str:
+    import re
+
+    return re.escape(repr(name))
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 64 kB tmpfs to fill: a real 'No space left on device' for the output writers."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem to fill (needs root): {proc.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_report_and_export_on_a_full_disk_are_one_line_and_keep_the_old_files(fenv, tmp_path, tiny_fs):
+    study = write_study(
+        tmp_path / "s", f"sqlite:///{tmp_path / 'db.sqlite'}", name="full", budget={"trials": 2}
+    )
+    assert tuner("run", study, env=fenv).returncode == 0
+    (tiny_fs / "rep").mkdir()
+    old = tiny_fs / "rep" / "index.html"
+    old.write_text("<p>the previous report</p>\n")
+    fill(tiny_fs)
+    before = sorted(p.name for p in tiny_fs.rglob("*"))
+    proc = tuner("report", study, "--out", tiny_fs / "rep", env=fenv)
+    assert proc.returncode == 2
+    assert error_line(proc) == (
+        f"tuner report: error: {tiny_fs / 'rep' / 'trials.csv'}: cannot write (No space left on device; "
+        f"0 B free on {tiny_fs / 'rep'}); free some space or write elsewhere"
+    )
+    proc = tuner(
+        "export", study, "--no-race", "--out", tiny_fs / "exp", "--preset", tiny_fs / "p.ini", env=fenv
+    )
+    assert proc.returncode == 2
+    assert error_line(proc).startswith(
+        f"tuner export: error: {tiny_fs / 'exp' / 'serve.sh'}: cannot write (No space left on device; 0 B free"
+    )
+    assert old.read_text() == "<p>the previous report</p>\n"
+    after = sorted(p.name for p in tiny_fs.rglob("*"))
+    assert after in (before, sorted([*before, "exp"]))  # no temporary left, nothing half-written
+
+
+def test_a_failed_rename_leaves_the_previous_file_and_no_temporary(tmp_path, monkeypatch):
+    import errno
+
+    from tuner.errors import UserError
+    from tuner.output import files
+    from tuner.output.export import merge_sections
+
+    preset = tmp_path / "models-preset.ini"
+    merge_sections(preset, {"demo": ["[demo]", "threads = 2"]})
+    old = preset.read_text()
+    written = files.write_atomic(tmp_path / "serve.sh", "#!/bin/sh\n", mode=0o755)
+    assert written.stat().st_mode & 0o777 == 0o755 and written.read_text() == "#!/bin/sh\n"
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "replace", full)
+    with pytest.raises(UserError) as err:
+        merge_sections(preset, {"other": ["[other]", "threads = 1"]})
+    assert str(err.value).startswith(f"{preset}: cannot write (No space left on device; ")
+    assert f"free on {tmp_path}); free some space or write elsewhere" in str(err.value)
+    with pytest.raises(UserError, match="serve.sh: cannot write"):
+        files.write_atomic(tmp_path / "serve.sh", "#!/bin/sh\nexit 1\n")
+    assert preset.read_text() == old and written.read_text() == "#!/bin/sh\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models-preset.ini", "serve.sh"]
+
+
+def test_a_storage_other_than_sqlite_or_postgresql_names_its_scheme_and_the_supported_ones(fenv, tmp_path):
+    url = "mysql://tuner:Secret-pw@db-host/tuner"
+    supported = (
+        "the tuner stores studies in SQLite (sqlite:///PATH) or PostgreSQL "
+        "(postgresql://USER:PASSWORD@HOST:PORT/DB)"
+    )
+    study = write_study(tmp_path / "s", url, name="my", budget={"trials": 2})
+    for args in (["report", "x", "--storage", url], ["run", study]):
+        proc = tuner(*args, env=fenv)
+        assert proc.returncode == 2, proc.stderr
+        assert error_line(proc) == (
+            f"tuner {args[0]}: error: storage mysql://tuner:***@db-host/tuner: the scheme 'mysql://' is not "
+            f"supported; {supported}"
+        )
+        assert "Secret-pw" not in proc.stdout + proc.stderr and "PostgreSQL driver" not in proc.stderr
+    assert launches(tmp_path / "launches.jsonl") == []
+
+
+def test_bench_search_on_a_bind_table_without_numa_node_is_one_line(tmp_path, capsys):
+    from tuner.cli import main
+
+    rows = [
+        "spec_type,draft_max,numa,threads,tokens_per_second,acceptance,quality,cv,quality_floor,feasible,status",
+        "none,,none,1,10.0,0.0,1.0,0.01,0.99,True,ok",
+        "none,,bind,1,11.0,0.0,1.0,0.01,0.99,True,ok",
+        "ngram-simple,2,none,1,12.0,0.5,1.0,0.01,0.99,True,ok",
+        "ngram-simple,2,bind,1,13.0,0.5,1.0,0.01,0.99,True,ok",
+    ]
+    table = tmp_path / "bind.csv"
+    table.write_text("\n".join(rows) + "\n")
+    assert main(["bench-search", str(table), "--seeds", "1", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(
+        "tuner bench-search: error: column 'numa_node': not among the table's parameters, and the default "
+        "sampler asks it for rows with numa bind"
+    )
+    # the same table with the node, and with one thread count throughout (a one-core host): replayed
+    with_node = [rows[0].replace("numa,", "numa,numa_node,")] + [
+        r.replace(",bind,", ",bind,0,").replace(",none,1,", ",none,,1,") for r in rows[1:]
+    ]
+    table.write_text("\n".join(with_node) + "\n")
+    out = tmp_path / "r.json"
+    assert main(["bench-search", str(table), "--seeds", "1", "--jobs", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["params"] == ["spec_type", "draft_max", "numa", "numa_node", "threads"]
+    assert result["best_config"] == {
+        "spec_type": "ngram-simple",
+        "draft_max": 2,
+        "numa": "bind",
+        "numa_node": 0,
+        "threads": 1,
+    }

@@ -3,11 +3,54 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from tuner.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+MAX_NAME = 100
+NAME_RULE = (
+    "a study name is one folder name: letters, digits, '.', '_' and '-', not starting with '.' or '-', "
+    f"at most {MAX_NAME} characters"
+)
+_NAME_CHAR = re.compile(r"[A-Za-z0-9_.-]")
+
+
+def name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a study, or None: a study's name becomes a folder (its logs, its report),
+    so it must never be a path out of that folder."""
+    if not isinstance(name, str) or not name:
+        return "is empty"
+    if len(name) > MAX_NAME:
+        return f"is {len(name)} characters long"
+    if "/" in name or "\\" in name:
+        return "holds a path separator"
+    if name[0] in ".-":
+        return f"starts with {name[0]!r}"
+    bad = next((c for c in name if not _NAME_CHAR.fullmatch(c)), None)
+    return None if bad is None else f"holds {bad!r}"
+
+
+def check_study_name(name: object, where: str) -> str:
+    """``name`` if it is a safe study name, else one line: ``where: 'NAME' problem; the rule``."""
+    problem = name_problem(name)
+    if problem:
+        raise UserError(f"{where}: {name!r} {problem}; {NAME_RULE}")
+    return name  # type: ignore[return-value]
+
+
+def inside(base: Path, name: str, what: str) -> Path:
+    """``base / name``, refused in one line unless it stays inside ``base``: a study's name (or any
+    user's value) joined into a path is never a way out of its folder. The check is on the normalised
+    path (``..`` and absolute names), so a symlink the operator made inside ``base`` stays theirs."""
+    root = Path(os.path.normpath(Path(base).expanduser().absolute()))
+    path = Path(os.path.normpath(root / name))
+    if root not in path.parents:
+        raise UserError(f"{what} {name!r}: the path {path} leaves {root}; {NAME_RULE}")
+    return path
 
 
 def cache_dir() -> Path:

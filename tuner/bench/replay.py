@@ -45,12 +45,15 @@ from joblib import Parallel, delayed
 
 from tuner.bench.table import parameter_columns, read_table
 from tuner.errors import UserError
+from tuner.knobs.registry import SPEC_TYPES_WITH_K
 from tuner.storage import store
 from tuner.storage.records import Failure, Metrics, StudyRecord, TrialRecord, config_from_dict
 
 STRATEGIES = ("default", "today", "tpe", "nsga2", "random", "grid")
 DEFAULT_OBJECTIVES = ("tokens_per_second", "acceptance", "quality")  # a study's default objectives
 TOLERANCE = 0.03
+# knobs the default sampler's ``suggest`` asks wherever they apply: one value in every row is still asked
+ASKED = ("spec_type", "draft", "draft_max", "numa_node", "threads")
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ def load_landscape(
     if "tokens_per_second" not in frame.columns:
         raise UserError("the table has no tokens_per_second column; the benchmark scores decode speed")
     params = parameter_columns(frame, params)
+    params += [k for k in ASKED if k in frame.columns and k not in params and frame[k].notna().all()]
     objectives = list(objectives or [c for c in DEFAULT_OBJECTIVES if c in frame.columns])
     missing = [c for c in objectives if c not in frame.columns]
     if missing:
@@ -163,6 +167,33 @@ def _check_conditional(params: list[str], keys: list[tuple]) -> None:
                 f"column {name!r} is empty in some rows and set in others with {where}; "
                 "order the parameter columns so a knob follows the one it depends on (--params)"
             )
+
+
+def check_for_default(landscape: Landscape) -> None:
+    """The default sampler plans through ``tuner.search.space.suggest``, which asks these knobs wherever a
+    study would: a table without one is one line naming the column, not a KeyError in a replay worker."""
+    rows = [landscape.config(k) for k in landscape.order]
+    needed = {
+        "spec_type": "every configuration has one (none: the target alone)",
+        "threads": "every configuration has one",
+        "draft": "rows with spec_type draft-simple",
+        "draft_max": "rows with a speculative type that drafts K tokens",
+        "numa_node": "rows with numa bind (the node they bind to: 0 on a one-node host)",
+    }
+    wanted = {
+        "spec_type": True,
+        "threads": True,
+        "draft": any(r.get("spec_type") == "draft-simple" for r in rows),
+        "draft_max": any(r.get("spec_type") in SPEC_TYPES_WITH_K for r in rows),
+        "numa_node": any(r.get("numa") == "bind" for r in rows),
+    }
+    missing = next((k for k, want in wanted.items() if want and k not in landscape.params), None)
+    if missing is not None:
+        raise UserError(
+            f"column {missing!r}: not among the table's parameters, and the default sampler asks it for "
+            f"{needed[missing]}; add the column to the table (or to --params), or leave default out of "
+            "--strategies"
+        )
 
 
 class NotRecorded(Exception):
@@ -320,6 +351,8 @@ def benchmark(
         raise UserError(f"--strategies: unknown {unknown[0]!r}; use some of {', '.join(STRATEGIES)}")
     if seeds < 1:
         raise UserError(f"--seeds: must be >= 1, got {seeds}")
+    if "default" in strategies:
+        check_for_default(landscape)
     size = len(landscape.order)
     budget = budget or size
     runs = [(s, seed) for s in strategies for seed in (range(1) if s == "grid" else range(seeds))]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import shlex
 from dataclasses import asdict, dataclass, replace
@@ -59,7 +58,8 @@ from tuner.output.analysis import (
     suites_of,
     trials_frame,
 )
-from tuner.paths import reports_dir, writable_file, writable_folder
+from tuner.output.files import write_atomic
+from tuner.paths import inside, reports_dir, writable_file, writable_folder
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord, changes
 from tuner.studyfile.spec import load_spec
@@ -330,7 +330,7 @@ def merge_sections(path: Path, new: dict[str, list[str]]) -> None:
     Every other section, and the preamble, is kept byte for byte (its lines, blank lines and
     comments as they were). A replaced section keeps its place; one that appears more than once
     (a hand edit) keeps its first place and loses the copies, so no section is ever duplicated.
-    New sections are appended in the given order. Written to a temporary file, then renamed.
+    New sections are appended in the given order. Written whole or not at all (``write_atomic``).
     """
     text = path.read_text() if path.exists() else ""
     blocks: list[tuple[str | None, str]] = []  # (section name or None for the preamble, raw text)
@@ -363,10 +363,7 @@ def merge_sections(path: Path, new: dict[str, list[str]]) -> None:
             if out[-1] and not out[-1].endswith("\n\n"):  # one blank line between sections
                 out[-1] += "\n" if out[-1].endswith("\n") else "\n\n"
             out.append(_section_text(lines, ""))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(out))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(out))
 
 
 def _section_text(lines: list[str], replaced: str) -> str:
@@ -463,24 +460,20 @@ def write_export(
 ) -> list[Path]:
     """The pooled export's files and its preset section; with ``per_type`` exports (and ``by_load``, the
     STUDY-cN sections), their sections too (one merge), ``serve-router.sh`` and ``ROUTER.md``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    script = out_dir / "serve.sh"
-    script.write_text(shell_script(export))
-    script.chmod(0o755)
     record = export.to_dict()
-    json_path = out_dir / "config.json"
-    json_path.write_text(json.dumps(record, indent=2) + "\n")
-    yaml_path = out_dir / "config.yaml"
-    yaml_path.write_text(yaml.safe_dump(record, sort_keys=False))
+    script = write_atomic(out_dir / "serve.sh", shell_script(export), mode=0o755)
+    json_path = write_atomic(out_dir / "config.json", json.dumps(record, indent=2) + "\n")
+    yaml_path = write_atomic(out_dir / "config.yaml", yaml.safe_dump(record, sort_keys=False))
     if per_type is None:
         merge_preset(preset_path, export.section, preset_lines(export))
         return [script, json_path, yaml_path, preset_path]
     merge_sections(preset_path, {e.section: preset_lines(e) for e in (export, *per_type, *by_load)})
-    router = out_dir / "serve-router.sh"
-    router.write_text(router_script(export, [*per_type, *by_load], preset_path))
-    router.chmod(0o755)
-    note = out_dir / "ROUTER.md"
-    note.write_text(client_note(export, per_type) + load_note(export, by_load, verdict))
+    router = write_atomic(
+        out_dir / "serve-router.sh", router_script(export, [*per_type, *by_load], preset_path), mode=0o755
+    )
+    note = write_atomic(
+        out_dir / "ROUTER.md", client_note(export, per_type) + load_note(export, by_load, verdict)
+    )
     return [script, json_path, yaml_path, preset_path, router, note]
 
 
@@ -581,7 +574,7 @@ def run(args: argparse.Namespace) -> int:
     by_load = load_exports(study, record, frame, args.concurrency, export)
     if by_load:
         per_type = per_type or []
-    out_dir = args.out or reports_dir() / study.study_name / "export"
+    out_dir = args.out or inside(reports_dir(), study.study_name, "study") / "export"
     preset = args.preset or reports_dir() / PRESET_FILE
     verdict = break_even(by_concurrency(frame), launch_spread(records)) if by_load else ""
     for path in write_export(export, out_dir, preset, per_type, by_load, verdict):

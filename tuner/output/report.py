@@ -12,7 +12,8 @@ import pandas as pd
 
 from tuner.errors import UserError
 from tuner.output.analysis import ReportData, report_data
-from tuner.paths import reports_dir, writable_folder
+from tuner.output.files import write_atomic
+from tuner.paths import inside, reports_dir, writable_folder
 from tuner.storage.store import open_stored_study
 from tuner.studyfile.spec import default_storage_url
 
@@ -26,14 +27,13 @@ def csv_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_report(data: ReportData, out_dir: Path) -> tuple[Path, Path]:
-    """Write ``index.html`` and ``trials.csv`` under ``out_dir``; returns both paths."""
+    """Write ``index.html`` and ``trials.csv`` under ``out_dir``; returns both paths. Both are rendered
+    before either is written, and each is written whole or not at all (``write_atomic``)."""
     from tuner.output.report_html import render  # plotly is imported only when rendering
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path = out_dir / "trials.csv"
-    csv_frame(data.trials).to_csv(csv_path, index=False)
-    html_path = out_dir / "index.html"
-    html_path.write_text(render(data), encoding="utf-8")
+    page, table = render(data), csv_frame(data.trials).to_csv(index=False)
+    csv_path = write_atomic(out_dir / "trials.csv", table)
+    html_path = write_atomic(out_dir / "index.html", page)
     return html_path, csv_path
 
 
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if not any(t.state.is_finished() for t in study.get_trials(deepcopy=False)):
         raise UserError(f"study {study.study_name!r} has no finished trial; run it first (`tuner run`)")
     data = report_data(study, record)
-    html_path, csv_path = write_report(data, args.out or reports_dir() / study.study_name)
+    html_path, csv_path = write_report(data, args.out or inside(reports_dir(), study.study_name, "study"))
     if data.bandwidth and data.bandwidth.source != "fingerprint":
         print(f"note: {data.bandwidth.note} ({data.bandwidth.bytes_per_s / 1e9:.1f} GB/s)")
     print(f"report: {html_path}")

@@ -47,7 +47,7 @@ from tuner.measurement.failures import FailureReason
 from tuner.search.space import baseline_config, enqueue_params
 from tuner.storage import store
 from tuner.storage.records import Failure
-from tuner.storage.urls import safe_url, scrub, sqlite_path, with_driver  # noqa: F401 (re-exported)
+from tuner.storage.urls import check_scheme, safe_url, scrub, sqlite_path, with_driver  # noqa: F401 (re-exported)
 from tuner.studyfile.spec import WorkersSpec
 
 SCHEMA_ATTEMPTS = 3  # workers starting together on a fresh database race to create its tables
@@ -252,6 +252,7 @@ def fail_orphans(study: optuna.Study, workers: WorkersSpec, progress: Callable[[
 
 def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.storages.BaseStorage:
     """An RDB storage with heartbeats; an unreachable URL is a one-line error, not a traceback."""
+    check_scheme(url)
     prepare_sqlite_dir(url)
     from tuner.storage.outage import FULL, is_down, retrying
 
@@ -263,7 +264,7 @@ def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.stora
         first = scrub(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__, url)
         fix = (
             "install the PostgreSQL driver: pip install -e '.[postgres]'"
-            if isinstance(err, ImportError)
+            if isinstance(err, ImportError) and url.startswith("postgresql")
             else "check the URL and that the database is reachable"
         )
         raise UserError(f"storage {safe_url(url)}: cannot open ({first}); {fix}") from err

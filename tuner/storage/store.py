@@ -32,6 +32,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UserError
+from tuner.paths import check_study_name
 from tuner.storage.outage import classify, problem_of
 from tuner.storage.records import (
     SCHEMA_VERSION,
@@ -41,7 +42,7 @@ from tuner.storage.records import (
     TrialRecord,
     config_from_dict,
 )
-from tuner.storage.urls import safe_url, with_driver
+from tuner.storage.urls import check_scheme, safe_url, with_driver
 from tuner.studyfile.spec import default_storage_url
 from tuner.studyfile.validate import load_yaml_mapping
 
@@ -365,13 +366,14 @@ def baseline_record(study: optuna.Study) -> TrialRecord | None:
 
 
 def resolve_ref(ref: str, storage: str | None) -> tuple[str, str]:
-    """(study name, storage URL) from a study name or a study file (its name and storage)."""
+    """(study name, storage URL) from a study name or a study file (its name and storage); a name that
+    is not one safe folder name is refused, as the study file's parser refuses it (it names folders)."""
     path = Path(ref)
     if path.suffix in (".yaml", ".yml") or path.is_file():
         data = load_yaml_mapping(path)
-        name = data.get("name") or path.stem
-        return str(name), storage or data.get("storage") or default_storage_url()
-    return ref, storage or default_storage_url()
+        name = check_study_name(str(data.get("name") or path.stem), f"{path}: name")
+        return name, storage or data.get("storage") or default_storage_url()
+    return check_study_name(ref, "study (not a file, so a study name)"), storage or default_storage_url()
 
 
 def require_storage(url: str) -> None:
@@ -387,6 +389,7 @@ def open_stored_study(ref: str, storage: str | None = None) -> tuple[optuna.Stud
     """A stored study by name or study file, with its record; an unknown name lists the known ones,
     an unreachable or missing database is one line."""
     name, url = resolve_ref(ref, storage)
+    check_scheme(url)
     require_storage(url)
     try:
         try:

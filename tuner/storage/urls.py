@@ -70,6 +70,23 @@ def with_driver(url: str) -> str:
     return url
 
 
+SUPPORTED = "SQLite (sqlite:///PATH) or PostgreSQL (postgresql://USER:PASSWORD@HOST:PORT/DB)"
+
+
+def check_scheme(url: str) -> None:
+    """Only SQLite and PostgreSQL store studies: any other URL (mysql://, a bare path) is one line
+    naming its scheme, before SQLAlchemy asks for a driver the tuner would never use."""
+    from tuner.errors import UserError
+
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme.split("+", 1)[0] in ("sqlite", "postgresql"):
+        return
+    given = f"the scheme {scheme + sep!r}" if sep else "no scheme (SCHEME://...)"
+    raise UserError(
+        f"storage {safe_url(url)}: {given} is not supported; the tuner stores studies in {SUPPORTED}"
+    )
+
+
 def sqlite_path(url: str) -> Path | None:
     """The database file of a SQLite URL (None for other storages and in-memory SQLite)."""
     if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":

@@ -19,7 +19,7 @@ from tuner.knobs.config import RawSpace
 from tuner.measurement.load import LATENCY_METRICS, LOAD_METRICS, metric_name, split_metric_name
 from tuner.measurement.measure import MeasurementSettings
 from tuner.models.quantize import QuantizeRequest
-from tuner.paths import storage_dir
+from tuner.paths import check_study_name, storage_dir
 from tuner.studyfile.space import parse_space
 from tuner.studyfile.validate import Fields, expand_env, load_yaml_mapping
 
@@ -170,6 +170,16 @@ def _model_path(fields: Fields, key: str, raw: Any, base: Path) -> Path:
     return path
 
 
+def _study_name(fields: Fields, path: Path) -> str:
+    """``name:`` (default: the file's stem): it names folders (logs, reports), so one safe folder name."""
+    name = fields.str("name", None)
+    if name is not None:
+        return check_study_name(name, f"{fields.file}: name")
+    return check_study_name(
+        path.stem, f"{fields.file}: name (not set, so the file name's stem; set name: or rename the file)"
+    )
+
+
 def load_spec(path: str | Path) -> StudySpec:
     """Read and check a study file (not yet the models' contents: see study.prepare).
 
@@ -178,7 +188,7 @@ def load_spec(path: str | Path) -> StudySpec:
     fields = Fields(path, load_yaml_mapping(path))
     base = path.parent.resolve()
 
-    name = fields.str("name", path.stem)
+    name = _study_name(fields, path)
     target = _model_path(fields, "target", fields.raw("target"), base)
     drafts, quantize = _drafts(fields, base)
     space, space_file = _search_space_section(fields.section("search_space"), path, base)
