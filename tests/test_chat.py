@@ -141,3 +141,13 @@ def test_request_keys_and_the_router_read_chat_requests():
     }
     assert request_type(body) == "code"
     assert request_type({"prompt": "Summarize this text: ..."}) == "summarize"
+
+
+def test_repeated_output_counts_words_that_complete_a_run_the_output_already_made():
+    from tuner.measurement.quality import repeated_output
+
+    loop = "The series will be a 10-episode series. " * 3  # 7 words, three times
+    # 18 four-word runs; from the 8th on each one repeats the run 7 words before it: 11 of 18
+    assert repeated_output([loop]) == pytest.approx(11 / 18)
+    assert repeated_output(["one two three four five six"]) == 0.0
+    assert repeated_output(["too short", ""]) == 0.0

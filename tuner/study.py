@@ -33,21 +33,23 @@ from typing import Callable
 
 import optuna
 
-from tuner.context import StudyContext, prepare
+from tuner.context import StudyContext, check_lines, prepare, study_estimate
 from tuner.decisions.drift import Sentinels, midpoint, sentinel_due
 from tuner.decisions.race import describe as describe_race
 from tuner.decisions.race import race_study
 from tuner.errors import UserError
+from tuner.eta import Estimate, Progress, as_progress
 from tuner.knobs.config import TrialConfig
 from tuner.machine import hostlock
 from tuner.machine.host import busy_processes, cpu_seconds_by_process, host_was_busy, trial_host_state
-from tuner.machine.placement import contradiction, evict, read_numa_maps
+from tuner.machine.placement import contradiction, evict, read_numa_maps, read_smaps_rollup
 from tuner.machine.roofline import Bandwidth, impossible, last_level_cache_bytes, study_roofline
 from tuner.measurement import quality as quality_scorers
 from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_command, model_flags
 from tuner.measurement.load import run_levels
 from tuner.measurement.measure import Sample, outputs_by_prompt, run_workload, score_trial, summarize
+from tuner.measurement.quality import repeated_output
 from tuner.measurement.runner import LlamaServer, free_port, read_log_tail
 from tuner.search.prior import describe as describe_prior
 from tuner.search.prior import find_prior
@@ -376,6 +378,7 @@ class TrialRunner:
                     before, cpu_seconds_by_process(), time.monotonic() - wall, {os.getpid(), server.pid}
                 )
                 pages = read_numa_maps(server.pid, models)
+                memory = read_smaps_rollup(server.pid)  # which pages were huge (THP), locked
                 spec_problem = server.speculation_log_problem()
                 log_tail = server.log_tail()
         except Pruned as pruned:
@@ -407,6 +410,7 @@ class TrialRunner:
                 tokens_per_second=scores.tokens_per_second,
             )
         quality, extra_scores = self._quality(config, outputs, reference)
+        extra_scores = {**extra_scores, "repeated_output": repeated_output(s.text for s in outputs.values())}
         reference_rate = (
             reference_rate or scores.tokens_per_second
         )  # a baseline or sentinel is its own reference
@@ -414,6 +418,7 @@ class TrialRunner:
         host.update(
             evicted_pages=evicted,
             numa_pages={Path(f).name: n for f, n in pages.items()},
+            smaps_kib=memory,
             placement_problem=contradiction(
                 config.numa, config.numa_node, pages, len(ctx.launch.topology.nodes)
             ),
@@ -583,6 +588,7 @@ def run_study(
     Measures under the host's measurement lock (``tuner.machine.hostlock``); a storage outage stops
     it in one line with the measured trials kept in the journal (``tuner.storage.journal``), which
     the next run stores first."""
+    progress = as_progress(progress)
     ctx = prepare(spec, progress)
     journal = Journal(spec.name, spec.storage)
     with hostlock.measuring(spec.name, progress=progress), outage.guard(spec.storage, journal.pending):
@@ -591,8 +597,54 @@ def run_study(
     return study
 
 
+class RunClock:
+    """The time left in a run, planned on its Progress: the trials not yet counted at the time per trial
+    measured so far in this run (the estimate before the first), then the race, scaled by how far the
+    measured trials are off the estimate. The scaled launch time is left for the race (``unit_s``)."""
+
+    def __init__(
+        self, progress: Progress, estimate: Estimate, budget: int, race: bool, deadline: float | None
+    ):
+        self.progress, self.estimate, self.budget, self.race, self.deadline = (
+            progress,
+            estimate,
+            budget,
+            race,
+            deadline,
+        )
+        self.first: tuple[int, float] | None = None  # trials counted, and when, at the first plan
+
+    def replan(self, counted: int) -> None:
+        now = time.monotonic()
+        self.first = self.first or (counted, now)
+        done = counted - self.first[0]
+        per_trial = (now - self.first[1]) / done if done > 0 else self.estimate.trial_s
+        trials_s = max(0, self.budget - counted) * per_trial
+        if self.deadline is not None:
+            trials_s = min(trials_s, max(0.0, self.deadline - now))
+        scale = min(10.0, max(0.1, per_trial / self.estimate.trial_s)) if self.estimate.trial_s else 1.0
+        self.progress.unit_s = self.estimate.launch_s * scale
+        self.progress.plan(trials_s + (self.estimate.race_s * scale if self.race else 0.0))
+
+
+def _starting_notes(ctx: StudyContext, study: optuna.Study, progress: Progress) -> None:
+    """What the space left out on this machine, and the warm start from an earlier study."""
+    for note in ctx.space.notes:
+        progress(f"note: {note}")
+    prior = store.read_prior(study)
+    if prior:
+        uses = (
+            [f"its {', '.join(f'{k}={v}' for k, v in prior['hardware'].items())} first in the hardware stage"]
+            if prior["hardware"]
+            else []
+        ) + (["its winner right after the baseline"] if prior["params"] else [])
+        progress(
+            f"warm start from {describe_prior(prior)}: {' and '.join(uses)} (sampler.reuse: false turns it off)"
+        )
+
+
 def _run_locked(
-    ctx: StudyContext, journal: Journal, trials: int | None, progress: Callable[[str], None], race: bool
+    ctx: StudyContext, journal: Journal, trials: int | None, progress: Progress, race: bool
 ) -> optuna.Study:
     spec = ctx.spec
     lock = hold_sqlite_study(spec.storage, spec.name)
@@ -600,28 +652,18 @@ def _run_locked(
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress line replaces Optuna's
     try:
         study = open_study(ctx)
+        progress.sink = lambda figures: store.write_progress(study, {"command": "tuner run", **figures})
         journal.replay(study, progress)  # trials measured before a storage outage, before orphans are failed
         if store.created_by(study) != worker_id():
             study.sampler.reseed_rng()  # a joining worker or a resumed run must not replay the creator's proposals
         if lock:
             fail_orphans(study, spec.workers, progress)
-        for note in ctx.space.notes:
-            progress(f"note: {note}")
-        prior = store.read_prior(study)
-        if prior:
-            uses = (
-                [
-                    f"its {', '.join(f'{k}={v}' for k, v in prior['hardware'].items())} first in the hardware stage"
-                ]
-                if prior["hardware"]
-                else []
-            ) + (["its winner right after the baseline"] if prior["params"] else [])
-            progress(
-                f"warm start from {describe_prior(prior)}: {' and '.join(uses)} (sampler.reuse: false turns it off)"
-            )
         budget = trials or spec.budget_trials
         objective = TrialRunner(ctx, study, progress, journal)
         deadline = time.monotonic() + spec.budget_minutes * 60 if spec.budget_minutes else None
+        clock = RunClock(progress, study_estimate(ctx), budget, race, deadline)
+        clock.replan(tally(study).counted)
+        _starting_notes(ctx, study, progress)
 
         def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
             journal.stored(trial.number)
@@ -633,13 +675,17 @@ def _run_locked(
             )
             record = store.read_trial(trial)
             why = f" [{record.search['stage']}: {record.search['reason']}]" if record.search else ""
+            counted = tally(study).counted
+            clock.replan(counted)
             progress(
-                f"[{tally(study).counted}/{budget}] trial {trial.number}{why}: {describe_trial(record)} | {best_text}"
+                f"[{counted}/{budget}] trial {trial.number}{why}: {describe_trial(record)} | {best_text}"
             )
 
         def run_one() -> None:
             if sentinel_due(store.read_trials(study), worker_id(), spec.sentinel, time.time()):
-                progress(f"sentinel: {describe_trial(objective.run_sentinel())}")
+                sentinel = describe_trial(objective.run_sentinel())
+                clock.replan(tally(study).counted)
+                progress(f"sentinel: {sentinel}")
             timeout = max(1.0, deadline - time.monotonic()) if deadline else None
             objective.failed_elsewhere = None
             try:
@@ -661,10 +707,11 @@ def _run_locked(
             run_until_budget(study, run_one, budget, spec.workers, deadline, progress)
         if race:
             result = race_study(ctx, study, progress)
+            progress.plan(0.0)
             for line in (
                 describe_race(result) if result else ["race: no feasible trial besides the baseline to race"]
             ):
-                progress(line)
+                progress.out(line)  # the result, not progress
     finally:
         optuna.logging.set_verbosity(verbosity)
         if lock:
@@ -689,7 +736,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="validate the study file and models, print the resolved space, run nothing",
+        help="validate the study file and models; print the resolved space, the workload and a time estimate; "
+        "run nothing",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="with --check: the resolved space as JSON, for scripts"
     )
     parser.add_argument(
         "--no-race",
@@ -703,6 +754,12 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.study)
     if args.trials is not None and args.trials < 1:
         raise UserError(f"--trials: must be >= 1, got {args.trials}")
+    if args.json and not args.check:
+        raise UserError("--json: only with --check (the check's output as JSON)")
+    if args.check and not args.json:
+        for line in check_lines(prepare(spec), race=not args.no_race):
+            print(line)
+        return 0
     if args.check:
         ctx = prepare(spec)
         print(

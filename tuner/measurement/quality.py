@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tuner.errors import UserError
@@ -85,6 +85,27 @@ def answer_score(outputs: dict[str, str], workload: Workload) -> float:
         for p in graded
     )
     return passed / len(graded)
+
+
+REPEAT_NGRAM = 4  # words: a reply that repeats a 4-word run of its own is copying itself
+
+
+def repeated_output(texts: Iterable[str], n: int = REPEAT_NGRAM) -> float:
+    """Share of output words that complete an ``n``-word run the same output already produced.
+
+    Why: prompt lookup drafts from text the context holds, and the model's own earlier output is part
+    of it. A base model that loops ("The series will be a 10-episode series ..." seven times) hands
+    lookup easy tokens; this share says how much of a lookup gain may be that, not the prompt."""
+    repeated = total = 0
+    for text in texts:
+        words = text.split()
+        seen: set[tuple[str, ...]] = set()
+        for i in range(n - 1, len(words)):
+            gram = tuple(words[i - n + 1 : i + 1])
+            repeated += gram in seen
+            seen.add(gram)
+        total += max(0, len(words) - n + 1)
+    return repeated / total if total else 0.0
 
 
 def output_quality(

@@ -35,13 +35,14 @@ import optuna
 import pandas as pd
 import yaml
 
-from tuner.context import prepare
+from tuner.context import prepare, study_estimate
 from tuner.decisions.per_type import PerTypeResult, race_per_type
 from tuner.decisions.per_type import describe as describe_per_type
 from tuner.decisions.race import RaceResult, finalists, race_study
 from tuner.decisions.race import describe as describe_race
 from tuner.decisions.route import describe_accuracy
 from tuner.errors import UserError
+from tuner.eta import Progress
 from tuner.knobs.config import method_of
 from tuner.machine import hostlock
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
@@ -432,12 +433,13 @@ def client_note(pooled: Export, per_type: list[Export]) -> str:
             f'  -d \'{{"model": "{example}", "prompt": "def add(a, b):", "max_tokens": 64}}\'',
             "```",
             "",
-            "Mixed traffic: classify each prompt, then fall back to the pooled section:",
+            "Mixed traffic: classify each request (a `/completion` body's prompt, or a chat request's last user "
+            "message), then fall back to the pooled section:",
             "",
             "```python",
-            "from tuner.decisions.route import content_type",
+            "from tuner.decisions.route import request_type",
             f"SECTIONS = {sections!r}",
-            f'name = f"{pooled.section}-{{content_type(prompt)}}"',
+            f'name = f"{pooled.section}-{{request_type(body)}}"',
             f"model = name if name in SECTIONS else {pooled.section!r}",
             "```",
             "",
@@ -535,6 +537,8 @@ def run(args: argparse.Namespace) -> int:
     if args.preset is not None:
         writable_file(args.preset, "--preset")
     study, record = store.open_stored_study(args.study, args.storage)
+    progress = Progress(print)  # race rounds with elapsed and remaining time, also in the dashboard
+    progress.sink = lambda figures: store.write_progress(study, {"command": "tuner export", **figures})
     records = store.read_trials(study)
     frame = trials_frame(records)
     number, why = choose(record, frame, args.policy, args.min_acceptance, args.trial)
@@ -546,7 +550,7 @@ def run(args: argparse.Namespace) -> int:
     race = None
     if not args.no_race:
         candidates = None if args.policy == "max-tps" and args.trial is None else [chosen]
-        race = race_for_export(study, record, candidates)
+        race = race_for_export(study, record, candidates, progress)
         if race is None:
             print("race: the choice is the baseline configuration itself; nothing to race")
         else:
@@ -566,7 +570,9 @@ def run(args: argparse.Namespace) -> int:
             f"K={row['draft_max']}, T={row['temperature']}: {row['tokens_per_second']:.1f} tokens/s"
         )
     per_type = (
-        per_type_exports(args, study, record, frame, export) if _wants_per_type(args, record, frame) else None
+        per_type_exports(args, study, record, frame, export, progress)
+        if _wants_per_type(args, record, frame)
+        else None
     )
     if per_type is not None:
         export = replace(export, per_type=per_type[0].to_json() if per_type[0] else None)
@@ -709,12 +715,22 @@ def _wants_per_type(args: argparse.Namespace, record: StudyRecord, frame: pd.Dat
 
 
 def per_type_exports(
-    args: argparse.Namespace, study: optuna.Study, record: StudyRecord, frame: pd.DataFrame, pooled: Export
+    args: argparse.Namespace,
+    study: optuna.Study,
+    record: StudyRecord,
+    frame: pd.DataFrame,
+    pooled: Export,
+    progress: Progress | None = None,
 ) -> tuple[PerTypeResult | None, list[Export]]:
     """Race the per-type winners on held-out prompts; the exports of the types that pay."""
     ctx = export_context(record)
-    with hostlock.measuring(record.name):  # one measurement per host
-        result = race_per_type(ctx, study, store.read_trial(study.trials[pooled.trial]))
+    progress = progress or Progress(print)
+    # at most the pooled winner, the baseline and one winner per type, each launched once per round
+    rounds = max(ctx.spec.race.min_rounds, ctx.spec.race.confirm_rounds)
+    progress.unit_s = progress.unit_s or study_estimate(ctx).launch_s
+    progress.plan(rounds * (len(ctx.workload.suites) + 2) * progress.unit_s)
+    with hostlock.measuring(record.name, progress=progress):  # one measurement per host
+        result = race_per_type(ctx, study, store.read_trial(study.trials[pooled.trial]), progress)
     if result is None:
         print("per-type: the study has no baseline; nothing to race")
         return None, []
