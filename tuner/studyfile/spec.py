@@ -18,6 +18,7 @@ from typing import Any
 from tuner.knobs.config import RawSpace
 from tuner.measurement.load import LATENCY_METRICS, LOAD_METRICS, metric_name, split_metric_name
 from tuner.measurement.measure import MeasurementSettings
+from tuner.measurement.workload import BUILTIN_CHAT_TEMPLATES, builtin_chat_template
 from tuner.models.quantize import QuantizeRequest
 from tuner.paths import check_study_name, storage_dir
 from tuner.studyfile.space import parse_space
@@ -132,6 +133,9 @@ class StudySpec:
     race: RaceSpec = RaceSpec()
     quantize: tuple[QuantizeRequest, ...] = ()  # drafts made by llama-quantize (tuner.models.quantize)
     constraints: tuple[Constraint, ...] = ()  # bounds on load metrics (tuner.measurement.load)
+    chat_template: Path | None = (
+        None  # a Jinja file for chat suites (llama_cpp.chat_template); None: the model's
+    )
 
     @property
     def base_dir(self) -> Path:
@@ -209,7 +213,7 @@ def load_spec(path: str | Path) -> StudySpec:
     storage = fields.str("storage", None) or default_storage_url()
     sampler = _sampler_section(fields.section("sampler"))  # sampler, seed, prune, reuse
     warm_start = _warm_start(fields)
-    bin_dir, extra_args = _llama_cpp_section(fields.section("llama_cpp"), base)
+    bin_dir, extra_args, chat_template = _llama_cpp_section(fields.section("llama_cpp"), base)
     workers = _workers_section(fields.section("workers"))
     sentinel = _sentinel_section(fields.section("sentinel"))
     race = _race_section(fields.section("race"))
@@ -232,6 +236,7 @@ def load_spec(path: str | Path) -> StudySpec:
         warm_start=warm_start,
         bin_dir=bin_dir,
         extra_args=extra_args,
+        chat_template=chat_template,
         workers=workers,
         sentinel=sentinel,
         race=race,
@@ -445,14 +450,32 @@ def _warm_start(fields: Fields) -> tuple[dict[str, Any], ...]:
     return tuple(warm_start)
 
 
-def _llama_cpp_section(llama: Fields, base: Path) -> tuple[Path | None, tuple[str, ...]]:
-    """``llama_cpp:``: a user build's folder, and extra llama-server arguments (argv elements, no shell)."""
+def _llama_cpp_section(llama: Fields, base: Path) -> tuple[Path | None, tuple[str, ...], Path | None]:
+    """``llama_cpp:``: a user build's folder, extra llama-server arguments (argv elements, no shell), and
+    the chat template for chat suites (a built-in name or a Jinja file)."""
     bin_dir_raw = llama.str("bin_dir", None)
     extra_args = llama.list("extra_args", [])
     if not all(isinstance(a, str) for a in extra_args):
         llama.fail("extra_args", "expected a list of strings (one argv element each; no shell syntax)")
+    template_raw = llama.str("chat_template", None)
     llama.done()
-    return (_path(llama, "bin_dir", bin_dir_raw, base) if bin_dir_raw else None), tuple(extra_args)
+    bin_dir = _path(llama, "bin_dir", bin_dir_raw, base) if bin_dir_raw else None
+    return bin_dir, tuple(extra_args), _chat_template(llama, template_raw, base)
+
+
+def _chat_template(llama: Fields, raw: str | None, base: Path) -> Path | None:
+    """A built-in template name (tuner/data/chat_templates/NAME.jinja) or a path to a Jinja file."""
+    if raw is None:
+        return None
+    if raw in BUILTIN_CHAT_TEMPLATES:
+        return builtin_chat_template(raw)
+    path = _path(llama, "chat_template", raw, base)
+    if not path.is_file():
+        llama.fail(
+            "chat_template",
+            f"{raw!r} is neither a built-in template ({', '.join(BUILTIN_CHAT_TEMPLATES)}) nor a Jinja file",
+        )
+    return path
 
 
 def _workers_section(w: Fields) -> WorkersSpec:
