@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ import yaml
 from tuner.decisions.route import content_type
 from tuner.errors import UserError
 from tuner.measurement.workload import HELD_OUT_MIN, SPLIT_MIN_PROMPTS
+from tuner.output.files import write_atomic
 
 OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 SHAREGPT_ROLES = {
@@ -349,27 +348,6 @@ def suite_text(rows: list[Row], description: str) -> str:
     )
 
 
-def write_files(files: dict[Path, str]) -> None:
-    """Every file or none: each written to a temporary file beside it, then all renamed into place."""
-    temps: list[tuple[str, Path]] = []
-    try:
-        for path, text in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            temps.append((temp, path))
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-    except OSError as err:
-        for temp, _ in temps:
-            Path(temp).unlink(missing_ok=True)
-        raise UserError(
-            f"{err.filename or path}: cannot write the suite ({err.strerror}); check --out"
-        ) from None
-    for temp, path in temps:
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-
-
 # ------------------------------------------------------------------ the command
 
 
@@ -444,7 +422,8 @@ def import_traffic(path: Path, out: Path, n: int | None, by_type: bool, seed: in
         target: suite_text(rows, _description(source, len(rows), len(reading.rows), kind, n, seed))
         for target, (kind, rows) in groups.items()
     }
-    write_files(files)
+    for target, text in files.items():  # only once everything read; each file whole or not at all
+        write_atomic(target, text)
     return _summary(path, reading, kept, groups, n, seed, skipped, by_type)
 
 
