@@ -13,12 +13,14 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tuner import eta
 from tuner.errors import MissingBinaryError, UserError
-from tuner.knobs.config import Choices
-from tuner.knobs.registry import KNOB_TYPES
+from tuner.knobs.config import Choices, Domain, IntRange
+from tuner.knobs.registry import KNOB_TYPES, NAMES
 from tuner.machine.fingerprint import fingerprint
 from tuner.machine.host import measure_memory_bandwidth, numactl_path, read_host_state
 from tuner.machine.llama_build import binary, find_build_info, resolve_bin_dir
+from tuner.machine.roofline import Bandwidth, study_roofline
 from tuner.machine.topology import Topology, read_topology
 from tuner.measurement.launch import LaunchContext, meaningful_numa_policies
 from tuner.measurement.measure import MeasurementSettings
@@ -319,3 +321,132 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
         log_dir=inside(storage_dir() / "logs", spec.name, "study"),
         quantized=quantized,
     )
+
+
+# ---------------------------------------------------------------- `tuner run --check`
+
+
+def request_prompts(workload: Workload, n_predict: int) -> list[int]:
+    """Each request's prompt in tokens (estimated from its characters): a conversation's later turns
+    carry the earlier replies and turns."""
+    tokens = []
+    for p in workload.prompts:
+        first = eta.prompt_tokens(p.text + "".join(c for _, c in p.messages))
+        grown = first
+        for turn in ("", *p.turns):
+            grown += eta.prompt_tokens(turn) if turn else 0
+            tokens.append(grown)
+            grown += n_predict
+    return tokens
+
+
+def study_estimate(ctx: StudyContext) -> eta.Estimate:
+    """The study's expected time on this machine (``tuner.eta.estimate``): the target's bytes read per
+    token against the fingerprint's bandwidth, a launch reading the target and the largest draft."""
+    spec, m = ctx.spec, ctx.settings
+    bandwidth = float(ctx.fingerprint.get("bandwidth_bytes_per_s") or 0.0)
+    roofline = study_roofline(ctx.study_record("check"), Bandwidth(bandwidth or 1.0, "fingerprint", ""))
+    per_token = roofline.bytes_per_token(None) if roofline else ctx.target.weights_bytes
+    files = ctx.target.file_size_bytes + max((d.file_size_bytes for d in ctx.drafts.values()), default=0)
+    return eta.estimate(
+        eta.machine(per_token, files, bandwidth),
+        request_prompts(ctx.workload, m.n_predict),
+        n_predict=m.n_predict,
+        warmup=m.warmup,
+        repetitions=m.repetitions,
+        levels=spec.load_levels,
+        trials=spec.budget_trials,
+        sentinel_every=spec.sentinel.every_trials,
+        sentinel_minutes=spec.sentinel.every_minutes,
+        budget_minutes=spec.budget_minutes,
+        race_rounds=spec.race.max_rounds,
+        finalists=spec.race.max_finalists,
+        confirm_rounds=spec.race.confirm_rounds,
+        race_minutes=spec.race.budget_minutes,
+    )
+
+
+def describe_domain(domain: Domain) -> str:
+    if isinstance(domain, Choices):
+        return ", ".join(map(str, domain.values))
+    text = f"{domain.low}..{domain.high}"
+    step = domain.step if isinstance(domain, IntRange) and domain.step != 1 else None
+    if not isinstance(domain, IntRange):
+        step = domain.step
+    return text + (f" step {step}" if step else "") + (" (log)" if domain.log else "")
+
+
+def check_lines(ctx: StudyContext, race: bool = True) -> list[str]:
+    """What `tuner run --check` prints: the space, what was left out and why, the workload, and the time."""
+    spec, space = ctx.spec, ctx.space
+    knobs = [k for k in NAMES if k in space.domains] + [k for k in space.domains if k not in NAMES]
+    lines = [f"study {spec.name} ({spec.path}): checked, nothing run", *_models_lines(ctx), ""]
+    lines += [f"{'knob':<16}values"] + [f"{k:<16}{describe_domain(space.domains[k])}" for k in knobs]
+    dropped = [f"  {note}" for note in space.notes]
+    if space.defaults:
+        fixed = ", ".join(f"{k} {v}" for k, v in space.defaults.items())
+        dropped.append(
+            f"  {fixed}: llama.cpp's defaults, not searched (a list in search_space searches them)"
+        )
+    lines += ["", "left out for this machine or model:", *(dropped or ["  nothing"]), ""]
+    return lines + _workload_lines(ctx) + [""] + estimate_lines(study_estimate(ctx), ctx, race)
+
+
+def _models_lines(ctx: StudyContext) -> list[str]:
+    t, fp = ctx.target, ctx.fingerprint
+    bandwidth = fp.get("bandwidth_bytes_per_s")
+    drafts = ", ".join(f"{n} ({d.file_size_bytes / 1e9:.2f} GB)" for n, d in ctx.drafts.items()) or "none"
+    return [
+        f"  target   {ctx.spec.target.name}: {t.architecture}, {t.file_type or t.dominant_tensor_type}, "
+        f"{t.weights_bytes / 1e9:.2f} GB of weights"
+        + (f", {t.expert_used_count} of {t.expert_count} experts" if t.is_moe else ""),
+        f"  drafts   {drafts}",
+        f"  machine  {fp.get('physical_cores')} cores, {len(ctx.launch.topology.nodes)} NUMA node(s), "
+        + (f"{bandwidth / 1e9:.1f} GB/s memory bandwidth (copy probe)" if bandwidth else "bandwidth unknown"),
+    ]
+
+
+def _workload_lines(ctx: StudyContext) -> list[str]:
+    spec, m, w = ctx.spec, ctx.settings, ctx.workload
+    suites = ", ".join(f"{s} {sum(p.suite == s for p in w.prompts)}" for s in w.suites)
+    levels = spec.load_levels
+    bounds = ", ".join(f"{c.name} {c.limit:g}" for c in spec.constraints)
+    return [
+        f"prompts      {len(w.prompts)} ({suites}); n_predict {m.n_predict}, warm-up {m.warmup}, "
+        f"{m.repetitions} repetition(s)",
+        "users        "
+        + (
+            f"{', '.join(map(str, levels))} at once, each level in every trial" if levels else "one at a time"
+        ),
+        f"objectives   {', '.join(o.metric for o in spec.objectives)}; quality {spec.quality.scorer} "
+        f">= {spec.quality.floor:g}" + (f"; bounds {bounds}" if bounds else ""),
+        f"budget       {spec.budget_trials} trials"
+        + (f" or {spec.budget_minutes:g} min" if spec.budget_minutes else ""),
+    ]
+
+
+def estimate_lines(est: eta.Estimate, ctx: StudyContext, race: bool = True) -> list[str]:
+    """The time estimate: trials, the race at its most, the total, and its basis in one line."""
+    d, m, r = eta.duration, est.machine, ctx.spec.race
+    capped = " (budget.minutes)" if est.budget_s and est.trials_s >= est.budget_s else ""
+    lines = [
+        "time estimate (tuner run)",
+        f"  trials   {est.trials} + {est.sentinels} sentinel(s) x ~{d(est.trial_s)} = ~{d(est.trials_s)}{capped}",
+    ]
+    if race:
+        confirm = f" + {r.confirm_rounds} confirmation rounds x 2" if r.confirm_rounds else ""
+        lines.append(
+            f"  race     at most {r.max_rounds} rounds x {est.finalists + 1} launches{confirm}, "
+            f"~{d(est.launch_s)} each = ~{d(est.race_s)}"
+        )
+    lines.append(
+        f"  total    ~{d(est.trials_s + (est.race_s if race else 0))}"
+        + (" (the race at its most)" if race else "")
+    )
+    lines.append(
+        f"  basis: {m.bytes_per_token / 1e9:.3f} GB read per token at {eta.DECODE_EFFICIENCY:.0%} of "
+        f"{m.bandwidth / 1e9:.1f} GB/s = {1000 * m.token_s:.1f} ms/token (at least {1000 * eta.TOKEN_FLOOR_S:g} ms), "
+        f"launch ~{m.launch_s:.1f} s; a trial: launch, warm-up, repetitions x prompts x n_predict, levels, at the "
+        "target's rate (speculation, pruning, quality runs not counted)"
+    )
+    return lines

@@ -618,11 +618,12 @@ class RunClock:
         now = time.monotonic()
         self.first = self.first or (counted, now)
         done = counted - self.first[0]
-        per_trial = (now - self.first[1]) / done if done > 0 else self.estimate.trial_s
+        planned = self.estimate.trials_s / max(self.estimate.trials, 1)  # sentinels included
+        per_trial = (now - self.first[1]) / done if done > 0 else planned
         trials_s = max(0, self.budget - counted) * per_trial
         if self.deadline is not None:
             trials_s = min(trials_s, max(0.0, self.deadline - now))
-        scale = min(10.0, max(0.1, per_trial / self.estimate.trial_s)) if self.estimate.trial_s else 1.0
+        scale = min(10.0, max(0.1, per_trial / planned)) if planned else 1.0
         self.progress.unit_s = self.estimate.launch_s * scale
         self.progress.plan(trials_s + (self.estimate.race_s * scale if self.race else 0.0))
 
@@ -707,11 +708,12 @@ def _run_locked(
             run_until_budget(study, run_one, budget, spec.workers, deadline, progress)
         if race:
             result = race_study(ctx, study, progress)
-            progress.plan(0.0)
             for line in (
                 describe_race(result) if result else ["race: no feasible trial besides the baseline to race"]
             ):
                 progress.out(line)  # the result, not progress
+        progress.plan(0.0)
+        progress.record(f"finished: {tally(study).counted} of {budget} trials" + (", raced" if race else ""))
     finally:
         optuna.logging.set_verbosity(verbosity)
         if lock:

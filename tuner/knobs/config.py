@@ -73,6 +73,9 @@ class TrialConfig:
     cache_type_k: str | None = None
     cache_type_v: str | None = None
     poll: int | None = None
+    cache_reuse: int | None = None
+    mmap: str | None = None  # None: llama.cpp's default (mapped)
+    mlock: str | None = None  # None: llama.cpp's default (not locked)
 
     @property
     def speculative(self) -> bool:

@@ -28,10 +28,27 @@ FLASH_ATTN = ("auto", "on", "off")
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 # Knobs that only mean something with several users at once: a space file's `concurrent:` section.
 CONCURRENT_KNOBS = ("parallel",)
-# The serving knobs (issue 24), in the order the structured sampler walks them (tuner.search.sampler).
-SERVING_KNOBS = ("parallel", "ubatch", "batch", "flash_attn", "cache_type_k", "cache_type_v", "poll")
-# llama.cpp's own defaults of the serving knobs: the baseline (the quality reference) runs them, never
-# a quantized KV cache a search happened to draw.
+# How llama-server holds the weights (issue 32): mapped from the file or read into memory, locked or not.
+# The pinned build has one option for both, --load-mode (none, mmap, mlock, mmap+mlock): see
+# tuner.measurement.launch.memory_options. Their values are on/off (a bare YAML on/off reads as a boolean).
+MEMORY_KNOBS = ("mmap", "mlock")
+ON_OFF = ("on", "off")
+# The serving and memory knobs (issues 24, 32), in the order the structured sampler walks them
+# (tuner.search.sampler); every plan carries the baseline's values until then.
+SERVING_KNOBS = (
+    "parallel",
+    "ubatch",
+    "batch",
+    "flash_attn",
+    "cache_type_k",
+    "cache_type_v",
+    "poll",
+    "cache_reuse",
+    *MEMORY_KNOBS,
+)
+# llama.cpp's own defaults of the serving and memory knobs: the baseline (the quality reference) runs
+# them, never a quantized KV cache a search happened to draw; a space that fixes a memory knob or
+# cache_reuse at its default leaves it out (tuner.search.space), so the argv is llama.cpp's default.
 SERVING_DEFAULTS = {
     "batch": 2048,
     "ubatch": 512,
@@ -39,6 +56,9 @@ SERVING_DEFAULTS = {
     "cache_type_k": "f16",
     "cache_type_v": "f16",
     "poll": 50,
+    "cache_reuse": 0,
+    "mmap": "on",
+    "mlock": "off",
 }
 
 
@@ -89,6 +109,13 @@ KNOBS = (
     ),
     Knob("cache_type_v", str, "KV cache type of V (-ctv); a quantized V needs flash attention"),
     Knob("poll", int, "polling level 0..100 while waiting for work (--poll)"),
+    Knob(
+        "cache_reuse",
+        int,
+        "smallest chunk of a cached prompt reused through KV shifting (--cache-reuse N; 0: off)",
+    ),
+    Knob("mmap", str, "weights mapped from the file (on) or read into memory (off): --load-mode"),
+    Knob("mlock", str, "weights locked in RAM, never swapped (on/off): --load-mode mlock or mmap+mlock"),
 )
 
 NAMES = tuple(k.name for k in KNOBS)

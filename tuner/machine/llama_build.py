@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import MissingBinaryError, UserError
+from tuner.eta import duration
 from tuner.paths import cache_dir
 
 PINNED_PACKAGE = "llama-cpp-python"
@@ -189,7 +190,7 @@ def build_pinned(force: bool = False, jobs: int | None = None) -> dict:
             _run_logged(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], log)
             jobs = jobs or os.cpu_count() or 2
             print(
-                f"llama.cpp: building {len(TOOLS)} tools with {jobs} jobs (about 4 min on 2 cores)",
+                f"llama.cpp: building {len(TOOLS)} tools with {jobs} jobs (5-12 min on 2 cores, less with more)",
                 flush=True,
             )
             _run_logged(
@@ -250,8 +251,10 @@ def _require_build_tools() -> None:
 
 
 def _run_logged(cmd: list[str], log, progress: bool = False) -> None:
-    """Run a build step, its output into the log; show coarse progress; fail with the log tail."""
+    """Run a build step, its output into the log; show coarse progress with the time elapsed and left (the
+    time so far scaled by the percent to go); fail with the log tail."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started = time.monotonic()
     shown = -10
     tail: list[str] = []
     assert proc.stdout is not None
@@ -261,9 +264,15 @@ def _run_logged(cmd: list[str], log, progress: bool = False) -> None:
         pct = re.match(r"\[\s*(\d+)%\]", line)
         if progress and pct and int(pct.group(1)) >= shown + 10:
             shown = int(pct.group(1))
-            print(f"llama.cpp: {shown}%", flush=True)
+            print(f"llama.cpp: {shown}% ({build_eta(time.monotonic() - started, shown)})", flush=True)
     if proc.wait() != 0:
         raise UserError(f"`{' '.join(cmd[:3])} ...` failed:\n" + "\n".join(tail))
+
+
+def build_eta(elapsed: float, percent: int) -> str:
+    """``1m05s elapsed, ~9m left``: what is left at the pace so far (before any percent: unknown)."""
+    left = f", ~{duration(elapsed * (100 - percent) / percent)} left" if percent > 0 else ""
+    return f"{duration(elapsed)} elapsed{left}"
 
 
 def resolve_bin_dir(explicit: str | os.PathLike | None = None) -> Path:

@@ -96,6 +96,26 @@ def read_numa_maps(pid: int, files: list[Path]) -> dict[str, dict[int, int]]:
     return parse_numa_maps(text, [str(f) for f in files])
 
 
+# What /proc/PID/smaps_rollup says about a server's memory: resident, anonymous (weights read into memory
+# with mmap off, the KV cache, buffers), in transparent huge pages (anonymous, and file pages mapped by
+# PMD: a mapped GGUF in huge pages), and locked (mlock).
+SMAPS_FIELDS = ("Rss", "Anonymous", "AnonHugePages", "FilePmdMapped", "Locked")
+
+
+def parse_smaps_rollup(text: str) -> dict[str, int]:
+    """SMAPS_FIELDS in kB from a ``smaps_rollup`` text (a field the kernel does not report is left out)."""
+    found = dict(re.findall(r"^(\w+):\s+(\d+) kB", text, flags=re.MULTILINE))
+    return {name: int(found[name]) for name in SMAPS_FIELDS if name in found}
+
+
+def read_smaps_rollup(pid: int) -> dict[str, int]:
+    """The server's memory by kind after its workload (which pages were huge); empty when unreadable."""
+    try:
+        return parse_smaps_rollup(Path(f"/proc/{pid}/smaps_rollup").read_text())
+    except OSError:
+        return {}
+
+
 def contradiction(
     policy: str, node: int | None, pages: dict[str, dict[int, int]], n_nodes: int
 ) -> str | None:

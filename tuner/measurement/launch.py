@@ -199,6 +199,7 @@ def build_server_command(config: TrialConfig, ctx: LaunchContext) -> ServerComma
         ("--no-webui", None),
         *chat_options(ctx),
         *serving_options(config),
+        *memory_options(config),
         *pinning,
         *speculative_options(config, ctx),
     ]
@@ -245,9 +246,31 @@ def attention_options(config: TrialConfig) -> list[tuple[str, str]]:
 
 
 def serving_options(config: TrialConfig) -> list[tuple[str, str]]:
-    """Batch sizes and polling: how the server schedules work, not what it computes."""
-    flags = (("--batch-size", config.batch), ("--ubatch-size", config.ubatch), ("--poll", config.poll))
+    """Batch sizes, polling and prompt-cache reuse: how the server schedules work, not what it computes."""
+    flags = (
+        ("--batch-size", config.batch),
+        ("--ubatch-size", config.ubatch),
+        ("--poll", config.poll),
+        ("--cache-reuse", config.cache_reuse),
+    )
     return [(flag, str(value)) for flag, value in flags if value is not None]
+
+
+# The pinned build's --load-mode for (mmap, mlock); it has no --mmap/--no-mmap/--mlock switches.
+LOAD_MODES = {
+    ("on", "off"): "mmap",
+    ("off", "off"): "none",
+    ("on", "on"): "mmap+mlock",
+    ("off", "on"): "mlock",
+}
+
+
+def memory_options(config: TrialConfig) -> list[tuple[str, str]]:
+    """How the server holds the weights: ``--load-mode`` when mmap or mlock is set (a knob left unset keeps
+    llama.cpp's default: mapped, not locked); nothing when neither is, llama.cpp's own default."""
+    if config.mmap is None and config.mlock is None:
+        return []
+    return [("--load-mode", LOAD_MODES[(config.mmap or "on", config.mlock or "off")])]
 
 
 def expert_override(key: str, experts: int) -> str:

@@ -31,6 +31,7 @@ from tuner.knobs.registry import NAMES as KNOB_NAMES
 from tuner.machine.host import host_was_busy
 from tuner.machine.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
 from tuner.measurement.measure import per_source
+from tuner.output.turns import speedup_by_turn
 from tuner.search.sampler import fitted_models
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord
@@ -93,6 +94,8 @@ def trials_frame(
             "drifted": sentinels.drifted(r.worker, midpoint(r)) if midpoint(r) is not None else None,
             "host_busy": host_was_busy(r.host) if r.host else None,
             "placement_problem": r.host.get("placement_problem") if r.host else None,
+            "thp_mode": r.host.get("thp_mode") if r.host else None,
+            **memory_mib(r.host),
             "pruned": r.pruned,
             "search_stage": r.search.get("stage"),
             "cv": r.spread.cv if r.spread else None,
@@ -123,6 +126,20 @@ def trials_frame(
     for knob in INT_KNOBS:
         frame[knob] = frame[knob].astype("Int64")
     return frame
+
+
+# The server's memory after its workload (/proc/PID/smaps_rollup), in MiB: which pages were huge.
+MEMORY_COLUMNS = {
+    "Rss": "rss_mib",
+    "AnonHugePages": "anon_huge_mib",
+    "FilePmdMapped": "file_huge_mib",
+    "Locked": "locked_mib",
+}
+
+
+def memory_mib(host: dict) -> dict[str, float]:
+    kib = (host or {}).get("smaps_kib") or {}
+    return {column: kib[name] / 1024 for name, column in MEMORY_COLUMNS.items() if name in kib}
 
 
 def suites_of(frame: pd.DataFrame) -> list[str]:
@@ -310,8 +327,13 @@ def levels_of(frame: pd.DataFrame) -> list[int]:
     return sorted(int(m.group(1)) for c in frame.columns if (m := LEVEL_COLUMN.match(c)))
 
 
+LATENCY_COLUMNS = ("p50_ttft_ms", "p95_ttft_ms", "p50_tpot_ms", "p95_tpot_ms")
+CONCURRENCY_COLUMNS = ["family", "users", "aggregate_tokens_per_second", "trial", *LATENCY_COLUMNS]
+
+
 def by_concurrency(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per family (none, draft, lookup, stack) and level, the best feasible aggregate tokens/s and its trial."""
+    """Per family (none, draft, lookup, stack) and level, the best feasible aggregate tokens/s, its trial, and
+    that trial's time to first token and time per output token at the level (p50, p95)."""
     rows = []
     pool = feasible(frame) if not frame.empty else frame
     for users in levels_of(frame):
@@ -324,9 +346,10 @@ def by_concurrency(frame: pd.DataFrame) -> pd.DataFrame:
                     "users": users,
                     "aggregate_tokens_per_second": best[column],
                     "trial": int(best["trial"]),
+                    **{m: best.get(f"{m}_c{users}") for m in LATENCY_COLUMNS},
                 }
             )
-    return pd.DataFrame(rows, columns=["family", "users", "aggregate_tokens_per_second", "trial"])
+    return pd.DataFrame(rows, columns=CONCURRENCY_COLUMNS)
 
 
 def launch_spread(records: list[TrialRecord]) -> float:
@@ -462,6 +485,7 @@ class ReportData:
     )
     prior: dict | None = None  # the warm start from an earlier study (tuner.search.prior)
     launch_spread: float = PRIOR_LAUNCH_SIGMA  # the study's launch-to-launch spread (drift.Sentinels)
+    turns: pd.DataFrame | None = None  # conversations: each family's best by turn (output.turns)
 
     @property
     def objectives(self) -> list[str]:
@@ -506,6 +530,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         families=families_by_suite(frame, records),
         concurrency=by_concurrency(frame),
         launch_spread=launch_spread(records),
+        turns=speedup_by_turn(records, frame),
     )
 
 

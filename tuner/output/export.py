@@ -594,6 +594,8 @@ def run(args: argparse.Namespace) -> int:
                 f"note: section [{name}] of an earlier export is kept in {preset}, but this export found no "
                 f"gain for it on held-out prompts; remove it by hand to serve that type with [{export.section}]"
             )
+    progress.plan(0.0)
+    progress.record(f"exported trial {export.trial}")
     return 0
 
 

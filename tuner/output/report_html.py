@@ -130,12 +130,20 @@ def pareto_figure(data: ReportData, x: str, front: pd.DataFrame, div_id: str) ->
     return _figure_html(fig, div_id)
 
 
-def lines_figure(frame: pd.DataFrame, group: str, x: str, y: str, div_id: str, x_title: str) -> str:
+def lines_figure(
+    frame: pd.DataFrame,
+    group: str,
+    x: str,
+    y: str,
+    div_id: str,
+    x_title: str,
+    y_title: str = "best feasible tokens/s",
+) -> str:
     fig = go.Figure()
     for name, part in frame.groupby(group, sort=True):
         part = part.sort_values(x)
         fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines+markers", name=str(name)))
-    fig.update_layout(xaxis_title=x_title, yaxis_title="best feasible tokens/s", legend_title=group)
+    fig.update_layout(xaxis_title=x_title, yaxis_title=y_title, legend_title=group)
     return _figure_html(fig, div_id)
 
 
@@ -489,35 +497,79 @@ def summary_table(data: ReportData) -> str:
     )
 
 
-def stack_and_load_sections(data: ReportData) -> list[Section]:
-    """The draft/lookup/stack table per content type, and aggregate tokens/s against simultaneous users."""
+def _families_section(data: ReportData) -> Section:
+    """The draft/lookup/stack table per content type."""
+    return Section(
+        "families",
+        "Draft model, prompt lookup and the stack, per content type",
+        "For each content type, the fastest feasible trial of each family on its prompts: a draft model "
+        "alone, n-gram lookup alone, and lookup stacked on a draft model (llama.cpp asks the lookup first and "
+        "the draft model where lookup has nothing). Sources: accepted/drafted tokens per speculative "
+        "implementation on that type's requests, from llama-server's own statistics; lookup share: the "
+        "part of the accepted tokens lookup drafted.",
+        _table(
+            data.families,
+            {
+                "suite": "content type",
+                "family": "family",
+                "trial": "trial",
+                "method": "method",
+                "K": "K",
+                "tokens_per_second": "tokens/s",
+                "speedup": "x baseline",
+                "sources": "accepted/drafted per source",
+                "lookup_share": "lookup share",
+            },
+        )
+        if data.families is not None and not data.families.empty
+        else _empty("no speculative trial measured per content type"),
+    )
+
+
+def latency_figure(frame: pd.DataFrame, div_id: str) -> str:
+    """Time to first token and time per output token against users, per family: p50 solid, p95 dashed."""
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("time to first token (ms)", "time per output token (ms)")
+    )
+    for i, (family, part) in enumerate(frame.groupby("family", sort=True)):
+        part = part.sort_values("users")
+        for col, kind in ((1, "ttft"), (2, "tpot")):
+            for q, dash in (("p50", "solid"), ("p95", "dash")):
+                fig.add_trace(
+                    go.Scatter(
+                        x=part["users"],
+                        y=part[f"{q}_{kind}_ms"],
+                        mode="lines+markers",
+                        name=f"{family} {q}",
+                        legendgroup=str(family),
+                        showlegend=col == 1,
+                        line={"color": _palette(i), "dash": dash},
+                    ),
+                    row=1,
+                    col=col,
+                )
+    fig.update_xaxes(title_text="simultaneous users", dtick=1)
+    return _figure_html(fig, div_id)
+
+
+LATENCY_TABLE = {
+    "users": "users",
+    "family": "family",
+    "trial": "trial",
+    "aggregate_tokens_per_second": "aggregate tokens/s",
+    "p50_ttft_ms": "p50 TTFT ms",
+    "p95_ttft_ms": "p95 TTFT ms",
+    "p50_tpot_ms": "p50 TPOT ms",
+    "p95_tpot_ms": "p95 TPOT ms",
+}
+
+
+def load_sections(data: ReportData) -> list[Section]:
+    """Several users at once: aggregate tokens/s per family against users, then the same trials' latency."""
     measured = data.concurrency is not None and not data.concurrency.empty
+    one_user = _empty("one user at a time (workload.concurrency: [1])")
+    curves = data.concurrency.sort_values(["users", "family"]) if measured else None
     return [
-        Section(
-            "families",
-            "Draft model, prompt lookup and the stack, per content type",
-            "For each content type, the fastest feasible trial of each family on its prompts: a draft model "
-            "alone, n-gram lookup alone, and lookup stacked on a draft model (llama.cpp asks the lookup first and "
-            "the draft model where lookup has nothing). Sources: accepted/drafted tokens per speculative "
-            "implementation on that type's requests, from llama-server's own statistics; lookup share: the "
-            "part of the accepted tokens lookup drafted.",
-            _table(
-                data.families,
-                {
-                    "suite": "content type",
-                    "family": "family",
-                    "trial": "trial",
-                    "method": "method",
-                    "K": "K",
-                    "tokens_per_second": "tokens/s",
-                    "speedup": "x baseline",
-                    "sources": "accepted/drafted per source",
-                    "lookup_share": "lookup share",
-                },
-            )
-            if data.families is not None and not data.families.empty
-            else _empty("no speculative trial measured per content type"),
-        ),
         Section(
             "concurrency",
             "Aggregate tokens/s against simultaneous users, and where speculation stops paying",
@@ -533,13 +585,23 @@ def stack_and_load_sections(data: ReportData) -> list[Section]:
                 "simultaneous users",
             )
             if measured
-            else _empty("one user at a time (workload.concurrency: [1])"),
+            else one_user,
+        ),
+        Section(
+            "latency",
+            "Time to first token and time per output token, per level",
+            "The same trials as the aggregate plot (each family's best at each level): the median (p50, solid) "
+            "and 95th percentile (p95, dashed) over the level's requests of the time to the first token "
+            "(queueing and prompt processing, from the request's start) and of the time per output token "
+            "after it (llama-server's own timings), in milliseconds.",
+            latency_figure(curves, "fig-latency") + _table(curves, LATENCY_TABLE) if measured else one_user,
         ),
     ]
 
 
-def sections(data: ReportData) -> list[Section]:
+def _fronts_sections(data: ReportData) -> list[Section]:
     done = complete(data.trials)
+    none = _empty("no complete trial")
     return [
         Section(
             "pareto-quality",
@@ -547,7 +609,7 @@ def sections(data: ReportData) -> list[Section]:
             "Every complete trial; the red staircase joins the feasible trials nothing beats on both axes.",
             pareto_figure(data, "quality", data.front_quality, "fig-pareto-quality")
             if not done.empty
-            else _empty("no complete trial"),
+            else none,
         ),
         Section(
             "pareto-acceptance",
@@ -555,8 +617,14 @@ def sections(data: ReportData) -> list[Section]:
             "Acceptance is accepted / drafted tokens; non-speculative trials sit at 0.",
             pareto_figure(data, "acceptance", data.front_acceptance, "fig-pareto-acceptance")
             if not done.empty
-            else _empty("no complete trial"),
+            else none,
         ),
+    ]
+
+
+def _speculation_sections(data: ReportData) -> list[Section]:
+    """K per draft and per content type, the per-type winners, the families per content type."""
+    return [
         Section(
             "k-method",
             "Tokens/s against K, per draft",
@@ -586,7 +654,13 @@ def sections(data: ReportData) -> list[Section]:
             "the noise.",
             per_type_body(data),
         ),
-        *stack_and_load_sections(data),
+        _families_section(data),
+    ]
+
+
+def _knob_sections(data: ReportData) -> list[Section]:
+    """Temperature, experts, threads and NUMA."""
+    return [
         Section(
             "temperature",
             "Temperature effect",
@@ -613,6 +687,13 @@ def sections(data: ReportData) -> list[Section]:
             if not data.threads_numa.empty
             else _empty("no complete trial"),
         ),
+    ]
+
+
+def _decision_sections(data: ReportData) -> list[Section]:
+    """The race, the drift of the baseline, the fitted model, the speedup of every trial."""
+    done = complete(data.trials)
+    return [
         Section(
             "race",
             "Finalist race",
@@ -646,6 +727,13 @@ def sections(data: ReportData) -> list[Section]:
             "the sentinels around it (same worker).",
             speedup_figure(data, "fig-speedup") if not done.empty else _empty("no complete trial"),
         ),
+    ]
+
+
+def _ceiling_sections(data: ReportData) -> list[Section]:
+    """The roofline share and the parameter importances."""
+    done = complete(data.trials)
+    return [
         Section(
             "roofline",
             "Tokens/s as a fraction of the memory-bandwidth ceiling",
@@ -665,30 +753,51 @@ def sections(data: ReportData) -> list[Section]:
             if not data.importances.empty
             else _empty("too few complete trials, or no knob varied"),
         ),
+    ]
+
+
+PARETO_TABLE = {
+    "trial": "trial",
+    "tokens_per_second": "tokens/s",
+    "speedup": "x baseline",
+    "roofline_fraction": "of ceiling",
+    "acceptance": "acceptance",
+    "quality": "quality",
+    "method": "draft",
+    "draft_max": "K",
+    "temperature": "T",
+    "experts": "experts",
+    "threads": "threads",
+    "numa": "numa",
+    "command": "command",
+}
+SUITE_TABLE = {
+    "suite": "suite",
+    "trial": "trial",
+    "tokens_per_second": "tokens/s",
+    "method": "draft",
+    "draft_max": "K",
+    "temperature": "T",
+}
+FAILURE_TABLE = {
+    "trial": "trial",
+    "method": "draft",
+    "draft_max": "K",
+    "threads": "threads",
+    "failure_reason": "reason",
+    "failure_detail": "detail",
+}
+
+
+def _table_sections(data: ReportData) -> list[Section]:
+    """The Pareto-optimal trials with their commands, the best per content type, the failures."""
+    return [
         Section(
             "pareto-table",
             "Pareto-optimal trials",
             "Feasible trials no other feasible trial beats on every objective, with the exact command "
             "(add --host/--port).",
-            _table(
-                data.pareto,
-                {
-                    "trial": "trial",
-                    "tokens_per_second": "tokens/s",
-                    "speedup": "x baseline",
-                    "roofline_fraction": "of ceiling",
-                    "acceptance": "acceptance",
-                    "quality": "quality",
-                    "method": "draft",
-                    "draft_max": "K",
-                    "temperature": "T",
-                    "experts": "experts",
-                    "threads": "threads",
-                    "numa": "numa",
-                    "command": "command",
-                },
-                code=("command",),
-            )
+            _table(data.pareto, PARETO_TABLE, code=("command",))
             if not data.pareto.empty
             else _empty("no feasible trial"),
         ),
@@ -696,17 +805,7 @@ def sections(data: ReportData) -> list[Section]:
             "per-suite",
             "Best configuration per content type",
             "From each feasible trial's per-suite tokens/s.",
-            _table(
-                data.best_per_suite,
-                {
-                    "suite": "suite",
-                    "trial": "trial",
-                    "tokens_per_second": "tokens/s",
-                    "method": "draft",
-                    "draft_max": "K",
-                    "temperature": "T",
-                },
-            )
+            _table(data.best_per_suite, SUITE_TABLE)
             if not data.best_per_suite.empty
             else _empty("no per-suite measurements"),
         ),
@@ -714,21 +813,63 @@ def sections(data: ReportData) -> list[Section]:
             "failures",
             "Failed trials",
             "Why they failed (see the storage's log_tail for evidence).",
-            _table(
-                data.failures,
-                {
-                    "trial": "trial",
-                    "method": "draft",
-                    "draft_max": "K",
-                    "threads": "threads",
-                    "failure_reason": "reason",
-                    "failure_detail": "detail",
-                },
-            )
-            if not data.failures.empty
-            else _empty("none"),
+            _table(data.failures, FAILURE_TABLE) if not data.failures.empty else _empty("none"),
         ),
     ]
+
+
+# The page's sections, in order: each builder returns its sections. A new section goes in a builder of its
+# own, listed where it belongs (a per-turn section of chat suites: right after ``load_sections``).
+def _turn_sections(data: ReportData) -> list[Section]:
+    """Conversations turn by turn (only for a study with chat suites)."""
+    if data.turns is None or data.turns.empty:
+        return []
+    return [
+        Section(
+            "turns",
+            "Conversations, turn by turn",
+            "For the fastest feasible draft-model, lookup and stacked trial, the decode rate on each turn of the "
+            "chat suites' conversations against the baseline's on the same turn (median over repetitions of the "
+            "turn's pooled rate; one launch each, so a ratio within the launch spread is not shown by it). A "
+            "later turn carries the earlier turns and replies: prompt lookup has more to copy there. Prompt ms: "
+            "llama.cpp's prompt processing per request (median), the server's part of time to first token; "
+            "cached: prompt tokens the server took from its prompt cache (median).",
+            lines_figure(
+                data.turns, "family", "turn", "speedup", "fig-turns", "turn of the conversation", "x baseline"
+            )
+            + _table(
+                data.turns,
+                {
+                    "family": "family",
+                    "trial": "trial",
+                    "method": "method",
+                    "turn": "turn",
+                    "tokens_per_second": "tokens/s",
+                    "baseline_tokens_per_second": "baseline tokens/s",
+                    "speedup": "x baseline",
+                    "acceptance": "acceptance",
+                    "prompt_ms": "prompt ms",
+                    "cached_tokens": "cached",
+                },
+            ),
+        )
+    ]
+
+
+SECTION_BUILDERS = (
+    _fronts_sections,
+    _speculation_sections,
+    _turn_sections,
+    load_sections,
+    _knob_sections,
+    _decision_sections,
+    _ceiling_sections,
+    _table_sections,
+)
+
+
+def sections(data: ReportData) -> list[Section]:
+    return [section for build in SECTION_BUILDERS for section in build(data)]
 
 
 def render(data: ReportData) -> str:

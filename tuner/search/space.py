@@ -25,6 +25,7 @@ from tuner.knobs.registry import (
     DRAFT_MODEL_TYPES,
     HITS_LOOKUP_TYPES,
     LOOKUP_TYPES,
+    MEMORY_KNOBS,
     SERVING_DEFAULTS,
     SIZED_LOOKUP_TYPES,
     SPEC_TYPES_WITH_K,
@@ -41,6 +42,8 @@ class ResolvedSpace:
     physical_cores: int
     allow_smt: bool
     notes: tuple[str, ...] = field(default=())
+    # knobs the space fixed at llama.cpp's default, left out of the domains (and the digest): knob -> value
+    defaults: dict[str, Any] = field(default_factory=dict)
 
     def digest(self) -> str:
         """A stable hash: resuming a study with a different space is refused."""
@@ -145,7 +148,22 @@ def resolve_space(
     _resolve_threads(
         domains, fields, physical_cores, logical_cpus if raw.allow_smt else physical_cores, raw.allow_smt
     )
-    return ResolvedSpace(domains, expert_used_count, physical_cores, raw.allow_smt, tuple(notes))
+    defaults = _drop_defaults(domains)
+    return ResolvedSpace(domains, expert_used_count, physical_cores, raw.allow_smt, tuple(notes), defaults)
+
+
+# Knobs a space may fix at llama.cpp's default: then left out, so the command stays llama.cpp's default
+# (no --load-mode, no --cache-reuse) and a study stored before they existed resumes with the same space.
+DEFAULT_WHEN_FIXED = ("cache_reuse", *MEMORY_KNOBS)
+
+
+def _drop_defaults(domains: dict[str, Domain]) -> dict[str, Any]:
+    dropped = {}
+    for knob in DEFAULT_WHEN_FIXED:
+        domain = domains.get(knob)
+        if isinstance(domain, Choices) and domain.values == (SERVING_DEFAULTS[knob],):
+            dropped[knob] = domains.pop(knob).values[0]
+    return dropped
 
 
 def _resolve_threads(
@@ -254,12 +272,22 @@ def suggest(trial, space: ResolvedSpace) -> TrialConfig:
 
 
 def _suggest_serving(trial, d: dict[str, Domain]) -> dict[str, Any]:
-    """Slots, batch sizes, flash attention, KV cache types, polling: where the space has them. The micro
+    """Slots, batch sizes, flash attention, KV cache types, polling, cache reuse, mmap and mlock: where the
+    space has them. The micro
     batch never exceeds the batch, and a V cache type only with flash attention on or auto (llama.cpp
     refuses a quantized V cache without it)."""
     values = {
         knob: _suggest(trial, knob, d[knob])
-        for knob in ("parallel", "batch", "ubatch", "flash_attn", "cache_type_k", "poll")
+        for knob in (
+            "parallel",
+            "batch",
+            "ubatch",
+            "flash_attn",
+            "cache_type_k",
+            "poll",
+            "cache_reuse",
+            *MEMORY_KNOBS,
+        )
         if knob in d
     }
     if "ubatch" in values and "batch" in values:

@@ -7,8 +7,8 @@ a trial's ``role`` (set when it is enqueued), ``requeued_by`` (set by the heartb
 retry) and ``running_on`` (worker and server port, set once its server is up: who to
 ask about a running trial), and the study's ``created_by`` (the worker that runs the baseline),
 plus the baseline's ``reference`` outputs, the perplexity cache, the last finalist ``race`` and
-the last ``per_type`` race and the ``search_prior`` (a warm start from earlier studies). Nothing else reads
-or writes user attrs.
+the last ``per_type`` race, the ``search_prior`` (a warm start from earlier studies) and the running
+command's ``progress`` (elapsed and remaining time, for the dashboard). Nothing else reads or writes user attrs.
 
 Schema versions: 1 stored loose attrs per field (before records); a study of schema 1
 is refused with a one-line message naming its version. A trial that ended without
@@ -57,6 +57,8 @@ PERPLEXITY = "perplexity"
 KLD = "kld"  # model flags -> {"mean_kld", "same_top"} (the kld scorer)
 RACE = "race"  # the last finalist race (tuner.decisions.race.RaceResult as JSON)
 PER_TYPE = "per_type"  # the last per-type race (tuner.decisions.per_type.PerTypeResult as JSON)
+# the running command's last progress line, elapsed and estimated remaining time (optuna-dashboard shows it)
+PROGRESS = "progress"
 SEARCH_STAGE, SEARCH_REASON = "search_stage", "search_reason"  # why the sampler chose a trial
 SEARCH_PRIOR = (
     "search_prior"  # what earlier studies in this storage found (tuner.search.prior), set at creation
@@ -344,6 +346,15 @@ def write_race(study: optuna.Study, race: dict) -> None:
 
 def read_race(study: optuna.Study) -> dict | None:
     return study.user_attrs.get(RACE)
+
+
+def write_progress(study: optuna.Study, progress: dict) -> None:
+    """Where the running command is: its last line, elapsed and remaining seconds (``tuner.eta.Progress``)."""
+    study.set_user_attr(PROGRESS, progress)
+
+
+def read_progress(study: optuna.Study) -> dict | None:
+    return study.user_attrs.get(PROGRESS)
 
 
 def write_per_type(study: optuna.Study, result: dict) -> None:

@@ -12,6 +12,7 @@ from tuner.knobs.registry import (
     KV_CACHE_TYPES,
     LOOKUP_TYPES,
     NUMA_POLICIES,
+    ON_OFF,
     SPEC_TYPES,
 )
 from tuner.studyfile.validate import Fields
@@ -23,7 +24,7 @@ def parse_domain(fields: Fields, knob: str) -> Domain:
     value = fields.raw(knob)
 
     def check(v: Any, where: str) -> Any:
-        if knob == "flash_attn" and isinstance(v, bool):
+        if knob in ("flash_attn", "mmap", "mlock") and isinstance(v, bool):
             v = "on" if v else "off"  # YAML reads a bare on/off as a boolean
         ok = isinstance(v, kind) and not isinstance(v, bool)
         if kind is float and isinstance(v, int) and not isinstance(v, bool):
@@ -38,6 +39,8 @@ def parse_domain(fields: Fields, knob: str) -> Domain:
             fields.fail(where, f"unknown NUMA policy {v!r}; use one of {', '.join(NUMA_POLICIES)}")
         if knob == "flash_attn" and v not in FLASH_ATTN:
             fields.fail(where, f"unknown flash attention mode {v!r}; use one of {', '.join(FLASH_ATTN)}")
+        if knob in ("mmap", "mlock") and v not in ON_OFF:
+            fields.fail(where, f"expected on or off, got {v!r}")
         if knob in ("cache_type_k", "cache_type_v") and v not in KV_CACHE_TYPES:
             fields.fail(where, f"unknown KV cache type {v!r}; use one of {', '.join(KV_CACHE_TYPES)}")
         if knob in ("parallel", "batch", "ubatch") and v < 1:

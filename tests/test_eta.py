@@ -1,0 +1,205 @@
+"""Time (issue 32): `tuner run --check`'s table and estimate, and elapsed / remaining time on every progress
+line of `tuner run`, `tuner export`, the race and the llama.cpp build, also in the study's dashboard attr.
+
+Runs on the stand-in llama-server; expected figures come from the study's own estimate and records.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import replace
+
+import pytest
+from fake_llama_server import write_study
+
+from tuner import eta
+from tuner.cli import main
+from tuner.context import prepare, study_estimate
+from tuner.machine.llama_build import _run_logged, build_eta
+from tuner.paths import REPO_ROOT
+from tuner.storage import store
+from tuner.study import run_study
+from tuner.studyfile.spec import load_spec
+
+SUFFIX = re.compile(r" \| (\d+h\d\dm|\d+m\d\ds|\d+s) elapsed, ~(\d+h\d\dm|\d+m\d\ds|\d+s) left$")
+
+
+def seconds(text: str) -> int:
+    """A duration as ``eta.duration`` writes it, back in seconds."""
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+    h, m, s = (int(p or 0) for p in parts.groups())
+    return 3600 * h + 60 * m + s
+
+
+# ------------------------------------------------------------------ the estimate
+
+
+def test_the_estimate_counts_tokens_levels_sentinels_and_the_race_at_its_most():
+    m = eta.machine(weights_bytes=6e9, files_bytes=6e9, bandwidth=20e9)
+    assert m.decode_bound == "bandwidth" and m.token_s == pytest.approx(6e9 / (20e9 * eta.DECODE_EFFICIENCY))
+    assert eta.machine(1e6, 1e6, 20e9).token_s == eta.TOKEN_FLOOR_S  # a tiny model: per-token overhead
+    base = dict(
+        n_predict=64,
+        warmup=1,
+        repetitions=2,
+        levels=(),
+        trials=20,
+        sentinel_every=5,
+        sentinel_minutes=None,
+        budget_minutes=None,
+        race_rounds=8,
+        finalists=4,
+        confirm_rounds=4,
+    )
+    one = eta.estimate(m, [50] * 10, **base)
+    assert one.sentinels == 4 and one.race_launches == 8 * 5 + 2 * 4
+    assert one.trials_s == pytest.approx(24 * one.trial_s) and one.race_s == pytest.approx(48 * one.launch_s)
+    # twice the tokens per request: the decode part of a trial doubles, the launch does not
+    longer = eta.estimate(m, [50] * 10, **{**base, "n_predict": 128})
+    decode = (2 * 10 + 1) * 64 * m.token_s  # 2 repetitions of 10 prompts, and the warm-up request
+    assert longer.trial_s - one.trial_s == pytest.approx(decode)
+    # concurrency levels add their requests; a budget in minutes caps the trials; few trials, few finalists
+    loaded = eta.estimate(m, [50] * 10, **{**base, "levels": (1, 2)})
+    assert loaded.trial_s > one.trial_s
+    capped = eta.estimate(m, [50] * 10, **{**base, "budget_minutes": 1})
+    assert capped.trials_s == 60
+    few = eta.estimate(m, [50] * 10, **{**base, "trials": 3})
+    assert few.finalists == 2 and few.race_launches == 8 * 3 + 8
+    # sentinels by time when that comes first
+    often = eta.estimate(m, [50] * 10, **{**base, "sentinel_minutes": one.trial_s * 20 / 60 / 10})
+    assert often.sentinels == 10
+
+
+def test_progress_lines_count_down_from_the_plan_and_feed_the_sink():
+    now = [100.0]
+    lines, figures = [], []
+    p = eta.Progress(lines.append, clock=lambda: now[0])
+    p.sink = figures.append
+    p("starting")
+    assert lines[-1] == "starting | 0s elapsed"  # nothing planned yet: no time left said
+    p.plan(100.0)
+    now[0] += 30
+    p("trial 1")
+    assert lines[-1] == "trial 1 | 30s elapsed, ~1m10s left"
+    assert figures[-1]["line"] == "trial 1" and figures[-1]["remaining_s"] == 70.0
+    p.unit_s, p.then_units, p.then_s = 2.0, 3, 10.0
+    p.expect(5)  # (5 + 3) launches of 2 s, then 10 s
+    assert p.remaining() == 26.0
+    now[0] += 100
+    assert p.remaining() == 0.0  # overdue: never negative
+    assert eta.as_progress(p) is p
+    eta.expect(lines.append, 3)  # a plain printer (the benchmark's simulated race): nothing to plan
+    watch = eta.Stopwatch(p)
+    assert watch.time(2, lambda: now.__setitem__(0, now[0] + 8) or "done") == "done" and p.unit_s == 4.0
+    assert eta.duration(59.6) == "1m00s" and eta.duration(3725) == "1h02m"
+
+
+def test_the_build_line_says_elapsed_and_what_is_left(tmp_path, capsys):
+    assert build_eta(60, 25) == "1m00s elapsed, ~3m00s left" and build_eta(5, 0) == "5s elapsed"
+    script = "; ".join(f"print('[ {p:2d}%] Building x')" for p in (5, 10, 50, 100))
+    with open(tmp_path / "build.log", "w") as log:
+        _run_logged([sys.executable, "-c", script], log, progress=True)
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[0] for line in printed] == ["llama.cpp: 5%", "llama.cpp: 50%", "llama.cpp: 100%"]
+    assert all(re.search(r"\(\d+s elapsed, ~\d+s left\)$", line) for line in printed)
+
+
+# ------------------------------------------------------------------ tuner run --check
+
+
+@pytest.fixture
+def levels_study(tmp_path, env):
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    return write_study(
+        tmp_path,
+        storage,
+        workload={"suites": ["suite.yaml"], "n_predict": 8, "concurrency": [1, 2]},
+        budget={"trials": 3},
+        race={"min_rounds": 3, "max_rounds": 4, "confirm_rounds": 2},
+    )
+
+
+def test_check_prints_a_short_table_with_the_space_what_was_left_out_and_the_time(levels_study, capsys):
+    assert main(["run", str(levels_study), "--check"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    ctx = prepare(load_spec(levels_study))
+    est = study_estimate(ctx)
+    assert len(out) < 60 and not any(line.lstrip().startswith(("{", '"')) for line in out)
+    table = out[out.index("knob            values") + 1 :]
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in table[: table.index("")]}
+    assert rows["draft_max"] == "2, 3, 4, 5, 6, 8" and rows["spec_type"] == "none, draft-simple"
+    assert set(rows) == set(ctx.space.domains)
+    assert "prompts      2 (suite 2); n_predict 8, warm-up 0, 1 repetition(s)" in out
+    assert "users        1, 2 at once, each level in every trial" in out
+    total = next(line for line in out if line.startswith("  total"))
+    assert seconds(total.split("~")[1].split()[0]) == round(est.trials_s + est.race_s)
+    race = next(line for line in out if line.startswith("  race"))
+    assert "at most 4 rounds x 3 launches + 2 confirmation rounds x 2" in race  # 2 finalists + the baseline
+    assert sum(line.lstrip().startswith("basis:") for line in out) == 1
+    # --json keeps the old output for scripts; --json alone is a one-line error
+    assert main(["run", str(levels_study), "--check", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["space"]["draft_max"][1]["values"] == [2, 3, 4, 5, 6, 8]
+    assert main(["run", str(levels_study), "--json"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_check_says_what_the_machine_and_model_left_out(tmp_path, env, capsys):
+    path = write_study(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'studies.db'}",
+        search_space={
+            "file": str(REPO_ROOT / "search_spaces" / "default.yaml"),
+            "overrides": {"threads": 1, "spec_type": ["none"]},
+        },
+    )
+    assert main(["run", str(path), "--check"]) == 0
+    out = capsys.readouterr().out
+    for note in prepare(load_spec(path)).space.notes:
+        assert f"  {note}\n" in out
+    assert "  cache_reuse 0, mmap on, mlock off: llama.cpp's defaults, not searched" in out
+
+
+# ------------------------------------------------------------------ progress of run, race and export
+
+
+def test_every_progress_line_of_run_race_and_export_says_elapsed_and_left(levels_study, capsys):
+    spec = load_spec(levels_study)
+    lines: list[str] = []
+    study = run_study(spec, progress=lines.append, race=True)
+    table = next(
+        i for i, line in enumerate(lines) if re.match(r"race: \d+ (selection )?rounds, \d+ launches", line)
+    )
+    progress, result = lines[:table], lines[table:]
+    assert any(line.startswith("[3/3] trial") for line in progress)
+    assert any(line.startswith("race round 1:") for line in progress)
+    assert all(SUFFIX.search(line) for line in progress), [l for l in progress if not SUFFIX.search(l)]
+    assert not any(SUFFIX.search(line) for line in result)  # the result table is not progress
+    # the first plan is the study's estimate; the race's rounds count down to its end
+    first = next(line for line in progress if line.startswith("study t:"))
+    est = study_estimate(prepare(spec))
+    assert abs(seconds(SUFFIX.search(first).group(2)) - (est.trials_s + est.race_s)) <= 2
+    rounds = [seconds(SUFFIX.search(line).group(2)) for line in progress if line.startswith("race round")]
+    assert rounds == sorted(rounds, reverse=True)
+    stored = store.read_progress(study)
+    assert stored["command"] == "tuner run" and stored["line"].startswith("finished: 3 of 3 trials")
+    assert stored["remaining_s"] == 0 and stored["elapsed_s"] > 0
+
+    out = levels_study.parent / "export"
+    preset = levels_study.parent / "preset.ini"
+    argv = ["export", "t", "--storage", spec.storage, "--out", str(out), "--preset", str(preset)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()
+    race_lines = [line for line in printed if line.startswith(("race round", "race: confirming"))]
+    assert race_lines and all(SUFFIX.search(line) for line in race_lines)
+    exported = store.read_progress(study)
+    assert exported["command"] == "tuner export" and exported["remaining_s"] == 0
+
+
+def test_a_run_without_race_plans_no_race_time(levels_study):
+    spec = replace(load_spec(levels_study), budget_trials=1)
+    lines: list[str] = []
+    run_study(spec, progress=lines.append, race=False)
+    last = next(line for line in lines if line.startswith("[1/1] trial"))
+    assert SUFFIX.search(last).group(2) == "0s"

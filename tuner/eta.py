@@ -1,0 +1,234 @@
+"""Time: what a study should take before it runs, and elapsed / remaining time on every progress line.
+
+Why: a study and its race can run for an hour on a big model, and an operator decides whether to wait
+from the first line. The estimate (``estimate``) is the workload's tokens against the model's size and
+this machine's measured memory bandwidth (the roofline of decode without speculation), plus server
+launches and the race at its most rounds; ``Progress`` ends every line with the time elapsed and an
+estimate of the time left, re-planned from measured trial and launch times as they come in.
+Pure: no import from the rest of the tuner, so every stage (the llama.cpp build too) can print with it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# Decode reaches about this share of the copy probe's bandwidth (STREAM-counted read + write): Gemma 3 270M
+# (0.25 GB) and the synthetic target (0.08 GB) decode at 0.5-0.7 of it on a quiet 2-core VM ...
+DECODE_EFFICIENCY = 0.6
+# ... and costs at least this much per token whatever the model's size (graph, sampling, HTTP chunking).
+TOKEN_FLOOR_S = 0.004
+PROMPT_BATCH = 8.0  # prompt tokens are processed this many times faster than decoded ones
+REQUEST_S = 0.02  # per request: HTTP, tokenization, slot setup
+BATCH_COST = 0.35  # each extra simultaneous user slows a decode step by this share
+LAUNCH_S = 1.5  # llama-server start, context and graph setup, readiness poll
+LOAD_BYTES_PER_S = 1.5e9  # model files read (page cache or disk) while the server loads
+CHARS_PER_TOKEN = 3.5  # prompt length in tokens, without a tokenizer
+
+
+@dataclass(frozen=True)
+class Machine:
+    """How fast this machine decodes the target and launches a server with its models."""
+
+    token_s: float  # seconds per decoded token of the target alone
+    launch_s: float  # server start and model load
+    decode_bound: str  # "bandwidth" or "overhead": which limit set token_s
+    bytes_per_token: float = 0.0  # the target's weights read per token (active experts only)
+    bandwidth: float = 0.0  # bytes/s, the copy probe's
+
+
+def machine(weights_bytes: float, files_bytes: float, bandwidth: float) -> Machine:
+    """The target's decode time per token: its weights read once per token at DECODE_EFFICIENCY of the
+    measured bandwidth, at least TOKEN_FLOOR_S; a launch reads every model file once."""
+    per_token = weights_bytes / (bandwidth * DECODE_EFFICIENCY) if bandwidth > 0 else TOKEN_FLOOR_S
+    return Machine(
+        max(per_token, TOKEN_FLOOR_S),
+        LAUNCH_S + files_bytes / LOAD_BYTES_PER_S,
+        "bandwidth" if per_token >= TOKEN_FLOOR_S else "overhead",
+        weights_bytes,
+        bandwidth,
+    )
+
+
+def prompt_tokens(text: str) -> int:
+    return max(1, round(len(text) / CHARS_PER_TOKEN))
+
+
+def request_s(m: Machine, prompt: int, n_predict: int, users: int = 1) -> float:
+    """One request: its prompt, n_predict decoded tokens (slower per step with more users at once)."""
+    return (
+        REQUEST_S + prompt * m.token_s / PROMPT_BATCH + n_predict * m.token_s * (1 + BATCH_COST * (users - 1))
+    )
+
+
+def pass_s(m: Machine, prompts: Sequence[int], n_predict: int) -> float:
+    return sum(request_s(m, p, n_predict) for p in prompts)
+
+
+def levels_s(m: Machine, prompts: Sequence[int], n_predict: int, levels: Sequence[int]) -> float:
+    """Each concurrency level: every client sends ceil(prompts / users) requests, all at once."""
+    mean = sum(prompts) / len(prompts) if prompts else 0
+    return sum(math.ceil(len(prompts) / u) * request_s(m, round(mean), n_predict, u) for u in levels)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A study's expected time on this machine: its trials (with sentinels), then its race at the most."""
+
+    machine: Machine
+    trials: int
+    sentinels: int
+    trial_s: float  # launch, warm-up, repetitions x the workload, the concurrency levels
+    budget_s: float | None  # budget.minutes: the trials stop there
+    race_launches: int  # at most: max_rounds x (finalists + baseline) + confirm_rounds x 2
+    launch_s: float  # one race launch: start, warm-up, one pass
+    finalists: int = 1  # at most: race.max_finalists, or every trial but the baseline
+    race_budget_s: float | None = None
+
+    @property
+    def trials_s(self) -> float:
+        total = (self.trials + self.sentinels) * self.trial_s
+        return min(total, self.budget_s) if self.budget_s else total
+
+    @property
+    def race_s(self) -> float:
+        total = self.race_launches * self.launch_s
+        return min(total, self.race_budget_s) if self.race_budget_s else total
+
+
+def estimate(
+    m: Machine,
+    prompts: Sequence[int],
+    *,
+    n_predict: int,
+    warmup: int,
+    repetitions: int,
+    levels: Sequence[int],
+    trials: int,
+    sentinel_every: int | None,
+    sentinel_minutes: float | None,
+    budget_minutes: float | None,
+    race_rounds: int,
+    finalists: int,
+    confirm_rounds: int,
+    race_minutes: float | None = None,
+) -> Estimate:
+    """Trials x (launch + warm-up + repetitions x the workload + the levels), a sentinel every
+    ``sentinel_every`` trials or ``sentinel_minutes`` (whichever comes first), and the race: at most
+    ``race_rounds`` rounds of the finalists and the baseline, then the confirmation rounds, each launch
+    a warm-up and one pass. ``prompts``: each request's prompt tokens."""
+    warm = warmup * request_s(m, prompts[0], n_predict) if prompts else 0.0
+    one_pass = pass_s(m, prompts, n_predict)
+    trial = m.launch_s + warm + repetitions * one_pass + levels_s(m, prompts, n_predict, levels)
+    by_time = int(trials * trial / (60 * sentinel_minutes)) if sentinel_minutes else 0
+    return Estimate(
+        m,
+        trials,
+        max(trials // sentinel_every if sentinel_every else 0, by_time),
+        trial,
+        budget_minutes * 60 if budget_minutes else None,
+        race_rounds * (min(finalists, max(trials - 1, 1)) + 1) + 2 * confirm_rounds,
+        m.launch_s + warm + one_pass,
+        min(finalists, max(trials - 1, 1)),
+        race_minutes * 60 if race_minutes else None,
+    )
+
+
+def duration(seconds: float) -> str:
+    """45s, 3m12s, 1h05m."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class Progress:
+    """A progress printer: every line ends with the time elapsed since it started and, once a phase has
+    been planned, the time left. ``plan`` sets the seconds left now (they count down until the next plan);
+    ``expect(units)`` plans ``units`` + ``then_units`` of ``unit_s`` each (launches of a race, then its
+    confirmation), plus ``then_s`` for what follows the phase. ``sink`` (optional) receives each line
+    with its figures (the study's dashboard attribute)."""
+
+    def __init__(self, out: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic):
+        self.out, self.clock = out, clock
+        self.started = clock()
+        self.unit_s: float | None = None
+        self.then_units = 0
+        self.then_s = 0.0
+        self.sink: Callable[[dict], None] | None = None
+        self._left: float | None = None
+        self._at = self.started
+
+    def plan(self, seconds: float | None) -> None:
+        self._left, self._at = seconds, self.clock()
+
+    def expect(self, units: int) -> None:
+        if self.unit_s is not None:
+            self.plan((units + self.then_units) * self.unit_s + self.then_s)
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def remaining(self) -> float | None:
+        return None if self._left is None else max(0.0, self._left - (self.clock() - self._at))
+
+    def suffix(self) -> str:
+        left = self.remaining()
+        return f"{duration(self.elapsed())} elapsed" + (
+            f", ~{duration(left)} left" if left is not None else ""
+        )
+
+    def __call__(self, line: str) -> None:
+        self.out(f"{line} | {self.suffix()}")
+        self.record(line)
+
+    def record(self, line: str) -> None:
+        """The line and its figures to the sink only (where a command stands, once it ends too)."""
+        if self.sink is not None:
+            left = self.remaining()
+            self.sink(
+                {
+                    "line": line,
+                    "elapsed_s": round(self.elapsed(), 1),
+                    "remaining_s": None if left is None else round(left, 1),
+                    "summary": self.suffix(),
+                    "updated_at": time.time(),
+                }
+            )
+
+
+class Stopwatch:
+    """Seconds per unit of the phase in progress, as measured: each timed call updates ``progress.unit_s``."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.spent: list[float] = []
+
+    def time(self, units: int, work: Callable[[], T]) -> T:
+        started = self.progress.clock()
+        result = work()
+        self.spent += [(self.progress.clock() - started) / max(units, 1)] * max(units, 1)
+        self.progress.unit_s = mean(self.spent)
+        return result
+
+
+def as_progress(progress: Callable[[str], None]) -> Progress:
+    """``progress`` itself when it is a Progress (one clock for a whole command), else one around it."""
+    return progress if isinstance(progress, Progress) else Progress(progress)
+
+
+def expect(progress: Callable[[str], None], units: int) -> None:
+    """Plan ``units`` more units on a Progress; nothing on a plain printer (a benchmark's simulated race)."""
+    if isinstance(progress, Progress):
+        progress.expect(units)
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
