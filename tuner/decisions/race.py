@@ -36,7 +36,8 @@ from pathlib import Path
 
 import optuna
 
-from tuner.context import StudyContext
+from tuner import eta
+from tuner.context import StudyContext, study_estimate
 from tuner.decisions import evidence
 from tuner.decisions.drift import Sentinels
 from tuner.decisions.remeasure import Contender, Launch, Remeasure, contender
@@ -154,6 +155,7 @@ def sequential_race(
         measured = list(contest.candidates)
         _add_round(contest, launch_round(measured, r), relaunch)
         outcome = _judge(contest, resources, spec, r + 1)
+        eta.expect(progress, 0 if outcome else (spec.max_rounds - r - 1) * len(contest.candidates))
         progress(
             f"race round {r + 1}: "
             + ", ".join(f"{n} {contest.rates[n][-1]:.1f}" for n in measured)
@@ -321,9 +323,11 @@ def run_race(
     """Selection rounds of launches, then confirmation rounds of the winner against the baseline."""
     records = {label(r): r for r in [*candidates, baseline]}
     contenders: dict[str, Contender] = {name: contender(name, r) for name, r in records.items()}
+    progress = eta.as_progress(progress)
     remeasure = Remeasure(workload, settings, log_dir, progress)
     drafted = dict.fromkeys(records, 0)
     accepted: dict[str, list[int]] = {name: [] for name in records}
+    watch = eta.Stopwatch(progress)  # seconds per launch so far: the time left is planned on them
 
     def rate(name: str, launched: Launch) -> float:
         drafted[name] += launched.drafted
@@ -331,13 +335,14 @@ def run_race(
         return launched.rate
 
     def launch(name: str) -> float:
-        return rate(name, remeasure.launch(contenders[name]))
+        return rate(name, watch.time(1, lambda: remeasure.launch(contenders[name])))
 
     def launch_round(names: list[str], r: int) -> dict[str, float]:
-        return {
-            name: rate(name, launched)
-            for name, launched in remeasure.round([contenders[n] for n in names], r).items()
-        }
+        launched = watch.time(len(names), lambda: remeasure.round([contenders[n] for n in names], r))
+        return {name: rate(name, one) for name, one in launched.items()}
+
+    progress.then_units = 2 * spec.confirm_rounds
+    eta.expect(progress, spec.max_rounds * len(records))
 
     progress(
         f"race: {len(records)} finalists ({', '.join(records)}), one launch each per round, "
@@ -353,7 +358,9 @@ def run_race(
         progress,
     )
     confirmation = None
+    progress.then_units = 0
     if outcome.winner != label(baseline) and spec.confirm_rounds:
+        progress.expect(2 * spec.confirm_rounds)
         progress(
             f"race: confirming {outcome.winner} against the baseline in {spec.confirm_rounds} fresh rounds"
         )
@@ -362,6 +369,7 @@ def run_race(
         )
         contest.outliers += [f"confirmation {line}" for line in check.outliers]
         contest.launches += check.launches
+    progress.plan(progress.then_s)  # what follows the race (an export's per-type race)
     entries = _entries(contest, outcome, records, label(baseline), accepted)
     return RaceResult(
         max(len(v) for v in contest.rates.values()),
@@ -458,6 +466,9 @@ def race_study(
     pool = [r for r in pool if r.config != base.config]
     if not pool:
         return None
+    progress = eta.as_progress(progress)
+    if progress.unit_s is None:  # no trial measured in this command: a launch as the study estimates it
+        progress.unit_s = study_estimate(ctx).launch_s
     result = run_race(
         store.read_study_record(study),
         pool,
