@@ -573,7 +573,7 @@ def test_draft_mtp_on_a_target_that_does_not_announce_it_is_one_line_at_check(fe
         )
     assert launches(tmp_path / "launches.jsonl") == [] and not (tmp_path / "db.sqlite").exists()
     write_gguf(tmp_path / "s" / "models" / "target.gguf", block_count=2, nextn=True)  # now with an MTP head
-    proc = tuner("run", study, "--check", env=fenv)
+    proc = tuner("run", study, "--check", "--json", env=fenv)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["space"]["spec_type"] == ["Choices", {"values": ["none", "draft-mtp"]}]
 
