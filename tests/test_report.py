@@ -279,3 +279,43 @@ def test_report_of_a_study_without_trials_is_a_one_line_error(storage, demo, cap
     assert capsys.readouterr().err == (
         "tuner report: error: study 'empty' has no finished trial; run it first (`tuner run`)\n"
     )
+
+
+def test_a_concurrency_report_shows_ttft_and_tpot_per_level_and_family(storage, tmp_path):
+    """Beside the aggregate plot: each family's best trial at each level, with its p50/p95 time to first
+    token and time per output token, read back from the written page."""
+    path = write_study(
+        tmp_path,
+        storage,
+        "latency",
+        workload={"suites": ["suite.yaml"], "n_predict": 8, "concurrency": [1, 2]},
+        budget={"trials": 3},
+    )
+    study, record = run_study_file(path)
+    html_path, _ = report.write_report(analysis.report_data(study, record), tmp_path / "report")
+    page = html_path.read_text()
+    root = browser.parse(page)
+    ids = [s.attrs["id"] for s in root.find_all("section")]
+    assert ids.index("latency") == ids.index("concurrency") + 1
+    section = root.by_id("latency")
+    assert section.by_id("fig-latency") is not None
+    head = [th.all_text() for th in section.find_all("th")]
+    rows = [dict(zip(head, (td.all_text() for td in tr.find_all("td")))) for tr in section.find_all("tr")[1:]]
+    best: dict[tuple[str, int], tuple[int, dict]] = {}  # each family's best aggregate at each level
+    for r in (r for r in store.read_trials(study) if r.feasible):
+        for level in r.load:
+            key = (r.config.family, level["users"])
+            if (
+                key not in best
+                or level["aggregate_tokens_per_second"] > best[key][1]["aggregate_tokens_per_second"]
+            ):
+                best[key] = (r.number, level)
+    assert {(row["family"], int(row["users"])) for row in rows} == set(best) and len(rows) == len(best)
+    assert {users for _, users in best} == {1, 2} and len({family for family, _ in best}) == 2
+    for row in rows:
+        trial, level = best[(row["family"], int(row["users"]))]
+        assert int(row["trial"]) == trial
+        for metric in ("p50_ttft_ms", "p95_ttft_ms", "p50_tpot_ms", "p95_tpot_ms"):
+            header = f"{metric[:3]} {metric[4:8].upper()} ms"
+            assert float(row[header]) == pytest.approx(level[metric], abs=0.006), (row, metric)
+        assert level["p95_ttft_ms"] >= level["p50_ttft_ms"] > 0 and level["p50_tpot_ms"] > 0
