@@ -151,3 +151,54 @@ def test_repeated_output_counts_words_that_complete_a_run_the_output_already_mad
     assert repeated_output([loop]) == pytest.approx(11 / 18)
     assert repeated_output(["one two three four five six"]) == 0.0
     assert repeated_output(["too short", ""]) == 0.0
+
+
+def test_the_report_compares_each_familys_best_with_the_baseline_turn_by_turn():
+    import pandas as pd
+
+    from tuner.knobs.config import TrialConfig
+    from tuner.output.turns import speedup_by_turn
+    from tuner.storage.records import Metrics, TrialRecord
+
+    def record(number, role, config, rates, drafted=0, accepted=0):
+        samples = tuple(
+            {
+                "prompt_id": "c",
+                "turn": t,
+                "repetition": 0,
+                "predicted_n": 100,
+                "predicted_ms": 1000 * 100 / r,
+                "draft_n": drafted,
+                "draft_n_accepted": accepted,
+                "prompt_ms": 5.0 * t,
+                "cached_n": 10 * (t - 1),
+            }
+            for t, r in enumerate(rates, start=1)
+        )
+        return TrialRecord(
+            number, "COMPLETE", role, config, metrics=Metrics(sum(rates), 0, 1, 1), samples=samples
+        )
+
+    records = [
+        record(0, "baseline", TrialConfig(), [100, 100, 100]),
+        record(1, "search", TrialConfig(spec_type="ngram-mod", draft_max=8), [110, 150, 200], 10, 8),
+        record(2, "search", TrialConfig(spec_type="ngram-simple", draft_max=4), [105, 120, 130], 10, 5),
+        record(3, "sentinel", TrialConfig(), [80, 100, 100]),
+    ]
+    frame = pd.DataFrame(
+        [
+            {
+                "trial": r.number,
+                "family": r.config.family,
+                "feasible": True,
+                "tokens_per_second": sum(s["predicted_n"] * 1000 / s["predicted_ms"] for s in r.samples),
+                "method": r.config.spec_type,
+            }
+            for r in records
+        ]
+    )
+    table = speedup_by_turn(records, frame)
+    assert list(table["trial"]) == [1, 1, 1] and list(table["turn"]) == [1, 2, 3]  # lookup's best: trial 1
+    assert list(table["baseline_tokens_per_second"]) == [90, 100, 100]  # median of baseline and sentinel
+    assert [round(x, 3) for x in table["speedup"]] == [round(110 / 90, 3), 1.5, 2.0]
+    assert list(table["acceptance"]) == [0.8] * 3 and list(table["cached_tokens"]) == [0, 10, 20]

@@ -15,7 +15,8 @@ def test_builtin_suites_load_with_unique_ids_and_a_handful_of_prompts(tmp_path):
     assert len(ids) == len(set(ids))
     for suite in BUILTIN_SUITES:
         prompts = [p for p in workload.prompts if p.suite == suite]
-        assert 4 <= len(prompts) <= 6, suite
+        # raw suites: a handful of prompts; chat suites: three conversations (nine requests)
+        assert (3 if suite.startswith("chat-") else 4) <= len(prompts) <= 6, suite
         assert all(len(p.text) < 1600 for p in prompts), suite  # well under 400 tokens each
     assert all(p.expected for p in workload.prompts if p.suite in ("math", "json"))
     assert any(e.kind == "regex" for p in workload.prompts if p.suite == "json" for e in p.expected)

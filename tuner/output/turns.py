@@ -12,7 +12,6 @@ import statistics
 
 import pandas as pd
 
-from tuner.output.analysis import feasible
 from tuner.storage.records import TrialRecord
 
 TURN_COLUMNS = [
@@ -69,13 +68,14 @@ def _median_pooled(samples: list[dict]) -> float:
     return statistics.median(rates)
 
 
-def speedup_by_turn(turns: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+def speedup_by_turn(records: list[TrialRecord], frame: pd.DataFrame) -> pd.DataFrame:
     """For each family (draft, lookup, stack) its fastest feasible trial overall, turn by turn, against
     the baseline's rate on the same turn (the median over the baseline and its sentinels)."""
+    turns = turn_table(records)
     if turns.empty:
         return pd.DataFrame(columns=TURN_COLUMNS)
     base = turns[turns["role"].isin(["baseline", "sentinel"])].groupby("turn")["tokens_per_second"].median()
-    pool = feasible(frame)
+    pool = frame[frame["feasible"].astype(bool)]
     rows = []
     for family in ("draft", "lookup", "stack"):
         candidates = pool[pool["family"] == family]
