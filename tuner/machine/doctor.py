@@ -45,6 +45,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="read sys/ and proc/ under DIR instead of / (e.g. a recorded tree)",
     )
     parser.add_argument(
+        "--study",
+        metavar="STUDY",
+        help="also advise on transparent hugepages from what this study's trials measured (name or study file)",
+    )
+    parser.add_argument(
+        "--storage", help="the study's storage URL (default: the study file's, or the default)"
+    )
+    parser.add_argument(
         "--record-sysfs",
         type=Path,
         metavar="DIR",
@@ -138,6 +146,41 @@ def live_advice() -> list[str]:
             "stop them, or every trial will be flagged as measured on a busy host"
         )
     return lines
+
+
+HUGE_SHARE = 0.5  # a server with this share of its resident memory in huge pages got them
+
+
+def thp_measured(study: str, hosts: list[dict], thp_now: str | None) -> list[str]:
+    """Advice from what a study's trials recorded (``host``: THP's mode and the server's smaps_rollup after
+    its workload): whether huge pages backed the servers' memory, and what would change it."""
+    kib = [h["smaps_kib"] for h in hosts if h.get("smaps_kib", {}).get("Rss")]
+    if not kib:
+        return [f"study {study}: no trial recorded its server's memory (trials measured before issue 32)"]
+    modes = sorted({str(h.get("thp_mode")) for h in hosts if h.get("smaps_kib")})
+    huge = [(k.get("AnonHugePages", 0) + k.get("FilePmdMapped", 0)) / k["Rss"] for k in kib]
+    best = max(huge)
+    said = f"study {study}: THP {'/'.join(modes)}, at most {best:.0%} of a server's memory in huge pages"
+    if best >= HUGE_SHARE:
+        return [f"{said} over {len(kib)} trial(s): huge pages backed the weights"]
+    if "never" in modes or thp_now == "never":
+        return [
+            f"{said}: THP is off; `madvise` or `always` (/sys/kernel/mm/transparent_hugepage/enabled) can cut TLB misses"
+        ]
+    return [
+        f"{said}: llama.cpp never asks for huge pages (madvise), so under THP `madvise` only the file system's "
+        "large folios are huge (FilePmdMapped); THP `always` makes anonymous memory huge: the KV cache, and the "
+        "weights with mmap: off (search mmap: [on, off] to measure it)"
+    ]
+
+
+def _measured_advice(args: argparse.Namespace, host: HostState) -> list[str]:
+    """``--study``: THP advice tied to that study's trials."""
+    from tuner.storage import store
+
+    study, record = store.open_stored_study(args.study, args.storage)
+    hosts = [r.host for r in store.read_trials(study) if r.host]
+    return thp_measured(record.name, hosts, host.thp_mode)
 
 
 def _gib(n_bytes: int | None) -> str:
@@ -245,15 +288,18 @@ def run(args: argparse.Namespace) -> int:
     host = hosts.read_host_state(topo, root)
     build, build_reason = find_build()
     bandwidth = hosts.measure_memory_bandwidth() if args.bandwidth else None
+    measured = _measured_advice(args, host) if args.study else []
     if args.json:
         document = {
             "fingerprint": fingerprints.fingerprint(topo, build, host, bandwidth),
             "comparability_keys": list(fingerprints.COMPARABILITY_KEYS),
             "topology": asdict(topo),
             "numa_policies": launch.meaningful_numa_policies(topo),
-            "advice": advice(topo, host, build, hosts.is_live_root(root)),
+            "advice": advice(topo, host, build, hosts.is_live_root(root)) + measured,
         }
         print(json.dumps(document, indent=2))
         return 0
-    print("\n".join(report(topo, host, build, build_reason, bandwidth, live=hosts.is_live_root(root))))
+    lines = report(topo, host, build, build_reason, bandwidth, live=hosts.is_live_root(root))
+    lines += [f"ADVICE: {line}" for line in measured]
+    print("\n".join(lines))
     return 0
