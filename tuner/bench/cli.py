@@ -13,6 +13,10 @@
 Measurements run one after another (never two measurements at once), the replays,
 CPU-bound, after the grid is recorded. Writes ``bench.json`` (everything), ``bench.md``
 (the tables) and the recorded grid (CSV and JSONL).
+
+``--quick`` runs every section on its smallest input (one prompt of the studies' first suite, 8
+tokens, the grid's first two launches, one seed, one round, one operator landscape): its figures mean nothing, it
+shows in a few minutes that each section of ``make bench`` starts and finishes (tests/test_studies.py).
 """
 
 from __future__ import annotations
@@ -20,16 +24,23 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Callable
+
+import yaml
 
 from tuner.bench import concurrency, decisions, gguf_read, operator, overhead, repeat, replay
 from tuner.bench.grid import record_grid
+from tuner.bench.operator_landscapes import LANDSCAPES
 from tuner.bench.table import read_table
 from tuner.context import prepare
 from tuner.errors import UserError
 from tuner.machine import hostlock
+from tuner.measurement.workload import load_workload
+from tuner.output.files import write_atomic
 from tuner.paths import REPO_ROOT, reports_dir
-from tuner.studyfile.spec import load_spec
+from tuner.studyfile.spec import StudySpec, load_spec
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +88,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a GGUF for the metadata-read section, repeatable (default: Gemma 3 270M when its package "
         "is installed, and the --study's target)",
     )
-    parser.add_argument("--out", type=Path, help="output folder (default: reports/bench)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="every section on its smallest input (one prompt of the first suite, 8 tokens, the grid's first launches, one "
+        "seed and round, one operator landscape): shows each section runs, its figures mean nothing",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="output folder (default: reports/bench, with --quick reports/bench/quick)"
+    )
     hostlock.add_argument(parser)
 
 
@@ -88,116 +107,228 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
 
 
-def _run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class Sizes:
+    """How much each section measures: the options as given, or ``--quick``'s smallest inputs."""
+
+    seeds: int
+    rounds: int
+    decision_runs: int
+    repeat_trials: int | None
+    quick: bool = False
+    grid_launches: int | None = None  # None: the whole grid
+    operator: dict[str, Any] = field(default_factory=lambda: {"jobs": -1})
+    overhead: dict[str, Any] = field(default_factory=dict)
+    concurrency: dict[str, Any] = field(default_factory=dict)
+    gguf: dict[str, Any] = field(default_factory=dict)
+
+
+QUICK_N_PREDICT = 8
+
+
+def sizes_of(args: argparse.Namespace) -> Sizes:
+    """The section sizes; a count below 1 is one line naming its option."""
     for name in ("seeds", "rounds", "repeat_trials", "decision_runs"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
-    out = args.out or reports_dir() / "bench"
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    result: dict = {"timings": {}}
-    sections: list[str] = []
+    if not args.quick:
+        return Sizes(args.seeds, args.rounds, args.decision_runs, args.repeat_trials)
+    return Sizes(
+        seeds=1,
+        rounds=1,
+        decision_runs=2,
+        repeat_trials=2,
+        quick=True,
+        grid_launches=2,
+        operator={"names": LANDSCAPES[:1], "seeds": 1, "budget": 5, "baseline_budget": 5, "jobs": 1},
+        overhead={"n_predict": QUICK_N_PREDICT, "repetitions": 1},
+        concurrency={"tg": QUICK_N_PREDICT, "per_client": 1},
+        gguf={"repeats": 1, "reference_repeats": 1},
+    )
 
-    def done(key: str, value: dict, title: str, table: str, mark: float, last: bool = False) -> None:
-        """Print a section and rewrite bench.json/bench.md with it: an interrupted bench keeps its results."""
-        result[key] = value
-        result["timings"][f"{key}_s"] = time.monotonic() - mark
-        result["timings"]["total_s"] = time.monotonic() - started
+
+def study_spec(path: Path, sizes: Sizes, out: Path) -> StudySpec:
+    """The study as written; for ``--quick``, one prompt of its first suite, 8 tokens, two passes, no
+    warm-up."""
+    spec = load_spec(path)
+    if not sizes.quick:
+        return spec
+    settings = replace(
+        spec.measurement, warmup=0, repetitions=2, max_repetitions=None, n_predict=QUICK_N_PREDICT
+    )
+    return replace(spec, suites=(quick_suite(spec, out),), measurement=settings, budget_minutes=None)
+
+
+def quick_suite(spec: StudySpec, out: Path) -> str:
+    """The first prompt of the study's first suite as a suite file of its own under ``out``; a
+    conversation or a prompt with expected answers keeps its whole suite (it needs the suite's context)."""
+    first = load_workload(list(spec.suites[:1]), spec.base_dir).prompts[0]
+    if first.chat or first.expected:
+        return spec.suites[0]
+    path = write_atomic(
+        out / f"quick-{spec.suites[0].replace('/', '-').removesuffix('.yaml')}.yaml",
+        yaml.safe_dump({"prompts": [{"id": first.id, "text": first.text}]}, sort_keys=False),
+    )
+    return str(path.absolute())
+
+
+class Session:
+    """One bench run's results: bench.json and bench.md rewritten after every section, so an
+    interrupted bench keeps what it measured."""
+
+    def __init__(self, out: Path, quick: bool):
+        self.out, self.quick = out, quick
+        out.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
+        self.result: dict = {"quick": quick, "timings": {}}
+        self.sections: list[str] = []
+
+    def section(
+        self,
+        key: str,
+        banner: str,
+        title: str,
+        measure: Callable[[], Any],
+        markdown: Callable[[Any], str],
+        to_dict: Callable[[Any], dict] = lambda value: value,
+    ) -> Any:
+        """Print the banner, measure, then print the table and rewrite both files with it."""
+        print(f"== {banner}", flush=True)
+        mark = time.monotonic()
+        value = measure()
+        self.result[key] = to_dict(value)
+        self.result["timings"][f"{key}_s"] = time.monotonic() - mark
+        self.result["timings"]["total_s"] = time.monotonic() - self.started
+        table = markdown(value)
         print(table, flush=True)
-        sections.extend([f"## {title}", "", table])
-        (out / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        (out / "bench.md").write_text(
+        self.sections.extend([f"## {title}", "", table])
+        self.write(last=False)
+        return value
+
+    def write(self, last: bool) -> None:
+        total = self.result["timings"].get("total_s", 0.0)
+        write_atomic(self.out / "bench.json", json.dumps(self.result, indent=2, default=str) + "\n")
+        write_atomic(
+            self.out / "bench.md",
             "\n".join(
                 [
-                    "# tuner bench",
+                    "# tuner bench" + (" (--quick: every section on its smallest input)" * self.quick),
                     "",
-                    *sections,
-                    f"{'Whole bench' if last else 'Bench time so far'}: "
-                    f"{result['timings']['total_s'] / 60:.1f} min.",
+                    *self.sections,
+                    f"{'Whole bench' if last else 'Bench time so far'}: {total / 60:.1f} min.",
                     "",
                 ]
-            )
+            ),
         )
 
-    grid_spec = load_spec(args.grid_study)
-    csv = out / f"grid-{grid_spec.name}.csv"
+
+def _run(args: argparse.Namespace) -> int:
+    sizes = sizes_of(args)
+    default_out = reports_dir() / "bench" / ("quick" if sizes.quick else "")  # --quick never overwrites
+    session = Session(args.out or default_out, sizes.quick)
+    _search(session, args.grid_study, sizes)
+    _simulated(session, sizes)
+    _overhead(session, args.study, sizes)
+    _repeatability(session, args.study, sizes)
+    _gguf(session, args.gguf, args.study, sizes)
+    session.result["timings"]["total_s"] = time.monotonic() - session.started
+    session.write(last=True)
+    print(
+        f"wrote {session.out / 'bench.json'} and {session.out / 'bench.md'} in "
+        f"{session.result['timings']['total_s'] / 60:.1f} min"
+    )
+    return 0
+
+
+def _search(session: Session, grid_study: Path, sizes: Sizes) -> None:
+    """1. The grid study's landscape recorded fresh, then every strategy replayed on it."""
+    spec = study_spec(grid_study, sizes, session.out)
+    csv = session.out / f"grid-{spec.name}.csv"
     for stale in (csv.with_suffix(".jsonl"), csv.with_suffix(".reference.json")):
         stale.unlink(missing_ok=True)  # a fresh landscape: every figure from this session
-    print(f"== 1/3 search efficiency: recording the grid of {args.grid_study}", flush=True)
-    mark = time.monotonic()
-    record_grid(args.grid_study, csv)
-    search = replay.benchmark(replay.load_landscape(read_table(csv)), seeds=args.seeds)
-    search["table"] = str(csv)
-    done(
+
+    def measure() -> dict:
+        record_grid(spec, csv, max_launches=sizes.grid_launches)
+        search = replay.benchmark(replay.load_landscape(read_table(csv)), seeds=sizes.seeds)
+        return {**search, "table": str(csv)}
+
+    session.section(
         "search",
-        search,
-        f"1. Search efficiency on the recorded grid of {grid_spec.name}",
-        replay.markdown(search),
-        mark,
+        f"1/3 search efficiency: recording the grid of {grid_study}",
+        f"1. Search efficiency on the recorded grid of {spec.name}",
+        measure,
+        replay.markdown,
     )
-    print("== 1b/3 search efficiency at operator scale (modelled 96-core landscapes)", flush=True)
-    mark = time.monotonic()
-    at_scale = operator.benchmark(seeds=args.seeds, jobs=-1)
-    done(
+
+
+def _simulated(session: Session, sizes: Sizes) -> None:
+    """1b and 1c: no measurement, simulated hosts (operator-scale landscapes, launch effects)."""
+    session.section(
         "search_operator",
-        at_scale,
+        "1b/3 search efficiency at operator scale (modelled 96-core landscapes)",
         "1b. Search efficiency at operator scale",
-        operator.markdown(at_scale),
-        mark,
+        lambda: operator.benchmark(**{"seeds": sizes.seeds, **sizes.operator}),
+        operator.markdown,
     )
-
-    print("== 1c decisions: race, finalists and pruning on a simulated host with launch effects", flush=True)
-    mark = time.monotonic()
-    choosing = decisions.measure_decisions(runs=args.decision_runs)
-    done(
+    session.section(
         "decisions",
-        choosing,
+        "1c decisions: race, finalists and pruning on a simulated host with launch effects",
         "1c. Decisions: error rates of the race, the finalist cut and pruning",
-        decisions.markdown(choosing),
-        mark,
+        lambda: decisions.measure_decisions(runs=sizes.decision_runs),
+        decisions.markdown,
     )
 
-    print(f"== 2/3 overhead and validity against llama-bench ({args.study})", flush=True)
-    mark = time.monotonic()
-    over = overhead.measure_overhead(prepare(load_spec(args.study)), rounds=args.rounds)
-    done(
+
+def _overhead(session: Session, study: Path, sizes: Sizes) -> None:
+    """2 and 2b: the tuner's measurement against llama-bench's and llama-batched-bench's."""
+    session.section(
         "overhead",
-        over.to_dict(),
+        f"2/3 overhead and validity against llama-bench ({study})",
         "2. Overhead and validity against llama-bench",
-        overhead.markdown(over),
-        mark,
+        lambda: overhead.measure_overhead(
+            prepare(study_spec(study, sizes, session.out)), rounds=sizes.rounds, **sizes.overhead
+        ),
+        overhead.markdown,
+        lambda found: found.to_dict(),
     )
-
     levels = ", ".join(map(str, concurrency.LEVELS))
-    print(
-        f"== 2b concurrency: the load generator against llama-batched-bench at {levels} users ({args.study})",
-        flush=True,
-    )
-    mark = time.monotonic()
-    loads = concurrency.measure_concurrency(prepare(load_spec(args.study)), rounds=args.rounds)
-    done(
+    session.section(
         "concurrency",
-        concurrency.to_dict(loads),
+        f"2b concurrency: the load generator against llama-batched-bench at {levels} users ({study})",
         "2b. Load generator against llama-batched-bench",
-        concurrency.markdown(loads),
-        mark,
+        lambda: concurrency.measure_concurrency(
+            prepare(study_spec(study, sizes, session.out)), rounds=sizes.rounds, **sizes.concurrency
+        ),
+        concurrency.markdown,
+        concurrency.to_dict,
     )
 
-    repeat_trials = args.repeat_trials or load_spec(args.study).budget_trials
-    print(f"== 3/3 repeatability: two seeds of {args.study}, {repeat_trials} trials each", flush=True)
-    mark = time.monotonic()
-    rep = repeat.measure_repeatability(
-        args.study, out / "repeat.db", trials=repeat_trials, rounds=args.rounds
-    )
-    done("repeatability", rep.to_dict(), "3. Repeatability", repeat.markdown(rep), mark)
 
-    files = args.gguf or [p for p in (gguf_read.gemma_270m(), load_spec(args.study).target) if p is not None]
-    print(
-        f"== 4 GGUF metadata: today's full parse against the fast, cached read ({', '.join(f.name for f in files)})",
-        flush=True,
+def _repeatability(session: Session, study: Path, sizes: Sizes) -> None:
+    """3. Two seeds of the study, their winners re-measured side by side."""
+    spec = study_spec(study, sizes, session.out)
+    trials = sizes.repeat_trials or spec.budget_trials
+    session.section(
+        "repeatability",
+        f"3/3 repeatability: two seeds of {study}, {trials} trials each",
+        "3. Repeatability",
+        lambda: repeat.measure_repeatability(
+            spec, session.out / "repeat.db", trials=trials, rounds=sizes.rounds
+        ),
+        repeat.markdown,
+        lambda found: found.to_dict(),
     )
-    mark = time.monotonic()
-    reading = gguf_read.benchmark(files)
-    done("gguf_read", reading, "4. GGUF metadata read", gguf_read.markdown(reading), mark, last=True)
-    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'} in {result['timings']['total_s'] / 60:.1f} min")
-    return 0
+
+
+def _gguf(session: Session, given: list[Path] | None, study: Path, sizes: Sizes) -> None:
+    """4. GGUF metadata reads: the given files, else Gemma 3 270M when installed (not in --quick) and the
+    study's target."""
+    gemma = None if sizes.quick else gguf_read.gemma_270m()
+    files = given or [p for p in (gemma, load_spec(study).target) if p is not None]
+    session.section(
+        "gguf_read",
+        f"4 GGUF metadata: today's full parse against the fast, cached read ({', '.join(f.name for f in files)})",
+        "4. GGUF metadata read",
+        lambda: gguf_read.benchmark(files, **sizes.gguf),
+        gguf_read.markdown,
+    )

@@ -38,9 +38,10 @@ from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import outputs_by_prompt, run_workload, score_trial
 from tuner.measurement.quality import output_quality
 from tuner.measurement.runner import LlamaServer, free_port
+from tuner.output.files import write_atomic
 from tuner.paths import reports_dir
 from tuner.search.space import ResolvedSpace, baseline_config, suggest
-from tuner.studyfile.spec import load_spec
+from tuner.studyfile.spec import StudySpec, load_spec
 
 
 def grid_configs(space: ResolvedSpace, where: str = "search_space") -> list[TrialConfig]:
@@ -263,21 +264,24 @@ def write_table(rows: list[dict], csv: Path) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     knobs = [k for k in KNOBS if k in frame.columns and frame[k].notna().any()]
     frame = frame[knobs + [c for c in RESULT_COLUMNS if c in frame.columns]]
-    csv.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(csv, index=False)
+    write_atomic(csv, frame.to_csv(index=False))
     return frame
 
 
 def record_grid(
-    study_file: str | Path, out: Path | None = None, progress: Callable[[str], None] = print
+    study: str | Path | StudySpec,
+    out: Path | None = None,
+    progress: Callable[[str], None] = print,
+    max_launches: int | None = None,
 ) -> Path:
-    """Record (or resume) the study's grid; returns the CSV table."""
-    spec = load_spec(study_file)
+    """Record (or resume) the study's grid (a study file, or a spec already read); returns the CSV table.
+    ``max_launches``: only the first launches of the plan, the baseline's first (``tuner bench --quick``)."""
+    spec = study if isinstance(study, StudySpec) else load_spec(study)
     ctx = prepare(spec)
     configs = grid_configs(ctx.space, f"{spec.path}: search_space")
     csv = out or reports_dir() / "bench" / f"grid-{spec.name}.csv"
     recorder = GridRecorder(ctx, csv.with_suffix(".jsonl"), progress)
-    launches = plan(ctx, configs)
+    launches = plan(ctx, configs)[:max_launches]
     todo = sum(config_key(c) not in recorder.done for launch in launches for c in launch.configs)
     progress(
         f"grid {spec.name}: {sum(len(launch.configs) for launch in launches)} configurations in "

@@ -53,7 +53,7 @@ class RepeatResult:
 
 
 def measure_repeatability(
-    study_file: str | Path,
+    study_file: str | Path | StudySpec,
     storage_db: Path,
     *,
     seeds: tuple[int, int] = (1, 2),
@@ -62,7 +62,7 @@ def measure_repeatability(
     progress: Callable[[str], None] = print,
 ) -> RepeatResult:
     """Run the two studies in a fresh SQLite file, then re-measure their winners side by side."""
-    spec = load_spec(study_file)
+    spec = study_file if isinstance(study_file, StudySpec) else load_spec(study_file)
     storage_db.parent.mkdir(parents=True, exist_ok=True)
     storage_db.unlink(missing_ok=True)  # every figure from this session
     budget = trials or spec.budget_trials
@@ -99,7 +99,7 @@ def measure_repeatability(
     winners = [replace(w, remeasured_tokens_per_second=r) for w, r in zip(winners, rates)]
     medians = [statistics.median(r) for r in rates]
     return RepeatResult(
-        str(study_file),
+        str(spec.path),
         budget,
         rounds,
         winners,

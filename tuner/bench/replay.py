@@ -46,6 +46,7 @@ from joblib import Parallel, delayed
 from tuner.bench.table import parameter_columns, read_table
 from tuner.errors import UserError
 from tuner.knobs.registry import SPEC_TYPES_WITH_K
+from tuner.output.files import write_atomic
 from tuner.storage import store
 from tuner.storage.records import Failure, Metrics, StudyRecord, TrialRecord, config_from_dict
 
@@ -499,7 +500,6 @@ def run(args: argparse.Namespace) -> int:
     result["table"] = str(args.table)
     print(markdown(result), end="")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(args.json, json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
