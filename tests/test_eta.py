@@ -17,6 +17,7 @@ from fake_llama_server import write_study
 from tuner import eta
 from tuner.cli import main
 from tuner.context import prepare, study_estimate
+from tuner.errors import UserError
 from tuner.machine.llama_build import _run_logged, build_eta
 from tuner.paths import REPO_ROOT
 from tuner.storage import store
@@ -159,6 +160,20 @@ def test_check_says_what_the_machine_and_model_left_out(tmp_path, env, capsys):
     for note in prepare(load_spec(path)).space.notes:
         assert f"  {note}\n" in out
     assert "  cache_reuse 0, mmap on, mlock off: llama.cpp's defaults, not searched" in out
+
+
+@pytest.mark.parametrize("study", sorted((REPO_ROOT / "studies").glob("*.yaml")), ids=lambda p: p.stem)
+def test_check_of_every_shipped_study_is_under_sixty_lines_with_an_estimate(study, synthetic_models, capsys):
+    try:
+        spec = load_spec(study)
+    except UserError as err:  # ${MODELS} unset, a model absent: the Qwen studies need their GGUFs
+        pytest.skip(str(err))
+    missing = [p for p in (spec.target, *spec.drafts) if not p.is_file()]
+    if missing:
+        pytest.skip(f"{missing[0]} is not on this machine")
+    assert main(["run", str(study), "--check"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) < 60 and any(re.match(r"  total    ~\S+", line) for line in out), out
 
 
 # ------------------------------------------------------------------ progress of run, race and export
