@@ -12,6 +12,7 @@ import html
 from dataclasses import dataclass
 
 import pandas as pd
+import plotly.colors
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
@@ -526,6 +527,9 @@ def _families_section(data: ReportData) -> Section:
     )
 
 
+FAMILY_COLORS = plotly.colors.qualitative.Plotly  # the aggregate plot's colours, family for family
+
+
 def latency_figure(frame: pd.DataFrame, div_id: str) -> str:
     """Time to first token and time per output token against users, per family: p50 solid, p95 dashed."""
     fig = make_subplots(
@@ -543,7 +547,7 @@ def latency_figure(frame: pd.DataFrame, div_id: str) -> str:
                         name=f"{family} {q}",
                         legendgroup=str(family),
                         showlegend=col == 1,
-                        line={"color": _palette(i), "dash": dash},
+                        line={"color": FAMILY_COLORS[i % len(FAMILY_COLORS)], "dash": dash},
                     ),
                     row=1,
                     col=col,
