@@ -331,7 +331,7 @@ def request_prompts(workload: Workload, n_predict: int) -> list[int]:
     carry the earlier replies and turns."""
     tokens = []
     for p in workload.prompts:
-        first = eta.prompt_tokens(p.text + "".join(c for _, c in p.messages))
+        first = eta.prompt_tokens("".join(c for _, c in p.messages) if p.messages else p.text)
         grown = first
         for turn in ("", *p.turns):
             grown += eta.prompt_tokens(turn) if turn else 0
