@@ -122,7 +122,7 @@ def paired_ratios(samples: Iterable[dict], incumbent_samples: Iterable[dict]) ->
     """A running trial's samples against the incumbent's.
 
     Samples are dicts with ``prompt_id`` (and a conversation's ``turn``), ``tokens_per_second`` and ``suite`` (as
-    ``tuner.study.sample_record`` stores them; without a suite, one suite is assumed); the
+    ``tuner.trial.sample_record`` stores them; without a suite, one suite is assumed); the
     incumbent's per-prompt reference is its median over repetitions.
     """
     by_prompt: dict[str, list[float]] = {}
