@@ -12,7 +12,7 @@ from fake_llama_server import write_study
 
 from tuner.context import prepare
 from tuner.errors import UserError
-from tuner.machine.doctor import thp_measured
+from tuner.output.doctor import thp_measured
 from tuner.machine.host import read_thp_mode
 from tuner.machine.placement import parse_smaps_rollup
 from tuner.measurement.launch import build_server_command

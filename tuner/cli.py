@@ -18,7 +18,7 @@ from tuner.measurement.runner import sigterm_as_interrupt
 # (name, module, one-line help). The order here is the order in `tuner --help`.
 SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("llama", "tuner.machine.llama_build", "build (or locate) the pinned llama.cpp and print its manifest"),
-    ("doctor", "tuner.machine.doctor", "print the machine fingerprint and advice before measuring"),
+    ("doctor", "tuner.output.doctor", "print the machine fingerprint and advice before measuring"),
     ("inspect", "tuner.models.gguf_info", "read GGUF metadata and check draft/target compatibility"),
     ("synthetic", "tuner.synthetic.cli", "generate the built-in synthetic model family"),
     (

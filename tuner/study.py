@@ -39,18 +39,17 @@ from tuner.eta import Estimate, Progress, as_progress
 from tuner.machine import hostlock
 from tuner.machine.host import host_was_busy
 from tuner.measurement.failures import FailureReason, TrialFailure
+from tuner.run_loop import ensure_baseline, run_until_budget
 from tuner.search.prior import describe as describe_prior
 from tuner.search.prior import find_prior
 from tuner.search.sampling import sampler_for
 from tuner.search.space import baseline_config, suggest
 from tuner.storage import outage, store
 from tuner.storage.coordination import (
-    ensure_baseline,
     fail_orphans,
     failed_elsewhere,
     hold_sqlite_study,
     make_storage,
-    run_until_budget,
     safe_url,
     tally,
     worker_id,

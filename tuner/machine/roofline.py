@@ -13,10 +13,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from tuner.machine.host import measure_memory_bandwidth
 from tuner.machine.topology import read_topology
-from tuner.storage.records import StudyRecord
 
 ABOVE_ROOFLINE_FACTOR = 2.0  # a non-speculative trial this far above the (estimated) ceiling is impossible
 CACHE_RESIDENT_FACTOR = 4  # weights below this many last-level caches may be served from cache
@@ -32,7 +32,15 @@ class Bandwidth:
     note: str
 
 
-def study_bandwidth(record: StudyRecord, probe: Callable[[], float] | None = None) -> Bandwidth:
+class StudyFacts(Protocol):
+    """What a study's record says of its machine and target (``tuner.storage.records.StudyRecord`` has
+    both; the machine floor does not import the storage above it)."""
+
+    fingerprint: dict
+    target: dict
+
+
+def study_bandwidth(record: StudyFacts, probe: Callable[[], float] | None = None) -> Bandwidth:
     """The fingerprint's bandwidth; without one, measured now (and the report says so)."""
     fp = record.fingerprint
     if fp.get("bandwidth_bytes_per_s"):
@@ -70,7 +78,7 @@ class Roofline:
         return self.bandwidth.bytes_per_s / self.bytes_per_token(experts)
 
 
-def study_roofline(record: StudyRecord, bandwidth: Bandwidth) -> Roofline | None:
+def study_roofline(record: StudyFacts, bandwidth: Bandwidth) -> Roofline | None:
     """None when the study does not record the target's weight bytes."""
     target = record.target
     if not target.get("weights_bytes"):

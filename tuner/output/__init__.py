@@ -1,3 +1,4 @@
-"""Analysis and output: records as frames (``analysis``), the HTML report (``report``, ``report_html``), the export of
-the winner (``export``), two studies compared (``compare``), optuna-dashboard (``dashboard``).
+"""Analysis and output: records as frames (``analysis``), the HTML report (``report``, ``report_html``), conversations
+turn by turn (``turns``), the export of the winner (``export``), two studies compared (``compare``), optuna-dashboard
+(``dashboard``), ``tuner doctor`` (``doctor``), files written whole (``files``).
 """

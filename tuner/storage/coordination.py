@@ -1,4 +1,4 @@
-"""Coordination through Optuna's storage: opening it, heartbeats, the shared budget, one baseline.
+"""Coordination through Optuna's storage: opening it, heartbeats, the shared budget tally, the SQLite lock.
 
 A study run alone (``tuner run``) and ``tuner worker`` on several hosts use the same
 rules; Optuna's RDB storage is the only coordination:
@@ -14,10 +14,7 @@ rules; Optuna's RDB storage is the only coordination:
   a trial only while counted plus running trials are below the budget, waits while the rest runs elsewhere (a trial that dies there comes back as a
   retry, which it then runs), and stops once the budget is counted. Two workers passing
   that check in the same instant may each start one: at most workers-1 over.
-- The baseline runs once: the process that created the study runs it, the others wait
-  for its reference up to ``workers.baseline_wait_s``. If the baseline's worker dies, the
-  worker that fails the stale trial runs its retry. A baseline that failed or was
-  interrupted runs again in the next process to start.
+- The baseline runs once (``tuner.run_loop``, the study layer, elects it and runs the loop).
 - SQLite takes one process per study: a lock beside the database refuses a second, and
   ``tuner worker`` refuses SQLite (a database file is not safely shared across hosts).
   Under that lock a RUNNING trial is a dead process's: ``fail_orphans`` fails it at once
@@ -41,10 +38,8 @@ from typing import IO, Callable
 import optuna
 from optuna.trial import TrialState
 
-from tuner.context import StudyContext
 from tuner.errors import UserError
 from tuner.measurement.failures import FailureReason
-from tuner.search.space import baseline_config, enqueue_params
 from tuner.storage import store
 from tuner.storage.records import Failure
 from tuner.storage.urls import check_scheme, safe_url, scrub, sqlite_path, with_driver  # noqa: F401 (re-exported)
@@ -268,143 +263,3 @@ def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.stora
             else "check the URL and that the database is reachable"
         )
         raise UserError(f"storage {safe_url(url)}: cannot open ({first}); {fix}") from err
-
-
-def _baselines(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.get_trials(deepcopy=False) if store.role_of(t) == "baseline"]
-
-
-def _baseline_pending(study: optuna.Study, workers: WorkersSpec) -> bool:
-    """A baseline runs or is queued somewhere, or its worker died and the worker that
-    noticed is queueing it again this instant (failed without a reason, retries left)."""
-    trials = study.get_trials(deepcopy=False)
-    replaced = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
-    return any(
-        t.state in (TrialState.RUNNING, TrialState.WAITING)
-        or (
-            t.state == TrialState.FAIL
-            and store.failure_reason(t) is None
-            and t.number not in replaced
-            and len(t.system_attrs.get("retry_history", ())) < workers.max_retry
-        )
-        for t in trials
-        if store.role_of(t) == "baseline"
-    )
-
-
-def _baseline_failed(study: optuna.Study, ctx: StudyContext) -> UserError:
-    last = store.read_trial(_baselines(study)[-1])
-    failure = last.failure or Failure("its worker died", "")
-    return UserError(
-        f"the baseline trial {last.number} failed ({failure.reason}: {failure.detail}); "
-        f"fix it before tuning (log in {ctx.log_dir})"
-    )
-
-
-def ensure_baseline(
-    study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None], progress: Callable[[str], None]
-) -> None:
-    """Return once the study has its reference: run the baseline here, or wait for it.
-
-    Runs it here when this process created the study, when an earlier baseline failed
-    or was interrupted, or for a study from before workers existed; otherwise waits for
-    the worker running it. Nothing else is queued before the reference exists, so
-    ``run_one`` pops the baseline. The process that ran it queues the warm starts.
-    """
-    if store.read_reference(study):
-        return
-    creator = store.created_by(study)
-    if _requeued_here(study):  # its worker died and this one queued it again: this one runs it
-        run_one()
-    elif creator in (None, worker_id()) or (
-        _baselines(study) and not _baseline_pending(study, ctx.spec.workers)
-    ):
-        store.enqueue(study, enqueue_params(baseline_config(ctx.space), ctx.space), "baseline")
-        run_one()
-    else:
-        _wait_for_baseline(study, ctx, run_one, progress)
-    if not store.read_reference(study):
-        raise _baseline_failed(study, ctx)
-    if any(r.complete and r.worker == worker_id() for r in map(store.read_trial, _baselines(study))):
-        for item in ctx.spec.warm_start:
-            store.enqueue(study, dict(item), "warm_start", skip_if_exists=True)
-
-
-def _requeued_here(study: optuna.Study) -> bool:
-    """A baseline this worker queued again after its worker died (this one runs it)."""
-    return any(
-        t.state == TrialState.WAITING and store.requeued_by(t) == worker_id() for t in _baselines(study)
-    )
-
-
-def worker_gone(worker: str | None) -> bool:
-    """Whether ``worker`` (HOST:PID) ran on this host and its process has exited."""
-    host, _, pid = (worker or "").rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
-
-
-def _wait_for_baseline(
-    study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None], progress: Callable[[str], None]
-) -> None:
-    workers = ctx.spec.workers
-    deadline = time.monotonic() + workers.baseline_wait_s
-    creator = store.created_by(study)
-    if worker_gone(creator):
-        progress(
-            f"waiting for the baseline trial: the worker that created the study ({creator}) ran on this host "
-            f"and has exited; its trial is failed after {workers.grace_s} s without a heartbeat and runs here"
-        )
-    else:
-        progress(f"waiting for the baseline trial, run by the worker that created the study ({creator})")
-    while not store.read_reference(study):
-        fail_stale(study)
-        baselines = _baselines(study)
-        if _requeued_here(study):  # its worker died and this one queued it again: this one runs it
-            run_one()
-            return
-        if baselines and not _baseline_pending(study, workers):
-            return  # it failed: the caller reports why
-        if time.monotonic() > deadline:
-            raise UserError(
-                f"no baseline after {workers.baseline_wait_s:g} s: the worker that created study "
-                f"{ctx.spec.name!r} ({store.created_by(study)}) runs it first; check that it is "
-                "running, or raise workers.baseline_wait_s"
-            )
-        time.sleep(poll_interval(workers))
-
-
-def poll_interval(workers: WorkersSpec) -> float:
-    return min(5.0, float(workers.heartbeat_s))
-
-
-def run_until_budget(
-    study: optuna.Study,
-    run_one: Callable[[], None],
-    budget: int,
-    workers: WorkersSpec,
-    deadline: float | None,
-    progress: Callable[[str], None],
-) -> None:
-    """Run trials until ``budget`` of them count, across every worker of the study."""
-    said = False
-    while deadline is None or time.monotonic() < deadline:
-        now = tally(study)
-        if now.counted >= budget:
-            return
-        if now.counted + now.running < budget:
-            run_one()
-            said = False
-            continue
-        if not said:
-            progress(f"{now.running} trial(s) running in other workers complete the budget: waiting for them")
-            said = True
-        fail_stale(study)  # a dead worker's trial comes back as a retry, which this worker then runs
-        time.sleep(poll_interval(workers))
