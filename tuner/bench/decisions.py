@@ -1,4 +1,4 @@
-"""The decision procedure's error rates, on a simulated host with launch effects: today's rules side by side.
+"""The decision procedure's error rates, on a simulated host with launch effects: the previous rules side by side.
 
 Why: a race, a pruning rule or a finalist cut is a bet an operator copies to a fleet; its error
 rate must be known, and a real 2-core VM cannot show it in any reasonable time. Here a
@@ -7,18 +7,21 @@ a launch spread and a per-round spread as on the research hosts), with a 2% chan
 outlier round at a tenth of the rate (seen in ``make demo``: 47.7 t/s among 383-490). The
 product's own code decides (``tuner.decisions.race.sequential_race`` and ``confirm``,
 ``tuner.decisions.race.within_reach``, ``tuner.search.pruning.should_prune``); the previous
-rules ("today's", up to the launch-level race) are reimplemented below as the reference:
+rules are reimplemented below as the reference:
 
-* old race: every contender launched once, 5 passes each on that launch, medians, a percentile
-  bootstrap interval, ties (bootstrap interval of the best two holding 1) decided by the
-  resource rule;
+* previous race (issue 22, up to issue 31): every finalist still racing launched every round; from
+  race.min_rounds on, the leader (highest geometric mean) compared with each other finalist as if named in
+  advance (one-sided t on its own paired rounds at 5% / looks): shown slower dropped, TOST-equivalent within
+  2% settled; undecided at race.max_rounds (the higher estimate); the printed figure from 4 confirmation
+  rounds of the winner and the baseline;
 * old finalists: tokens/s x (1 +- 2 cv) overlapping the leader's, at most 4;
 * old pruning: the launch spread added once (not on both sides), no spending over looks.
 
-Figures: interval coverage of the printed speedup; the probability of deploying a configuration
-3% or more slower than the best; how often an equal configuration is pruned (against one equal
-incumbent, and against the best of 5 equal trials); how often the true best is a finalist; the
-race's cost in launches and passes.
+Figures, per cell: interval coverage of the printed speedup; how often the loss bound the race states holds
+(the true loss of the deployed configuration is below it) and its median; the probability of deploying a
+configuration 3% or more slower than the best, over all races and among those that said they decided (with
+how many did); how often an equal configuration is pruned (against one equal incumbent, and against the
+best of 5 equal trials); how often the true best is a finalist; launches per race and modelled minutes.
 """
 
 from __future__ import annotations
@@ -37,48 +40,22 @@ from tuner.studyfile.spec import RaceSpec
 LAUNCH_SPREADS = (0.03, 0.05, 0.10)
 ROUND_SPREADS = (0.02, 0.05, 0.10)
 GAPS = (0.0, 0.03, 0.05)
-DEFAULT_HOST = (0.05, 0.05)  # launch, round spread: the targets hold here ("at the defaults")
+DEFAULT_HOST = (0.05, 0.05)  # launch, round spread
 OUTLIER_P = 0.02
 SLOWER = 0.03  # deploying a configuration this much slower than the best is a wrong deployment
-OLD_ROUNDS = 5
-# launch + warm-up, in passes of the workload: make demo's export raced 57 launches in 108 s where today's rules
-# took 57 s for 30 passes on 6 launches: a pass is about 1.6 s, a launch and warm-up a few tenths
-LAUNCH_COST_PASSES = 0.2
-ROUND_BUDGETS = (
-    10,
-    20,
-    30,
-    40,
-)  # race.max_rounds tried at the default host: what the wrong-deployment bar costs
-TARGETS = {"coverage": 0.93, "wrong": 0.05, "pruned": 0.05, "finalist": 0.95, "cost": 2.0}
-Z_ONE_SIDED = 1.645
+MINUTES_PER_LAUNCH = 1.5  # a 32B-scale host: a launch with its warm-up and one pass takes one to two minutes
+ROUND_BUDGETS = (10, 20, 30, 40)  # race.max_rounds tried at the default host and a 3% gap
+TARGETS = {"holds": 0.95, "wrong": 0.05, "coverage": 0.93, "pruned": 0.05, "finalist": 0.95, "launches": 1.5}
+ENOUGH_DECIDED = 20  # below this many decided races a cell's wrong-when-decided rate is printed, not judged
+PREVIOUS = RaceSpec(min_rounds=3, max_rounds=10, confirm_rounds=4)  # the previous race's defaults
+PREVIOUS_EQUIVALENCE = 0.02
+PREVIOUS_MAD_FLOOR = 0.05
+PREVIOUS_OUTLIER_CONTEXT = 3
 
 
 def noisy(mu: float, launch_effect: float, round_sigma: float, rng: random.Random) -> float:
     rate = mu * math.exp(launch_effect + rng.gauss(0, round_sigma))
     return rate * 0.1 if rng.random() < OUTLIER_P else rate
-
-
-@dataclass(frozen=True)
-class RaceCell:
-    launch_sigma: float
-    round_sigma: float
-    gap: float
-    coverage_new: float
-    coverage_old: float
-    wrong_new: float
-    wrong_old: float
-    wrong_decided_new: float  # among races that said they decided (not "undecided")
-    launches_new: float  # mean per race, confirmation included
-    passes_old: float
-    launches_old: float
-    undecided_new: float
-
-    @property
-    def cost_ratio(self) -> float:
-        """Modelled race time, new over old: a launch costs LAUNCH_COST_PASSES passes plus its measured pass."""
-        old = self.launches_old * LAUNCH_COST_PASSES + self.passes_old
-        return self.launches_new * (1 + LAUNCH_COST_PASSES) / old
 
 
 def field_of(gap: float) -> tuple[list[float], list[tuple]]:
@@ -89,6 +66,24 @@ def field_of(gap: float) -> tuple[list[float], list[tuple]]:
     return mus, resources
 
 
+@dataclass(frozen=True)
+class Race:
+    """One simulated race: what it deployed and what it said."""
+
+    winner: int
+    ratio: evidence.Ratio  # the printed speedup over the baseline
+    launches: int
+    decided: bool
+    loss: float | None  # the stated loss bound (fraction); None for the previous rules (they state none)
+
+
+def _launcher(mus: list[float], launch_sigma: float, round_sigma: float, rng: random.Random):
+    def launch(i: int) -> float:
+        return noisy(mus[i], rng.gauss(0, launch_sigma), round_sigma, rng)
+
+    return launch
+
+
 def new_race(
     mus: list[float],
     resources: list[tuple],
@@ -96,12 +91,14 @@ def new_race(
     round_sigma: float,
     rng: random.Random,
     spec: RaceSpec,
-) -> tuple[int, evidence.Ratio, int, bool]:
+) -> Race:
+    """The product's race (``sequential_race``, and ``confirm`` when the spec asks for confirmation rounds)."""
     names = [f"c{i}" for i in range(len(mus))]
     index = {n: i for i, n in enumerate(names)}
+    draw = _launcher(mus, launch_sigma, round_sigma, rng)
 
     def launch(name: str) -> float:
-        return noisy(mus[index[name]], rng.gauss(0, launch_sigma), round_sigma, rng)
+        return draw(index[name])
 
     def launch_round(labels: list[str], r: int) -> dict[str, float]:
         return {n: launch(n) for n in labels}
@@ -115,75 +112,154 @@ def new_race(
         spec,
         progress=lambda _: None,
     )
-    launches = contest.launches
-    if outcome.winner == names[-1]:
-        return index[outcome.winner], evidence.Ratio(1.0, 1.0, 1.0, 0), launches, outcome.decided
-    confirmation, check = confirm(outcome.winner, names[-1], launch_round, launch, spec.confirm_rounds)
-    ratio = evidence.Ratio(confirmation.speedup, confirmation.low, confirmation.high, confirmation.rounds)
-    return index[outcome.winner], ratio, launches + check.launches, outcome.decided
+    ratio, launches = outcome.speedup, contest.launches
+    if outcome.winner != names[-1] and spec.confirm_rounds:
+        confirmation, check = confirm(outcome.winner, names[-1], launch_round, launch, spec.confirm_rounds)
+        ratio = evidence.Ratio(confirmation.speedup, confirmation.low, confirmation.high, confirmation.rounds)
+        launches += check.launches
+    return Race(index[outcome.winner], ratio, launches, outcome.decided, outcome.loss)
 
 
-def bootstrap(a: list[float], b: list[float], rng: random.Random, samples: int = 400) -> tuple[float, float]:
-    n = len(a)
-    ratios = sorted(
-        statistics.median(a[i] for i in idx) / statistics.median(b[i] for i in idx)
-        for idx in ([rng.randrange(n) for _ in range(n)] for _ in range(samples))
-    )
-    return ratios[int(0.025 * samples)], ratios[min(int(0.975 * samples), samples - 1)]
+def _previous_outlier(value: float, others: list[float]) -> bool:
+    logs = [math.log(v) for v in others if v > 0 and math.isfinite(v)]
+    if not (value > 0 and math.isfinite(value)):
+        return True
+    if len(logs) < 2:
+        return False
+    centre = statistics.median(logs)
+    mad = max(evidence.MAD_SCALE * statistics.median(abs(x - centre) for x in logs), PREVIOUS_MAD_FLOOR)
+    return abs(math.log(value) - centre) > evidence.OUTLIER_MADS * mad
 
 
-def old_race(
-    mus: list[float], resources: list[tuple], launch_sigma: float, round_sigma: float, rng: random.Random
-) -> tuple[int, evidence.Ratio]:
-    """Today's race: one launch per contender, OLD_ROUNDS passes on it, medians, bootstrap, tie rule."""
-    effects = [rng.gauss(0, launch_sigma) for _ in mus]
-    rates = [[noisy(mu, e, round_sigma, rng) for _ in range(OLD_ROUNDS)] for mu, e in zip(mus, effects)]
-    medians = [statistics.median(r) for r in rates]
-    order = sorted(range(len(mus)), key=lambda i: medians[i], reverse=True)
-    best, second = order[0], order[1]
-    low, high = bootstrap(rates[best], rates[second], rng)
-    winner = min(best, second, key=lambda i: resources[i]) if low <= 1.0 <= high else best
+def _previous_round(rates: dict[int, list[float]], launched: list[int], launch, vetted: set) -> int:
+    """Append one launch each, then launch again (once) a launch far from its other rounds; launches used."""
+    used = len(launched)
+    for i in launched:
+        rates[i].append(launch(i))
+    for i in launched:
+        for k, value in enumerate(rates[i]):
+            if (i, k) in vetted or (len(rates[i]) - 1 < PREVIOUS_OUTLIER_CONTEXT and value > 0):
+                continue
+            vetted.add((i, k))
+            if _previous_outlier(value, rates[i][:k] + rates[i][k + 1 :]):
+                rates[i][k] = launch(i)
+                used += 1
+    return used
+
+
+def previous_race(
+    mus: list[float],
+    resources: list[tuple],
+    launch_sigma: float,
+    round_sigma: float,
+    rng: random.Random,
+    spec: RaceSpec = PREVIOUS,
+) -> Race:
+    """The race up to issue 31 (see the module's docstring), with its own confirmation rounds."""
+    launch = _launcher(mus, launch_sigma, round_sigma, rng)
     base = len(mus) - 1
-    s_low, s_high = bootstrap(rates[winner], rates[base], rng)
-    return winner, evidence.Ratio(medians[winner] / medians[base], s_low, s_high, OLD_ROUNDS)
+    rates: dict[int, list[float]] = {i: [] for i in range(len(mus))}
+    live, vetted, launches = list(rates), set(), 0
+    alpha = evidence.ALPHA / (spec.max_rounds - max(spec.min_rounds, evidence.MIN_ROUNDS) + 1)
+    winner, decided = None, False
+    for r in range(spec.max_rounds):
+        launches += _previous_round(rates, list(live), launch, vetted)
+        if r + 1 < max(spec.min_rounds, evidence.MIN_ROUNDS):
+            continue
+        leader = max(live, key=lambda i: evidence.geometric_mean(rates[i]))
+        live = [i for i in live if i == leader or not evidence.shown_better(rates[leader], rates[i], alpha)]
+        others = [i for i in live if i != leader]
+        same = [
+            i
+            for i in others
+            if evidence.shown_equivalent(rates[leader], rates[i], PREVIOUS_EQUIVALENCE, alpha)
+        ]
+        if len(same) == len(others):
+            winner, decided = min([leader, *same], key=lambda i: resources[i]), True
+            break
+    if winner is None:
+        winner = max(live, key=lambda i: evidence.geometric_mean(rates[i]))
+        decided = len(live) == 1
+    if winner == base:
+        return Race(winner, evidence.Ratio(1.0, 1.0, 1.0, 0), launches, decided, None)
+    pair: dict[int, list[float]] = {winner: [], base: []}
+    for _ in range(spec.confirm_rounds):
+        launches += _previous_round(pair, [winner, base], launch, set())
+    ratio = evidence.ratio(pair[winner], pair[base])
+    return Race(winner, ratio, launches, decided, None)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One procedure's figures in a cell."""
+
+    coverage: float  # the printed 95% interval holds the true speedup
+    wrong: float  # deployed >= SLOWER slower than the best, over all races
+    decided: int  # races that said they decided
+    wrong_decided: int  # of which deployed >= SLOWER slower
+    launches: float  # mean per race (confirmation and outliers launched again included)
+    holds: float | None = None  # the stated loss bound is at least the true loss
+    median_loss_bound: float | None = None
+
+    @property
+    def wrong_when_decided(self) -> float | None:
+        return self.wrong_decided / self.decided if self.decided else None
+
+    @property
+    def minutes(self) -> float:
+        return self.launches * MINUTES_PER_LAUNCH
+
+
+def side(races: list[Race], mus: list[float]) -> Side:
+    best = max(mus[:-1])
+    bad = [mus[r.winner] <= best * (1 - SLOWER) + 1e-12 for r in races]
+    truth = [mus[r.winner] / mus[-1] for r in races]
+    bounds = [r.loss for r in races if r.loss is not None]
+    return Side(
+        coverage=statistics.fmean(r.ratio.low <= t <= r.ratio.high for r, t in zip(races, truth)),
+        wrong=statistics.fmean(bad),
+        decided=sum(r.decided for r in races),
+        wrong_decided=sum(r.decided and b for r, b in zip(races, bad)),
+        launches=statistics.fmean(r.launches for r in races),
+        holds=statistics.fmean(best / mus[r.winner] - 1 <= r.loss + 1e-12 for r in races) if bounds else None,
+        median_loss_bound=statistics.median(bounds) if bounds else None,
+    )
+
+
+@dataclass(frozen=True)
+class RaceCell:
+    launch_sigma: float
+    round_sigma: float
+    gap: float
+    runs: int
+    new: Side
+    old: Side | None  # None when the previous rules were not run
+
+    @property
+    def launch_ratio(self) -> float:
+        """Launches per race, previous rules over the product's (modelled minutes alike: one pass per launch)."""
+        return self.old.launches / self.new.launches
 
 
 def race_cell(
-    launch_sigma: float, round_sigma: float, gap: float, runs: int, seed: int, spec: RaceSpec
+    launch_sigma: float,
+    round_sigma: float,
+    gap: float,
+    runs: int,
+    seed: int,
+    spec: RaceSpec,
+    previous: RaceSpec | None = PREVIOUS,
 ) -> RaceCell:
+    """``runs`` races of each procedure on one host and field (the previous rules skipped with ``previous=None``)."""
     rng = random.Random(seed)
     mus, resources = field_of(gap)
-    best = max(mus[:-1])
-    cover = [0, 0]
-    wrong = [0, 0]
-    wrong_decided = 0
-    launches = 0
-    undecided = 0
-    for _ in range(runs):
-        w_new, r_new, n_launches, decided = new_race(mus, resources, launch_sigma, round_sigma, rng, spec)
-        w_old, r_old = old_race(mus, resources, launch_sigma, round_sigma, rng)
-        launches += n_launches
-        undecided += not decided
-        wrong_decided += decided and mus[w_new] <= best * (1 - SLOWER) + 1e-12
-        for k, (w, ratio) in enumerate(((w_new, r_new), (w_old, r_old))):
-            truth = mus[w] / mus[-1]
-            cover[k] += ratio.low <= truth <= ratio.high
-            wrong[k] += mus[w] <= best * (1 - SLOWER) + 1e-12
-    n = len(mus)
-    return RaceCell(
-        launch_sigma,
-        round_sigma,
-        gap,
-        cover[0] / runs,
-        cover[1] / runs,
-        wrong[0] / runs,
-        wrong[1] / runs,
-        wrong_decided / max(runs - undecided, 1),
-        launches / runs,
-        float(OLD_ROUNDS * n),
-        float(n),
-        undecided / runs,
+    new = [new_race(mus, resources, launch_sigma, round_sigma, rng, spec) for _ in range(runs)]
+    old = (
+        [previous_race(mus, resources, launch_sigma, round_sigma, rng, previous) for _ in range(runs)]
+        if previous
+        else []
     )
+    return RaceCell(launch_sigma, round_sigma, gap, runs, side(new, mus), side(old, mus) if old else None)
 
 
 # ------------------------------------------------------------------ pruning
@@ -295,33 +371,28 @@ def finalist_cell(launch_sigma: float, round_sigma: float, runs: int, seed: int,
 # ------------------------------------------------------------------ the section
 
 
-def round_budget_cells(runs: int, seed: int, spec: RaceSpec) -> list[dict]:
-    """The race at the default host and a 3% gap with larger ``race.max_rounds``: how often all races (undecided
-    ones included) deploy the slower configuration, against the modelled race time. Why: the bar on that figure
-    is a trade against race time, and the product owner needs the curve, not one point."""
+def round_budget_cells(runs: int, seed: int, spec: RaceSpec, previous: bool = True) -> list[dict]:
+    """Both races at the default host and a 3% gap with larger ``race.max_rounds``: wrong deployments (all races)
+    against launches, so launches at equal error can be read off. Why: the bar on a wrong deployment is a trade
+    against race time, and the product owner needs the curve, not one point."""
     cells = []
     for i, rounds in enumerate(ROUND_BUDGETS):
-        spec_r = RaceSpec(**(asdict(spec) | {"max_rounds": rounds}))
-        c = race_cell(*DEFAULT_HOST, SLOWER, runs, seed + i, spec_r)
-        cells.append(
-            {
-                "max_rounds": rounds,
-                "wrong": c.wrong_new,
-                "undecided": c.undecided_new,
-                "launches": c.launches_new,
-                "cost_ratio": c.cost_ratio,
-            }
-        )
+        new_spec = RaceSpec(**(asdict(spec) | {"max_rounds": rounds}))
+        old_spec = RaceSpec(**(asdict(PREVIOUS) | {"max_rounds": rounds}))
+        c = race_cell(*DEFAULT_HOST, SLOWER, runs, seed + i, new_spec, old_spec if previous else None)
+        cells.append({"max_rounds": rounds, "new": asdict(c.new), "old": asdict(c.old) if previous else None})
     return cells
 
 
-def measure_decisions(runs: int = 400, seed: int = 0, spec: RaceSpec = RaceSpec()) -> dict:
-    races = [
-        race_cell(ls, rs, gap, runs, seed + i, spec)
-        for i, (ls, rs, gap) in enumerate(
-            (ls, rs, gap) for ls in LAUNCH_SPREADS for rs in ROUND_SPREADS for gap in GAPS
-        )
-    ]
+def grid() -> list[tuple[float, float, float]]:
+    return [(ls, rs, gap) for ls in LAUNCH_SPREADS for rs in ROUND_SPREADS for gap in GAPS]
+
+
+def measure_decisions(
+    runs: int = 400, seed: int = 0, spec: RaceSpec = RaceSpec(), budgets: bool = True
+) -> dict:
+    """Every section of 1c; ``budgets=False`` skips the round-budget curve (a quick run)."""
+    races = [race_cell(ls, rs, gap, runs, seed + i, spec) for i, (ls, rs, gap) in enumerate(grid())]
     prunes = [prune_cell(ls, runs, seed + 100 + i) for i, ls in enumerate(LAUNCH_SPREADS)]
     cuts = [
         finalist_cell(ls, rs, runs, seed + 200 + i, spec.max_finalists)
@@ -330,57 +401,99 @@ def measure_decisions(runs: int = 400, seed: int = 0, spec: RaceSpec = RaceSpec(
     return {
         "runs": runs,
         "spec": asdict(spec),
-        "races": [asdict(c) | {"cost_ratio": c.cost_ratio} for c in races],
+        "races": [asdict(c) for c in races],
         "pruning": prunes,
         "finalists": cuts,
-        "round_budgets": round_budget_cells(runs, seed + 300, spec),
+        "round_budgets": round_budget_cells(runs, seed + 300, spec) if budgets else [],
         "verdicts": verdicts(races, prunes, cuts),
     }
 
 
+def _worst_decided(races: list[RaceCell]) -> tuple[float, RaceCell | None]:
+    """The highest wrong-when-decided rate over the cells with at least ENOUGH_DECIDED decided races."""
+    judged = [c for c in races if c.new.decided >= ENOUGH_DECIDED]
+    worst = max(judged, key=lambda c: c.new.wrong_when_decided, default=None)
+    return (worst.new.wrong_when_decided if worst else 0.0), worst
+
+
 def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dict:
-    """Each target at the default host (launch and round spread DEFAULT_HOST, every gap)."""
+    """Each target over every cell of its grid; the launches at the default host (previous over new), where the
+    product's race must deploy wrongly no more often than the previous one did."""
     at_default = [c for c in races if (c.launch_sigma, c.round_sigma) == DEFAULT_HOST]
-    prune_default = next(p for p in prunes if p["launch_sigma"] == DEFAULT_HOST[0])
-    cut_default = next(c for c in cuts if (c["launch_sigma"], c["round_sigma"]) == DEFAULT_HOST)
+    worst, cell = _worst_decided(races)
     figures = {
-        "coverage": min(c.coverage_new for c in at_default),
-        "wrong": max(c.wrong_decided_new for c in at_default),
-        "pruned": prune_default["new_one"],
-        "finalist": cut_default["new"],
-        "cost": max(c.cost_ratio for c in at_default),
+        "holds": min(c.new.holds for c in races),
+        "wrong": worst,
+        "coverage": min(c.new.coverage for c in races),
+        "pruned": max(p["new_one"] for p in prunes),
+        "finalist": min(c["new"] for c in cuts),
+        "launches": min(c.launch_ratio for c in at_default),
     }
-    return {
-        k: {
-            "figure": v,
-            "target": TARGETS[k],
-            "met": v >= TARGETS[k] if k in ("coverage", "finalist") else v <= TARGETS[k],
-        }
-        for k, v in figures.items()
+    notes = {
+        "wrong": f"{cell.new.wrong_decided} of {cell.new.decided} decided races (launch {cell.launch_sigma:.0%}, "
+        f"round {cell.round_sigma:.0%}, gap {cell.gap:.0%})"
+        if cell
+        else "no cell has enough decided races",
+        "launches": "deployed >= 3% slower, new / previous: "
+        + ", ".join(f"gap {c.gap:.0%}: {c.new.wrong:.1%} / {c.old.wrong:.1%}" for c in at_default),
     }
+    out = {}
+    for k, v in figures.items():
+        met = v >= TARGETS[k] if k in ("holds", "coverage", "finalist", "launches") else v <= TARGETS[k]
+        if k == "launches":  # at equal or lower error: no gap where the new race deploys wrongly more often
+            met = met and all(c.new.wrong <= c.old.wrong + _two_se(c) for c in at_default)
+        if k == "wrong" and cell is None:
+            met = None  # nothing to judge on: say so rather than "met"
+        out[k] = {"figure": v, "target": TARGETS[k], "met": met, "note": notes.get(k, "")}
+    return out
+
+
+def _two_se(cell: RaceCell) -> float:
+    """Two standard errors of the difference of two wrong-deployment rates over ``cell.runs`` races each."""
+    p = (cell.new.wrong + cell.old.wrong) / 2
+    return 2 * math.sqrt(2 * p * (1 - p) / cell.runs)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def _decided(s: dict) -> str:
+    wrong = s["wrong_decided"] / s["decided"] if s["decided"] else None
+    return f"{s['wrong_decided']}/{s['decided']} ({_pct(wrong)})"
+
+
+def race_table(result: dict) -> list[str]:
+    lines = [
+        "| launch spread | round spread | gap | loss bound holds (median bound) | deployed >= 3% slower, new / "
+        "previous | wrong / decided, new / previous | coverage of the printed 95% interval, new / previous | "
+        "launches per race, new / previous (modelled min) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in result["races"]:
+        new, old = c["new"], c["old"]
+        lines.append(
+            f"| {_pct(c['launch_sigma'])} | {_pct(c['round_sigma'])} | {_pct(c['gap'])} | "
+            f"{100 * new['holds']:.1f}% ({100 * new['median_loss_bound']:.1f}%) | {_pct(new['wrong'])} / "
+            f"{_pct(old['wrong'])} | {_decided(new)} / {_decided(old)} | {_pct(new['coverage'])} / "
+            f"{_pct(old['coverage'])} | {new['launches']:.1f} / {old['launches']:.1f} "
+            f"({new['launches'] * MINUTES_PER_LAUNCH:.0f} / {old['launches'] * MINUTES_PER_LAUNCH:.0f}) |"
+        )
+    return lines
 
 
 def markdown(result: dict) -> str:
-    pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
+    pct = _pct
+    spec = result["spec"]
     lines = [
-        f"Simulated host, {result['runs']} runs per cell; the product's race, finalist and pruning code "
-        f"against today's rules (new / old). Finalists: the best, one GAP slower with fewer threads, two at "
-        f"92% and 88%, the baseline at 60%; {pct(OUTLIER_P)} of launches are outliers at a tenth of the rate.",
+        f"Simulated host, {result['runs']} races per cell; the product's race (race.loss {spec['loss']:.0%}, "
+        f"{spec['min_rounds']}-{spec['max_rounds']} rounds) against the previous rules (issue 22: every finalist "
+        f"every round, the leader tested as if named in advance, 4 confirmation rounds). Finalists: the best, one "
+        f"GAP slower with fewer threads, two at 92% and 88%, the baseline at 60%; {pct(OUTLIER_P)} of launches are "
+        f"outliers at a tenth of the rate. Modelled minutes: {MINUTES_PER_LAUNCH} min per launch (a 32B-scale "
+        f"host: load, warm-up, one pass). The previous rules state no loss bound.",
         "",
-        "| launch spread | round spread | gap | coverage of the printed 95% interval | deployed >= 3% slower | "
-        "of which when decided (new) | undecided (new) | launches per race (new) | old: launches + passes | "
-        "modelled time new/old |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in result["races"]:
-        lines.append(
-            f"| {pct(c['launch_sigma'])} | {pct(c['round_sigma'])} | {pct(c['gap'])} | "
-            f"{pct(c['coverage_new'])} / {pct(c['coverage_old'])} | {pct(c['wrong_new'])} / "
-            f"{pct(c['wrong_old'])} | {pct(c['wrong_decided_new'])} | {pct(c['undecided_new'])} | "
-            f"{c['launches_new']:.1f} | "
-            f"{c['launches_old']:.0f} + {c['passes_old']:.0f} | {c['cost_ratio']:.2f} |"
-        )
-    lines += [
+        *race_table(result),
         "",
         "Pruning an equal configuration (12 prompts x 3 passes, one launch each; the launch spread as three "
         "sentinels measure it), new / old:",
@@ -406,43 +519,37 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {pct(c['launch_sigma'])} | {pct(c['round_sigma'])} | {pct(c['new'])} / {pct(c['old'])} |"
         )
-    lines += [
-        "",
-        f"Targets at the default host (launch spread {pct(DEFAULT_HOST[0])}, round spread "
-        f"{pct(DEFAULT_HOST[1])}, every gap):",
-    ]
+    lines += ["", "Targets, over every cell of each grid:"]
     names = {
+        "holds": "the loss bound holds >=",
+        "wrong": f"wrong deployment when the race says it decided (cells with {ENOUGH_DECIDED}+ decided races) <=",
         "coverage": "coverage >=",
-        "wrong": "wrong deployment when the race says it decided <=",
-        "pruned": "equal configuration pruned <=",
+        "pruned": "equal configuration pruned (against one equal trial) <=",
         "finalist": "true best a finalist >=",
-        "cost": "race time vs today's <=",
+        "launches": "launches per race at the default host, previous over new, at equal or lower error >=",
     }
     for k, v in result["verdicts"].items():
-        figure = f"{v['figure']:.2f}x" if k == "cost" else pct(v["figure"])
-        target = f"{v['target']:.1f}x" if k == "cost" else pct(v["target"])
-        lines.append(f"- {names[k]} {target}: {figure}: {'met' if v['met'] else 'MISSED'}")
-    overall = max(
-        c["wrong_new"] for c in result["races"] if (c["launch_sigma"], c["round_sigma"]) == DEFAULT_HOST
-    )
-    sigma = math.sqrt(2 * (DEFAULT_HOST[0] ** 2 + DEFAULT_HOST[1] ** 2))
-    lines.append(
-        f"- wrong deployment over all races at the default host, undecided ones included (they deploy the "
-        f"higher estimate and say so): {pct(overall)}; no target is claimed here: telling 3% apart at 5% "
-        f"takes about (z x {pct(sigma)} / 3%)^2 = {(Z_ONE_SIDED * sigma / SLOWER) ** 2:.0f} paired rounds, "
-        f"more than race.max_rounds ({result['spec']['max_rounds']})"
-    )
-    lines += [
-        "",
-        f"What that bar costs: the same race at the default host and a {pct(SLOWER)} gap with a larger "
-        "race.max_rounds (all races, undecided ones included):",
-        "",
-        "| race.max_rounds | deployed >= 3% slower | undecided | launches per race | modelled time new/old |",
-        "|---|---|---|---|---|",
-    ]
-    for c in result["round_budgets"]:
-        lines.append(
-            f"| {c['max_rounds']} | {pct(c['wrong'])} | {pct(c['undecided'])} | {c['launches']:.1f} | "
-            f"{c['cost_ratio']:.2f} |"
-        )
+        figure = f"{v['figure']:.2f}x" if k == "launches" else f"{100 * v['figure']:.1f}%"
+        target = f"{v['target']:.1f}x" if k == "launches" else pct(v["target"])
+        note = f" ({v['note']})" if v.get("note") else ""
+        verdict = "not judged" if v["met"] is None else "met" if v["met"] else "MISSED"
+        lines.append(f"- {names[k]} {target}: {figure}{note}: {verdict}")
+    if result["round_budgets"]:
+        lines += [
+            "",
+            f"Launches at equal error: both races at the default host and a {pct(SLOWER)} gap with a larger "
+            "race.max_rounds (all races, undecided ones included), new / previous:",
+            "",
+            "| race.max_rounds | deployed >= 3% slower | wrong / decided | launches per race (modelled min) | "
+            "median loss bound (new) |",
+            "|---|---|---|---|---|",
+        ]
+        for c in result["round_budgets"]:
+            new, old = c["new"], c["old"]
+            lines.append(
+                f"| {c['max_rounds']} | {pct(new['wrong'])} / {pct(old['wrong'])} | {_decided(new)} / "
+                f"{_decided(old)} | {new['launches']:.1f} / {old['launches']:.1f} "
+                f"({new['launches'] * MINUTES_PER_LAUNCH:.0f} / {old['launches'] * MINUTES_PER_LAUNCH:.0f}) | "
+                f"{100 * new['median_loss_bound']:.1f}% |"
+            )
     return "\n".join(lines) + "\n"

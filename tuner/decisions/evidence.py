@@ -9,11 +9,21 @@ its nominal rate at any number of rounds, where a percentile bootstrap over 2-5 
 50-93% of the time. Below ``MIN_ROUNDS`` a figure is printed but marked "too few rounds", and
 nothing (a tie, a per-type entry) is decided on it.
 
-Decisions (the sequential race, ``tuner.decisions.race``):
+Decisions (the sequential race, ``tuner.decisions.race``) use a ``Gap``: log(A/B) over the rounds both
+were launched in, bounded with the larger of the pair's own per-round spread and the race's pooled one
+(``pooled_spread``: the residuals of the additive model log rate = contender + round over every launch
+of the race, so a round that ran slow for everyone is not spread). Pooling gives the t quantile the
+degrees of freedom of the whole race (8 after three rounds of five contenders, where one pair has 2 and
+t at 2 degrees of freedom is 2-9x z); the larger of the two keeps a noisier pair from borrowing a
+quieter race's spread.
 
 * A is *shown better* than B when the one-sided ``1 - alpha`` lower bound of mean log(A/B) is above 0;
 * A and B are *shown equivalent* within a margin m (TOST): the ``1 - 2 alpha`` interval of the
-  ratio lies inside (1/(1+m), 1+m).
+  ratio lies inside (1/(1+m), 1+m) (per-type and older callers; the race bounds a loss instead).
+
+Student's t is computed here (exact series for integer degrees of freedom, checked against the tables
+in tests/test_decisions.py) rather than taken from scipy: every caller uses integer degrees of freedom,
+and scipy would add about 40 MB to every install for two functions.
 
 A round is an *outlier* for a contender when its rate is impossible (not a positive finite
 number) or its log is more than ``OUTLIER_MADS`` scaled MADs from the median of the contender's
@@ -32,7 +42,8 @@ CONFIDENCE = 0.95
 ALPHA = 0.05  # one-sided, per comparison and look, in the sequential race
 MIN_ROUNDS = 3  # fewer paired rounds give no decision (and a t-interval with 1 degree of freedom)
 OUTLIER_MADS = 5.0
-MAD_FLOOR = 0.05  # log terms: with 5 MADs no launch within 25% of the median is an outlier
+MAD_FLOOR = 0.1  # log terms: with 5 MADs no launch within a factor 1.65 of the median is an outlier (at 0.05,
+# a 10% launch spread relaunched one ordinary launch in 12 and trimmed the spread the intervals rely on)
 MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
 
 
@@ -163,3 +174,85 @@ def is_outlier(value: float, others: Sequence[float]) -> bool:
     centre = statistics.median(logs)
     mad = max(MAD_SCALE * statistics.median(abs(x - centre) for x in logs), MAD_FLOOR)
     return abs(math.log(value) - centre) > OUTLIER_MADS * mad
+
+
+# ------------------------------------------------------------------ the race's evidence
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The per-launch spread of a race in log terms, pooled over every contender and round, its degrees of
+    freedom, and each contender's fitted log rate (its estimate with every round's shift taken out)."""
+
+    sigma: float
+    df: int
+    effects: dict[str, float]
+
+
+def pooled_spread(table: dict[str, dict[int, float]]) -> Spread | None:
+    """Residual spread of the additive model ``log rate = contender + round`` over every launch (``table``: per
+    contender, round index -> rate); None when the launches leave no degree of freedom.
+
+    Fitted by alternating means (exact in one pass when every contender ran every round); degrees of freedom:
+    launches - contenders - rounds + 1 (the design is connected: the leader runs every round)."""
+    cells = [(c, r, math.log(v)) for c, rates in table.items() for r, v in rates.items() if v > 0]
+    by_round: dict[int, list[tuple[str, float]]] = {}
+    by_contender: dict[str, list[tuple[int, float]]] = {}
+    for c, r, y in cells:
+        by_round.setdefault(r, []).append((c, y))
+        by_contender.setdefault(c, []).append((r, y))
+    df = len(cells) - len(by_contender) - len(by_round) + 1
+    if df < 1:
+        return None
+    effect = dict.fromkeys(by_contender, 0.0)
+    shift = dict.fromkeys(by_round, 0.0)
+    for _ in range(500):
+        for r, row in by_round.items():
+            shift[r] = sum(y - effect[c] for c, y in row) / len(row)
+        moved = 0.0
+        for c, column in by_contender.items():
+            new = sum(y - shift[r] for r, y in column) / len(column)
+            moved, effect[c] = max(moved, abs(new - effect[c])), new
+        if moved < 1e-10:
+            break
+    rss = sum((y - effect[c] - shift[r]) ** 2 for c, r, y in cells)
+    return Spread(math.sqrt(rss / df), df, effect)
+
+
+@dataclass(frozen=True)
+class Gap:
+    """log(A/B) over the rounds both were launched in: the mean, the per-round spread that bounds it, its degrees
+    of freedom."""
+
+    mean: float
+    sd: float
+    rounds: int
+    df: int
+
+    def half(self, alpha: float, rounds: int | None = None) -> float:
+        """The one-sided ``1 - alpha`` half-width after ``rounds`` paired rounds (default: those measured);
+        infinite below ``MIN_ROUNDS``."""
+        n = self.rounds if rounds is None else rounds
+        if n < MIN_ROUNDS or self.df < 1:
+            return math.inf
+        return t_quantile(1 - alpha, self.df) * self.sd / math.sqrt(n)
+
+    def upper(self, alpha: float) -> float:
+        """A may be at most this much faster than B (log), at ``1 - alpha``."""
+        return self.mean + self.half(alpha)
+
+    def lower(self, alpha: float) -> float:
+        return self.mean - self.half(alpha)
+
+
+def gap(a: dict[int, float], b: dict[int, float], spread: Spread | None) -> Gap:
+    """A over B on their common rounds (round index -> rate): the larger of the pair's own spread and
+    sqrt(2) x the pooled per-launch spread, with the pooled degrees of freedom (the pair's own without one)."""
+    common = sorted(set(a) & set(b))
+    logs = log_ratios([a[r] for r in common], [b[r] for r in common])
+    if not logs:
+        return Gap(0.0, math.inf, 0, 0)
+    own = statistics.stdev(logs) if len(logs) > 1 else 0.0
+    if spread is None:
+        return Gap(statistics.fmean(logs), own, len(logs), len(logs) - 1)
+    return Gap(statistics.fmean(logs), max(own, math.sqrt(2) * spread.sigma), len(logs), spread.df)

@@ -10,25 +10,34 @@ launches, not requests, and says how sure it is.
    it: the gap is below z x sqrt(cv_a^2 + cv_b^2 + 2 launch^2), the launch spread from the
    study's sentinels (``drift.Sentinels.launch_spread``: a conservative prior until three exist). One per
    configuration, the closest first, at most ``race.max_finalists``.
-2. **Selection rounds** (``sequential_race``): each round launches every remaining finalist
-   (the baseline among them, until shown slower) once (``tuner.decisions.remeasure``, Williams order). From ``race.min_rounds``
-   on, after each round the leader (highest geometric mean) is compared with each other
-   finalist on paired per-round ratios (``tuner.decisions.evidence``): one *shown slower* is
-   dropped (F-race), one *shown equivalent* within ``race.equivalence`` (TOST) is settled. The
-   race stops when every other finalist is dropped or equivalent, or undecided at
-   ``race.max_rounds`` / ``race.budget_minutes``; then it says so and deploys the higher
-   estimate.
-3. **Resources only between equals**: among the leader and those shown equivalent to it, fewer
-   threads, then the smaller draft model (none is smallest) win; K is not a resource.
-4. **Outlier rounds**: a launch far from the contender's other rounds (``evidence.is_outlier``)
-   is launched again once; both figures are reported, the second is used.
-5. **Confirmation**: the winner's printed speedup comes from ``race.confirm_rounds`` further
-   rounds of the winner and the baseline alone, not used to pick it (no winner's curse).
+2. **Rounds** (``sequential_race``): the first ``race.min_rounds`` rounds launch every finalist and the
+   baseline once each (``tuner.decisions.remeasure``, Williams order); later rounds launch the leader (the
+   highest fitted log rate: ``evidence.pooled_spread`` takes out what a round did to everyone), the baseline
+   while the leader is not shown faster than it, and the finalists whose bound against the leader sets its
+   loss bound; the others rest (``_next_round``).
+3. **The loss bound** (``Look.loss``): how much faster than a finalist the best other one may be, the largest
+   one-sided upper bound of the paired per-round log ratios (``evidence.gap``: Student's t at the race's pooled
+   degrees of freedom), each at ``race_alpha``: 5% over the comparisons with the unknown best and over the
+   looks (Bonferroni), so the bound of whichever finalist is deployed holds with 95% whenever the race stops
+   (multiple comparisons with the best).
+4. **Decided** (``_decide``): once some finalist is within ``race.loss`` of every other (its loss bound below it,
+   on bounds narrow enough to decide on: ``Look.decisive``) and may replace the baseline; the resource rule
+   (fewer threads, then the smaller draft model; K is not a resource) chooses among those within it, and the
+   baseline, llama.cpp's defaults, wins a tie. **Undecided** at ``race.max_rounds`` / ``race.budget_minutes``:
+   the highest estimate among the finalists shown faster than the baseline, else the baseline; the verdict
+   says so, with the loss bound and a forecast of what settling would take (``Forecast``).
+5. **The baseline is the default**: a finalist replaces it only when shown faster (the whole simultaneous 95%
+   interval of its speedup above 1); the printed speedup is that interval, valid whichever finalist was picked.
+   ``race.confirm_rounds`` (optional) adds rounds of the winner and the baseline alone for a figure from rounds
+   not used to pick it.
+6. **Outlier launches**: a launch far from the contender's other launches (``evidence.is_outlier``) is
+   launched again once; both figures are reported, the second is used.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -48,10 +57,14 @@ from tuner.storage.records import StudyRecord, TrialRecord
 from tuner.studyfile.spec import RaceSpec
 
 RESOURCE_RULE = (
-    "among configurations shown equivalent: fewer threads, then the smaller draft model (none is smallest)"
+    "among configurations within race.loss of every other finalist: fewer threads, then the smaller draft model "
+    "(none is smallest)"
 )
 Z = 2.0
-OUTLIER_CONTEXT = 3  # other rounds a launch is compared with before it is judged an outlier
+DECISION_WIDTH = 0.15  # the widest bound (half-width, log) a close pair may decide on (Look.decisive)
+RELAUNCHES = 3  # launches tried in place of an outlier (two in a row are 1 in 2,500 at a 2% rate)
+OUTLIER_CONTEXT = 2  # other launches a launch is compared with before it is judged an outlier (a finalist
+# resting after race.min_rounds still has each of its launches checked)
 
 
 def label(record: TrialRecord) -> str:
@@ -89,14 +102,20 @@ def finalists(records: list[TrialRecord], noise_cv: float, max_finalists: int) -
 
 @dataclass
 class Contest:
-    """The evidence of a race so far: per label, one rate per selection round it was launched in."""
+    """The evidence of a race so far: per label, one rate per round it was launched in, and those rounds."""
 
     rates: dict[str, list[float]]
-    candidates: list[str]  # still racing (the baseline among them until shown slower: it may win)
-    dropped: dict[str, str] = field(default_factory=dict)  # label -> why
+    candidates: list[str]  # every finalist and the baseline: none leaves; one far behind rests
+    dropped: dict[str, str] = field(default_factory=dict)  # label -> shown slower than the winner, at the end
     outliers: list[str] = field(default_factory=list)  # what was launched again, and both figures
     launches: int = 0
-    vetted: set = field(default_factory=set)  # (label, round index) checked for an outlier
+    vetted: set = field(default_factory=set)  # (label, launch index) checked for an outlier
+    rounds: dict[str, list[int]] = field(default_factory=dict)  # per label, the round index of each rate
+    elapsed: float = 0.0  # seconds since the first launch, after the last round
+
+    def table(self) -> dict[str, dict[int, float]]:
+        """Per label, round index -> rate."""
+        return {n: dict(zip(self.rounds.get(n, range(len(v))), v)) for n, v in self.rates.items()}
 
 
 @dataclass(frozen=True)
@@ -104,33 +123,353 @@ class Outcome:
     winner: str
     decided: bool
     verdict: str  # one sentence: how the winner was decided
-    equivalent: list[str]  # shown equivalent to the leader within the margin
-    leader: str
+    equivalent: list[str]  # within race.loss of every other finalist (the resource rule chose among them)
+    leader: str  # the highest estimate
+    loss: float = 0.0  # the winner may be at most this much slower than the best finalist (fraction, 95%)
+    speedup: evidence.Ratio | None = None  # the winner over the baseline, simultaneous 95% interval
+    forecast: str = ""  # what settling would take, when undecided
+    speedups: dict = field(default_factory=dict)  # per label: its Ratio over the baseline
 
 
-def _add_round(contest: Contest, launched: dict[str, float], relaunch: Callable[[str], float]) -> None:
-    """Append a round's rates, then launch again (once) any launch far from its contender's other rounds.
+def _add_round(
+    contest: Contest, launched: dict[str, float], relaunch: Callable[[str], float], round_index: int = -1
+) -> None:
+    """Append a round's rates, then launch again any launch far from its contender's other launches, until it is
+    not or ``RELAUNCHES`` launches were tried.
 
-    Every launch is checked as soon as its contender has ``OUTLIER_CONTEXT`` other rounds (the first
-    rounds are checked later, retroactively), and a launch measured again is not checked twice."""
+    Every launch is checked as soon as its contender has ``OUTLIER_CONTEXT`` other launches (the first ones are
+    checked later, retroactively), and a launch measured again is not checked twice."""
     contest.launches += len(launched)
     for name, value in launched.items():
         contest.rates[name].append(value)
+        contest.rounds.setdefault(name, []).append(round_index)
     for name in launched:
         rates = contest.rates[name]
         for i, value in enumerate(rates):
             if (name, i) in contest.vetted or (len(rates) - 1 < OUTLIER_CONTEXT and value > 0):
                 continue
             contest.vetted.add((name, i))
-            if evidence.is_outlier(value, rates[:i] + rates[i + 1 :]):
-                again = relaunch(name)
-                contest.launches += 1
-                rates[i] = again
-                contest.outliers.append(
-                    f"round {i + 1}: {name} measured {value:.1f} t/s, far from its other "
-                    f"rounds ({', '.join(f'{v:.1f}' for v in rates[:i] + rates[i + 1 :])}); "
-                    f"launched again: {again:.1f} t/s (used)"
-                )
+            others = rates[:i] + rates[i + 1 :]
+            if not evidence.is_outlier(value, others):
+                continue
+            tried = []
+            while len(tried) < RELAUNCHES and (not tried or evidence.is_outlier(tried[-1], others)):
+                tried.append(relaunch(name))
+            contest.launches += len(tried)
+            rates[i] = tried[-1]
+            at = contest.rounds[name][i] + 1 if contest.rounds[name][i] >= 0 else i + 1
+            contest.outliers.append(
+                f"round {at}: {name} measured {value:.1f} t/s, far from its other rounds "
+                f"({', '.join(f'{v:.1f}' for v in others)}); launched again: "
+                f"{', '.join(f'{v:.1f}' for v in tried)} t/s (the last used)"
+            )
+
+
+def race_alpha(spec: RaceSpec, contenders: int) -> float:
+    """The one-sided error of each comparison at each look: ``evidence.ALPHA`` over the comparisons with the
+    (unknown) best finalist (contenders - 1) and over the looks the race may take (Bonferroni, both).
+
+    Why the comparisons with the best only: if every bound on the best finalist holds at every look (probability
+    >= 95%), a race that says one finalist is faster than every other is right, and every loss bound holds,
+    whatever was selected, whichever finalists rested and whenever the race stopped (Hsu's multiple comparisons
+    with the best)."""
+    looks = spec.max_rounds - max(spec.min_rounds, evidence.MIN_ROUNDS) + 1
+    return evidence.ALPHA / (max(contenders - 1, 1) * looks)
+
+
+class Look:
+    """What the rounds so far show at the race's error level (``race_alpha``): the leader, each pair's gap, each
+    loss bound."""
+
+    def __init__(self, contest: Contest, alpha: float):
+        self.contest = contest
+        self.alpha = alpha
+        self.table = contest.table()
+        self.spread = evidence.pooled_spread(self.table)
+        self._gaps: dict[tuple[str, str], evidence.Gap] = {}
+
+    def estimate(self, name: str) -> float:
+        """A contender's fitted log rate (round shifts taken out), its log geometric mean before any fit."""
+        if self.spread is not None and name in self.spread.effects:
+            return self.spread.effects[name]
+        mean = evidence.geometric_mean(self.contest.rates[name])
+        return math.log(mean) if mean > 0 else -math.inf
+
+    @property
+    def leader(self) -> str:
+        return max(self.contest.candidates, key=self.estimate)
+
+    def gap(self, a: str, b: str) -> evidence.Gap:
+        """log(a/b) on their common rounds."""
+        if (b, a) in self._gaps:
+            g = self._gaps[(b, a)]
+            return evidence.Gap(-g.mean, g.sd, g.rounds, g.df)
+        if (a, b) not in self._gaps:
+            self._gaps[(a, b)] = evidence.gap(self.table[a], self.table[b], self.spread)
+        return self._gaps[(a, b)]
+
+    def upper(self, a: str, b: str, share: float = 1.0) -> float:
+        """``a`` may be at most this much faster than ``b`` (log), at ``share`` of the race's level."""
+        return self.gap(a, b).upper(self.alpha * share)
+
+    def loss(self, name: str) -> float:
+        """The loss bound (log): how much faster than ``name`` the best other finalist still racing may be."""
+        return max((self.upper(j, name) for j in self.contest.candidates if j != name), default=-math.inf)
+
+    def replaces(self, name: str, baseline: str) -> bool:
+        """``name`` may replace the baseline: shown faster than it (the whole two-sided simultaneous 95% interval
+        of the speedup above 1)."""
+        if name == baseline:
+            return False
+        return self.upper(baseline, name, 0.5) < 0
+
+    def decisive(self, a: str, b: str) -> bool:
+        """The bound of ``a`` over ``b`` may decide a race: at most ``DECISION_WIDTH`` wide (half-width, log), or
+        wholly below ``-DECISION_WIDTH`` (``a`` far behind). A wider bound on a close pair is met by luck about as
+        often as by a gap: at a 20% per-round spread, a third of the races that decided on 3-5 rounds deployed a
+        configuration 3% slower."""
+        g = self.gap(a, b)
+        half = g.half(self.alpha)
+        return half <= DECISION_WIDTH or g.mean + half <= -DECISION_WIDTH
+
+    def ratio(self, name: str, baseline: str) -> evidence.Ratio:
+        """``name`` over the baseline on their common rounds, with the simultaneous two-sided 95% interval."""
+        if name == baseline:
+            return evidence.Ratio(1.0, 1.0, 1.0, len(self.contest.rates[name]))
+        g = self.gap(name, baseline)
+        half = g.half(self.alpha / 2)
+        return evidence.Ratio(math.exp(g.mean), math.exp(g.mean - half), math.exp(g.mean + half), g.rounds)
+
+
+def _percent(log_bound: float) -> str:
+    return f"{100 * math.expm1(log_bound):.1f}%"
+
+
+def _decide(
+    contest: Contest, look: Look, baseline: str, resources: dict[str, tuple], spec: RaceSpec, rounds: int
+) -> Outcome | None:
+    """An outcome once some finalist is within ``race.loss`` of every other (its loss bound below it, on decisive
+    bounds) and may replace the baseline; the resource rule chooses among those within it, and the baseline, the
+    default, wins a tie."""
+    margin = math.log1p(spec.loss)
+    everyone = contest.candidates
+
+    def settled(c: str) -> bool:
+        return all(look.upper(j, c) <= margin and look.decisive(j, c) for j in everyone if j != c)
+
+    within = [c for c in everyone if settled(c)]
+    if baseline in within:
+        return _outcome(
+            look, baseline, True, [c for c in within if c != baseline], baseline, spec, rounds, ""
+        )
+    replacing = [c for c in within if look.replaces(c, baseline) and look.decisive(baseline, c)]
+    if not replacing:
+        return None
+    winner = min(replacing, key=lambda c: (resources.get(c, ()), -look.estimate(c)))
+    return _outcome(look, winner, True, [c for c in within if c != winner], baseline, spec, rounds, "")
+
+
+def _outcome(
+    look: Look,
+    winner: str,
+    decided: bool,
+    within: list[str],
+    baseline: str,
+    spec: RaceSpec,
+    rounds: int,
+    limit: str,
+) -> Outcome:
+    loss = look.loss(winner)
+    leader = look.leader
+    speedups = {n: look.ratio(n, baseline) for n in look.contest.rates}
+    for j in look.contest.candidates:
+        if j != winner and look.upper(j, winner) < 0:
+            look.contest.dropped[j] = (
+                f"shown slower than {winner} on {look.gap(j, winner).rounds} paired rounds"
+            )
+    margin = math.log1p(spec.loss)
+    open_ = [j for j in look.contest.candidates if j != winner and look.upper(j, winner) > margin]
+    best = leader if leader != baseline else max(look.contest.rates, key=look.estimate)
+    if decided:
+        verdict = _decided_verdict(look, winner, within, baseline, spec, rounds, leader)
+    elif winner == baseline:
+        verdict = (
+            f"nothing was shown faster than the baseline after {rounds} rounds ({limit} reached): the baseline "
+            f"is deployed; {best} has the highest estimate ({speedups[best].text()} over it)"
+        )
+    else:
+        verdict = (
+            f"undecided after {rounds} rounds ({limit} reached): {winner} has the highest estimate"
+            + (" shown faster than the baseline" if winner != leader else "")
+            + f" and is deployed; not told apart from {', '.join(open_)}"
+        )
+    forecast = "" if decided or not open_ else _forecast_after(look, winner, open_, spec)
+    return Outcome(
+        winner,
+        decided,
+        verdict,
+        within,
+        leader,
+        max(math.expm1(loss), 0.0),
+        speedups[winner],
+        forecast,
+        speedups,
+    )
+
+
+def _decided_verdict(
+    look: Look, winner: str, within: list[str], baseline: str, spec: RaceSpec, rounds: int, leader: str
+) -> str:
+    loss = look.loss(winner)
+    if loss < 0:
+        return f"{winner} shown faster than every other finalist after {rounds} rounds"
+    if winner == baseline:
+        return (
+            f"nothing was shown faster than the baseline after {rounds} rounds: no finalist is more than "
+            f"{_percent(loss)} faster than it (95%), within race.loss ({spec.loss:.0%})"
+        )
+    verdict = (
+        f"{winner} is within race.loss ({spec.loss:.0%}) of every other finalist after {rounds} rounds: "
+        f"none is more than {_percent(loss)} faster (95%)"
+    )
+    if within:
+        verdict += (
+            f"; deployed by the resource rule ({RESOURCE_RULE}) among {', '.join([winner, *within])}"
+            + (f" ({leader} has the highest estimate)" if leader != winner else "")
+        )
+    return verdict
+
+
+def _undecided(
+    contest: Contest, look: Look, baseline: str, spec: RaceSpec, limit: str, rounds: int
+) -> Outcome:
+    """Out of rounds or time: the highest estimate among the finalists shown faster than the baseline (the leader
+    when it is one), else the baseline."""
+    leader = look.leader
+    shown = [c for c in contest.candidates if look.replaces(c, baseline)]
+    winner = (
+        baseline
+        if leader == baseline or not shown
+        else leader
+        if leader in shown
+        else max(shown, key=look.estimate)
+    )
+    return _outcome(look, winner, False, [], baseline, spec, rounds, limit)
+
+
+# ------------------------------------------------------------------ forecasts
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """What telling ``margin`` apart would take at a per-round spread: more paired rounds, and minutes."""
+
+    margin: float  # fraction
+    spread: float  # sd of one round's log ratio
+    rounds: int
+    minutes: float | None
+    more: bool = True  # rounds on top of those raced (after a race), or in all (before one)
+    source: str = ""  # where the spread comes from, when not from the race
+
+    def text(self) -> str:
+        time_ = f" (about {self.minutes:.0f} min)" if self.minutes is not None else ""
+        return (
+            f"to tell {self.margin:.0%} apart at this host's {self.spread:.1%} per-round spread{self.source}: "
+            f"about {self.rounds}{' more' if self.more else ''} rounds{time_}"
+        )
+
+
+def rounds_to_tell(sd: float, margin: float, mean: float, t: float) -> int:
+    """Paired rounds for a bound on log(other/deployed) estimated at ``mean`` to settle: below ``margin`` (the
+    other is within it) or, if the other is ahead, the other shown faster; the nearer of the two."""
+    room = max(margin - mean, mean, margin / 2)
+    return math.ceil((t * sd / room) ** 2)
+
+
+def _forecast_after(look: Look, winner: str, open_: list[str], spec: RaceSpec) -> str:
+    """The rounds the deployed and its most open rival would need, at the race's own spread and error level."""
+    rival = max(open_, key=lambda j: look.upper(j, winner))
+    g = look.gap(rival, winner)
+    if not math.isfinite(g.sd) or g.df < 1:
+        return ""
+    needed = rounds_to_tell(g.sd, math.log1p(spec.loss), g.mean, evidence.t_quantile(1 - look.alpha, g.df))
+    more = max(needed - g.rounds, 1)
+    per_launch = look.contest.elapsed / look.contest.launches if look.contest.launches else 0.0
+    minutes = 2 * more * per_launch / 60 if per_launch > 0.5 else None
+    return Forecast(spec.loss, g.sd, more, minutes).text()
+
+
+def forecast_before(
+    launch_sigma: float, contenders: int, spec: RaceSpec, seconds_per_launch: float | None
+) -> Forecast:
+    """Before racing: two equal finalists, each launch spread ``launch_sigma`` (the study's sentinels), at the
+    race's error level with the degrees of freedom a full race would have."""
+    sd = math.sqrt(2) * launch_sigma
+    df = max((contenders - 1) * (spec.max_rounds - 1), 1)
+    t = evidence.t_quantile(1 - race_alpha(spec, contenders), df)
+    rounds = rounds_to_tell(sd, math.log1p(spec.loss), 0.0, t)
+    minutes = 2 * rounds * seconds_per_launch / 60 if seconds_per_launch else None
+    return Forecast(spec.loss, sd, rounds, minutes, more=False, source=" (the study's sentinels)")
+
+
+# ------------------------------------------------------------------ the race
+
+
+def _final(look: Look, j: str, leader: str, left: int) -> float:
+    """The bound of ``j`` over the leader forecast for ``left`` more rounds of both, at today's estimate and spread."""
+    g = look.gap(j, leader)
+    return g.mean + g.half(look.alpha, g.rounds + left)
+
+
+def _next_round(contest: Contest, look: Look | None, baseline: str, spec: RaceSpec, done: int) -> list[str]:
+    """Who is launched next: every finalist for the first ``race.min_rounds`` rounds; then the leader, the baseline
+    while the leader is not shown faster than it, and, from the largest bound against the leader down, each
+    finalist whose bound is above what those already chosen are forecast to reach after this round. The others
+    rest (their bounds stay as measured): launching them would not lower the leader's loss bound this round; one
+    rejoins when its bound becomes the largest again (a new leader, a narrowing rival). When the forecast says a
+    decision is in reach by ``race.max_rounds``, the finalists whose bound is too wide to decide on are launched
+    too. Why not KN or OCBA: both spend launches to pick the best behind an indifference zone; the race's answer
+    is a loss bound, and this spends each round on the comparisons that set it."""
+    live = contest.candidates
+    if look is None or done < max(spec.min_rounds, evidence.MIN_ROUNDS):
+        return list(live)
+    leader = look.leader
+    others = [j for j in live if j != leader]
+    left = spec.max_rounds - done
+    chosen, bar = {leader}, -math.inf
+    for j in sorted(others, key=lambda j: look.upper(j, leader), reverse=True):
+        if look.upper(j, leader) < bar:
+            break
+        chosen.add(j)
+        g = look.gap(j, leader)
+        bar = max(bar, g.mean + g.half(look.alpha, g.rounds + 1))
+    if max((_final(look, j, leader, left) for j in others), default=-math.inf) <= math.log1p(spec.loss):
+        chosen |= {
+            j for j in others if not look.decisive(j, leader)
+        }  # a decision is in reach: make it decisive
+    if baseline in live and not look.replaces(leader, baseline):
+        chosen.add(baseline)
+    return [n for n in live if n in chosen]
+
+
+def _round_line(contest: Contest, look: Look, measured: list[str], r: int, outcome: Outcome | None) -> str:
+    resting = [n for n in contest.candidates if n not in measured]
+    leader = look.leader
+    status = (
+        outcome.verdict
+        if outcome
+        else f"racing on ({leader} leads; no other finalist more than {_percent(max(look.loss(leader), 0.0))} "
+        f"faster, 95%)"
+        if math.isfinite(look.loss(leader))
+        else "racing on"
+    )
+    return (
+        f"race round {r + 1}: "
+        + ", ".join(f"{n} {contest.rates[n][-1]:.1f}" for n in measured)
+        + " t/s"
+        + (f" (resting: {', '.join(resting)})" if resting else "")
+        + f"; {status}"
+    )
 
 
 def sequential_race(
@@ -143,90 +482,35 @@ def sequential_race(
     progress: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[Contest, Outcome]:
-    """Selection rounds until the leader is shown better than or equivalent to every other finalist.
+    """Rounds of launches until some finalist is within ``race.loss`` of every other and may replace the baseline.
 
     ``launch_round(labels, round_index)`` launches each once and returns its rate; ``relaunch(label)``
     launches one again (an outlier); ``resources[label]`` orders equals (smaller first). Pure apart
     from those two calls, so ``make bench`` runs this same code on a simulated host."""
     everyone = list(dict.fromkeys([*labels, baseline]))
-    contest = Contest({name: [] for name in everyone}, list(everyone))
-    deadline = clock() + 60 * spec.budget_minutes if spec.budget_minutes else math.inf
+    contest = Contest({n: [] for n in everyone}, list(everyone), rounds={n: [] for n in everyone})
+    first = max(spec.min_rounds, evidence.MIN_ROUNDS)
+    alpha = race_alpha(spec, len(everyone))
+    started = clock()
+    deadline = started + 60 * spec.budget_minutes if spec.budget_minutes else math.inf
+    look = None
     for r in range(spec.max_rounds):
-        measured = list(contest.candidates)
-        _add_round(contest, launch_round(measured, r), relaunch)
-        outcome = _judge(contest, resources, spec, r + 1)
-        eta.expect(progress, 0 if outcome else (spec.max_rounds - r - 1) * len(contest.candidates))
-        progress(
-            f"race round {r + 1}: "
-            + ", ".join(f"{n} {contest.rates[n][-1]:.1f}" for n in measured)
-            + f" t/s; {outcome.verdict if outcome else 'racing on'}"
-        )
+        measured = _next_round(contest, look, baseline, spec, r)
+        _add_round(contest, launch_round(measured, r), relaunch, r)
+        contest.elapsed = clock() - started
+        look = Look(contest, alpha)
+        outcome = None
+        if r + 1 >= first:
+            outcome = _decide(contest, look, baseline, resources, spec, r + 1)
+        eta.expect(progress, 0 if outcome else (spec.max_rounds - r - 1) * len(measured))
+        progress(_round_line(contest, look, measured, r, outcome))
         if outcome is not None:
             return contest, outcome
-        if clock() >= deadline and r + 1 >= evidence.MIN_ROUNDS:
-            return contest, _undecided(contest, spec, f"the time budget ({spec.budget_minutes} min)", r + 1)
-    return contest, _undecided(contest, spec, f"race.max_rounds ({spec.max_rounds})", spec.max_rounds)
-
-
-def look_alpha(spec: RaceSpec) -> float:
-    """Each look's error: ``evidence.ALPHA`` spent evenly over the looks the race may take (Bonferroni), so
-    looking after every round does not multiply the chance of dropping the true best."""
-    return evidence.ALPHA / (spec.max_rounds - max(spec.min_rounds, evidence.MIN_ROUNDS) + 1)
-
-
-def _leader(contest: Contest) -> str:
-    """The highest geometric mean; every candidate was launched in every round so far."""
-    return max(contest.candidates, key=lambda n: evidence.geometric_mean(contest.rates[n]))
-
-
-def _judge(contest: Contest, resources: dict[str, tuple], spec: RaceSpec, rounds: int) -> Outcome | None:
-    """After a round: drop the finalists shown slower than the leader; an outcome once all others are settled."""
-    if rounds < max(spec.min_rounds, evidence.MIN_ROUNDS):
-        return None
-    leader = _leader(contest)
-    lead = contest.rates[leader]
-    for other in [c for c in contest.candidates if c != leader]:
-        if evidence.shown_better(lead, contest.rates[other], look_alpha(spec)):
-            contest.candidates.remove(other)
-            contest.dropped[other] = f"shown slower than {leader} after {rounds} rounds"
-    others = [c for c in contest.candidates if c != leader]
-    equivalent = [
-        c
-        for c in others
-        if evidence.shown_equivalent(lead, contest.rates[c], spec.equivalence, look_alpha(spec))
-    ]
-    if len(equivalent) < len(others):
-        return None
-    winner = min([leader, *equivalent], key=lambda c: resources.get(c, ()))
-    if not equivalent:
-        verdict = f"{leader} shown faster than every other finalist after {rounds} rounds"
-    else:
-        verdict = (
-            f"{leader} leads; {', '.join(equivalent)} shown equivalent to it within "
-            f"{spec.equivalence:.0%} after {rounds} rounds"
-            + (f"; {winner} deployed by the resource rule ({RESOURCE_RULE})" if winner != leader else "")
-        )
-    return Outcome(winner, True, verdict, equivalent, leader)
-
-
-def _undecided(contest: Contest, spec: RaceSpec, limit: str, rounds: int) -> Outcome:
-    leader = _leader(contest)
-    lead = contest.rates[leader]
-    open_ = [c for c in contest.candidates if c != leader]
-    equivalent = [
-        c
-        for c in open_
-        if evidence.shown_equivalent(lead, contest.rates[c], spec.equivalence, look_alpha(spec))
-    ]
-    verdict = (
-        (
-            f"undecided after {rounds} rounds ({limit} reached): {leader} has the higher estimate and is deployed; "
-            f"not told apart from {', '.join(c for c in open_ if c not in equivalent)}"
-        )
-        if open_
-        else f"{leader} is the only finalist left after {rounds} rounds"
-    )
-    return Outcome(leader, not open_, verdict, equivalent, leader)
+        if clock() >= deadline and r + 1 >= first:
+            limit = f"the time budget ({spec.budget_minutes} min)"
+            return contest, _undecided(contest, look, baseline, spec, limit, r + 1)
+    limit = f"race.max_rounds ({spec.max_rounds})"
+    return contest, _undecided(contest, look, baseline, spec, limit, spec.max_rounds)
 
 
 @dataclass(frozen=True)
@@ -235,18 +519,19 @@ class Entry:
     label: str
     config: dict
     recorded_tokens_per_second: float
-    rates: list[float]  # one launch per selection round it took part in
+    rates: list[float]  # one launch per round it was launched in
     mean_tokens_per_second: float  # geometric mean over those launches
     speedup: float  # geometric mean of paired per-round ratios over the baseline
-    speedup_low: float
+    speedup_low: float  # simultaneous 95% interval (over the finalists and the race's looks)
     speedup_high: float
-    status: str  # winner, equivalent, leader, dropped: why, undecided
+    status: str  # winner, within race.loss, leader, dropped: why, undecided
     accepted: list[int] = field(default_factory=list)  # accepted draft tokens per launch
+    rounds: list[int] = field(default_factory=list)  # the round (from 1) of each launch
 
 
 @dataclass(frozen=True)
 class Confirmation:
-    """The winner and the baseline launched alone in further rounds: the figure an operator is told."""
+    """The winner and the baseline launched alone in further rounds (``race.confirm_rounds``)."""
 
     rounds: int
     winner_rates: list[float]
@@ -264,30 +549,66 @@ class RaceResult:
     rounds: int  # selection rounds
     baseline_trial: int
     entries: list[Entry]  # best estimate first
-    winner: int  # trial number
+    winner: int  # trial number: the deployed configuration (the baseline when nothing was shown faster)
     decided: bool
     verdict: str
     rule: str
-    equivalence: float
+    loss: float  # race.loss: a finalist within this of every other is deployed by the resource rule
     drafted: dict[
         str, int
     ]  # per label, tokens drafted during the race (0 for a speculative one: it did not draft)
     outliers: list[str]
     launches: int
-    confirmation: Confirmation | None  # None when the baseline won
+    confirmation: Confirmation | None  # with race.confirm_rounds, when a finalist replaced the baseline
+    loss_bound: float | None = (
+        None  # the best other finalist may be at most this much faster (95%); 0: none is
+    )
+    leader: int | None = None  # the highest estimate (the best candidate when the baseline is deployed)
+    forecast: str = ""  # after an undecided race: what telling race.loss apart would take
 
     @property
     def winning(self) -> Entry:
         return next(e for e in self.entries if e.trial == self.winner)
 
+    @property
+    def baseline_deployed(self) -> bool:
+        return self.winner == self.baseline_trial
+
+    @property
+    def best_candidate(self) -> Entry | None:
+        """The highest estimate other than the baseline: its figures go beside a deployed baseline."""
+        others = [e for e in self.entries if e.trial != self.baseline_trial]
+        leader = next((e for e in others if e.trial == self.leader), None)
+        return leader or max(others, key=lambda e: e.speedup, default=None)
+
     def figure(self) -> str:
         """The winner's speedup and where it comes from."""
-        if self.confirmation is None:
-            return "x1.00: the baseline configuration won (nothing to confirm)"
-        c = self.confirmation
+        if self.baseline_deployed:
+            return "x1.00: the baseline configuration is deployed (nothing was shown faster than it)"
+        if self.confirmation is not None:
+            c = self.confirmation
+            return (
+                f"{c.text()} over the baseline, from {c.rounds} confirmation rounds (winner and baseline "
+                f"launched alone, not used to pick it)"
+            )
+        w = self.winning
+        ratio = evidence.Ratio(w.speedup, w.speedup_low, w.speedup_high, _paired_with_baseline(self, w))
         return (
-            f"{c.text()} over the baseline, from {c.rounds} confirmation rounds (winner and baseline "
-            f"launched alone, not used to pick it)"
+            f"{ratio.text()} over the baseline on the race's paired rounds (a 95% interval simultaneous over "
+            f"the finalists, so picking the winner does not void it)"
+        )
+
+    def loss_line(self) -> str:
+        """What the deployment may lose: ``deployed trial 2; no other finalist is more than 6.1% faster (95%, 8 rounds)``."""
+        deployed = "deployed the baseline, trial" if self.baseline_deployed else "deployed trial"
+        rounds = len(self.winning.rates)
+        if self.loss_bound is None:
+            return f"{deployed} {self.winner}; no loss bound (a race stored by an older version)"
+        if self.loss_bound <= 0:
+            return f"{deployed} {self.winner}; no other finalist is faster (95%, {rounds} rounds)"
+        return (
+            f"{deployed} {self.winner}; no other finalist is more than {100 * self.loss_bound:.1f}% faster "
+            f"(95%, {rounds} rounds)"
         )
 
     def to_json(self) -> dict:
@@ -298,8 +619,18 @@ class RaceResult:
         """None for a race stored by an older version (one launch per contender, no verdict)."""
         if "verdict" not in data:
             return None
+        data = dict(data)
+        if "equivalence" in data:  # before race.loss (issue 31): a TOST margin
+            data["loss"] = data.pop("equivalence")
         confirmation = Confirmation(**data["confirmation"]) if data.get("confirmation") else None
         return cls(**{**data, "entries": [Entry(**e) for e in data["entries"]], "confirmation": confirmation})
+
+
+def _paired_with_baseline(result: RaceResult, entry: Entry) -> int:
+    base = next(e for e in result.entries if e.trial == result.baseline_trial)
+    if not entry.rounds or not base.rounds:
+        return min(len(entry.rates), len(base.rates))
+    return len(set(entry.rounds) & set(base.rounds))
 
 
 def resource_key(record: TrialRecord, study: StudyRecord) -> tuple:
@@ -319,8 +650,9 @@ def run_race(
     spec: RaceSpec,
     log_dir: Path,
     progress: Callable[[str], None] = print,
+    launch_sigma: float | None = None,
 ) -> RaceResult:
-    """Selection rounds of launches, then confirmation rounds of the winner against the baseline."""
+    """Rounds of launches until decided or out of rounds; confirmation rounds when ``race.confirm_rounds`` asks."""
     records = {label(r): r for r in [*candidates, baseline]}
     contenders: dict[str, Contender] = {name: contender(name, r) for name, r in records.items()}
     progress = eta.as_progress(progress)
@@ -345,9 +677,13 @@ def run_race(
     eta.expect(progress, spec.max_rounds * len(records))
 
     progress(
-        f"race: {len(records)} finalists ({', '.join(records)}), one launch each per round, "
-        f"{spec.min_rounds}-{spec.max_rounds} rounds until decided (equivalence margin {spec.equivalence:.0%})"
+        f"race: {len(records)} finalists ({', '.join(records)}), one launch each per round for "
+        f"{spec.min_rounds} rounds, then the leader and the finalists whose comparison with it is open, until one "
+        f"is within race.loss ({spec.loss:.0%}) of every other, at most {spec.max_rounds} rounds"
     )
+    if launch_sigma is not None:
+        seconds = progress.unit_s or _trial_seconds([*candidates, baseline])
+        progress(f"race: {forecast_before(launch_sigma, len(records), spec, seconds).text()}")
     contest, outcome = sequential_race(
         [n for n in records if n != label(baseline)],
         label(baseline),
@@ -370,21 +706,31 @@ def run_race(
         contest.outliers += [f"confirmation {line}" for line in check.outliers]
         contest.launches += check.launches
     progress.plan(progress.then_s)  # what follows the race (an export's per-type race)
-    entries = _entries(contest, outcome, records, label(baseline), accepted)
     return RaceResult(
-        max(len(v) for v in contest.rates.values()),
+        max(max(v, default=-1) for v in contest.rounds.values()) + 1,
         baseline.number,
-        entries,
+        _entries(contest, outcome, records, accepted),
         records[outcome.winner].number,
         outcome.decided,
         outcome.verdict,
         RESOURCE_RULE,
-        spec.equivalence,
+        spec.loss,
         drafted,
         contest.outliers,
         contest.launches,
         confirmation,
+        outcome.loss,
+        records[outcome.leader].number,
+        outcome.forecast,
     )
+
+
+def _trial_seconds(records: list[TrialRecord]) -> float | None:
+    """A launch's time, at most: the median finalist trial's (a trial is one launch and all its passes)."""
+    spans = [
+        r.ended_at - r.started_at for r in records if r.started_at is not None and r.ended_at is not None
+    ]
+    return statistics.median(spans) if spans else None
 
 
 def confirm(
@@ -394,11 +740,11 @@ def confirm(
     relaunch: Callable[[str], float],
     rounds: int,
 ) -> tuple[Confirmation, Contest]:
-    """The winner and the baseline alone for ``rounds`` fresh rounds: the speedup the operator is told."""
+    """The winner and the baseline alone for ``rounds`` fresh rounds: a figure from rounds not used to pick it."""
     pair = [winner, baseline]
     check = Contest({n: [] for n in pair}, list(pair))
     for r in range(rounds):
-        _add_round(check, launch_round(pair, r), relaunch)
+        _add_round(check, launch_round(pair, r), relaunch, r)
     ratio = evidence.ratio(check.rates[winner], check.rates[baseline])
     return Confirmation(
         rounds, check.rates[winner], check.rates[baseline], ratio.estimate, ratio.low, ratio.high
@@ -406,22 +752,16 @@ def confirm(
 
 
 def _entries(
-    contest: Contest,
-    outcome: Outcome,
-    records: dict[str, TrialRecord],
-    baseline: str,
-    accepted: dict[str, list[int]],
+    contest: Contest, outcome: Outcome, records: dict[str, TrialRecord], accepted: dict[str, list[int]]
 ) -> list[Entry]:
     entries = []
-    base = contest.rates[baseline]
     for name, rates in contest.rates.items():
         r = records[name]
-        common = min(len(rates), len(base))  # the baseline or this finalist may have been dropped first
-        ratio = evidence.ratio(rates[:common], base[:common])
+        ratio = outcome.speedups[name]
         status = (
             "winner"
             if name == outcome.winner
-            else "equivalent"
+            else "within race.loss"
             if name in outcome.equivalent
             else f"dropped: {contest.dropped[name]}"
             if name in contest.dropped
@@ -442,9 +782,10 @@ def _entries(
                 ratio.high,
                 status,
                 accepted[name],
+                [i + 1 for i in contest.rounds.get(name, [])],
             )
         )
-    return sorted(entries, key=lambda e: (len(e.rates), e.mean_tokens_per_second), reverse=True)
+    return sorted(entries, key=lambda e: (e.status == "winner", e.speedup), reverse=True)
 
 
 def race_study(
@@ -458,10 +799,11 @@ def race_study(
     base = store.baseline_record(study)
     if base is None:
         return None
+    records = store.read_trials(study)
     pool = (
         candidates
         if candidates is not None
-        else finalists(store.read_trials(study), ctx.settings.noise_cv, ctx.spec.race.max_finalists)
+        else finalists(records, ctx.settings.noise_cv, ctx.spec.race.max_finalists)
     )
     pool = [r for r in pool if r.config != base.config]
     if not pool:
@@ -478,27 +820,40 @@ def race_study(
         ctx.spec.race,
         ctx.log_dir,
         progress,
+        Sentinels(records, ctx.settings.noise_cv).launch_spread(),
     )
     store.write_race(study, result.to_json())
     return result
 
 
 def describe(result: RaceResult) -> list[str]:
-    """What an operator reads: the table, the verdict, outliers, and the winner's confirmed figure."""
+    """What an operator reads: the table, the verdict, what the deployment may lose, the forecast, outliers, and the
+    deployed configuration's figure."""
     lines = [
-        f"race: {result.rounds} selection rounds, {result.launches} launches (per finalist: geometric mean "
-        f"tokens/s over its launches; speedup over the baseline on paired rounds, 95% t-interval):"
+        f"race: {result.rounds} rounds, {result.launches} launches (per finalist: geometric mean tokens/s over its "
+        f"launches; speedup over the baseline on paired rounds, 95% interval simultaneous over the finalists):"
     ]
     for e in result.entries:
         mark = "*" if e.trial == result.winner else " "
-        ratio = evidence.Ratio(e.speedup, e.speedup_low, e.speedup_high, len(e.rates))
+        ratio = evidence.Ratio(e.speedup, e.speedup_low, e.speedup_high, _paired_with_baseline(result, e))
+        figure = "baseline" if e.trial == result.baseline_trial else ratio.text()
         lines.append(
             f" {mark} trial {e.trial:>3}: {e.mean_tokens_per_second:8.1f} t/s over {len(e.rates)} launches (recorded "
-            f"{e.recorded_tokens_per_second:.1f}), {ratio.text()} | {e.status} | "
+            f"{e.recorded_tokens_per_second:.1f}), {figure} | {e.status} | "
             + " ".join(f"{k}={v}" for k, v in e.config.items())
         )
     lines.append(f"verdict: {result.verdict}")
+    lines.append(f"loss: {result.loss_line()}")
+    if result.forecast:
+        lines.append(f"forecast: {result.forecast}")
     lines += [f"outlier: {line}" for line in result.outliers]
     w = result.winning
     lines.append(f"winner: trial {w.trial}, {result.figure()}")
+    if result.baseline_deployed and (best := result.best_candidate) is not None:
+        ratio = evidence.Ratio(
+            best.speedup, best.speedup_low, best.speedup_high, _paired_with_baseline(result, best)
+        )
+        lines.append(
+            f"best candidate: trial {best.trial}, {ratio.text()} over the baseline (not shown faster)"
+        )
     return lines

@@ -96,10 +96,14 @@ class SentinelSpec:
 class RaceSpec:
     """The finalist race that declares a winner on fresh, interleaved measurements (see tuner.decisions.race)."""
 
-    min_rounds: int = 3  # no decision on fewer paired launches (tuner.decisions.evidence.MIN_ROUNDS)
-    max_rounds: int = 10  # selection rounds at most; then the race says it is undecided
-    equivalence: float = 0.02  # configurations within this are equal: resources decide (TOST margin)
-    confirm_rounds: int = 4  # winner and baseline alone: the printed speedup
+    min_rounds: int = 3  # every finalist launched in each of these rounds; no decision on fewer
+    max_rounds: int = 10  # rounds at most; then the race says it is undecided (and what it may lose)
+    loss: float = (
+        0.02  # stop once a finalist is within this of every other (95%): resources decide among those
+    )
+    confirm_rounds: int = (
+        0  # optional: winner and baseline alone for a figure from rounds not used to pick it
+    )
     budget_minutes: float | None = None  # no further selection round after this long
     max_finalists: int = 8  # besides the baseline; the closest to the leader first (the race drops the slow)
 
@@ -506,17 +510,20 @@ def _sentinel_section(se: Fields) -> SentinelSpec:
 
 
 def _race_section(r: Fields) -> RaceSpec:
-    """``race:``: the sequential race's rounds, its equivalence margin, confirmation rounds, finalists."""
+    """``race:``: the sequential race's rounds, the loss it stops at, confirmation rounds, finalists."""
     if r.has("rounds"):
+        r.fail("rounds", "the race is sequential now: set max_rounds (and min_rounds, loss, confirm_rounds)")
+    if r.has("equivalence"):
         r.fail(
-            "rounds",
-            "the race is sequential now: set max_rounds (and min_rounds, equivalence, confirm_rounds)",
+            "equivalence",
+            "the race bounds a loss now: set loss (stop once a finalist is within it of every other, 95%; "
+            "default 0.02)",
         )
     race = RaceSpec(
         min_rounds=r.int("min_rounds", 3, minimum=3),
         max_rounds=r.int("max_rounds", 10, minimum=3),
-        equivalence=r.number("equivalence", 0.02, minimum=0.001, maximum=0.5),
-        confirm_rounds=r.int("confirm_rounds", 4, minimum=0),
+        loss=r.number("loss", 0.02, minimum=0.001, maximum=0.5),
+        confirm_rounds=r.int("confirm_rounds", 0, minimum=0),
         budget_minutes=r.number("budget_minutes", None, minimum=0.1),
         max_finalists=r.int("max_finalists", 8, minimum=1),
     )
