@@ -13,7 +13,7 @@ import subprocess
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +30,7 @@ from fake_llama_server import (
 )
 
 from tuner.cli import main
+from tuner.decisions.race import Entry, RaceResult
 from tuner.errors import UserError
 from tuner.machine.llama_build import binary
 from tuner.machine.topology import read_topology
@@ -40,9 +41,11 @@ from tuner.output.export import (
     Export,
     build_export,
     choose,
+    client_note,
     merge_preset,
     preset_lines,
     production_argv,
+    race_policy,
     shell_script,
 )
 from tuner.paths import models_dir
@@ -205,6 +208,87 @@ def quoted_export(command: ServerCommand, temperature: float = 0.0) -> Export:
         llama_cpp={"commit": "0c1e570"},
         machine={"cpu_model": "x"},
     )
+
+
+def crafted_race(winner: int, decided: bool, loss_bound: float, forecast: str = "") -> RaceResult:
+    """A race of the baseline (trial 0) and trial 2 (x1.16 [0.93, 1.44] over it on 4 paired rounds)."""
+    entries = [
+        Entry(
+            2,
+            "trial-2",
+            {"spec_type": "ngram-simple"},
+            30.0,
+            [29.0, 31.0, 30.0, 28.0],
+            29.5,
+            1.16,
+            0.93,
+            1.44,
+            "leader",
+            [],
+            [1, 2, 3, 4],
+        ),
+        Entry(
+            0,
+            "trial-0",
+            {"spec_type": "none"},
+            25.0,
+            [25.0, 26.0, 24.0, 25.0],
+            25.0,
+            1.0,
+            1.0,
+            1.0,
+            "winner",
+            [],
+            [1, 2, 3, 4],
+        ),
+    ]
+    verdict = (
+        "nothing was shown faster than the baseline after 4 rounds"
+        if winner == 0
+        else "undecided after 4 rounds"
+    )
+    return RaceResult(
+        4, 0, entries, winner, decided, verdict, "", 0.02, {}, [], 8, None, loss_bound, 2, forecast
+    )
+
+
+def test_a_race_that_showed_nothing_faster_exports_the_baseline_with_the_best_candidate_beside_it():
+    """Issue 31, item 6: the baseline is the default; the preset no longer says 'won the finalist race'."""
+    race = crafted_race(
+        0, False, 0.44, "to tell 2% apart at this host's 7.8% per-round spread: about 40 more rounds"
+    )
+    export = replace(quoted_export(ServerCommand((), "/opt/llama-server", ())), trial=0, race=race)
+    export = replace(export, policy=race_policy(race, "highest tokens/s"))
+    comment = preset_lines(export)[1]
+    assert "nothing was shown faster than the baseline" in comment and "won the finalist race" not in comment
+    assert "best candidate trial 2: x1.16 [0.93, 1.44]" in comment
+    decision = yaml.safe_load(yaml.safe_dump(export.to_dict()))["decision"]
+    assert (
+        decision["baseline_deployed"] and decision["deployed_trial"] == 0 and decision["loss_bound"] == 0.44
+    )
+    assert decision["best_candidate"]["trial"] == 2 and decision["best_candidate"]["speedup_low"] == 0.93
+    assert (
+        decision["loss_bound_text"]
+        == "deployed the baseline, trial 0; no other finalist is more than 44.0% faster (95%, 4 rounds)"
+    )
+    script = shell_script(export)
+    assert (
+        "# What it may lose: deployed the baseline" in script and "# To settle it: to tell 2% apart" in script
+    )
+    assert "nothing was shown faster than the baseline" in client_note(export, [])
+
+
+def test_an_undecided_race_exports_its_highest_estimate_and_says_what_it_may_lose():
+    race = crafted_race(2, False, 0.061)
+    policy = race_policy(race, "highest tokens/s")
+    assert policy.startswith("highest estimate of an undecided finalist race") and "won" not in policy
+    assert policy.endswith("deployed trial 2; no other finalist is more than 6.1% faster (95%, 4 rounds)")
+    decided = race_policy(crafted_race(2, True, 0.0), "highest tokens/s")
+    assert (
+        decided.startswith("won the finalist race")
+        and "no other finalist is faster (95%, 4 rounds)" in decided
+    )
+    assert Export.to_dict(replace(quoted_export(ServerCommand((), "/x", ())), race=None))["decision"] is None
 
 
 def test_script_quotes_every_argument():

@@ -64,6 +64,11 @@ def test_valid_study_resolves_for_this_machine(tmp_path, models):
     assert [o.metric for o in spec.objectives] == ["tokens_per_second", "acceptance", "quality"]
 
 
+def test_race_loss_is_the_price_an_operator_sets(tmp_path, models):
+    spec = load_spec(write_study(tmp_path, models, race={"loss": 0.03, "max_rounds": 20}))
+    assert spec.race.loss == 0.03 and spec.race.max_rounds == 20 and spec.race.confirm_rounds == 0
+
+
 def test_numa_choices_collapse_on_one_node_and_stay_on_four(tmp_path, models):
     path = write_study(
         tmp_path, models, search_space={"overrides": {"numa": ["none", "interleave", "bind", "distribute"]}}
@@ -121,6 +126,8 @@ def test_moe_target_gets_expert_knob(tmp_path, models):
         ({"objectives": [{"metric": "speed"}]}, "objectives[0].metric: unknown value 'speed'"),
         ({"llama_cpp": {"extra_args": "--mlock; rm -rf /"}}, "llama_cpp.extra_args: expected a list"),
         ({"warm_start": [{"kay": 3}]}, "warm_start[0].kay: unknown knob"),
+        ({"race": {"equivalence": 0.02}}, "race.equivalence: the race bounds a loss now: set loss"),
+        ({"race": {"loss": 0.9}}, "race.loss: must be <= 0.5"),
     ],
 )
 def test_bad_fields(tmp_path, models, fields, expected):

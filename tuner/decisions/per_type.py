@@ -37,6 +37,9 @@ from tuner.measurement.workload import HELD_OUT_MIN, Split, restrict, split
 from tuner.storage import store
 from tuner.storage.records import TrialRecord
 
+TYPE_ROUNDS = (
+    4  # held-out rounds at least: max(min_rounds, confirm_rounds) was 4 while confirmation rounds were on
+)
 RULE = (
     "a type gets its own entry when its winner beats the pooled winner on the type's held-out prompts with the "
     f"whole 95% t-interval of the gain (paired launches, at least {evidence.MIN_ROUNDS} rounds) above 1"
@@ -126,7 +129,7 @@ def race_per_type(
     baseline = store.baseline_record(study)
     if baseline is None:
         return None
-    rounds = rounds or max(ctx.spec.race.min_rounds, ctx.spec.race.confirm_rounds)
+    rounds = rounds or max(ctx.spec.race.min_rounds, ctx.spec.race.confirm_rounds, TYPE_ROUNDS)
     splits, unsplit = split(ctx.workload)
     winners = type_winners(store.read_trials(study), splits)
     for suite in splits:

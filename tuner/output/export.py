@@ -11,9 +11,12 @@ floor (``constraint_quality <= 0``), optionally only those with acceptance at le
 
 Before anything is written the finalists are raced (``tuner.decisions.race``): the policy's choice
 (with ``max-tps``: every feasible trial within reach of the leader) and the baseline are
-launched afresh round by round until the race decides, and the export is the race's winner,
-with its speedup and a 95% interval from confirmation rounds. A study's single best figure can
-be luck; fresh launches, compared in pairs, are what an operator can bet on. The outputs, under ``reports/STUDY/export/``: ``serve.sh`` (the exact command,
+launched afresh round by round until the race decides, and the export is the race's winner, with
+its speedup over the baseline (a 95% interval simultaneous over the finalists) and what it may lose
+(the best other finalist may be at most that much faster). The baseline is the default: a finalist
+replaces llama.cpp's defaults only when shown faster than the baseline; otherwise the baseline is
+exported, with the best candidate's figures beside it. A study's single best figure can be luck;
+fresh launches, compared in pairs, are what an operator can bet on. The outputs, under ``reports/STUDY/export/``: ``serve.sh`` (the exact command,
 ``shlex``-quoted, host and port from ``LLAMA_ARG_HOST``/``LLAMA_ARG_PORT``, default
 127.0.0.1:8080), ``config.json`` and ``config.yaml``, and the study's section in the
 shared ``reports/models-preset.ini`` for one ``llama-server --models-preset`` router.
@@ -47,6 +50,7 @@ from tuner.knobs.config import method_of
 from tuner.machine import hostlock
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.measurement.launch import ServerCommand, cpu_mask
+from tuner.measurement.measure import MeasurementSettings
 from tuner.output.analysis import (
     best_per_suite,
     break_even,
@@ -148,7 +152,56 @@ class Export:
         del out["command"]  # "command" below is the same, as one line
         out["command"] = shlex.join(self.argv)
         out["preset_section"] = self.section
+        out["decision"] = decision(self.race)
         return out
+
+
+def decision(race: RaceResult | None) -> dict | None:
+    """What the race decided, for JSON/YAML readers: the deployed trial, whether it replaced llama.cpp's defaults,
+    the verdict, what it may lose (``loss_bound``: the best other finalist may be at most this much faster, 95%,
+    simultaneous over the finalists), the forecast after an undecided race, and beside a deployed baseline the
+    best candidate's figures. None without a race (``--no-race``)."""
+    if race is None:
+        return None
+    best = race.best_candidate if race.baseline_deployed else None
+    return {
+        "deployed_trial": race.winner,
+        "baseline_deployed": race.baseline_deployed,
+        "decided": race.decided,
+        "verdict": race.verdict,
+        "loss_bound": race.loss_bound,
+        "loss_bound_text": race.loss_line(),
+        "race_loss": race.loss,
+        "rounds": race.rounds,
+        "launches": race.launches,
+        "forecast": race.forecast or None,
+        "best_candidate": None
+        if best is None
+        else {
+            "trial": best.trial,
+            "speedup": best.speedup,
+            "speedup_low": best.speedup_low,
+            "speedup_high": best.speedup_high,
+            "config": best.config,
+        },
+    }
+
+
+def race_policy(race: RaceResult, why: str) -> str:
+    """Why the export is what it is after a race, in one line (the preset's and serve.sh's comment): won, the
+    highest estimate of an undecided race, or the baseline because nothing was shown faster than it."""
+    if race.baseline_deployed:
+        best = race.best_candidate
+        beside = (
+            f"; best candidate trial {best.trial}: x{best.speedup:.2f} [{best.speedup_low:.2f}, "
+            f"{best.speedup_high:.2f}] over it, not shown faster"
+            if best
+            else ""
+        )
+        return f"nothing was shown faster than the baseline: llama.cpp's defaults are exported{beside}"
+    if race.decided:
+        return f"won the finalist race ({why} among the finalists); {race.loss_line()}"
+    return f"highest estimate of an undecided finalist race ({why} among the finalists); {race.loss_line()}"
 
 
 def section_name(name: str) -> str:
@@ -240,6 +293,9 @@ def shell_script(export: Export) -> str:
     if export.race is not None:
         lines.append(f"# Raced at export: {export.race.figure()}.")
         lines.append(f"# Race verdict: {export.race.verdict}.")
+        lines.append(f"# What it may lose: {export.race.loss_line()}.")
+        if export.race.forecast:
+            lines.append(f"# To settle it: {export.race.forecast}.")
     lines += [
         f"# Measured on {export.machine.get('cpu_model')} with llama.cpp {export.llama_cpp.get('commit')}.",
         "# --temp sets the tuned temperature as the default; clients may send their own.",
@@ -403,6 +459,15 @@ def _type_note(export: Export) -> str:
     )
 
 
+def race_note(export: Export) -> str:
+    """The race's word on the pooled winner for ROUTER.md: what it may lose, or that it is the baseline."""
+    if export.race is None:
+        return " (not raced: its figures are one measurement)"
+    if export.race.baseline_deployed:
+        return f": {race_policy(export.race, '')}"
+    return f" ({'decided' if export.race.decided else 'undecided race'}: {export.race.loss_line()})"
+
+
 def client_note(pooled: Export, per_type: list[Export]) -> str:
     """``ROUTER.md``: how a client picks a configuration."""
     sections = [pooled.section, *(e.section for e in per_type)]
@@ -415,7 +480,7 @@ def client_note(pooled: Export, per_type: list[Export]) -> str:
             "first use). Every request names its configuration in the `model` field (POST endpoints), or the `model` "
             "query parameter (GET endpoints such as `/props?model=NAME`):",
             "",
-            f"- `{pooled.section}`: the pooled winner (trial {pooled.trial}), for any content",
+            f"- `{pooled.section}`: the pooled winner (trial {pooled.trial}), for any content{race_note(pooled)}",
             *(f"- `{e.section}`: {_type_note(e)}" for e in per_type),
             *(
                 [
@@ -540,7 +605,7 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(print)  # race rounds with elapsed and remaining time, also in the dashboard
     progress.sink = lambda figures: store.write_progress(study, {"command": "tuner export", **figures})
     records = store.read_trials(study)
-    frame = trials_frame(records)
+    frame = trials_frame(records, noise_cv=record.measurement.get("noise_cv", MeasurementSettings.noise_cv))
     number, why = choose(record, frame, args.policy, args.min_acceptance, args.trial)
     chosen = store.read_trial(study.trials[number])
     print(
@@ -556,7 +621,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             for line in describe_race(race):
                 print(line)
-            number, why = race.winner, f"won the finalist race ({why} among the finalists)"
+            number, why = race.winner, race_policy(race, why)
+            if race.baseline_deployed:
+                print(f"export: {why}")
     export = replace(build_export(record, store.read_trial(study.trials[number]), frame, why), race=race)
     if (
         race is not None
