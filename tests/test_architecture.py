@@ -157,3 +157,66 @@ def test_every_help_page_prints(capsys):
             main(argv)
         assert done.value.code == 0, argv
         assert "usage: tuner" in capsys.readouterr().out, argv
+
+
+# The floors of tuner/, lowest first, as ARCHITECTURE.md draws them: a module imports only from its own
+# floor or those below it. ``tuner`` is the package itself; the synthetic family sits beside the bench.
+FLOORS = [
+    ("tuner", "errors", "paths", "eta", "knobs"),
+    ("machine",),
+    ("models",),
+    ("measurement",),
+    ("studyfile",),
+    ("storage",),
+    ("decisions",),
+    ("search",),
+    ("context",),
+    ("trial", "run_loop"),
+    ("study", "worker"),
+    ("output",),
+    ("traffic", "synthetic"),
+    ("bench",),
+    ("cli",),
+]
+
+
+def stage_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    floor = {stage: i for i, stages in enumerate(FLOORS) for stage in stages}
+    return sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if floor[stage_of(m)] < floor[stage_of(t)]
+    )
+
+
+def test_every_stage_has_a_floor():
+    stages = {stage_of(m) for m in import_graph()}
+    assert stages == {s for floor in FLOORS for s in floor}
+
+
+def test_the_floor_finder_finds_a_planted_upward_import():
+    assert upward_imports({"tuner.storage.x": {"tuner.study"}, "tuner.study": {"tuner.storage.x"}}) == [
+        "tuner.storage.x -> tuner.study"
+    ]
+
+
+def test_imports_point_down_the_floors():
+    """No lower stage imports a higher one (which also means no cycle among the folders)."""
+    assert upward_imports(import_graph()) == []
+
+
+def test_storage_and_decisions_take_what_they_need_as_arguments():
+    offenders = [
+        f"{m} -> {t}"
+        for m, targets in import_graph().items()
+        if stage_of(m) in ("storage", "decisions")
+        for t in targets
+        if t in ("tuner.context", "tuner.study")
+    ]
+    assert offenders == []

@@ -232,3 +232,34 @@ def expect(progress: Callable[[str], None], units: int) -> None:
 
 def mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+class RunClock:
+    """The time left in a run, planned on its Progress: the trials not yet counted at the time per trial
+    measured so far in this run (the estimate before the first), then the race, scaled by how far the
+    measured trials are off the estimate. The scaled launch time is left for the race (``unit_s``)."""
+
+    def __init__(
+        self, progress: Progress, estimate: Estimate, budget: int, race: bool, deadline: float | None
+    ):
+        self.progress, self.estimate, self.budget, self.race, self.deadline = (
+            progress,
+            estimate,
+            budget,
+            race,
+            deadline,
+        )
+        self.first: tuple[int, float] | None = None  # trials counted, and when, at the first plan
+
+    def replan(self, counted: int) -> None:
+        now = time.monotonic()
+        self.first = self.first or (counted, now)
+        done = counted - self.first[0]
+        planned = self.estimate.trials_s / max(self.estimate.trials, 1)  # sentinels included
+        per_trial = (now - self.first[1]) / done if done > 0 else planned
+        trials_s = max(0, self.budget - counted) * per_trial
+        if self.deadline is not None:
+            trials_s = min(trials_s, max(0.0, self.deadline - now))
+        scale = min(10.0, max(0.1, per_trial / planned)) if planned else 1.0
+        self.progress.unit_s = self.estimate.launch_s * scale
+        self.progress.plan(trials_s + (self.estimate.race_s * scale if self.race else 0.0))

@@ -1,4 +1,5 @@
-"""The study's run loop across workers: the baseline first (elected), then trials until the budget counts.
+"""The study's run loop across workers: the study opened or joined (its record written once), the baseline
+first (elected), then trials until the budget counts.
 
 The baseline runs once: the process that created the study runs it, the others wait for its
 reference up to ``workers.baseline_wait_s``. If the baseline's worker dies, the worker that fails
@@ -21,11 +22,71 @@ from optuna.trial import TrialState
 
 from tuner.context import StudyContext
 from tuner.errors import UserError
+from tuner.search.prior import find_prior
+from tuner.search.sampling import sampler_for
 from tuner.search.space import baseline_config, enqueue_params
 from tuner.storage import store
-from tuner.storage.coordination import fail_stale, tally, worker_id
-from tuner.storage.records import Failure
-from tuner.studyfile.spec import WorkersSpec
+from tuner.storage.coordination import fail_stale, make_storage, tally, worker_id
+from tuner.storage.records import Failure, StudyRecord, changes
+from tuner.studyfile.spec import StudySpec, WorkersSpec
+
+INIT_WAIT_S = 10.0  # how long a joining worker waits for the study's creator to record the study
+
+
+def open_study(ctx: StudyContext) -> optuna.Study:
+    """Create or resume; refuse to add trials whose numbers would not compare with the stored ones.
+
+    Of several workers starting at once exactly one creates the study (and later runs the
+    baseline, see ``tuner.storage.coordination``); the others wait for it to record the study.
+    """
+    spec = ctx.spec
+    storage = make_storage(spec.storage, spec.workers)
+    directions = [o.direction for o in spec.objectives]
+    try:  # creation is atomic: with several workers starting at once, exactly one creates
+        study = optuna.create_study(
+            study_name=spec.name, storage=storage, directions=directions, sampler=make_sampler(spec)
+        )
+        store.set_created_by(study, worker_id())
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec))
+    if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
+        raise UserError(
+            f"{spec.path}: objectives: study {spec.name!r} exists with other objective directions; use a new name"
+        )
+    waited = time.monotonic() + INIT_WAIT_S
+    while (
+        not store.has_study_record(study)
+        and store.created_by(study) != worker_id()
+        and time.monotonic() < waited
+    ):
+        time.sleep(0.2)  # joining a study whose creator is recording it right now
+    if not store.has_study_record(study):  # created here, or its creator died before recording it
+        store.set_created_by(study, worker_id())
+        record = ctx.study_record(worker_id())
+        store.write_study_record(study, record)
+        prior = (
+            find_prior(storage, record, ctx.space) if spec.reuse and spec.sampler == "structured" else None
+        )
+        if prior:
+            store.write_prior(study, prior)
+        return study
+    refuse_incomparable(ctx, store.read_study_record(study))
+    return study
+
+
+def refuse_incomparable(ctx: StudyContext, stored: StudyRecord) -> None:
+    """One line naming what changed since the study was stored, and how to start a new one."""
+    changed = changes(stored, ctx.study_record(stored.created_by))
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise UserError(
+            f"{ctx.spec.path}: study {ctx.spec.name!r} exists and its {changed[0]}{more}: new trials would not "
+            f"compare with its stored ones; revert the change, or start a new study by changing `name:`"
+        )
+
+
+def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+    return sampler_for(spec.sampler, spec.seed, spec.budget_trials)
 
 
 def _baselines(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

@@ -35,87 +35,25 @@ from tuner.decisions.drift import sentinel_due
 from tuner.decisions.race import describe as describe_race
 from tuner.decisions.race import race_study
 from tuner.errors import UserError
-from tuner.eta import Estimate, Progress, as_progress
+from tuner.eta import Progress, RunClock, as_progress
 from tuner.machine import hostlock
-from tuner.machine.host import host_was_busy
 from tuner.measurement.failures import FailureReason, TrialFailure
-from tuner.run_loop import ensure_baseline, run_until_budget
+from tuner.run_loop import ensure_baseline, open_study, run_until_budget
 from tuner.search.prior import describe as describe_prior
-from tuner.search.prior import find_prior
-from tuner.search.sampling import sampler_for
 from tuner.search.space import baseline_config, suggest
 from tuner.storage import outage, store
 from tuner.storage.coordination import (
     fail_orphans,
     failed_elsewhere,
     hold_sqlite_study,
-    make_storage,
     safe_url,
     tally,
     worker_id,
 )
 from tuner.storage.journal import Journal
-from tuner.storage.records import Failure, StudyRecord, TrialRecord, changes
+from tuner.storage.records import TrialRecord
 from tuner.studyfile.spec import StudySpec, load_spec
-from tuner.trial import Interrupted, TrialHooks, TrialMeasurement
-
-INIT_WAIT_S = 10.0  # how long a joining worker waits for the study's creator to record the study
-
-
-def open_study(ctx: StudyContext) -> optuna.Study:
-    """Create or resume; refuse to add trials whose numbers would not compare with the stored ones.
-
-    Of several workers starting at once exactly one creates the study (and later runs the
-    baseline, see ``tuner.storage.coordination``); the others wait for it to record the study.
-    """
-    spec = ctx.spec
-    storage = make_storage(spec.storage, spec.workers)
-    directions = [o.direction for o in spec.objectives]
-    try:  # creation is atomic: with several workers starting at once, exactly one creates
-        study = optuna.create_study(
-            study_name=spec.name, storage=storage, directions=directions, sampler=make_sampler(spec)
-        )
-        store.set_created_by(study, worker_id())
-    except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec))
-    if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
-        raise UserError(
-            f"{spec.path}: objectives: study {spec.name!r} exists with other objective directions; use a new name"
-        )
-    waited = time.monotonic() + INIT_WAIT_S
-    while (
-        not store.has_study_record(study)
-        and store.created_by(study) != worker_id()
-        and time.monotonic() < waited
-    ):
-        time.sleep(0.2)  # joining a study whose creator is recording it right now
-    if not store.has_study_record(study):  # created here, or its creator died before recording it
-        store.set_created_by(study, worker_id())
-        record = ctx.study_record(worker_id())
-        store.write_study_record(study, record)
-        prior = (
-            find_prior(storage, record, ctx.space) if spec.reuse and spec.sampler == "structured" else None
-        )
-        if prior:
-            store.write_prior(study, prior)
-        return study
-    refuse_incomparable(ctx, store.read_study_record(study))
-    return study
-
-
-def refuse_incomparable(ctx: StudyContext, stored: StudyRecord) -> None:
-    """One line naming what changed since the study was stored, and how to start a new one."""
-    changed = changes(stored, ctx.study_record(stored.created_by))
-    if changed:
-        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-        raise UserError(
-            f"{ctx.spec.path}: study {ctx.spec.name!r} exists and its {changed[0]}{more}: new trials would not "
-            f"compare with its stored ones; revert the change, or start a new study by changing `name:`"
-        )
-
-
-def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
-    return sampler_for(spec.sampler, spec.seed, spec.budget_trials)
+from tuner.trial import Interrupted, TrialHooks, TrialMeasurement, describe_trial
 
 
 class FailedElsewhere(Exception):
@@ -198,24 +136,6 @@ class TrialRunner:
         return store.add_measured_trial(self.study, record, base.params, base.distributions, values)
 
 
-def describe_trial(record: TrialRecord) -> str:
-    knobs = " ".join(f"{k}={v}" for k, v in record.config.as_dict().items())
-    if record.state == "PRUNED":
-        return f"PRUNED at {record.metrics.tokens_per_second:.1f} t/s ({record.pruned}) | {knobs}"
-    if record.complete:
-        m = record.metrics
-        flag = " (noisy)" if record.spread and record.spread.noisy else ""
-        if record.host and host_was_busy(record.host):
-            others = {k: v for k, v in record.host["busy_processes"].items() if k != "all others"}
-            flag += f" (host busy: {', '.join(others) or 'many small processes'})"
-        return (
-            f"{m.tokens_per_second:.1f} t/s{flag}, x{m.speedup:.2f}, acceptance {m.acceptance:.2f}, "
-            f"quality {m.quality:.3f} | {knobs}"
-        )
-    failure = record.failure or Failure("error", "")
-    return f"FAILED ({failure.reason}: {failure.detail}) | {knobs}"
-
-
 def run_study(
     spec: StudySpec, trials: int | None = None, progress: Callable[[str], None] = print, race: bool = False
 ) -> optuna.Study:
@@ -235,37 +155,6 @@ def run_study(
     return study
 
 
-class RunClock:
-    """The time left in a run, planned on its Progress: the trials not yet counted at the time per trial
-    measured so far in this run (the estimate before the first), then the race, scaled by how far the
-    measured trials are off the estimate. The scaled launch time is left for the race (``unit_s``)."""
-
-    def __init__(
-        self, progress: Progress, estimate: Estimate, budget: int, race: bool, deadline: float | None
-    ):
-        self.progress, self.estimate, self.budget, self.race, self.deadline = (
-            progress,
-            estimate,
-            budget,
-            race,
-            deadline,
-        )
-        self.first: tuple[int, float] | None = None  # trials counted, and when, at the first plan
-
-    def replan(self, counted: int) -> None:
-        now = time.monotonic()
-        self.first = self.first or (counted, now)
-        done = counted - self.first[0]
-        planned = self.estimate.trials_s / max(self.estimate.trials, 1)  # sentinels included
-        per_trial = (now - self.first[1]) / done if done > 0 else planned
-        trials_s = max(0, self.budget - counted) * per_trial
-        if self.deadline is not None:
-            trials_s = min(trials_s, max(0.0, self.deadline - now))
-        scale = min(10.0, max(0.1, per_trial / planned)) if planned else 1.0
-        self.progress.unit_s = self.estimate.launch_s * scale
-        self.progress.plan(trials_s + (self.estimate.race_s * scale if self.race else 0.0))
-
-
 def _starting_notes(ctx: StudyContext, study: optuna.Study, progress: Progress) -> None:
     """What the space left out on this machine, and the warm start from an earlier study."""
     for note in ctx.space.notes:
@@ -282,6 +171,72 @@ def _starting_notes(ctx: StudyContext, study: optuna.Study, progress: Progress) 
         )
 
 
+class TrialLoop:
+    """One process's trials: the baseline re-measured when a sentinel is due, then one Optuna trial at a
+    time, a progress line after each."""
+
+    def __init__(
+        self,
+        ctx: StudyContext,
+        study: optuna.Study,
+        journal: Journal,
+        progress: Progress,
+        budget: int,
+        clock: RunClock,
+        deadline: float | None,
+    ):
+        self.ctx, self.study, self.journal, self.progress = ctx, study, journal, progress
+        self.budget, self.clock, self.deadline = budget, clock, deadline
+        self.objective = TrialRunner(ctx, study, progress, journal)
+
+    def report(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """Optuna's callback after each trial: the progress line with the best so far."""
+        self.journal.stored(trial.number)
+        best = store.best_feasible(study)
+        best_text = (
+            f"best feasible {best.metrics.tokens_per_second:.1f} t/s (trial {best.number})"
+            if best
+            else "no feasible trial yet"
+        )
+        record = store.read_trial(trial)
+        why = f" [{record.search['stage']}: {record.search['reason']}]" if record.search else ""
+        counted = tally(study).counted
+        self.clock.replan(counted)
+        self.progress(
+            f"[{counted}/{self.budget}] trial {trial.number}{why}: {describe_trial(record)} | {best_text}"
+        )
+
+    def run_one(self) -> None:
+        """A sentinel if one is due, then one trial (a trial another worker failed is said, not raised)."""
+        study, objective = self.study, self.objective
+        if sentinel_due(store.read_trials(study), worker_id(), self.ctx.spec.sentinel, time.time()):
+            sentinel = describe_trial(objective.run_sentinel())
+            self.clock.replan(tally(study).counted)
+            self.progress(f"sentinel: {sentinel}")
+        timeout = max(1.0, self.deadline - time.monotonic()) if self.deadline else None
+        objective.failed_elsewhere = None
+        try:
+            study.optimize(
+                objective, n_trials=1, timeout=timeout, catch=(TrialFailure,), callbacks=[self.report]
+            )
+        except (FailedElsewhere, ValueError):  # Optuna cannot tell a trial another worker failed: ValueError
+            if objective.failed_elsewhere is None:
+                raise
+            self.progress(objective.failed_elsewhere)
+
+
+def _open_for_run(ctx: StudyContext, journal: Journal, progress: Progress, lock) -> optuna.Study:
+    """The study opened for this run: progress to the dashboard, the journal replayed, orphans failed."""
+    study = open_study(ctx)
+    progress.sink = lambda figures: store.write_progress(study, {"command": "tuner run", **figures})
+    journal.replay(study, progress)  # trials measured before a storage outage, before orphans are failed
+    if store.created_by(study) != worker_id():
+        study.sampler.reseed_rng()  # a joining worker or a resumed run must not replay the creator's proposals
+    if lock:
+        fail_orphans(study, ctx.spec.workers, progress)
+    return study
+
+
 def _run_locked(
     ctx: StudyContext, journal: Journal, trials: int | None, progress: Progress, race: bool
 ) -> optuna.Study:
@@ -290,60 +245,18 @@ def _run_locked(
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress line replaces Optuna's
     try:
-        study = open_study(ctx)
-        progress.sink = lambda figures: store.write_progress(study, {"command": "tuner run", **figures})
-        journal.replay(study, progress)  # trials measured before a storage outage, before orphans are failed
-        if store.created_by(study) != worker_id():
-            study.sampler.reseed_rng()  # a joining worker or a resumed run must not replay the creator's proposals
-        if lock:
-            fail_orphans(study, spec.workers, progress)
+        study = _open_for_run(ctx, journal, progress, lock)
         budget = trials or spec.budget_trials
-        objective = TrialRunner(ctx, study, progress, journal)
         deadline = time.monotonic() + spec.budget_minutes * 60 if spec.budget_minutes else None
         clock = RunClock(progress, study_estimate(ctx), budget, race, deadline)
         clock.replan(tally(study).counted)
         _starting_notes(ctx, study, progress)
-
-        def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-            journal.stored(trial.number)
-            best = store.best_feasible(study)
-            best_text = (
-                f"best feasible {best.metrics.tokens_per_second:.1f} t/s (trial {best.number})"
-                if best
-                else "no feasible trial yet"
-            )
-            record = store.read_trial(trial)
-            why = f" [{record.search['stage']}: {record.search['reason']}]" if record.search else ""
-            counted = tally(study).counted
-            clock.replan(counted)
-            progress(
-                f"[{counted}/{budget}] trial {trial.number}{why}: {describe_trial(record)} | {best_text}"
-            )
-
-        def run_one() -> None:
-            if sentinel_due(store.read_trials(study), worker_id(), spec.sentinel, time.time()):
-                sentinel = describe_trial(objective.run_sentinel())
-                clock.replan(tally(study).counted)
-                progress(f"sentinel: {sentinel}")
-            timeout = max(1.0, deadline - time.monotonic()) if deadline else None
-            objective.failed_elsewhere = None
-            try:
-                study.optimize(
-                    objective, n_trials=1, timeout=timeout, catch=(TrialFailure,), callbacks=[report]
-                )
-            except (
-                FailedElsewhere,
-                ValueError,
-            ):  # Optuna cannot tell a trial another worker failed: ValueError
-                if objective.failed_elsewhere is None:
-                    raise
-                progress(objective.failed_elsewhere)
-
+        loop = TrialLoop(ctx, study, journal, progress, budget, clock, deadline)
         done = tally(study).counted
         progress(f"study {spec.name}: {done} of {budget} trials done; storage {safe_url(spec.storage)}")
         if done < budget:
-            ensure_baseline(study, ctx, run_one, progress)
-            run_until_budget(study, run_one, budget, spec.workers, deadline, progress)
+            ensure_baseline(study, ctx, loop.run_one, progress)
+            run_until_budget(study, loop.run_one, budget, spec.workers, deadline, progress)
         if race:
             result = race_study(ctx, study, progress)
             for line in (
@@ -362,6 +275,20 @@ def _run_locked(
             ):  # its holder line could not be flushed (a full disk): the lock is released all the same
                 pass
     return study
+
+
+def _check_json(spec: StudySpec) -> dict:
+    """``--check --json``: the resolved space and workload, for scripts."""
+    ctx = prepare(spec)
+    return {
+        "study": spec.name,
+        "space": ctx.space.describe(),
+        "notes": list(ctx.space.notes),
+        "drafts": list(ctx.drafts),
+        "prompts": len(ctx.workload.prompts),
+        **({"concurrency": list(spec.load_levels)} if spec.load_levels else {}),
+        **({"constraints": {c.name: c.limit for c in spec.constraints}} if spec.constraints else {}),
+    }
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -401,26 +328,7 @@ def run(args: argparse.Namespace) -> int:
             print(line)
         return 0
     if args.check:
-        ctx = prepare(spec)
-        print(
-            json.dumps(
-                {
-                    "study": spec.name,
-                    "space": ctx.space.describe(),
-                    "notes": list(ctx.space.notes),
-                    "drafts": list(ctx.drafts),
-                    "prompts": len(ctx.workload.prompts),
-                    **({"concurrency": list(spec.load_levels)} if spec.load_levels else {}),
-                    **(
-                        {"constraints": {c.name: c.limit for c in spec.constraints}}
-                        if spec.constraints
-                        else {}
-                    ),
-                },
-                indent=2,
-                default=str,
-            )
-        )
+        print(json.dumps(_check_json(spec), indent=2, default=str))
         return 0
     try:
         study = run_study(spec, args.trials, race=not args.no_race)

@@ -22,7 +22,7 @@ import optuna
 from tuner.context import StudyContext
 from tuner.decisions.drift import Sentinels, midpoint
 from tuner.knobs.config import TrialConfig
-from tuner.machine.host import busy_processes, cpu_seconds_by_process, trial_host_state
+from tuner.machine.host import busy_processes, cpu_seconds_by_process, host_was_busy, trial_host_state
 from tuner.machine.placement import contradiction, evict, read_numa_maps, read_smaps_rollup
 from tuner.machine.roofline import Bandwidth, impossible, last_level_cache_bytes, study_roofline
 from tuner.measurement import quality as quality_scorers
@@ -108,6 +108,7 @@ class TrialMeasurement:
         self.llc_bytes = last_level_cache_bytes()
         self.placed_under: str | None = None
         self.new_reference: Reference | None = None
+        self.model_scores = ModelScores(ctx, study)
 
     def measure(
         self, config: TrialConfig, role: str, number: int | None, hooks: TrialHooks = TrialHooks()
@@ -318,10 +319,11 @@ class TrialMeasurement:
         scorer = self.ctx.spec.quality.scorer
         if scorer == "perplexity":
             return quality_scorers.perplexity_ratio(
-                self._perplexity(baseline_config(self.ctx.space)), self._perplexity(config)
+                self.model_scores.perplexity(baseline_config(self.ctx.space)),
+                self.model_scores.perplexity(config),
             ), {}
         if scorer == "kld":
-            scores = self._kld(config)
+            scores = self.model_scores.kld(config)
             return scores["same_top"], scores
         return quality_scorers.output_quality(
             scorer, outputs, self.ctx.workload, reference.tokens if reference else {}
@@ -340,7 +342,28 @@ class TrialMeasurement:
             return {"constraint": floor}
         return {"constraint": max(floor, *named.values()), "constraints": {"quality_floor": floor, **named}}
 
-    def _model_flags(self, config: TrialConfig) -> list[str]:
+    def _refuse_known_failure(self, config: TrialConfig) -> None:
+        """A configuration that failed for a reason that will not change is not relaunched."""
+        permanent = {r.value for r in PERMANENT}
+        for past in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
+            known = store.read_trial(past)
+            if known.config == config and known.failure and known.failure.reason in permanent:
+                raise TrialFailure(
+                    FailureReason(known.failure.reason),
+                    f"same configuration already failed permanently in trial {known.number}",
+                    known.log_tail,
+                )
+
+
+class ModelScores:
+    """Text scorers that depend on the model flags alone (experts), not on speculation, temperature or
+    threads: KLD from the baseline's logits and perplexity, each measured once per distinct flags and
+    kept in the study's storage."""
+
+    def __init__(self, ctx: StudyContext, study: optuna.Study):
+        self.ctx, self.study = ctx, study
+
+    def model_flags(self, config: TrialConfig) -> list[str]:
         """What the model computes (experts), with the baseline's threads: speculation, temperature and
         threads do not change the logits, so text scorers run once per distinct expert count."""
         baseline = baseline_config(self.ctx.space)
@@ -349,7 +372,7 @@ class TrialMeasurement:
     def _once_per_model(self, config: TrialConfig, read, write, compute):
         """``compute(model flags)``, measured once per distinct model flags and kept in the study
         (``read``/``write`` its cache in storage), as text scorers depend on nothing else."""
-        flags = self._model_flags(config)
+        flags = self.model_flags(config)
         key = " ".join(flags)
         cache = read(self.study)
         if key not in cache:
@@ -357,12 +380,12 @@ class TrialMeasurement:
             write(self.study, cache)
         return cache[key]
 
-    def _kld(self, config: TrialConfig) -> dict:
+    def kld(self, config: TrialConfig) -> dict:
         """KL divergence from the baseline's logits, saved once per study in its log folder, keyed by the
         baseline's model flags and the text file's digest (a changed text or model makes a new base)."""
         ctx = self.ctx
-        base_flags = self._model_flags(baseline_config(ctx.space))
-        if self._model_flags(config) == base_flags:  # the baseline's own model: zero by definition (a rerun
+        base_flags = self.model_flags(baseline_config(ctx.space))
+        if self.model_flags(config) == base_flags:  # the baseline's own model: zero by definition (a rerun
             return {"mean_kld": 0.0, "same_top": 1.0}  # differs by batch-order rounding only, ~1e-6)
         bin_dir, timeout = ctx.launch.server_binary.parent, ctx.settings.trial_timeout_s
 
@@ -380,7 +403,7 @@ class TrialMeasurement:
 
         return self._once_per_model(config, store.kld_cache, store.write_kld_cache, compute)
 
-    def _perplexity(self, config: TrialConfig) -> float:
+    def perplexity(self, config: TrialConfig) -> float:
         """Perplexity depends only on the model flags (experts), not on speculation, temperature or threads."""
         ctx = self.ctx
         return self._once_per_model(
@@ -394,18 +417,6 @@ class TrialMeasurement:
                 timeout_s=ctx.settings.trial_timeout_s,
             ),
         )
-
-    def _refuse_known_failure(self, config: TrialConfig) -> None:
-        """A configuration that failed for a reason that will not change is not relaunched."""
-        permanent = {r.value for r in PERMANENT}
-        for past in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
-            known = store.read_trial(past)
-            if known.config == config and known.failure and known.failure.reason in permanent:
-                raise TrialFailure(
-                    FailureReason(known.failure.reason),
-                    f"same configuration already failed permanently in trial {known.number}",
-                    known.log_tail,
-                )
 
 
 def _failed(record: TrialRecord, err: BaseException, log_path: Path) -> TrialRecord:
@@ -441,6 +452,24 @@ def _pruned(record: TrialRecord, pruned: Pruned, ctx: StudyContext, log_path: Pa
         samples=tuple(sample_record(s) for s in pruned.samples),
         log_tail=read_log_tail(log_path, LOG_TAIL_LINES),
     )
+
+
+def describe_trial(record: TrialRecord) -> str:
+    knobs = " ".join(f"{k}={v}" for k, v in record.config.as_dict().items())
+    if record.state == "PRUNED":
+        return f"PRUNED at {record.metrics.tokens_per_second:.1f} t/s ({record.pruned}) | {knobs}"
+    if record.complete:
+        m = record.metrics
+        flag = " (noisy)" if record.spread and record.spread.noisy else ""
+        if record.host and host_was_busy(record.host):
+            others = {k: v for k, v in record.host["busy_processes"].items() if k != "all others"}
+            flag += f" (host busy: {', '.join(others) or 'many small processes'})"
+        return (
+            f"{m.tokens_per_second:.1f} t/s{flag}, x{m.speedup:.2f}, acceptance {m.acceptance:.2f}, "
+            f"quality {m.quality:.3f} | {knobs}"
+        )
+    failure = record.failure or Failure("error", "")
+    return f"FAILED ({failure.reason}: {failure.detail}) | {knobs}"
 
 
 def drift_corrected(incumbent: TrialRecord, sentinels: Sentinels) -> list[dict]:
