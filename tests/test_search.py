@@ -23,11 +23,12 @@ from tuner.bench.operator_landscapes import (
     operator_space,
 )
 from tuner.knobs.config import TrialConfig
-from tuner.search import sampler
+from tuner.search import history
 from tuner.search.model import Point, acceptance_probability, fit, measured_acceptance, speedup
 from tuner.search.prior import admitted, find_prior
 from tuner.search.pruning import prune_decision, prunes_on, should_prune
 from tuner.search.space import baseline_config
+from tuner.search.stages import serving as serving_stage
 from tuner.storage import store
 
 
@@ -418,7 +419,7 @@ def test_serving_stage_probes_slots_at_the_level_then_walks_the_knobs(monkeypatc
     }
     assert not any(e.state == "pruned" for e in log)  # aggregate objective: per-request rates never prune
     assert op.scores(land, log, op.TOLERANCE)["trials"] <= 30
-    monkeypatch.setattr(sampler.Planner, "serving", lambda self: None)  # without the stage: missed
+    monkeypatch.setattr(serving_stage, "propose", lambda state: None)  # without the stage: missed
     _, without = op.run_study(land, "default", seed=0, budget=30, prune=False)
     assert op.scores(land, without, op.TOLERANCE)["trials"] is None
 
@@ -431,16 +432,18 @@ def test_pruning_judges_only_studies_that_maximise_per_request_rates():
 def test_the_sampler_maximises_the_first_objective_and_inverts_a_latency():
     land = landscapes()["dense-serve"]
     study, _ = op.run_study(land, "default", seed=1, budget=4, prune=False)
-    recs = sampler.records(study)
-    assert [r.tps for r in recs] == [
+    trials = history.read_history(study)
+    assert [r.value for r in trials] == [
         t.values[0] for t in study.trials
     ]  # aggregate at 8 users, not per request
     record = store.read_trial(study.trials[0])
-    assert sampler.value(record, "aggregate_tokens_per_second_c8", True) == pytest.approx(1 / recs[0].tps)
+    assert history.objective_value(record, "aggregate_tokens_per_second_c8", True) == pytest.approx(
+        1 / trials[0].value
+    )
     assert (
-        sampler.value(record, "aggregate_tokens_per_second_c4", False) is None
+        history.objective_value(record, "aggregate_tokens_per_second_c4", False) is None
     )  # a level it did not measure
     assert (
-        sampler.level_of(["aggregate_tokens_per_second_c8"]) == 8
-        and sampler.level_of(["tokens_per_second"]) is None
+        history.objective_level(["aggregate_tokens_per_second_c8"]) == 8
+        and history.objective_level(["tokens_per_second"]) is None
     )

@@ -1,0 +1,114 @@
+"""The study's trials as the structured search reads them: one ``PastTrial`` per stored trial.
+
+Why: every stage of the structured search (``tuner.search.planner``) plans from what the study has
+measured, and reads it the same way: the figure maximised (the study's first objective, a minimised
+one inverted), the acceptance, the quality constraint, the failure reason a permanent failure
+blames, the per-suite rates a stack is judged on. A running trial is read at its plan (the
+``search:plan`` system attr another worker wrote), so two workers never plan the same trial.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.measurement.failures import PERMANENT
+from tuner.measurement.load import split_metric_name
+from tuner.measurement.measure import pooled_from_rates
+from tuner.storage import store
+
+PLAN_ATTR = "search:plan"  # a system attr: the running trial's planned configuration, for other workers
+PERMANENT_REASONS = frozenset(r.value for r in PERMANENT)  # a failure for one of these blames the option
+STATES = {
+    TrialState.COMPLETE: "complete",
+    TrialState.PRUNED: "pruned",
+    TrialState.FAIL: "failed",
+    TrialState.RUNNING: "running",
+}
+
+
+@dataclass(frozen=True)
+class PastTrial:
+    """One stored trial as the planner sees it."""
+
+    params: dict[str, Any]
+    state: str  # complete, pruned, failed, running
+    value: float | None  # the figure maximised: the first objective (tokens/s per request, aggregate, ...)
+    acceptance: float | None
+    feasible: bool
+    failure: str | None
+    role: str
+    suites: dict[str, float] = field(default_factory=dict)  # tokens/s per suite (content type), pooled
+
+    @property
+    def measured(self) -> bool:
+        return self.state in ("complete", "pruned") and self.value is not None
+
+    @property
+    def blamed(self) -> bool:
+        """Failed for a permanent reason: its option is dropped."""
+        return self.state == "failed" and self.failure in PERMANENT_REASONS
+
+
+def read_history(study: optuna.Study) -> list[PastTrial]:
+    """The stored trials, with what each measured (pruned ones: what they measured before stopping); the
+    value maximised is the study's first objective (a minimised one inverted)."""
+    context = store.search_context(study)
+    objective = context[1][0] if context and context[1] else "tokens_per_second"
+    minimise = study.directions[0] == optuna.study.StudyDirection.MINIMIZE
+    trials = []
+    for t in study.get_trials(deepcopy=False):
+        state = STATES.get(t.state)
+        if state is None:
+            continue
+        params = dict(t.params)
+        if state == "running":
+            planned = t.system_attrs.get(PLAN_ATTR)
+            params = json.loads(planned) if planned else params
+        record = store.read_trial(t)
+        m = record.metrics
+        feasible = all(v <= 0 for v in (t.constraints or {}).values())
+        trials.append(
+            PastTrial(
+                params,
+                state,
+                objective_value(record, objective, minimise),
+                m.acceptance if m else None,
+                feasible,
+                record.failure.reason if record.failure else None,
+                record.role,
+                suite_rates(record.samples),
+            )
+        )
+    return trials
+
+
+def objective_value(record, objective: str, minimise: bool) -> float | None:
+    """A trial's figure to maximise; None where it has none (a pruned trial never reached the load levels)."""
+    if record.metrics is None:
+        return None
+    try:
+        figure = record.objective(objective)
+    except KeyError:
+        return None
+    return (1.0 / figure if figure > 0 else None) if minimise else figure
+
+
+def objective_level(objectives: Sequence[str]) -> int | None:
+    """The users the first objective measures at (``p95_ttft_ms_c4``: 4), if it is a load metric."""
+    split = split_metric_name(objectives[0]) if objectives else None
+    return split[1] if split else None
+
+
+def suite_rates(samples: Sequence[dict]) -> dict[str, float]:
+    """Tokens/s per suite over a trial's requests, pooled; from the requests, so a pruned trial (and a
+    simulated replay's) has them too."""
+    suites = {s["suite"] for s in samples if s.get("suite") and s.get("tokens_per_second")}
+    return {
+        suite: pooled_from_rates(s for s in samples if s.get("suite") == suite) for suite in sorted(suites)
+    }

@@ -1,0 +1,71 @@
+"""The structured search's planner: which stage proposes the next trial.
+
+Why: an operator's space has thousands of configurations and a trial costs minutes, but it is not a black
+box. Threads and NUMA scale every configuration's decode rate by about the same factor; tokens/s against K
+is unimodal per draft; speculation has an analytic model (``tuner.search.model``) whose two numbers one
+trial measures. TPE ignores all of it and needs 60-75 trials on such a space; the structured sampler
+(``tuner.search.sampler``) plans each trial from the study's history instead, in stages, each a module of
+``tuner.search.stages`` asked in this order; the first with something new to measure proposes it:
+
+0. ``warm_start``: the winner of an earlier study of the same target and workload on this host.
+1. ``probes``: every draft and n-gram type at K=8, at the baseline's hardware and temperature.
+   ``best_k``: the speculation model fitted per option, the predicted best K of the leading options.
+   ``stacks``: lookup types stacked on the best draft-model configuration, and the stacked length.
+2. ``hardware``: NUMA policies, node and a walk over threads, with the best speculation so far.
+   ``serving`` (several users): slots at the objective's level, then each serving knob walked.
+3. ``experts`` (a MoE target): the expert count walked down to the quality floor.
+   ``temperature``: a walk over temperature from the best, and the best K predicted at each.
+4. ``refinement``: the other options within 3% at their best K, then the incumbent's neighbours.
+
+The value maximised is the study's first objective (tokens/s per request, or with several users e.g.
+``aggregate_tokens_per_second_c8``; a latency objective as its inverse, ``tuner.search.history``): where
+speculation does not pay at the load, the probes measure that and no K is planned for it.
+
+Layout: one module per stage, under ``tuner/search/stages/``, rather than one class, so a reader finds
+"the stacks stage" by its file name and reads it alone; each stage is a function of ``SearchState`` (the
+study's trials and space, ``stages/state.py``), which is built once per planned trial and never changes,
+so the stages share no state but what was measured, and a stage is unit-tested by handing it a history.
+A subpackage, not ``search/stage_*.py``: the nine stages and their two shared modules would otherwise
+outnumber the rest of ``search/``. The order is a tuple here, the one place that says which stage comes
+first.
+
+The plan is a pure function of the stored trials (and the prior stored with the study), so any worker, or
+a resumed study, computes the same next step.
+"""
+
+from __future__ import annotations
+
+from tuner.search.history import PastTrial
+from tuner.search.stages import (
+    best_k,
+    experts,
+    hardware,
+    probes,
+    refinement,
+    serving,
+    stacks,
+    temperature,
+    warm_start,
+)
+from tuner.search.stages.configs import KnobValues
+from tuner.search.stages.state import Proposal, SearchState
+
+STAGES = (warm_start, probes, best_k, stacks, hardware, serving, experts, temperature, refinement)
+
+
+def next_proposal(state: SearchState) -> Proposal | None:
+    """The first stage's proposal, in ``STAGES`` order; None before a baseline or when no stage has one."""
+    if state.baseline is None:
+        return None
+    for stage in STAGES:
+        proposal = stage.propose(state)
+        if proposal is not None:
+            return proposal
+    return None
+
+
+def plan(
+    described: dict[str, list], trials: list[PastTrial], prior: dict | None = None, users: int | None = None
+) -> Proposal | None:
+    """The next trial for a study with this described space (``ResolvedSpace.describe``) and history."""
+    return next_proposal(SearchState(KnobValues(described), trials, prior, users))

@@ -1,0 +1,113 @@
+"""Stage 4, refinement: the other options close to the incumbent, then its unmeasured neighbours.
+
+The other options within 3% of the incumbent's at their best K (predicted, or measured where the model's
+pick lost, as for lookup types, whose missed keys the model does not know); then the neighbours of the
+incumbent: threads (the hardware pair checked again with the final configuration), experts, and line searches
+over K, a stacked lookup's length, the n-gram key and minimum hits. When nothing is left, the fallback
+sampler proposes.
+"""
+
+from __future__ import annotations
+
+from tuner.search.stages.configs import describe_speculation, option_name, option_of
+from tuner.search.stages.state import Proposal, SearchState
+
+CLOSE = 0.97  # another option this close to the incumbent's speedup is measured at its best K
+
+
+def propose(state: SearchState) -> Proposal | None:
+    """Unmeasured neighbours of the incumbent; other options at their best K (predicted, or measured
+    where the model's pick lost), before the hardware pair is checked again."""
+    incumbent = state.overall_best()
+    if incumbent is None:
+        return None
+    params = incumbent.params
+    k = params.get("draft_max")
+    candidates = other_options(state, params) if k is not None else []
+    candidates += neighbours(state, params)
+    if k is not None and state.k_values:
+        step = state.line_step(params)
+        if step is not None:
+            candidates.append(
+                (
+                    {**params, "draft_max": step},
+                    "refinement",
+                    f"K={step}: line search around the best K={k} (tokens/s is unimodal in K)",
+                )
+            )
+    return state.first_new(candidates + size_steps(state, params))
+
+
+def neighbours(state: SearchState, params: dict) -> list[tuple]:
+    """The incumbent at the thread counts and expert counts next to its own."""
+    candidates = []
+    threads = state.knobs.values("threads")
+    if params.get("threads") in threads:
+        i = threads.index(params["threads"])
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(threads):
+                candidates.append(
+                    (
+                        {**params, "threads": threads[j]},
+                        "refinement",
+                        f"threads {threads[j]} with the final configuration (the pair checked again)",
+                    )
+                )
+    experts = state.knobs.values("experts")
+    if params.get("experts") in experts:
+        for e in (params["experts"] - 1, params["experts"] + 1):
+            if e in experts:
+                candidates.append(({**params, "experts": e}, "refinement", f"experts {e} next to the best"))
+    return candidates
+
+
+def other_options(state: SearchState, params: dict) -> list[tuple]:
+    """The other options within 3% of the incumbent's at the start, with the incumbent's other knobs."""
+    option = option_of(params)
+    start = state.start()
+    incumbent_model = state.fit_option(option, start.temperature, start.experts) if option else None
+    candidates = []
+    for other in state.options():
+        model = state.fit_option(other, start.temperature, start.experts)
+        if other == option or model is None or incumbent_model is None:
+            continue
+        k, why = model.best_k(state.k_values), "predicted"
+        theirs, ours = state.alone_at_start(other), state.alone_at_start(option)
+        top = max(theirs, key=lambda r: r.value)
+        if len({r.params.get("draft_max") for r in theirs}) > 1 and top.params.get("draft_max") != k:
+            k, why = (
+                top.params.get("draft_max"),
+                "measured",
+            )  # the model's pick lost (a lookup misses some keys)
+        if model.predict(k) >= CLOSE * incumbent_model.predict(incumbent_model.best_k(state.k_values)) or (
+            why == "measured" and ours and top.value >= CLOSE * max(r.value for r in ours)
+        ):
+            rest = {x: v for x, v in params.items() if x not in ("spec_type", "draft", "draft_max")}
+            candidates.append(
+                (
+                    {**rest, **state.params_for(other, k, {}, None, None)},
+                    "refinement",
+                    f"{option_name(other)} at its {why} best K={k}: {why} within 3%",
+                )
+            )
+    return candidates
+
+
+def size_steps(state: SearchState, params: dict) -> list[tuple]:
+    """Line searches over the n-gram sizes of the incumbent's lookup (alone or stacked)."""
+    steps = []
+    for knob, what in (
+        ("lookup_max", "the stacked lookup's draft length"),
+        ("ngram_key", "the n-gram key length"),
+        ("ngram_min_hits", "the n-gram minimum hits"),
+    ):
+        step = state.line_step(params, knob) if params.get(knob) is not None else None
+        if step is not None:
+            steps.append(
+                (
+                    {**params, knob: step},
+                    "refinement",
+                    f"{what} {step}: line search around the best {params[knob]} with {describe_speculation(params)}",
+                )
+            )
+    return steps

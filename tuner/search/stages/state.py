@@ -1,0 +1,255 @@
+"""What every stage of the structured search reads: the space's values, the study's trials, the baseline.
+
+``SearchState`` is built once per planned trial from the stored history and never changes; each stage
+(``tuner.search.stages``) asks it the same questions: which options are left, what was measured where,
+the best of a family, an option's fitted model, whether a plan is new. ``Proposal`` is a stage's answer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from tuner.search.history import PERMANENT_REASONS, PastTrial
+from tuner.search.model import DraftFit, Point, fit
+from tuner.search.space import suggest
+from tuner.search.stages.configs import (
+    K_PROBE,
+    SIZE_KNOBS,
+    KnobValues,
+    PlannedAnswers,
+    hardware_of,
+    hardware_params,
+    is_stacked,
+    nearest,
+    option_of,
+)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The next trial's configuration, the stage that chose it and why (stored with the trial)."""
+
+    params: dict[str, Any]
+    stage: str
+    reason: str
+
+
+class Start(NamedTuple):
+    """The baseline's hardware (and serving) knobs, temperature and experts: where speculation is fitted."""
+
+    hardware: dict
+    temperature: Any
+    experts: Any
+
+
+class SearchState:
+    """The study's history and space as the stages read them; stateless between planned trials."""
+
+    def __init__(
+        self, knobs: KnobValues, trials: list[PastTrial], prior: dict | None = None, users: int | None = None
+    ):
+        """``users``: the level the objective measures (``aggregate_tokens_per_second_c8``: 8), if any."""
+        self.knobs, self.trials, self.prior, self.users = knobs, trials, prior or {}, users
+        self.resolved = knobs.resolved()
+        self.taken = [
+            r.params
+            for r in trials
+            if r.state != "failed" or r.failure in PERMANENT_REASONS or r.failure is None
+        ]
+        self.k_values = knobs.values("draft_max")
+        self.baseline = next(
+            (r for r in trials if r.role == "baseline" and r.measured and r.feasible), None
+        ) or next((r for r in trials if r.measured and r.params.get("spec_type", "none") == "none"), None)
+
+    # -- plans --------------------------------------------------------------------------------
+
+    def params_for(
+        self, option: tuple | None, k: int | None, hardware: dict, temperature: Any, experts: Any
+    ) -> dict:
+        """A plan speculating with ``option`` at K=``k`` on ``hardware``, ``temperature`` and ``experts``."""
+        params: dict[str, Any] = {}
+        spec, draft = option or ("none", None)
+        if self.knobs.has("spec_type"):
+            params["spec_type"] = spec
+        if spec == "draft-simple":
+            params["draft"] = draft
+        if spec != "none" and self.k_values and k is not None:
+            params["draft_max"] = k
+        if self.knobs.has("temperature") and temperature is not None:
+            params["temperature"] = temperature
+        if self.knobs.has("experts") and experts is not None:
+            params["experts"] = experts
+        params.update(hardware_params(hardware))
+        return params
+
+    def is_new(self, params: dict) -> bool:
+        return not any(
+            all(params.get(k) == v for k, v in t.items()) and len(t) == len(params) for t in self.taken
+        )
+
+    def complete(self, params: dict) -> dict:
+        """The knobs a trial of this plan is asked (the real ``suggest``), at the planned or probe values."""
+        answers = PlannedAnswers(params)
+        suggest(answers, self.resolved)
+        return answers.asked
+
+    def first_new(self, candidates) -> Proposal | None:
+        """The first of (params, stage, reason) whose completed plan was not tried yet."""
+        for params, stage, reason in candidates:
+            params = self.complete(params) if params is not None else None
+            if params is not None and self.is_new(params):
+                return Proposal(params, stage, reason)
+        return None
+
+    def probe_sizes(self, option: tuple) -> dict:
+        """The n-gram sizes an option's probe runs at (none for a draft model without a lookup)."""
+        probe = self.complete(
+            self.params_for(
+                option, nearest(self.k_values, K_PROBE) if self.k_values else None, {}, None, None
+            )
+        )
+        return {k: v for k, v in probe.items() if k in SIZE_KNOBS}
+
+    # -- what was measured --------------------------------------------------------------------
+
+    def start(self) -> Start:
+        params = self.baseline.params
+        return Start(hardware_of(params), params.get("temperature"), params.get("experts"))
+
+    def options(self) -> list[tuple]:
+        """The space's options (each draft model, each other speculative type), but those blamed."""
+        opts = []
+        for spec in self.knobs.values("spec_type"):
+            if spec == "draft-simple":
+                opts.extend(("draft-simple", d) for d in self.knobs.values("draft"))
+            elif spec != "none":
+                opts.append((spec, None))
+        dead = {option_of(r.params) for r in self.trials if r.blamed}
+        return [o for o in opts if o not in dead]
+
+    def measured(self, **match) -> list[PastTrial]:
+        return [r for r in self.trials if r.measured and all(r.params.get(k) == v for k, v in match.items())]
+
+    @staticmethod
+    def best(trials: list[PastTrial]) -> PastTrial | None:
+        """The best feasible trial, completed ones first."""
+        good = [r for r in trials if r.feasible and r.state == "complete"] or [
+            r for r in trials if r.feasible
+        ]
+        return max(good, key=lambda r: r.value, default=None)
+
+    def overall_best(self) -> PastTrial | None:
+        return self.best([r for r in self.trials if r.measured])
+
+    def alone_at_start(self, option: tuple) -> list[PastTrial]:
+        """Measured trials of an option alone (no lookup stacked) at its probe sizes, the baseline's hardware,
+        temperature and experts."""
+        start = self.start()
+        sizes = self.probe_sizes(option)
+        return [
+            r
+            for r in self.measured(**self.params_for(option, None, *start))
+            if not is_stacked(r.params) and all(r.params.get(k) == v for k, v in sizes.items())
+        ]
+
+    def target_alone(self, hardware: dict, experts: Any) -> float | None:
+        """The best completed rate of the target alone at these hardware knobs and experts."""
+        trials = [
+            r
+            for r in self.measured(spec_type="none")
+            if hardware_of(r.params) == hardware
+            and r.params.get("experts") == experts
+            and r.state == "complete"
+        ]
+        return max((r.value for r in trials), default=None)
+
+    def fit_option(self, option: tuple, temperature: Any, experts: Any) -> DraftFit | None:
+        """The option alone at its probe sizes: a stacked lookup's drafts, or other n-gram sizes, are other curves."""
+        points = []
+        sizes = self.probe_sizes(option)
+        for r in self.trials:
+            if (
+                not r.measured
+                or option_of(r.params) != option
+                or r.params.get("temperature") != temperature
+                or r.params.get("experts") != experts
+                or r.acceptance is None
+                or is_stacked(r.params)
+                or any(r.params.get(k) != v for k, v in sizes.items())
+            ):
+                continue
+            base = self.target_alone(hardware_of(r.params), experts)
+            points.append(
+                Point(r.params.get("draft_max") or K_PROBE, r.acceptance, r.value / base if base else None)
+            )
+        return fit(points)
+
+    def family(self, params: dict, *free: str) -> list[PastTrial]:
+        """Measured trials that agree with ``params`` except on K, the n-gram sizes and the ``free`` knobs."""
+        free_set = set(free) | {"draft_max"} | (set(SIZE_KNOBS) - {"lookup"})
+        fixed = {k: v for k, v in params.items() if k not in free_set}
+        return [
+            r
+            for r in self.trials
+            if r.measured
+            and all(r.params.get(k) == v for k, v in fixed.items())
+            and all(k in fixed or k in free_set for k in r.params)
+        ]
+
+    def lossless(self, params: dict, knob: str) -> list[PastTrial]:
+        """Measured trials with any speculation at ``params``' temperature and experts but ``knob``: speculative
+        decoding keeps the target's output distribution, so their quality tells where ``knob`` falls below the floor."""
+        same = {k: params.get(k) for k in ("temperature", "experts") if k != knob}
+        return [
+            r
+            for r in self.trials
+            if r.measured
+            and r.params.get(knob) is not None
+            and all(r.params.get(k) == v for k, v in same.items())
+        ]
+
+    def line_step(self, params: dict, knob: str = "draft_max", grow: float = 1.5) -> int | None:
+        """Next value of a unimodal line search over an integer knob (K, a lookup's length, the n-gram key):
+        extend past an edge by ``grow``, else halve the wider gap around the best, until the gaps are within 10%."""
+        values = self.knobs.values(knob)
+        fixed = {k: v for k, v in params.items() if k != knob}
+        by_value: dict[int, float] = {}
+        for r in self.trials:
+            if (
+                r.measured
+                and r.feasible
+                and r.params.get(knob) is not None
+                and all(r.params.get(k) == v for k, v in fixed.items())
+                and set(r.params) <= set(params)
+            ):
+                by_value[r.params[knob]] = max(by_value.get(r.params[knob], 0.0), r.value)
+        tried = sorted(by_value)
+        if not tried or not values:
+            return None
+        best = max(tried, key=lambda k: by_value[k])
+        i = tried.index(best)
+        left = tried[i - 1] if i > 0 else None
+        right = tried[i + 1] if i + 1 < len(tried) else None
+        for step in _steps(best, left, right, values[0], values[-1], grow):
+            step = nearest(values, step)
+            if step not in by_value:
+                return step
+        return None
+
+
+def _steps(best: int, left: int | None, right: int | None, lo: int, hi: int, grow: float) -> list[int]:
+    """A line search's next values around ``best``, the wider gap first: past an unmeasured edge by ``grow``,
+    else the middle of a gap wider than 10% of ``best``."""
+    tol = max(1, round(0.1 * best))
+    options = []
+    if right is None and best < hi:
+        options.append((math.inf, min(hi, max(best + 1, round(best * grow)))))
+    elif right is not None and right - best > tol:
+        options.append((right - best, (best + right) // 2 if (best + right) // 2 != best else best + 1))
+    if left is None and best > lo:
+        options.append((math.inf, max(lo, min(best - 1, round(best / grow)))))
+    elif left is not None and best - left > tol:
+        options.append((best - left, (best + left + 1) // 2 if (best + left + 1) // 2 != best else best - 1))
+    return [k for _, k in sorted(options, key=lambda x: -x[0])]

@@ -1,0 +1,92 @@
+"""Stage 3b, the temperature: a unimodal walk from the best configuration, and the best K at each.
+
+Acceptance changes with the temperature, so the best configuration's neighbours in temperature are
+measured until the rate falls or quality does (a temperature below the quality floor, with any option, rules
+out the hotter ones: ``SearchState.lossless``); then, for each temperature measured close to the best, the
+K the speculation model predicts from its acceptance there and the draft cost fitted at the start.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tuner.search.history import PastTrial
+from tuner.search.model import DraftFit, Point
+from tuner.search.stages.configs import is_stacked, option_of
+from tuner.search.stages.state import Proposal, SearchState
+
+
+def propose(state: SearchState) -> Proposal | None:
+    """The temperatures next to the best not measured yet, then the best K predicted for each measured one."""
+    temperatures = sorted(state.knobs.values("temperature"))
+    incumbent = state.overall_best()
+    if len(temperatures) < 2 or incumbent is None or not option_of(incumbent.params):
+        return None
+    found = state.first_new(neighbours(state, incumbent, temperatures))
+    if found or not state.k_values or is_stacked(incumbent.params):  # a stack's acceptance mixes two sources
+        return found
+    return best_k_per_temperature(state, incumbent)
+
+
+def neighbours(state: SearchState, incumbent: PastTrial, temperatures: list) -> list[tuple]:
+    """The incumbent at the temperatures next to its own, below the first one found infeasible."""
+    params = incumbent.params
+    walked = state.family(params, "temperature")
+    hot = min(
+        (
+            r.params.get("temperature")
+            for r in walked + state.lossless(params, "temperature")
+            if not r.feasible
+        ),
+        default=math.inf,
+    )
+    seen = {r.params.get("temperature") for r in walked}
+    best = params.get("temperature")
+    i = temperatures.index(best) if best in temperatures else 0
+    return [
+        (
+            {**params, "temperature": t},
+            "speculation",
+            f"temperature {t} next to the best so far ({best}) with the best configuration "
+            f"(acceptance changes with it)",
+        )
+        for t in temperatures[max(0, i - 1) : i + 2]
+        if t < hot and t not in seen
+    ]
+
+
+def best_k_per_temperature(state: SearchState, incumbent: PastTrial) -> Proposal | None:
+    """At each other temperature measured within 5% of the best: the K predicted from its acceptance there
+    with the draft cost fitted at the start, where it gains over 1% and could come within 1% of the best."""
+    params = incumbent.params
+    start = state.start()
+    at_start = state.fit_option(option_of(params), start.temperature, start.experts)
+    if at_start is None:
+        return None
+    family = state.family(params, "temperature", "experts")
+    top = max((r.value for r in family if r.feasible), default=0.0)
+    measured = [
+        r
+        for r in family
+        if r.feasible
+        and r.acceptance
+        and r.params.get("experts") == params.get("experts")
+        and r.params.get("temperature") != start.temperature
+        and r.value >= 0.95 * top
+    ]
+    candidates = []
+    for r in sorted(measured, key=lambda r: -r.value):
+        k_measured = r.params.get("draft_max")
+        model = DraftFit((Point(k_measured, r.acceptance, None),), at_start.c)
+        k = model.best_k(state.k_values)
+        gain = model.predict(k) / model.predict(k_measured)
+        if gain > 1.01 and r.value * gain > incumbent.value * 0.99:
+            candidates.append(
+                (
+                    {**r.params, "draft_max": k},
+                    "speculation",
+                    f"predicted best K={k} at temperature {r.params.get('temperature')} "
+                    f"from {model.describe()}: +{gain - 1:.0%}",
+                )
+            )
+    return state.first_new(candidates)
