@@ -23,8 +23,9 @@ import re
 import threading
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
-from tuner.measurement.runner import LlamaServer
+from tuner.measurement.runner import Completion, LlamaServer
 from tuner.measurement.workload import Prompt
 
 # What a study can optimise or bound at a concurrency level; latencies are in milliseconds.
@@ -154,35 +155,47 @@ def run_level(
                 return
             sent = time.monotonic()
             try:
-                c = (  # a conversation's users send its first request
-                    server.chat(
-                        prompt.conversation(), n_predict, temperature, seed, extra={"ignore_eos": True}
-                    )
-                    if prompt.chat
-                    else server.complete(
-                        prompt.text, n_predict, temperature, seed, extra={"ignore_eos": True}
-                    )
-                )
+                c = _send(server, prompt, n_predict, temperature, seed)
             except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
                 failures.append(err)
                 stop.set()
                 return
-            done.append(
-                LoadRequest(
-                    users,
-                    index,
-                    prompt.id,
-                    c.predicted_n,
-                    c.predicted_ms,
-                    c.prompt_n,
-                    c.prompt_ms,
-                    c.wall_ms,
-                    1000.0 * (sent - started),
-                    c.draft_n,
-                    c.draft_n_accepted,
-                )
-            )
+            done.append(_load_request(users, index, prompt, c, 1000.0 * (sent - started)))
 
+    _run_clients(users, client)
+    if failures:
+        raise failures[0]
+    return Level(users, tuple(sorted(done, key=lambda r: r.start_ms)), time.monotonic() - started)
+
+
+def _send(server: LlamaServer, prompt: Prompt, n_predict: int, temperature: float, seed: int) -> Completion:
+    """One request that generates all ``n_predict`` tokens (``ignore_eos``), so the clients stay in step."""
+    return (  # a conversation's users send its first request
+        server.chat(prompt.conversation(), n_predict, temperature, seed, extra={"ignore_eos": True})
+        if prompt.chat
+        else server.complete(prompt.text, n_predict, temperature, seed, extra={"ignore_eos": True})
+    )
+
+
+def _load_request(users: int, client: int, prompt: Prompt, c: Completion, start_ms: float) -> LoadRequest:
+    """The request as its client and the server saw it: the server's timings, the client's clock."""
+    return LoadRequest(
+        users,
+        client,
+        prompt.id,
+        c.predicted_n,
+        c.predicted_ms,
+        c.prompt_n,
+        c.prompt_ms,
+        c.wall_ms,
+        start_ms,
+        c.draft_n,
+        c.draft_n_accepted,
+    )
+
+
+def _run_clients(users: int, client: Callable[[int], None]) -> None:
+    """One thread per user, all started before any is awaited, so the level's users are at once."""
     threads = [
         threading.Thread(target=client, args=(i,), name=f"load-{users}-{i}", daemon=True)
         for i in range(users)
@@ -191,9 +204,6 @@ def run_level(
         thread.start()
     for thread in threads:
         thread.join()
-    if failures:
-        raise failures[0]
-    return Level(users, tuple(sorted(done, key=lambda r: r.start_ms)), time.monotonic() - started)
 
 
 def run_levels(

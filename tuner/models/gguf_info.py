@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import UserError
-from tuner.models.gguf_cache import read_header
-from tuner.models.gguf_header import Vocab
 from tuner.knobs.registry import ANNOUNCED_TYPES
+from tuner.models.gguf_cache import read_header
+from tuner.models.gguf_header import Header, Vocab
 
 # common/speculative.cpp of the pinned llama.cpp.
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
@@ -186,84 +186,125 @@ class Compatibility:
     warnings: tuple[str, ...] = ()
 
 
+class _Metadata:
+    """A header's metadata read key by key, each wrong type a one-line UserError naming the file."""
+
+    def __init__(self, path: Path, header: Header):
+        self.path, self.header = path, header
+
+    def value(self, key: str) -> Any:
+        if key in self.header.array_keys:
+            raise UserError(f"{self.path}: metadata {key} is an array, expected a single value")
+        return self.header.metadata.get(key)
+
+    def integer(self, key: str) -> int | None:
+        raw = self.value(key)
+        if raw is None:
+            return None
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise UserError(f"{self.path}: metadata {key} is {raw!r}, expected an integer")
+        return raw
+
+
+@dataclass(frozen=True)
+class _Tokenizer:
+    """The vocab and its special tokens as the pinned llama.cpp loads them."""
+
+    model: str
+    pre: str | None
+    type: str
+    vocab: Vocab
+    bos: int | None
+    eos: int | None
+    add_bos: bool
+    add_eos: bool
+
+
 def read_model_info(path: str | Path) -> ModelInfo:
     """Read a GGUF's header (cached); any unreadable or malformed file is a one-line UserError."""
     path = Path(path)
     header = read_header(path)
-
-    def value(key: str) -> Any:
-        if key in header.array_keys:
-            raise UserError(f"{path}: metadata {key} is an array, expected a single value")
-        return header.metadata.get(key)
-
-    def integer(key: str) -> int | None:
-        raw = value(key)
-        if raw is None:
-            return None
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise UserError(f"{path}: metadata {key} is {raw!r}, expected an integer")
-        return raw
-
-    arch = value("general.architecture")
-    if not isinstance(arch, str) or not arch:
-        raise UserError(f"{path}: no general.architecture key; not a llama.cpp model GGUF")
-    vocab_model = value("tokenizer.ggml.model")
-    if vocab_model is None:
-        raise UserError(f"{path}: no tokenizer.ggml.model key; llama.cpp cannot load it as a model")
-    if vocab_model not in _TOKENIZERS:
-        raise UserError(
-            f"{path}: unknown tokenizer.ggml.model {vocab_model!r}; the pinned llama.cpp refuses to load it"
-        )
-    vocab_type, bos, eos, add_bos, add_eos = _TOKENIZERS[vocab_model]
-    vocab_pre = value("tokenizer.ggml.pre")
-    if vocab_model == "gemma4":
-        vocab_pre = "gemma4"  # llama.cpp overrides the pre-tokenizer for this model
-
-    vocab = _vocab(path, header.vocab, vocab_type, integer(f"{arch}.vocab_size"))
-    if vocab_type == "BPE" and vocab_pre in _BPE_PRE_ADD_BOS:
-        add_bos = True
-    if vocab_type == "BPE" and vocab_pre in _BPE_PRE_NO_BOS:
-        bos = None
-    if vocab_type != "NONE":  # llama.cpp returns before reading any special-token key
-        bos = _special_id(bos, integer("tokenizer.ggml.bos_token_id"), len(vocab))
-        eos = _special_id(eos, integer("tokenizer.ggml.eos_token_id"), len(vocab))
-        if value("tokenizer.ggml.add_bos_token") is not None:
-            add_bos = bool(value("tokenizer.ggml.add_bos_token"))
-        if value("tokenizer.ggml.add_eos_token") is not None:
-            add_eos = bool(value("tokenizer.ggml.add_eos_token"))
-        if vocab_type == "BPE" and vocab_pre in _PRE_FORCE_ADD_BOS:
-            add_bos = True
-
+    meta = _Metadata(path, header)
+    arch = _architecture(meta)
+    tok = _tokenizer(meta, arch)
     tensor_bytes = header.tensor_bytes
-    block_count = integer(f"{arch}.block_count")
+    block_count = meta.integer(f"{arch}.block_count")
     return ModelInfo(
         path=path,
         file_size_bytes=header.file_size_bytes,
         architecture=arch,
-        name=value("general.name"),
+        name=meta.value("general.name"),
         parameter_count=header.parameter_count,
         weights_bytes=sum(tensor_bytes.values()),
         expert_weights_bytes=header.expert_weights_bytes,
         file_type=header.file_type,
         dominant_tensor_type=max(tensor_bytes, key=tensor_bytes.__getitem__) if tensor_bytes else None,
-        context_length=integer(f"{arch}.context_length"),
+        context_length=meta.integer(f"{arch}.context_length"),
         block_count=block_count,
-        embedding_length=integer(f"{arch}.embedding_length"),
-        vocab_model=vocab_model,
-        vocab_pre=vocab_pre,
-        vocab_type=vocab_type,
-        vocab_size=len(vocab),
-        bos_token_id=bos,
-        eos_token_id=eos,
-        add_bos=add_bos,
-        add_eos=add_eos,
-        expert_count=integer(f"{arch}.expert_count"),
-        expert_used_count=integer(f"{arch}.expert_used_count"),
+        embedding_length=meta.integer(f"{arch}.embedding_length"),
+        vocab_model=tok.model,
+        vocab_pre=tok.pre,
+        vocab_type=tok.type,
+        vocab_size=len(tok.vocab),
+        bos_token_id=tok.bos,
+        eos_token_id=tok.eos,
+        add_bos=tok.add_bos,
+        add_eos=tok.add_eos,
+        expert_count=meta.integer(f"{arch}.expert_count"),
+        expert_used_count=meta.integer(f"{arch}.expert_used_count"),
         recurrent_kind=_recurrent_kind(arch, header.keys),
         speculative_types=_announced_types(arch, block_count, header.spec_tensors),
-        chat_template=template if isinstance(template := value("tokenizer.chat_template"), str) else None,
-        vocab=vocab,
+        chat_template=template
+        if isinstance(template := meta.value("tokenizer.chat_template"), str)
+        else None,
+        vocab=tok.vocab,
     )
+
+
+def _architecture(meta: _Metadata) -> str:
+    """general.architecture: every per-architecture key is named after it; without it, not a model."""
+    arch = meta.value("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise UserError(f"{meta.path}: no general.architecture key; not a llama.cpp model GGUF")
+    return arch
+
+
+def _tokenizer(meta: _Metadata, arch: str) -> _Tokenizer:
+    """The tokenizer model's defaults (``_TOKENIZERS``), then the pre-tokenizer's and the GGUF's own keys,
+    in llama_vocab::impl::load's order: draft compatibility compares exactly these."""
+    vocab_model = meta.value("tokenizer.ggml.model")
+    if vocab_model is None:
+        raise UserError(f"{meta.path}: no tokenizer.ggml.model key; llama.cpp cannot load it as a model")
+    if vocab_model not in _TOKENIZERS:
+        raise UserError(
+            f"{meta.path}: unknown tokenizer.ggml.model {vocab_model!r}; the pinned llama.cpp refuses to load it"
+        )
+    vocab_type, bos, eos, add_bos, add_eos = _TOKENIZERS[vocab_model]
+    vocab_pre = meta.value("tokenizer.ggml.pre")
+    if vocab_model == "gemma4":
+        vocab_pre = "gemma4"  # llama.cpp overrides the pre-tokenizer for this model
+
+    vocab = _vocab(meta.path, meta.header.vocab, vocab_type, meta.integer(f"{arch}.vocab_size"))
+    if vocab_type == "BPE" and vocab_pre in _BPE_PRE_ADD_BOS:
+        add_bos = True
+    if vocab_type == "BPE" and vocab_pre in _BPE_PRE_NO_BOS:
+        bos = None
+    tok = _Tokenizer(vocab_model, vocab_pre, vocab_type, vocab, bos, eos, add_bos, add_eos)
+    return _special_tokens(meta, tok) if vocab_type != "NONE" else tok
+
+
+def _special_tokens(meta: _Metadata, tok: _Tokenizer) -> _Tokenizer:
+    """The GGUF's BOS/EOS ids and add flags over the defaults (llama.cpp reads none for a vocab-less model)."""
+    bos = _special_id(tok.bos, meta.integer("tokenizer.ggml.bos_token_id"), len(tok.vocab))
+    eos = _special_id(tok.eos, meta.integer("tokenizer.ggml.eos_token_id"), len(tok.vocab))
+    add_bos, add_eos = tok.add_bos, tok.add_eos
+    if meta.value("tokenizer.ggml.add_bos_token") is not None:
+        add_bos = bool(meta.value("tokenizer.ggml.add_bos_token"))
+    if meta.value("tokenizer.ggml.add_eos_token") is not None:
+        add_eos = bool(meta.value("tokenizer.ggml.add_eos_token"))
+    if tok.type == "BPE" and tok.pre in _PRE_FORCE_ADD_BOS:
+        add_bos = True
+    return replace(tok, bos=bos, eos=eos, add_bos=add_bos, add_eos=add_eos)
 
 
 def check_draft_compatibility(target: ModelInfo, draft: ModelInfo) -> Compatibility:
