@@ -1,0 +1,333 @@
+"""The structured search's stages one by one, on hand-written histories (no study, no replay).
+
+Each stage module of ``tuner.search.stages`` is handed a ``SearchState`` built from a few ``PastTrial``s
+and asked for its proposal: what it proposes first, and when it has nothing to propose. The whole
+sampler on simulated studies is tests/test_search.py's.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from tuner.measurement.failures import FailureReason
+from tuner.search import planner
+from tuner.search.history import PastTrial
+from tuner.search.model import Point, fit, measured_acceptance, speedup
+from tuner.search.stages import (
+    best_k,
+    experts,
+    hardware,
+    probes,
+    refinement,
+    serving,
+    stacks,
+    temperature,
+    warm_start,
+)
+from tuner.search.stages.configs import KnobValues, describe_speculation, option_of
+from tuner.search.stages.state import SearchState
+
+SPACE = {
+    "spec_type": ["Choices", {"values": ["none", "draft-simple", "ngram-simple"]}],
+    "draft": ["Choices", {"values": ["small"]}],
+    "draft_max": ["IntRange", {"low": 1, "high": 32, "step": 1, "log": False}],
+    "temperature": ["Choices", {"values": [0.0, 0.5, 1.0]}],
+    "numa": ["Choices", {"values": ["none", "interleave"]}],
+    "threads": ["IntRange", {"low": 8, "high": 32, "step": 8, "log": False}],
+}
+STACK_SPACE = {
+    **SPACE,
+    "lookup": ["Choices", {"values": ["none", "ngram-simple"]}],
+    "lookup_max": ["IntRange", {"low": 1, "high": 64, "step": 1, "log": False}],
+}
+START = {"temperature": 0.0, "numa": "none", "threads": 16}
+BASE = {"spec_type": "none", **START}
+DRAFT = {"spec_type": "draft-simple", "draft": "small", "draft_max": 8, **START}
+NGRAM = {"spec_type": "ngram-simple", "draft_max": 8, **START}
+
+
+def past(params: dict, value: float, acceptance: float | None = None, **fields) -> PastTrial:
+    """A completed, feasible trial unless ``fields`` say otherwise."""
+    defaults = dict(state="complete", feasible=True, failure=None, role="search", suites={})
+    return PastTrial(dict(params), value=value, acceptance=acceptance, **{**defaults, **fields})
+
+
+def baseline(value: float = 10.0, **params) -> PastTrial:
+    return past({**BASE, **params}, value, role="baseline")
+
+
+def drafted(a: float, c: float, k: int = 8, base: float = 10.0, **params) -> PastTrial:
+    """A speculative trial whose rate and acceptance follow the model at acceptance ``a`` and cost ``c``."""
+    return past({**DRAFT, "draft_max": k, **params}, base * speedup(a, c, k), measured_acceptance(a, k))
+
+
+def state_of(*trials: PastTrial, space: dict | None = None, **kwargs) -> SearchState:
+    return SearchState(KnobValues(space or SPACE), list(trials), **kwargs)
+
+
+# -- the planner -------------------------------------------------------------------------------
+
+
+def test_the_planner_asks_the_stages_in_order_and_takes_the_first_proposal(monkeypatch):
+    asked = []
+
+    def stage(name, answer=None):
+        return SimpleNamespace(propose=lambda state: asked.append(name) or answer)
+
+    monkeypatch.setattr(planner, "STAGES", (stage("a"), stage("b", "from b"), stage("c", "from c")))
+    assert planner.next_proposal(state_of(baseline())) == "from b" and asked == ["a", "b"]
+    assert planner.next_proposal(state_of()) is None  # nothing planned before a baseline is measured
+
+
+def test_every_stage_is_a_documented_module_in_the_search_order():
+    assert planner.STAGES == (
+        warm_start,
+        probes,
+        best_k,
+        stacks,
+        hardware,
+        serving,
+        experts,
+        temperature,
+        refinement,
+    )
+    for stage in planner.STAGES:
+        assert stage.__doc__ and stage.propose.__doc__, stage.__name__
+
+
+def test_plan_reads_a_described_space():
+    proposal = planner.plan(SPACE, [baseline()])
+    assert proposal.stage == "speculation" and proposal.params == DRAFT
+
+
+# -- what every stage reads ------------------------------------------------------------------------
+
+
+def test_knob_values_walk_choices_steps_and_a_few_points_of_a_float_range():
+    knobs = KnobValues(
+        {
+            **SPACE,
+            "ubatch": ["IntRange", {"low": 1, "high": 4096, "step": 1, "log": True}],
+            "draft_p_min": ["FloatRange", {"low": 0.0, "high": 1.0, "step": None, "log": False}],
+        }
+    )
+    assert knobs.values("threads") == [8, 16, 24, 32] and knobs.values("temperature") == [0.0, 0.5, 1.0]
+    assert len(knobs.values("ubatch")) == 17 and knobs.values("ubatch")[-1] == 4096  # log-spaced
+    assert knobs.values("draft_p_min") == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert knobs.values("experts") == [] and not knobs.has("experts")
+
+
+def test_a_plan_is_completed_with_exactly_the_knobs_a_trial_of_it_asks():
+    state = state_of(baseline())
+    assert state.complete({"spec_type": "none", "draft_max": 4, **START}) == BASE  # no K without speculation
+    # a knob the plan leaves open is asked at its probe value, or left to the fallback sampler (no probe K)
+    assert "draft_max" not in state.complete({"spec_type": "draft-simple", "draft": "small", **START})
+    stack_space = state_of(baseline(), space=STACK_SPACE)
+    assert stack_space.complete(DRAFT) == {**DRAFT, "lookup": "none"}  # no lookup stacked unless planned
+    assert "threads" not in state.complete({**DRAFT, "threads": 12})  # outside the domain: the fallback's
+
+
+def test_the_line_search_extends_past_an_edge_then_halves_the_wider_gap():
+    k8 = drafted(0.8, 0.05, 8)
+    state = state_of(baseline(), k8)
+    assert state.line_step(DRAFT) == 12  # past the unmeasured upper edge by 1.5
+    state = state_of(
+        baseline(), k8, past({**DRAFT, "draft_max": 12}, 1.0), past({**DRAFT, "draft_max": 5}, 1.0)
+    )
+    assert state.line_step(DRAFT) == 10  # between 8 and 12 (the wider gap), not 6 or 7
+
+
+def test_options_blamed_for_a_permanent_failure_are_dropped():
+    failed = past(NGRAM, None, state="failed", failure=FailureReason.LAUNCH_FAILED.value)
+    assert state_of(baseline(), failed).options() == [("draft-simple", "small")]
+    retried = past(NGRAM, None, state="failed", failure="timeout")
+    assert ("ngram-simple", None) in state_of(baseline(), retried).options()
+
+
+def test_describe_speculation_names_a_stack_and_its_sizes():
+    params = {**DRAFT, "draft_max": 24, "lookup": "ngram-mod", "ngram_key": 4, "lookup_max": 32}
+    assert describe_speculation(params) == "draft small K=24 + ngram-mod (key 4, lookup max 32)"
+    assert describe_speculation(BASE) == "the target alone" and option_of(BASE) is None
+
+
+# -- stage 0 and 1: warm start, probes, the model's K -----------------------------------------------
+
+
+def test_warm_start_tries_the_earlier_winner_once():
+    prior = {
+        "params": DRAFT,
+        "study": "old",
+        "trial": 3,
+        "tokens_per_second": 20.0,
+        "same_target": True,
+        "same_workload": True,
+    }
+    proposal = warm_start.propose(state_of(baseline(), prior=prior))
+    assert proposal.stage == "warm start" and proposal.params == DRAFT and "study old" in proposal.reason
+    assert warm_start.propose(state_of(baseline(), past(DRAFT, 20.0), prior=prior)) is None
+    assert warm_start.propose(state_of(baseline())) is None
+
+
+def test_probes_measure_each_option_once_at_k8_at_the_start():
+    first = probes.propose(state_of(baseline()))
+    assert first.params == DRAFT and first.reason.startswith("probe draft small at K=8")
+    second = probes.propose(state_of(baseline(), drafted(0.8, 0.05)))
+    assert second.params == NGRAM
+    elsewhere = drafted(0.8, 0.05, threads=32)  # measured at other hardware: not the start's probe
+    assert probes.propose(state_of(baseline(), elsewhere)).params == DRAFT
+    assert probes.propose(state_of(baseline(), drafted(0.8, 0.05), past(NGRAM, 9.0, 0.1))) is None
+
+
+def test_best_k_measures_the_leaders_predicted_k_and_not_an_option_that_does_not_pay():
+    probe = drafted(0.9, 0.05)
+    no_pay = past(NGRAM, 3.0, 0.01)  # drafts little and costs much
+    proposal = best_k.propose(state_of(baseline(), probe, no_pay))
+    expected = fit([Point(8, probe.acceptance, probe.value / 10.0)]).best_k(range(1, 33))
+    assert expected != 8 and proposal.params == {**DRAFT, "draft_max": expected}
+    assert proposal.reason.startswith(f"predicted best K={expected} for draft small")
+    ranked = best_k.ranked_options(state_of(baseline(), probe, no_pay))
+    assert [r[1] for r in ranked] == [("draft-simple", "small"), ("ngram-simple", None)]
+    assert ranked[1][0] < 1.0  # the n-gram type is predicted slower than the target alone: no K for it
+    slow = drafted(0.2, 0.5)
+    assert best_k.propose(state_of(baseline(), slow, no_pay)) is None
+
+
+# -- stacks ------------------------------------------------------------------------------------------
+
+SUITES = {"code": 10.0, "prose": 10.0}
+
+
+def test_stacks_put_a_lookup_that_paid_on_some_suite_on_the_best_draft():
+    base = past(BASE, 10.0, role="baseline", suites=SUITES)
+    draft = past({**DRAFT, "lookup": "none"}, 20.0, 0.7, suites={"code": 20.0, "prose": 20.0})
+    lookup = past(NGRAM, 12.0, 0.4, suites={"code": 15.0, "prose": 9.0})
+    proposal = stacks.propose(state_of(base, draft, lookup, space=STACK_SPACE))
+    assert proposal.stage == "stacks"
+    assert proposal.params == {**DRAFT, "lookup": "ngram-simple", "lookup_max": 8}  # its K alone, stacked
+    assert "faster on code" in proposal.reason
+    stacked = past(proposal.params, 25.0, 0.8)
+    longer = stacks.propose(state_of(base, draft, lookup, stacked, space=STACK_SPACE))
+    assert longer.params["lookup_max"] == 16 and longer.reason.startswith("lookup length 16")  # doubled
+
+
+def test_no_stack_where_the_lookup_paid_on_no_suite_or_the_draft_does_not_pay():
+    base = past(BASE, 10.0, role="baseline", suites=SUITES)
+    draft = past({**DRAFT, "lookup": "none"}, 20.0, 0.7, suites={"code": 20.0, "prose": 20.0})
+    chat = past(NGRAM, 10.0, 0.1, suites={"code": 10.2, "prose": 9.8})
+    assert stacks.propose(state_of(base, draft, chat, space=STACK_SPACE)) is None
+    slow_draft = past({**DRAFT, "lookup": "none"}, 9.0, 0.2, suites={"code": 9.0, "prose": 9.0})
+    paying = past(NGRAM, 12.0, 0.4, suites={"code": 15.0, "prose": 9.0})
+    assert stacks.propose(state_of(base, slow_draft, paying, space=STACK_SPACE)) is None
+    assert stacks.pays_on(state_of(base, space=STACK_SPACE), paying) == ["code"]
+
+
+# -- hardware and serving ----------------------------------------------------------------------------
+
+
+def test_hardware_probes_the_policies_then_walks_threads_on_the_best():
+    draft = past(DRAFT, 20.0, 0.7)
+    first = hardware.propose(state_of(baseline(), draft))
+    assert first.params == {**DRAFT, "numa": "interleave"} and first.reason.startswith("NUMA interleave with")
+    interleaved = past({**DRAFT, "numa": "interleave"}, 22.0, 0.7)
+    walk = hardware.propose(state_of(baseline(), draft, interleaved))
+    assert walk.params == {**DRAFT, "numa": "interleave", "threads": 8}
+    assert "next to the best so far (16) with NUMA interleave" in walk.reason
+
+
+def test_hardware_tries_the_prior_pair_first_and_trusts_its_policy_when_it_leads():
+    prior = {
+        "hardware": {"numa": "interleave", "threads": 24},
+        "study": "old",
+        "trial": 7,
+        "tokens_per_second": 30.0,
+        "same_target": False,
+    }
+    draft = past(DRAFT, 20.0, 0.7)
+    first = hardware.propose(state_of(baseline(), draft, prior=prior))
+    assert (
+        first.params == {**DRAFT, "numa": "interleave", "threads": 24} and "best on this host" in first.reason
+    )
+    pair = past({**DRAFT, "numa": "interleave", "threads": 24}, 25.0, 0.7)
+    after = hardware.propose(state_of(baseline(), draft, pair, prior=prior))
+    assert after.params["numa"] == "interleave" and after.params["threads"] == 16  # no NUMA none probe
+
+
+SERVING_SPACE = {**SPACE, "parallel": ["Choices", {"values": [1, 2, 4, 8, 16]}]}
+
+
+def test_serving_tries_the_slots_at_the_objectives_level_first_then_walks():
+    base = baseline(parallel=1)
+    draft = past({**DRAFT, "parallel": 1}, 20.0, 0.7)
+    first = serving.propose(state_of(base, draft, space=SERVING_SPACE, users=8))
+    assert first.params["parallel"] == 8 and first.reason.startswith("8 slots for 8 users")
+    at8 = past({**DRAFT, "parallel": 8}, 60.0, 0.7)
+    walk = serving.propose(state_of(base, draft, at8, space=SERVING_SPACE, users=8))
+    assert walk.params["parallel"] == 4  # the neighbours of the best (8): 4, then 16
+    at4, at16 = past({**DRAFT, "parallel": 4}, 40.0, 0.7), past({**DRAFT, "parallel": 16}, 55.0, 0.7)
+    assert serving.propose(state_of(base, draft, at8, at4, at16, space=SERVING_SPACE, users=8)) is None
+
+
+# -- experts and temperature -------------------------------------------------------------------------
+
+MOE_SPACE = {**SPACE, "experts": ["IntRange", {"low": 1, "high": 8, "step": 1, "log": False}]}
+
+
+def test_experts_bisect_down_to_the_quality_floor_and_ask_if_speculation_still_pays():
+    base = baseline(experts=8)
+    draft = past({**DRAFT, "experts": 8}, 20.0, 0.7)
+    first = experts.propose(state_of(base, draft, space=MOE_SPACE))
+    assert first.params["experts"] == 4 and "feasible down to 8" in first.reason
+    below = past({**DRAFT, "experts": 4}, 30.0, 0.7, feasible=False)
+    second = experts.propose(state_of(base, draft, below, space=MOE_SPACE))
+    assert second.params["experts"] == 6 and "not at 4" in second.reason
+    at_floor = [past({**DRAFT, "experts": e}, 20.0 + e, 0.7, feasible=e > 6) for e in (6, 7)]
+    last = experts.propose(state_of(base, draft, below, *at_floor, space=MOE_SPACE))
+    assert last.params == {**BASE, "experts": 7} and "does speculation still pay" in last.reason  # 6 < 7
+
+
+def test_temperature_walks_to_the_neighbours_until_quality_falls():
+    draft = past(DRAFT, 20.0, 0.7)
+    first = temperature.propose(state_of(baseline(), draft))
+    assert first.params == {**DRAFT, "temperature": 0.5} and first.stage == "speculation"
+    too_hot = past({**DRAFT, "temperature": 0.5}, 25.0, 0.7, feasible=False)
+    assert temperature.propose(state_of(baseline(), draft, too_hot)) is None  # and 1.0 is hotter still
+
+
+def test_temperature_predicts_the_best_k_where_acceptance_moved():
+    probe = drafted(0.8, 0.05)
+    warm = past({**DRAFT, "temperature": 0.5}, probe.value * 1.2, measured_acceptance(0.9, 8))
+    hot = past({**DRAFT, "temperature": 1.0}, 1.0, 0.1, feasible=False)
+    proposal = temperature.propose(state_of(baseline(), probe, warm, hot))
+    assert proposal.params["temperature"] == 0.5 and proposal.params["draft_max"] > 8
+    assert proposal.reason.startswith(f"predicted best K={proposal.params['draft_max']} at temperature 0.5")
+
+
+# -- refinement --------------------------------------------------------------------------------------
+
+
+def test_refinement_checks_threads_then_walks_k_around_the_incumbent():
+    space = {**SPACE, "spec_type": ["Choices", {"values": ["none", "draft-simple"]}]}
+    probe = drafted(0.8, 0.05)
+    first = refinement.propose(state_of(baseline(), probe, space=space))
+    assert first.params == {**DRAFT, "threads": 8} and first.stage == "refinement"
+    done = [past({**DRAFT, "threads": t}, 1.0, 0.5) for t in (8, 24)]
+    line = refinement.propose(state_of(baseline(), probe, *done, space=space))
+    assert line.params == {**DRAFT, "draft_max": 12} and "line search around the best K=8" in line.reason
+
+
+def test_refinement_measures_another_option_within_3_percent_at_its_best_k():
+    mine = drafted(0.8, 0.05)
+    close = past(NGRAM, mine.value * 0.99, mine.acceptance)  # the same curve, a little slower
+    proposals = refinement.other_options(state_of(baseline(), mine, close), mine.params)
+    assert len(proposals) == 1 and proposals[0][0]["spec_type"] == "ngram-simple"
+    assert "predicted best K=" in proposals[0][2] and proposals[0][2].endswith("predicted within 3%")
+
+
+def test_from_the_baseline_alone_only_the_walks_on_the_target_itself_propose():
+    """Before any speculative trial, the stages that walk on speculation have nothing to walk on; hardware and
+    refinement walk on the best so far, the target alone."""
+    state = state_of(baseline())
+    for stage in (best_k, stacks, serving, experts, temperature):
+        assert stage.propose(state) is None, stage.__name__
+    assert hardware.propose(state).params == {**BASE, "numa": "interleave"}
+    assert refinement.propose(state).params == {**BASE, "threads": 8}
