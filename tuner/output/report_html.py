@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from tuner.machine.roofline import Roofline
 from tuner.output.analysis import ReportData, break_even, complete, per_type_frame
 from tuner.search.prior import describe as describe_prior
 
@@ -429,21 +430,26 @@ def _empty(text: str) -> str:
 
 
 def summary_table(data: ReportData) -> str:
-    fp, target, build = data.record.fingerprint, data.record.target, data.record.build
+    """The study at a glance, before any figure: what was tuned on what, the trials, the best, and where a
+    warm start and the roofline put it."""
     done = complete(data.trials)
-    best = done[done["feasible"]].sort_values("tokens_per_second", ascending=False).head(1)
-    rows = [
-        (
-            "target",
-            f"{target.get('name') or target.get('path')} ({target.get('architecture')}, "
-            f"{target.get('quantization')}, {(target.get('weights_bytes') or 0) / 1e9:.2f} GB of weights"
-            + (
-                f", {target.get('expert_used_count')} of {target.get('expert_count')} experts"
-                if target.get("is_moe")
-                else ""
-            )
-            + ")",
-        ),
+    rows = _setup_rows(data, done) + _best_rows(done)
+    if data.prior:
+        rows.append(_warm_start_row(data.prior))
+    if data.roofline is not None:
+        rows.append(_roofline_row(data.roofline))
+    return (
+        "<table>"
+        + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+        + "</table>"
+    )
+
+
+def _setup_rows(data: ReportData, done: pd.DataFrame) -> list[tuple[str, str]]:
+    """What the numbers are of: target, machine, build, objectives, quality, trials and the baseline."""
+    fp, build = data.record.fingerprint, data.record.build
+    return [
+        ("target", _target_text(data.record.target)),
         (
             "machine",
             f"{fp.get('cpu_model')}: {fp.get('physical_cores')} cores / {fp.get('logical_cpus')} CPUs, "
@@ -462,39 +468,53 @@ def summary_table(data: ReportData) -> str:
         ),
         ("baseline", f"{_fmt(data.baseline_tokens_per_second, 1)} tokens/s (target alone, greedy)"),
     ]
-    if not best.empty:
-        b = best.iloc[0]
-        rows.append(
-            (
-                "best feasible",
-                f"trial {b['trial']}: {b['tokens_per_second']:.1f} tokens/s, "
-                f"x{_fmt(b['speedup'])} over the baseline",
-            )
-        )
-    if data.prior:
-        reused = [
-            k
-            for k, v in (
-                ("its NUMA policy and threads", data.prior["hardware"]),
-                ("its winner", data.prior["params"]),
-            )
-            if v
-        ]
-        rows.append(("warm start", f"from {describe_prior(data.prior)}: {' and '.join(reused)} tried early"))
-    if data.roofline is not None:
-        r = data.roofline
-        rows.append(
-            (
-                "roofline",
-                f"{r.bandwidth.bytes_per_s / 1e9:.1f} GB/s ({r.bandwidth.note}); "
-                f"{r.bytes_per_token(None) / 1e9:.3f} GB read per token ({r.note}): "
-                f"ceiling {r.tokens_per_second(None):.1f} tokens/s without speculation",
-            )
-        )
+
+
+def _target_text(target: dict) -> str:
+    """The target model: name, architecture, quantization, the weights a token reads, experts if any."""
     return (
-        "<table>"
-        + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
-        + "</table>"
+        f"{target.get('name') or target.get('path')} ({target.get('architecture')}, "
+        f"{target.get('quantization')}, {(target.get('weights_bytes') or 0) / 1e9:.2f} GB of weights"
+        + (
+            f", {target.get('expert_used_count')} of {target.get('expert_count')} experts"
+            if target.get("is_moe")
+            else ""
+        )
+        + ")"
+    )
+
+
+def _best_rows(done: pd.DataFrame) -> list[tuple[str, str]]:
+    """The fastest feasible trial and its speedup, when there is one."""
+    best = done[done["feasible"]].sort_values("tokens_per_second", ascending=False).head(1)
+    if best.empty:
+        return []
+    b = best.iloc[0]
+    return [
+        (
+            "best feasible",
+            f"trial {b['trial']}: {b['tokens_per_second']:.1f} tokens/s, x{_fmt(b['speedup'])} over the baseline",
+        )
+    ]
+
+
+def _warm_start_row(prior: dict) -> tuple[str, str]:
+    """Which earlier study the search started from, and what of it was tried early."""
+    reused = [
+        k
+        for k, v in (("its NUMA policy and threads", prior["hardware"]), ("its winner", prior["params"]))
+        if v
+    ]
+    return ("warm start", f"from {describe_prior(prior)}: {' and '.join(reused)} tried early")
+
+
+def _roofline_row(r: Roofline) -> tuple[str, str]:
+    """The bandwidth ceiling of decode without speculation, to read the speedups against."""
+    return (
+        "roofline",
+        f"{r.bandwidth.bytes_per_s / 1e9:.1f} GB/s ({r.bandwidth.note}); "
+        f"{r.bytes_per_token(None) / 1e9:.3f} GB read per token ({r.note}): "
+        f"ceiling {r.tokens_per_second(None):.1f} tokens/s without speculation",
     )
 
 

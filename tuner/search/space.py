@@ -74,17 +74,48 @@ def resolve_space(
 
     ``announced``: the speculative types the target's GGUF announces (``ModelInfo.speculative_types``).
     """
-    domains = {**raw.concurrent, **raw.domains} if max(concurrency) > 1 else dict(raw.domains)
     notes: list[str] = []
+    domains = _concurrent_domains(raw, concurrency, notes)
+    spec_values = _resolve_spec_types(
+        domains, "spec_type" in raw.from_file, fields, draft_names, target_name, announced, notes
+    )
+    _resolve_drafts(domains, spec_values, fields, draft_names)
+    _resolve_lookup(domains, spec_values, notes)
+    _resolve_experts(domains, fields, expert_used_count, expert_count, notes)
+    _resolve_numa(domains, numa_policies, numa_nodes, notes)
+    _resolve_threads(
+        domains, fields, physical_cores, logical_cpus if raw.allow_smt else physical_cores, raw.allow_smt
+    )
+    defaults = _drop_defaults(domains)
+    return ResolvedSpace(domains, expert_used_count, physical_cores, raw.allow_smt, tuple(notes), defaults)
+
+
+def _concurrent_domains(raw: RawSpace, concurrency: tuple[int, ...], notes: list[str]) -> dict[str, Domain]:
+    """The written domains; the ``concurrent:`` ones (the serving knobs) only where the study measures
+    several users at once, which is what they are written for; dropped with a note otherwise."""
+    domains = {**raw.concurrent, **raw.domains} if max(concurrency) > 1 else dict(raw.domains)
     for knob in CONCURRENT_KNOBS:
         if knob in domains and max(concurrency) == 1:
             domains.pop(knob)
             notes.append(f"{knob}: dropped (the workload has one user at a time: workload.concurrency)")
+    return domains
 
+
+def _resolve_spec_types(
+    domains: dict[str, Domain],
+    from_file: bool,
+    fields: Fields,
+    draft_names: tuple[str, ...],
+    target_name: str,
+    announced: tuple[str, ...],
+    notes: list[str],
+) -> list[str]:
+    """The speculative types this target can run: draft-simple only with drafts, announced types only where
+    announced, and always ``none``, which the baseline trial runs."""
     spec = domains.get("spec_type", Choices(("none",)))
     assert isinstance(spec, Choices)
     spec_values = list(spec.values)
-    _resolve_announced(spec_values, "spec_type" in raw.from_file, fields, target_name, announced, notes)
+    _resolve_announced(spec_values, from_file, fields, target_name, announced, notes)
     if "draft-simple" in spec_values and not draft_names:
         if spec_values == ["draft-simple"]:
             fields.fail(
@@ -96,7 +127,13 @@ def resolve_space(
     if "none" not in spec_values:
         spec_values.insert(0, "none")  # the baseline trial runs without speculation
     domains["spec_type"] = Choices(tuple(spec_values))
+    return spec_values
 
+
+def _resolve_drafts(
+    domains: dict[str, Domain], spec_values: list[str], fields: Fields, draft_names: tuple[str, ...]
+) -> None:
+    """The draft model among the study's drafts, and K only where a type in play drafts K tokens."""
     if "draft-simple" in spec_values:
         wanted = domains.get("draft", Choices(draft_names))
         assert isinstance(wanted, Choices)
@@ -115,8 +152,15 @@ def resolve_space(
     elif "draft_max" not in domains:
         domains["draft_max"] = Choices((3,))  # llama.cpp's own default K
 
-    _resolve_lookup(domains, spec_values, notes)
 
+def _resolve_experts(
+    domains: dict[str, Domain],
+    fields: Fields,
+    expert_used_count: int | None,
+    expert_count: int | None,
+    notes: list[str],
+) -> None:
+    """The active expert count for a mixture-of-experts target, within the model's experts; none for a dense one."""
     if expert_used_count:
         experts = domains.get("experts", IntRange(1, expert_used_count))
         top = max(experts.values) if isinstance(experts, Choices) else experts.high
@@ -131,6 +175,12 @@ def resolve_space(
         domains.pop("experts")
         notes.append("experts: dropped (the target is not a mixture-of-experts model)")
 
+
+def _resolve_numa(
+    domains: dict[str, Domain], numa_policies: tuple[str, ...], numa_nodes: tuple[int, ...], notes: list[str]
+) -> None:
+    """The NUMA policies this topology makes meaningful, always with ``none`` (the baseline's), and the node
+    to bind to where ``bind`` is searched."""
     numa = domains.get("numa", Choices(("none",)))
     assert isinstance(numa, Choices)
     kept = tuple(p for p in numa.values if p in numa_policies)
@@ -144,12 +194,6 @@ def resolve_space(
     domains["numa"] = Choices(kept)
     if "bind" in kept:
         domains["numa_node"] = Choices(numa_nodes)
-
-    _resolve_threads(
-        domains, fields, physical_cores, logical_cpus if raw.allow_smt else physical_cores, raw.allow_smt
-    )
-    defaults = _drop_defaults(domains)
-    return ResolvedSpace(domains, expert_used_count, physical_cores, raw.allow_smt, tuple(notes), defaults)
 
 
 # Knobs a space may fix at llama.cpp's default: then left out, so the command stays llama.cpp's default

@@ -30,7 +30,7 @@ from typing import Callable
 
 import optuna
 from optuna.distributions import distribution_to_json, json_to_distribution
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from tuner.paths import storage_dir
 from tuner.storage import store
@@ -135,48 +135,12 @@ class Journal:
         for entry in entries:
             number = entry["number"]
             original = trials.get(number)
-            if number in replayed or (
-                original is not None and original.state.is_finished() and store.has_record(original)
-            ):
+            if _already_stored(number, original, replayed) or _measured_nothing(entry):
                 self.unstored.discard(number)
                 continue
-            record = json.loads(json.dumps(entry["attrs"][store.TRIAL_RECORD]))
-            if ((record.get("failure") or {}).get("reason")) == "interrupted":
-                self.unstored.discard(number)  # measured nothing
-                continue
-            state = TrialState[entry["state"]]
-            study.add_trial(
-                optuna.trial.create_trial(
-                    state=state,
-                    values=entry["values"] if state == TrialState.COMPLETE else None,
-                    params=entry["params"],
-                    distributions={k: json_to_distribution(d) for k, d in entry["distributions"].items()},
-                    user_attrs=entry["attrs"],
-                    system_attrs={REPLAY_OF: number, "retry_history": [number]},
-                    constraints={"quality_floor": entry["constraint"]}
-                    if entry.get("constraint") is not None
-                    else None,
-                )
-            )
-            new = next(t for t in study.get_trials(deepcopy=False) if t.system_attrs.get(REPLAY_OF) == number)
-            if entry.get("reference") and store.read_reference(study) is None:
-                store.write_reference(study, replace(Reference(**entry["reference"]), trial=new.number))
+            new = _add_replayed(study, entry)
             if original is not None and original.state == TrialState.RUNNING:
-                orphan = store.read_trial(original)
-                store.write_finished_record(
-                    study,
-                    original,
-                    replace(
-                        orphan,
-                        state="FAIL",
-                        failure=Failure(
-                            store.ORPHANED,
-                            f"its process stopped before storing it; its measurement, kept in the "
-                            f"journal, is trial {new.number}",
-                        ),
-                    ),
-                )
-                study.tell(number, state=TrialState.FAIL)
+                _fail_orphan(study, original, new.number)
             self.unstored.discard(number)
             added += 1
             progress(
@@ -185,3 +149,59 @@ class Journal:
             )
         self.settle()
         return added
+
+
+def _already_stored(number: int, original: FrozenTrial | None, replayed: set[int]) -> bool:
+    """Storage has it already: replayed by an earlier run, or finished there with its record."""
+    return number in replayed or (
+        original is not None and original.state.is_finished() and store.has_record(original)
+    )
+
+
+def _measured_nothing(entry: dict) -> bool:
+    """An interrupted trial measured nothing: there is nothing to keep."""
+    record = json.loads(json.dumps(entry["attrs"][store.TRIAL_RECORD]))
+    return ((record.get("failure") or {}).get("reason")) == "interrupted"
+
+
+def _add_replayed(study: optuna.Study, entry: dict) -> FrozenTrial:
+    """The journalled trial as a new finished trial, naming the original (``replay_of``, and in
+    ``retry_history`` so the budget counts it once); the baseline's reference if storage lost it too."""
+    number = entry["number"]
+    state = TrialState[entry["state"]]
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=state,
+            values=entry["values"] if state == TrialState.COMPLETE else None,
+            params=entry["params"],
+            distributions={k: json_to_distribution(d) for k, d in entry["distributions"].items()},
+            user_attrs=entry["attrs"],
+            system_attrs={REPLAY_OF: number, "retry_history": [number]},
+            constraints={"quality_floor": entry["constraint"]}
+            if entry.get("constraint") is not None
+            else None,
+        )
+    )
+    new = next(t for t in study.get_trials(deepcopy=False) if t.system_attrs.get(REPLAY_OF) == number)
+    if entry.get("reference") and store.read_reference(study) is None:
+        store.write_reference(study, replace(Reference(**entry["reference"]), trial=new.number))
+    return new
+
+
+def _fail_orphan(study: optuna.Study, original: FrozenTrial, replacement: int) -> None:
+    """The original, left RUNNING by the process that measured it, fails as orphaned naming its replacement."""
+    orphan = store.read_trial(original)
+    store.write_finished_record(
+        study,
+        original,
+        replace(
+            orphan,
+            state="FAIL",
+            failure=Failure(
+                store.ORPHANED,
+                f"its process stopped before storing it; its measurement, kept in the "
+                f"journal, is trial {replacement}",
+            ),
+        ),
+    )
+    study.tell(original.number, state=TrialState.FAIL)

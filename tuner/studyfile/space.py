@@ -20,67 +20,85 @@ from tuner.studyfile.validate import Fields
 
 def parse_domain(fields: Fields, knob: str) -> Domain:
     """One knob's domain from YAML: scalar, list of choices, or {low, high, step, log}."""
-    kind = KNOB_TYPES[knob]
     value = fields.raw(knob)
-
-    def check(v: Any, where: str) -> Any:
-        if knob in ("flash_attn", "mmap", "mlock") and isinstance(v, bool):
-            v = "on" if v else "off"  # YAML reads a bare on/off as a boolean
-        ok = isinstance(v, kind) and not isinstance(v, bool)
-        if kind is float and isinstance(v, int) and not isinstance(v, bool):
-            ok, v = True, float(v)
-        if not ok:
-            fields.fail(where, f"expected {kind.__name__} values, got {type(v).__name__} {v!r}")
-        if knob == "spec_type" and v not in SPEC_TYPES:
-            fields.fail(where, f"unknown speculative type {v!r}; use one of {', '.join(SPEC_TYPES)}")
-        if knob == "lookup" and v not in ("none", *LOOKUP_TYPES):
-            fields.fail(where, f"unknown lookup {v!r}; use none or one of {', '.join(LOOKUP_TYPES)}")
-        if knob == "numa" and v not in NUMA_POLICIES:
-            fields.fail(where, f"unknown NUMA policy {v!r}; use one of {', '.join(NUMA_POLICIES)}")
-        if knob == "flash_attn" and v not in FLASH_ATTN:
-            fields.fail(where, f"unknown flash attention mode {v!r}; use one of {', '.join(FLASH_ATTN)}")
-        if knob in ("mmap", "mlock") and v not in ON_OFF:
-            fields.fail(where, f"expected on or off, got {v!r}")
-        if knob in ("cache_type_k", "cache_type_v") and v not in KV_CACHE_TYPES:
-            fields.fail(where, f"unknown KV cache type {v!r}; use one of {', '.join(KV_CACHE_TYPES)}")
-        if knob in ("parallel", "batch", "ubatch") and v < 1:
-            fields.fail(where, f"must be at least 1, got {v}")
-        if knob == "poll" and v > 100:
-            fields.fail(where, f"a polling level is 0..100, got {v}")
-        if kind in (int, float) and v < 0:
-            fields.fail(where, f"must not be negative, got {v}")
-        return v
-
     if isinstance(value, list):
-        if not value:
-            fields.fail(knob, "empty list of choices; give at least one value")
-        values = tuple(check(v, f"{knob}[{i}]") for i, v in enumerate(value))
-        if len(set(values)) != len(values):
-            fields.fail(knob, "duplicate choices; list each value once")
-        return Choices(values)
+        return _choices(fields, knob, value)
     if isinstance(value, dict):
-        if kind is str:
-            fields.fail(knob, "a range makes no sense here; give a list of choices")
-        sub = Fields(fields.file, value, fields.name(knob))
-        low = check(sub.raw("low"), f"{knob}.low")
-        high = check(sub.raw("high"), f"{knob}.high")
-        log = sub.bool("log", False)
-        step = sub.raw("step", None)
-        sub.done()
-        if low > high:
-            fields.fail(knob, f"empty range: low {low} > high {high}; swap them")
-        if log and low <= 0:
-            fields.fail(knob, "a log range needs low > 0")
-        if step is not None:
-            step = check(step, f"{knob}.step")
-            if step <= 0:
-                fields.fail(f"{knob}.step", f"must be > 0, got {step}")
-            if log:
-                fields.fail(knob, "step and log cannot be combined (Optuna refuses it); drop one")
-        if kind is int:
-            return IntRange(low, high, step or 1, log)
-        return FloatRange(low, high, step, log)
-    return Choices((check(value, knob),))
+        return _range(fields, knob, value)
+    return Choices((_check(fields, knob, value, knob),))
+
+
+def _choices(fields: Fields, knob: str, value: list) -> Choices:
+    """A list of choices: each value checked where it stands (``knob[i]``), none twice."""
+    if not value:
+        fields.fail(knob, "empty list of choices; give at least one value")
+    values = tuple(_check(fields, knob, v, f"{knob}[{i}]") for i, v in enumerate(value))
+    if len(set(values)) != len(values):
+        fields.fail(knob, "duplicate choices; list each value once")
+    return Choices(values)
+
+
+def _range(fields: Fields, knob: str, value: dict) -> IntRange | FloatRange:
+    """``{low, high, step, log}`` of a numeric knob, refused where Optuna would refuse it later."""
+    kind = KNOB_TYPES[knob]
+    if kind is str:
+        fields.fail(knob, "a range makes no sense here; give a list of choices")
+    sub = Fields(fields.file, value, fields.name(knob))
+    low = _check(fields, knob, sub.raw("low"), f"{knob}.low")
+    high = _check(fields, knob, sub.raw("high"), f"{knob}.high")
+    log = sub.bool("log", False)
+    step = sub.raw("step", None)
+    sub.done()
+    if low > high:
+        fields.fail(knob, f"empty range: low {low} > high {high}; swap them")
+    if log and low <= 0:
+        fields.fail(knob, "a log range needs low > 0")
+    if step is not None:
+        step = _check(fields, knob, step, f"{knob}.step")
+        if step <= 0:
+            fields.fail(f"{knob}.step", f"must be > 0, got {step}")
+        if log:
+            fields.fail(knob, "step and log cannot be combined (Optuna refuses it); drop one")
+    if kind is int:
+        return IntRange(low, high, step or 1, log)
+    return FloatRange(low, high, step, log)
+
+
+def _check(fields: Fields, knob: str, v: Any, where: str) -> Any:
+    """One value of ``knob`` as its type (an int where a float is wanted is one), then within what the
+    knob accepts; an error names ``where`` it is written."""
+    kind = KNOB_TYPES[knob]
+    if knob in ("flash_attn", "mmap", "mlock") and isinstance(v, bool):
+        v = "on" if v else "off"  # YAML reads a bare on/off as a boolean
+    ok = isinstance(v, kind) and not isinstance(v, bool)
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        ok, v = True, float(v)
+    if not ok:
+        fields.fail(where, f"expected {kind.__name__} values, got {type(v).__name__} {v!r}")
+    _check_allowed(fields, knob, kind, v, where)
+    return v
+
+
+def _check_allowed(fields: Fields, knob: str, kind: type, v: Any, where: str) -> None:
+    """The knob's own vocabulary (speculative types, NUMA policies, cache types, ...) and bounds."""
+    if knob == "spec_type" and v not in SPEC_TYPES:
+        fields.fail(where, f"unknown speculative type {v!r}; use one of {', '.join(SPEC_TYPES)}")
+    if knob == "lookup" and v not in ("none", *LOOKUP_TYPES):
+        fields.fail(where, f"unknown lookup {v!r}; use none or one of {', '.join(LOOKUP_TYPES)}")
+    if knob == "numa" and v not in NUMA_POLICIES:
+        fields.fail(where, f"unknown NUMA policy {v!r}; use one of {', '.join(NUMA_POLICIES)}")
+    if knob == "flash_attn" and v not in FLASH_ATTN:
+        fields.fail(where, f"unknown flash attention mode {v!r}; use one of {', '.join(FLASH_ATTN)}")
+    if knob in ("mmap", "mlock") and v not in ON_OFF:
+        fields.fail(where, f"expected on or off, got {v!r}")
+    if knob in ("cache_type_k", "cache_type_v") and v not in KV_CACHE_TYPES:
+        fields.fail(where, f"unknown KV cache type {v!r}; use one of {', '.join(KV_CACHE_TYPES)}")
+    if knob in ("parallel", "batch", "ubatch") and v < 1:
+        fields.fail(where, f"must be at least 1, got {v}")
+    if knob == "poll" and v > 100:
+        fields.fail(where, f"a polling level is 0..100, got {v}")
+    if kind in (int, float) and v < 0:
+        fields.fail(where, f"must not be negative, got {v}")
 
 
 def parse_space(fields: Fields) -> RawSpace:
