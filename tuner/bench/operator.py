@@ -356,80 +356,85 @@ def summary(result: dict) -> list[str]:
 
 
 def markdown(result: dict) -> str:
-    tol = f"{result['tolerance']:.0%}"
+    """The summary, then per landscape: its best configuration, a row per strategy, and the default's targets."""
     lines = summary(result)
     for name, land in result["landscapes"].items():
-        cfg = " ".join(f"{k}={v}" for k, v in land["best_config"].items())
-        lines += [
-            f"**{name}**: {land['description']}; {land['configurations']} configurations, "
-            f"best {land['optimum']:.2f} t/s ({cfg})",
-            "",
-        ]
-        head = [
-            "strategy",
-            f"median trials to {tol}",
-            "seeds reached (by 40)",
-            "regret@10",
-            "regret@20",
-            "regret@40",
-            f"median time to {tol}",
-            "... with pruning",
-            "pruned trials/run",
-        ]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for strategy, row in land["strategies"].items():
-            full, pruned = row.get("full"), row.get("pruned")
-            r = full or pruned
-            n = len(r["trials_to_target"])
-            median = (
-                f"{r['median_trials']:g}"
-                if r["median_trials"] is not None
-                else f"> {result['budgets'][strategy]}"
-            )
-            regrets = [f"{r['regret_at'][c]:.1%}" if c in r["regret_at"] else "-" for c in CHECKPOINTS]
-            lines.append(
-                "| "
-                + " | ".join(
-                    [
-                        strategy,
-                        median,
-                        f"{r['reached']}/{n} ({r['reached_by_40']})",
-                        *regrets,
-                        _fmt_s(full["median_seconds"]) if full else "-",
-                        (
-                            _fmt_s(pruned["median_seconds"])
-                            + (
-                                f" ({pruned['median_trials']:g} trials)"
-                                if pruned["median_trials"] is not None
-                                else ""
-                            )
-                        )
-                        if pruned
-                        else "-",
-                        f"{pruned['pruned_trials']:.1f}" if pruned else "-",
-                    ]
-                )
-                + " |"
-            )
-        if "warm" in land["strategies"]:
-            lines += [
-                "",
-                f"warm: the default in a storage that already holds a study of {WARM_FROM[name]} on this "
-                "host (tuner.search.prior; that study's trials are not counted).",
-            ]
-        t = result["targets"].get(name)
-        if t:
-            ratio = (
-                "n/a" if t["over_tpe"] is None else f"{'<= ' if t['tpe_censored'] else ''}{t['over_tpe']:.2f}"
-            )
-            lines += [
-                "",
-                f"default: median <= 20 {'yes' if t['median_le_20'] else 'NO'}, every seed by 40 "
-                f"{'yes' if t['all_by_40'] else 'NO'}, default / TPE trials {ratio} (target <= 0.33): "
-                f"{'met' if t['met'] else 'MISSED'}",
-            ]
-        lines.append("")
+        lines += _landscape_section(result, name, land)
     return "\n".join(lines)
+
+
+def _landscape_section(result: dict, name: str, land: dict) -> list[str]:
+    """One landscape: what it is and its best, the strategies' table, what ``warm`` followed, the targets."""
+    tol = f"{result['tolerance']:.0%}"
+    cfg = " ".join(f"{k}={v}" for k, v in land["best_config"].items())
+    lines = [
+        f"**{name}**: {land['description']}; {land['configurations']} configurations, "
+        f"best {land['optimum']:.2f} t/s ({cfg})",
+        "",
+    ]
+    head = [
+        "strategy",
+        f"median trials to {tol}",
+        "seeds reached (by 40)",
+        "regret@10",
+        "regret@20",
+        "regret@40",
+        f"median time to {tol}",
+        "... with pruning",
+        "pruned trials/run",
+    ]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += [_strategy_row(result, strategy, row) for strategy, row in land["strategies"].items()]
+    if "warm" in land["strategies"]:
+        lines += [
+            "",
+            f"warm: the default in a storage that already holds a study of {WARM_FROM[name]} on this "
+            "host (tuner.search.prior; that study's trials are not counted).",
+        ]
+    t = result["targets"].get(name)
+    if t:
+        lines += ["", _targets_line(t)]
+    lines.append("")
+    return lines
+
+
+def _strategy_row(result: dict, strategy: str, row: dict) -> str:
+    """A strategy's trials to the tolerance, seeds that reached it, regret at the checkpoints, time with and
+    without pruning (pruning is measured on the default only)."""
+    full, pruned = row.get("full"), row.get("pruned")
+    r = full or pruned
+    n = len(r["trials_to_target"])
+    median = (
+        f"{r['median_trials']:g}" if r["median_trials"] is not None else f"> {result['budgets'][strategy]}"
+    )
+    regrets = [f"{r['regret_at'][c]:.1%}" if c in r["regret_at"] else "-" for c in CHECKPOINTS]
+    cells = [
+        strategy,
+        median,
+        f"{r['reached']}/{n} ({r['reached_by_40']})",
+        *regrets,
+        _fmt_s(full["median_seconds"]) if full else "-",
+        _pruned_time(pruned) if pruned else "-",
+        f"{pruned['pruned_trials']:.1f}" if pruned else "-",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _pruned_time(pruned: dict) -> str:
+    """Median time to the tolerance with pruning, and its median trials when there is one."""
+    return _fmt_s(pruned["median_seconds"]) + (
+        f" ({pruned['median_trials']:g} trials)" if pruned["median_trials"] is not None else ""
+    )
+
+
+def _targets_line(t: dict) -> str:
+    """The default against the issue's targets (see ``targets``); a TPE ratio against a censored TPE is a bound."""
+    ratio = "n/a" if t["over_tpe"] is None else f"{'<= ' if t['tpe_censored'] else ''}{t['over_tpe']:.2f}"
+    return (
+        f"default: median <= 20 {'yes' if t['median_le_20'] else 'NO'}, every seed by 40 "
+        f"{'yes' if t['all_by_40'] else 'NO'}, default / TPE trials {ratio} (target <= 0.33): "
+        f"{'met' if t['met'] else 'MISSED'}"
+    )
 
 
 def configure(parser) -> None:

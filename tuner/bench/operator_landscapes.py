@@ -219,6 +219,11 @@ class Measurement:
 
 @dataclass(frozen=True)
 class OperatorLandscape:
+    """One modelled box, target and workload: its parameters (every figure cited where it is set), and what a
+    replay asks of it, each answered by the piece that owns it: ``SpeedModel`` (true rates, acceptance,
+    quality), ``ServingModel`` (several users in one batch), ``SpaceSurvey`` (every configuration and the best
+    of them), ``TrialSimulator`` (one noisy trial, request by request, and its seconds)."""
+
     name: str
     description: str
     space: ResolvedSpace
@@ -268,10 +273,72 @@ class OperatorLandscape:
             workload={"digest": digest(self.prompts)},
         )
 
+    # -- its pieces, made once per landscape (a ``replace``d landscape makes its own) -----
+
+    @cached_property
+    def speed(self) -> SpeedModel:
+        return SpeedModel(self)
+
+    @cached_property
+    def survey(self) -> SpaceSurvey:
+        return SpaceSurvey(self)
+
+    @cached_property
+    def simulator(self) -> TrialSimulator:
+        return TrialSimulator(self)
+
     # -- the true landscape -------------------------------------------------------------
 
     def hardware_factor(self, config: TrialConfig) -> float:
-        hw = self.hardware
+        return self.speed.hardware_factor(config)
+
+    def cores(self, config: TrialConfig) -> float:
+        return self.speed.cores(config)
+
+    def evaluate(self, config: TrialConfig) -> Outcome:
+        return self.speed.evaluate(config)
+
+    def true_rate(self, config: TrialConfig) -> float:
+        return self.speed.true_rate(config)
+
+    # -- the whole space ------------------------------------------------------------------
+
+    @property
+    def variants(self) -> dict[tuple, list[TrialConfig]]:
+        return self.survey.variants
+
+    @property
+    def size(self) -> int:
+        return self.survey.size
+
+    @property
+    def optimum(self) -> tuple[float, TrialConfig]:
+        return self.survey.optimum
+
+    # -- one simulated trial --------------------------------------------------------------
+
+    def measure(
+        self, config: TrialConfig, rng: np.random.Generator, stop: Callable[[list[dict]], bool] | None = None
+    ) -> tuple[Outcome, Measurement]:
+        return self.simulator.measure(config, rng, stop)
+
+
+class SpeedModel:
+    """The landscape's true speed, without noise: what a configuration decodes per content type (hardware,
+    experts and speculation as factors over the target alone), its acceptance, quality and feasibility.
+    Rounds are arrays over configurations, so ``SpaceSurvey`` weighs thousands at once."""
+
+    def __init__(self, land: OperatorLandscape):
+        self.land = land
+
+    @cached_property
+    def batched(self) -> ServingModel:
+        """The serving part of the model, for a landscape with ``Serving``."""
+        return ServingModel(self.land, self)
+
+    def hardware_factor(self, config: TrialConfig) -> float:
+        """How the NUMA policy and thread count scale decode against the best hardware (``Hardware``)."""
+        hw = self.land.hardware
         t = config.threads
         if config.numa == "bind":  # one node: its own cores, its own memory
             node_cores = PHYSICAL_CORES // len(NODES)
@@ -291,7 +358,12 @@ class OperatorLandscape:
         smt = hw.smt_penalty * max(0, t - PHYSICAL_CORES) / PHYSICAL_CORES
         return max(hw.numa[config.numa] * sat * (1 - cont) * (1 - smt), 0.02)
 
-    def _draft_rounds(
+    def cores(self, config: TrialConfig) -> float:
+        """The share of the box's arithmetic a configuration's threads use (SMT siblings add none; bind: one node)."""
+        node = PHYSICAL_CORES // len(NODES) if config.numa == "bind" else PHYSICAL_CORES
+        return min(config.threads, node) / PHYSICAL_CORES
+
+    def draft_rounds(
         self, d: Draft, content: str, k: np.ndarray, temperature: float, threads: int, rel: float
     ) -> Rounds:
         """A draft model's round of K drafts: per-position acceptance a0 * decay^(i-1), its cost growing with
@@ -299,16 +371,16 @@ class OperatorLandscape:
         a0 = min(max(d.accept[content] + d.temp_slope.get(content, 0.0) * temperature, 0.0), 0.999)
         survive, accepted = 1.0, np.zeros(np.shape(k))
         for i in range(int(np.max(k))):
-            survive *= a0 * self.decay**i
+            survive *= a0 * self.land.decay**i
             accepted = accepted + np.where(i < k, survive, 0.0)
-        time = 1 + self.verify_cost * k * rel + d.cost * self._coupling(threads) * rel * k
+        time = 1 + self.land.verify_cost * k * rel + d.cost * self.coupling(threads) * rel * k
         return Rounds(1 + accepted, time, np.asarray(k, dtype=float), accepted)
 
-    def _coupling(self, threads: int) -> float:
+    def coupling(self, threads: int) -> float:
         """A draft's cost grows with the target's threads (small models do not scale)."""
-        return 1 + self.hardware.draft_thread_coupling * (threads / PHYSICAL_CORES - 1)
+        return 1 + self.land.hardware.draft_thread_coupling * (threads / PHYSICAL_CORES - 1)
 
-    def _lookup_rounds(
+    def lookup_rounds(
         self,
         lk: Lookup,
         g: Grounding,
@@ -331,10 +403,10 @@ class OperatorLandscape:
             a = SPURIOUS_ACCEPT
         accepted = a * (1 - a**length) / (1 - a)
         return found * (not lk.fails), Rounds(
-            1 + accepted, 1 + self.verify_cost * length * rel, length, accepted
+            1 + accepted, 1 + self.land.verify_cost * length * rel, length, accepted
         )
 
-    def _speculation(
+    def speculation(
         self,
         spec_type: str,
         draft: str | None,
@@ -347,28 +419,106 @@ class OperatorLandscape:
     ):
         """(rate factor over the target alone, measured acceptance) for one content type, as arrays over the
         integer knobs ``ints``: the lookup (alone, or stacked first) where it finds a key, else the draft model."""
+        land = self.land
         if spec_type == "none":
             return np.ones(np.shape(ints["draft_max"])), np.zeros(np.shape(ints["draft_max"]))
         fallback = (
             TARGET_ALONE
             if spec_type != "draft-simple"
-            else self._draft_rounds(self.drafts[draft], content, ints["draft_max"], temperature, threads, rel)
+            else self.draft_rounds(land.drafts[draft], content, ints["draft_max"], temperature, threads, rel)
         )
-        ngram = lookup or (spec_type if spec_type in self.lookups else None)
+        ngram = lookup or (spec_type if spec_type in land.lookups else None)
         if ngram is None:
             return fallback.tokens / fallback.time, fallback.accepted / fallback.drafted
-        lk, g = self.lookups[ngram], self.grounding.get(content, NO_GROUNDING)
+        lk, g = land.lookups[ngram], land.grounding.get(content, NO_GROUNDING)
         length = ints["lookup_max"] if lookup else ints["draft_max"]
         per_token = drafted = accepted = 0.0
         for copied, share in ((True, g.copy), (False, 1 - g.copy)):
-            found, r = self._lookup_rounds(lk, g, copied, ints, length, temperature, rel)
+            found, r = self.lookup_rounds(lk, g, copied, ints, length, temperature, rel)
             tokens = found * r.tokens + (1 - found) * fallback.tokens
             per_token = per_token + share * (found * r.time + (1 - found) * fallback.time) / tokens
             drafted = drafted + share * (found * r.drafted + (1 - found) * fallback.drafted) / tokens
             accepted = accepted + share * (found * r.accepted + (1 - found) * fallback.accepted) / tokens
         return 1 / per_token, np.where(drafted > 0, accepted / np.maximum(drafted, 1e-12), 0.0)
 
-    def _serving_arrays(self, configs: list[TrialConfig]) -> dict[str, np.ndarray]:
+    def ints(self, configs: list[TrialConfig]) -> dict[str, np.ndarray]:
+        """The integer knobs of configurations as arrays; a size a study leaves out is llama.cpp's default."""
+        lk = self.land.lookups.get(configs[0].ngram_type or "")
+        defaults = {
+            "draft_max": 8,
+            "ngram_key": lk.key_default if lk else 1,
+            "ngram_min_hits": 1,
+            "lookup_max": lk.length_default if lk else 1,
+        }
+        return {
+            knob: np.array(
+                [default if getattr(c, knob) is None else getattr(c, knob) for c in configs], dtype=float
+            )
+            for knob, default in defaults.items()
+        }
+
+    def quality(self, temperature: float, experts: int | None) -> tuple[float, float]:
+        """(quality, rate factor of the expert count)."""
+        land = self.land
+        quality, factor = 1.0 - land.quality_temp * temperature, 1.0
+        if experts is not None and land.expert_speed:
+            factor = land.expert_speed(experts)
+            quality -= 1.0 - land.expert_quality(experts)
+        return round(quality, 6), factor
+
+    def fails(self, config: TrialConfig) -> bool:
+        """A speculative type with nothing to draft with here (no such draft, a lookup that finds nothing)."""
+        source = (
+            self.land.drafts.get(config.draft)
+            if config.spec_type == "draft-simple"
+            else self.land.lookups.get(config.spec_type)
+        )
+        return config.speculative and (source is None or getattr(source, "fails", False))
+
+    def evaluate(self, config: TrialConfig) -> Outcome:
+        land = self.land
+        quality, experts_factor = self.quality(config.temperature, config.experts)
+        if self.fails(config):
+            return Outcome(False, FailureReason.SPECULATION_UNAVAILABLE.value, {}, 0.0, 0.0, False)
+        if land.serving:
+            return self.batched.evaluate(config, quality)
+        hw = self.hardware_factor(config)
+        rates, accept = {}, []
+        ints = self.ints([config])
+        for content in set(land.prompts):
+            ratio, acc = self.speculation(
+                config.spec_type,
+                config.draft,
+                config.lookup if config.stacked else None,
+                content,
+                ints,
+                config.temperature,
+                config.threads,
+                experts_factor,
+            )
+            rates[content] = land.base_rate[content] * experts_factor * hw * float(ratio[0])
+            accept.append(float(acc[0]))
+        return Outcome(True, None, rates, float(np.mean(accept)), quality, quality >= land.quality_floor)
+
+    def true_rate(self, config: TrialConfig) -> float:
+        """The objective without noise: tokens/s pooled over the workload (equal tokens per prompt: a harmonic
+        mean), one request at a time, or with ``Serving`` the aggregate at its level."""
+        out = self.evaluate(config)
+        if not out.ok:
+            return 0.0
+        if self.land.serving:
+            return out.aggregate
+        return len(self.land.prompts) / sum(1.0 / out.rates[c] for c in self.land.prompts)
+
+
+class ServingModel:
+    """Several users on one server (``Serving``), as llama-server batches them: a round's one decode call
+    takes every busy slot's tokens, bandwidth-bound until the batch's arithmetic is compute-bound."""
+
+    def __init__(self, land: OperatorLandscape, speed: SpeedModel):
+        self.land, self.speed, self.serving = land, speed, land.serving
+
+    def arrays(self, configs: list[TrialConfig]) -> dict[str, np.ndarray]:
         """The serving knobs as arrays: busy slots at the level (fewer slots than users queue the rest), the
         tokens one pass over the weights takes (the micro batch, within the batch), the bytes each context token
         costs a round (KV types; attention scores without flash attention) and the quality the KV types cost."""
@@ -389,20 +539,20 @@ class OperatorLandscape:
             ),
         }
 
-    def _step(
+    def step(
         self, tokens: np.ndarray, ubatch: np.ndarray, kv: np.ndarray, hw: float, cores: float
     ) -> np.ndarray:
         """One decode call over ``tokens`` (all slots' tokens), in single-user steps at the best hardware: each
         micro batch reads the weights once, each token adds a little (verification's cost) and the slots'
         KV caches are read, at the hardware's bandwidth; the arithmetic runs at the cores' batched rate."""
         passes = np.ceil(tokens / ubatch)
-        bandwidth = (passes + self.verify_cost * (tokens - passes) + kv) / hw
+        bandwidth = (passes + self.land.verify_cost * (tokens - passes) + kv) / hw
         efficiency = np.minimum(1.0, 1 - UBATCH_SPILL * np.log2(np.maximum(ubatch, 1) / UBATCH_FIT))
         compute = tokens / (self.serving.ceiling * cores * efficiency)
         p = self.serving.sharpness
         return (bandwidth**p + compute**p) ** (1 / p)
 
-    def _served(
+    def served(
         self,
         spec_type: str,
         draft: str | None,
@@ -421,95 +571,35 @@ class OperatorLandscape:
         k = ints["draft_max"] if spec_type != "none" else np.zeros(np.shape(ints["draft_max"]))
         accepted, draft_time = np.zeros(np.shape(k)), np.zeros(np.shape(k))
         if spec_type != "none":
-            d = self.drafts[draft]
-            accepted = self._draft_rounds(d, content, k, temperature, threads, 1.0).accepted
-            draft_time = d.cost * self._coupling(threads) * k / hw
+            d = self.land.drafts[draft]
+            accepted = self.speed.draft_rounds(d, content, k, temperature, threads, 1.0).accepted
+            draft_time = d.cost * self.speed.coupling(threads) * k / hw
         kv = slots * self.serving.context[content] * serv["kv"]
-        round_time = self._step(slots * (1 + k), serv["ubatch"], kv, hw, cores) + slots * draft_time
-        prefill = self._step(
-            np.full(np.shape(k), float(self.prompt_tokens[content])), serv["ubatch"], 0.0, hw, cores
+        round_time = self.step(slots * (1 + k), serv["ubatch"], kv, hw, cores) + slots * draft_time
+        prefill = self.step(
+            np.full(np.shape(k), float(self.land.prompt_tokens[content])), serv["ubatch"], 0.0, hw, cores
         )
         cycle = slots * prefill + N_PREDICT / (1 + accepted) * round_time
         return (1 + accepted) / round_time, slots * N_PREDICT / cycle
 
-    def _ints(self, configs: list[TrialConfig]) -> dict[str, np.ndarray]:
-        """The integer knobs of configurations as arrays; a size a study leaves out is llama.cpp's default."""
-        lk = self.lookups.get(configs[0].ngram_type or "")
-        defaults = {
-            "draft_max": 8,
-            "ngram_key": lk.key_default if lk else 1,
-            "ngram_min_hits": 1,
-            "lookup_max": lk.length_default if lk else 1,
-        }
-        return {
-            knob: np.array(
-                [default if getattr(c, knob) is None else getattr(c, knob) for c in configs], dtype=float
-            )
-            for knob, default in defaults.items()
-        }
-
-    def _quality(self, temperature: float, experts: int | None) -> tuple[float, float]:
-        """(quality, rate factor of the expert count)."""
-        quality, factor = 1.0 - self.quality_temp * temperature, 1.0
-        if experts is not None and self.expert_speed:
-            factor = self.expert_speed(experts)
-            quality -= 1.0 - self.expert_quality(experts)
-        return round(quality, 6), factor
-
-    def _fails(self, config: TrialConfig) -> bool:
-        source = (
-            self.drafts.get(config.draft)
-            if config.spec_type == "draft-simple"
-            else self.lookups.get(config.spec_type)
-        )
-        return config.speculative and (source is None or getattr(source, "fails", False))
-
-    def evaluate(self, config: TrialConfig) -> Outcome:
-        quality, experts_factor = self._quality(config.temperature, config.experts)
-        if self._fails(config):
-            return Outcome(False, FailureReason.SPECULATION_UNAVAILABLE.value, {}, 0.0, 0.0, False)
-        if self.serving:
-            return self._evaluate_served(config, quality)
-        hw = self.hardware_factor(config)
-        rates, accept = {}, []
-        ints = self._ints([config])
-        for content in set(self.prompts):
-            ratio, acc = self._speculation(
-                config.spec_type,
-                config.draft,
-                config.lookup if config.stacked else None,
-                content,
-                ints,
-                config.temperature,
-                config.threads,
-                experts_factor,
-            )
-            rates[content] = self.base_rate[content] * experts_factor * hw * float(ratio[0])
-            accept.append(float(acc[0]))
-        return Outcome(True, None, rates, float(np.mean(accept)), quality, quality >= self.quality_floor)
-
-    def cores(self, config: TrialConfig) -> float:
-        """The share of the box's arithmetic a configuration's threads use (SMT siblings add none; bind: one node)."""
-        node = PHYSICAL_CORES // len(NODES) if config.numa == "bind" else PHYSICAL_CORES
-        return min(config.threads, node) / PHYSICAL_CORES
-
-    def _evaluate_served(self, config: TrialConfig, quality: float) -> Outcome:
+    def evaluate(self, config: TrialConfig, quality: float) -> Outcome:
         """Per request one at a time (what ``run_workload`` measures), and the aggregate at the level."""
-        hw, cores = self.hardware_factor(config), self.cores(config)
-        ints, serv = self._ints([config]), self._serving_arrays([config])
+        land, speed = self.land, self.speed
+        hw, cores = speed.hardware_factor(config), speed.cores(config)
+        ints, serv = speed.ints([config]), self.arrays([config])
         quality = round(quality - float(serv["loss"][0]), 6)
         rates, accept, aggregate = {}, [], {}
-        for content in set(self.prompts):
+        for content in set(land.prompts):
             args = (config.spec_type, config.draft, content, ints, serv)
-            alone, _ = self._served(*args, np.ones(1), config.temperature, config.threads, hw, cores)
-            _, level = self._served(*args, serv["slots"], config.temperature, config.threads, hw, cores)
+            alone, _ = self.served(*args, np.ones(1), config.temperature, config.threads, hw, cores)
+            _, level = self.served(*args, serv["slots"], config.temperature, config.threads, hw, cores)
             rates[content], aggregate[content] = (
-                self.base_rate[content] * float(alone[0]),
-                self.base_rate[content] * float(level[0]),
+                land.base_rate[content] * float(alone[0]),
+                land.base_rate[content] * float(level[0]),
             )
             accept.append(
                 float(
-                    self._speculation(
+                    speed.speculation(
                         config.spec_type,
                         config.draft,
                         None,
@@ -521,94 +611,12 @@ class OperatorLandscape:
                     )[1][0]
                 )
             )
-        pooled_level = len(self.prompts) / sum(1.0 / aggregate[c] for c in self.prompts)
+        pooled_level = len(land.prompts) / sum(1.0 / aggregate[c] for c in land.prompts)
         return Outcome(
-            True, None, rates, float(np.mean(accept)), quality, quality >= self.quality_floor, pooled_level
+            True, None, rates, float(np.mean(accept)), quality, quality >= land.quality_floor, pooled_level
         )
 
-    def true_rate(self, config: TrialConfig) -> float:
-        """The objective without noise: tokens/s pooled over the workload (equal tokens per prompt: a harmonic
-        mean), one request at a time, or with ``Serving`` the aggregate at its level."""
-        out = self.evaluate(config)
-        if not out.ok:
-            return 0.0
-        if self.serving:
-            return out.aggregate
-        return len(self.prompts) / sum(1.0 / out.rates[c] for c in self.prompts)
-
-    # -- the whole space ------------------------------------------------------------------
-
-    @cached_property
-    def variants(self) -> dict[tuple, list[TrialConfig]]:
-        """Every speculative configuration ``suggest`` can return, by (spec_type, draft, stacked lookup);
-        the context knobs (hardware, temperature, experts) at their first value."""
-        groups: dict[tuple, list[TrialConfig]] = {}
-        for config in configurations(self.space, CONTEXT_KNOBS):
-            groups.setdefault(
-                (config.spec_type, config.draft, config.lookup if config.stacked else None), []
-            ).append(config)
-        return groups
-
-    def _contexts(self):
-        """(temperature, experts, threads, NUMA policy, node) combinations a study can ask."""
-        d = self.space.domains
-        values = lambda name: _values(d[name]) if name in d else [None]  # noqa: E731
-        numas = [(p, n) for p in values("numa") for n in (values("numa_node") if p == "bind" else [None])]
-        return itertools.product(values("temperature"), values("experts"), values("threads"), numas)
-
-    @cached_property
-    def size(self) -> int:
-        return sum(map(len, self.variants.values())) * sum(1 for _ in self._contexts())
-
-    @cached_property
-    def optimum(self) -> tuple[float, TrialConfig]:
-        """The best feasible configuration and its true tokens/s: every speculative configuration at once
-        (arrays) in each context; NUMA policy and node only scale a context's rates."""
-        best, best_config = 0.0, None
-        hardware: dict[tuple, tuple[float, str, int | None]] = {}
-        for temperature, experts, threads, (numa, node) in self._contexts():
-            hw = self.hardware_factor(TrialConfig(numa=numa, numa_node=node, threads=threads))
-            key = (temperature or 0.0, experts, threads)
-            if key not in hardware or hw > hardware[key][0]:
-                hardware[key] = (hw, numa, node)
-        for (temperature, experts, threads), (hw, numa, node) in hardware.items():
-            quality, factor = self._quality(temperature, experts)
-            if quality < self.quality_floor:
-                continue
-            cores = self.cores(TrialConfig(numa=numa, threads=threads))
-            for (spec, draft, lookup), configs in self.variants.items():
-                if self._fails(configs[0]):
-                    continue
-                ints = self._ints(configs)
-                if self.serving:
-                    inverse = self._served_inverse(
-                        spec, draft, configs, ints, temperature, threads, hw, cores, quality
-                    )
-                else:
-                    inverse = sum(
-                        n
-                        / (
-                            self.base_rate[c]
-                            * factor
-                            * hw
-                            * self._speculation(spec, draft, lookup, c, ints, temperature, threads, factor)[0]
-                        )
-                        for c, n in Counter(self.prompts).items()
-                    )
-                i = int(np.argmin(inverse))
-                if len(self.prompts) / inverse[i] > best:
-                    best = len(self.prompts) / float(inverse[i])
-                    best_config = replace(
-                        configs[i],
-                        temperature=temperature,
-                        experts=experts,
-                        numa=numa,
-                        numa_node=node,
-                        threads=threads,
-                    )
-        return self.true_rate(best_config), best_config  # as every trial is scored (the same sums, one order)
-
-    def _served_inverse(
+    def inverse(
         self,
         spec: str,
         draft: str | None,
@@ -621,18 +629,126 @@ class OperatorLandscape:
         quality: float,
     ) -> np.ndarray:
         """Seconds per pooled token at the level, as arrays over configurations (infinite below the floor)."""
-        serv = self._serving_arrays(configs)
+        land = self.land
+        serv = self.arrays(configs)
         inverse = sum(
             n
             / (
-                self.base_rate[c]
-                * self._served(spec, draft, c, ints, serv, serv["slots"], temperature, threads, hw, cores)[1]
+                land.base_rate[c]
+                * self.served(spec, draft, c, ints, serv, serv["slots"], temperature, threads, hw, cores)[1]
             )
-            for c, n in Counter(self.prompts).items()
+            for c, n in Counter(land.prompts).items()
         )
-        return np.where(np.round(quality - serv["loss"], 6) >= self.quality_floor, inverse, np.inf)
+        return np.where(np.round(quality - serv["loss"], 6) >= land.quality_floor, inverse, np.inf)
 
-    # -- one simulated trial --------------------------------------------------------------
+
+class SpaceSurvey:
+    """The whole space at once: every configuration the real ``suggest`` can return, how many there are, and
+    the best feasible one with its true tokens/s (the target a replay's regret is measured against)."""
+
+    def __init__(self, land: OperatorLandscape):
+        self.land, self.speed = land, land.speed
+
+    @cached_property
+    def variants(self) -> dict[tuple, list[TrialConfig]]:
+        """Every speculative configuration ``suggest`` can return, by (spec_type, draft, stacked lookup);
+        the context knobs (hardware, temperature, experts) at their first value."""
+        groups: dict[tuple, list[TrialConfig]] = {}
+        for config in configurations(self.land.space, CONTEXT_KNOBS):
+            groups.setdefault(
+                (config.spec_type, config.draft, config.lookup if config.stacked else None), []
+            ).append(config)
+        return groups
+
+    def contexts(self):
+        """(temperature, experts, threads, NUMA policy, node) combinations a study can ask."""
+        d = self.land.space.domains
+        values = lambda name: _values(d[name]) if name in d else [None]  # noqa: E731
+        numas = [(p, n) for p in values("numa") for n in (values("numa_node") if p == "bind" else [None])]
+        return itertools.product(values("temperature"), values("experts"), values("threads"), numas)
+
+    @cached_property
+    def size(self) -> int:
+        return sum(map(len, self.variants.values())) * sum(1 for _ in self.contexts())
+
+    def best_hardware(self) -> dict[tuple, tuple[float, str, int | None]]:
+        """Per (temperature, experts, threads): the NUMA policy and node with the best hardware factor; they
+        only scale a context's rates, so the others cannot win."""
+        hardware: dict[tuple, tuple[float, str, int | None]] = {}
+        for temperature, experts, threads, (numa, node) in self.contexts():
+            hw = self.speed.hardware_factor(TrialConfig(numa=numa, numa_node=node, threads=threads))
+            key = (temperature or 0.0, experts, threads)
+            if key not in hardware or hw > hardware[key][0]:
+                hardware[key] = (hw, numa, node)
+        return hardware
+
+    @cached_property
+    def optimum(self) -> tuple[float, TrialConfig]:
+        """The best feasible configuration and its true tokens/s: every speculative configuration at once
+        (arrays) in each context; NUMA policy and node only scale a context's rates."""
+        land, speed = self.land, self.speed
+        best, best_config = 0.0, None
+        for (temperature, experts, threads), (hw, numa, node) in self.best_hardware().items():
+            quality, factor = speed.quality(temperature, experts)
+            if quality < land.quality_floor:
+                continue
+            cores = speed.cores(TrialConfig(numa=numa, threads=threads))
+            for (spec, draft, lookup), configs in self.variants.items():
+                if speed.fails(configs[0]):
+                    continue
+                ints = speed.ints(configs)
+                if land.serving:
+                    inverse = speed.batched.inverse(
+                        spec, draft, configs, ints, temperature, threads, hw, cores, quality
+                    )
+                else:
+                    inverse = self.inverse(spec, draft, lookup, ints, temperature, threads, hw, factor)
+                i = int(np.argmin(inverse))
+                if len(land.prompts) / inverse[i] > best:
+                    best = len(land.prompts) / float(inverse[i])
+                    best_config = replace(
+                        configs[i],
+                        temperature=temperature,
+                        experts=experts,
+                        numa=numa,
+                        numa_node=node,
+                        threads=threads,
+                    )
+        return speed.true_rate(
+            best_config
+        ), best_config  # as every trial is scored (the same sums, one order)
+
+    def inverse(
+        self,
+        spec: str,
+        draft: str | None,
+        lookup: str | None,
+        ints: dict[str, np.ndarray],
+        temperature: float,
+        threads: int,
+        hw: float,
+        factor: float,
+    ) -> np.ndarray:
+        """Seconds per pooled token one request at a time, as arrays over configurations."""
+        land = self.land
+        return sum(
+            n
+            / (
+                land.base_rate[c]
+                * factor
+                * hw
+                * self.speed.speculation(spec, draft, lookup, c, ints, temperature, threads, factor)[0]
+            )
+            for c, n in Counter(land.prompts).items()
+        )
+
+
+class TrialSimulator:
+    """One simulated trial, the way ``run_workload`` runs one: launch, one warm-up request, repetitions over
+    the prompts with noise per launch and per request, each request's seconds; with ``Serving``, the level."""
+
+    def __init__(self, land: OperatorLandscape):
+        self.land = land
 
     def measure(
         self, config: TrialConfig, rng: np.random.Generator, stop: Callable[[list[dict]], bool] | None = None
@@ -641,34 +757,40 @@ class OperatorLandscape:
 
         ``stop(samples)`` is asked after every request but the last; True ends the trial there.
         """
-        out = self.evaluate(config)
-        draft = self.drafts.get(config.draft or "")
-        seconds = self.launch_s + (draft.load_s if draft and config.spec_type == "draft-simple" else 0.0)
+        land = self.land
+        out = land.evaluate(config)
+        draft = land.drafts.get(config.draft or "")
+        seconds = land.launch_s + (draft.load_s if draft and config.spec_type == "draft-simple" else 0.0)
         if not out.ok:  # the server starts, serves, drafts nothing: one request shows it
             return out, Measurement((), 0.0, 0.0, seconds + N_PREDICT / 20.0, False)
-        hw = self.hardware_factor(config)
-        launch = max(0.5, 1 + self.cv_launch * rng.standard_normal())
-
-        def request(content: str, prompt: int) -> tuple[float, float]:
-            rate = (
-                out.rates[content]
-                * launch
-                * self._prompt_factor[prompt]
-                * max(0.5, 1 + self.cv_request * rng.standard_normal())
-            )
-            secs = (
-                N_PREDICT / rate
-                + self.prompt_tokens[content] / (self.prefill_rate * hw)
-                + self.request_overhead_s
-            )
-            return rate, secs
-
-        _, secs = request(self.prompts[0], 0)  # warm-up, discarded
+        hw = land.hardware_factor(config)
+        launch = max(0.5, 1 + land.cv_launch * rng.standard_normal())
+        requests = _Launch(land, out, hw, launch, rng, self.prompt_factor)
+        _, secs = requests.send(land.prompts[0], 0)  # warm-up, discarded
         seconds += secs
+        samples, seconds, stopped = self.repetitions(requests, seconds, stop)
+        if stopped:
+            return out, Measurement(tuple(samples), pooled_from_rates(samples), out.acceptance, seconds, True)
+        per_rep = [
+            pooled_from_rates([s for s in samples if s["repetition"] == r]) for r in range(REPETITIONS)
+        ]
+        aggregate = None
+        if land.serving:  # then the level: every prompt once, its users at once (tuner.measurement.load)
+            aggregate, seconds = self.level(out, launch, rng, seconds)
+        return out, Measurement(
+            tuple(samples), float(np.median(per_rep)), out.acceptance, seconds, False, aggregate
+        )
+
+    def repetitions(
+        self, requests: _Launch, seconds: float, stop: Callable[[list[dict]], bool] | None
+    ) -> tuple[list[dict], float, bool]:
+        """(samples, seconds so far, stopped): every prompt ``REPETITIONS`` times, one sample per request,
+        ``stop`` asked after each as a study asks its pruner (never after the last request)."""
+        prompts = self.land.prompts
         samples: list[dict] = []
         for repetition in range(REPETITIONS):
-            for i, content in enumerate(self.prompts):
-                rate, secs = request(content, i)
+            for i, content in enumerate(prompts):
+                rate, secs = requests.send(content, i)
                 seconds += secs
                 samples.append(
                     {
@@ -678,31 +800,59 @@ class OperatorLandscape:
                         "tokens_per_second": rate,
                     }
                 )
-                last = repetition + 1 == REPETITIONS and i + 1 == len(self.prompts)
+                last = repetition + 1 == REPETITIONS and i + 1 == len(prompts)
                 if stop and not last and stop(samples):  # as a study: never after the last request
-                    return out, Measurement(
-                        tuple(samples), pooled_from_rates(samples), out.acceptance, seconds, True
-                    )
-        per_rep = [
-            pooled_from_rates([s for s in samples if s["repetition"] == r]) for r in range(REPETITIONS)
-        ]
-        aggregate = None
-        if self.serving:  # then the level: every prompt once, its users at once (tuner.measurement.load)
-            aggregate = (
-                out.aggregate
-                * launch
-                * max(0.5, 1 + self.cv_request / math.sqrt(len(self.prompts)) * rng.standard_normal())
-            )
-            seconds += len(self.prompts) * N_PREDICT / aggregate
-        return out, Measurement(
-            tuple(samples), float(np.median(per_rep)), out.acceptance, seconds, False, aggregate
+                    return samples, seconds, True
+        return samples, seconds, False
+
+    def level(
+        self, out: Outcome, launch: float, rng: np.random.Generator, seconds: float
+    ) -> tuple[float, float]:
+        """(aggregate tokens/s measured at the level, seconds after it): every prompt once, its users at once;
+        the noise of one request averages over the prompts."""
+        land = self.land
+        aggregate = (
+            out.aggregate
+            * launch
+            * max(0.5, 1 + land.cv_request / math.sqrt(len(land.prompts)) * rng.standard_normal())
         )
+        seconds += len(land.prompts) * N_PREDICT / aggregate
+        return aggregate, seconds
 
     @cached_property
-    def _prompt_factor(self) -> tuple[float, ...]:
+    def prompt_factor(self) -> tuple[float, ...]:
         """Prompts differ in speed (length of the answer's easy parts); fixed per landscape."""
-        rng = np.random.default_rng(sum(map(ord, self.name)))
-        return tuple(float(v) for v in np.exp(0.06 * rng.standard_normal(len(self.prompts))))
+        rng = np.random.default_rng(sum(map(ord, self.land.name)))
+        return tuple(float(v) for v in np.exp(0.06 * rng.standard_normal(len(self.land.prompts))))
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """One launch's requests: its true rates scaled by the launch's and each request's noise and the prompt's
+    own speed; a request's seconds are its answer, its prompt at the prefill rate and the overhead."""
+
+    land: OperatorLandscape
+    out: Outcome
+    hw: float
+    launch: float
+    rng: np.random.Generator
+    prompt_factor: tuple[float, ...]
+
+    def send(self, content: str, prompt: int) -> tuple[float, float]:
+        """(tokens/s, seconds) of one request of ``prompt``, of content type ``content``."""
+        land = self.land
+        rate = (
+            self.out.rates[content]
+            * self.launch
+            * self.prompt_factor[prompt]
+            * max(0.5, 1 + land.cv_request * self.rng.standard_normal())
+        )
+        secs = (
+            N_PREDICT / rate
+            + land.prompt_tokens[content] / (land.prefill_rate * self.hw)
+            + land.request_overhead_s
+        )
+        return rate, secs
 
 
 class _Walk:
