@@ -5,7 +5,7 @@ the best pair an earlier study found on the same machine is the first hardware w
 for any model there; an earlier study of the same target on the same machine also gives a
 whole configuration to try right after the baseline, when it measured the same workload (the
 best K depends on the content: a code study's K is wrong for prose). Trying them costs a trial each and can
-save the hardware stage's probes (``tuner.search.sampler``); a prior that loses to the
+save the hardware stage's probes (``tuner.search.stages.hardware``); a prior that loses to the
 baseline's hardware is simply outvoted by the measurements.
 
 "The same machine" is the fingerprint's machine keys (CPU model, logical CPUs, physical cores,
