@@ -14,7 +14,7 @@ level's aggregate tokens/s as a study's record does (``TrialRecord.load``): its 
 Scores per replay: regret after t trials (1 - best true tokens/s among completed feasible
 trials / the landscape's optimum; noise steers the sampler, it does not move the target),
 trials and measured seconds until the regret is within the tolerance. Strategies:
-``default`` (``tuner.study.sampler_for("structured")``), ``warm`` (the default in a storage
+``default`` (``tuner.search.sampling.sampler_for("structured")``), ``warm`` (the default in a storage
 that holds an earlier study on the same host, ``WARM_FROM``: the warm start of
 ``tuner.search.prior``), ``today`` (the previous default, ``NoRepeatSampler(TPE)``), ``tpe``
 (Optuna's TPE), ``random``.
@@ -56,7 +56,7 @@ class Failed(Exception):
 
 
 def make_sampler(strategy: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
-    from tuner.study import sampler_for
+    from tuner.search.sampling import sampler_for
 
     if strategy in ("default", "warm"):
         return sampler_for("structured", seed, budget)
