@@ -23,6 +23,7 @@ from tuner.decisions.race import (
     confirm,
     forecast_before,
     race_alpha,
+    reach_z,
     rounds_to_tell,
     sequential_race,
     within_reach,
@@ -204,6 +205,8 @@ def test_finalists_allow_the_launch_spread_on_both_sides():
     scored = [(math.log(100.0), 0.01), (math.log(92.0), 0.01), (math.log(70.0), 0.01)]
     assert within_reach(scored, 0.01) == [0]  # a steady host: 8% is out of reach
     assert within_reach(scored, 0.05) == [0, 1]  # one launch each at 5% spread: 8% may be luck
+    # the leader is the highest of n single measurements: the reach grows with n (5% over the others, Bonferroni)
+    assert reach_z(3) == 2.0 and reach_z(8) == pytest.approx(2.45, abs=0.01) and reach_z(50) > 3.0
 
 
 def test_the_launch_spread_is_the_prior_until_three_sentinels_then_an_upper_bound_of_the_measured():
@@ -283,6 +286,26 @@ def test_the_pooled_spread_takes_out_what_a_round_did_to_everyone():
     assert evidence.pooled_spread({"a": {0: 1.0}, "b": {0: 2.0}}) is None  # one round: no degree of freedom
 
 
+def test_the_race_model_equals_paired_rounds_when_all_ran_and_counts_the_leaders_extra_rounds_when_one_rested():
+    rng = random.Random(1)
+    full = {
+        n: {r: mu * math.exp(rng.gauss(0, 0.05)) for r in range(6)} for n, mu in (("a", 100.0), ("b", 95.0))
+    }
+    fit = evidence.pooled_spread(full)
+    model, paired = (
+        evidence.gap(full["a"], full["b"], fit, ("a", "b")),
+        evidence.gap(full["a"], full["b"], None),
+    )
+    assert model.mean == pytest.approx(paired.mean) and model.rounds == pytest.approx(6) and model.paired == 6
+    rested = {
+        **full,
+        "c": {r: 90.0 * math.exp(rng.gauss(0, 0.05)) for r in range(3)},
+    }  # c rested after round 3
+    fit = evidence.pooled_spread(rested)
+    g = evidence.gap(rested["c"], rested["a"], fit, ("c", "a"))
+    assert g.paired == 3 and 3 < g.rounds < 6  # a's later rounds count: worth more than the 3 rounds c ran
+
+
 def test_a_pair_is_bounded_with_the_larger_of_its_own_and_the_pooled_spread():
     a, b = {0: 110.0, 1: 110.0, 2: 110.0, 3: 110.0}, {0: 100.0, 1: 100.0, 2: 100.0, 3: 100.0}
     quiet = evidence.gap(a, b, evidence.Spread(0.05, 20, {}))
@@ -355,6 +378,10 @@ def test_the_forecast_says_how_many_rounds_telling_the_margin_apart_takes():
     text = Forecast(0.02, 0.078, 40, 25.0).text()
     assert (
         text == "to tell 2% apart at this host's 7.8% per-round spread: about 40 more rounds (about 25 min)"
+    )
+    after = Forecast(0.02, 0.078, 12, None, rival="trial-5", behind=0.03, level_rounds=120).text()
+    assert after.endswith(
+        "about 12 more rounds, with trial-5 3.0% behind as estimated; about 120 if the two are level"
     )
     before = forecast_before(0.05, contenders=5, spec=RaceSpec(), seconds_per_launch=60.0)
     assert not before.more and before.minutes == pytest.approx(2 * before.rounds)

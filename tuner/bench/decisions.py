@@ -429,11 +429,21 @@ def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dic
         "finalist": min(c["new"] for c in cuts),
         "launches": min(c.launch_ratio for c in at_default),
     }
+    few = [c for c in races if c.new.decided < ENOUGH_DECIDED]
+    pooled = (
+        f"; the {len(few)} cells with fewer decided races, pooled: {sum(c.new.wrong_decided for c in few)} of "
+        f"{sum(c.new.decided for c in few)}"
+        if few
+        else ""
+    )
     notes = {
-        "wrong": f"{cell.new.wrong_decided} of {cell.new.decided} decided races (launch {cell.launch_sigma:.0%}, "
-        f"round {cell.round_sigma:.0%}, gap {cell.gap:.0%})"
-        if cell
-        else "no cell has enough decided races",
+        "wrong": (
+            f"{cell.new.wrong_decided} of {cell.new.decided} decided races (launch {cell.launch_sigma:.0%}, "
+            f"round {cell.round_sigma:.0%}, gap {cell.gap:.0%})"
+            if cell
+            else "no cell has enough decided races"
+        )
+        + pooled,
         "launches": "deployed >= 3% slower, new / previous: "
         + ", ".join(f"gap {c.gap:.0%}: {c.new.wrong:.1%} / {c.old.wrong:.1%}" for c in at_default),
     }
@@ -529,7 +539,7 @@ def markdown(result: dict) -> str:
         "launches": "launches per race at the default host, previous over new, at equal or lower error >=",
     }
     for k, v in result["verdicts"].items():
-        figure = f"{v['figure']:.2f}x" if k == "launches" else f"{100 * v['figure']:.1f}%"
+        figure = f"{v['figure']:.3f}x" if k == "launches" else f"{100 * v['figure']:.1f}%"
         target = f"{v['target']:.1f}x" if k == "launches" else pct(v["target"])
         note = f" ({v['note']})" if v.get("note") else ""
         verdict = "not judged" if v["met"] is None else "met" if v["met"] else "MISSED"

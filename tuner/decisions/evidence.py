@@ -9,13 +9,13 @@ its nominal rate at any number of rounds, where a percentile bootstrap over 2-5 
 50-93% of the time. Below ``MIN_ROUNDS`` a figure is printed but marked "too few rounds", and
 nothing (a tie, a per-type entry) is decided on it.
 
-Decisions (the sequential race, ``tuner.decisions.race``) use a ``Gap``: log(A/B) over the rounds both
-were launched in, bounded with the larger of the pair's own per-round spread and the race's pooled one
-(``pooled_spread``: the residuals of the additive model log rate = contender + round over every launch
-of the race, so a round that ran slow for everyone is not spread). Pooling gives the t quantile the
-degrees of freedom of the whole race (8 after three rounds of five contenders, where one pair has 2 and
-t at 2 degrees of freedom is 2-9x z); the larger of the two keeps a noisier pair from borrowing a
-quieter race's spread.
+Decisions (the sequential race, ``tuner.decisions.race``) use a ``Gap``: log(A/B) from the additive model
+log rate = contender + round fitted to every launch of the race (``pooled_spread``: a round that ran slow
+for everyone is not spread, and a contender that rested still compares through the rounds' shifts),
+bounded per launch with the larger of the pair's own spread and the race's pooled one. Pooling gives the t
+quantile the degrees of freedom of the whole race: 8 after three rounds of five contenders, where one pair
+has 2, and at the race's level (5% over 4 comparisons and 8 looks) t is 4.2 at 8 degrees of freedom and
+17.8 at 2. The larger of the two spreads keeps a noisier pair from borrowing a quieter race's spread.
 
 * A is *shown better* than B when the one-sided ``1 - alpha`` lower bound of mean log(A/B) is above 0;
 * A and B are *shown equivalent* within a margin m (TOST): the ``1 - 2 alpha`` interval of the
@@ -36,14 +36,19 @@ import functools
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 CONFIDENCE = 0.95
 ALPHA = 0.05  # one-sided, per comparison and look, in the sequential race
 MIN_ROUNDS = 3  # fewer paired rounds give no decision (and a t-interval with 1 degree of freedom)
 OUTLIER_MADS = 5.0
-MAD_FLOOR = 0.1  # log terms: with 5 MADs no launch within a factor 1.65 of the median is an outlier (at 0.05,
-# a 10% launch spread relaunched one ordinary launch in 12 and trimmed the spread the intervals rely on)
+MAD_FLOOR = (
+    0.1  # log terms: with 5 MADs no launch within a factor 1.65 of the median is an outlier (at 0.05, a
+)
+# 10% launch and 10% round spread relaunched one ordinary launch in 16 against 3 others, trimming the spread the
+# intervals rely on; at 0.1, one in 500)
 MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
 
 
@@ -182,58 +187,62 @@ def is_outlier(value: float, others: Sequence[float]) -> bool:
 @dataclass(frozen=True)
 class Spread:
     """The per-launch spread of a race in log terms, pooled over every contender and round, its degrees of
-    freedom, and each contender's fitted log rate (its estimate with every round's shift taken out)."""
+    freedom, each contender's fitted log rate (its estimate with every round's shift taken out), and the variance
+    of each difference of fitted rates in units of the per-launch variance (``contrast[a][b]``; 2/n for two
+    contenders launched together in n rounds)."""
 
     sigma: float
     df: int
     effects: dict[str, float]
+    contrast: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def pooled_spread(table: dict[str, dict[int, float]]) -> Spread | None:
-    """Residual spread of the additive model ``log rate = contender + round`` over every launch (``table``: per
+    """Least squares of the additive model ``log rate = contender + round`` over every launch (``table``: per
     contender, round index -> rate); None when the launches leave no degree of freedom.
 
-    Fitted by alternating means (exact in one pass when every contender ran every round); degrees of freedom:
-    launches - contenders - rounds + 1 (the design is connected: the leader runs every round)."""
+    Why a model and not pairs alone: once some finalists rest, the leader's launches in rounds without them still
+    say how fast the leader is (the round's shift comes from whoever ran in it), so a resting finalist's
+    comparison keeps narrowing. Degrees of freedom: launches - contenders - rounds + 1 (the design is connected:
+    the leader runs every round)."""
     cells = [(c, r, math.log(v)) for c, rates in table.items() for r, v in rates.items() if v > 0]
-    by_round: dict[int, list[tuple[str, float]]] = {}
-    by_contender: dict[str, list[tuple[int, float]]] = {}
-    for c, r, y in cells:
-        by_round.setdefault(r, []).append((c, y))
-        by_contender.setdefault(c, []).append((r, y))
-    df = len(cells) - len(by_contender) - len(by_round) + 1
+    names = sorted({c for c, _, _ in cells})
+    rounds = sorted({r for _, r, _ in cells})
+    df = len(cells) - len(names) - len(rounds) + 1
     if df < 1:
         return None
-    effect = dict.fromkeys(by_contender, 0.0)
-    shift = dict.fromkeys(by_round, 0.0)
-    for _ in range(500):
-        for r, row in by_round.items():
-            shift[r] = sum(y - effect[c] for c, y in row) / len(row)
-        moved = 0.0
-        for c, column in by_contender.items():
-            new = sum(y - shift[r] for r, y in column) / len(column)
-            moved, effect[c] = max(moved, abs(new - effect[c])), new
-        if moved < 1e-10:
-            break
-    rss = sum((y - effect[c] - shift[r]) ** 2 for c, r, y in cells)
-    return Spread(math.sqrt(rss / df), df, effect)
+    column = {**{c: i for i, c in enumerate(names)}, **{r: len(names) + k for k, r in enumerate(rounds)}}
+    x = np.zeros((len(cells), len(names) + len(rounds)))
+    for row, (c, r, _) in enumerate(cells):
+        x[row, column[c]] = x[row, column[r]] = 1.0
+    y = np.array([v for _, _, v in cells])
+    beta = np.linalg.lstsq(x, y, rcond=None)[0]
+    rss = float(np.sum((y - x @ beta) ** 2))
+    inverse = np.linalg.pinv(x.T @ x)
+    contrast = {
+        a: {b: float(inverse[i, i] + inverse[j, j] - 2 * inverse[i, j]) for j, b in enumerate(names)}
+        for i, a in enumerate(names)
+    }
+    return Spread(math.sqrt(rss / df), df, {c: float(beta[i]) for i, c in enumerate(names)}, contrast)
 
 
 @dataclass(frozen=True)
 class Gap:
-    """log(A/B) over the rounds both were launched in: the mean, the per-round spread that bounds it, its degrees
-    of freedom."""
+    """log(A/B): the estimate, the per-round spread of a paired ratio that bounds it, the rounds it is worth (paired
+    rounds; with the race's model, the paired rounds of the same precision), its degrees of freedom, and the rounds
+    both were launched in."""
 
     mean: float
     sd: float
-    rounds: int
+    rounds: float
     df: int
+    paired: int = -1  # rounds both were launched in (-1: ``rounds``)
 
-    def half(self, alpha: float, rounds: int | None = None) -> float:
-        """The one-sided ``1 - alpha`` half-width after ``rounds`` paired rounds (default: those measured);
-        infinite below ``MIN_ROUNDS``."""
+    def half(self, alpha: float, rounds: float | None = None) -> float:
+        """The one-sided ``1 - alpha`` half-width after ``rounds`` (default: those measured); infinite below
+        ``MIN_ROUNDS`` paired rounds."""
         n = self.rounds if rounds is None else rounds
-        if n < MIN_ROUNDS or self.df < 1:
+        if (self.paired if self.paired >= 0 else self.rounds) < MIN_ROUNDS or self.df < 1:
             return math.inf
         return t_quantile(1 - alpha, self.df) * self.sd / math.sqrt(n)
 
@@ -245,9 +254,13 @@ class Gap:
         return self.mean - self.half(alpha)
 
 
-def gap(a: dict[int, float], b: dict[int, float], spread: Spread | None) -> Gap:
-    """A over B on their common rounds (round index -> rate): the larger of the pair's own spread and
-    sqrt(2) x the pooled per-launch spread, with the pooled degrees of freedom (the pair's own without one)."""
+def gap(
+    a: dict[int, float], b: dict[int, float], spread: Spread | None, names: tuple[str, str] = ("", "")
+) -> Gap:
+    """A over B (round index -> rate). Without the race's model: the mean of the paired log ratios over their common
+    rounds and their spread. With it (``names`` in ``spread.effects``): the difference of fitted rates, its
+    precision from the design, and per launch the larger of the pair's own spread and the pooled one, at the pooled
+    degrees of freedom (a noisier pair does not borrow a quieter race's spread)."""
     common = sorted(set(a) & set(b))
     logs = log_ratios([a[r] for r in common], [b[r] for r in common])
     if not logs:
@@ -255,4 +268,9 @@ def gap(a: dict[int, float], b: dict[int, float], spread: Spread | None) -> Gap:
     own = statistics.stdev(logs) if len(logs) > 1 else 0.0
     if spread is None:
         return Gap(statistics.fmean(logs), own, len(logs), len(logs) - 1)
-    return Gap(statistics.fmean(logs), max(own, math.sqrt(2) * spread.sigma), len(logs), spread.df)
+    sd = max(own, math.sqrt(2) * spread.sigma)
+    x, y = names
+    if x in spread.contrast and y in spread.contrast[x] and spread.contrast[x][y] > 0:
+        worth = 2 / spread.contrast[x][y]
+        return Gap(spread.effects[x] - spread.effects[y], sd, worth, spread.df, len(logs))
+    return Gap(statistics.fmean(logs), sd, len(logs), spread.df, len(logs))
