@@ -529,7 +529,14 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {pct(c['launch_sigma'])} | {pct(c['round_sigma'])} | {pct(c['new'])} / {pct(c['old'])} |"
         )
-    lines += ["", "Targets, over every cell of each grid:"]
+    lines += _target_lines(result) + _round_budget_lines(result)
+    return "\n".join(lines) + "\n"
+
+
+def _target_lines(result: dict) -> list[str]:
+    """Each bar over every cell of its grid: the figure and whether it was met."""
+    pct = _pct
+    lines = ["", "Targets, over every cell of each grid:"]
     names = {
         "holds": "the loss bound holds >=",
         "wrong": f"wrong deployment when the race says it decided (cells with {ENOUGH_DECIDED}+ decided races) <=",
@@ -544,22 +551,29 @@ def markdown(result: dict) -> str:
         note = f" ({v['note']})" if v.get("note") else ""
         verdict = "not judged" if v["met"] is None else "met" if v["met"] else "MISSED"
         lines.append(f"- {names[k]} {target}: {figure}{note}: {verdict}")
-    if result["round_budgets"]:
-        lines += [
-            "",
-            f"Launches at equal error: both races at the default host and a {pct(SLOWER)} gap with a larger "
-            "race.max_rounds (all races, undecided ones included), new / previous:",
-            "",
-            "| race.max_rounds | deployed >= 3% slower | wrong / decided | launches per race (modelled min) | "
-            "median loss bound (new) |",
-            "|---|---|---|---|---|",
-        ]
-        for c in result["round_budgets"]:
-            new, old = c["new"], c["old"]
-            lines.append(
-                f"| {c['max_rounds']} | {pct(new['wrong'])} / {pct(old['wrong'])} | {_decided(new)} / "
-                f"{_decided(old)} | {new['launches']:.1f} / {old['launches']:.1f} "
-                f"({new['launches'] * MINUTES_PER_LAUNCH:.0f} / {old['launches'] * MINUTES_PER_LAUNCH:.0f}) | "
-                f"{100 * new['median_loss_bound']:.1f}% |"
-            )
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _round_budget_lines(result: dict) -> list[str]:
+    """Launches at equal error: both races with a larger race.max_rounds, new / previous."""
+    pct = _pct
+    if not result["round_budgets"]:
+        return []
+    lines = [
+        "",
+        f"Launches at equal error: both races at the default host and a {pct(SLOWER)} gap with a larger "
+        "race.max_rounds (all races, undecided ones included), new / previous:",
+        "",
+        "| race.max_rounds | deployed >= 3% slower | wrong / decided | launches per race (modelled min) | "
+        "median loss bound (new) |",
+        "|---|---|---|---|---|",
+    ]
+    for c in result["round_budgets"]:
+        new, old = c["new"], c["old"]
+        lines.append(
+            f"| {c['max_rounds']} | {pct(new['wrong'])} / {pct(old['wrong'])} | {_decided(new)} / "
+            f"{_decided(old)} | {new['launches']:.1f} / {old['launches']:.1f} "
+            f"({new['launches'] * MINUTES_PER_LAUNCH:.0f} / {old['launches'] * MINUTES_PER_LAUNCH:.0f}) | "
+            f"{100 * new['median_loss_bound']:.1f}% |"
+        )
+    return lines

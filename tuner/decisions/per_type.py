@@ -28,10 +28,9 @@ from dataclasses import asdict, dataclass, field
 
 import optuna
 
-from tuner.context import StudyContext
 from tuner.decisions import evidence
 from tuner.decisions.race import label
-from tuner.decisions.remeasure import contender, rounds_of_launches
+from tuner.decisions.remeasure import StudyInputs, contender, rounds_of_launches
 from tuner.knobs.config import method_of
 from tuner.measurement.workload import HELD_OUT_MIN, Split, restrict, split
 from tuner.storage import store
@@ -118,7 +117,7 @@ class PerTypeResult:
 
 
 def race_per_type(
-    ctx: StudyContext,
+    ctx: StudyInputs,
     study: optuna.Study,
     pooled: TrialRecord,
     progress: Callable[[str], None] = print,
@@ -153,52 +152,77 @@ def race_per_type(
         ctx.log_dir,
         progress,
     )
-    types = []
-    for suite, (winner, tuning) in winners.items():
-        own = contenders[winner.config]
-        mine = measured[label(own)].per_suite[suite]
-        theirs = measured[label(contenders[pooled.config])].per_suite[suite]
-        base = measured[label(contenders[baseline.config])].per_suite[suite]
-        if winner.config == pooled.config:
-            low = high = gain = 1.0
-            pays, why = False, "its winner on the tuning prompts is the pooled winner"
-        else:
-            ratio = evidence.ratio(mine, theirs)
-            gain, low, high = ratio.estimate, ratio.low, ratio.high
-            pays = ratio.enough and low > 1.0
-            why = f"{ratio.text()} over the pooled winner on held-out prompts" + (
-                ""
-                if pays
-                else ": too few rounds, no separate entry"
-                if not ratio.enough
-                else ": slower than the pooled winner there"
-                if high < 1.0
-                else ": within the noise, no separate entry"
-            )
-        types.append(
-            TypeResult(
-                suite=suite,
-                tuning_prompts=list(splits[suite].tuning),
-                held_out_prompts=list(splits[suite].held_out),
-                winner=winner.number,
-                config=winner.config.as_dict(),
-                pooled=pooled.number,
-                tuning_tokens_per_second=tuning,
-                pooled_tuning_tokens_per_second=tuning_rate(pooled, splits[suite].tuning),
-                held_out_tokens_per_second=evidence.geometric_mean(mine),
-                pooled_held_out_tokens_per_second=evidence.geometric_mean(theirs),
-                baseline_held_out_tokens_per_second=evidence.geometric_mean(base),
-                held_out_rates=mine,
-                gain=gain,
-                gain_low=low,
-                gain_high=high,
-                pays=pays,
-                why=why,
-            )
+
+    def rates(record: TrialRecord, suite: str) -> list[float]:
+        return measured[label(contenders[record.config])].per_suite[suite]
+
+    types = [
+        _type_result(
+            suite,
+            splits[suite],
+            winner,
+            tuning,
+            pooled,
+            rates(winner, suite),
+            rates(pooled, suite),
+            rates(baseline, suite),
         )
+        for suite, (winner, tuning) in winners.items()
+    ]
     result = PerTypeResult(rounds, pooled.number, baseline.number, types, unsplit)
     store.write_per_type(study, result.to_json())
     return result
+
+
+def _type_result(
+    suite: str,
+    split_: Split,
+    winner: TrialRecord,
+    tuning: float,
+    pooled: TrialRecord,
+    mine: list[float],
+    theirs: list[float],
+    base: list[float],
+) -> TypeResult:
+    """One type's row: its winner on the tuning prompts, re-measured on the held-out ones."""
+    gain, low, high, pays, why = _verdict(winner.config == pooled.config, mine, theirs)
+    return TypeResult(
+        suite=suite,
+        tuning_prompts=list(split_.tuning),
+        held_out_prompts=list(split_.held_out),
+        winner=winner.number,
+        config=winner.config.as_dict(),
+        pooled=pooled.number,
+        tuning_tokens_per_second=tuning,
+        pooled_tuning_tokens_per_second=tuning_rate(pooled, split_.tuning),
+        held_out_tokens_per_second=evidence.geometric_mean(mine),
+        pooled_held_out_tokens_per_second=evidence.geometric_mean(theirs),
+        baseline_held_out_tokens_per_second=evidence.geometric_mean(base),
+        held_out_rates=mine,
+        gain=gain,
+        gain_low=low,
+        gain_high=high,
+        pays=pays,
+        why=why,
+    )
+
+
+def _verdict(same: bool, mine: list[float], theirs: list[float]) -> tuple[float, float, float, bool, str]:
+    """(gain, its interval, whether the type's own winner pays, why) on the held-out prompts."""
+    if same:
+        return 1.0, 1.0, 1.0, False, "its winner on the tuning prompts is the pooled winner"
+    ratio = evidence.ratio(mine, theirs)
+    pays = ratio.enough and ratio.low > 1.0
+    why = f"{ratio.text()} over the pooled winner on held-out prompts" + (
+        ""
+        if pays
+        else ": too few rounds, no separate entry"
+        if not ratio.enough
+        else ": slower than the pooled winner there"
+        if ratio.high < 1.0
+        else ": within the noise, no separate entry"
+    )
+    return ratio.estimate, ratio.low, ratio.high, pays, why
 
 
 def describe(result: PerTypeResult) -> list[str]:

@@ -46,10 +46,9 @@ from pathlib import Path
 import optuna
 
 from tuner import eta
-from tuner.context import StudyContext, study_estimate
 from tuner.decisions import evidence
 from tuner.decisions.drift import Sentinels
-from tuner.decisions.remeasure import Contender, Launch, Remeasure, contender
+from tuner.decisions.remeasure import Launch, Remeasure, StudyInputs, contender
 from tuner.measurement.measure import MeasurementSettings
 from tuner.measurement.workload import Workload
 from tuner.storage import store
@@ -673,6 +672,32 @@ def resource_key(record: TrialRecord, study: StudyRecord) -> tuple:
     return (c.threads, draft_bytes)
 
 
+class _Launcher:
+    """Launches for a race: one finalist alone or a round of several, each timed (the time left is
+    planned on them) and its drafted and accepted tokens kept per finalist."""
+
+    def __init__(self, records: dict[str, TrialRecord], remeasure: Remeasure, progress: eta.Progress):
+        self.contenders = {name: contender(name, r) for name, r in records.items()}
+        self.remeasure = remeasure
+        self.drafted = dict.fromkeys(records, 0)
+        self.accepted: dict[str, list[int]] = {name: [] for name in records}
+        self.watch = eta.Stopwatch(progress)
+
+    def _rate(self, name: str, launched: Launch) -> float:
+        self.drafted[name] += launched.drafted
+        self.accepted[name].append(launched.accepted)
+        return launched.rate
+
+    def launch(self, name: str) -> float:
+        return self._rate(name, self.watch.time(1, lambda: self.remeasure.launch(self.contenders[name])))
+
+    def launch_round(self, names: list[str], r: int) -> dict[str, float]:
+        launched = self.watch.time(
+            len(names), lambda: self.remeasure.round([self.contenders[n] for n in names], r)
+        )
+        return {name: self._rate(name, one) for name, one in launched.items()}
+
+
 def run_race(
     study: StudyRecord,
     candidates: list[TrialRecord],
@@ -686,41 +711,14 @@ def run_race(
 ) -> RaceResult:
     """Rounds of launches until decided or out of rounds; confirmation rounds when ``race.confirm_rounds`` asks."""
     records = {label(r): r for r in [*candidates, baseline]}
-    contenders: dict[str, Contender] = {name: contender(name, r) for name, r in records.items()}
     progress = eta.as_progress(progress)
-    remeasure = Remeasure(workload, settings, log_dir, progress)
-    drafted = dict.fromkeys(records, 0)
-    accepted: dict[str, list[int]] = {name: [] for name in records}
-    watch = eta.Stopwatch(progress)  # seconds per launch so far: the time left is planned on them
-
-    def rate(name: str, launched: Launch) -> float:
-        drafted[name] += launched.drafted
-        accepted[name].append(launched.accepted)
-        return launched.rate
-
-    def launch(name: str) -> float:
-        return rate(name, watch.time(1, lambda: remeasure.launch(contenders[name])))
-
-    def launch_round(names: list[str], r: int) -> dict[str, float]:
-        launched = watch.time(len(names), lambda: remeasure.round([contenders[n] for n in names], r))
-        return {name: rate(name, one) for name, one in launched.items()}
-
-    progress.then_units = 2 * spec.confirm_rounds
-    eta.expect(progress, spec.max_rounds * len(records))
-
-    progress(
-        f"race: {len(records)} finalists ({', '.join(records)}), one launch each per round for "
-        f"{spec.min_rounds} rounds, then the leader and the finalists whose comparison with it is open, until one "
-        f"is within race.loss ({spec.loss:.0%}) of every other, at most {spec.max_rounds} rounds"
-    )
-    if launch_sigma is not None:
-        seconds = progress.unit_s or _trial_seconds([*candidates, baseline])
-        progress(f"race: {forecast_before(launch_sigma, len(records), spec, seconds).text()}")
+    launcher = _Launcher(records, Remeasure(workload, settings, log_dir, progress), progress)
+    _announce(records, spec, progress, launch_sigma)
     contest, outcome = sequential_race(
         [n for n in records if n != label(baseline)],
         label(baseline),
-        launch_round,
-        launch,
+        launcher.launch_round,
+        launcher.launch,
         {n: resource_key(r, study) for n, r in records.items()},
         spec,
         progress,
@@ -733,7 +731,7 @@ def run_race(
             f"race: confirming {outcome.winner} against the baseline in {spec.confirm_rounds} fresh rounds"
         )
         confirmation, check = confirm(
-            outcome.winner, label(baseline), launch_round, launch, spec.confirm_rounds
+            outcome.winner, label(baseline), launcher.launch_round, launcher.launch, spec.confirm_rounds
         )
         contest.outliers += [f"confirmation {line}" for line in check.outliers]
         contest.launches += check.launches
@@ -741,13 +739,13 @@ def run_race(
     return RaceResult(
         max(max(v, default=-1) for v in contest.rounds.values()) + 1,
         baseline.number,
-        _entries(contest, outcome, records, accepted),
+        _entries(contest, outcome, records, launcher.accepted),
         records[outcome.winner].number,
         outcome.decided,
         outcome.verdict,
         RESOURCE_RULE,
         spec.loss,
-        drafted,
+        launcher.drafted,
         contest.outliers,
         contest.launches,
         confirmation,
@@ -755,6 +753,22 @@ def run_race(
         records[outcome.leader].number,
         outcome.forecast,
     )
+
+
+def _announce(
+    records: dict[str, TrialRecord], spec: RaceSpec, progress: eta.Progress, launch_sigma: float | None
+) -> None:
+    """The race's plan, its expected launches for the time left, and the forecast from the launch spread."""
+    progress.then_units = 2 * spec.confirm_rounds
+    eta.expect(progress, spec.max_rounds * len(records))
+    progress(
+        f"race: {len(records)} finalists ({', '.join(records)}), one launch each per round for "
+        f"{spec.min_rounds} rounds, then the leader and the finalists whose comparison with it is open, until one "
+        f"is within race.loss ({spec.loss:.0%}) of every other, at most {spec.max_rounds} rounds"
+    )
+    if launch_sigma is not None:
+        seconds = progress.unit_s or _trial_seconds(list(records.values()))
+        progress(f"race: {forecast_before(launch_sigma, len(records), spec, seconds).text()}")
 
 
 def _trial_seconds(records: list[TrialRecord]) -> float | None:
@@ -821,13 +835,15 @@ def _entries(
 
 
 def race_study(
-    ctx: StudyContext,
+    ctx: StudyInputs,
     study: optuna.Study,
     progress: Callable[[str], None] = print,
     candidates: list[TrialRecord] | None = None,
+    launch_s: float | None = None,
 ) -> RaceResult | None:
     """Race a study's finalists (or the given candidates) against its baseline; stored with the study.
-    None when there is nothing to race: no feasible trial other than the baseline itself."""
+    None when there is nothing to race: no feasible trial other than the baseline itself. ``launch_s``:
+    a launch as the study's estimate has it, for the remaining time before the first is measured."""
     base = store.baseline_record(study)
     if base is None:
         return None
@@ -842,7 +858,7 @@ def race_study(
         return None
     progress = eta.as_progress(progress)
     if progress.unit_s is None:  # no trial measured in this command: a launch as the study estimates it
-        progress.unit_s = study_estimate(ctx).launch_s
+        progress.unit_s = launch_s
     result = run_race(
         store.read_study_record(study),
         pool,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from tuner.errors import UserError
 from tuner.machine.placement import evict
@@ -26,6 +27,19 @@ from tuner.measurement.measure import MeasurementSettings, pooled_rate, run_work
 from tuner.measurement.runner import LlamaServer, free_port
 from tuner.measurement.workload import Workload
 from tuner.storage.records import TrialRecord
+from tuner.studyfile.spec import StudySpec
+
+
+class StudyInputs(Protocol):
+    """What the decisions read of a prepared study (``tuner.context.StudyContext`` has it all): its
+    spec (the race settings), how it measures, its workload and where its logs go. Decisions sit
+    below the context and take it as this argument, never importing it."""
+
+    spec: StudySpec
+    settings: MeasurementSettings
+    workload: Workload
+    log_dir: Path
+
 
 MODEL_FLAGS = ("--model", "--spec-draft-model")
 

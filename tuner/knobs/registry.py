@@ -34,7 +34,7 @@ CONCURRENT_KNOBS = ("parallel",)
 MEMORY_KNOBS = ("mmap", "mlock")
 ON_OFF = ("on", "off")
 # The serving and memory knobs (issues 24, 32), in the order the structured sampler walks them
-# (tuner.search.sampler); every plan carries the baseline's values until then.
+# (tuner.search.stages.serving); every plan carries the baseline's values until then.
 SERVING_KNOBS = (
     "parallel",
     "ubatch",

@@ -258,7 +258,7 @@ def race_for_export(
                 f"{trial.command.binary}: not on this host; export on the study's host or pass --no-race"
             )
     with hostlock.measuring(record.name, progress=progress):  # one measurement per host
-        return race_study(ctx, study, progress, candidates)
+        return race_study(ctx, study, progress, candidates, study_estimate(ctx).launch_s)
 
 
 def export_context(record: StudyRecord):
@@ -606,6 +606,31 @@ def run(args: argparse.Namespace) -> int:
     progress.sink = lambda figures: store.write_progress(study, {"command": "tuner export", **figures})
     records = store.read_trials(study)
     frame = trials_frame(records, noise_cv=record.measurement.get("noise_cv", MeasurementSettings.noise_cv))
+    export = _chosen_export(args, study, record, frame, progress)
+    per_type = (
+        per_type_exports(args, study, record, frame, export, progress)
+        if _wants_per_type(args, record, frame)
+        else None
+    )
+    if per_type is not None:
+        export = replace(export, per_type=per_type[0].to_json() if per_type[0] else None)
+        per_type = [replace(e, per_type=export.per_type) for e in per_type[1]]
+    by_load = load_exports(study, record, frame, args.concurrency, export)
+    if by_load:
+        per_type = per_type or []
+    out_dir = args.out or inside(reports_dir(), study.study_name, "study") / "export"
+    preset = args.preset or reports_dir() / PRESET_FILE
+    verdict = break_even(by_concurrency(frame), launch_spread(records)) if by_load else ""
+    for path in write_export(export, out_dir, preset, per_type, by_load, verdict):
+        print(f"wrote {path}")
+    _note_kept_sections(export, preset)
+    progress.plan(0.0)
+    progress.record(f"exported trial {export.trial}")
+    return 0
+
+
+def _chosen_export(args, study, record: StudyRecord, frame, progress: Progress) -> Export:
+    """The policy's choice, raced (unless --no-race) against the baseline and the other finalists."""
     number, why = choose(record, frame, args.policy, args.min_acceptance, args.trial)
     chosen = store.read_trial(study.trials[number])
     print(
@@ -636,34 +661,19 @@ def run(args: argparse.Namespace) -> int:
             f"best on {row['suite']} (recorded, all its prompts): trial {row['trial']}, {row['method']}, "
             f"K={row['draft_max']}, T={row['temperature']}: {row['tokens_per_second']:.1f} tokens/s"
         )
-    per_type = (
-        per_type_exports(args, study, record, frame, export, progress)
-        if _wants_per_type(args, record, frame)
-        else None
-    )
-    if per_type is not None:
-        export = replace(export, per_type=per_type[0].to_json() if per_type[0] else None)
-        per_type = [replace(e, per_type=export.per_type) for e in per_type[1]]
-    by_load = load_exports(study, record, frame, args.concurrency, export)
-    if by_load:
-        per_type = per_type or []
-    out_dir = args.out or inside(reports_dir(), study.study_name, "study") / "export"
-    preset = args.preset or reports_dir() / PRESET_FILE
-    verdict = break_even(by_concurrency(frame), launch_spread(records)) if by_load else ""
-    for path in write_export(export, out_dir, preset, per_type, by_load, verdict):
-        print(f"wrote {path}")
-    if export.per_type:
-        kept = [
-            section_name(f"{export.section}-{t['suite']}") for t in export.per_type["types"] if not t["pays"]
-        ]
-        for name in set(kept) & set(preset_sections(preset)):
-            print(
-                f"note: section [{name}] of an earlier export is kept in {preset}, but this export found no "
-                f"gain for it on held-out prompts; remove it by hand to serve that type with [{export.section}]"
-            )
-    progress.plan(0.0)
-    progress.record(f"exported trial {export.trial}")
-    return 0
+    return export
+
+
+def _note_kept_sections(export: Export, preset: Path) -> None:
+    """A type's section from an earlier export that this one found no gain for stays: say so."""
+    if not export.per_type:
+        return
+    kept = [section_name(f"{export.section}-{t['suite']}") for t in export.per_type["types"] if not t["pays"]]
+    for name in set(kept) & set(preset_sections(preset)):
+        print(
+            f"note: section [{name}] of an earlier export is kept in {preset}, but this export found no "
+            f"gain for it on held-out prompts; remove it by hand to serve that type with [{export.section}]"
+        )
 
 
 def _levels(text: str) -> tuple[int, ...]:
