@@ -485,7 +485,7 @@ class SpeedModel:
         hw = self.hardware_factor(config)
         rates, accept = {}, []
         ints = self.ints([config])
-        for content in set(land.prompts):
+        for content in sorted(set(land.prompts)):  # a fixed order: sums repeat bit for bit
             ratio, acc = self.speculation(
                 config.spec_type,
                 config.draft,
@@ -589,7 +589,7 @@ class ServingModel:
         ints, serv = speed.ints([config]), self.arrays([config])
         quality = round(quality - float(serv["loss"][0]), 6)
         rates, accept, aggregate = {}, [], {}
-        for content in set(land.prompts):
+        for content in sorted(set(land.prompts)):  # a fixed order: sums repeat bit for bit
             args = (config.spec_type, config.draft, content, ints, serv)
             alone, _ = self.served(*args, np.ones(1), config.temperature, config.threads, hw, cores)
             _, level = self.served(*args, serv["slots"], config.temperature, config.threads, hw, cores)
