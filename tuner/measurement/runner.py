@@ -134,20 +134,13 @@ class Completion:
                 FailureReason.BAD_RESPONSE,
                 f"/completion answered HTTP 200 with no result: {json.dumps(body)[:300]}",
             )
-        timings = body["timings"]
-        return cls(
-            text=body["content"],
-            tokens=tuple(body.get("tokens") or ()),
-            predicted_n=int(timings["predicted_n"]),
-            predicted_ms=float(timings["predicted_ms"]),
-            predicted_per_second=float(timings["predicted_per_second"]),
-            prompt_n=int(timings["prompt_n"]),
-            prompt_ms=float(timings["prompt_ms"]),
-            draft_n=int(timings.get("draft_n", 0)),
-            draft_n_accepted=int(timings.get("draft_n_accepted", 0)),
-            stop_type=body.get("stop_type", "none"),
-            wall_ms=wall_ms,
-            cached_n=int(body.get("tokens_cached") or 0),
+        return cls._timed(
+            body["content"],
+            tuple(body.get("tokens") or ()),
+            body["timings"],
+            body.get("stop_type", "none"),
+            wall_ms,
+            int(body.get("tokens_cached") or 0),
         )
 
     @classmethod
@@ -164,9 +157,23 @@ class Completion:
             )
         text = message.get("content") or ""
         usage = body.get("usage") or {}
+        return cls._timed(
+            text,
+            tuple(text.encode()),
+            timings,
+            {"length": "limit", "stop": "eos"}.get(choices[0].get("finish_reason"), "none"),
+            wall_ms,
+            int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+        )
+
+    @classmethod
+    def _timed(
+        cls, text: str, tokens: tuple, timings: dict, stop_type: str, wall_ms: float, cached_n: int
+    ) -> Completion:
+        """An answer from llama.cpp's ``timings`` object, which both endpoints return alike."""
         return cls(
             text=text,
-            tokens=tuple(text.encode()),
+            tokens=tokens,
             predicted_n=int(timings["predicted_n"]),
             predicted_ms=float(timings["predicted_ms"]),
             predicted_per_second=float(timings["predicted_per_second"]),
@@ -174,9 +181,9 @@ class Completion:
             prompt_ms=float(timings["prompt_ms"]),
             draft_n=int(timings.get("draft_n", 0)),
             draft_n_accepted=int(timings.get("draft_n_accepted", 0)),
-            stop_type={"length": "limit", "stop": "eos"}.get(choices[0].get("finish_reason"), "none"),
+            stop_type=stop_type,
             wall_ms=wall_ms,
-            cached_n=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+            cached_n=cached_n,
         )
 
 
