@@ -12,10 +12,10 @@ from fake_llama_server import write_study
 
 from tuner.context import prepare
 from tuner.errors import UserError
-from tuner.output.doctor import thp_measured
 from tuner.machine.host import read_thp_mode
 from tuner.machine.placement import parse_smaps_rollup
 from tuner.measurement.launch import build_server_command
+from tuner.output.doctor import thp_measured
 from tuner.paths import REPO_ROOT, models_dir
 from tuner.search.space import baseline_config, suggest
 from tuner.storage import store

@@ -5,7 +5,8 @@ in 15 trials. An operator's space (three drafts, K 1-48, eight thread counts wit
 four NUMA policies, four temperatures) has tens of thousands, and a trial of a 32B target
 costs minutes. These landscapes are that space as a pure-Python model, so a search
 strategy can be replayed on it in seconds. They are *not* measured on this machine: every
-number comes from the published tables in ``/work/shared/seeds`` (cited where used), and
+number comes from the published tables of the research notes (``seeds/`` in the shared folder
+beside the repository; cited where used), and
 the shape of the speculative curve is deliberately not the sampler's own model
 (acceptance decays along the draft, verification of K tokens costs a little more than
 one step, the draft's cost grows with the thread count): a search must find optima, not
