@@ -121,6 +121,17 @@ def output_quality(
     )
 
 
+def _perplexity_argv(
+    model_argv_flags: list[str], text_file: Path, ctx: int, chunks: int, bin_dir
+) -> list[str]:
+    """llama-perplexity over ``chunks`` windows of ``ctx`` tokens of ``text_file``, the model as given."""
+    return [
+        str(binary("llama-perplexity", bin_dir)),
+        *model_argv_flags,
+        *("-f", str(text_file), "-c", str(ctx), "--chunks", str(chunks)),
+    ]
+
+
 def measure_perplexity(
     model_argv_flags: list[str],
     text_file: Path,
@@ -136,16 +147,7 @@ def measure_perplexity(
     logger on purpose), so a run can exit 0 with its last lines, the estimate among
     them, unwritten; such a run is repeated, up to ``PERPLEXITY_ATTEMPTS`` times.
     """
-    argv = [
-        str(binary("llama-perplexity", bin_dir)),
-        *model_argv_flags,
-        "-f",
-        str(text_file),
-        "-c",
-        str(ctx),
-        "--chunks",
-        str(chunks),
-    ]
+    argv = _perplexity_argv(model_argv_flags, text_file, ctx, chunks, bin_dir)
     for _ in range(PERPLEXITY_ATTEMPTS):
         returncode, text = _run_to_exit(argv, timeout_s)
         tail = "\n".join(text.splitlines()[-40:])
@@ -183,14 +185,7 @@ def save_kld_base(
     base_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = base_file.with_name(base_file.name + ".tmp")
     argv = [
-        str(binary("llama-perplexity", bin_dir)),
-        *model_argv_flags,
-        "-f",
-        str(text_file),
-        "-c",
-        str(ctx),
-        "--chunks",
-        str(chunks),
+        *_perplexity_argv(model_argv_flags, text_file, ctx, chunks, bin_dir),
         "--kl-divergence-base",
         str(tmp),
     ]
