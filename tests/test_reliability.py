@@ -29,7 +29,7 @@ from tuner.errors import UserError
 from tuner.measurement.failures import TrialFailure
 from tuner.paths import models_dir
 from tuner.storage import store
-from tuner.storage.coordination import tally
+from tuner.storage.coordination import make_storage, tally
 from tuner.study import TrialRunner, open_study, prepare, run_study
 from tuner.studyfile.spec import load_spec
 
@@ -254,6 +254,24 @@ def test_unreachable_storage_is_one_line_without_the_password(tmp_path, env, cap
         assert "\n" not in err and "cannot open" in err, err
         assert "s3cret" not in err and "postgresql://tuner:***@127.0.0.1:1/tuner" in err
     assert not (tmp_path / "storage").exists()  # nothing written
+
+
+def test_a_storage_that_cannot_be_opened_is_one_line_from_every_opener():
+    """Running a study (make_storage) and reading one (open_stored_study) say the same line."""
+    for url, problem in (
+        ("postgresql://tuner:s3cret@127.0.0.1:1/tuner", "connection"),
+        ("postgresql://tuner:s3cret@127.0.0.1:port/tuner", "invalid literal"),
+    ):
+        lines = []
+        for opener in (lambda: make_storage(url), lambda: store.open_stored_study("x", url)):
+            with pytest.raises(UserError) as raised:
+                opener()
+            lines.append(str(raised.value))
+        assert lines[0] == lines[1], lines
+        line = lines[0]
+        assert "\n" not in line and "s3cret" not in line and problem in line, line
+        assert line.startswith("storage postgresql://") and ": cannot open (" in line, line
+        assert line.endswith("; check the URL and that the database is reachable"), line
 
 
 def test_existing_study_with_another_search_space_is_refused_untouched(tmp_path, env, capsys):

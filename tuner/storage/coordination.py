@@ -249,17 +249,11 @@ def make_storage(url: str, workers: WorkersSpec = WorkersSpec()) -> optuna.stora
     """An RDB storage with heartbeats; an unreachable URL is a one-line error, not a traceback."""
     check_scheme(url)
     prepare_sqlite_dir(url)
-    from tuner.storage.outage import FULL, is_down, retrying
+    from tuner.storage.outage import FULL, cannot_open, is_down, retrying
 
     try:  # a full disk is an outage, retried like one (then outage.guard says it, exit 69); a wrong URL is not
         return retrying(lambda: open_storage(url, workers), url, workers.storage_retry_s, only=FULL)
     except Exception as err:  # sqlalchemy raises many kinds; all mean "cannot use this URL"
         if is_down():
             raise
-        first = scrub(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__, url)
-        fix = (
-            "install the PostgreSQL driver: pip install -e '.[postgres]'"
-            if isinstance(err, ImportError) and url.startswith("postgresql")
-            else "check the URL and that the database is reachable"
-        )
-        raise UserError(f"storage {safe_url(url)}: cannot open ({first}); {fix}") from err
+        raise cannot_open(err, url) from err

@@ -144,6 +144,17 @@ def problem_of(err: BaseException, url: str) -> str:
     return scrub(text, url)
 
 
+def cannot_open(err: BaseException, url: str) -> UserError:
+    """The one line for a storage that cannot be opened (any command, any error its driver raised):
+    the URL and the problem with the password hidden, and the fix (a missing PostgreSQL driver named)."""
+    fix = (
+        "install the PostgreSQL driver: pip install -e '.[postgres]'"
+        if isinstance(err, ImportError) and url.startswith("postgresql")
+        else "check the URL and that the database is reachable"
+    )
+    return UserError(f"storage {safe_url(url)}: cannot open ({problem_of(err, url)}); {fix}")
+
+
 FULL = (
     "database or disk is full",
     "No space left on device",

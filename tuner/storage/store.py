@@ -33,7 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UserError
 from tuner.paths import check_study_name
-from tuner.storage.outage import classify, problem_of
+from tuner.storage.outage import cannot_open, classify
 from tuner.storage.records import (
     SCHEMA_VERSION,
     Failure,
@@ -415,15 +415,5 @@ def open_stored_study(ref: str, storage: str | None = None) -> tuple[optuna.Stud
     except UserError:
         raise
     except Exception as err:  # sqlalchemy and the drivers raise many kinds; all mean "cannot use this URL"
-        if not isinstance(err, ImportError) and type(err).__module__.split(".")[0] not in (
-            "sqlalchemy",
-            "psycopg",
-            "psycopg2",
-            "sqlite3",
-        ):
-            raise
-        raise UserError(
-            f"storage {safe_url(url)}: cannot open ({problem_of(err, url)}); "
-            "check the URL and that the database is reachable"
-        ) from None
+        raise cannot_open(err, url) from err
     return study, read_study_record(study)
