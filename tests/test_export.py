@@ -30,6 +30,7 @@ from fake_llama_server import (
 )
 
 from tuner.cli import main
+from tuner.decisions.deployment import choose, race_policy
 from tuner.decisions.race import Entry, RaceResult
 from tuner.errors import UserError
 from tuner.machine.llama_build import binary
@@ -40,12 +41,10 @@ from tuner.output.analysis import families_by_suite, front_2d, trials_frame
 from tuner.output.export import (
     Export,
     build_export,
-    choose,
     client_note,
     merge_preset,
     preset_lines,
     production_argv,
-    race_policy,
     shell_script,
 )
 from tuner.paths import models_dir

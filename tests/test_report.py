@@ -17,6 +17,7 @@ import pytest
 from fake_llama_server import run_study_file, write_moe_study, write_study
 
 from tuner.cli import main
+from tuner.decisions import front
 from tuner.errors import UserError
 from tuner.output import analysis, report
 from tuner.output.report_html import render
@@ -163,7 +164,7 @@ def test_moe_roofline_counts_only_active_experts_and_knee_sits_at_the_bend(moe):
     feasible = sorted((r for r in records if r.feasible), key=lambda r: r.metrics.quality)
     assert 0 < len(feasible) < len(records)
     assert list(data.front_quality["trial"]) == [r.number for r in feasible]
-    knee = analysis.knee(data.front_quality)
+    knee = front.knee(data.front_quality)
     assert knee in [r.number for r in feasible[1:-1]]  # neither end: the fastest nor the baseline
 
 

@@ -1,22 +1,8 @@
-"""Export a study's chosen configuration (`tuner export STUDY`) for production.
+"""Export a study's deployment (`tuner export STUDY`) for production.
 
-Selection policy (documented in ``--help``): among complete trials that meet the quality
-floor (``constraint_quality <= 0``), optionally only those with acceptance at least
-``--min-acceptance``,
-
-* ``max-tps`` (default): the highest decode tokens/s;
-* ``knee``: the knee of the tokens/s-against-quality front (``tuner.output.analysis.knee``),
-  i.e. the best speed before quality starts to be paid for it;
-* ``--trial N`` overrides both with one feasible trial.
-
-Before anything is written the finalists are raced (``tuner.decisions.race``): the policy's choice
-(with ``max-tps``: every feasible trial within reach of the leader) and the baseline are
-launched afresh round by round until the race decides, and the export is the race's winner, with
-its speedup over the baseline (a 95% interval simultaneous over the finalists) and what it may lose
-(the best other finalist may be at most that much faster). The baseline is the default: a finalist
-replaces llama.cpp's defaults only when shown faster than the baseline; otherwise the baseline is
-exported, with the best candidate's figures beside it. A study's single best figure can be luck;
-fresh launches, compared in pairs, are what an operator can bet on. The outputs, under ``reports/STUDY/export/``: ``serve.sh`` (the exact command,
+Which trial is deployed, with what verdict and policy, per content type and per load class, is
+``tuner.decisions.deployment``'s (the policies, the finalist race, the baseline as the default). This
+module writes it, under ``reports/STUDY/export/``: ``serve.sh`` (the exact command,
 ``shlex``-quoted, host and port from ``LLAMA_ARG_HOST``/``LLAMA_ARG_PORT``, default
 127.0.0.1:8080), ``config.json`` and ``config.yaml``, and the study's section in the
 shared ``reports/models-preset.ini`` for one ``llama-server --models-preset`` router.
@@ -39,9 +25,18 @@ import pandas as pd
 import yaml
 
 from tuner.context import prepare, study_estimate
-from tuner.decisions.per_type import PerTypeResult, race_per_type
-from tuner.decisions.per_type import describe as describe_per_type
-from tuner.decisions.race import RaceResult, finalists, race_study
+from tuner.decisions.deployment import (
+    POLICIES,
+    best_at_load,
+    choose,
+    decision,
+    race_for_export,
+    race_policy,
+    race_types,
+    wants_per_type,
+)
+from tuner.decisions.per_type import PerTypeResult
+from tuner.decisions.race import RaceResult
 from tuner.decisions.race import describe as describe_race
 from tuner.decisions.route import describe_accuracy
 from tuner.errors import UserError
@@ -55,9 +50,6 @@ from tuner.output.analysis import (
     best_per_suite,
     break_even,
     by_concurrency,
-    feasible,
-    front_2d,
-    knee,
     launch_spread,
     levels_of,
     suites_of,
@@ -69,54 +61,8 @@ from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord, changes
 from tuner.studyfile.spec import load_spec
 
-POLICIES = {
-    "max-tps": "highest tokens/s among trials that meet the quality floor",
-    "knee": "knee of the tokens/s-against-quality front of trials that meet the quality floor",
-}
 PRESET_FILE = "models-preset.ini"
 INI_UNSAFE = re.compile(r"[;#\r\n]")  # llama.cpp's INI parser ends a value at a comment or newline
-
-
-# ------------------------------------------------------------------ choosing
-
-
-def choose(
-    record: StudyRecord,
-    frame: pd.DataFrame,
-    policy: str = "max-tps",
-    min_acceptance: float | None = None,
-    trial: int | None = None,
-) -> tuple[int, str]:
-    """The exported trial's number and why it was chosen; no candidate is a UserError."""
-    if policy not in POLICIES:
-        raise UserError(f"--policy: unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
-    name = record.name
-    pool = feasible(frame)
-    n_complete = int((frame["state"] == "COMPLETE").sum())
-    if pool.empty:
-        raise UserError(
-            f"study {name!r} has no feasible trial ({n_complete} complete, none meets the quality floor "
-            f"{record.floor}); run more trials or lower quality.floor in the study file"
-        )
-    if trial is not None:
-        if trial not in set(pool["trial"]):
-            raise UserError(
-                f"--trial {trial}: not a complete trial of {name!r} that meets the quality floor; "
-                "pick one from the report's Pareto table"
-            )
-        return trial, f"trial {trial} chosen with --trial"
-    if min_acceptance is not None:
-        best = pool["acceptance"].max()
-        pool = pool[pool["acceptance"] >= min_acceptance]
-        if pool.empty:
-            raise UserError(
-                f"--min-acceptance {min_acceptance:g}: no feasible trial of {name!r} reaches it "
-                f"(best feasible acceptance {best:.2f}); lower it"
-            )
-    why = POLICIES[policy] + (f", acceptance >= {min_acceptance:g}" if min_acceptance is not None else "")
-    if policy == "knee":
-        return knee(front_2d(pool, "quality")), why
-    return int(pool.sort_values("tokens_per_second", ascending=False)["trial"].iloc[0]), why
 
 
 # ------------------------------------------------------------------ the exported record
@@ -154,54 +100,6 @@ class Export:
         out["preset_section"] = self.section
         out["decision"] = decision(self.race)
         return out
-
-
-def decision(race: RaceResult | None) -> dict | None:
-    """What the race decided, for JSON/YAML readers: the deployed trial, whether it replaced llama.cpp's defaults,
-    the verdict, what it may lose (``loss_bound``: the best other finalist may be at most this much faster, 95%,
-    simultaneous over the finalists), the forecast after an undecided race, and beside a deployed baseline the
-    best candidate's figures. None without a race (``--no-race``)."""
-    if race is None:
-        return None
-    best = race.best_candidate if race.baseline_deployed else None
-    return {
-        "deployed_trial": race.winner,
-        "baseline_deployed": race.baseline_deployed,
-        "decided": race.decided,
-        "verdict": race.verdict,
-        "loss_bound": race.loss_bound,
-        "loss_bound_text": race.loss_line(),
-        "race_loss": race.loss,
-        "rounds": race.rounds,
-        "launches": race.launches,
-        "forecast": race.forecast or None,
-        "best_candidate": None
-        if best is None
-        else {
-            "trial": best.trial,
-            "speedup": best.speedup,
-            "speedup_low": best.speedup_low,
-            "speedup_high": best.speedup_high,
-            "config": best.config,
-        },
-    }
-
-
-def race_policy(race: RaceResult, why: str) -> str:
-    """Why the export is what it is after a race, in one line (the preset's and serve.sh's comment): won, the
-    highest estimate of an undecided race, or the baseline because nothing was shown faster than it."""
-    if race.baseline_deployed:
-        best = race.best_candidate
-        beside = (
-            f"; best candidate trial {best.trial}: x{best.speedup:.2f} [{best.speedup_low:.2f}, "
-            f"{best.speedup_high:.2f}] over it, not shown faster"
-            if best
-            else ""
-        )
-        return f"nothing was shown faster than the baseline: llama.cpp's defaults are exported{beside}"
-    if race.decided:
-        return f"won the finalist race ({why} among the finalists); {race.loss_line()}"
-    return f"highest estimate of an undecided finalist race ({why} among the finalists); {race.loss_line()}"
 
 
 def section_name(name: str) -> str:
@@ -242,23 +140,7 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else value
 
 
-# ------------------------------------------------------------------ racing
-
-
-def race_for_export(
-    study: optuna.Study, record: StudyRecord, candidates: list[TrialRecord] | None, progress=print
-) -> RaceResult | None:
-    """Race with the study's own workload and settings, refused if they changed since it was measured."""
-    ctx = export_context(record)
-    if candidates is None:
-        candidates = finalists(store.read_trials(study), ctx.settings.noise_cv, ctx.spec.race.max_finalists)
-    for trial in candidates:
-        if not Path(trial.command.binary).exists():
-            raise UserError(
-                f"{trial.command.binary}: not on this host; export on the study's host or pass --no-race"
-            )
-    with hostlock.measuring(record.name, progress=progress):  # one measurement per host
-        return race_study(ctx, study, progress, candidates, study_estimate(ctx).launch_s)
+# ------------------------------------------------------------------ the study, to race on
 
 
 def export_context(record: StudyRecord):
@@ -609,7 +491,7 @@ def run(args: argparse.Namespace) -> int:
     export = _chosen_export(args, study, record, frame, progress)
     per_type = (
         per_type_exports(args, study, record, frame, export, progress)
-        if _wants_per_type(args, record, frame)
+        if wants_per_type(args.per_type, args.no_race, record, suites_of(frame))
         else None
     )
     if per_type is not None:
@@ -640,7 +522,8 @@ def _chosen_export(args, study, record: StudyRecord, frame, progress: Progress) 
     race = None
     if not args.no_race:
         candidates = None if args.policy == "max-tps" and args.trial is None else [chosen]
-        race = race_for_export(study, record, candidates, progress)
+        ctx = export_context(record)
+        race = race_for_export(ctx, study, record, candidates, study_estimate(ctx).launch_s, progress)
         if race is None:
             print("race: the choice is the baseline configuration itself; nothing to race")
         else:
@@ -701,15 +584,7 @@ def load_exports(
     levels = asked if asked is not None else (tuple(measured) if measured and max(measured) > 1 else ())
     exports = []
     for users in levels:
-        column = f"aggregate_tokens_per_second_c{users}"
-        pool = feasible(frame).dropna(subset=[column]) if column in frame else frame.iloc[0:0]
-        if pool.empty:
-            raise UserError(
-                f"--concurrency {users}: study {record.name!r} has no feasible trial measured at {users} "
-                f"users (levels measured: {', '.join(map(str, measured)) or 'none'}); list those levels "
-                "in workload.concurrency and run it again, or export one of them"
-            )
-        best = pool.loc[pool[column].idxmax()]
+        best, figure = best_at_load(record, frame, users, measured)
         trial = int(best["trial"])
         chosen = store.read_trial(study.trials[trial])
         exports.append(
@@ -718,14 +593,14 @@ def load_exports(
                     record,
                     chosen,
                     frame,
-                    f"best recorded aggregate tokens/s at {users} user(s): {best[column]:.1f}",
+                    f"best recorded aggregate tokens/s at {users} user(s): {figure:.1f}",
                 ),
                 command=with_slots(chosen.command, users),
                 section_name=f"{pooled.section}-c{users}",
             )
         )
         print(
-            f"load class c{users}: trial {trial}, {best['method']}: {best[column]:.1f} tokens/s in all at {users} "
+            f"load class c{users}: trial {trial}, {best['method']}: {figure:.1f} tokens/s in all at {users} "
             f"user(s) at once (recorded, one launch), served with {users} slot(s)"
         )
     return exports
@@ -768,31 +643,6 @@ def preset_sections(path: Path) -> list[str]:
     return [m.group(1) for line in path.read_text().splitlines() if (m := _HEADER.fullmatch(line))]
 
 
-def _wants_per_type(args: argparse.Namespace, record: StudyRecord, frame: pd.DataFrame) -> bool:
-    """Per-type export: asked for, or by default when the study measured several content types."""
-    types = suites_of(frame)
-    if args.per_type is False:
-        return False
-    if len(types) < 2:
-        if args.per_type:
-            raise UserError(
-                f"--per-type: study {record.name!r} measured one content type "
-                f"({', '.join(types) or 'none'}), so there is no per-type winner to serve; export "
-                "without --per-type (its pooled winner is that type's winner), or run a study whose "
-                "workload has several suites"
-            )
-        return False
-    if args.no_race:
-        if args.per_type:
-            raise UserError(
-                "--per-type re-measures each type's winner on held-out prompts; it cannot be "
-                "combined with --no-race"
-            )
-        print("per-type: skipped with --no-race (per-type winners are only exported on held-out figures)")
-        return False
-    return True
-
-
 def per_type_exports(
     args: argparse.Namespace,
     study: optuna.Study,
@@ -804,25 +654,10 @@ def per_type_exports(
     """Race the per-type winners on held-out prompts; the exports of the types that pay."""
     ctx = export_context(record)
     progress = progress or Progress(print)
-    # at most the pooled winner, the baseline and one winner per type, each launched once per round
-    rounds = max(ctx.spec.race.min_rounds, ctx.spec.race.confirm_rounds)
     progress.unit_s = progress.unit_s or study_estimate(ctx).launch_s
-    progress.plan(rounds * (len(ctx.workload.suites) + 2) * progress.unit_s)
-    with hostlock.measuring(record.name, progress=progress):  # one measurement per host
-        result = race_per_type(ctx, study, store.read_trial(study.trials[pooled.trial]), progress)
+    result = race_types(ctx, study, record, pooled.trial, args.per_type, progress)
     if result is None:
-        print("per-type: the study has no baseline; nothing to race")
         return None, []
-    for line in describe_per_type(result):
-        print(line)
-    if not result.types and args.per_type:
-        raise UserError(
-            f"--per-type: no content type of {record.name!r} can be split into tuning and held-out "
-            "prompts ("
-            + "; ".join(f"{s}: {why}" for s, why in result.unsplit.items())
-            + "); add prompts to its suites"
-        )
-    print(describe_accuracy())
     exports = [
         replace(
             build_export(
