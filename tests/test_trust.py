@@ -16,7 +16,7 @@ from fake_llama_server import write_study
 
 from tuner.context import prepare
 from tuner.decisions.drift import Sentinels, sentinel_due
-from tuner.decisions.race import describe, finalists, race_study
+from tuner.decisions.race import finalists, race_study, verdict_lines
 from tuner.knobs.config import TrialConfig
 from tuner.machine.placement import contradiction, evict, parse_numa_maps, resident_fraction
 from tuner.machine.roofline import Bandwidth, Roofline, impossible
@@ -406,7 +406,7 @@ def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path,
     assert race == result.to_json() and len(race["entries"]) == 3 and race["rounds"] == 3
     assert all(1 <= len(e["rates"]) <= 3 for e in race["entries"])  # one launch per round until dropped
     assert race["launches"] >= sum(len(e["rates"]) for e in race["entries"])
-    printed = describe(result)
+    printed = verdict_lines(result)
     assert any(line.startswith("verdict: ") for line in printed)
     winner = next(line for line in printed if line.startswith("winner: trial"))
     assert "confirmation rounds" in winner or "baseline configuration won" in winner

@@ -32,14 +32,13 @@ import optuna
 
 from tuner.context import StudyContext, check_lines, prepare, study_estimate
 from tuner.decisions.drift import sentinel_due
-from tuner.decisions.race import describe as describe_race
-from tuner.decisions.race import race_study
+from tuner.decisions.race import race_study, verdict_lines
 from tuner.errors import UserError
 from tuner.eta import Progress, RunClock, as_progress
 from tuner.machine import hostlock
 from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.run_loop import ensure_baseline, open_study, run_until_budget
-from tuner.search.prior import describe as describe_prior
+from tuner.search.prior import describe_prior
 from tuner.search.space import baseline_config, suggest
 from tuner.storage import outage, store
 from tuner.storage.coordination import (
@@ -260,7 +259,7 @@ def _run_locked(
         if race:
             result = race_study(ctx, study, progress)
             for line in (
-                describe_race(result) if result else ["race: no feasible trial besides the baseline to race"]
+                verdict_lines(result) if result else ["race: no feasible trial besides the baseline to race"]
             ):
                 progress.out(line)  # the result, not progress
         progress.plan(0.0)

@@ -31,8 +31,7 @@ import optuna
 import pandas as pd
 
 from tuner.decisions.front import feasible, front_2d, knee
-from tuner.decisions.per_type import PerTypeResult, race_per_type
-from tuner.decisions.per_type import describe as describe_per_type
+from tuner.decisions.per_type import PerTypeResult, race_per_type, winner_lines
 from tuner.decisions.race import RaceResult, finalists, race_study
 from tuner.decisions.remeasure import StudyInputs
 from tuner.decisions.route import describe_accuracy
@@ -208,7 +207,7 @@ def race_types(
     if result is None:
         print("per-type: the study has no baseline; nothing to race")
         return None
-    for line in describe_per_type(result):
+    for line in winner_lines(result):
         print(line)
     if not result.types and asked:
         raise UserError(

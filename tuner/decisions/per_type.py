@@ -225,7 +225,7 @@ def _verdict(same: bool, mine: list[float], theirs: list[float]) -> tuple[float,
     return ratio.estimate, ratio.low, ratio.high, pays, why
 
 
-def describe(result: PerTypeResult) -> list[str]:
+def winner_lines(result: PerTypeResult) -> list[str]:
     """The per-type table an operator reads, and which types get their own entry."""
     lines = [
         f"per-type winners (picked on tuning prompts, re-measured on {HELD_OUT_MIN}+ held-out prompts per type "

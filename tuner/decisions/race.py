@@ -874,7 +874,7 @@ def race_study(
     return result
 
 
-def describe(result: RaceResult) -> list[str]:
+def verdict_lines(result: RaceResult) -> list[str]:
     """What an operator reads: the table, the verdict, what the deployment may lose, the forecast, outliers, and the
     deployed configuration's figure."""
     lines = [

@@ -36,8 +36,7 @@ from tuner.decisions.deployment import (
     wants_per_type,
 )
 from tuner.decisions.per_type import PerTypeResult
-from tuner.decisions.race import RaceResult
-from tuner.decisions.race import describe as describe_race
+from tuner.decisions.race import RaceResult, verdict_lines
 from tuner.decisions.route import describe_accuracy
 from tuner.errors import UserError
 from tuner.eta import Progress
@@ -527,7 +526,7 @@ def _chosen_export(args, study, record: StudyRecord, frame, progress: Progress) 
         if race is None:
             print("race: the choice is the baseline configuration itself; nothing to race")
         else:
-            for line in describe_race(race):
+            for line in verdict_lines(race):
                 print(line)
             number, why = race.winner, race_policy(race, why)
             if race.baseline_deployed:

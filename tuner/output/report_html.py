@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 
 from tuner.machine.roofline import Roofline
 from tuner.output.analysis import ReportData, break_even, complete, per_type_frame
-from tuner.search.prior import describe as describe_prior
+from tuner.search.prior import describe_prior
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 FEASIBLE_COLOR = "#1f77b4"

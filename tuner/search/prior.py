@@ -78,7 +78,7 @@ def find_prior(storage, record: StudyRecord, space: ResolvedSpace) -> dict | Non
     return choose(record, space, store.stored_winners(storage, exclude=record.name))
 
 
-def describe(prior: dict) -> str:
+def describe_prior(prior: dict) -> str:
     what = (
         "the same target and workload"
         if prior.get("same_workload")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tuner.knobs.registry import SERVING_KNOBS
 from tuner.search.history import PastTrial
-from tuner.search.prior import HW_KNOBS, describe
+from tuner.search.prior import HW_KNOBS, describe_prior
 from tuner.search.stages.configs import describe_speculation, hardware_of, hardware_params
 from tuner.search.stages.state import Proposal, SearchState
 
@@ -55,7 +55,7 @@ def prior_pair(state: SearchState, incumbent: PastTrial) -> Proposal | None:
                 {**_rest(incumbent), **hardware_params(prior)},
                 "hardware",
                 f"NUMA {prior.get('numa')}, {prior.get('threads')} threads with "
-                f"{describe_speculation(incumbent.params)}: best on this host in {describe(state.prior)}",
+                f"{describe_speculation(incumbent.params)}: best on this host in {describe_prior(state.prior)}",
             )
         ]
     )

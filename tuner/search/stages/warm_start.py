@@ -7,7 +7,7 @@ measurements that follow.
 
 from __future__ import annotations
 
-from tuner.search.prior import describe
+from tuner.search.prior import describe_prior
 from tuner.search.stages.state import Proposal, SearchState
 
 
@@ -16,4 +16,4 @@ def propose(state: SearchState) -> Proposal | None:
     params = state.prior.get("params")
     if not params:
         return None
-    return state.first_new([(params, "warm start", f"the winner of {describe(state.prior)}")])
+    return state.first_new([(params, "warm start", f"the winner of {describe_prior(state.prior)}")])
