@@ -70,6 +70,11 @@ def label(record: TrialRecord) -> str:
     return f"trial-{record.number}"
 
 
+def race_title(users: int | None) -> str:
+    """How a race's lines begin: ``race``, or ``race c4`` for a load class's (aggregate tokens/s at 4 users)."""
+    return "race" if users is None else f"race c{users}"
+
+
 def reach_z(trials: int) -> float:
     """How many spreads from the leader a trial may be and still be a finalist: the leader is the highest of
     ``trials`` single measurements, so the true best must be in reach of each of the others at once: z at 5% over
@@ -91,15 +96,38 @@ def within_reach(scored: list[tuple[float, float]], launch: float) -> list[int]:
     ]
 
 
-def finalists(records: list[TrialRecord], noise_cv: float, max_finalists: int) -> list[TrialRecord]:
+def recorded_rate(record: TrialRecord, users: int | None = None) -> float:
+    """What a trial recorded: one user's tokens/s, or with ``users`` the aggregate tokens/s at that level (0.0
+    when it measured none)."""
+    if users is None:
+        return record.metrics.tokens_per_second if record.metrics else 0.0
+    return record.level_figure("aggregate_tokens_per_second", users) or 0.0
+
+
+def finalists(
+    records: list[TrialRecord], noise_cv: float, max_finalists: int, users: int | None = None
+) -> list[TrialRecord]:
     """The leader on drift-corrected rates and the feasible trials within reach of it, closest first,
-    one per configuration (raw rates when a trial has no sentinel to divide by)."""
+    one per configuration (raw rates when a trial has no sentinel to divide by).
+
+    With ``users``, a load class's finalists: on the aggregate tokens/s at that level, over the same sentinel
+    rate (drift moves every level of a trial alike), each with the study's noise_cv (a level is one pass)."""
     sentinels = Sentinels(records, noise_cv)
-    pool = [r for r in records if r.feasible and r.role != "sentinel" and r.metrics.tokens_per_second > 0]
+    pool = [
+        r
+        for r in records
+        if r.feasible
+        and r.role != "sentinel"
+        and r.metrics.tokens_per_second > 0
+        and recorded_rate(r, users) > 0
+    ]
     corrected = [1.0 if r.role == "baseline" else sentinels.speedup(r) for r in pool]
     rates = corrected if all(corrected) else [r.metrics.tokens_per_second for r in pool]
     scored = [
-        (math.log(rate), r.spread.cv if r.spread and r.spread.cv is not None else noise_cv)
+        (
+            math.log(rate * recorded_rate(r, users) / r.metrics.tokens_per_second),
+            r.spread.cv if users is None and r.spread and r.spread.cv is not None else noise_cv,
+        )
         for rate, r in zip(rates, pool)
     ]
     chosen: dict = {}
@@ -483,7 +511,9 @@ def _next_round(contest: Contest, look: Look | None, baseline: str, spec: RaceSp
     return [n for n in live if n in chosen]
 
 
-def _round_line(contest: Contest, look: Look, measured: list[str], r: int, outcome: Outcome | None) -> str:
+def _round_line(
+    contest: Contest, look: Look, measured: list[str], r: int, outcome: Outcome | None, title: str = "race"
+) -> str:
     resting = [n for n in contest.candidates if n not in measured]
     leader = look.leader
     status = (
@@ -495,7 +525,7 @@ def _round_line(contest: Contest, look: Look, measured: list[str], r: int, outco
         else "racing on"
     )
     return (
-        f"race round {r + 1}: "
+        f"{title} round {r + 1}: "
         + ", ".join(f"{n} {contest.rates[n][-1]:.1f}" for n in measured)
         + " t/s"
         + (f" (resting: {', '.join(resting)})" if resting else "")
@@ -512,6 +542,7 @@ def sequential_race(
     spec: RaceSpec,
     progress: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
+    title: str = "race",
 ) -> tuple[Contest, Outcome]:
     """Rounds of launches until some finalist is within ``race.loss`` of every other and may replace the baseline.
 
@@ -534,7 +565,7 @@ def sequential_race(
         if r + 1 >= first:
             outcome = _decide(contest, look, baseline, resources, spec, r + 1)
         eta.expect(progress, 0 if outcome else (spec.max_rounds - r - 1) * len(measured))
-        progress(_round_line(contest, look, measured, r, outcome))
+        progress(_round_line(contest, look, measured, r, outcome, title))
         if outcome is not None:
             return contest, outcome
         if clock() >= deadline and r + 1 >= first:
@@ -596,6 +627,11 @@ class RaceResult:
     )
     leader: int | None = None  # the highest estimate (the best candidate when the baseline is deployed)
     forecast: str = ""  # after an undecided race: what telling race.loss apart would take
+    users: int | None = None  # a load class's race: aggregate tokens/s at this many users at once
+
+    @property
+    def title(self) -> str:
+        return race_title(self.users)
 
     @property
     def winning(self) -> Entry:
@@ -676,8 +712,14 @@ class _Launcher:
     """Launches for a race: one finalist alone or a round of several, each timed (the time left is
     planned on them) and its drafted and accepted tokens kept per finalist."""
 
-    def __init__(self, records: dict[str, TrialRecord], remeasure: Remeasure, progress: eta.Progress):
-        self.contenders = {name: contender(name, r) for name, r in records.items()}
+    def __init__(
+        self,
+        records: dict[str, TrialRecord],
+        remeasure: Remeasure,
+        progress: eta.Progress,
+        users: int | None = None,
+    ):
+        self.contenders = {name: contender(name, r, users) for name, r in records.items()}
         self.remeasure = remeasure
         self.drafted = dict.fromkeys(records, 0)
         self.accepted: dict[str, list[int]] = {name: [] for name in records}
@@ -708,12 +750,15 @@ def run_race(
     log_dir: Path,
     progress: Callable[[str], None] = print,
     launch_sigma: float | None = None,
+    users: int | None = None,
 ) -> RaceResult:
-    """Rounds of launches until decided or out of rounds; confirmation rounds when ``race.confirm_rounds`` asks."""
+    """Rounds of launches until decided or out of rounds; confirmation rounds when ``race.confirm_rounds`` asks.
+    With ``users``, a load class's race: each launch serves that many users at once (``remeasure.Contender``)."""
     records = {label(r): r for r in [*candidates, baseline]}
     progress = eta.as_progress(progress)
-    launcher = _Launcher(records, Remeasure(workload, settings, log_dir, progress), progress)
-    _announce(records, spec, progress, launch_sigma)
+    launcher = _Launcher(records, Remeasure(workload, settings, log_dir, progress), progress, users)
+    title = race_title(users)
+    _announce(records, spec, progress, launch_sigma, title)
     contest, outcome = sequential_race(
         [n for n in records if n != label(baseline)],
         label(baseline),
@@ -722,13 +767,14 @@ def run_race(
         {n: resource_key(r, study) for n, r in records.items()},
         spec,
         progress,
+        title=title,
     )
     confirmation = None
     progress.then_units = 0
     if outcome.winner != label(baseline) and spec.confirm_rounds:
         progress.expect(2 * spec.confirm_rounds)
         progress(
-            f"race: confirming {outcome.winner} against the baseline in {spec.confirm_rounds} fresh rounds"
+            f"{title}: confirming {outcome.winner} against the baseline in {spec.confirm_rounds} fresh rounds"
         )
         confirmation, check = confirm(
             outcome.winner, label(baseline), launcher.launch_round, launcher.launch, spec.confirm_rounds
@@ -739,7 +785,7 @@ def run_race(
     return RaceResult(
         max(max(v, default=-1) for v in contest.rounds.values()) + 1,
         baseline.number,
-        _entries(contest, outcome, records, launcher.accepted),
+        _entries(contest, outcome, records, launcher.accepted, users),
         records[outcome.winner].number,
         outcome.decided,
         outcome.verdict,
@@ -752,23 +798,28 @@ def run_race(
         outcome.loss,
         records[outcome.leader].number,
         outcome.forecast,
+        users,
     )
 
 
 def _announce(
-    records: dict[str, TrialRecord], spec: RaceSpec, progress: eta.Progress, launch_sigma: float | None
+    records: dict[str, TrialRecord],
+    spec: RaceSpec,
+    progress: eta.Progress,
+    launch_sigma: float | None,
+    title: str = "race",
 ) -> None:
     """The race's plan, its expected launches for the time left, and the forecast from the launch spread."""
     progress.then_units = 2 * spec.confirm_rounds
     eta.expect(progress, spec.max_rounds * len(records))
     progress(
-        f"race: {len(records)} finalists ({', '.join(records)}), one launch each per round for "
+        f"{title}: {len(records)} finalists ({', '.join(records)}), one launch each per round for "
         f"{spec.min_rounds} rounds, then the leader and the finalists whose comparison with it is open, until one "
         f"is within race.loss ({spec.loss:.0%}) of every other, at most {spec.max_rounds} rounds"
     )
     if launch_sigma is not None:
         seconds = progress.unit_s or _trial_seconds(list(records.values()))
-        progress(f"race: {forecast_before(launch_sigma, len(records), spec, seconds).text()}")
+        progress(f"{title}: {forecast_before(launch_sigma, len(records), spec, seconds).text()}")
 
 
 def _trial_seconds(records: list[TrialRecord]) -> float | None:
@@ -798,7 +849,11 @@ def confirm(
 
 
 def _entries(
-    contest: Contest, outcome: Outcome, records: dict[str, TrialRecord], accepted: dict[str, list[int]]
+    contest: Contest,
+    outcome: Outcome,
+    records: dict[str, TrialRecord],
+    accepted: dict[str, list[int]],
+    users: int | None = None,
 ) -> list[Entry]:
     entries = []
     for name, rates in contest.rates.items():
@@ -820,7 +875,7 @@ def _entries(
                 r.number,
                 name,
                 r.config.as_dict(),
-                r.metrics.tokens_per_second,
+                recorded_rate(r, users),
                 rates,
                 evidence.geometric_mean(rates),
                 ratio.estimate,
@@ -840,10 +895,12 @@ def race_study(
     progress: Callable[[str], None] = print,
     candidates: list[TrialRecord] | None = None,
     launch_s: float | None = None,
+    users: int | None = None,
 ) -> RaceResult | None:
     """Race a study's finalists (or the given candidates) against its baseline; stored with the study.
     None when there is nothing to race: no feasible trial other than the baseline itself. ``launch_s``:
-    a launch as the study's estimate has it, for the remaining time before the first is measured."""
+    a launch as the study's estimate has it, for the remaining time before the first is measured. With
+    ``users``, the load class of that many users at once (``tuner.decisions.load_race``), stored as its own."""
     base = store.baseline_record(study)
     if base is None:
         return None
@@ -851,7 +908,7 @@ def race_study(
     pool = (
         candidates
         if candidates is not None
-        else finalists(records, ctx.settings.noise_cv, ctx.spec.race.max_finalists)
+        else finalists(records, ctx.settings.noise_cv, ctx.spec.race.max_finalists, users)
     )
     pool = [r for r in pool if r.config != base.config]
     if not pool:
@@ -869,16 +926,26 @@ def race_study(
         ctx.log_dir,
         progress,
         Sentinels(records, ctx.settings.noise_cv).launch_spread(),
+        users,
     )
-    store.write_race(study, result.to_json())
+    if users is None:
+        store.write_race(study, result.to_json())
+    else:
+        store.write_load_race(study, users, result.to_json())
     return result
 
 
 def verdict_lines(result: RaceResult) -> list[str]:
     """What an operator reads: the table, the verdict, what the deployment may lose, the forecast, outliers, and the
-    deployed configuration's figure."""
+    deployed configuration's figure. A load class's lines begin with its level (``c4 verdict: ...``)."""
+    tag = "" if result.users is None else f"c{result.users} "
+    rate = (
+        "geometric mean tokens/s"
+        if result.users is None
+        else f"geometric mean aggregate tokens/s at {result.users} users"
+    )
     lines = [
-        f"race: {result.rounds} rounds, {result.launches} launches (per finalist: geometric mean tokens/s over its "
+        f"{result.title}: {result.rounds} rounds, {result.launches} launches (per finalist: {rate} over its "
         f"launches; speedup over the baseline on paired rounds, 95% interval simultaneous over the finalists):"
     ]
     for e in result.entries:
@@ -890,18 +957,18 @@ def verdict_lines(result: RaceResult) -> list[str]:
             f"{e.recorded_tokens_per_second:.1f}), {figure} | {e.status} | "
             + " ".join(f"{k}={v}" for k, v in e.config.items())
         )
-    lines.append(f"verdict: {result.verdict}")
-    lines.append(f"loss: {result.loss_line()}")
+    lines.append(f"{tag}verdict: {result.verdict}")
+    lines.append(f"{tag}loss: {result.loss_line()}")
     if result.forecast:
-        lines.append(f"forecast: {result.forecast}")
-    lines += [f"outlier: {line}" for line in result.outliers]
+        lines.append(f"{tag}forecast: {result.forecast}")
+    lines += [f"{tag}outlier: {line}" for line in result.outliers]
     w = result.winning
-    lines.append(f"winner: trial {w.trial}, {result.figure()}")
+    lines.append(f"{tag}winner: trial {w.trial}, {result.figure()}")
     if result.baseline_deployed and (best := result.best_candidate) is not None:
         ratio = evidence.Ratio(
             best.speedup, best.speedup_low, best.speedup_high, _paired_with_baseline(result, best)
         )
         lines.append(
-            f"best candidate: trial {best.trial}, {ratio.text()} over the baseline (not shown faster)"
+            f"{tag}best candidate: trial {best.trial}, {ratio.text()} over the baseline (not shown faster)"
         )
     return lines

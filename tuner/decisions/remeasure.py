@@ -9,8 +9,12 @@ the first pass of a launch counts. Rounds follow a Williams design (every conten
 often first, and right after each other one), and the models' cached pages are evicted when
 consecutive launches use different NUMA policies, as a study does between trials.
 
-The finalist race (``tuner.decisions.race``), the per-type race and the repeatability
-benchmark all re-measure through here.
+A contender with ``users`` is a load class's: its server has ``--parallel users`` slots, and the
+pass after the warm-up is one concurrency level of that many clients (``tuner.measurement.load``),
+the launch's rate its aggregate tokens/s.
+
+The finalist race (``tuner.decisions.race``), the load-class races (``tuner.decisions.load_race``),
+the per-type race and the repeatability benchmark all re-measure through here.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from typing import Protocol
 from tuner.errors import UserError
 from tuner.machine.placement import evict
 from tuner.measurement.failures import TrialFailure
-from tuner.measurement.measure import MeasurementSettings, pooled_rate, run_workload
+from tuner.measurement.load import run_level
+from tuner.measurement.measure import MeasurementSettings, pooled_rate, run_workload, warm_up
 from tuner.measurement.runner import LlamaServer, free_port
 from tuner.measurement.workload import Workload
 from tuner.storage.records import TrialRecord
@@ -51,12 +56,21 @@ class Contender:
     temperature: float
     numa: str = "none"
     models: tuple[str, ...] = ()  # files whose cached pages follow the NUMA policy
+    users: int | None = (
+        None  # a load class: this many clients at once on as many slots; None: one user's pass
+    )
 
 
-def contender(label: str, record: TrialRecord) -> Contender:
-    """A stored trial as a contender: its command, temperature, NUMA policy and model files."""
+def contender(label: str, record: TrialRecord, users: int | None = None) -> Contender:
+    """A stored trial as a contender: its command (with ``users``: serving that many at once), temperature,
+    NUMA policy and model files."""
     models = tuple(v for f, v in (record.command.options if record.command else ()) if f in MODEL_FLAGS and v)
-    return Contender(label, record.argv, record.config.temperature, record.config.numa, models)
+    argv = record.argv
+    if users is not None:
+        if record.command is None:
+            raise UserError(f"{label}: no stored command to serve {users} users with")
+        argv = record.command.with_slots(users).argv
+    return Contender(label, argv, record.config.temperature, record.config.numa, models, users)
 
 
 @dataclass(frozen=True)
@@ -105,17 +119,20 @@ class Remeasure:
         self.launches = 0
 
     def launch(self, c: Contender) -> Launch:
-        """Start ``c``'s server, warm up, measure one pass, stop it."""
+        """Start ``c``'s server, warm up, measure one pass (a load class: one level of its users), stop it."""
         if self.placed_under is not None and c.numa != self.placed_under and c.models:
             evict([Path(m) for m in c.models])
         self.placed_under = c.numa
         self.launches += 1
         timeout = self.settings.trial_timeout_s
-        log = self.log_dir / f"remeasure-{c.label}-{self.launches}.log"
+        level = f"-c{c.users}" if c.users is not None else ""
+        log = self.log_dir / f"remeasure-{c.label}{level}-{self.launches}.log"
         try:
             with LlamaServer(
                 c.argv, free_port(), log, ready_timeout_s=timeout, request_timeout_s=timeout
             ) as server:
+                if c.users is not None:
+                    return self._level(server, c)
                 samples = run_workload(server, self.workload, self.settings, c.temperature)
         except TrialFailure as failure:
             raise UserError(f"re-measuring {c.label} failed: {failure}; see {log}") from None
@@ -124,6 +141,18 @@ class Remeasure:
             sum(s.draft_n for s in samples),
             sum(s.draft_n_accepted for s in samples),
             {suite: pooled_rate(s for s in samples if s.suite == suite) for suite in self.workload.suites},
+        )
+
+    def _level(self, server: LlamaServer, c: Contender) -> Launch:
+        """Warm up, then one level of ``c.users`` clients at once: its aggregate tokens/s."""
+        warm_up(server, self.workload, self.settings, c.temperature)
+        level = run_level(
+            server, self.workload.prompts, c.users, self.settings.n_predict, c.temperature, self.settings.seed
+        )
+        return Launch(
+            level.aggregate_tokens_per_second,
+            sum(r.draft_n for r in level.requests),
+            sum(r.draft_n_accepted for r in level.requests),
         )
 
     def round(self, contenders: Sequence[Contender], round_index: int) -> dict[str, Launch]:

@@ -16,7 +16,7 @@ the CPUs are pinned by llama.cpp itself (``--cpu-mask`` with ``--cpu-strict 1``)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.errors import UserError
@@ -145,6 +145,14 @@ class ServerCommand:
     options: tuple[tuple[str, str | None], ...]  # (flag, value) in order; None for a switch
     extra: tuple[str, ...] = ()  # the study's llama_cpp.extra_args, verbatim
     cpus: tuple[int, ...] = ()  # the pinned CPUs
+
+    def with_slots(self, users: int) -> ServerCommand:
+        """The command serving ``users`` at once: ``--parallel`` slots for each of them (a load class's
+        export and its race)."""
+        options = tuple((flag, str(users) if flag == "--parallel" else value) for flag, value in self.options)
+        if not any(flag == "--parallel" for flag, _ in options):
+            options += (("--parallel", str(users)),)
+        return replace(self, options=options)
 
     @property
     def argv(self) -> list[str]:

@@ -104,12 +104,7 @@ def run_workload(
     ``more`` when another request follows (a pruner acts only then: after the last one there is nothing
     left to save). With ``speculative`` each sample carries what each speculative source drafted.
     """
-    warm = warmup_entries(workload)
-    for _ in range(settings.warmup):
-        for entry in warm:
-            for c in _requests(server, entry, settings, temperature):
-                check_timing(c, settings)
-    warm_requests = settings.warmup * sum(p.n_turns for p in warm)
+    warm_requests = warm_up(server, workload, settings, temperature)
     cap = max(settings.repetitions, settings.max_repetitions or settings.repetitions)
     per_pass = workload.requests_per_pass
     samples: list[Sample] = []
@@ -131,6 +126,18 @@ def run_workload(
                         not pass_done or _another_pass(samples, repetition + 1, cap, settings),
                     )
     return with_sources(samples, server.source_totals(warm_requests + len(samples)) if speculative else [])
+
+
+def warm_up(
+    server: LlamaServer, workload: Workload, settings: MeasurementSettings, temperature: float
+) -> int:
+    """``settings.warmup`` replays of ``warmup_entries``, discarded; the requests they took."""
+    warm = warmup_entries(workload)
+    for _ in range(settings.warmup):
+        for entry in warm:
+            for c in _requests(server, entry, settings, temperature):
+                check_timing(c, settings)
+    return settings.warmup * sum(p.n_turns for p in warm)
 
 
 def warmup_entries(workload: Workload) -> list[Prompt]:

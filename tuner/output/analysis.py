@@ -22,8 +22,10 @@ from dataclasses import dataclass
 import optuna
 import pandas as pd
 
+from tuner.decisions import load_race
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, REFERENCE_ROLES, Sentinels, midpoint
 from tuner.decisions.front import feasible, front_2d, pareto_mask
+from tuner.decisions.load_race import users_text
 from tuner.decisions.per_type import PerTypeResult
 from tuner.decisions.race import RaceResult
 from tuner.knobs.config import method_of
@@ -315,13 +317,18 @@ def launch_spread(records: list[TrialRecord]) -> float:
     return Sentinels(records, noise_cv=0.0).launch_spread()
 
 
-def break_even(curves: pd.DataFrame, spread: float = PRIOR_LAUNCH_SIGMA) -> str:
+def break_even(
+    curves: pd.DataFrame, spread: float = PRIOR_LAUNCH_SIGMA, races: dict[int, RaceResult] | None = None
+) -> str:
     """Where speculation stops paying on this host: the fewest users at which the best speculative
     configuration is not shown to serve more tokens/s in all than the best without speculation.
 
-    Each side is the best recorded trial, one launch each, so a ratio is told apart from 1 only beyond
-    1.96 * sqrt(2) * ``spread`` in log terms (the study's launch spread, drift.Sentinels); a level
+    With the load classes' races (``races``, ``tuner.decisions.load_race``), from their paired launch rounds and
+    intervals. Without, each side is the best recorded trial, one launch each, so a ratio is told apart from 1
+    only beyond 1.96 * sqrt(2) * ``spread`` in log terms (the study's launch spread, drift.Sentinels); a level
     inside that band says so instead of naming a break-even the next launch could move."""
+    if races:
+        return load_race.break_even(races)
     if curves.empty or "none" not in set(curves["family"]) or set(curves["family"]) == {"none"}:
         return "no break-even figure: the study measured no concurrency level with and without speculation"
     band = 1.96 * math.sqrt(2) * spread
@@ -333,7 +340,7 @@ def break_even(curves: pd.DataFrame, spread: float = PRIOR_LAUNCH_SIGMA) -> str:
             continue
         best = spec.loc[spec["aggregate_tokens_per_second"].idxmax()]
         lines.append((int(users), best["aggregate_tokens_per_second"] / plain.iloc[0], best["family"]))
-    detail = "; ".join(f"{_users(u)}: x{r:.2f} ({f})" for u, r, f in lines)
+    detail = "; ".join(f"{users_text(u)}: x{r:.2f} ({f})" for u, r, f in lines)
     how = (
         f"{detail}; best speculative over best without, aggregate tokens/s, best recorded trial of each, one "
         f"launch each: told apart from x1.00 beyond x{math.exp(-band):.2f}-x{math.exp(band):.2f}, 95% for two "
@@ -344,17 +351,13 @@ def break_even(curves: pd.DataFrame, spread: float = PRIOR_LAUNCH_SIGMA) -> str:
         return f"speculation pays at every measured level ({how})"
     users, ratio = first
     if math.log(ratio) < -band:
-        return f"speculation stops paying at {_users(users)} at once on this host ({how})"
+        return f"speculation stops paying at {users_text(users)} at once on this host ({how})"
     shown = [u for u, r, _ in lines if u < users]
     return (
-        f"speculation is shown to pay {f'up to {_users(max(shown))}' if shown else 'at no measured level'}; "
-        f"at {_users(users)} at once it is within the launch spread of no speculation, so where it stops "
+        f"speculation is shown to pay {f'up to {users_text(max(shown))}' if shown else 'at no measured level'}; "
+        f"at {users_text(users)} at once it is within the launch spread of no speculation, so where it stops "
         f"paying is not shown by one launch of each ({how})"
     )
-
-
-def _users(n: int) -> str:
-    return f"{n} user{'s' if n > 1 else ''}"
 
 
 def effect(frame: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -443,6 +446,7 @@ class ReportData:
     prior: dict | None = None  # the warm start from an earlier study (tuner.search.prior)
     launch_spread: float = PRIOR_LAUNCH_SIGMA  # the study's launch-to-launch spread (drift.Sentinels)
     turns: pd.DataFrame | None = None  # conversations: each family's best by turn (output.turns)
+    load_races: dict[int, RaceResult] | None = None  # each load class's last race (tuner export), by users
 
     @property
     def objectives(self) -> list[str]:
@@ -488,6 +492,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         concurrency=by_concurrency(frame),
         launch_spread=launch_spread(records),
         turns=speedup_by_turn(records, frame),
+        load_races=load_race.read_races(study),
     )
 
 

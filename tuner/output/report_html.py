@@ -599,7 +599,10 @@ def load_sections(data: ReportData) -> list[Section]:
             "Aggregate tokens/s against simultaneous users, and where speculation stops paying",
             "Per family (none, draft model, lookup, stack), the best feasible trial's aggregate tokens/s at each "
             "concurrency level (all users' tokens over the level's wall time; one launch each, the best "
-            "recorded). " + (break_even(data.concurrency, data.launch_spread) + "." if measured else ""),
+            "recorded)"
+            + ("; the break-even from the load classes' races (tuner export)" if data.load_races else "")
+            + ". "
+            + (break_even(data.concurrency, data.launch_spread, data.load_races) + "." if measured else ""),
             lines_figure(
                 data.concurrency,
                 "family",

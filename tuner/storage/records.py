@@ -124,12 +124,17 @@ class TrialRecord:
         """An objective's value: a metric, or a load metric at its level (``p95_ttft_ms_c4``)."""
         if "_c" in name and name.rsplit("_c", 1)[1].isdigit():
             metric, users = name.rsplit("_c", 1)
-            level = next((lv for lv in self.load if lv["users"] == int(users)), None)
-            if level is None:
+            figure = self.level_figure(metric, int(users))
+            if figure is None:
                 raise KeyError(f"trial {self.number} measured no level of {users} users")
-            return float(level[metric])
+            return figure
         assert self.metrics is not None
         return self.metrics.objective(name)
+
+    def level_figure(self, metric: str, users: int) -> float | None:
+        """A load metric at one level (``aggregate_tokens_per_second`` at 2 users); None when not measured."""
+        level = next((lv for lv in self.load if lv["users"] == users), None)
+        return None if level is None else float(level[metric])
 
     def load_figures(self) -> dict[str, float]:
         """Every load metric at every level, by stored name: the report's and the frame's columns."""

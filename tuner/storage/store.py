@@ -6,8 +6,8 @@ commit when the trial ends. Besides them, Optuna-level coordination keeps small 
 a trial's ``role`` (set when it is enqueued), ``requeued_by`` (set by the heartbeat
 retry) and ``running_on`` (worker and server port, set once its server is up: who to
 ask about a running trial), and the study's ``created_by`` (the worker that runs the baseline),
-plus the baseline's ``reference`` outputs, the perplexity cache, the last finalist ``race`` and
-the last ``per_type`` race, the ``search_prior`` (a warm start from earlier studies) and the running
+plus the baseline's ``reference`` outputs, the perplexity cache, the last finalist ``race``, the last
+race of each load class (``race_cN``), the last ``per_type`` race, the ``search_prior`` (a warm start from earlier studies) and the running
 command's ``progress`` (elapsed and remaining time, for the dashboard). Nothing else reads or writes user attrs.
 
 Schema versions: 1 stored loose attrs per field (before records); a study of schema 1
@@ -56,6 +56,7 @@ REFERENCE = "reference"
 PERPLEXITY = "perplexity"
 KLD = "kld"  # model flags -> {"mean_kld", "same_top"} (the kld scorer)
 RACE = "race"  # the last finalist race (tuner.decisions.race.RaceResult as JSON)
+LOAD_RACE = "race_c"  # + N: the last race of the load class of N users (a RaceResult with users=N, as JSON)
 PER_TYPE = "per_type"  # the last per-type race (tuner.decisions.per_type.PerTypeResult as JSON)
 # the running command's last progress line, elapsed and estimated remaining time (optuna-dashboard shows it)
 PROGRESS = "progress"
@@ -346,6 +347,21 @@ def write_race(study: optuna.Study, race: dict) -> None:
 
 def read_race(study: optuna.Study) -> dict | None:
     return study.user_attrs.get(RACE)
+
+
+def write_load_race(study: optuna.Study, users: int, race: dict | None) -> None:
+    """A load class's race; None clears an earlier one (this export found nothing to race at that level)."""
+    study.set_user_attr(f"{LOAD_RACE}{users}", race)
+
+
+def read_load_races(study: optuna.Study) -> dict[int, dict]:
+    """Each load class's last race by its users, fewest first."""
+    found = {
+        int(key[len(LOAD_RACE) :]): race
+        for key, race in study.user_attrs.items()
+        if key.startswith(LOAD_RACE) and key[len(LOAD_RACE) :].isdigit() and race
+    }
+    return dict(sorted(found.items()))
 
 
 def write_progress(study: optuna.Study, progress: dict) -> None:
