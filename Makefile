@@ -85,11 +85,11 @@ demo: models
 	$(TUNER) export demo
 	$(TUNER) report demo
 	$(TUNER) run studies/demo-concurrency.yaml --no-race
-	$(TUNER) export demo-concurrency --no-race
+	$(TUNER) export demo-concurrency
 	$(TUNER) report demo-concurrency
 	@echo "demo: report in reports/demo/index.html, exported configuration in reports/demo/export/"
 	@echo "      1, 2 and 4 users at once, and where speculation stops paying: reports/demo-concurrency/index.html"
-	@echo "      (sections demo-concurrency-cN of reports/models-preset.ini, one per load class)"
+	@echo "      (sections demo-concurrency-cN of reports/models-preset.ini, one per load class, each raced at its load)"
 	@echo "      (per content type, when it pays: sections demo-TYPE of reports/models-preset.ini, serve-router.sh);"
 	@echo "      browse every study with \`make dashboard\` (http://127.0.0.1:8080)"
 

@@ -35,6 +35,7 @@ from tuner.decisions.deployment import (
     race_types,
     wants_per_type,
 )
+from tuner.decisions.load_race import race_loads
 from tuner.decisions.per_type import PerTypeResult
 from tuner.decisions.race import RaceResult, verdict_lines
 from tuner.decisions.route import describe_accuracy
@@ -496,12 +497,18 @@ def run(args: argparse.Namespace) -> int:
     if per_type is not None:
         export = replace(export, per_type=per_type[0].to_json() if per_type[0] else None)
         per_type = [replace(e, per_type=export.per_type) for e in per_type[1]]
-    by_load = load_exports(study, record, frame, args.concurrency, export)
+    levels = load_levels(frame, args.concurrency)
+    races = None
+    if levels and not args.no_race:
+        ctx = export_context(record)
+        races = race_loads(ctx, study, record.name, levels, study_estimate(ctx).launch_s, progress)
+    by_load = load_exports(study, record, frame, levels, export, races)
     if by_load:
         per_type = per_type or []
     out_dir = args.out or inside(reports_dir(), study.study_name, "study") / "export"
     preset = args.preset or reports_dir() / PRESET_FILE
-    verdict = break_even(by_concurrency(frame), launch_spread(records)) if by_load else ""
+    raced = {users: race for users, race in (races or {}).items() if race is not None}
+    verdict = break_even(by_concurrency(frame), launch_spread(records), raced) if by_load else ""
     for path in write_export(export, out_dir, preset, per_type, by_load, verdict):
         print(f"wrote {path}")
     _note_kept_sections(export, preset)
@@ -570,47 +577,50 @@ def _levels(text: str) -> tuple[int, ...]:
     return levels
 
 
+def load_levels(frame: pd.DataFrame, asked: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The load classes to export: those asked for, else every level measured when it measured more than one user."""
+    measured = levels_of(frame)
+    return asked if asked is not None else (tuple(measured) if measured and max(measured) > 1 else ())
+
+
 def load_exports(
     study: optuna.Study,
     record: StudyRecord,
     frame: pd.DataFrame,
-    asked: tuple[int, ...] | None,
+    levels: tuple[int, ...],
     pooled: Export,
+    races: dict[int, RaceResult | None] | None = None,
 ) -> list[Export]:
-    """One STUDY-cN export per load class: the feasible trial with the best recorded aggregate tokens/s at N
-    users (one launch each: the figure is the trial's own, not raced), served with N slots."""
+    """One STUDY-cN export per load class, served with N slots: its race's winner (``races``, by users), else the
+    feasible trial with the best recorded aggregate tokens/s at N users (one launch each: the trial's own)."""
     measured = levels_of(frame)
-    levels = asked if asked is not None else (tuple(measured) if measured and max(measured) > 1 else ())
     exports = []
     for users in levels:
         best, figure = best_at_load(record, frame, users, measured)
-        trial = int(best["trial"])
+        race = (races or {}).get(users)
+        trial = race.winner if race is not None else int(best["trial"])
         chosen = store.read_trial(study.trials[trial])
+        if race is None:
+            policy = f"best recorded aggregate tokens/s at {users} user(s): {figure:.1f}"
+            how = f"{figure:.1f} tokens/s in all at {users} user(s) at once (recorded, one launch)"
+        else:
+            w = race.winning
+            how = f"{w.mean_tokens_per_second:.1f} tokens/s in all at {users} user(s) at once over {len(w.rates)} launches"
+            policy = f"{how}, {race.figure()}; " + race_policy(
+                race, f"best aggregate tokens/s at {users} user(s)"
+            )
         exports.append(
             replace(
-                build_export(
-                    record,
-                    chosen,
-                    frame,
-                    f"best recorded aggregate tokens/s at {users} user(s): {figure:.1f}",
-                ),
-                command=with_slots(chosen.command, users),
+                build_export(record, chosen, frame, policy),
+                command=chosen.command.with_slots(users),
                 section_name=f"{pooled.section}-c{users}",
+                race=race,
             )
         )
         print(
-            f"load class c{users}: trial {trial}, {best['method']}: {figure:.1f} tokens/s in all at {users} "
-            f"user(s) at once (recorded, one launch), served with {users} slot(s)"
+            f"load class c{users}: trial {trial}, {method_of(chosen.config.as_dict())}: {how}, served with {users} slot(s)"
         )
     return exports
-
-
-def with_slots(command: ServerCommand, users: int) -> ServerCommand:
-    """The trial's command serving ``users`` at once: ``--parallel`` slots for each of them."""
-    options = tuple((flag, str(users) if flag == "--parallel" else value) for flag, value in command.options)
-    if not any(flag == "--parallel" for flag, _ in options):
-        options += (("--parallel", str(users)),)
-    return replace(command, options=options)
 
 
 def load_note(pooled: Export, by_load: list[Export], verdict: str = "") -> str:
@@ -622,8 +632,14 @@ def load_note(pooled: Export, by_load: list[Export], verdict: str = "") -> str:
         "## By load: how many users at once",
         "",
         *([verdict[0].upper() + verdict[1:] + ".", ""] if verdict else []),
-        "Each `-cN` section is the configuration that served the most tokens/s in all at N simultaneous users "
-        "(its best recorded figure, one launch), with N slots. Run the section of the load you expect; between "
+        "Each `-cN` section is the configuration that served the most tokens/s in all at N simultaneous users, "
+        + (
+            "raced at that load (N slots, N clients at once, launched afresh in paired rounds against the baseline: "
+            "the figure, verdict and loss bound are the race's)"
+            if any(e.race is not None for e in by_load)
+            else "(its best recorded figure, one launch)"
+        )
+        + ", with N slots. Run the section of the load you expect; between "
         "two classes, the larger one (a slot left idle costs memory, a missing one queues a request):",
         "",
     ]
