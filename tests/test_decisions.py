@@ -234,14 +234,14 @@ def test_pruning_spends_its_error_over_the_looks_and_counts_both_launches():
 
 
 def test_equal_configurations_are_rarely_pruned_on_a_simulated_host():
-    from tuner.bench.decisions import prune_cell
+    from tuner.bench.race_bench import prune_cell
 
     cell = prune_cell(0.05, runs=150, seed=7)
     assert cell["new_one"] <= 0.08 and cell["new_one"] <= cell["old_one"]
 
 
 def test_the_decision_benchmark_runs_the_product_code_and_prints_its_targets():
-    from tuner.bench.decisions import markdown, measure_decisions
+    from tuner.bench.race_bench import markdown, measure_decisions
 
     result = measure_decisions(runs=8, seed=1)
     text = markdown(result)
@@ -258,7 +258,7 @@ def test_the_decision_benchmark_runs_the_product_code_and_prints_its_targets():
 
 def test_more_race_rounds_buy_fewer_wrong_deployments_at_more_launches():
     """The trade the issue-22 bar sits on: at 5% launch and round spread a 3% gap needs many rounds."""
-    from tuner.bench.decisions import round_budget_cells
+    from tuner.bench.race_bench import round_budget_cells
 
     short, _, _, long = round_budget_cells(runs=150, seed=3, spec=SPEC, previous=False)
     assert long["new"]["wrong"] + 0.05 < short["new"]["wrong"]

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from tuner.measurement.failures import FailureReason
 from tuner.search import planner
 from tuner.search.history import PastTrial
-from tuner.search.model import Point, fit, measured_acceptance, speedup
+from tuner.search.speedup_model import Point, fit, measured_acceptance, speedup
 from tuner.search.stages import (
     best_k,
     experts,

@@ -24,10 +24,10 @@ from tuner.bench.operator_landscapes import (
 )
 from tuner.knobs.config import TrialConfig
 from tuner.search import history
-from tuner.search.model import Point, acceptance_probability, fit, measured_acceptance, speedup
 from tuner.search.prior import admitted, find_prior
 from tuner.search.pruning import prune_decision, prunes_on, should_prune
 from tuner.search.space import baseline_config
+from tuner.search.speedup_model import Point, acceptance_probability, fit, measured_acceptance, speedup
 from tuner.search.stages import serving as serving_stage
 from tuner.storage import store
 

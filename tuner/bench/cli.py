@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import yaml
 
-from tuner.bench import concurrency, decisions, gguf_read, operator, overhead, repeat, replay
+from tuner.bench import concurrency, gguf_read, operator, overhead, race_bench, repeat, replay
 from tuner.bench.grid import record_grid
 from tuner.bench.operator_landscapes import LANDSCAPES
 from tuner.bench.table import read_table
@@ -274,8 +274,8 @@ def _simulated(session: Session, sizes: Sizes) -> None:
         "decisions",
         "1c decisions: race, finalists and pruning on a simulated host with launch effects",
         "1c. Decisions: error rates of the race, the finalist cut and pruning",
-        lambda: decisions.measure_decisions(runs=sizes.decision_runs),
-        decisions.markdown,
+        lambda: race_bench.measure_decisions(runs=sizes.decision_runs),
+        race_bench.markdown,
     )
 
 

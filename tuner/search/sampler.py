@@ -29,8 +29,8 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.search.history import PLAN_ATTR, objective_level, read_history
-from tuner.search.model import measured_acceptance
 from tuner.search.planner import plan
+from tuner.search.speedup_model import measured_acceptance
 from tuner.search.stages.configs import KnobValues, option_name
 from tuner.search.stages.state import SearchState
 from tuner.storage import store

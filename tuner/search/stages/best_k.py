@@ -2,7 +2,7 @@
 
 Once every option is probed (``tuner.search.stages.probes``), each option's points at the baseline's
 hardware, temperature and experts are fitted (``SearchState.fit_option``: acceptance and the draft/target
-cost ratio of Leviathan et al.'s model, ``tuner.search.model``), and the predicted best K of the leading
+cost ratio of Leviathan et al.'s model, ``tuner.search.speedup_model``), and the predicted best K of the leading
 options is measured, fitting again with each new point: the leader gets a few model-guided steps, a
 runner-up within 3% one look at its predicted best. Options the model says do not pay are left alone;
 where the model's pick lost to the probe, the line search of refinement takes over.

@@ -2,7 +2,7 @@
 
 At the baseline's hardware, temperature and experts, each option not yet measured alone there is probed at
 the research's starting K (``K_PROBE``; an n-gram key of 4 tokens): one trial gives the two numbers of its
-speculation model (acceptance and draft cost, ``tuner.search.model``), which the next stage
+speculation model (acceptance and draft cost, ``tuner.search.speedup_model``), which the next stage
 (``tuner.search.stages.best_k``) fits. Options that failed for a permanent reason are not probed again.
 """
 

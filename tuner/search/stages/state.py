@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tuner.search.history import PERMANENT_REASONS, PastTrial
-from tuner.search.model import DraftFit, Point, fit
 from tuner.search.space import suggest
+from tuner.search.speedup_model import DraftFit, Point, fit
 from tuner.search.stages.configs import (
     K_PROBE,
     SIZE_KNOBS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from tuner.search.history import PastTrial
-from tuner.search.model import DraftFit, Point
+from tuner.search.speedup_model import DraftFit, Point
 from tuner.search.stages.configs import is_stacked, option_of
 from tuner.search.stages.state import Proposal, SearchState
 
