@@ -4,6 +4,7 @@
    strategy over the seeds (`tuner bench-search`); 1b. the same at operator scale, on
    modelled 96-core landscapes built from the research tables (`tuner bench-operator`);
    1c. the decision rules' error rates on a simulated host with launch effects.
+   1d. how much a race launch measures: one pass against the chosen size, at an equal time budget.
 2. Overhead and validity: alternating rounds against llama-bench on the study's target; 2b. the load
    generator's aggregate tokens/s at 1, 2 and 4 users against llama-batched-bench's.
 3. Repeatability: two seeds of the study, winners re-measured side by side.
@@ -30,7 +31,7 @@ from typing import Any, Callable
 
 import yaml
 
-from tuner.bench import concurrency, gguf_read, operator, overhead, race_bench, repeat, replay
+from tuner.bench import concurrency, gguf_read, launch_sizing, operator, overhead, race_bench, repeat, replay
 from tuner.bench.grid import record_grid
 from tuner.bench.operator_landscapes import LANDSCAPES
 from tuner.bench.table import read_table
@@ -276,6 +277,13 @@ def _simulated(session: Session, sizes: Sizes) -> None:
         "1c. Decisions: error rates of the race, the finalist cut and pruning",
         lambda: race_bench.measure_decisions(runs=sizes.decision_runs),
         race_bench.markdown,
+    )
+    session.section(
+        "launch_size",
+        "1d launch size: one pass per launch against the size the race chooses, at an equal time budget",
+        "1d. Launch size: how much a race launch measures",
+        lambda: launch_sizing.measure_sizing(runs=sizes.decision_runs),
+        launch_sizing.markdown,
     )
 
 

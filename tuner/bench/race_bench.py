@@ -300,10 +300,13 @@ def old_prune(samples: list[dict], incumbent: list[dict], launch: float) -> bool
     return bound * math.exp(Z * max(0.02, launch)) < 1.0
 
 
-def measured_launch_sigma(launch_sigma: float, rng: random.Random, sentinels: int = 3) -> float:
-    """The spread a study allows after ``sentinels`` reference launches (tuner.decisions.drift.allowed_launch_spread)."""
+def measured_launch_sigma(
+    launch_sigma: float, rng: random.Random, sentinels: int = 3, rule=allowed_launch_spread
+) -> float:
+    """The spread a study allows after ``sentinels`` reference launches (``rule``: the bound decisions allow,
+    tuner.decisions.drift.allowed_launch_spread, or the point estimate a launch is sized on)."""
     rates = [math.exp(rng.gauss(0, launch_sigma) + rng.gauss(0, REQUEST_SIGMA / 6)) for _ in range(sentinels)]
-    return allowed_launch_spread([math.log(b / a) for a, b in zip(rates, rates[1:])])
+    return rule([math.log(b / a) for a, b in zip(rates, rates[1:])])
 
 
 def pruned(samples: list[dict], incumbent: list[dict], rule, launch: float) -> bool:

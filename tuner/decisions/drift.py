@@ -100,6 +100,10 @@ class Sentinels:
         workers = [worker] if worker is not None else list(self.points) or [""]
         return max(allowed_launch_spread(self.steps(w)) for w in workers)
 
+    def launch_estimate(self) -> float:
+        """The launch spread's point estimate, the widest worker's (``estimated_launch_spread``)."""
+        return max(estimated_launch_spread(self.steps(w)) for w in list(self.points) or [""])
+
     def drifted(self, worker: str, at: float) -> bool:
         """The sentinels around ``at`` moved by more than the noise."""
         around = self._around(worker, at)
@@ -131,6 +135,14 @@ def allowed_launch_spread(steps: list[float]) -> float:
     df = len(steps) + PRIOR_WEIGHT
     squares = sum(d * d for d in steps) / 2 + PRIOR_WEIGHT * PRIOR_LAUNCH_SIGMA**2
     return max(math.sqrt(squares / chi2_quantile(1 - SPREAD_LEVEL, df)), MIN_LAUNCH_SIGMA)
+
+
+def estimated_launch_spread(steps: list[float]) -> float:
+    """The spread's point estimate: the same steps and prior pseudo-steps as ``allowed_launch_spread``, their
+    pooled mean square (the shrunk estimate). Why not the upper bound: sizing a launch (``launch_size``) weighs the
+    launch spread against a pass's, and an inflated one buys shorter passes that cost more launches."""
+    df = len(steps) + PRIOR_WEIGHT
+    return math.sqrt((sum(d * d for d in steps) / 2 + PRIOR_WEIGHT * PRIOR_LAUNCH_SIGMA**2) / df)
 
 
 def chi2_quantile(p: float, df: int) -> float:

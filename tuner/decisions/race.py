@@ -40,14 +40,15 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import optuna
 
 from tuner import eta
-from tuner.decisions import evidence
+from tuner.decisions import evidence, launch_size
 from tuner.decisions.drift import Sentinels
+from tuner.decisions.launch_size import LaunchSize
 from tuner.decisions.remeasure import Launch, Remeasure, StudyInputs, contender
 from tuner.measurement.measure import MeasurementSettings
 from tuner.measurement.workload import Workload
@@ -751,13 +752,22 @@ def run_race(
     progress: Callable[[str], None] = print,
     launch_sigma: float | None = None,
     users: int | None = None,
+    size: LaunchSize | None = None,
 ) -> RaceResult:
     """Rounds of launches until decided or out of rounds; confirmation rounds when ``race.confirm_rounds`` asks.
-    With ``users``, a load class's race: each launch serves that many users at once (``remeasure.Contender``)."""
+    With ``users``, a load class's race: each launch serves that many users at once (``remeasure.Contender``).
+    With ``size``, each launch measures what it says (``tuner.decisions.launch_size``), and ``race.max_rounds``
+    becomes as many rounds as fit in the time of that many one-pass rounds."""
     records = {label(r): r for r in [*candidates, baseline]}
     progress = eta.as_progress(progress)
-    launcher = _Launcher(records, Remeasure(workload, settings, log_dir, progress), progress, users)
+    launcher = _Launcher(records, Remeasure(workload, settings, log_dir, progress, size), progress, users)
     title = race_title(users)
+    if size is not None:
+        spec = replace(spec, max_rounds=size.rounds(spec.max_rounds))
+        progress(
+            f"{title}: {size.text()}"
+            + (f"; at most {spec.max_rounds} rounds in that time" if size.share != 1 else "")
+        )
     _announce(records, spec, progress, launch_sigma, title)
     contest, outcome = sequential_race(
         [n for n in records if n != label(baseline)],
@@ -916,6 +926,12 @@ def race_study(
     progress = eta.as_progress(progress)
     if progress.unit_s is None:  # no trial measured in this command: a launch as the study estimates it
         progress.unit_s = launch_s
+    sentinels = Sentinels(records, ctx.settings.noise_cv)
+    size = (
+        launch_size.from_trials([*pool, base], sentinels.launch_estimate(), ctx.workload)
+        if users is None
+        else None
+    )
     result = run_race(
         store.read_study_record(study),
         pool,
@@ -925,8 +941,9 @@ def race_study(
         ctx.spec.race,
         ctx.log_dir,
         progress,
-        Sentinels(records, ctx.settings.noise_cv).launch_spread(),
+        sentinels.launch_spread(),
         users,
+        size,
     )
     if users is None:
         store.write_race(study, result.to_json())

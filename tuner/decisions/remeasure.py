@@ -3,7 +3,8 @@
 Why: a server launch lands its threads, pages and allocations somewhere, and the next launch
 of the same configuration runs a few percent faster or slower. Requests within one launch
 are not independent samples of a configuration, so a re-measure round *launches* each
-contender, warms it up (discarded), measures one pass of the workload and stops it. Stateful
+contender, warms it up (discarded), measures one pass of the workload (or the part or the passes the
+race's launch size says: ``tuner.decisions.launch_size``) and stops it. Stateful
 speculation (ngram-cache remembers earlier requests) starts fresh in every round, and only
 the first pass of a launch counts. Rounds follow a Williams design (every contender equally
 often first, and right after each other one), and the models' cached pages are evicted when
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from tuner.decisions.launch_size import LaunchSize
 from tuner.errors import UserError
 from tuner.machine.placement import evict
 from tuner.measurement.failures import TrialFailure
@@ -112,11 +114,18 @@ class Remeasure:
         settings: MeasurementSettings,
         log_dir: Path,
         progress: Callable[[str], None] = print,
+        size: LaunchSize | None = None,
     ):
-        self.workload, self.log_dir, self.progress = workload, log_dir, progress
-        self.settings = replace(settings, repetitions=1, max_repetitions=None)
+        self.workload, self.log_dir, self.progress, self.size = workload, log_dir, progress, size
+        self.settings = replace(settings, repetitions=size.passes if size else 1, max_repetitions=None)
         self.placed_under: str | None = None
         self.launches = 0
+        self.round_index = 0  # which part of the workload a launch measures (``LaunchSize.workload``)
+
+    @property
+    def measured(self) -> Workload:
+        """What this round's launches measure: the whole workload, or this round's part of it."""
+        return self.size.workload(self.workload, self.round_index) if self.size else self.workload
 
     def launch(self, c: Contender) -> Launch:
         """Start ``c``'s server, warm up, measure one pass (a load class: one level of its users), stop it."""
@@ -133,7 +142,7 @@ class Remeasure:
             ) as server:
                 if c.users is not None:
                     return self._level(server, c)
-                samples = run_workload(server, self.workload, self.settings, c.temperature)
+                samples = run_workload(server, self.measured, self.settings, c.temperature)
         except TrialFailure as failure:
             raise UserError(f"re-measuring {c.label} failed: {failure}; see {log}") from None
         return Launch(
@@ -158,6 +167,7 @@ class Remeasure:
     def round(self, contenders: Sequence[Contender], round_index: int) -> dict[str, Launch]:
         """Each contender launched once, in the Williams order of this round."""
         order = [contenders[i] for i in williams_order(len(contenders), round_index)]
+        self.round_index = round_index
         return {c.label: self.launch(c) for c in order}
 
 
