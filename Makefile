@@ -80,6 +80,9 @@ endif
 
 demo: models
 	$(TUNER) doctor
+	@echo "demo: what its two studies should take on this machine (tuner run STUDY --check):"
+	@$(TUNER) run studies/demo.yaml --check | sed -n '/^time estimate/,/^  total/p'
+	@$(TUNER) run studies/demo-concurrency.yaml --check | sed -n '/^time estimate/,/^  total/p'
 	$(MAKE) --no-print-directory inspect
 	$(TUNER) run studies/demo.yaml --no-race $(if $(TRIALS),--trials $(TRIALS))
 	$(TUNER) export demo

@@ -53,17 +53,41 @@ def test_the_estimate_counts_tokens_levels_sentinels_and_the_race_at_its_most():
         race_rounds=8,
         finalists=4,
         confirm_rounds=4,
+        min_rounds=3,
     )
     one = eta.estimate(m, [50] * 10, **base)
-    assert one.sentinels == 4 and one.race_launches == 8 * 5 + 2 * 4
-    assert one.trials_s == pytest.approx(24 * one.trial_s) and one.race_s == pytest.approx(48 * one.launch_s)
+    # every finalist and the baseline for 3 rounds, then at most 4 (typically 2) a round, then the confirmation
+    assert one.sentinels == 4 and one.race_launches == 3 * 5 + 5 * 4 + 2 * 4
+    assert one.race_typical == 3 * 5 + 5 * 2 + 2 * 4
+    assert one.trials_s == pytest.approx(24 * one.trial_s) and one.race_s == pytest.approx(43 * one.launch_s)
+    assert (
+        one.expected_s() == pytest.approx(one.trials_s + 33 * one.launch_s)
+        and one.expected_s(False) == one.trials_s
+    )
     # twice the tokens per request: the decode part of a trial doubles, the launch does not
     longer = eta.estimate(m, [50] * 10, **{**base, "n_predict": 128})
     decode = (2 * 10 + 1) * 64 * m.token_s  # 2 repetitions of 10 prompts, and the warm-up request
     assert longer.trial_s - one.trial_s == pytest.approx(decode)
-    # concurrency levels add their requests; a budget in minutes caps the trials; few trials, few finalists
+    # a space that speculates: searched trials decode faster, the baseline and sentinels at the target's rate;
+    # pruning takes its share of the searched trials' passes
+    searched = eta.estimate(m, [50] * 10, **{**base, "speculative": True, "prune": True})
+    assert (
+        searched.reference_s == pytest.approx(one.trial_s)
+        and searched.trial_s < one.trial_s / eta.SEARCH_SPEEDUP
+    )
+    assert searched.trials_s == pytest.approx(19 * searched.trial_s + 5 * searched.reference_s)
+    assert searched.launch_s < one.launch_s
+    # concurrency levels add their requests and export races each load class; a budget in minutes caps the
+    # trials; few trials, few finalists
     loaded = eta.estimate(m, [50] * 10, **{**base, "levels": (1, 2)})
     assert loaded.trial_s > one.trial_s
+    (classes,) = loaded.export
+    assert classes.what == "load classes" and classes.launches == 2 * (3 * 5 + 5 * 4)
+    assert classes.typical == 2 * (3 * 5 + 5 * 2) and loaded.export_typical_s < loaded.export_s
+    # several content types with held-out prompts: export's per-type race
+    typed = eta.estimate(m, [50] * 10, **{**base, "types": 3, "held_out": [50] * 4})
+    assert [p.what for p in typed.export] == ["per-type race"] and typed.export[0].launches == 4 * 5
+    assert typed.export[0].launch_s < typed.launch_s  # 4 held-out requests, not the 10 of a pass
     capped = eta.estimate(m, [50] * 10, **{**base, "budget_minutes": 1})
     assert capped.trials_s == 60
     few = eta.estimate(m, [50] * 10, **{**base, "trials": 3})
@@ -135,9 +159,11 @@ def test_check_prints_a_short_table_with_the_space_what_was_left_out_and_the_tim
     assert "prompts      2 (suite 2); n_predict 8, warm-up 0, 1 repetition(s)" in out
     assert "users        1, 2 at once, each level in every trial" in out
     total = next(line for line in out if line.startswith("  total"))
-    assert seconds(total.split("~")[1].split()[0]) == round(est.trials_s + est.race_s)
+    assert seconds(total.split("~")[1].split()[0]) == round(est.expected_s())
+    assert seconds(total.split("at most ~")[1].rstrip(")")) == round(est.trials_s + est.race_s + est.export_s)
     race = next(line for line in out if line.startswith("  race"))
-    assert "at most 4 rounds x 3 launches + 2 confirmation rounds x 2" in race  # 2 finalists + the baseline
+    assert "at most 4 rounds of 3 launches, at most 4 after round 3 + 2 confirmation rounds x 2" in race
+    assert any(line.startswith("  export   load classes: 2 classes") for line in out)
     assert sum(line.lstrip().startswith("basis:") for line in out) == 1
     # --json keeps the old output for scripts; --json alone is a one-line error
     assert main(["run", str(levels_study), "--check", "--json"]) == 0
@@ -194,7 +220,7 @@ def test_every_progress_line_of_run_race_and_export_says_elapsed_and_left(levels
     # the first plan is the study's estimate; the race's rounds count down to its end
     first = next(line for line in progress if line.startswith("study t:"))
     est = study_estimate(prepare(spec))
-    assert abs(seconds(SUFFIX.search(first).group(2)) - (est.trials_s + est.race_s)) <= 2
+    assert abs(seconds(SUFFIX.search(first).group(2)) - (est.trials_s + est.race_typical_s)) <= 2
     rounds = [seconds(SUFFIX.search(line).group(2)) for line in progress if line.startswith("race round")]
     assert rounds == sorted(rounds, reverse=True)
     stored = store.read_progress(study)

@@ -135,6 +135,7 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, tmp_path
         "search",
         "search_operator",
         "decisions",
+        "launch_size",
         "overhead",
         "concurrency",
         "repeatability",
@@ -149,5 +150,6 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, tmp_path
     assert [c["users"] for c in result["concurrency"]["levels"]] == [1, 2, 4]
     assert len(result["repeatability"]["winners"]) == 2
     assert [Path(f["path"]).name for f in result["gguf_read"]["files"]] == ["target.gguf"]
+    assert len(result["launch_size"]["cells"]) == 9  # 1d: every launch and round spread of 1c's grid
     md = (out / "bench.md").read_text()
-    assert md.startswith("# tuner bench (--quick") and md.count("\n## ") == 7 and "Whole bench:" in md
+    assert md.startswith("# tuner bench (--quick") and md.count("\n## ") == 8 and "Whole bench:" in md

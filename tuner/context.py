@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner import eta
+from tuner.decisions.per_type import TYPE_ROUNDS
 from tuner.errors import MissingBinaryError, UserError
 from tuner.knobs.config import Choices, Domain, IntRange
 from tuner.knobs.registry import KNOB_TYPES, NAMES
@@ -30,6 +31,8 @@ from tuner.measurement.workload import (
     Workload,
     llama_tokenize_count,
     load_workload,
+    restrict,
+    split,
     too_long,
 )
 from tuner.models.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
@@ -326,31 +329,32 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
 # ---------------------------------------------------------------- `tuner run --check`
 
 
-def request_prompts(workload: Workload, n_predict: int) -> list[int]:
-    """Each request's prompt in tokens (estimated from its characters): a conversation's later turns
-    carry the earlier replies and turns."""
+def request_prompts(workload: Workload) -> list[int]:
+    """The prompt tokens each request has the server process (estimated from characters): a conversation's
+    later turns only their new message, the conversation so far being in the server's prompt cache
+    (``cache_prompt``, as every request sends it)."""
     tokens = []
     for p in workload.prompts:
-        first = eta.prompt_tokens("".join(c for _, c in p.messages) if p.messages else p.text)
-        grown = first
-        for turn in ("", *p.turns):
-            grown += eta.prompt_tokens(turn) if turn else 0
-            tokens.append(grown)
-            grown += n_predict
+        tokens.append(eta.prompt_tokens("".join(c for _, c in p.messages) if p.messages else p.text))
+        tokens += [eta.prompt_tokens(turn) for turn in p.turns]
     return tokens
 
 
 def study_estimate(ctx: StudyContext) -> eta.Estimate:
     """The study's expected time on this machine (``tuner.eta.estimate``): the target's bytes read per
-    token against the fingerprint's bandwidth, a launch reading the target and the largest draft."""
+    token against the fingerprint's bandwidth, a launch reading the target and the largest draft; the races
+    export runs (per content type on the held-out prompts, per load class) as ``tuner export`` would."""
     spec, m = ctx.spec, ctx.settings
     bandwidth = float(ctx.fingerprint.get("bandwidth_bytes_per_s") or 0.0)
     roofline = study_roofline(ctx.study_record("check"), Bandwidth(bandwidth or 1.0, "fingerprint", ""))
     per_token = roofline.bytes_per_token(None) if roofline else ctx.target.weights_bytes
     files = ctx.target.file_size_bytes + max((d.file_size_bytes for d in ctx.drafts.values()), default=0)
+    splits, _ = split(ctx.workload)
+    held_out = restrict(ctx.workload, [i for s in splits.values() for i in s.held_out])
+    speculative = any(v != "none" for v in getattr(ctx.space.domains.get("spec_type"), "values", ["none"]))
     return eta.estimate(
         eta.machine(per_token, files, bandwidth),
-        request_prompts(ctx.workload, m.n_predict),
+        request_prompts(ctx.workload),
         n_predict=m.n_predict,
         warmup=m.warmup,
         repetitions=m.repetitions,
@@ -363,6 +367,12 @@ def study_estimate(ctx: StudyContext) -> eta.Estimate:
         finalists=spec.race.max_finalists,
         confirm_rounds=spec.race.confirm_rounds,
         race_minutes=spec.race.budget_minutes,
+        min_rounds=spec.race.min_rounds,
+        speculative=speculative,
+        prune=spec.prune,
+        held_out=request_prompts(held_out) if len(splits) >= 2 else (),
+        types=len(splits),
+        type_rounds=max(spec.race.min_rounds, spec.race.confirm_rounds, TYPE_ROUNDS),
     )
 
 
@@ -426,27 +436,43 @@ def _workload_lines(ctx: StudyContext) -> list[str]:
 
 
 def estimate_lines(est: eta.Estimate, ctx: StudyContext, race: bool = True) -> list[str]:
-    """The time estimate: trials, the race at its most, the total, and its basis in one line."""
+    """The time estimate: trials, the race and export's races at their most, the total, and its basis."""
     d, m, r = eta.duration, est.machine, ctx.spec.race
     capped = " (budget.minutes)" if est.budget_s and est.trials_s >= est.budget_s else ""
     lines = [
-        "time estimate (tuner run)",
-        f"  trials   {est.trials} + {est.sentinels} sentinel(s) x ~{d(est.trial_s)} = ~{d(est.trials_s)}{capped}",
+        "time estimate (tuner run" + (", then tuner export)" if race else ")"),
+        f"  trials   {est.trials} + {est.sentinels} sentinel(s): ~{d(est.trial_s)} each, ~{d(est.reference_s)} the "
+        f"baseline and each sentinel = ~{d(est.trials_s)}{capped}",
     ]
     if race:
         confirm = f" + {r.confirm_rounds} confirmation rounds x 2" if r.confirm_rounds else ""
         lines.append(
-            f"  race     at most {r.max_rounds} rounds x {est.finalists + 1} launches{confirm}, "
-            f"~{d(est.launch_s)} each = ~{d(est.race_s)}"
+            f"  race     at most {r.max_rounds} rounds of {est.finalists + 1} launches, at most {eta.RACE_OPEN} "
+            f"after round {r.min_rounds}{confirm}: {est.race_launches} launches, ~{d(est.launch_s)} each = "
+            f"~{d(est.race_s)}"
         )
+        lines += [
+            f"  export   {p.what}: {p.how}: {p.launches} launches, ~{d(p.launch_s)} each = ~{d(p.seconds)}"
+            for p in est.export
+        ]
+    most = est.trials_s + est.race_s + est.export_s
     lines.append(
-        f"  total    ~{d(est.trials_s + (est.race_s if race else 0))}"
-        + (" (the race at its most)" if race else "")
+        f"  total    ~{d(est.expected_s(race))}"
+        + (
+            f" with each race to its last round, {eta.RACE_TYPICAL} launches a round after round "
+            f"{r.min_rounds} (at most ~{d(most)})"
+            if race
+            else ""
+        )
     )
+    searched = (
+        f"searched trials x{est.speedup:g} faster (speculation, on average)" if est.speedup != 1 else ""
+    )
+    pruned = f"pruning saves {est.pruned:.0%} of their passes" if est.pruned else ""
     lines.append(
         f"  basis: {m.bytes_per_token / 1e9:.3f} GB read per token at {eta.DECODE_EFFICIENCY:.0%} of "
         f"{m.bandwidth / 1e9:.1f} GB/s = {1000 * m.token_s:.1f} ms/token (at least {1000 * eta.TOKEN_FLOOR_S:g} ms), "
-        f"launch ~{m.launch_s:.1f} s; a trial: launch, warm-up, repetitions x prompts x n_predict, levels, at the "
-        "target's rate (speculation, pruning, quality runs not counted)"
+        f"launch ~{m.launch_s:.1f} s; "
+        + "; ".join(x for x in (searched, pruned, "quality runs not counted") if x)
     )
     return lines

@@ -18,17 +18,29 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-# Decode reaches about this share of the copy probe's bandwidth (STREAM-counted read + write): Gemma 3 270M
-# (0.25 GB) and the synthetic target (0.08 GB) decode at 0.5-0.7 of it on a quiet 2-core VM ...
-DECODE_EFFICIENCY = 0.6
+# Decode reaches about this share of the copy probe's bandwidth (STREAM-counted read + write): the synthetic
+# target (0.08 GB) at 0.85-0.9 of a 31 GB/s probe on a quiet 2-core EPYC VM, Gemma 3 270M at 0.5-0.7 ...
+DECODE_EFFICIENCY = 0.75
 # ... and costs at least this much per token whatever the model's size (graph, sampling, HTTP chunking).
-TOKEN_FLOOR_S = 0.004
+TOKEN_FLOOR_S = 0.001
 PROMPT_BATCH = 8.0  # prompt tokens are processed this many times faster than decoded ones
-REQUEST_S = 0.02  # per request: HTTP, tokenization, slot setup
+REQUEST_S = 0.01  # per request: HTTP, tokenization, slot setup
 BATCH_COST = 0.35  # each extra simultaneous user slows a decode step by this share
-LAUNCH_S = 1.5  # llama-server start, context and graph setup, readiness poll
+LAUNCH_S = (
+    0.5  # llama-server start, context and graph setup, readiness poll (0.3-0.5 s, the synthetic target)
+)
 LOAD_BYTES_PER_S = 1.5e9  # model files read (page cache or disk) while the server loads
 CHARS_PER_TOKEN = 3.5  # prompt length in tokens, without a tokenizer
+# A searched trial of a space that speculates decodes this much faster than the target alone, on average over
+# the ones that pay and the ones that do not (make demo's 20 trials: x1.23 over its baseline's rate) ...
+SEARCH_SPEEDUP = 1.2
+# ... and with pruning on, about this share of the trials stops about this far into its passes (make demo: 10 of
+# 23, at 45% of their requests on average).
+PRUNED_SHARE, PRUNED_AT = 0.35, 0.5
+# Launches per round after race.min_rounds: at most the leader, the runner-up, the bound's finalist and the
+# baseline; typically two: the baseline rests once shown slower, the bound's finalist is the runner-up (make demo:
+# 2.2 a round after round 3 in both its races).
+RACE_OPEN, RACE_TYPICAL = 4, 2
 
 
 @dataclass(frozen=True)
@@ -59,46 +71,101 @@ def prompt_tokens(text: str) -> int:
     return max(1, round(len(text) / CHARS_PER_TOKEN))
 
 
-def request_s(m: Machine, prompt: int, n_predict: int, users: int = 1) -> float:
-    """One request: its prompt, n_predict decoded tokens (slower per step with more users at once)."""
-    return (
-        REQUEST_S + prompt * m.token_s / PROMPT_BATCH + n_predict * m.token_s * (1 + BATCH_COST * (users - 1))
-    )
+def request_s(m: Machine, prompt: int, n_predict: int, users: int = 1, speedup: float = 1.0) -> float:
+    """One request: its prompt, n_predict decoded tokens (slower per step with more users at once, faster by
+    ``speedup`` with speculation)."""
+    decode = n_predict * m.token_s * (1 + BATCH_COST * (users - 1)) / speedup
+    return REQUEST_S + prompt * m.token_s / PROMPT_BATCH + decode
 
 
-def pass_s(m: Machine, prompts: Sequence[int], n_predict: int) -> float:
-    return sum(request_s(m, p, n_predict) for p in prompts)
+def pass_s(m: Machine, prompts: Sequence[int], n_predict: int, speedup: float = 1.0) -> float:
+    return sum(request_s(m, p, n_predict, 1, speedup) for p in prompts)
 
 
-def levels_s(m: Machine, prompts: Sequence[int], n_predict: int, levels: Sequence[int]) -> float:
+def levels_s(
+    m: Machine, prompts: Sequence[int], n_predict: int, levels: Sequence[int], speedup: float = 1.0
+) -> float:
     """Each concurrency level: every client sends ceil(prompts / users) requests, all at once."""
     mean = sum(prompts) / len(prompts) if prompts else 0
-    return sum(math.ceil(len(prompts) / u) * request_s(m, round(mean), n_predict, u) for u in levels)
+    return sum(math.ceil(len(prompts) / u) * request_s(m, round(mean), n_predict, u, speedup) for u in levels)
+
+
+def race_launches(rounds: int, min_rounds: int, contenders: int, per_round: int = RACE_OPEN) -> int:
+    """A race's launches when it runs all its rounds: every contender in each of the first ``min_rounds`` rounds,
+    then ``per_round`` a round (``tuner.decisions.race``: the leader, the runner-up, the finalist that sets the
+    loss bound, the baseline while the leader is not shown faster; ``RACE_OPEN`` at most, ``RACE_TYPICAL``
+    typically)."""
+    first = min(min_rounds, rounds)
+    return first * contenders + (rounds - first) * min(contenders, per_round)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Launches after the trials: a race of ``tuner run`` or one that ``tuner export`` runs, at its most."""
+
+    what: str
+    launches: int  # at most
+    launch_s: float
+    how: str  # what is counted, for the --check line
+    typical: int = 0  # launches, typically
+
+    @property
+    def seconds(self) -> float:
+        return self.launches * self.launch_s
+
+    @property
+    def typical_s(self) -> float:
+        return (self.typical or self.launches) * self.launch_s
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """A study's expected time on this machine: its trials (with sentinels), then its race at the most."""
+    """A study's expected time on this machine: its trials (with sentinels), its race at the most, and the
+    races its export runs (per content type, per load class) at the most."""
 
     machine: Machine
     trials: int
     sentinels: int
-    trial_s: float  # launch, warm-up, repetitions x the workload, the concurrency levels
+    trial_s: float  # a searched trial: launch, warm-up, repetitions x the workload, the levels
     budget_s: float | None  # budget.minutes: the trials stop there
-    race_launches: int  # at most: max_rounds x (finalists + baseline) + confirm_rounds x 2
+    race_launches: int  # at most (``race_launches``) + confirm_rounds x 2
     launch_s: float  # one race launch: start, warm-up, one pass
     finalists: int = 1  # at most: race.max_finalists, or every trial but the baseline
     race_budget_s: float | None = None
+    reference_s: float = 0.0  # the baseline and each sentinel: the target alone, never pruned
+    export: tuple[Phase, ...] = ()
+    speedup: float = 1.0  # SEARCH_SPEEDUP when the space speculates
+    pruned: float = 0.0  # the share of a searched trial's passes pruning saves on average
+    race_typical: int = 0  # launches of a race run to its last round, typically (RACE_TYPICAL a round)
 
     @property
     def trials_s(self) -> float:
-        total = (self.trials + self.sentinels) * self.trial_s
+        total = (
+            max(self.trials - 1, 0) * self.trial_s + (min(self.trials, 1) + self.sentinels) * self.reference_s
+        )
         return min(total, self.budget_s) if self.budget_s else total
 
     @property
     def race_s(self) -> float:
         total = self.race_launches * self.launch_s
         return min(total, self.race_budget_s) if self.race_budget_s else total
+
+    @property
+    def export_s(self) -> float:
+        return sum(p.seconds for p in self.export)
+
+    @property
+    def export_typical_s(self) -> float:
+        return sum(p.typical_s for p in self.export)
+
+    @property
+    def race_typical_s(self) -> float:
+        total = (self.race_typical or self.race_launches) * self.launch_s
+        return min(total, self.race_budget_s) if self.race_budget_s else total
+
+    def expected_s(self, race: bool = True) -> float:
+        """The trials, then (with ``race``) every race run to its last round with its typical launches."""
+        return self.trials_s + (self.race_typical_s + self.export_typical_s if race else 0.0)
 
 
 def estimate(
@@ -117,25 +184,70 @@ def estimate(
     finalists: int,
     confirm_rounds: int,
     race_minutes: float | None = None,
+    min_rounds: int = 3,
+    speculative: bool = False,
+    prune: bool = False,
+    held_out: Sequence[int] = (),
+    types: int = 0,
+    type_rounds: int = 4,
 ) -> Estimate:
     """Trials x (launch + warm-up + repetitions x the workload + the levels), a sentinel every
     ``sentinel_every`` trials or ``sentinel_minutes`` (whichever comes first), and the race: at most
-    ``race_rounds`` rounds of the finalists and the baseline, then the confirmation rounds, each launch
-    a warm-up and one pass. ``prompts``: each request's prompt tokens."""
+    ``race_rounds`` rounds of the finalists and the baseline (``race_launches``), then the confirmation rounds,
+    each launch a warm-up and one pass. ``prompts``: each request's prompt tokens. Searched trials decode
+    ``SEARCH_SPEEDUP`` faster when the space is ``speculative`` and lose ``PRUNED_SHARE x (1 - PRUNED_AT)`` of
+    their passes to pruning when ``prune``. Export's races: ``types`` content types raced on their ``held_out``
+    prompts for ``type_rounds`` rounds, and each load class (``levels`` beyond one user) raced like the pooled one."""
+    speedup = SEARCH_SPEEDUP if speculative else 1.0
+    saved = PRUNED_SHARE * (1 - PRUNED_AT) if prune else 0.0
     warm = warmup * request_s(m, prompts[0], n_predict) if prompts else 0.0
-    one_pass = pass_s(m, prompts, n_predict)
-    trial = m.launch_s + warm + repetitions * one_pass + levels_s(m, prompts, n_predict, levels)
-    by_time = int(trials * trial / (60 * sentinel_minutes)) if sentinel_minutes else 0
+
+    def trial(x: float, cut: float) -> float:
+        measured = repetitions * pass_s(m, prompts, n_predict, x) + levels_s(m, prompts, n_predict, levels, x)
+        return m.launch_s + warm + (1 - cut) * measured
+
+    raced = min(finalists, max(trials - 1, 1))
+    launch = m.launch_s + warm + pass_s(m, prompts, n_predict, speedup)
+    by_time = int(trials * trial(1.0, 0.0) / (60 * sentinel_minutes)) if sentinel_minutes else 0
+    export = []
+    if types >= 2 and held_out:
+        export.append(
+            Phase(
+                "per-type race",
+                type_rounds * (types + 2),
+                m.launch_s + warm + pass_s(m, held_out, n_predict, speedup),
+                f"{type_rounds} rounds x {types} type winners, the pooled winner and the baseline, on "
+                f"{len(held_out)} held-out requests",
+                type_rounds * min(types + 2, RACE_OPEN + 1),  # type winners are often the pooled winner
+            )
+        )
+    classes = [u for u in levels if max(levels) > 1]
+    if classes:
+        per_class = race_launches(race_rounds, min_rounds, raced + 1)
+        export.append(
+            Phase(
+                "load classes",
+                per_class * len(classes),
+                m.launch_s + warm + levels_s(m, prompts, n_predict, classes, speedup) / len(classes),
+                f"{len(classes)} classes x at most {per_class} launches, each one level",
+                race_launches(race_rounds, min_rounds, raced + 1, RACE_TYPICAL) * len(classes),
+            )
+        )
     return Estimate(
         m,
         trials,
         max(trials // sentinel_every if sentinel_every else 0, by_time),
-        trial,
+        trial(speedup, saved),
         budget_minutes * 60 if budget_minutes else None,
-        race_rounds * (min(finalists, max(trials - 1, 1)) + 1) + 2 * confirm_rounds,
-        m.launch_s + warm + one_pass,
-        min(finalists, max(trials - 1, 1)),
+        race_launches(race_rounds, min_rounds, raced + 1) + 2 * confirm_rounds,
+        launch,
+        raced,
         race_minutes * 60 if race_minutes else None,
+        trial(1.0, 0.0),
+        tuple(export),
+        speedup,
+        saved,
+        race_launches(race_rounds, min_rounds, raced + 1, RACE_TYPICAL) + 2 * confirm_rounds,
     )
 
 
@@ -262,4 +374,4 @@ class RunClock:
             trials_s = min(trials_s, max(0.0, self.deadline - now))
         scale = min(10.0, max(0.1, per_trial / planned)) if planned else 1.0
         self.progress.unit_s = self.estimate.launch_s * scale
-        self.progress.plan(trials_s + (self.estimate.race_s * scale if self.race else 0.0))
+        self.progress.plan(trials_s + (self.estimate.race_typical_s * scale if self.race else 0.0))
