@@ -352,9 +352,10 @@ def study_estimate(ctx: StudyContext) -> eta.Estimate:
     splits, _ = split(ctx.workload)
     held_out = restrict(ctx.workload, [i for s in splits.values() for i in s.held_out])
     speculative = any(v != "none" for v in getattr(ctx.space.domains.get("spec_type"), "values", ["none"]))
-    return eta.estimate(
+    prompts = request_prompts(ctx.workload)
+    est = eta.estimate(
         eta.machine(per_token, files, bandwidth),
-        request_prompts(ctx.workload),
+        prompts,
         n_predict=m.n_predict,
         warmup=m.warmup,
         repetitions=m.repetitions,
@@ -370,9 +371,15 @@ def study_estimate(ctx: StudyContext) -> eta.Estimate:
         min_rounds=spec.race.min_rounds,
         speculative=speculative,
         prune=spec.prune,
-        held_out=request_prompts(held_out) if len(splits) >= 2 else (),
-        types=len(splits),
-        type_rounds=max(spec.race.min_rounds, spec.race.confirm_rounds, TYPE_ROUNDS),
+    )
+    return eta.with_export(
+        est,
+        prompts,
+        m.n_predict,
+        spec.load_levels,
+        request_prompts(held_out) if len(splits) >= 2 else (),
+        len(splits),
+        max(spec.race.min_rounds, spec.race.confirm_rounds, TYPE_ROUNDS),
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -137,6 +137,8 @@ class Estimate:
     speedup: float = 1.0  # SEARCH_SPEEDUP when the space speculates
     pruned: float = 0.0  # the share of a searched trial's passes pruning saves on average
     race_typical: int = 0  # launches of a race run to its last round, typically (RACE_TYPICAL a round)
+    warm_s: float = 0.0  # a launch's warm-up
+    race_shape: tuple[int, int] = (0, 0)  # race.max_rounds, race.min_rounds
 
     @property
     def trials_s(self) -> float:
@@ -187,17 +189,13 @@ def estimate(
     min_rounds: int = 3,
     speculative: bool = False,
     prune: bool = False,
-    held_out: Sequence[int] = (),
-    types: int = 0,
-    type_rounds: int = 4,
 ) -> Estimate:
     """Trials x (launch + warm-up + repetitions x the workload + the levels), a sentinel every
     ``sentinel_every`` trials or ``sentinel_minutes`` (whichever comes first), and the race: at most
     ``race_rounds`` rounds of the finalists and the baseline (``race_launches``), then the confirmation rounds,
     each launch a warm-up and one pass. ``prompts``: each request's prompt tokens. Searched trials decode
     ``SEARCH_SPEEDUP`` faster when the space is ``speculative`` and lose ``PRUNED_SHARE x (1 - PRUNED_AT)`` of
-    their passes to pruning when ``prune``. Export's races: ``types`` content types raced on their ``held_out``
-    prompts for ``type_rounds`` rounds, and each load class (``levels`` beyond one user) raced like the pooled one."""
+    their passes to pruning when ``prune``. Export's races: ``with_export``."""
     speedup = SEARCH_SPEEDUP if speculative else 1.0
     saved = PRUNED_SHARE * (1 - PRUNED_AT) if prune else 0.0
     warm = warmup * request_s(m, prompts[0], n_predict) if prompts else 0.0
@@ -209,30 +207,6 @@ def estimate(
     raced = min(finalists, max(trials - 1, 1))
     launch = m.launch_s + warm + pass_s(m, prompts, n_predict, speedup)
     by_time = int(trials * trial(1.0, 0.0) / (60 * sentinel_minutes)) if sentinel_minutes else 0
-    export = []
-    if types >= 2 and held_out:
-        export.append(
-            Phase(
-                "per-type race",
-                type_rounds * (types + 2),
-                m.launch_s + warm + pass_s(m, held_out, n_predict, speedup),
-                f"{type_rounds} rounds x {types} type winners, the pooled winner and the baseline, on "
-                f"{len(held_out)} held-out requests",
-                type_rounds * min(types + 2, RACE_OPEN + 1),  # type winners are often the pooled winner
-            )
-        )
-    classes = [u for u in levels if max(levels) > 1]
-    if classes:
-        per_class = race_launches(race_rounds, min_rounds, raced + 1)
-        export.append(
-            Phase(
-                "load classes",
-                per_class * len(classes),
-                m.launch_s + warm + levels_s(m, prompts, n_predict, classes, speedup) / len(classes),
-                f"{len(classes)} classes x at most {per_class} launches, each one level",
-                race_launches(race_rounds, min_rounds, raced + 1, RACE_TYPICAL) * len(classes),
-            )
-        )
     return Estimate(
         m,
         trials,
@@ -244,11 +218,54 @@ def estimate(
         raced,
         race_minutes * 60 if race_minutes else None,
         trial(1.0, 0.0),
-        tuple(export),
+        (),
         speedup,
         saved,
         race_launches(race_rounds, min_rounds, raced + 1, RACE_TYPICAL) + 2 * confirm_rounds,
+        warm,
+        (race_rounds, min_rounds),
     )
+
+
+def with_export(
+    est: Estimate,
+    prompts: Sequence[int],
+    n_predict: int,
+    levels: Sequence[int],
+    held_out: Sequence[int] = (),
+    types: int = 0,
+    type_rounds: int = 4,
+) -> Estimate:
+    """``est`` with the races ``tuner export`` runs after the pooled one: ``types`` content types on their
+    ``held_out`` prompts for ``type_rounds`` rounds, and each load class (``levels`` beyond one user) raced like
+    the pooled race, each launch one level."""
+    m, warm, speedup = est.machine, est.warm_s, est.speedup
+    race = (*est.race_shape, est.finalists + 1)
+    phases = []
+    if types >= 2 and held_out:
+        phases.append(
+            Phase(
+                "per-type race",
+                type_rounds * (types + 2),
+                m.launch_s + warm + pass_s(m, held_out, n_predict, speedup),
+                f"{type_rounds} rounds x {types} type winners, the pooled winner and the baseline, on "
+                f"{len(held_out)} held-out requests",
+                type_rounds * min(types + 2, RACE_OPEN + 1),  # type winners are often the pooled winner
+            )
+        )
+    classes = [u for u in levels if max(levels) > 1]
+    if classes:
+        per_class = race_launches(*race)
+        phases.append(
+            Phase(
+                "load classes",
+                per_class * len(classes),
+                m.launch_s + warm + levels_s(m, prompts, n_predict, classes, speedup) / len(classes),
+                f"{len(classes)} classes x at most {per_class} launches, each one level",
+                race_launches(*race, RACE_TYPICAL) * len(classes),
+            )
+        )
+    return replace(est, export=tuple(phases))
 
 
 def duration(seconds: float) -> str:

@@ -762,13 +762,8 @@ def run_race(
     progress = eta.as_progress(progress)
     launcher = _Launcher(records, Remeasure(workload, settings, log_dir, progress, size), progress, users)
     title = race_title(users)
-    if size is not None:
-        spec = replace(spec, max_rounds=size.rounds(spec.max_rounds))
-        progress(
-            f"{title}: {size.text()}"
-            + (f"; at most {spec.max_rounds} rounds in that time" if size.share != 1 else "")
-        )
-    _announce(records, spec, progress, launch_sigma, title)
+    spec = replace(spec, max_rounds=size.rounds(spec.max_rounds)) if size else spec
+    _announce(records, spec, progress, launch_sigma, title, size)
     contest, outcome = sequential_race(
         [n for n in records if n != label(baseline)],
         label(baseline),
@@ -779,18 +774,7 @@ def run_race(
         progress,
         title=title,
     )
-    confirmation = None
-    progress.then_units = 0
-    if outcome.winner != label(baseline) and spec.confirm_rounds:
-        progress.expect(2 * spec.confirm_rounds)
-        progress(
-            f"{title}: confirming {outcome.winner} against the baseline in {spec.confirm_rounds} fresh rounds"
-        )
-        confirmation, check = confirm(
-            outcome.winner, label(baseline), launcher.launch_round, launcher.launch, spec.confirm_rounds
-        )
-        contest.outliers += [f"confirmation {line}" for line in check.outliers]
-        contest.launches += check.launches
+    confirmation = _confirm_winner(contest, outcome.winner, label(baseline), launcher, spec, progress, title)
     progress.plan(progress.then_s)  # what follows the race (an export's per-type race)
     return RaceResult(
         max(max(v, default=-1) for v in contest.rounds.values()) + 1,
@@ -812,14 +796,43 @@ def run_race(
     )
 
 
+def _confirm_winner(
+    contest: Contest,
+    winner: str,
+    baseline: str,
+    launcher: _Launcher,
+    spec: RaceSpec,
+    progress: eta.Progress,
+    title: str,
+) -> Confirmation | None:
+    """``race.confirm_rounds`` rounds of the winner and the baseline alone (none when the baseline won); their
+    launches and outliers count in the contest's."""
+    progress.then_units = 0
+    if winner == baseline or not spec.confirm_rounds:
+        return None
+    progress.expect(2 * spec.confirm_rounds)
+    progress(f"{title}: confirming {winner} against the baseline in {spec.confirm_rounds} fresh rounds")
+    confirmation, check = confirm(
+        winner, baseline, launcher.launch_round, launcher.launch, spec.confirm_rounds
+    )
+    contest.outliers += [f"confirmation {line}" for line in check.outliers]
+    contest.launches += check.launches
+    return confirmation
+
+
 def _announce(
     records: dict[str, TrialRecord],
     spec: RaceSpec,
     progress: eta.Progress,
     launch_sigma: float | None,
     title: str = "race",
+    size: LaunchSize | None = None,
 ) -> None:
-    """The race's plan, its expected launches for the time left, and the forecast from the launch spread."""
+    """The race's plan (with ``size``: what a launch measures), its expected launches for the time left, and the
+    forecast from the launch spread."""
+    if size is not None:
+        more = f"; at most {spec.max_rounds} rounds in that time" if size.share != 1 else ""
+        progress(f"{title}: {size.text()}{more}")
     progress.then_units = 2 * spec.confirm_rounds
     eta.expect(progress, spec.max_rounds * len(records))
     progress(
