@@ -26,6 +26,7 @@ from tuner.bench.race_bench import (
     new_race,
     side,
 )
+from tuner.bench.table import markdown_table
 from tuner.decisions.drift import estimated_launch_spread
 from tuner.decisions.launch_size import size
 from tuner.studyfile.spec import RaceSpec
@@ -103,15 +104,28 @@ def markdown(result: dict) -> str:
         f"A launch costs {FIXED_MIN:g} min + {PASS_MIN:g} min per pass. Passes per launch: the median chosen (a "
         "part of a pass below 1).",
         "",
-        "| launch spread | round spread | passes per launch | launches, full / sized | modelled min, full / sized "
-        "| deployed >= 3% slower, full / sized | loss bound holds, sized |",
-        "|---|---|---|---|---|---|---|",
+        *markdown_table(
+            (
+                "launch spread",
+                "round spread",
+                "passes per launch",
+                "launches, full / sized",
+                "modelled min, full / sized",
+                "deployed >= 3% slower, full / sized",
+                "loss bound holds, sized",
+            ),
+            (
+                (
+                    f"{c['launch_sigma']:.0%}",
+                    f"{c['round_sigma']:.0%}",
+                    f"{c['median_share']:.2f}",
+                    f"{c['full']['launches']:.1f} / {c['sized']['launches']:.1f}",
+                    f"{c['full_minutes']:.0f} / {c['sized_minutes']:.0f}",
+                    f"{c['full']['wrong']:.1%} / {c['sized']['wrong']:.1%}",
+                    f"{c['sized']['holds']:.1%}",
+                )
+                for c in result["cells"]
+            ),
+        ),
     ]
-    for c in result["cells"]:
-        full, sized = c["full"], c["sized"]
-        lines.append(
-            f"| {c['launch_sigma']:.0%} | {c['round_sigma']:.0%} | {c['median_share']:.2f} | "
-            f"{full['launches']:.1f} / {sized['launches']:.1f} | {c['full_minutes']:.0f} / {c['sized_minutes']:.0f} | "
-            f"{full['wrong']:.1%} / {sized['wrong']:.1%} | {sized['holds']:.1%} |"
-        )
     return "\n".join(lines) + "\n"

@@ -31,6 +31,7 @@ import random
 import statistics
 from dataclasses import asdict, dataclass
 
+from tuner.bench.table import markdown_table
 from tuner.decisions import evidence
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, allowed_launch_spread
 from tuner.decisions.race import confirm, sequential_race, within_reach
@@ -476,23 +477,39 @@ def _decided(s: dict) -> str:
     return f"{s['wrong_decided']}/{s['decided']} ({_pct(wrong)})"
 
 
+def _launches(new: dict, old: dict) -> str:
+    """Launches per race, new / previous, and their modelled minutes."""
+    return (
+        f"{new['launches']:.1f} / {old['launches']:.1f} "
+        f"({new['launches'] * MINUTES_PER_LAUNCH:.0f} / {old['launches'] * MINUTES_PER_LAUNCH:.0f})"
+    )
+
+
 def race_table(result: dict) -> list[str]:
-    lines = [
-        "| launch spread | round spread | gap | loss bound holds (median bound) | deployed >= 3% slower, new / "
-        "previous | wrong / decided, new / previous | coverage of the printed 95% interval, new / previous | "
-        "launches per race, new / previous (modelled min) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for c in result["races"]:
-        new, old = c["new"], c["old"]
-        lines.append(
-            f"| {_pct(c['launch_sigma'])} | {_pct(c['round_sigma'])} | {_pct(c['gap'])} | "
-            f"{100 * new['holds']:.1f}% ({100 * new['median_loss_bound']:.1f}%) | {_pct(new['wrong'])} / "
-            f"{_pct(old['wrong'])} | {_decided(new)} / {_decided(old)} | {_pct(new['coverage'])} / "
-            f"{_pct(old['coverage'])} | {new['launches']:.1f} / {old['launches']:.1f} "
-            f"({new['launches'] * MINUTES_PER_LAUNCH:.0f} / {old['launches'] * MINUTES_PER_LAUNCH:.0f}) |"
+    header = (
+        "launch spread",
+        "round spread",
+        "gap",
+        "loss bound holds (median bound)",
+        "deployed >= 3% slower, new / previous",
+        "wrong / decided, new / previous",
+        "coverage of the printed 95% interval, new / previous",
+        "launches per race, new / previous (modelled min)",
+    )
+    rows = (
+        (
+            _pct(c["launch_sigma"]),
+            _pct(c["round_sigma"]),
+            _pct(c["gap"]),
+            f"{100 * c['new']['holds']:.1f}% ({100 * c['new']['median_loss_bound']:.1f}%)",
+            f"{_pct(c['new']['wrong'])} / {_pct(c['old']['wrong'])}",
+            f"{_decided(c['new'])} / {_decided(c['old'])}",
+            f"{_pct(c['new']['coverage'])} / {_pct(c['old']['coverage'])}",
+            _launches(c["new"], c["old"]),
         )
-    return lines
+        for c in result["races"]
+    )
+    return markdown_table(header, rows)
 
 
 def markdown(result: dict) -> str:
@@ -567,16 +584,24 @@ def _round_budget_lines(result: dict) -> list[str]:
         f"Launches at equal error: both races at the default host and a {pct(SLOWER)} gap with a larger "
         "race.max_rounds (all races, undecided ones included), new / previous:",
         "",
-        "| race.max_rounds | deployed >= 3% slower | wrong / decided | launches per race (modelled min) | "
-        "median loss bound (new) |",
-        "|---|---|---|---|---|",
+        *markdown_table(
+            (
+                "race.max_rounds",
+                "deployed >= 3% slower",
+                "wrong / decided",
+                "launches per race (modelled min)",
+                "median loss bound (new)",
+            ),
+            (
+                (
+                    str(c["max_rounds"]),
+                    f"{pct(c['new']['wrong'])} / {pct(c['old']['wrong'])}",
+                    f"{_decided(c['new'])} / {_decided(c['old'])}",
+                    _launches(c["new"], c["old"]),
+                    f"{100 * c['new']['median_loss_bound']:.1f}%",
+                )
+                for c in result["round_budgets"]
+            ),
+        ),
     ]
-    for c in result["round_budgets"]:
-        new, old = c["new"], c["old"]
-        lines.append(
-            f"| {c['max_rounds']} | {pct(new['wrong'])} / {pct(old['wrong'])} | {_decided(new)} / "
-            f"{_decided(old)} | {new['launches']:.1f} / {old['launches']:.1f} "
-            f"({new['launches'] * MINUTES_PER_LAUNCH:.0f} / {old['launches'] * MINUTES_PER_LAUNCH:.0f}) | "
-            f"{100 * new['median_loss_bound']:.1f}% |"
-        )
     return lines

@@ -1,4 +1,4 @@
-"""Recorded-grid tables: the columns `record-grid` writes and how any table is read back.
+"""Recorded-grid tables: the columns `record-grid` writes and how any table is read back; bench.md's tables.
 
 One row per configuration: parameter columns (empty where a knob does not apply, e.g.
 no draft without speculation), then result columns. Parameter columns are whatever is
@@ -7,6 +7,7 @@ not a known result column; a user's own table may name them instead (``--params`
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -70,3 +71,12 @@ def parameter_columns(frame: pd.DataFrame, given: list[str] | None = None) -> li
     if not params:
         raise UserError("the table has no parameter column that varies; name them with --params")
     return params
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A markdown table's lines: the header, its rule, one line per row."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
