@@ -410,3 +410,18 @@ def test_what_a_deployment_may_lose_is_said_and_stored_and_an_older_race_still_r
         del e["rounds"]
     read = RaceResult.from_json(old)
     assert read.loss == 0.02 and "no loss bound" in read.loss_line()
+
+
+def test_a_baseline_that_leads_names_the_best_other_finalist_beside_it():
+    """The load race at 2 users printed 'trial-0 has the highest estimate (x1.00 [1.00, 1.00] over it)' of the
+    baseline itself; the verdict names the best candidate and its figure instead."""
+    launch, launch_round, _ = scripted({"ngram": 96.0, "draft": 92.0, "base": 100.0}, 0.15, seed=4)
+    _, outcome = sequential_race(
+        ["ngram", "draft"], "base", launch_round, launch, {}, RaceSpec(max_rounds=4), progress=lambda _: None
+    )
+    assert outcome.winner == "base" and "base has the highest estimate" not in outcome.verdict
+    assert "[1.00, 1.00]" not in outcome.verdict
+    assert (
+        "ngram has the highest estimate" in outcome.verdict
+        or "draft has the highest estimate" in outcome.verdict
+    )

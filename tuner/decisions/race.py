@@ -324,7 +324,11 @@ def _outcome(
             look.contest.dropped[j] = f"shown slower than {winner} after {rounds} rounds"
     margin = math.log1p(spec.loss)
     open_ = [j for j in look.contest.candidates if j != winner and look.upper(j, winner) > margin]
-    best = leader if leader != baseline else max(look.contest.rates, key=look.estimate)
+    best = (
+        leader
+        if leader != baseline
+        else max((n for n in look.contest.rates if n != baseline), key=look.estimate)
+    )
     if decided:
         verdict = _decided_verdict(look, winner, within, baseline, spec, rounds, leader)
     elif winner == baseline:
@@ -972,7 +976,7 @@ def verdict_lines(result: RaceResult) -> list[str]:
     rate = (
         "geometric mean tokens/s"
         if result.users is None
-        else f"geometric mean aggregate tokens/s at {result.users} users"
+        else f"geometric mean aggregate tokens/s at {result.users} user{'s' if result.users > 1 else ''}"
     )
     lines = [
         f"{result.title}: {result.rounds} rounds, {result.launches} launches (per finalist: {rate} over its "

@@ -263,7 +263,7 @@ def race_table(data: ReportData) -> str:
             "mean_tps": "geometric mean t/s (race)",
             "recorded_tps": "recorded t/s (study)",
             "speedup": "speedup (paired rounds)",
-            "interval": "95% t-interval",
+            "interval": "95% interval (simultaneous over the finalists)",
             "status": "status",
             "config": "configuration",
         },
@@ -724,9 +724,10 @@ def _decision_sections(data: ReportData) -> list[Section]:
         Section(
             "race",
             "Finalist race",
-            "The winner, decided on fresh launches only: each round launches every finalist still racing and "
-            "the baseline once; finalists shown slower are dropped. Geometric mean over launches; speedup over "
-            "the baseline on paired rounds with a 95% t-interval; the winner's figure from confirmation rounds.",
+            "The winner, decided on fresh launches only: the first race.min_rounds rounds launch every finalist "
+            "and the baseline once; later rounds the leader and the finalists whose comparison with it is open. "
+            "Geometric mean over launches; speedup over the baseline on paired rounds with a 95% interval "
+            "simultaneous over the finalists; the verdict says what the deployment may lose (its loss bound).",
             race_table(data)
             if data.race is not None
             else _empty("no race recorded (tuner run --no-race, or nothing to race)"),
