@@ -64,25 +64,26 @@ def test_a_conversation_is_measured_turn_by_turn_with_the_prompt_cache(synthetic
     assert set(scores.per_turn_tokens_per_second) == {1, 2, 3}
 
 
-def load_speed_bench():
+def load_speed_bench(monkeypatch):
     """The pinned speed_bench.py, its dataset loader aside (``datasets`` is a stand-in: we hand it
-    the same conversations the tuner measures)."""
+    the same conversations the tuner measures); both modules leave ``sys.modules`` with the test."""
     path = source_dir() / "tools" / "server" / "bench" / "speed-bench" / "speed_bench.py"
     stand_in = types.ModuleType("datasets")
     stand_in.get_dataset_config_names = stand_in.load_dataset = None
-    sys.modules.setdefault("datasets", stand_in)
+    if "datasets" not in sys.modules:
+        monkeypatch.setitem(sys.modules, "datasets", stand_in)
     spec = importlib.util.spec_from_file_location("speed_bench", path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["speed_bench"] = module  # its dataclasses look their module up
+    monkeypatch.setitem(sys.modules, "speed_bench", module)  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
 
-def test_the_tuners_figures_agree_with_llama_cpps_speed_bench(synthetic_models, tmp_path):
+def test_the_tuners_figures_agree_with_llama_cpps_speed_bench(synthetic_models, tmp_path, monkeypatch):
     """Same server, same conversations (user turns only, as speed_bench sends them), interleaved passes:
     the drafted and accepted counts are identical (greedy decoding), and the per-category decode rate
     agrees within 10% (the best of three passes each, which a busy host disturbs least)."""
-    bench = load_speed_bench()
+    bench = load_speed_bench(monkeypatch)
     workload = load_workload(["chat-summarize"], tmp_path)  # user turns only: speed_bench's shape
     assert all(role == "user" for p in workload.prompts for role, _ in p.messages)
     samples_sb = [

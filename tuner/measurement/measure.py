@@ -216,7 +216,7 @@ def _another_pass(samples: list[Sample], passes_done: int, cap: int, settings: M
 
 
 def _too_noisy(samples: list[Sample], settings: MeasurementSettings) -> bool:
-    _, rates = _median_over_repetitions(samples)
+    _, rates = median_over_repetitions(samples)
     return len(rates) < 2 or statistics.stdev(rates) / statistics.fmean(rates) > settings.noise_cv
 
 
@@ -241,15 +241,20 @@ def check_timing(c: Completion, settings: MeasurementSettings) -> Completion:
     return c
 
 
-def pooled_rate(samples: Iterable[Sample]) -> float:
+def pooled_rate(samples: Iterable[Sample | dict]) -> float:
     """Tokens per second of a group of requests: total tokens over total decode time.
 
     Pooling weights each request by its length, so a prompt that stopped early at
     end-of-sequence does not count as much as one that generated ``n_predict`` tokens.
     """
     samples = list(samples)
-    ms = sum(s.predicted_ms for s in samples)
-    return 1000.0 * sum(s.predicted_n for s in samples) / ms if ms > 0 else 0.0
+    ms = sum(_field(s, "predicted_ms") for s in samples)
+    return 1000.0 * sum(_field(s, "predicted_n") for s in samples) / ms if ms > 0 else 0.0
+
+
+def _field(sample: Sample | dict, name: str):
+    """A sample's field, measured (``Sample``) or stored (its dict in a TrialRecord)."""
+    return sample.get(name, 0) if isinstance(sample, dict) else getattr(sample, name)
 
 
 def pooled_from_rates(samples: Iterable[dict]) -> float:
@@ -259,9 +264,11 @@ def pooled_from_rates(samples: Iterable[dict]) -> float:
     return len(inverse) / sum(inverse) if inverse else 0.0
 
 
-def _median_over_repetitions(samples: list[Sample]) -> tuple[float, list[float]]:
-    repetitions = sorted({s.repetition for s in samples})
-    rates = [pooled_rate(s for s in samples if s.repetition == r) for r in repetitions]
+def median_over_repetitions(samples: list[Sample] | list[dict]) -> tuple[float, list[float]]:
+    """The median over repetitions of each repetition's pooled rate, and those rates: a trial's figure, from
+    its measured samples or its stored ones."""
+    repetitions = sorted({_field(s, "repetition") for s in samples})
+    rates = [pooled_rate(s for s in samples if _field(s, "repetition") == r) for r in repetitions]
     return statistics.median(rates), rates
 
 
@@ -269,7 +276,7 @@ def summarize(samples: list[Sample], settings: MeasurementSettings) -> Scores:
     """A trial's scores from its measured samples."""
     if not samples:
         raise ValueError("summarize needs at least one sample")
-    median, rates = _median_over_repetitions(samples)
+    median, rates = median_over_repetitions(samples)
     mean = statistics.fmean(rates)
     cv = (statistics.stdev(rates) / mean if mean > 0 else 0.0) if len(rates) > 1 else None
     suites = dict.fromkeys(s.suite for s in samples)
@@ -281,10 +288,10 @@ def summarize(samples: list[Sample], settings: MeasurementSettings) -> Scores:
         noisy=cv > settings.noise_cv if cv is not None else None,
         repetitions=len(rates),
         per_suite_tokens_per_second={
-            suite: _median_over_repetitions([s for s in samples if s.suite == suite])[0] for suite in suites
+            suite: median_over_repetitions([s for s in samples if s.suite == suite])[0] for suite in suites
         },
         per_turn_tokens_per_second={
-            turn: _median_over_repetitions([s for s in samples if s.turn == turn])[0]
+            turn: median_over_repetitions([s for s in samples if s.turn == turn])[0]
             for turn in sorted({s.turn for s in samples if s.turn})
         },
         drafted=drafted,

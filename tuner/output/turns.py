@@ -12,6 +12,7 @@ import statistics
 
 import pandas as pd
 
+from tuner.measurement.measure import median_over_repetitions
 from tuner.storage.records import TrialRecord
 
 TURN_COLUMNS = [
@@ -47,7 +48,7 @@ def turn_table(records: list[TrialRecord]) -> pd.DataFrame:
                     "role": r.role,
                     "family": r.config.family,
                     "turn": turn,
-                    "tokens_per_second": _median_pooled(samples),
+                    "tokens_per_second": median_over_repetitions(samples)[0],
                     "acceptance": sum(s.get("draft_n_accepted", 0) for s in samples) / drafted
                     if drafted
                     else None,
@@ -56,16 +57,6 @@ def turn_table(records: list[TrialRecord]) -> pd.DataFrame:
                 }
             )
     return pd.DataFrame(rows, columns=["trial", "role", "family", "turn", *TURN_COLUMNS[4:]])
-
-
-def _median_pooled(samples: list[dict]) -> float:
-    """Median over repetitions of total tokens over total decode time (as ``measure.summarize``)."""
-    rates = []
-    for rep in sorted({s.get("repetition", 0) for s in samples}):
-        group = [s for s in samples if s.get("repetition", 0) == rep]
-        ms = sum(s["predicted_ms"] for s in group)
-        rates.append(1000.0 * sum(s["predicted_n"] for s in group) / ms if ms > 0 else 0.0)
-    return statistics.median(rates)
 
 
 def speedup_by_turn(records: list[TrialRecord], frame: pd.DataFrame) -> pd.DataFrame:
