@@ -177,6 +177,22 @@ def test_speed_bench_rows_keep_their_category_and_every_turn(tmp_path, capsys):
     assert "note: sb-coding: 1 prompt(s), fewer than 3" in out and "no per-type winner" in out
 
 
+def test_a_re_import_by_type_removes_the_types_it_no_longer_finds_and_nothing_else(tmp_path, capsys):
+    rows = [
+        {"question_id": 81, "category": "writing", "turns": ["Write a blog post."]},
+        {"question_id": 101, "category": "coding", "turns": ["Reverse a list."]},
+    ]
+    first = jsonl(tmp_path / "a.jsonl", rows)
+    assert run(capsys, first, "--out", tmp_path / "sb.yaml", "--by-type")[0] == 0
+    mine = tmp_path / "sb-mine.yaml"
+    mine.write_text("prompts:\n  - id: x\n    text: my own suite\n")  # the operator's own file
+    second = jsonl(tmp_path / "b.jsonl", rows[1:])  # writing is gone from the log
+    code, out, _ = run(capsys, second, "--out", tmp_path / "sb.yaml", "--by-type")
+    assert code == 0 and not (tmp_path / "sb-writing.yaml").exists()
+    assert f"removed {tmp_path / 'sb-writing.yaml'}" in out
+    assert (tmp_path / "sb-coding.yaml").exists() and mine.read_text().endswith("my own suite\n")
+
+
 def test_texts_survive_the_yaml_round_trip(tmp_path, capsys):
     """Literal blocks for multi-line texts, quoting where YAML needs it: every text reads back as logged."""
     texts = [

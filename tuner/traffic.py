@@ -422,9 +422,32 @@ def import_traffic(path: Path, out: Path, n: int | None, by_type: bool, seed: in
         target: suite_text(rows, _description(source, len(rows), len(reading.rows), kind, n, seed))
         for target, (kind, rows) in groups.items()
     }
+    stale = _stale_types(out, files) if by_type else []
     for target, text in files.items():  # only once everything read; each file whole or not at all
         write_atomic(target, text)
-    return _summary(path, reading, kept, groups, n, seed, skipped, by_type)
+    for old in stale:
+        old.unlink(missing_ok=True)
+    removed = [
+        f"removed {old}: a type this import did not find (an earlier import wrote it)" for old in stale
+    ]
+    return _summary(path, reading, kept, groups, n, seed, skipped, by_type) + removed
+
+
+IMPORTED = "by `tuner workload import`"  # in every suite file an import writes: what a re-import may replace
+
+
+def _stale_types(out: Path, files: dict[Path, str]) -> list[Path]:
+    """The ``--by-type`` suites of an earlier import into ``out`` whose type this one did not find: left,
+    they would stay suites of a workload that no longer has them. Only files an import wrote (``IMPORTED``)."""
+    stale = []
+    for found in sorted(out.parent.glob(f"{out.stem}-*{out.suffix}")):
+        try:
+            text = found.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if found not in files and IMPORTED in text and safe_id(found.stem[len(out.stem) + 1 :]):
+            stale.append(found)
+    return stale
 
 
 def _groups(rows: list[Row], out: Path, by_type: bool) -> dict[Path, tuple[str | None, list[Row]]]:
@@ -441,7 +464,7 @@ def _description(source: str, kept: int, total: int, kind: str | None, n: int | 
     what = f"{kept} of {total} conversations" + (f" of type {kind}" if kind else "")
     drawn = f", a stratified sample (--sample {n}, seed {seed})" if n is not None and n < total else ""
     return (
-        f"Imported from {source} by `tuner workload import`: {what}{drawn}. The logged assistant replies "
+        f"Imported from {source} {IMPORTED}: {what}{drawn}. The logged assistant replies "
         "are dropped: each is generated anew on the configuration measured."
     )
 
