@@ -24,7 +24,10 @@ from tuner.storage import store
 from tuner.study import run_study
 from tuner.studyfile.spec import load_spec
 
-SUFFIX = re.compile(r" \| (\d+h\d\dm|\d+m\d\ds|\d+s) elapsed, ~(\d+h\d\dm|\d+m\d\ds|\d+s) left$")
+SUFFIX = re.compile(
+    r" \| (\d+h\d\dm|\d+m\d\ds|\d+s) elapsed, ~(\d+h\d\dm|\d+m\d\ds|\d+s) left"
+    r"(?: \((?:\d+h\d\dm|\d+m\d\ds|\d+s) over the estimate\))?$"
+)
 
 
 def seconds(text: str) -> int:
@@ -113,7 +116,10 @@ def test_progress_lines_count_down_from_the_plan_and_feed_the_sink():
     p.expect(5)  # (5 + 3) launches of 2 s, then 10 s
     assert p.remaining() == 26.0
     now[0] += 100
-    assert p.remaining() == 0.0  # overdue: never negative
+    assert p.remaining() == 0.0  # overdue: never negative, and by how much
+    assert p.suffix() == "2m10s elapsed, ~0s left (1m14s over the estimate)" and SUFFIX.search(
+        " | " + p.suffix()
+    )
     assert eta.as_progress(p) is p
     eta.expect(lines.append, 3)  # a plain printer (the benchmark's simulated race): nothing to plan
     watch = eta.Stopwatch(p)

@@ -309,10 +309,20 @@ class Progress:
         return None if self._left is None else max(0.0, self._left - (self.clock() - self._at))
 
     def suffix(self) -> str:
-        left = self.remaining()
-        return f"{duration(self.elapsed())} elapsed" + (
-            f", ~{duration(left)} left" if left is not None else ""
+        """``3m12s elapsed, ~1m05s left``; once a phase outlasts its plan, by how much: ``~0s left (40s over the
+        estimate)``."""
+        left, over = self.remaining(), self.overdue()
+        tail = f", ~{duration(left)} left" if left is not None else ""
+        return f"{duration(self.elapsed())} elapsed{tail}" + (
+            f" ({duration(over)} over the estimate)" if over else ""
         )
+
+    def overdue(self) -> float:
+        """Seconds the work in progress has run past its plan (0 when on time or nothing is planned)."""
+        if not self._left:
+            return 0.0
+        over = self.clock() - self._at - self._left
+        return over if over >= 1.0 else 0.0
 
     def __call__(self, line: str) -> None:
         self.out(f"{line} | {self.suffix()}")
