@@ -425,3 +425,13 @@ def test_a_baseline_that_leads_names_the_best_other_finalist_beside_it():
         "ngram has the highest estimate" in outcome.verdict
         or "draft has the highest estimate" in outcome.verdict
     )
+
+
+def test_a_loss_bound_is_printed_rounded_up():
+    """demo-concurrency's c2 printed 'none is more than 0.0% faster' of a bound just above zero."""
+    from tuner.decisions.race import upper_percent
+
+    assert (
+        upper_percent(0.0004) == "0.1%" and upper_percent(0.061) == "6.1%" and upper_percent(0.0611) == "6.2%"
+    )
+    assert upper_percent(0.0) == "0.0%" and upper_percent(0.05) == "5.0%"

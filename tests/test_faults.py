@@ -195,13 +195,11 @@ def test_every_measuring_command_takes_the_host_lock(fenv, tmp_path):
 # ------------------------------------------------------------------ 2. storage outages
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A 4 MB tmpfs for the SQLite file (a filesystem this test can fill or make read-only)."""
-    mount = tmp_path / "fs"
+def mounted_tmpfs(mount: Path, size: str):
+    """A tmpfs of ``size`` at ``mount`` for the test, unmounted after it (skips where mounting needs root)."""
     mount.mkdir()
     proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True, text=True
     )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a small filesystem to fill (needs root): {proc.stderr.strip()}")
@@ -209,6 +207,12 @@ def small_fs(tmp_path):
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 4 MB tmpfs for the SQLite file (a filesystem this test can fill or make read-only)."""
+    yield from mounted_tmpfs(tmp_path / "fs", "4m")
 
 
 def fill(folder: Path) -> Path:
@@ -843,17 +847,7 @@ def re_quote(name: str) -> str:
 @pytest.fixture
 def tiny_fs(tmp_path):
     """A 64 kB tmpfs to fill: a real 'No space left on device' for the output writers."""
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small filesystem to fill (needs root): {proc.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    yield from mounted_tmpfs(tmp_path / "tiny", "64k")
 
 
 def test_report_and_export_on_a_full_disk_are_one_line_and_keep_the_old_files(fenv, tmp_path, tiny_fs):

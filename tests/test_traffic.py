@@ -237,6 +237,11 @@ BAD = [
         "line 1: conversations[0].from: unknown role 'observation'; use human, gpt or system",
     ),
     (
+        "list-role",
+        [{"messages": [{"role": ["user"], "content": "x"}]}],
+        "line 1: messages[0].role: unknown role \"['user']\"; use system, user or assistant",
+    ),
+    (
         "image-part",
         [chat(("user", [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "x"}}]))],
         "line 1: messages[0].content[1]: a part of type 'image_url'; only text parts",

@@ -194,35 +194,30 @@ def _parse(obj: object):
 
 def _openai_messages(items: object, where: str) -> list[tuple[str, str, str]]:
     """(role, text, where) per message of an OpenAI request."""
+    known = "system, user or assistant (tool and function messages are not replayed: leave such requests out of the log)"
+    return _messages(items, where, ("role", "content"), OPENAI_ROLES, known)
+
+
+def _sharegpt_messages(items: object) -> list[tuple[str, str, str]]:
+    return _messages(items, "conversations", ("from", "value"), SHAREGPT_ROLES, "human, gpt or system")
+
+
+def _messages(
+    items: object, where: str, keys: tuple[str, str], roles: dict, known: str
+) -> list[tuple[str, str, str]]:
+    """(role, text, where) per message of a list of mappings, each naming its role and text by ``keys``."""
+    role_key, text_key = keys
     if not isinstance(items, list):
-        raise _Bad(f"{where}: must be a list of {{role, content}}")
+        raise _Bad(f"{where}: must be a list of {{{role_key}, {text_key}}}")
     pairs = []
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
         if not isinstance(item, dict):
-            raise _Bad(f"{at}: must be a mapping with role and content")
-        role = OPENAI_ROLES.get(item.get("role"))  # type: ignore[arg-type]
+            raise _Bad(f"{at}: must be a mapping with {role_key} and {text_key}")
+        role = roles.get(item.get(role_key)) if isinstance(item.get(role_key), str) else None
         if role is None:
-            raise _Bad(
-                f"{at}.role: unknown role {_shown(item.get('role'))}; use system, user or assistant "
-                "(tool and function messages are not replayed: leave such requests out of the log)"
-            )
-        pairs.append((role, _text(item.get("content"), f"{at}.content"), at))
-    return pairs
-
-
-def _sharegpt_messages(items: object) -> list[tuple[str, str, str]]:
-    if not isinstance(items, list):
-        raise _Bad("conversations: must be a list of {from, value}")
-    pairs = []
-    for i, item in enumerate(items):
-        at = f"conversations[{i}]"
-        if not isinstance(item, dict):
-            raise _Bad(f"{at}: must be a mapping with from and value")
-        role = SHAREGPT_ROLES.get(item.get("from"))  # type: ignore[arg-type]
-        if role is None:
-            raise _Bad(f"{at}.from: unknown role {_shown(item.get('from'))}; use human, gpt or system")
-        pairs.append((role, _text(item.get("value"), f"{at}.value"), at))
+            raise _Bad(f"{at}.{role_key}: unknown role {_shown(item.get(role_key))}; use {known}")
+        pairs.append((role, _text(item.get(text_key), f"{at}.{text_key}"), at))
     return pairs
 
 

@@ -279,7 +279,12 @@ class Look:
 
 
 def _percent(log_bound: float) -> str:
-    return f"{100 * math.expm1(log_bound):.1f}%"
+    return upper_percent(math.expm1(log_bound))
+
+
+def upper_percent(fraction: float) -> str:
+    """An upper bound as a percentage with one decimal, rounded up (0.04% reads 0.1%, never 0.0%)."""
+    return f"{math.ceil(round(1000 * fraction, 6)) / 10:.1f}%"
 
 
 def _decide(
@@ -679,7 +684,7 @@ class RaceResult:
         if self.loss_bound <= 0:
             return f"{deployed} {self.winner}; no other finalist is faster (95%, {rounds} rounds)"
         return (
-            f"{deployed} {self.winner}; no other finalist is more than {100 * self.loss_bound:.1f}% faster "
+            f"{deployed} {self.winner}; no other finalist is more than {upper_percent(self.loss_bound)} faster "
             f"(95%, {rounds} rounds)"
         )
 
