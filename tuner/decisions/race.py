@@ -963,7 +963,7 @@ def race_study(
         ctx.spec.race,
         ctx.log_dir,
         progress,
-        sentinels.launch_spread(),
+        sentinels.launch_estimate(),  # the forecast before racing: a point estimate, not a bound
         users,
         size,
     )
