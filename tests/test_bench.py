@@ -390,13 +390,21 @@ def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, mon
         == 0
     )
     result = json.loads((out / "bench.json").read_text())
-    assert {"search", "decisions", "overhead", "concurrency", "repeatability", "timings"} <= set(result)
+    assert {
+        "search",
+        "decisions",
+        "launch_size",
+        "overhead",
+        "concurrency",
+        "repeatability",
+        "timings",
+    } <= set(result)
     assert set(result["search"]["strategies"]) >= {"default", "random", "grid"}
     assert result["overhead"]["rounds"] == 1 and len(result["repeatability"]["winners"]) == 2
     md = (out / "bench.md").read_text()
     assert (
-        md.count("\n## ") == 7 and "Whole bench:" in md
-    )  # 1, 1b (operator scale), 1c (decisions), 2, 2b, 3, 4
+        md.count("\n## ") == 8 and "Whole bench:" in md
+    )  # 1, 1b (operator scale), 1c (decisions), 1d (launch size), 2, 2b, 3, 4
     assert result["decisions"]["runs"] == 4 and len(result["decisions"]["races"]) == 27
     assert [Path(row["path"]).name for row in result["gguf_read"]["files"]] == ["draft-small.gguf"]
     assert (out / "grid-grid-test.csv").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import optuna
@@ -186,6 +187,7 @@ def test_a_decode_time_the_wall_clock_cannot_hold_is_refused():
         with pytest.raises(Exception, match="more than x3 apart"):
             check_timing(c, settings)
     assert check_timing(completion(10.0, 100.0), settings)  # too short to judge
+    assert check_timing(completion(101.0, 400.0, 56.0), settings)  # a 240 ms stall of a busy host, not a lie
 
 
 def test_a_rate_far_above_the_roofline_without_speculation_is_impossible_unless_cache_resident():
@@ -403,8 +405,11 @@ def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path,
     )[:2]
     result = race_study(prepare(spec), study, lines.append, two)
     race = store.read_race(study)
-    assert race == result.to_json() and len(race["entries"]) == 3 and race["rounds"] == 3
-    assert all(1 <= len(e["rates"]) <= 3 for e in race["entries"])  # one launch per round until dropped
+    # race.max_rounds 3, or the rounds that fit in their time when the race measures a part of a pass per launch
+    sized = re.search(r"at most (\d+) rounds in that time", "\n".join(lines))
+    rounds = int(sized.group(1)) if sized else 3
+    assert race == result.to_json() and len(race["entries"]) == 3 and race["rounds"] == rounds >= 3
+    assert all(1 <= len(e["rates"]) <= rounds for e in race["entries"])  # one launch per round until dropped
     assert race["launches"] >= sum(len(e["rates"]) for e in race["entries"])
     printed = verdict_lines(result)
     assert any(line.startswith("verdict: ") for line in printed)
