@@ -435,3 +435,30 @@ def test_a_loss_bound_is_printed_rounded_up():
         upper_percent(0.0004) == "0.1%" and upper_percent(0.061) == "6.1%" and upper_percent(0.0611) == "6.2%"
     )
     assert upper_percent(0.0) == "0.0%" and upper_percent(0.05) == "5.0%"
+
+
+def test_a_race_launch_that_fails_is_launched_once_more_and_a_second_failure_is_one_line(tmp_path):
+    """A stalled host or a crash must not end a long race; a configuration that fails twice is named."""
+    from tuner.decisions.remeasure import Contender, Launch, Remeasure
+    from tuner.errors import UserError
+    from tuner.measurement.failures import FailureReason, TrialFailure
+    from tuner.measurement.measure import MeasurementSettings
+    from tuner.measurement.workload import Workload
+
+    lines: list[str] = []
+    remeasure = Remeasure(Workload(()), MeasurementSettings(), tmp_path, lines.append)
+    outcomes = [TrialFailure(FailureReason.IMPOSSIBLE_TIMING, "stalled"), Launch(100.0, 0, 0)]
+
+    def once(c):
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    remeasure._launch_once = once
+    contender = Contender("trial-1", ["llama-server"], 0.0)
+    assert remeasure.launch(contender).rate == 100.0 and "launching it once more" in lines[-1]
+    outcomes[:] = [TrialFailure(FailureReason.CRASHED, "a"), TrialFailure(FailureReason.CRASHED, "b")]
+    with pytest.raises(UserError, match="re-measuring trial-1 failed twice: .*b") as err:
+        remeasure.launch(contender)
+    assert "\n" not in str(err.value)

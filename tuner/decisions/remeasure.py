@@ -128,23 +128,36 @@ class Remeasure:
         return self.size.workload(self.workload, self.round_index) if self.size else self.workload
 
     def launch(self, c: Contender) -> Launch:
-        """Start ``c``'s server, warm up, measure one pass (a load class: one level of its users), stop it."""
+        """Start ``c``'s server, warm up, measure one pass (a load class: one level of its users), stop it.
+        A launch that fails is launched once more (a stalled host or a crash must not end a long race); a
+        second failure is the configuration's, one line."""
+        try:
+            return self._launch_once(c)
+        except TrialFailure as failure:
+            self.progress(
+                f"re-measuring {c.label} failed ({failure}; see {self._log(c)}); launching it once more"
+            )
+        try:
+            return self._launch_once(c)
+        except TrialFailure as failure:
+            raise UserError(f"re-measuring {c.label} failed twice: {failure}; see {self._log(c)}") from None
+
+    def _log(self, c: Contender) -> Path:
+        level = f"-c{c.users}" if c.users is not None else ""
+        return self.log_dir / f"remeasure-{c.label}{level}-{self.launches}.log"
+
+    def _launch_once(self, c: Contender) -> Launch:
         if self.placed_under is not None and c.numa != self.placed_under and c.models:
             evict([Path(m) for m in c.models])
         self.placed_under = c.numa
         self.launches += 1
         timeout = self.settings.trial_timeout_s
-        level = f"-c{c.users}" if c.users is not None else ""
-        log = self.log_dir / f"remeasure-{c.label}{level}-{self.launches}.log"
-        try:
-            with LlamaServer(
-                c.argv, free_port(), log, ready_timeout_s=timeout, request_timeout_s=timeout
-            ) as server:
-                if c.users is not None:
-                    return self._level(server, c)
-                samples = run_workload(server, self.measured, self.settings, c.temperature)
-        except TrialFailure as failure:
-            raise UserError(f"re-measuring {c.label} failed: {failure}; see {log}") from None
+        with LlamaServer(
+            c.argv, free_port(), self._log(c), ready_timeout_s=timeout, request_timeout_s=timeout
+        ) as server:
+            if c.users is not None:
+                return self._level(server, c)
+            samples = run_workload(server, self.measured, self.settings, c.temperature)
         return Launch(
             pooled_rate(samples),
             sum(s.draft_n for s in samples),
