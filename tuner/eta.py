@@ -26,9 +26,7 @@ TOKEN_FLOOR_S = 0.001
 PROMPT_BATCH = 8.0  # prompt tokens are processed this many times faster than decoded ones
 REQUEST_S = 0.01  # per request: HTTP, tokenization, slot setup
 BATCH_COST = 0.35  # each extra simultaneous user slows a decode step by this share
-LAUNCH_S = (
-    0.5  # llama-server start, context and graph setup, readiness poll (0.3-0.5 s, the synthetic target)
-)
+LAUNCH_S = 0.5  # llama-server start, context and graph setup, readiness (0.3-0.5 s: the synthetic target)
 LOAD_BYTES_PER_S = 1.5e9  # model files read (page cache or disk) while the server loads
 CHARS_PER_TOKEN = 3.5  # prompt length in tokens, without a tokenizer
 # A searched trial of a space that speculates decodes this much faster than the target alone, on average over
