@@ -82,13 +82,15 @@ def test_the_estimate_counts_tokens_levels_sentinels_and_the_race_at_its_most():
     assert searched.launch_s < one.launch_s
     # concurrency levels add their requests and export races each load class; a budget in minutes caps the
     # trials; few trials, few finalists
-    loaded = eta.with_export(eta.estimate(m, [50] * 10, **{**base, "levels": (1, 2)}), [50] * 10, 64, (1, 2))
+    loaded = eta.with_export(
+        eta.estimate(m, [50] * 10, **{**base, "levels": (1, 2)}), [50] * 10, 64, (1, 2), (8, 3)
+    )
     assert loaded.trial_s > one.trial_s
     (classes,) = loaded.export
     assert classes.what == "load classes" and classes.launches == 2 * (3 * 5 + 5 * 4)
     assert classes.typical == 2 * (3 * 5 + 5 * 2) and loaded.export_typical_s < loaded.export_s
     # several content types with held-out prompts: export's per-type race
-    typed = eta.with_export(one, [50] * 10, 64, (), [50] * 4, 3)
+    typed = eta.with_export(one, [50] * 10, 64, (), (8, 3), [50] * 4, 3)
     assert [p.what for p in typed.export] == ["per-type race"] and typed.export[0].launches == 4 * 5
     assert typed.export[0].launch_s < typed.launch_s  # 4 held-out requests, not the 10 of a pass
     capped = eta.estimate(m, [50] * 10, **{**base, "budget_minutes": 1})

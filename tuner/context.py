@@ -377,6 +377,7 @@ def study_estimate(ctx: StudyContext) -> eta.Estimate:
         prompts,
         m.n_predict,
         spec.load_levels,
+        (spec.race.max_rounds, spec.race.min_rounds),
         request_prompts(held_out) if len(splits) >= 2 else (),
         len(splits),
         max(spec.race.min_rounds, spec.race.confirm_rounds, TYPE_ROUNDS),

@@ -105,7 +105,7 @@ class Phase:
     launches: int  # at most
     launch_s: float
     how: str  # what is counted, for the --check line
-    typical: int = 0  # launches, typically
+    typical: int  # launches, typically
 
     @property
     def seconds(self) -> float:
@@ -113,7 +113,7 @@ class Phase:
 
     @property
     def typical_s(self) -> float:
-        return (self.typical or self.launches) * self.launch_s
+        return self.typical * self.launch_s
 
 
 @dataclass(frozen=True)
@@ -127,16 +127,15 @@ class Estimate:
     trial_s: float  # a searched trial: launch, warm-up, repetitions x the workload, the levels
     budget_s: float | None  # budget.minutes: the trials stop there
     race_launches: int  # at most (``race_launches``) + confirm_rounds x 2
+    race_typical: int  # launches of a race run to its last round, typically (RACE_TYPICAL a round)
     launch_s: float  # one race launch: start, warm-up, one pass
-    finalists: int = 1  # at most: race.max_finalists, or every trial but the baseline
-    race_budget_s: float | None = None
-    reference_s: float = 0.0  # the baseline and each sentinel: the target alone, never pruned
-    export: tuple[Phase, ...] = ()
-    speedup: float = 1.0  # SEARCH_SPEEDUP when the space speculates
-    pruned: float = 0.0  # the share of a searched trial's passes pruning saves on average
-    race_typical: int = 0  # launches of a race run to its last round, typically (RACE_TYPICAL a round)
-    warm_s: float = 0.0  # a launch's warm-up
-    race_shape: tuple[int, int] = (0, 0)  # race.max_rounds, race.min_rounds
+    finalists: int  # at most: race.max_finalists, or every trial but the baseline
+    race_budget_s: float | None
+    reference_s: float  # the baseline and each sentinel: the target alone, never pruned
+    speedup: float  # SEARCH_SPEEDUP when the space speculates
+    pruned: float  # the share of a searched trial's passes pruning saves on average
+    warm_s: float  # a launch's warm-up
+    export: tuple[Phase, ...] = ()  # ``with_export``
 
     @property
     def trials_s(self) -> float:
@@ -160,7 +159,7 @@ class Estimate:
 
     @property
     def race_typical_s(self) -> float:
-        total = (self.race_typical or self.race_launches) * self.launch_s
+        total = self.race_typical * self.launch_s
         return min(total, self.race_budget_s) if self.race_budget_s else total
 
     def expected_s(self, race: bool = True) -> float:
@@ -206,22 +205,20 @@ def estimate(
     launch = m.launch_s + warm + pass_s(m, prompts, n_predict, speedup)
     by_time = int(trials * trial(1.0, 0.0) / (60 * sentinel_minutes)) if sentinel_minutes else 0
     return Estimate(
-        m,
-        trials,
-        max(trials // sentinel_every if sentinel_every else 0, by_time),
-        trial(speedup, saved),
-        budget_minutes * 60 if budget_minutes else None,
-        race_launches(race_rounds, min_rounds, raced + 1) + 2 * confirm_rounds,
-        launch,
-        raced,
-        race_minutes * 60 if race_minutes else None,
-        trial(1.0, 0.0),
-        (),
-        speedup,
-        saved,
-        race_launches(race_rounds, min_rounds, raced + 1, RACE_TYPICAL) + 2 * confirm_rounds,
-        warm,
-        (race_rounds, min_rounds),
+        machine=m,
+        trials=trials,
+        sentinels=max(trials // sentinel_every if sentinel_every else 0, by_time),
+        trial_s=trial(speedup, saved),
+        budget_s=budget_minutes * 60 if budget_minutes else None,
+        race_launches=race_launches(race_rounds, min_rounds, raced + 1) + 2 * confirm_rounds,
+        race_typical=race_launches(race_rounds, min_rounds, raced + 1, RACE_TYPICAL) + 2 * confirm_rounds,
+        launch_s=launch,
+        finalists=raced,
+        race_budget_s=race_minutes * 60 if race_minutes else None,
+        reference_s=trial(1.0, 0.0),
+        speedup=speedup,
+        pruned=saved,
+        warm_s=warm,
     )
 
 
@@ -230,15 +227,16 @@ def with_export(
     prompts: Sequence[int],
     n_predict: int,
     levels: Sequence[int],
+    race: tuple[int, int],
     held_out: Sequence[int] = (),
     types: int = 0,
     type_rounds: int = 4,
 ) -> Estimate:
     """``est`` with the races ``tuner export`` runs after the pooled one: ``types`` content types on their
     ``held_out`` prompts for ``type_rounds`` rounds, and each load class (``levels`` beyond one user) raced like
-    the pooled race, each launch one level."""
+    the pooled race (``race``: race.max_rounds, race.min_rounds), each launch one level."""
     m, warm, speedup = est.machine, est.warm_s, est.speedup
-    race = (*est.race_shape, est.finalists + 1)
+    race = (*race, est.finalists + 1)
     phases = []
     if types >= 2 and held_out:
         phases.append(

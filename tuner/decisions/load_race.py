@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import optuna
 
 from tuner.decisions import evidence
-from tuner.decisions.race import Entry, RaceResult, race_study, race_title, verdict_lines
+from tuner.decisions.race import Entry, RaceResult, race_study, race_title, users_text, verdict_lines
 from tuner.decisions.remeasure import StudyInputs
 from tuner.knobs.config import method_of
 from tuner.machine import hostlock
@@ -51,10 +51,6 @@ def read_races(study: optuna.Study) -> dict[int, RaceResult]:
     """The study's stored load-class races by users (a race stored by an older version is left out)."""
     races = {users: RaceResult.from_json(race) for users, race in store.read_load_races(study).items()}
     return {users: race for users, race in races.items() if race is not None}
-
-
-def users_text(n: int) -> str:
-    return f"{n} user{'s' if n > 1 else ''}"
 
 
 def speculates(entry: Entry) -> bool:

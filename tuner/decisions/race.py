@@ -71,6 +71,10 @@ def label(record: TrialRecord) -> str:
     return f"trial-{record.number}"
 
 
+def users_text(n: int) -> str:
+    return f"{n} user{'s' if n > 1 else ''}"
+
+
 def race_title(users: int | None) -> str:
     """How a race's lines begin: ``race``, or ``race c4`` for a load class's (aggregate tokens/s at 4 users)."""
     return "race" if users is None else f"race c{users}"
@@ -981,7 +985,7 @@ def verdict_lines(result: RaceResult) -> list[str]:
     rate = (
         "geometric mean tokens/s"
         if result.users is None
-        else f"geometric mean aggregate tokens/s at {result.users} user{'s' if result.users > 1 else ''}"
+        else f"geometric mean aggregate tokens/s at {users_text(result.users)}"
     )
     lines = [
         f"{result.title}: {result.rounds} rounds, {result.launches} launches (per finalist: {rate} over its "

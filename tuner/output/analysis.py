@@ -25,9 +25,8 @@ import pandas as pd
 from tuner.decisions import load_race
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, REFERENCE_ROLES, Sentinels, midpoint
 from tuner.decisions.front import feasible, front_2d, pareto_mask
-from tuner.decisions.load_race import users_text
 from tuner.decisions.per_type import PerTypeResult
-from tuner.decisions.race import RaceResult
+from tuner.decisions.race import RaceResult, users_text
 from tuner.knobs.config import method_of
 from tuner.knobs.registry import INT_KNOBS
 from tuner.knobs.registry import NAMES as KNOB_NAMES
