@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner import eta
-from tuner.decisions.per_type import TYPE_ROUNDS
+from tuner.decisions.per_type import type_rounds
 from tuner.errors import MissingBinaryError, UserError
 from tuner.knobs.config import Choices, Domain, IntRange
 from tuner.knobs.registry import KNOB_TYPES, NAMES
@@ -380,7 +380,7 @@ def study_estimate(ctx: StudyContext) -> eta.Estimate:
         (spec.race.max_rounds, spec.race.min_rounds),
         request_prompts(held_out) if len(splits) >= 2 else (),
         len(splits),
-        max(spec.race.min_rounds, spec.race.confirm_rounds, TYPE_ROUNDS),
+        type_rounds(spec.race),
     )
 
 

@@ -19,8 +19,9 @@ deployed, with the best candidate's figures beside it. A study's single best fig
 fresh launches, compared in pairs, are what an operator can bet on.
 
 Per content type, each type's winner on its tuning prompts is raced on held-out prompts against the
-pooled winner (``tuner.decisions.per_type``); per load class, the feasible trial with the best recorded
-aggregate tokens/s at N users. The study's context comes in as an argument (``remeasure.StudyInputs``).
+pooled winner (``tuner.decisions.per_type``); per load class, the level's finalists on aggregate tokens/s at N
+users (``tuner.decisions.load_race``; with ``--no-race`` the best recorded figure, ``best_at_load``). The
+study's context comes in as an argument (``remeasure.StudyInputs``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import optuna
 import pandas as pd
 
 from tuner.decisions.front import feasible, front_2d, knee
-from tuner.decisions.per_type import PerTypeResult, race_per_type, winner_lines
+from tuner.decisions.per_type import PerTypeResult, race_per_type, type_rounds, winner_lines
 from tuner.decisions.race import RaceResult, finalists, race_study
 from tuner.decisions.remeasure import StudyInputs
 from tuner.decisions.route import describe_accuracy
@@ -200,8 +201,7 @@ def race_types(
     """Race the per-type winners on held-out prompts against the pooled winner (trial ``pooled``); the
     result says which types pay. ``progress.unit_s``: one launch's expected seconds."""
     # at most the pooled winner, the baseline and one winner per type, each launched once per round
-    rounds = max(ctx.spec.race.min_rounds, ctx.spec.race.confirm_rounds)
-    progress.plan(rounds * (len(ctx.workload.suites) + 2) * progress.unit_s)
+    progress.plan(type_rounds(ctx.spec.race) * (len(ctx.workload.suites) + 2) * progress.unit_s)
     with hostlock.measuring(record.name, progress=progress):  # one measurement per host
         result = race_per_type(ctx, study, store.read_trial(study.trials[pooled]), progress)
     if result is None:

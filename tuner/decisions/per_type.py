@@ -35,10 +35,18 @@ from tuner.knobs.config import method_of
 from tuner.measurement.workload import HELD_OUT_MIN, Split, restrict, split
 from tuner.storage import store
 from tuner.storage.records import TrialRecord
+from tuner.studyfile.spec import RaceSpec
 
 TYPE_ROUNDS = (
     4  # held-out rounds at least: max(min_rounds, confirm_rounds) was 4 while confirmation rounds were on
 )
+
+
+def type_rounds(race: RaceSpec) -> int:
+    """The per-type race's rounds: the study's race rounds at least, and ``TYPE_ROUNDS``."""
+    return max(race.min_rounds, race.confirm_rounds, TYPE_ROUNDS)
+
+
 RULE = (
     "a type gets its own entry when its winner beats the pooled winner on the type's held-out prompts with the "
     f"whole 95% t-interval of the gain (paired launches, at least {evidence.MIN_ROUNDS} rounds) above 1"
@@ -128,7 +136,7 @@ def race_per_type(
     baseline = store.baseline_record(study)
     if baseline is None:
         return None
-    rounds = rounds or max(ctx.spec.race.min_rounds, ctx.spec.race.confirm_rounds, TYPE_ROUNDS)
+    rounds = rounds or type_rounds(ctx.spec.race)
     splits, unsplit = split(ctx.workload)
     winners = type_winners(store.read_trials(study), splits)
     for suite in splits:
