@@ -488,9 +488,14 @@ def run(args: argparse.Namespace) -> int:
     progress.sink = lambda figures: store.write_progress(study, {"command": "tuner export", **figures})
     records = store.read_trials(study)
     frame = trials_frame(records, noise_cv=record.measurement.get("noise_cv", MeasurementSettings.noise_cv))
-    export = _chosen_export(args, study, record, frame, progress)
+    ctx = None if args.no_race else export_context(record)  # once: every race re-measures with it
+    if ctx is not None:
+        progress.unit_s = study_estimate(
+            ctx
+        ).launch_s  # a launch as the study estimates it, until one is timed
+    export = _chosen_export(args, study, record, frame, progress, ctx)
     per_type = (
-        per_type_exports(args, study, record, frame, export, progress)
+        per_type_exports(args, study, record, frame, export, progress, ctx)
         if wants_per_type(args.per_type, args.no_race, record, suites_of(frame))
         else None
     )
@@ -499,9 +504,8 @@ def run(args: argparse.Namespace) -> int:
         per_type = [replace(e, per_type=export.per_type) for e in per_type[1]]
     levels = load_levels(frame, args.concurrency)
     races = None
-    if levels and not args.no_race:
-        ctx = export_context(record)
-        races = race_loads(ctx, study, record.name, levels, study_estimate(ctx).launch_s, progress)
+    if levels and ctx is not None:
+        races = race_loads(ctx, study, record.name, levels, progress.unit_s, progress)
     by_load = load_exports(study, record, frame, levels, export, races)
     if by_load:
         per_type = per_type or []
@@ -517,7 +521,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chosen_export(args, study, record: StudyRecord, frame, progress: Progress) -> Export:
+def _chosen_export(args, study, record: StudyRecord, frame, progress: Progress, ctx) -> Export:
     """The policy's choice, raced (unless --no-race) against the baseline and the other finalists."""
     number, why = choose(record, frame, args.policy, args.min_acceptance, args.trial)
     chosen = store.read_trial(study.trials[number])
@@ -526,10 +530,9 @@ def _chosen_export(args, study, record: StudyRecord, frame, progress: Progress) 
         f"x{chosen.metrics.speedup:.2f} over the baseline (recorded, one measurement)"
     )
     race = None
-    if not args.no_race:
+    if ctx is not None:
         candidates = None if args.policy == "max-tps" and args.trial is None else [chosen]
-        ctx = export_context(record)
-        race = race_for_export(ctx, study, record, candidates, study_estimate(ctx).launch_s, progress)
+        race = race_for_export(ctx, study, record, candidates, progress.unit_s, progress)
         if race is None:
             print("race: the choice is the baseline configuration itself; nothing to race")
         else:
@@ -664,12 +667,11 @@ def per_type_exports(
     record: StudyRecord,
     frame: pd.DataFrame,
     pooled: Export,
-    progress: Progress | None = None,
+    progress: Progress,
+    ctx,
 ) -> tuple[PerTypeResult | None, list[Export]]:
-    """Race the per-type winners on held-out prompts; the exports of the types that pay."""
-    ctx = export_context(record)
-    progress = progress or Progress(print)
-    progress.unit_s = progress.unit_s or study_estimate(ctx).launch_s
+    """Race the per-type winners on held-out prompts (``ctx``: the study's context); the exports of the types
+    that pay."""
     result = race_types(ctx, study, record, pooled.trial, args.per_type, progress)
     if result is None:
         return None, []
