@@ -48,7 +48,6 @@ import optuna
 from tuner import eta
 from tuner.decisions import evidence, launch_size
 from tuner.decisions.drift import Sentinels
-from tuner.decisions.launch_size import LaunchSize
 from tuner.decisions.remeasure import Launch, Remeasure, StudyInputs, contender
 from tuner.measurement.measure import MeasurementSettings
 from tuner.measurement.workload import Workload
@@ -765,7 +764,7 @@ def run_race(
     progress: Callable[[str], None] = print,
     launch_sigma: float | None = None,
     users: int | None = None,
-    size: LaunchSize | None = None,
+    size: launch_size.LaunchSize | None = None,
 ) -> RaceResult:
     """Rounds of launches until decided or out of rounds; confirmation rounds when ``race.confirm_rounds`` asks.
     With ``users``, a load class's race: each launch serves that many users at once (``remeasure.Contender``).
@@ -839,7 +838,7 @@ def _announce(
     progress: eta.Progress,
     launch_sigma: float | None,
     title: str = "race",
-    size: LaunchSize | None = None,
+    size: launch_size.LaunchSize | None = None,
 ) -> None:
     """The race's plan (with ``size``: what a launch measures), its expected launches for the time left, and the
     forecast from the launch spread."""
