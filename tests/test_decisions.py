@@ -15,6 +15,7 @@ import pytest
 from tuner.decisions import evidence
 from tuner.decisions.drift import MIN_LAUNCH_SIGMA, PRIOR_LAUNCH_SIGMA, allowed_launch_spread, chi2_quantile
 from tuner.decisions.race import (
+    DECISION_ROUNDS,
     Contest,
     Entry,
     Forecast,
@@ -135,8 +136,10 @@ def test_a_clearly_faster_leader_wins_and_the_others_are_dropped_as_they_go():
         progress=lambda _: None,
     )
     assert outcome.winner == "fast" and outcome.decided and "shown faster" in outcome.verdict
-    assert set(contest.dropped) == {"slow", "base"} and len(contest.rates["fast"]) == SPEC.min_rounds
-    assert contest.launches == len(log) == 3 * SPEC.min_rounds
+    assert set(contest.dropped) == {"slow", "base"} and len(contest.rates["fast"]) == DECISION_ROUNDS
+    assert (
+        contest.launches == len(log) == 3 * DECISION_ROUNDS
+    )  # each needs its paired rounds to be decided on
 
 
 def test_resources_decide_only_between_configurations_shown_equivalent():
@@ -320,8 +323,16 @@ def test_a_pair_is_bounded_with_the_larger_of_its_own_and_the_pooled_spread():
 
 def test_the_race_level_spends_five_percent_over_the_comparisons_with_the_best_and_the_looks():
     spec = RaceSpec(min_rounds=3, max_rounds=10)
-    assert race_alpha(spec, contenders=5) == pytest.approx(0.05 / (4 * 8))
+    assert race_alpha(spec, contenders=5) == pytest.approx(0.05 / (4 * 6))  # looks after rounds 5 to 10
     assert race_alpha(RaceSpec(min_rounds=3, max_rounds=3), contenders=2) == pytest.approx(0.05)
+    assert race_alpha(RaceSpec(min_rounds=7, max_rounds=10), contenders=2) == pytest.approx(0.05 / 4)
+
+
+def test_a_narrow_bound_decides_only_on_enough_paired_rounds():
+    rates = {"a": [100.0, 100.5, 99.8, 100.2, 100.1], "b": [80.0, 80.4, 79.9, 80.1, 80.2]}
+    early = crafted_look({n: v[: DECISION_ROUNDS - 1] for n, v in rates.items()})
+    assert early.upper("b", "a") < 0 and not early.decisive("b", "a")
+    assert crafted_look(rates).decisive("b", "a")
 
 
 def crafted_look(rates: dict[str, list[float]], alpha: float = 0.01) -> Look:

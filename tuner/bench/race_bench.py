@@ -48,6 +48,8 @@ MINUTES_PER_LAUNCH = 1.5  # a 32B-scale host: a launch with its warm-up and one 
 ROUND_BUDGETS = (10, 20, 30, 40)  # race.max_rounds tried at the default host and a 3% gap
 TARGETS = {"holds": 0.95, "wrong": 0.05, "coverage": 0.93, "pruned": 0.05, "finalist": 0.95, "launches": 1.5}
 ENOUGH_DECIDED = 20  # below this many decided races a cell's wrong-when-decided rate is printed, not judged
+DEFAULT_HOST_RUNS = 10  # the default host's cells run this many times the races: at 400 a cell decides 10-40
+# races, too few to tell a 9% wrong-when-decided rate (measured there at 4,000 races before DECISION_ROUNDS) from 5%
 PREVIOUS = RaceSpec(min_rounds=3, max_rounds=10, confirm_rounds=4)  # the previous race's defaults
 PREVIOUS_EQUIVALENCE = 0.02
 PREVIOUS_MAD_FLOOR = 0.05
@@ -396,7 +398,10 @@ def measure_decisions(
     runs: int = 400, seed: int = 0, spec: RaceSpec = RaceSpec(), budgets: bool = True
 ) -> dict:
     """Every section of 1c; ``budgets=False`` skips the round-budget curve (a quick run)."""
-    races = [race_cell(ls, rs, gap, runs, seed + i, spec) for i, (ls, rs, gap) in enumerate(grid())]
+    races = [
+        race_cell(ls, rs, gap, runs * (DEFAULT_HOST_RUNS if (ls, rs) == DEFAULT_HOST else 1), seed + i, spec)
+        for i, (ls, rs, gap) in enumerate(grid())
+    ]
     prunes = [prune_cell(ls, runs, seed + 100 + i) for i, ls in enumerate(LAUNCH_SPREADS)]
     cuts = [
         finalist_cell(ls, rs, runs, seed + 200 + i, spec.max_finalists)
@@ -516,7 +521,8 @@ def markdown(result: dict) -> str:
     pct = _pct
     spec = result["spec"]
     lines = [
-        f"Simulated host, {result['runs']} races per cell; the product's race (race.loss {spec['loss']:.0%}, "
+        f"Simulated host, {result['runs']} races per cell ({DEFAULT_HOST_RUNS * result['runs']} at the default "
+        f"host, {pct(DEFAULT_HOST[0])} launch and {pct(DEFAULT_HOST[1])} round spread); the product's race (race.loss {spec['loss']:.0%}, "
         f"{spec['min_rounds']}-{spec['max_rounds']} rounds) against the previous rules (issue 22: every finalist "
         f"every round, the leader tested as if named in advance, 4 confirmation rounds). Finalists: the best, one "
         f"GAP slower with fewer threads, two at 92% and 88%, the baseline at 60%; {pct(OUTLIER_P)} of launches are "

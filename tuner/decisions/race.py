@@ -20,8 +20,9 @@ launches, not requests, and says how sure it is.
    degrees of freedom), each at ``race_alpha``: 5% over the comparisons with the unknown best and over the
    looks (Bonferroni), so the bound of whichever finalist is deployed holds with 95% whenever the race stops
    (multiple comparisons with the best).
-4. **Decided** (``_decide``): once some finalist is within ``race.loss`` of every other (its loss bound below it,
-   on bounds narrow enough to decide on: ``Look.decisive``) and may replace the baseline; the resource rule
+4. **Decided** (``_decide``): from round ``DECISION_ROUNDS`` (5), once some finalist is within ``race.loss`` of
+   every other (its loss bound below it, on bounds narrow enough to decide on: ``Look.decisive``) and may
+   replace the baseline; the resource rule
    (fewer threads, then the smaller draft model; K is not a resource) chooses among those within it, and the
    baseline, llama.cpp's defaults, wins a tie. **Undecided** at ``race.max_rounds`` / ``race.budget_minutes``:
    the highest estimate among the finalists shown faster than the baseline, else the baseline; the verdict
@@ -61,6 +62,13 @@ RESOURCE_RULE = (
 )
 Z = 2.0
 DECISION_WIDTH = 0.15  # the widest bound (half-width, log) a close pair may decide on (Look.decisive)
+DECISION_ROUNDS = (
+    5  # paired rounds a bound needs before a race decides on it, and the first round it may stop at:
+)
+# at the default host (5% launch, 5% round spread) and a 3% gap, races that decided after 3 or 4 rounds deployed
+# the slower configuration 10 times in 34 (4,000 races; 8 in 174 after more rounds). A t-bound holds on average
+# over its spread's estimate, but the few early bounds narrow enough to decide on are mostly those whose spread
+# came out low by luck. From 5 paired rounds: 1 wrong in 124 decided.
 RELAUNCHES = 3  # launches tried in place of an outlier (two in a row are 1 in 2,500 at a 2% rate)
 OUTLIER_CONTEXT = 2  # other launches a launch is compared with before it is judged an outlier (a finalist
 # resting after race.min_rounds still has each of its launches checked)
@@ -213,8 +221,14 @@ def race_alpha(spec: RaceSpec, contenders: int) -> float:
     >= 95%), a race that says one finalist is faster than every other is right, and every loss bound holds,
     whatever was selected, whichever finalists rested and whenever the race stopped (Hsu's multiple comparisons
     with the best)."""
-    looks = spec.max_rounds - max(spec.min_rounds, evidence.MIN_ROUNDS) + 1
+    looks = spec.max_rounds - first_look(spec) + 1
     return evidence.ALPHA / (max(contenders - 1, 1) * looks)
+
+
+def first_look(spec: RaceSpec) -> int:
+    """The first round after which a race may decide or stop (its budget spent): ``DECISION_ROUNDS``, not before
+    race.min_rounds, not after race.max_rounds."""
+    return min(max(spec.min_rounds, evidence.MIN_ROUNDS, DECISION_ROUNDS), spec.max_rounds)
 
 
 class Look:
@@ -264,11 +278,13 @@ class Look:
         return self.upper(baseline, name, 0.5) < 0
 
     def decisive(self, a: str, b: str) -> bool:
-        """The bound of ``a`` over ``b`` may decide a race: at most ``DECISION_WIDTH`` wide (half-width, log), or
-        wholly below ``-DECISION_WIDTH`` (``a`` far behind). A wider bound on a close pair is met by luck about as
-        often as by a gap: at 10% launch and 10% round spread and a 3% gap, 3 of the 12 races (of 1,000) that
-        decided without this deployed the slower configuration."""
+        """The bound of ``a`` over ``b`` may decide a race: on ``DECISION_ROUNDS`` paired rounds at least, and at
+        most ``DECISION_WIDTH`` wide (half-width, log) or wholly below ``-DECISION_WIDTH`` (``a`` far behind). A
+        wider bound on a close pair is met by luck about as often as by a gap: at 10% launch and 10% round spread
+        and a 3% gap, 3 of the 12 races (of 1,000) that decided without this deployed the slower configuration."""
         g = self.gap(a, b)
+        if (g.paired if g.paired >= 0 else g.rounds) < DECISION_ROUNDS:
+            return False
         half = g.half(self.alpha)
         return half <= DECISION_WIDTH or g.mean + half <= -DECISION_WIDTH
 
@@ -564,7 +580,7 @@ def sequential_race(
     from those two calls, so ``make bench`` runs this same code on a simulated host."""
     everyone = list(dict.fromkeys([*labels, baseline]))
     contest = Contest({n: [] for n in everyone}, list(everyone), rounds={n: [] for n in everyone})
-    first = max(spec.min_rounds, evidence.MIN_ROUNDS)
+    first = first_look(spec)
     alpha = race_alpha(spec, len(everyone))
     started = clock()
     deadline = started + 60 * spec.budget_minutes if spec.budget_minutes else math.inf
