@@ -110,7 +110,6 @@ def new_race(
         names[:-1],
         names[-1],
         launch_round,
-        launch,
         {n: resources[index[n]] for n in names},
         spec,
         progress=lambda _: None,
@@ -200,7 +199,7 @@ class Side:
     wrong: float  # deployed >= SLOWER slower than the best, over all races
     decided: int  # races that said they decided
     wrong_decided: int  # of which deployed >= SLOWER slower
-    launches: float  # mean per race (confirmation and outliers launched again included)
+    launches: float  # mean per race (confirmation rounds and outliers launched again included)
     holds: float | None = None  # the stated loss bound is at least the true loss
     median_loss_bound: float | None = None
 

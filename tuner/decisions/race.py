@@ -31,8 +31,8 @@ launches, not requests, and says how sure it is.
    interval of its speedup above 1); the printed speedup is that interval, valid whichever finalist was picked.
    ``race.confirm_rounds`` (optional) adds rounds of the winner and the baseline alone for a figure from rounds
    not used to pick it.
-6. **Outlier launches**: a launch far from the contender's other launches (``evidence.is_outlier``) is
-   launched again once; both figures are reported, the second is used.
+6. **Outlier launches**: a launch far from the contender's other launches (``evidence.is_outlier``) is left out
+   of the figures and reported; the rounds go on by doubt (``_add_round``).
 """
 
 from __future__ import annotations
@@ -62,14 +62,13 @@ RESOURCE_RULE = (
 )
 Z = 2.0
 DECISION_WIDTH = 0.15  # the widest bound (half-width, log) a close pair may decide on (Look.decisive)
-DECISION_ROUNDS = (
-    5  # paired rounds a bound needs before a race decides on it, and the first round it may stop at:
-)
-# at the default host (5% launch, 5% round spread) and a 3% gap, races that decided after 3 or 4 rounds deployed
-# the slower configuration 10 times in 34 (4,000 races; 8 in 174 after more rounds). A t-bound holds on average
-# over its spread's estimate, but the few early bounds narrow enough to decide on are mostly those whose spread
-# came out low by luck. From 5 paired rounds: 1 wrong in 124 decided.
-RELAUNCHES = 3  # launches tried in place of an outlier (two in a row are 1 in 2,500 at a 2% rate)
+# DECISION_ROUNDS: paired rounds a close pair's bound needs before a race decides on it, and the first round a race
+# may stop at. At the default host (5% launch, 5% round spread) and a 3% gap, races that decided after 3 or 4 rounds
+# deployed the slower configuration 10 times in 34 (4,000 races; 8 in 174 after more rounds). A t-bound holds on
+# average over its spread's estimate, but the few early bounds narrow enough to decide on are mostly those whose
+# spread came out low by luck. From 5 paired rounds (a pair far apart needs none): 3 wrong in 176 (make bench 1c).
+DECISION_ROUNDS = 5
+RELAUNCHES = 3  # confirmation rounds: launches tried in place of an outlier (two in a row: 1 in 2,500 at 2%)
 OUTLIER_CONTEXT = 2  # other launches a launch is compared with before it is judged an outlier (a finalist
 # resting after race.min_rounds still has each of its launches checked)
 
@@ -180,37 +179,49 @@ class Outcome:
 
 
 def _add_round(
-    contest: Contest, launched: dict[str, float], relaunch: Callable[[str], float], round_index: int = -1
+    contest: Contest,
+    launched: dict[str, float],
+    round_index: int,
+    relaunch: Callable[[str], float] | None = None,
 ) -> None:
-    """Append a round's rates, then launch again any launch far from its contender's other launches, until it is
-    not or ``RELAUNCHES`` launches were tried.
+    """Append a round's rates, then deal with any launch far from its contender's other launches: left out (the
+    race), or with ``relaunch`` launched again until it is not or ``RELAUNCHES`` launches were tried (confirmation
+    rounds: a fixed pair of lists).
 
-    Every launch is checked as soon as its contender has ``OUTLIER_CONTEXT`` other launches (the first ones are
-    checked later, retroactively), and a launch measured again is not checked twice."""
+    Why leave it out: a launch made again later is not in its round (the round's shift is not its own), and the
+    race launches by doubt anyway; a contender left with fewer than race.min_rounds launches is launched in the next
+    round (``_next_round``). Every launch is checked as soon as its contender has ``OUTLIER_CONTEXT`` other
+    launches (the first ones later, retroactively), and no launch is checked twice."""
     contest.launches += len(launched)
     for name, value in launched.items():
         contest.rates[name].append(value)
         contest.rounds.setdefault(name, []).append(round_index)
     for name in launched:
-        rates = contest.rates[name]
-        for i, value in enumerate(rates):
-            if (name, i) in contest.vetted or (len(rates) - 1 < OUTLIER_CONTEXT and value > 0):
+        rates, rounds = contest.rates[name], contest.rounds[name]
+        for at in list(rounds):
+            i = rounds.index(at)
+            value = rates[i]
+            if (name, at) in contest.vetted or (len(rates) - 1 < OUTLIER_CONTEXT and value > 0):
                 continue
-            contest.vetted.add((name, i))
+            contest.vetted.add((name, at))
             others = rates[:i] + rates[i + 1 :]
             if not evidence.is_outlier(value, others):
+                continue
+            seen = f"round {at + 1}: {name} measured {value:.1f} t/s, far from its other rounds ({_rates(others)})"
+            if relaunch is None:
+                del rates[i], rounds[i]
+                contest.outliers.append(f"{seen}; left out")
                 continue
             tried = []
             while len(tried) < RELAUNCHES and (not tried or evidence.is_outlier(tried[-1], others)):
                 tried.append(relaunch(name))
             contest.launches += len(tried)
             rates[i] = tried[-1]
-            at = contest.rounds[name][i] + 1 if contest.rounds[name][i] >= 0 else i + 1
-            contest.outliers.append(
-                f"round {at}: {name} measured {value:.1f} t/s, far from its other rounds "
-                f"({', '.join(f'{v:.1f}' for v in others)}); launched again: "
-                f"{', '.join(f'{v:.1f}' for v in tried)} t/s (the last used)"
-            )
+            contest.outliers.append(f"{seen}; launched again: {_rates(tried)} t/s (the last used)")
+
+
+def _rates(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
 
 
 def race_alpha(spec: RaceSpec, contenders: int) -> float:
@@ -278,15 +289,15 @@ class Look:
         return self.upper(baseline, name, 0.5) < 0
 
     def decisive(self, a: str, b: str) -> bool:
-        """The bound of ``a`` over ``b`` may decide a race: on ``DECISION_ROUNDS`` paired rounds at least, and at
-        most ``DECISION_WIDTH`` wide (half-width, log) or wholly below ``-DECISION_WIDTH`` (``a`` far behind). A
-        wider bound on a close pair is met by luck about as often as by a gap: at 10% launch and 10% round spread
-        and a 3% gap, 3 of the 12 races (of 1,000) that decided without this deployed the slower configuration."""
+        """The bound of ``a`` over ``b`` may decide a race: wholly below ``-DECISION_WIDTH`` (``a`` far behind), or
+        at most ``DECISION_WIDTH`` wide (half-width, log) on ``DECISION_ROUNDS`` paired rounds at least. A wider
+        bound on a close pair is met by luck about as often as by a gap: at 10% launch and 10% round spread and a
+        3% gap, 3 of the 12 races (of 1,000) that decided without this deployed the slower configuration."""
         g = self.gap(a, b)
-        if (g.paired if g.paired >= 0 else g.rounds) < DECISION_ROUNDS:
-            return False
         half = g.half(self.alpha)
-        return half <= DECISION_WIDTH or g.mean + half <= -DECISION_WIDTH
+        if g.mean + half <= -DECISION_WIDTH:
+            return True
+        return half <= DECISION_WIDTH and (g.paired if g.paired >= 0 else g.rounds) >= DECISION_ROUNDS
 
     def ratio(self, name: str, baseline: str) -> evidence.Ratio:
         """``name`` over the baseline on their common rounds, with the simultaneous two-sided 95% interval."""
@@ -522,10 +533,11 @@ def _next_round(contest: Contest, look: Look | None, baseline: str, spec: RaceSp
     than it. The others rest; their comparisons keep narrowing as the leader's launches accumulate (the race's
     model carries them through the rounds' shifts), and one rejoins when its bound becomes the largest. When the
     forecast says a decision is in reach by ``race.max_rounds``, the finalists whose bound is too wide to decide
-    on are launched too. Why not KN or OCBA: both spread launches to pick the best behind an indifference zone;
+    on are launched too, and so is any with fewer than race.min_rounds launches (an outlier left out). Why not KN or OCBA: both spread launches to pick the best behind an indifference zone;
     the race's answer is a pick and a loss bound, and each round goes to the comparisons that set them."""
     live = contest.candidates
-    if look is None or done < max(spec.min_rounds, evidence.MIN_ROUNDS):
+    first = max(spec.min_rounds, evidence.MIN_ROUNDS)
+    if look is None or done < first:
         return list(live)
     leader = look.leader
     others = [j for j in live if j != leader]
@@ -537,6 +549,7 @@ def _next_round(contest: Contest, look: Look | None, baseline: str, spec: RaceSp
             chosen |= {j for j in others if not look.decisive(j, leader)}
     if baseline in live and not look.replaces(leader, baseline):
         chosen.add(baseline)
+    chosen |= {n for n in live if len(contest.rates[n]) < first}  # an outlier left out of its first rounds
     return [n for n in live if n in chosen]
 
 
@@ -544,6 +557,10 @@ def _round_line(
     contest: Contest, look: Look, measured: list[str], r: int, outcome: Outcome | None, title: str = "race"
 ) -> str:
     resting = [n for n in contest.candidates if n not in measured]
+
+    def rate(n: str) -> str:
+        return f"{contest.rates[n][-1]:.1f}" if contest.rounds[n][-1:] == [r] else "left out (outlier)"
+
     leader = look.leader
     status = (
         outcome.verdict
@@ -555,7 +572,7 @@ def _round_line(
     )
     return (
         f"{title} round {r + 1}: "
-        + ", ".join(f"{n} {contest.rates[n][-1]:.1f}" for n in measured)
+        + ", ".join(f"{n} {rate(n)}" for n in measured)
         + " t/s"
         + (f" (resting: {', '.join(resting)})" if resting else "")
         + f"; {status}"
@@ -566,7 +583,6 @@ def sequential_race(
     labels: list[str],
     baseline: str,
     launch_round: Callable[[list[str], int], dict[str, float]],
-    relaunch: Callable[[str], float],
     resources: dict[str, tuple],
     spec: RaceSpec,
     progress: Callable[[str], None] = print,
@@ -575,9 +591,9 @@ def sequential_race(
 ) -> tuple[Contest, Outcome]:
     """Rounds of launches until some finalist is within ``race.loss`` of every other and may replace the baseline.
 
-    ``launch_round(labels, round_index)`` launches each once and returns its rate; ``relaunch(label)``
-    launches one again (an outlier); ``resources[label]`` orders equals (smaller first). Pure apart
-    from those two calls, so ``make bench`` runs this same code on a simulated host."""
+    ``launch_round(labels, round_index)`` launches each once and returns its rate; ``resources[label]`` orders
+    equals (smaller first). Pure apart from that call, so ``make bench`` runs this same code on a simulated
+    host."""
     everyone = list(dict.fromkeys([*labels, baseline]))
     contest = Contest({n: [] for n in everyone}, list(everyone), rounds={n: [] for n in everyone})
     first = first_look(spec)
@@ -587,7 +603,7 @@ def sequential_race(
     look = None
     for r in range(spec.max_rounds):
         measured = _next_round(contest, look, baseline, spec, r)
-        _add_round(contest, launch_round(measured, r), relaunch, r)
+        _add_round(contest, launch_round(measured, r), r)
         contest.elapsed = clock() - started
         look = Look(contest, alpha)
         outcome = None
@@ -796,7 +812,6 @@ def run_race(
         [n for n in records if n != label(baseline)],
         label(baseline),
         launcher.launch_round,
-        launcher.launch,
         {n: resource_key(r, study) for n, r in records.items()},
         spec,
         progress,
@@ -892,7 +907,7 @@ def confirm(
     pair = [winner, baseline]
     check = Contest({n: [] for n in pair}, list(pair))
     for r in range(rounds):
-        _add_round(check, launch_round(pair, r), relaunch, r)
+        _add_round(check, launch_round(pair, r), r, relaunch)
     ratio = evidence.ratio(check.rates[winner], check.rates[baseline])
     return Confirmation(
         rounds, check.rates[winner], check.rates[baseline], ratio.estimate, ratio.low, ratio.high
