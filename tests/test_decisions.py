@@ -164,6 +164,22 @@ def test_a_race_out_of_rounds_says_it_is_undecided_and_deploys_the_higher_estima
     )  # what it may lose, what settling takes
 
 
+def test_an_undecided_race_whose_others_are_all_within_race_loss_says_why_it_did_not_decide():
+    launch, launch_round, _ = scripted({"a": 480.0, "b": 479.0, "base": 250.0}, 0.002)
+    _, outcome = sequential_race(
+        ["a", "b"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=lambda _: None
+    )
+    assert not outcome.decided and outcome.loss < 0.02
+    assert outcome.verdict.endswith(
+        f"within race.loss (2%) of it, on bounds too few rounds ({DECISION_ROUNDS} paired) or too wide to decide on"
+    )
+
+
+def test_a_forecast_under_a_minute_says_so():
+    assert Forecast(0.02, 0.05, 3, 0.2).text().endswith("about 3 more rounds (under a minute)")
+    assert Forecast(0.02, 0.05, 30, 12.4).text().endswith("about 30 more rounds (about 12 min)")
+
+
 def test_an_outlier_launch_is_left_out_of_the_race_and_reported():
     mus = {"a": 480.0, "base": 250.0}
     launch, launch_round, log = scripted(mus, 0.02, outliers={("a", 4): 47.7})

@@ -22,9 +22,8 @@ launches, not requests, and says how sure it is.
    (multiple comparisons with the best).
 4. **Decided** (``_decide``): from round ``DECISION_ROUNDS`` (5), once some finalist is within ``race.loss`` of
    every other (its loss bound below it, on bounds narrow enough to decide on: ``Look.decisive``) and may
-   replace the baseline; the resource rule
-   (fewer threads, then the smaller draft model; K is not a resource) chooses among those within it, and the
-   baseline, llama.cpp's defaults, wins a tie. **Undecided** at ``race.max_rounds`` / ``race.budget_minutes``:
+   replace the baseline; the resource rule (fewer threads, then the smaller draft model; K is not a resource)
+   chooses among those within it, and the baseline, llama.cpp's defaults, wins a tie. **Undecided** at ``race.max_rounds`` / ``race.budget_minutes``:
    the highest estimate among the finalists shown faster than the baseline, else the baseline; the verdict
    says so, with the loss bound and a forecast of what settling would take (``Forecast``).
 5. **The baseline is the default**: a finalist replaces it only when shown faster (the whole simultaneous 95%
@@ -156,7 +155,7 @@ class Contest:
     dropped: dict[str, str] = field(default_factory=dict)  # label -> shown slower than the winner, at the end
     outliers: list[str] = field(default_factory=list)  # what was launched again, and both figures
     launches: int = 0
-    vetted: set = field(default_factory=set)  # (label, launch index) checked for an outlier
+    vetted: set = field(default_factory=set)  # (label, round index) checked for an outlier
     rounds: dict[str, list[int]] = field(default_factory=dict)  # per label, the round index of each rate
     elapsed: float = 0.0  # seconds since the first launch, after the last round
 
@@ -375,7 +374,13 @@ def _outcome(
         verdict = (
             f"undecided after {rounds} rounds ({limit} reached): {winner} has the highest estimate"
             + (" shown faster than the baseline" if winner != leader else "")
-            + f" and is deployed; not told apart from {', '.join(open_)}"
+            + " and is deployed; "
+            + (
+                f"not told apart from {', '.join(open_)}"
+                if open_
+                else f"every other finalist is within race.loss ({spec.loss:.0%}) of it, on bounds too few rounds "
+                f"({DECISION_ROUNDS} paired) or too wide to decide on"
+            )
         )
     forecast = "" if decided or not open_ else _forecast_after(look, winner, open_, spec)
     return Outcome(
@@ -450,7 +455,13 @@ class Forecast:
     level_rounds: int | None = None
 
     def text(self) -> str:
-        time_ = f" (about {self.minutes:.0f} min)" if self.minutes is not None else ""
+        time_ = (
+            ""
+            if self.minutes is None
+            else " (under a minute)"
+            if self.minutes < 0.5
+            else f" (about {self.minutes:.0f} min)"
+        )
         where = ""
         if self.rival:
             side = f"{self.behind:.1%} behind" if self.behind >= 0 else f"{-self.behind:.1%} ahead"
@@ -533,8 +544,9 @@ def _next_round(contest: Contest, look: Look | None, baseline: str, spec: RaceSp
     than it. The others rest; their comparisons keep narrowing as the leader's launches accumulate (the race's
     model carries them through the rounds' shifts), and one rejoins when its bound becomes the largest. When the
     forecast says a decision is in reach by ``race.max_rounds``, the finalists whose bound is too wide to decide
-    on are launched too, and so is any with fewer than race.min_rounds launches (an outlier left out). Why not KN or OCBA: both spread launches to pick the best behind an indifference zone;
-    the race's answer is a pick and a loss bound, and each round goes to the comparisons that set them."""
+    on are launched too, and so is any with fewer than race.min_rounds launches (an outlier left out). Why not KN
+    or OCBA: both spread launches to pick the best behind an indifference zone; the race's answer is a pick and a
+    loss bound, and each round goes to the comparisons that set them."""
     live = contest.candidates
     first = max(spec.min_rounds, evidence.MIN_ROUNDS)
     if look is None or done < first:
