@@ -177,6 +177,7 @@ def test_an_undecided_race_whose_others_are_all_within_race_loss_says_why_it_did
 
 def test_a_forecast_under_a_minute_says_so():
     assert Forecast(0.02, 0.05, 3, 0.2).text().endswith("about 3 more rounds (under a minute)")
+    assert Forecast(0.02, 0.05, 1, 0.1).text().endswith("about 1 more round (under a minute)")
     assert Forecast(0.02, 0.05, 30, 12.4).text().endswith("about 30 more rounds (about 12 min)")
 
 

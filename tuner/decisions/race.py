@@ -470,7 +470,7 @@ class Forecast:
             )
         return (
             f"to tell {self.margin:.0%} apart at this host's {self.spread:.1%} per-round spread{self.source}: "
-            f"about {self.rounds}{' more' if self.more else ''} rounds{time_}{where}"
+            f"about {self.rounds}{' more' if self.more else ''} round{'s' if self.rounds != 1 else ''}{time_}{where}"
         )
 
 
