@@ -96,7 +96,7 @@ class SentinelSpec:
 class RaceSpec:
     """The finalist race that declares a winner on fresh, interleaved measurements (see tuner.decisions.race)."""
 
-    min_rounds: int = 3  # every finalist launched in each of these rounds; no decision on fewer
+    min_rounds: int = 3  # every finalist launched in each of these rounds (no decision before round 5)
     max_rounds: int = 10  # rounds at most; then the race says it is undecided (and what it may lose)
     loss: float = (
         0.02  # stop once a finalist is within this of every other (95%): resources decide among those
