@@ -171,6 +171,7 @@ def test_check_prints_a_short_table_with_the_space_what_was_left_out_and_the_tim
     assert seconds(total.split("at most ~")[1].rstrip(")")) == round(est.trials_s + est.race_s + est.export_s)
     race = next(line for line in out if line.startswith("  race"))
     assert "at most 4 rounds of 3 launches, at most 4 after round 3 + 2 confirmation rounds x 2" in race
+    assert race.endswith("(under 5 rounds no race decides: each ends with what it may lose)")
     assert any(line.startswith("  export   load classes: 2 classes") for line in out)
     assert sum(line.lstrip().startswith("basis:") for line in out) == 1
     # --json keeps the old output for scripts; --json alone is a one-line error

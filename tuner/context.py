@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tuner import eta
 from tuner.decisions.per_type import type_rounds
+from tuner.decisions.race import DECISION_ROUNDS
 from tuner.errors import MissingBinaryError, UserError
 from tuner.knobs.config import Choices, Domain, IntRange
 from tuner.knobs.registry import KNOB_TYPES, NAMES
@@ -458,6 +459,11 @@ def estimate_lines(est: eta.Estimate, ctx: StudyContext, race: bool = True) -> l
             f"  race     at most {r.max_rounds} rounds of {est.finalists + 1} launches, at most {eta.RACE_OPEN} "
             f"after round {r.min_rounds}{confirm}: {est.race_launches} launches, ~{d(est.launch_s)} each = "
             f"~{d(est.race_s)}"
+            + (
+                f" (under {DECISION_ROUNDS} rounds no race decides: each ends with what it may lose)"
+                if r.max_rounds < DECISION_ROUNDS
+                else ""
+            )
         )
         lines += [
             f"  export   {p.what}: {p.how}: {p.launches} launches, ~{d(p.launch_s)} each = ~{d(p.seconds)}"
