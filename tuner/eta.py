@@ -146,8 +146,7 @@ class Estimate:
 
     @property
     def race_s(self) -> float:
-        total = self.race_launches * self.launch_s
-        return min(total, self.race_budget_s) if self.race_budget_s else total
+        return self._race_time(self.race_launches)
 
     @property
     def export_s(self) -> float:
@@ -159,7 +158,11 @@ class Estimate:
 
     @property
     def race_typical_s(self) -> float:
-        total = self.race_typical * self.launch_s
+        return self._race_time(self.race_typical)
+
+    def _race_time(self, launches: int) -> float:
+        """``launches`` race launches, cut at race.budget_minutes."""
+        total = launches * self.launch_s
         return min(total, self.race_budget_s) if self.race_budget_s else total
 
     def expected_s(self, race: bool = True) -> float:

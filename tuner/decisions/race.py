@@ -65,7 +65,7 @@ DECISION_WIDTH = 0.15  # the widest bound (half-width, log) a close pair may dec
 # may stop at. At the default host (5% launch, 5% round spread) and a 3% gap, races that decided after 3 or 4 rounds
 # deployed the slower configuration 10 times in 34 (4,000 races; 8 in 174 after more rounds). A t-bound holds on
 # average over its spread's estimate, but the few early bounds narrow enough to decide on are mostly those whose
-# spread came out low by luck. From 5 paired rounds (a pair far apart needs none): 3 wrong in 176 (make bench 1c).
+# spread came out low by luck. From 5 paired rounds (a pair far apart needs none): 3 wrong in 167 (make bench 1c).
 DECISION_ROUNDS = 5
 RELAUNCHES = 3  # confirmation rounds: launches tried in place of an outlier (two in a row: 1 in 2,500 at 2%)
 OUTLIER_CONTEXT = 2  # other launches a launch is compared with before it is judged an outlier (a finalist
@@ -188,8 +188,8 @@ def _add_round(
     rounds: a fixed pair of lists).
 
     Why leave it out: a launch made again later is not in its round (the round's shift is not its own), and the
-    race launches by doubt anyway; a contender left with fewer than race.min_rounds launches is launched in the next
-    round (``_next_round``). Every launch is checked as soon as its contender has ``OUTLIER_CONTEXT`` other
+    race launches by doubt anyway: a contender left with too few rounds for a bound sets the loss bound and is
+    launched in the next round (``_next_round``). Every launch is checked as soon as its contender has ``OUTLIER_CONTEXT`` other
     launches (the first ones later, retroactively), and no launch is checked twice."""
     contest.launches += len(launched)
     for name, value in launched.items():
@@ -544,12 +544,12 @@ def _next_round(contest: Contest, look: Look | None, baseline: str, spec: RaceSp
     than it. The others rest; their comparisons keep narrowing as the leader's launches accumulate (the race's
     model carries them through the rounds' shifts), and one rejoins when its bound becomes the largest. When the
     forecast says a decision is in reach by ``race.max_rounds``, the finalists whose bound is too wide to decide
-    on are launched too, and so is any with fewer than race.min_rounds launches (an outlier left out). Why not KN
+    on are launched too. A finalist with an outlier left out of its first rounds has no bound (fewer than
+    ``evidence.MIN_ROUNDS`` paired rounds), so it sets the loss bound and is launched next. Why not KN
     or OCBA: both spread launches to pick the best behind an indifference zone; the race's answer is a pick and a
     loss bound, and each round goes to the comparisons that set them."""
     live = contest.candidates
-    first = max(spec.min_rounds, evidence.MIN_ROUNDS)
-    if look is None or done < first:
+    if look is None or done < max(spec.min_rounds, evidence.MIN_ROUNDS):
         return list(live)
     leader = look.leader
     others = [j for j in live if j != leader]
@@ -561,7 +561,6 @@ def _next_round(contest: Contest, look: Look | None, baseline: str, spec: RaceSp
             chosen |= {j for j in others if not look.decisive(j, leader)}
     if baseline in live and not look.replaces(leader, baseline):
         chosen.add(baseline)
-    chosen |= {n for n in live if len(contest.rates[n]) < first}  # an outlier left out of its first rounds
     return [n for n in live if n in chosen]
 
 
