@@ -21,6 +21,7 @@ from tuner.decisions.race import (
     Forecast,
     Look,
     RaceResult,
+    _add_round,
     confirm,
     forecast_before,
     race_alpha,
@@ -123,6 +124,15 @@ def scripted(
 SPEC = RaceSpec(min_rounds=3, max_rounds=10, loss=0.02)
 
 
+def scripted_contest(mus: dict[str, float], noise: float, rounds: int) -> Contest:
+    """Every contender launched in each of ``rounds`` rounds."""
+    _, launch_round, _ = scripted(mus, noise)
+    contest = Contest({n: [] for n in mus}, list(mus))
+    for r in range(rounds):
+        _add_round(contest, launch_round(list(mus), r), r)
+    return contest
+
+
 def test_a_clearly_faster_leader_wins_and_the_others_are_dropped_as_they_go():
     mus = {"fast": 200.0, "slow": 150.0, "base": 100.0}
     launch, launch_round, log = scripted(mus, 0.02)
@@ -201,6 +211,47 @@ def test_a_contender_short_of_rounds_for_a_bound_after_an_outlier_is_launched_in
     launch, launch_round, log = scripted(mus, 0.02, outliers={("c", 2): 30.0})
     contest, _ = sequential_race(["a", "b", "c"], "base", launch_round, {}, SPEC, progress=lambda _: None)
     assert contest.rounds["c"] == [0, 2, 3] and contest.rounds["base"] == [0, 1, 2]
+
+
+def test_good_launches_after_two_slow_first_ones_are_kept_and_the_slow_ones_left_out():
+    # two outliers in the baseline's first three launches once made every later launch "far from its other rounds":
+    # the baseline never had 3 rounds, nothing was shown faster than it, and the race deployed it (make bench 1c)
+    outliers = {("base", 1): 25.0, ("base", 3): 25.0}
+    launch, launch_round, log = scripted({"a": 480.0, "base": 250.0}, 0.02, outliers=outliers)
+    contest, outcome = sequential_race(
+        ["a"], "base", launch_round, {}, RaceSpec(min_rounds=5, max_rounds=5), progress=lambda _: None
+    )
+    assert contest.rounds["base"] == [1, 3, 4] and min(contest.rates["base"]) > 200
+    assert [line[:8] for line in contest.outliers] == ["round 1:", "round 3:"]
+    assert all(line.endswith("; left out") for line in contest.outliers)
+    assert outcome.winner == "a"
+
+
+def test_the_expected_loss_is_small_only_when_every_other_is_several_standard_errors_behind():
+    far = Look(scripted_contest({"a": 200.0, "b": 170.0, "base": 100.0}, 0.02, rounds=5), 0.01)
+    close = Look(scripted_contest({"a": 200.0, "b": 198.0, "base": 100.0}, 0.05, rounds=5), 0.01)
+    assert far.expected_loss("a") < 1e-6 < 0.002 < close.expected_loss("a")
+    # deploying the slower one is expected to lose about the gap: the loss function of a gap far ahead is the gap
+    assert far.expected_loss("b") == pytest.approx(math.log(200 / 170), abs=0.03)
+    short = Look(scripted_contest({"a": 200.0, "b": 170.0, "base": 100.0}, 0.02, rounds=2), 0.01)
+    assert short.expected_loss("a") == math.inf  # no bound yet, no stop
+
+
+def test_a_race_whose_pick_more_rounds_would_rarely_change_stops_undecided_and_says_why():
+    launch, launch_round, log = scripted({"a": 200.0, "b": 190.0, "base": 100.0}, 0.05, seed=1)
+    spec = RaceSpec(max_rounds=11, loss=0.005)  # a 0.5% loss bound is out of reach: no decision
+    contest, outcome = sequential_race(["a", "b"], "base", launch_round, {}, spec, progress=lambda _: None)
+    assert not outcome.decided and outcome.winner == "a" and max(map(len, contest.rates.values())) < 11
+    assert "below race.expected_loss (0.2%): more rounds would rarely change the pick" in outcome.verdict
+    _, on = sequential_race(
+        ["a", "b"],
+        "base",
+        scripted({"a": 200.0, "b": 190.0, "base": 100.0}, 0.05, seed=1)[1],
+        {},
+        RaceSpec(max_rounds=11, loss=0.005, expected_loss=0),
+        progress=lambda _: None,
+    )
+    assert "race.max_rounds (11) reached" in on.verdict  # 0: the race goes on to its last round
 
 
 def test_a_confirmation_round_launches_an_outlier_again():
@@ -400,7 +451,12 @@ def test_a_race_that_cannot_show_anything_faster_than_the_baseline_deploys_the_b
 def test_a_finalist_far_behind_rests_after_the_first_rounds_and_the_close_pair_races_on():
     launch, launch_round, log = scripted({"a": 200.0, "b": 199.0, "c": 160.0, "base": 100.0}, 0.05, seed=2)
     contest, outcome = sequential_race(
-        ["a", "b", "c"], "base", launch_round, {}, RaceSpec(max_rounds=8), progress=lambda _: None
+        ["a", "b", "c"],
+        "base",
+        launch_round,
+        {},
+        RaceSpec(max_rounds=8, expected_loss=0),
+        progress=lambda _: None,
     )
     assert contest.rounds["c"][:3] == [0, 1, 2] and contest.rounds["base"] == [0, 1, 2]
     assert len(contest.rates["c"]) <= 4 and len(contest.rates["a"]) == len(contest.rates["b"]) == 8

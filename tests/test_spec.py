@@ -67,6 +67,11 @@ def test_valid_study_resolves_for_this_machine(tmp_path, models):
 def test_race_loss_is_the_price_an_operator_sets(tmp_path, models):
     spec = load_spec(write_study(tmp_path, models, race={"loss": 0.03, "max_rounds": 20}))
     assert spec.race.loss == 0.03 and spec.race.max_rounds == 20 and spec.race.confirm_rounds == 0
+    assert spec.race.expected_loss == 0.002  # the default stop: more rounds would rarely change the pick
+    off = load_spec(write_study(tmp_path, models, race={"expected_loss": 0}))
+    assert off.race.expected_loss == 0.0 and off.race.max_rounds == 11
+    message = error_of(write_study(tmp_path, models, race={"expected_loss": -0.1}))
+    assert "race.expected_loss" in message and "must be >= 0" in message
 
 
 def test_numa_choices_collapse_on_one_node_and_stay_on_four(tmp_path, models):

@@ -23,7 +23,9 @@ launches, not requests, and says how sure it is.
 4. **Decided** (``_decide``): from round ``DECISION_ROUNDS`` (5), once some finalist is within ``race.loss`` of
    every other (its loss bound below it, on bounds narrow enough to decide on: ``Look.decisive``) and may
    replace the baseline; the resource rule (fewer threads, then the smaller draft model; K is not a resource)
-   chooses among those within it, and the baseline, llama.cpp's defaults, wins a tie. **Undecided** at ``race.max_rounds`` / ``race.budget_minutes``:
+   chooses among those within it, and the baseline, llama.cpp's defaults, wins a tie. **Undecided** at ``race.max_rounds`` / ``race.budget_minutes``,
+   or from round 5 once no decision is forecast by race.max_rounds and deploying the leader is expected to lose less
+   than ``race.expected_loss`` (``_settled_enough``: more rounds would rarely change the pick):
    the highest estimate among the finalists shown faster than the baseline, else the baseline; the verdict
    says so, with the loss bound and a forecast of what settling would take (``Forecast``).
 5. **The baseline is the default**: a finalist replaces it only when shown faster (the whole simultaneous 95%
@@ -31,7 +33,7 @@ launches, not requests, and says how sure it is.
    ``race.confirm_rounds`` (optional) adds rounds of the winner and the baseline alone for a figure from rounds
    not used to pick it.
 6. **Outlier launches**: a launch far from the contender's other launches (``evidence.is_outlier``) is left out
-   of the figures and reported; the rounds go on by doubt (``_add_round``).
+   of the figures and reported, every launch judged again each round; the rounds go on by doubt (``_add_round``).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ DECISION_WIDTH = 0.15  # the widest bound (half-width, log) a close pair may dec
 # average over its spread's estimate, but the few early bounds narrow enough to decide on are mostly those whose
 # spread came out low by luck. From 5 paired rounds (a pair far apart needs none): 3 wrong in 167 (make bench 1c).
 DECISION_ROUNDS = 5
+NORMAL = statistics.NormalDist()
 RELAUNCHES = 3  # confirmation rounds: launches tried in place of an outlier (two in a row: 1 in 2,500 at 2%)
 OUTLIER_CONTEXT = 2  # other launches a launch is compared with before it is judged an outlier (a finalist
 # resting after race.min_rounds still has each of its launches checked)
@@ -153,10 +156,16 @@ class Contest:
     rates: dict[str, list[float]]
     candidates: list[str]  # every finalist and the baseline: none leaves; one far behind rests
     dropped: dict[str, str] = field(default_factory=dict)  # label -> shown slower than the winner, at the end
-    outliers: list[str] = field(default_factory=list)  # what was launched again, and both figures
+    outliers: list[str] = field(default_factory=list)  # each launch left out (or launched again) and why
     launches: int = 0
-    vetted: set = field(default_factory=set)  # (label, round index) checked for an outlier
+    vetted: set = field(default_factory=set)  # confirmation rounds: (label, index) checked for an outlier
     rounds: dict[str, list[int]] = field(default_factory=dict)  # per label, the round index of each rate
+    measured: dict[str, dict[int, float]] = field(
+        default_factory=dict
+    )  # per label, every launch: round -> rate
+    left_out: dict[tuple[str, int], str] = field(
+        default_factory=dict
+    )  # (label, round) -> why it was left out
     elapsed: float = 0.0  # seconds since the first launch, after the last round
 
     def table(self) -> dict[str, dict[int, float]]:
@@ -177,46 +186,65 @@ class Outcome:
     speedups: dict = field(default_factory=dict)  # per label: its Ratio over the baseline
 
 
-def _add_round(
-    contest: Contest,
-    launched: dict[str, float],
-    round_index: int,
-    relaunch: Callable[[str], float] | None = None,
-) -> None:
-    """Append a round's rates, then deal with any launch far from its contender's other launches: left out (the
-    race), or with ``relaunch`` launched again until it is not or ``RELAUNCHES`` launches were tried (confirmation
-    rounds: a fixed pair of lists).
+def _add_round(contest: Contest, launched: dict[str, float], round_index: int) -> None:
+    """Record a round's launches, then judge again every launch of each contender launched: left out when far from
+    all its other launches (those left out included), else kept; the figures use the kept ones.
 
     Why leave it out: a launch made again later is not in its round (the round's shift is not its own), and the
     race launches by doubt anyway: a contender left with too few rounds for a bound sets the loss bound and is
-    launched in the next round (``_next_round``). Every launch is checked as soon as its contender has ``OUTLIER_CONTEXT`` other
-    launches (the first ones later, retroactively), and no launch is checked twice."""
+    launched in the next round (``_next_round``). Why judge again, against every launch: a contender whose first
+    launches were slow (two outliers in three) would otherwise have each good launch judged against them and left
+    out for the rest of the race (make bench 1c: the baseline deployed over a finalist 16x faster)."""
+    contest.launches += len(launched)
+    for name, value in launched.items():
+        contest.measured.setdefault(name, {})[round_index] = value
+    for name in launched:
+        measured = contest.measured[name]
+        kept: list[int] = []
+        for at, value in measured.items():
+            others = [v for r, v in measured.items() if r != at]
+            judged = len(others) >= OUTLIER_CONTEXT or not value > 0
+            if judged and evidence.is_outlier(value, others):
+                contest.left_out[(name, at)] = (
+                    f"round {at + 1}: {name} measured {value:.1f} t/s, far from its other rounds "
+                    f"({_rates(others)}); left out"
+                )
+            else:
+                contest.left_out.pop((name, at), None)
+                kept.append(at)
+        contest.rates[name] = [measured[at] for at in kept]
+        contest.rounds[name] = kept
+    contest.outliers = [contest.left_out[k] for k in sorted(contest.left_out, key=lambda k: (k[1], k[0]))]
+
+
+def _add_confirmation_round(
+    contest: Contest, launched: dict[str, float], relaunch: Callable[[str], float]
+) -> None:
+    """Append a confirmation round's rates; a launch far from its contender's other launches is launched again
+    until it is not or ``RELAUNCHES`` launches were tried (a fixed pair of lists: nothing else would fill it).
+    Every launch is checked as soon as its contender has ``OUTLIER_CONTEXT`` other launches (the first ones later,
+    retroactively), and no launch is checked twice."""
     contest.launches += len(launched)
     for name, value in launched.items():
         contest.rates[name].append(value)
-        contest.rounds.setdefault(name, []).append(round_index)
     for name in launched:
-        rates, rounds = contest.rates[name], contest.rounds[name]
-        for at in list(rounds):
-            i = rounds.index(at)
-            value = rates[i]
-            if (name, at) in contest.vetted or (len(rates) - 1 < OUTLIER_CONTEXT and value > 0):
+        rates = contest.rates[name]
+        for i, value in enumerate(rates):
+            if (name, i) in contest.vetted or (len(rates) - 1 < OUTLIER_CONTEXT and value > 0):
                 continue
-            contest.vetted.add((name, at))
+            contest.vetted.add((name, i))
             others = rates[:i] + rates[i + 1 :]
             if not evidence.is_outlier(value, others):
-                continue
-            seen = f"round {at + 1}: {name} measured {value:.1f} t/s, far from its other rounds ({_rates(others)})"
-            if relaunch is None:
-                del rates[i], rounds[i]
-                contest.outliers.append(f"{seen}; left out")
                 continue
             tried = []
             while len(tried) < RELAUNCHES and (not tried or evidence.is_outlier(tried[-1], others)):
                 tried.append(relaunch(name))
             contest.launches += len(tried)
             rates[i] = tried[-1]
-            contest.outliers.append(f"{seen}; launched again: {_rates(tried)} t/s (the last used)")
+            contest.outliers.append(
+                f"round {i + 1}: {name} measured {value:.1f} t/s, far from its other rounds ({_rates(others)}); "
+                f"launched again: {_rates(tried)} t/s (the last used)"
+            )
 
 
 def _rates(values: list[float]) -> str:
@@ -279,6 +307,23 @@ class Look:
     def loss(self, name: str) -> float:
         """The loss bound (log): how much faster than ``name`` the best other finalist still racing may be."""
         return max((self.upper(j, name) for j in self.contest.candidates if j != name), default=-math.inf)
+
+    def expected_loss(self, name: str) -> float:
+        """What deploying ``name`` is expected to lose (log): over the others, the normal loss function of each
+        gap at its standard error, summed (EOC_Bonf, Branke, Chick and Schmidt 2007: a flat prior on each fitted
+        rate). Small when every other is behind by several standard errors, so that further rounds would rarely
+        change the pick; infinite while some comparison has no bound yet."""
+        total = 0.0
+        for j in self.contest.candidates:
+            if j == name:
+                continue
+            g = self.gap(j, name)
+            if not math.isfinite(g.half(self.alpha)) or g.sd <= 0:
+                return math.inf
+            se = g.sd / math.sqrt(g.rounds)
+            z = g.mean / se
+            total += se * (NORMAL.pdf(z) + z * NORMAL.cdf(z))
+        return total
 
     def replaces(self, name: str, baseline: str) -> bool:
         """``name`` may replace the baseline: shown faster than it (the whole two-sided simultaneous 95% interval
@@ -367,12 +412,12 @@ def _outcome(
         verdict = _decided_verdict(look, winner, within, baseline, spec, rounds, leader)
     elif winner == baseline:
         verdict = (
-            f"nothing was shown faster than the baseline after {rounds} rounds ({limit} reached): the baseline "
+            f"nothing was shown faster than the baseline after {rounds} rounds ({limit}): the baseline "
             f"is deployed; {best} has the highest estimate ({speedups[best].text()} over it)"
         )
     else:
         verdict = (
-            f"undecided after {rounds} rounds ({limit} reached): {winner} has the highest estimate"
+            f"undecided after {rounds} rounds ({limit}): {winner} has the highest estimate"
             + (" shown faster than the baseline" if winner != leader else "")
             + " and is deployed; "
             + (
@@ -434,6 +479,27 @@ def _undecided(
         else max(shown, key=look.estimate)
     )
     return _outcome(look, winner, False, [], baseline, spec, rounds, limit)
+
+
+def _settled_enough(
+    contest: Contest, look: Look, baseline: str, spec: RaceSpec, rounds: int
+) -> Outcome | None:
+    """An undecided outcome once deploying the leader is expected to lose less than ``race.expected_loss``
+    (``Look.expected_loss``): further rounds would rarely change the pick, though its loss bound (95%) may still
+    be wide. Why: at the default host a race rarely gets every bound within race.loss by its last round, and
+    these rounds cost more than the pick they could change (make bench 1c: the previous rules' error at 1.5x
+    fewer launches)."""
+    if not spec.expected_loss or _in_reach(look, spec, rounds):
+        return None
+    expected = look.expected_loss(look.leader)
+    if expected >= math.log1p(spec.expected_loss):
+        return None
+    shown = f"{math.expm1(expected):.2%}" if expected >= 0.0001 else "under 0.01%"
+    why = (
+        f"expected loss {shown}, below race.expected_loss ({spec.expected_loss:.1%}): "
+        "more rounds would rarely change the pick"
+    )
+    return _undecided(contest, look, baseline, spec, why, rounds)
 
 
 # ------------------------------------------------------------------ forecasts
@@ -537,6 +603,16 @@ def _pooled_upper(look: Look, j: str, leader: str) -> float:
     )
 
 
+def _in_reach(look: Look, spec: RaceSpec, done: int) -> bool:
+    """A decision is forecast by race.max_rounds: every bound over the leader below race.loss then, at today's
+    estimates and spread."""
+    leader = look.leader
+    others = [j for j in look.contest.candidates if j != leader]
+    return bool(others) and max(
+        _final(look, j, leader, spec.max_rounds - done) for j in others
+    ) <= math.log1p(spec.loss)
+
+
 def _next_round(contest: Contest, look: Look | None, baseline: str, spec: RaceSpec, done: int) -> list[str]:
     """Who is launched next: every finalist for the first ``race.min_rounds`` rounds; then the leader, the
     runner-up (which of the two is the best is the pick), the finalist whose bound against the leader is the
@@ -557,7 +633,7 @@ def _next_round(contest: Contest, look: Look | None, baseline: str, spec: RaceSp
     if others:
         chosen.add(max(others, key=look.estimate))
         chosen.add(max(others, key=lambda j: _pooled_upper(look, j, leader)))
-        if max(_final(look, j, leader, spec.max_rounds - done) for j in others) <= math.log1p(spec.loss):
+        if _in_reach(look, spec, done):
             chosen |= {j for j in others if not look.decisive(j, leader)}
     if baseline in live and not look.replaces(leader, baseline):
         chosen.add(baseline)
@@ -619,15 +695,17 @@ def sequential_race(
         look = Look(contest, alpha)
         outcome = None
         if r + 1 >= first:
-            outcome = _decide(contest, look, baseline, resources, spec, r + 1)
+            outcome = _decide(contest, look, baseline, resources, spec, r + 1) or _settled_enough(
+                contest, look, baseline, spec, r + 1
+            )
         eta.expect(progress, 0 if outcome else (spec.max_rounds - r - 1) * len(measured))
         progress(_round_line(contest, look, measured, r, outcome, title))
         if outcome is not None:
             return contest, outcome
         if clock() >= deadline and r + 1 >= first:
-            limit = f"the time budget ({spec.budget_minutes} min)"
+            limit = f"the time budget ({spec.budget_minutes} min) reached"
             return contest, _undecided(contest, look, baseline, spec, limit, r + 1)
-    limit = f"race.max_rounds ({spec.max_rounds})"
+    limit = f"race.max_rounds ({spec.max_rounds}) reached"
     return contest, _undecided(contest, look, baseline, spec, limit, spec.max_rounds)
 
 
@@ -918,7 +996,7 @@ def confirm(
     pair = [winner, baseline]
     check = Contest({n: [] for n in pair}, list(pair))
     for r in range(rounds):
-        _add_round(check, launch_round(pair, r), r, relaunch)
+        _add_confirmation_round(check, launch_round(pair, r), relaunch)
     ratio = evidence.ratio(check.rates[winner], check.rates[baseline])
     return Confirmation(
         rounds, check.rates[winner], check.rates[baseline], ratio.estimate, ratio.low, ratio.high

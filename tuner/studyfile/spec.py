@@ -97,13 +97,14 @@ class RaceSpec:
     """The finalist race that declares a winner on fresh, interleaved measurements (see tuner.decisions.race)."""
 
     min_rounds: int = 3  # every finalist launched in each of these rounds (no decision before round 5)
-    max_rounds: int = 10  # rounds at most; then the race says it is undecided (and what it may lose)
+    max_rounds: int = 11  # rounds at most; then the race says it is undecided (and what it may lose)
     loss: float = (
         0.02  # stop once a finalist is within this of every other (95%): resources decide among those
     )
     confirm_rounds: int = (
         0  # optional: winner and baseline alone for a figure from rounds not used to pick it
     )
+    expected_loss: float = 0.002  # stop once deploying the leader is expected to lose less (0: race on)
     budget_minutes: float | None = None  # no further selection round after this long
     max_finalists: int = 8  # besides the baseline; the closest to the leader first (the race drops the slow)
 
@@ -521,8 +522,9 @@ def _race_section(r: Fields) -> RaceSpec:
         )
     race = RaceSpec(
         min_rounds=r.int("min_rounds", 3, minimum=3),
-        max_rounds=r.int("max_rounds", 10, minimum=3),
+        max_rounds=r.int("max_rounds", RaceSpec.max_rounds, minimum=3),
         loss=r.number("loss", 0.02, minimum=0.001, maximum=0.5),
+        expected_loss=r.number("expected_loss", RaceSpec.expected_loss, minimum=0.0, maximum=0.5),
         confirm_rounds=r.int("confirm_rounds", 0, minimum=0),
         budget_minutes=r.number("budget_minutes", None, minimum=0.1),
         max_finalists=r.int("max_finalists", 8, minimum=1),
