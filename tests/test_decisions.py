@@ -31,6 +31,7 @@ from tuner.decisions.race import (
     within_reach,
 )
 from tuner.decisions.remeasure import williams_order
+from tuner.errors import UserError
 from tuner.search.pruning import prune_decision
 from tuner.studyfile.spec import RaceSpec
 
@@ -252,6 +253,52 @@ def test_a_race_whose_pick_more_rounds_would_rarely_change_stops_undecided_and_s
         progress=lambda _: None,
     )
     assert "race.max_rounds (11) reached" in on.verdict  # 0: the race goes on to its last round
+
+
+def test_a_finalist_that_fails_to_launch_twice_leaves_the_race_and_the_others_rounds_stay():
+    launch, launch_round, log = scripted({"a": 300.0, "b": 290.0, "c": 250.0, "base": 100.0}, 0.03)
+
+    def failing(names: list[str], r: int) -> dict[str, float]:
+        launched = launch_round(names, r)
+        return {n: v for n, v in launched.items() if not (n == "b" and r == 3)}  # b's 4th launch fails twice
+
+    lines: list[str] = []
+    contest, outcome = sequential_race(["a", "b", "c"], "base", failing, {}, SPEC, progress=lines.append)
+    assert "b" not in contest.candidates and contest.dropped["b"] == "failed to launch twice in round 4"
+    assert contest.rounds["b"] == [0, 1, 2]  # its launches so far stay in the table
+    assert outcome.winner != "b" and not any(
+        line.startswith("race round 5:") and " b " in line for line in lines
+    )
+    assert len(contest.rounds["a"]) > 4  # the race went on without it
+
+
+def test_a_race_without_its_baseline_or_any_finalist_ends_with_the_failure():
+    _, launch_round, _ = scripted({"a": 300.0, "b": 290.0, "base": 100.0}, 0.03)
+    for gone in ({"base"}, {"a", "b"}):
+
+        def failing(names: list[str], r: int, gone=gone) -> dict[str, float]:
+            return {n: v for n, v in launch_round(names, r).items() if n not in gone}
+
+        with pytest.raises(UserError, match="failed to launch twice"):
+            sequential_race(["a", "b"], "base", failing, {}, SPEC, progress=lambda _: None)
+
+
+def test_no_expected_loss_stop_while_the_baseline_would_be_deployed():
+    # c4 in make demo: the leader 12% ahead by its estimate, not yet shown faster; stopping there deployed the
+    # baseline "because more rounds would rarely change the pick" with a 27.5% loss bound
+    ratios = [1.02, 1.22, 1.04, 1.20, 1.03, 1.21, 1.02, 1.22, 1.04, 1.20, 1.03]
+
+    def launch_round(names: list[str], r: int) -> dict[str, float]:
+        return {n: 100.0 * ratios[r] if n == "a" else 100.0 + r % 3 for n in names}
+
+    spec = RaceSpec(max_rounds=11)
+    contest = Contest({"a": [], "base": []}, ["a", "base"])
+    for r in range(5):
+        _add_round(contest, launch_round(["a", "base"], r), r)
+    look = Look(contest, race_alpha(spec, 2))
+    assert look.expected_loss("a") < math.log1p(spec.expected_loss) and not look.replaces("a", "base")
+    _, outcome = sequential_race(["a"], "base", launch_round, {}, spec, progress=lambda _: None)
+    assert outcome.winner == "a" and outcome.decided  # raced on until shown faster
 
 
 def test_a_confirmation_round_launches_an_outlier_again():
@@ -534,7 +581,6 @@ def test_a_loss_bound_is_printed_rounded_up():
 def test_a_race_launch_that_fails_is_launched_once_more_and_a_second_failure_is_one_line(tmp_path):
     """A stalled host or a crash must not end a long race; a configuration that fails twice is named."""
     from tuner.decisions.remeasure import Contender, Launch, Remeasure
-    from tuner.errors import UserError
     from tuner.measurement.failures import FailureReason, TrialFailure
     from tuner.measurement.measure import MeasurementSettings
     from tuner.measurement.workload import Workload
@@ -556,3 +602,13 @@ def test_a_race_launch_that_fails_is_launched_once_more_and_a_second_failure_is_
     with pytest.raises(UserError, match="re-measuring trial-1 failed twice: .*b") as err:
         remeasure.launch(contender)
     assert "\n" not in str(err.value)
+    # in a round, the others' launches are not lost with it: it is left out of the answer, its reason kept
+    other = Contender("trial-2", ["llama-server"], 0.0)
+    outcomes[:] = [
+        Launch(90.0, 0, 0),
+        TrialFailure(FailureReason.CRASHED, "c"),
+        TrialFailure(FailureReason.CRASHED, "d"),
+    ]
+    launched = remeasure.round([other, contender], 0)
+    assert list(launched) == ["trial-2"] and launched["trial-2"].rate == 90.0
+    assert remeasure.failed["trial-1"].startswith("re-measuring trial-1 failed twice: ") and "d" in lines[-1]

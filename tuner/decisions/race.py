@@ -51,6 +51,7 @@ from tuner import eta
 from tuner.decisions import evidence, launch_size
 from tuner.decisions.drift import Sentinels
 from tuner.decisions.remeasure import Launch, Remeasure, StudyInputs, contender
+from tuner.errors import UserError
 from tuner.measurement.measure import MeasurementSettings
 from tuner.measurement.workload import Workload
 from tuner.storage import store
@@ -154,18 +155,17 @@ class Contest:
     """The evidence of a race so far: per label, one rate per round it was launched in, and those rounds."""
 
     rates: dict[str, list[float]]
-    candidates: list[str]  # every finalist and the baseline: none leaves; one far behind rests
+    candidates: list[
+        str
+    ]  # every finalist and the baseline; one far behind rests, one failing to launch leaves
     dropped: dict[str, str] = field(default_factory=dict)  # label -> shown slower than the winner, at the end
     outliers: list[str] = field(default_factory=list)  # each launch left out (or launched again) and why
     launches: int = 0
     vetted: set = field(default_factory=set)  # confirmation rounds: (label, index) checked for an outlier
     rounds: dict[str, list[int]] = field(default_factory=dict)  # per label, the round index of each rate
-    measured: dict[str, dict[int, float]] = field(
-        default_factory=dict
-    )  # per label, every launch: round -> rate
-    left_out: dict[tuple[str, int], str] = field(
-        default_factory=dict
-    )  # (label, round) -> why it was left out
+    # per label, every launch (round -> rate), and (label, round) -> why a launch is left out
+    measured: dict[str, dict[int, float]] = field(default_factory=dict)
+    left_out: dict[tuple[str, int], str] = field(default_factory=dict)
     elapsed: float = 0.0  # seconds since the first launch, after the last round
 
     def table(self) -> dict[str, dict[int, float]]:
@@ -406,7 +406,7 @@ def _outcome(
     best = (
         leader
         if leader != baseline
-        else max((n for n in look.contest.rates if n != baseline), key=look.estimate)
+        else max((n for n in look.contest.candidates if n != baseline), key=look.estimate)
     )
     if decided:
         verdict = _decided_verdict(look, winner, within, baseline, spec, rounds, leader)
@@ -484,14 +484,17 @@ def _undecided(
 def _settled_enough(
     contest: Contest, look: Look, baseline: str, spec: RaceSpec, rounds: int
 ) -> Outcome | None:
-    """An undecided outcome once deploying the leader is expected to lose less than ``race.expected_loss``
-    (``Look.expected_loss``): further rounds would rarely change the pick, though its loss bound (95%) may still
-    be wide. Why: at the default host a race rarely gets every bound within race.loss by its last round, and
-    these rounds cost more than the pick they could change (make bench 1c: the previous rules' error at 1.5x
+    """An undecided outcome before the last round, once the leader would be deployed (the baseline, or shown
+    faster than it) and deploying it is expected to lose less than ``race.expected_loss`` (``Look.expected_loss``):
+    further rounds would rarely change the pick, though its loss bound (95%) may still be wide. Why: at the default host a race rarely gets every bound within race.loss by its last round, and
+    these rounds cost more than the pick they could change (make bench 1c: the previous rules' error at 1.55x
     fewer launches)."""
-    if not spec.expected_loss or _in_reach(look, spec, rounds):
+    leader = look.leader
+    if not spec.expected_loss or rounds >= spec.max_rounds or _in_reach(look, spec, rounds):
         return None
-    expected = look.expected_loss(look.leader)
+    if leader != baseline and not look.replaces(leader, baseline):
+        return None  # the baseline would be deployed, and more rounds may show the leader faster than it
+    expected = look.expected_loss(leader)
     if expected >= math.log1p(spec.expected_loss):
         return None
     shown = f"{math.expm1(expected):.2%}" if expected >= 0.0001 else "under 0.01%"
@@ -666,6 +669,27 @@ def _round_line(
     )
 
 
+def _leave_failed(
+    contest: Contest, chosen: list[str], launched: dict[str, float], baseline: str, title: str, r: int
+) -> list[str]:
+    """Who was launched this round. A finalist whose launch failed twice leaves the race (its launches so far stay
+    in the table), so the others' rounds are not lost with it; without the baseline nothing can be shown faster,
+    and without a finalist there is nothing to race: either ends the race with the failure."""
+    for name in [n for n in chosen if n not in launched]:
+        if name == baseline:
+            raise UserError(
+                f"{title}: the baseline ({name}) failed to launch twice in round {r + 1}, and without it nothing "
+                "can be shown faster (the reason is on the line above)"
+            )
+        contest.candidates.remove(name)
+        contest.dropped[name] = f"failed to launch twice in round {r + 1}"
+    if len(contest.candidates) < 2:
+        raise UserError(
+            f"{title}: every finalist failed to launch twice (the reasons are on the lines above)"
+        )
+    return [n for n in chosen if n in launched]
+
+
 def sequential_race(
     labels: list[str],
     baseline: str,
@@ -689,8 +713,10 @@ def sequential_race(
     deadline = started + 60 * spec.budget_minutes if spec.budget_minutes else math.inf
     look = None
     for r in range(spec.max_rounds):
-        measured = _next_round(contest, look, baseline, spec, r)
-        _add_round(contest, launch_round(measured, r), r)
+        chosen = _next_round(contest, look, baseline, spec, r)
+        launched = launch_round(chosen, r)
+        measured = _leave_failed(contest, chosen, launched, baseline, title, r)
+        _add_round(contest, launched, r)
         contest.elapsed = clock() - started
         look = Look(contest, alpha)
         outcome = None
@@ -944,9 +970,13 @@ def _confirm_winner(
         return None
     progress.expect(2 * spec.confirm_rounds)
     progress(f"{title}: confirming {winner} against the baseline in {spec.confirm_rounds} fresh rounds")
-    confirmation, check = confirm(
-        winner, baseline, launcher.launch_round, launcher.launch, spec.confirm_rounds
-    )
+    try:
+        confirmation, check = confirm(
+            winner, baseline, launcher.launch_round, launcher.launch, spec.confirm_rounds
+        )
+    except UserError as failure:  # the race's figures stand; only the separate figure is missing
+        progress(f"{title}: no confirmation figure: {failure}")
+        return None
     contest.outliers += [f"confirmation {line}" for line in check.outliers]
     contest.launches += check.launches
     return confirmation
@@ -996,7 +1026,11 @@ def confirm(
     pair = [winner, baseline]
     check = Contest({n: [] for n in pair}, list(pair))
     for r in range(rounds):
-        _add_confirmation_round(check, launch_round(pair, r), relaunch)
+        launched = launch_round(pair, r)
+        if len(launched) < len(pair):
+            failed = ", ".join(n for n in pair if n not in launched)
+            raise UserError(f"confirmation round {r + 1}: {failed} failed to launch twice")
+        _add_confirmation_round(check, launched, relaunch)
     ratio = evidence.ratio(check.rates[winner], check.rates[baseline])
     return Confirmation(
         rounds, check.rates[winner], check.rates[baseline], ratio.estimate, ratio.low, ratio.high

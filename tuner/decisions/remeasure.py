@@ -105,6 +105,14 @@ def williams_order(n: int, round_index: int) -> list[int]:
     return rows[round_index % len(rows)] if n else []
 
 
+class LaunchFailed(UserError):
+    """A contender's launch failed twice: the configuration's fault, not a stalled host's."""
+
+    def __init__(self, label: str, message: str):
+        super().__init__(message)
+        self.label = label
+
+
 class Remeasure:
     """Launches contenders one at a time; remembers the NUMA policy its pages were placed under."""
 
@@ -121,6 +129,9 @@ class Remeasure:
         self.placed_under: str | None = None
         self.launches = 0
         self.round_index = 0  # which part of the workload a launch measures (``LaunchSize.workload``)
+        self.failed: dict[
+            str, str
+        ] = {}  # label -> why its launch failed twice (``round`` goes on without it)
 
     @property
     def measured(self) -> Workload:
@@ -140,7 +151,9 @@ class Remeasure:
         try:
             return self._launch_once(c)
         except TrialFailure as failure:
-            raise UserError(f"re-measuring {c.label} failed twice: {failure}; see {self._log(c)}") from None
+            raise LaunchFailed(
+                c.label, f"re-measuring {c.label} failed twice: {failure}; see {self._log(c)}"
+            ) from None
 
     def _log(self, c: Contender) -> Path:
         level = f"-c{c.users}" if c.users is not None else ""
@@ -178,10 +191,18 @@ class Remeasure:
         )
 
     def round(self, contenders: Sequence[Contender], round_index: int) -> dict[str, Launch]:
-        """Each contender launched once, in the Williams order of this round."""
+        """Each contender launched once, in the Williams order of this round; one whose launch fails twice is
+        left out of the answer and its reason kept in ``failed`` (the others' launches are not lost with it)."""
         order = [contenders[i] for i in williams_order(len(contenders), round_index)]
         self.round_index = round_index
-        return {c.label: self.launch(c) for c in order}
+        launched = {}
+        for c in order:
+            try:
+                launched[c.label] = self.launch(c)
+            except LaunchFailed as failure:
+                self.failed[c.label] = str(failure)
+                self.progress(str(failure))
+        return launched
 
 
 def rounds_of_launches(
@@ -198,6 +219,8 @@ def rounds_of_launches(
     for r in range(rounds):
         for label, launch in remeasure.round(contenders, r).items():
             launches[label].append(launch)
+        if remeasure.failed:  # every contender every round: a fixed design has no place for one that failed
+            raise UserError(next(iter(remeasure.failed.values())))
         progress(
             f"re-measure round {r + 1}/{rounds} (one launch each): "
             + ", ".join(f"{label} {values[-1].rate:.1f} t/s" for label, values in launches.items())
