@@ -108,10 +108,6 @@ def williams_order(n: int, round_index: int) -> list[int]:
 class LaunchFailed(UserError):
     """A contender's launch failed twice: the configuration's fault, not a stalled host's."""
 
-    def __init__(self, label: str, message: str):
-        super().__init__(message)
-        self.label = label
-
 
 class Remeasure:
     """Launches contenders one at a time; remembers the NUMA policy its pages were placed under."""
@@ -129,9 +125,8 @@ class Remeasure:
         self.placed_under: str | None = None
         self.launches = 0
         self.round_index = 0  # which part of the workload a launch measures (``LaunchSize.workload``)
-        self.failed: dict[
-            str, str
-        ] = {}  # label -> why its launch failed twice (``round`` goes on without it)
+        # label -> why its launch failed twice (``round`` goes on without it)
+        self.failed: dict[str, str] = {}
 
     @property
     def measured(self) -> Workload:
@@ -152,7 +147,7 @@ class Remeasure:
             return self._launch_once(c)
         except TrialFailure as failure:
             raise LaunchFailed(
-                c.label, f"re-measuring {c.label} failed twice: {failure}; see {self._log(c)}"
+                f"re-measuring {c.label} failed twice: {failure}; see {self._log(c)}"
             ) from None
 
     def _log(self, c: Contender) -> Path:
