@@ -24,6 +24,7 @@ from tuner.decisions.race import (
     _add_round,
     confirm,
     forecast_before,
+    loss_text,
     race_alpha,
     reach_z,
     rounds_to_tell,
@@ -244,15 +245,18 @@ def test_a_race_whose_pick_more_rounds_would_rarely_change_stops_undecided_and_s
     contest, outcome = sequential_race(["a", "b"], "base", launch_round, {}, spec, progress=lambda _: None)
     assert not outcome.decided and outcome.winner == "a" and max(map(len, contest.rates.values())) < 11
     assert "below race.expected_loss (0.2%): more rounds would rarely change the pick" in outcome.verdict
+    lines: list[str] = []
     _, on = sequential_race(
         ["a", "b"],
         "base",
         scripted({"a": 200.0, "b": 190.0, "base": 100.0}, 0.05, seed=1)[1],
         {},
         RaceSpec(max_rounds=11, loss=0.005, expected_loss=0),
-        progress=lambda _: None,
+        progress=lines.append,
     )
     assert "race.max_rounds (11) reached" in on.verdict  # 0: the race goes on to its last round
+    assert lines[-1].startswith("race round 11: ") and lines[-1].endswith(on.verdict)  # its line says so
+    assert [loss_text(x) for x in (0.02, 0.005, 0.025, 0.1)] == ["2%", "0.5%", "2.5%", "10%"]
 
 
 def test_a_finalist_that_fails_to_launch_twice_leaves_the_race_and_the_others_rounds_stay():

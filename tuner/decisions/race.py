@@ -356,6 +356,11 @@ def _percent(log_bound: float) -> str:
     return upper_percent(math.expm1(log_bound))
 
 
+def loss_text(fraction: float) -> str:
+    """A loss the operator set, as written: 2%, 0.5% (never rounded to 0%)."""
+    return f"{100 * fraction:.3g}%"
+
+
 def upper_percent(fraction: float) -> str:
     """An upper bound as a percentage with one decimal, rounded up (0.04% reads 0.1%, never 0.0%)."""
     return f"{math.ceil(round(1000 * fraction, 6)) / 10:.1f}%"
@@ -423,7 +428,7 @@ def _outcome(
             + (
                 f"not told apart from {', '.join(open_)}"
                 if open_
-                else f"every other finalist is within race.loss ({spec.loss:.0%}) of it, on bounds too few rounds "
+                else f"every other finalist is within race.loss ({loss_text(spec.loss)}) of it, on bounds too few rounds "
                 f"({DECISION_ROUNDS} paired) or too wide to decide on"
             )
         )
@@ -450,10 +455,10 @@ def _decided_verdict(
     if winner == baseline:
         return (
             f"nothing was shown faster than the baseline after {rounds} rounds: no finalist is more than "
-            f"{_percent(loss)} faster than it (95%), within race.loss ({spec.loss:.0%})"
+            f"{_percent(loss)} faster than it (95%), within race.loss ({loss_text(spec.loss)})"
         )
     verdict = (
-        f"{winner} is within race.loss ({spec.loss:.0%}) of every other finalist after {rounds} rounds: "
+        f"{winner} is within race.loss ({loss_text(spec.loss)}) of every other finalist after {rounds} rounds: "
         f"none is more than {_percent(loss)} faster (95%)"
     )
     if within:
@@ -538,7 +543,7 @@ class Forecast:
                 f"; about {self.level_rounds} if the two are level" if self.level_rounds else ""
             )
         return (
-            f"to tell {self.margin:.0%} apart at this host's {self.spread:.1%} per-round spread{self.source}: "
+            f"to tell {loss_text(self.margin)} apart at this host's {self.spread:.1%} per-round spread{self.source}: "
             f"about {self.rounds}{' more' if self.more else ''} round{'s' if self.rounds != 1 else ''}{time_}{where}"
         )
 
@@ -724,15 +729,18 @@ def sequential_race(
             outcome = _decide(contest, look, baseline, resources, spec, r + 1) or _settled_enough(
                 contest, look, baseline, spec, r + 1
             )
+        if outcome is None and r + 1 >= first and (r + 1 == spec.max_rounds or clock() >= deadline):
+            limit = (
+                f"race.max_rounds ({spec.max_rounds}) reached"
+                if r + 1 == spec.max_rounds
+                else f"the time budget ({spec.budget_minutes} min) reached"
+            )
+            outcome = _undecided(contest, look, baseline, spec, limit, r + 1)
         eta.expect(progress, 0 if outcome else (spec.max_rounds - r - 1) * len(measured))
         progress(_round_line(contest, look, measured, r, outcome, title))
         if outcome is not None:
             return contest, outcome
-        if clock() >= deadline and r + 1 >= first:
-            limit = f"the time budget ({spec.budget_minutes} min) reached"
-            return contest, _undecided(contest, look, baseline, spec, limit, r + 1)
-    limit = f"race.max_rounds ({spec.max_rounds}) reached"
-    return contest, _undecided(contest, look, baseline, spec, limit, spec.max_rounds)
+    raise AssertionError("a race's last round always ends it (first_look is at most race.max_rounds)")
 
 
 @dataclass(frozen=True)
@@ -1000,7 +1008,7 @@ def _announce(
     progress(
         f"{title}: {len(records)} finalists ({', '.join(records)}), one launch each per round for "
         f"{spec.min_rounds} rounds, then the leader and the finalists whose comparison with it is open, until one "
-        f"is within race.loss ({spec.loss:.0%}) of every other, at most {spec.max_rounds} rounds"
+        f"is within race.loss ({loss_text(spec.loss)}) of every other, at most {spec.max_rounds} rounds"
     )
     if launch_sigma is not None:
         seconds = progress.unit_s or _trial_seconds(list(records.values()))
