@@ -489,11 +489,12 @@ def _undecided(
 def _settled_enough(
     contest: Contest, look: Look, baseline: str, spec: RaceSpec, rounds: int
 ) -> Outcome | None:
-    """An undecided outcome before the last round, once the leader would be deployed (the baseline, or shown
-    faster than it) and deploying it is expected to lose less than ``race.expected_loss`` (``Look.expected_loss``):
-    further rounds would rarely change the pick, though its loss bound (95%) may still be wide. Why: at the default host a race rarely gets every bound within race.loss by its last round, and
-    these rounds cost more than the pick they could change (make bench 1c: the previous rules' error at 1.55x
-    fewer launches)."""
+    """An undecided outcome before the last round, when no decision is forecast by race.max_rounds, the leader
+    would be deployed (the baseline, or shown faster than it) and deploying it is expected to lose less than
+    ``race.expected_loss`` (``Look.expected_loss``): further rounds would rarely change the pick, though its loss
+    bound (95%) may still be wide. Why: at the default host a race rarely gets every bound within race.loss by its
+    last round, and those rounds cost more than the pick they could change (make bench 1c: the previous rules'
+    error at 1.55x fewer launches)."""
     leader = look.leader
     if not spec.expected_loss or rounds >= spec.max_rounds or _in_reach(look, spec, rounds):
         return None
@@ -504,7 +505,7 @@ def _settled_enough(
         return None
     shown = f"{math.expm1(expected):.2%}" if expected >= 0.0001 else "under 0.01%"
     why = (
-        f"expected loss {shown}, below race.expected_loss ({spec.expected_loss:.1%}): "
+        f"expected loss {shown}, below race.expected_loss ({loss_text(spec.expected_loss)}): "
         "more rounds would rarely change the pick"
     )
     return _undecided(contest, look, baseline, spec, why, rounds)
