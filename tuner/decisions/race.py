@@ -23,11 +23,12 @@ launches, not requests, and says how sure it is.
 4. **Decided** (``_decide``): from round ``DECISION_ROUNDS`` (5), once some finalist is within ``race.loss`` of
    every other (its loss bound below it, on bounds narrow enough to decide on: ``Look.decisive``) and may
    replace the baseline; the resource rule (fewer threads, then the smaller draft model; K is not a resource)
-   chooses among those within it, and the baseline, llama.cpp's defaults, wins a tie. **Undecided** at ``race.max_rounds`` / ``race.budget_minutes``,
-   or from round 5 once no decision is forecast by race.max_rounds and deploying the leader is expected to lose less
-   than ``race.expected_loss`` (``_settled_enough``: more rounds would rarely change the pick):
-   the highest estimate among the finalists shown faster than the baseline, else the baseline; the verdict
-   says so, with the loss bound and a forecast of what settling would take (``Forecast``).
+   chooses among those within it, and the baseline, llama.cpp's defaults, wins a tie. **Undecided** at
+   ``race.max_rounds`` / ``race.budget_minutes`` (``_out_of_budget``), or from round 5 once no decision is
+   forecast by race.max_rounds and deploying the leader is expected to lose less than ``race.expected_loss``
+   (``_settled_enough``: more rounds would rarely change the pick): the highest estimate among the finalists shown
+   faster than the baseline, else the baseline; the verdict says so, with the loss bound and a forecast of what
+   settling would take (``Forecast``).
 5. **The baseline is the default**: a finalist replaces it only when shown faster (the whole simultaneous 95%
    interval of its speedup above 1); the printed speedup is that interval, valid whichever finalist was picked.
    ``race.confirm_rounds`` (optional) adds rounds of the winner and the baseline alone for a figure from rounds
@@ -155,9 +156,8 @@ class Contest:
     """The evidence of a race so far: per label, one rate per round it was launched in, and those rounds."""
 
     rates: dict[str, list[float]]
-    candidates: list[
-        str
-    ]  # every finalist and the baseline; one far behind rests, one failing to launch leaves
+    # every finalist and the baseline; one far behind rests, one that fails to launch twice leaves
+    candidates: list[str]
     dropped: dict[str, str] = field(default_factory=dict)  # label -> shown slower than the winner, at the end
     outliers: list[str] = field(default_factory=list)  # each launch left out (or launched again) and why
     launches: int = 0
@@ -511,6 +511,19 @@ def _settled_enough(
     return _undecided(contest, look, baseline, spec, why, rounds)
 
 
+def _out_of_budget(
+    contest: Contest, look: Look, baseline: str, spec: RaceSpec, rounds: int, late: bool
+) -> Outcome | None:
+    """An undecided outcome at race.max_rounds, or once race.budget_minutes is spent (``late``)."""
+    if rounds >= spec.max_rounds:
+        limit = f"race.max_rounds ({spec.max_rounds}) reached"
+    elif late:
+        limit = f"the time budget ({spec.budget_minutes} min) reached"
+    else:
+        return None
+    return _undecided(contest, look, baseline, spec, limit, rounds)
+
+
 # ------------------------------------------------------------------ forecasts
 
 
@@ -727,16 +740,11 @@ def sequential_race(
         look = Look(contest, alpha)
         outcome = None
         if r + 1 >= first:
-            outcome = _decide(contest, look, baseline, resources, spec, r + 1) or _settled_enough(
-                contest, look, baseline, spec, r + 1
+            outcome = (
+                _decide(contest, look, baseline, resources, spec, r + 1)
+                or _settled_enough(contest, look, baseline, spec, r + 1)
+                or _out_of_budget(contest, look, baseline, spec, r + 1, clock() >= deadline)
             )
-        if outcome is None and r + 1 >= first and (r + 1 == spec.max_rounds or clock() >= deadline):
-            limit = (
-                f"race.max_rounds ({spec.max_rounds}) reached"
-                if r + 1 == spec.max_rounds
-                else f"the time budget ({spec.budget_minutes} min) reached"
-            )
-            outcome = _undecided(contest, look, baseline, spec, limit, r + 1)
         eta.expect(progress, 0 if outcome else (spec.max_rounds - r - 1) * len(measured))
         progress(_round_line(contest, look, measured, r, outcome, title))
         if outcome is not None:
