@@ -574,7 +574,7 @@ def test_a_baseline_that_leads_names_the_best_other_finalist_beside_it():
 
 def test_a_loss_bound_is_printed_rounded_up():
     """demo-concurrency's c2 printed 'none is more than 0.0% faster' of a bound just above zero."""
-    from tuner.decisions.race import upper_percent
+    from tuner.figures import percent_up as upper_percent
 
     assert (
         upper_percent(0.0004) == "0.1%" and upper_percent(0.061) == "6.1%" and upper_percent(0.0611) == "6.2%"
@@ -616,3 +616,68 @@ def test_a_race_launch_that_fails_is_launched_once_more_and_a_second_failure_is_
     launched = remeasure.round([other, contender], 0)
     assert list(launched) == ["trial-2"] and launched["trial-2"].rate == 90.0
     assert remeasure.failed["trial-1"].startswith("re-measuring trial-1 failed twice: ") and "d" in lines[-1]
+
+
+# ------------------------------------------------------------------ figures that are not numbers
+
+
+def test_a_figure_that_is_not_a_number_is_said_in_words():
+    from tuner import figures
+
+    assert figures.figure(math.inf) == figures.figure(math.nan) == figures.figure(None) == "no figure"
+    assert (
+        figures.percent_up(math.inf, missing="none yet") == "none yet" and figures.percent_up(0.061) == "6.1%"
+    )
+    assert (
+        figures.or_none(math.inf) is None
+        and figures.or_none(math.nan) is None
+        and figures.or_none(0.5) == 0.5
+    )
+    assert evidence.Ratio(1.2, 0.0, math.inf, 2).text() == "x1.20 (2 rounds: no interval)"
+    assert evidence.Ratio(math.nan, math.nan, math.nan, 0).text() == "no speedup figure (0 paired rounds)"
+    assert (
+        evidence.Ratio(math.inf, 1.0, math.inf, 3).text() == "no speedup figure (3 paired rounds)"
+    )  # over 0 t/s
+    unknown = Forecast(0.02, math.inf, rounds_to_tell(math.inf, 0.02, 0.0, 2.0), math.inf)
+    assert unknown.text() == "to tell 2% apart: no forecast yet (the per-round spread is not known)"
+    assert "inf" not in Forecast(0.02, 0.05, 12, math.inf, rival="b", level_rounds=math.inf).text()
+
+
+def test_an_outlier_left_out_of_a_short_race_gives_no_bound_in_words_not_a_crash():
+    """The export's crash on a busy host: a 3-round race left the leader's third launch out as an outlier, its
+    comparisons had 2 paired rounds and an infinite bound, and printing the verdict raised OverflowError."""
+    from tuner.decisions.race import verdict_lines
+
+    outliers = {("a", 3): 20.0}
+    _, launch_round, _ = scripted({"a": 480.0, "b": 300.0, "base": 250.0}, 0.02, outliers=outliers)
+    contest, outcome = sequential_race(
+        ["a", "b"], "base", launch_round, {}, RaceSpec(min_rounds=3, max_rounds=3), progress=lambda _: None
+    )
+    assert contest.rounds["a"] == [0, 1] and contest.outliers[0].startswith("round 3: a measured 20.0")
+    assert outcome.loss == math.inf and "a has 2 kept rounds beside" in outcome.no_bound
+    assert "(3 needed)" in outcome.no_bound
+    names = {"a": 1, "b": 2, "base": 0}
+    entries = [
+        Entry(names[n], n, {}, 1.0, contest.rates[n], 1.0, r.estimate, r.low, r.high, "", [], [])
+        for n, r in outcome.speedups.items()
+    ]
+    result = RaceResult(
+        rounds=3,
+        baseline_trial=0,
+        entries=entries,
+        winner=names[outcome.winner],
+        decided=outcome.decided,
+        verdict=outcome.verdict,
+        rule="",
+        loss=0.02,
+        drafted={},
+        outliers=contest.outliers,
+        launches=contest.launches,
+        confirmation=None,
+        loss_bound=None if outcome.no_bound else outcome.loss,
+        leader=names[outcome.leader],
+        no_bound=outcome.no_bound,
+    )
+    text = "\n".join(verdict_lines(result))
+    assert "no bound yet: a has 2 kept rounds beside" in result.loss_line() and "inf" not in text
+    assert RaceResult.from_json(result.to_json()) == result

@@ -103,3 +103,17 @@ def test_a_race_launch_measures_its_rounds_part_and_passes(tmp_path):
     several = Remeasure(workload, MeasurementSettings(), tmp_path, size=size(0.02, 0.10, 600.0, 60.0, SUITES))
     assert several.settings.repetitions == MAX_PASSES and several.measured == workload
     assert Remeasure(workload, MeasurementSettings(repetitions=3), tmp_path).settings.repetitions == 1
+
+
+def test_no_size_leaves_a_race_fewer_rounds_than_a_decision_needs():
+    """The demo's export once sized launches to 3 passes, 'at most 3 rounds in that time': too short to decide."""
+    free = size(0.02, 0.10, 30.0, 30.0, SUITES)
+    assert free.passes == MAX_PASSES and free.rounds(11) < 5  # the optimum alone would leave 4 rounds
+    chosen = size(0.02, 0.10, 30.0, 30.0, SUITES, max_rounds=11)
+    assert chosen.passes == 3 and chosen.rounds(11) >= 5
+    assert (
+        "4 passes, the optimum, would leave 4 rounds" in chosen.text()
+        and "the 5 a decision needs" in chosen.text()
+    )
+    short = size(0.02, 0.10, 30.0, 30.0, SUITES, max_rounds=4)  # a study's own race below 5 rounds
+    assert short.passes == 1 and short.rounds(4) == 4 and "the 4 a decision needs" in short.text()

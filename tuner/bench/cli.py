@@ -313,12 +313,13 @@ def _overhead(session: Session, study: Path, sizes: Sizes) -> None:
 
 
 def _repeatability(session: Session, study: Path, sizes: Sizes) -> None:
-    """3. Two seeds of the study, their winners re-measured side by side."""
+    """3. Two seeds of the study, each run to its race's deployment; both deployments (and both searches' best
+    recorded trials) re-measured side by side, each deployment checked against the other's stated bound."""
     spec = study_spec(study, sizes, session.out)
     trials = sizes.repeat_trials or spec.budget_trials
     session.section(
         "repeatability",
-        f"3/3 repeatability: two seeds of {study}, {trials} trials each",
+        f"3/3 repeatability: two seeds of {study}, {trials} trials each, each raced to its deployment",
         "3. Repeatability",
         lambda: repeat.measure_repeatability(
             spec, session.out / "repeat.db", trials=trials, rounds=sizes.rounds

@@ -71,6 +71,7 @@ def sizing_cell(launch_sigma: float, round_sigma: float, runs: int, seed: int, s
             FIXED_MIN,
             PASS_MIN,
             SUITES,
+            spec.max_rounds,
         )
         budget = replace(spec, max_rounds=chosen.rounds(spec.max_rounds))
         race = new_race(mus, resources, launch_sigma, round_sigma / math.sqrt(chosen.share), rng, budget)

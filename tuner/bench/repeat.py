@@ -1,33 +1,42 @@
-"""Repeatability: two studies of one study file with different seeds, winners re-measured side by side.
+"""Repeatability: two studies of one study file with different seeds, each run to its race's deployment, and
+what they deployed re-measured side by side.
 
-Why: a study's winner is only worth exporting if another run of the same study would
-have found something as fast. Two studies that differ only in the sampler seed each
-pick their best feasible trial; both winners are then measured in rounds of fresh launches
-(A then B, then B then A), so the comparison is of configurations,
-not of two moments of a noisy machine. Target: tokens/s within 5% of each other.
+Why: the product deploys what a study's finalist race picks, and every deployment states what it may lose
+("no other finalist is more than 6.1% faster, 95%"). Another run of the same study should deploy something
+within that bound. Both seeds' studies run as ``make demo`` runs them (search, then the race), then both
+deployments, and beside them each search's best recorded trial (the search-only figure, no race), are launched
+in rounds of fresh launches in a balanced order (``tuner.decisions.remeasure``), so the comparison is of
+configurations, not of two moments of a noisy machine. Target: each deployment's stated bound holds against the
+other run's deployment.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
 
+import optuna
+
+from tuner import figures
 from tuner.context import prepare
+from tuner.decisions import evidence
+from tuner.decisions.race import RaceResult
 from tuner.decisions.remeasure import Contender, rounds_of_launches
 from tuner.errors import UserError
-from tuner.storage.store import best_feasible
+from tuner.storage import store
+from tuner.storage.records import TrialRecord
 from tuner.study import run_study
-from tuner.studyfile.spec import StudySpec, load_spec
+from tuner.studyfile.spec import RaceSpec, StudySpec, load_spec
 
-TOLERANCE = 0.05
+SEARCH_TOLERANCE = 0.05  # the search-only figure: the slower best recorded trial within 5% of the faster
 
 
 @dataclass(frozen=True)
-class Winner:
-    study: str
-    seed: int
+class Pick:
+    """One configuration a run chose, and its rates when re-measured side by side."""
+
     trial: int
     config: dict
     recorded_tokens_per_second: float
@@ -36,20 +45,56 @@ class Winner:
 
 
 @dataclass(frozen=True)
+class Run:
+    """One seed's study: what its search recorded best, what its race deployed and what it said it may lose."""
+
+    study: str
+    seed: int
+    searched: Pick  # the best recorded trial (one launch; no race)
+    deployed: Pick  # the race's deployment (the baseline when nothing was shown faster)
+    decided: bool
+    loss_bound: float | None  # no other finalist more than this much faster (95%); None: no bound
+    loss_text: str
+
+
+@dataclass(frozen=True)
 class RepeatResult:
     study_file: str
     trials_per_study: int
     rounds: int
-    winners: list[Winner]
-    same_config: bool
-    ratio: float  # median re-measured tokens/s of the slower winner / the faster one
+    runs: list[Run]
+    deployed_ratio: (
+        float  # the second run's deployment over the first's: geometric mean of paired round ratios
+    )
+    deployed_low: float  # its 95% t-interval
+    deployed_high: float
+    search_ratio: float  # median re-measured tokens/s of the slower best recorded trial / the faster one
+
+    def holds(self, i: int) -> bool | None:
+        """Run ``i``'s bound holds against the other run's deployment: the other re-measured at most
+        ``loss_bound`` faster (None where run ``i`` stated no bound)."""
+        bound = self.runs[i].loss_bound
+        if bound is None:
+            return None
+        other_over_own = self.deployed_ratio if i == 0 else 1 / self.deployed_ratio
+        return other_over_own <= 1 + bound
 
     @property
     def met(self) -> bool:
-        return self.ratio >= 1.0 - TOLERANCE
+        """Every stated bound holds (a run without one has nothing to hold)."""
+        return all(self.holds(i) is not False for i in range(len(self.runs)))
+
+    @property
+    def search_met(self) -> bool:
+        return self.search_ratio >= 1.0 - SEARCH_TOLERANCE
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "met": self.met}
+        return {
+            **asdict(self),
+            "holds": [self.holds(i) for i in range(len(self.runs))],
+            "met": self.met,
+            "search_met": self.search_met,
+        }
 
 
 def measure_repeatability(
@@ -59,14 +104,16 @@ def measure_repeatability(
     seeds: tuple[int, int] = (1, 2),
     trials: int | None = None,
     rounds: int = 3,
+    race: RaceSpec | None = None,
     progress: Callable[[str], None] = print,
 ) -> RepeatResult:
-    """Run the two studies in a fresh SQLite file, then re-measure their winners side by side."""
+    """Run the two studies to their races' deployments in a fresh SQLite file, then re-measure both deployments
+    and both searches' best recorded trials side by side. ``race`` replaces the study's race settings."""
     spec = study_file if isinstance(study_file, StudySpec) else load_spec(study_file)
     storage_db.parent.mkdir(parents=True, exist_ok=True)
     storage_db.unlink(missing_ok=True)  # every figure from this session
     budget = trials or spec.budget_trials
-    winners = []
+    runs = []
     for seed in seeds:
         # reuse off: the second seed must not warm-start from the first one's winner (independent runs)
         seeded = replace(
@@ -77,62 +124,113 @@ def measure_repeatability(
             budget_minutes=None,
             storage=f"sqlite:///{storage_db}",
             reuse=False,
+            race=race or spec.race,
         )
-        study = run_study(seeded, progress=progress)
-        best = best_feasible(study)
-        if best is None:
-            raise UserError(
-                f"study {seeded.name}: no feasible trial in {budget} trials; raise --repeat-trials"
-            )
-        winners.append(
-            Winner(
-                seeded.name,
-                seed,
-                best.number,
-                best.config.as_dict(),
-                best.metrics.tokens_per_second,
-                best.argv,
-                [],
-            )
+        runs.append(_run_to_deployment(seeded, seed, budget, progress))
+    picks = [p for r in runs for p in (r.deployed, r.searched)]
+    rates = side_by_side(spec, picks, rounds, progress)
+    runs = [
+        replace(
+            r,
+            deployed=replace(r.deployed, remeasured_tokens_per_second=rates[2 * i]),
+            searched=replace(r.searched, remeasured_tokens_per_second=rates[2 * i + 1]),
         )
-    rates = side_by_side(spec, winners, rounds, progress)
-    winners = [replace(w, remeasured_tokens_per_second=r) for w, r in zip(winners, rates)]
-    medians = [statistics.median(r) for r in rates]
+        for i, r in enumerate(runs)
+    ]
+    deployed = evidence.ratio(rates[2], rates[0])
+    searched = [statistics.median(rates[1]), statistics.median(rates[3])]
     return RepeatResult(
-        str(spec.path),
-        budget,
-        rounds,
-        winners,
-        same_config=winners[0].config == winners[1].config,
-        ratio=min(medians) / max(medians),
+        study_file=str(spec.path),
+        trials_per_study=budget,
+        rounds=rounds,
+        runs=runs,
+        deployed_ratio=deployed.estimate,
+        deployed_low=deployed.low,
+        deployed_high=deployed.high,
+        search_ratio=min(searched) / max(searched),
     )
 
 
+def _pick(record: TrialRecord) -> Pick:
+    return Pick(record.number, record.config.as_dict(), record.metrics.tokens_per_second, record.argv, [])
+
+
+def _run_to_deployment(spec: StudySpec, seed: int, budget: int, progress: Callable[[str], None]) -> Run:
+    """One seed's study, searched and raced as ``make demo`` does; what it deployed and said it may lose."""
+    study = run_study(spec, progress=progress, race=True)
+    best = store.best_feasible(study)
+    if best is None:
+        raise UserError(f"study {spec.name}: no feasible trial in {budget} trials; raise --repeat-trials")
+    race = _stored_race(study)
+    if race is None:  # nothing to race: the best recorded trial is the baseline itself
+        return Run(
+            spec.name, seed, _pick(best), _pick(best), False, None, "nothing to race besides the baseline"
+        )
+    deployed = next(r for r in store.read_trials(study) if r.number == race.winner)
+    return Run(spec.name, seed, _pick(best), _pick(deployed), race.decided, race.loss_bound, race.loss_line())
+
+
+def _stored_race(study: optuna.Study) -> RaceResult | None:
+    stored = store.read_race(study)
+    return RaceResult.from_json(stored) if stored else None
+
+
 def side_by_side(
-    spec: StudySpec, winners: list[Winner], rounds: int, progress: Callable[[str], None]
+    spec: StudySpec, picks: list[Pick], rounds: int, progress: Callable[[str], None]
 ) -> list[list[float]]:
-    """Both winners re-measured over rounds of fresh launches (``tuner.decisions.remeasure``)."""
+    """The picks re-measured over rounds of fresh launches (``tuner.decisions.remeasure``), one contender per
+    distinct command (a configuration two runs both chose is launched once a round); rates in the picks' order."""
     ctx = prepare(spec)
+    labels: dict[tuple[str, ...], str] = {}
+    for p in picks:
+        labels.setdefault(tuple(p.argv), "ABCD"[len(labels)])
     contenders = [
-        Contender(label, w.argv, w.config.get("temperature", 0.0)) for label, w in zip("AB", winners)
+        Contender(labels[tuple(p.argv)], p.argv, p.config.get("temperature", 0.0))
+        for p in {tuple(p.argv): p for p in picks}.values()
     ]
     rates = rounds_of_launches(contenders, ctx.workload, ctx.settings, rounds, ctx.log_dir, progress)
-    return [rates[c.label].tokens_per_second for c in contenders]
+    return [rates[labels[tuple(p.argv)]].tokens_per_second for p in picks]
 
 
 def markdown(result: RepeatResult) -> str:
-    lines = ["| study | seed | winner | recorded t/s | re-measured t/s (median) |", "|---|---|---|---|---|"]
-    for w in result.winners:
-        knobs = " ".join(f"{k}={v}" for k, v in w.config.items())
-        lines.append(
-            f"| {w.study} | {w.seed} | trial {w.trial}: {knobs} | {w.recorded_tokens_per_second:.1f} | "
-            f"{statistics.median(w.remeasured_tokens_per_second):.1f} |"
-        )
+    lines = [
+        "| study | seed | | trial | configuration | recorded t/s | re-measured t/s (median) | what it may lose |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in result.runs:
+        for what, pick in (("deployed", run.deployed), ("searched best", run.searched)):
+            knobs = " ".join(f"{k}={v}" for k, v in pick.config.items())
+            lines.append(
+                f"| {run.study} | {run.seed} | {what} | {pick.trial} | {knobs} | "
+                f"{pick.recorded_tokens_per_second:.1f} | {statistics.median(pick.remeasured_tokens_per_second):.1f} "
+                f"| {run.loss_text if what == 'deployed' else 'no race'} |"
+            )
+    ratio = evidence.Ratio(result.deployed_ratio, result.deployed_low, result.deployed_high, result.rounds)
     lines += [
         "",
-        f"{result.trials_per_study} trials per study; winners {'identical' if result.same_config else 'differ'}; "
-        f"slower / faster re-measured: {result.ratio:.3f} over {result.rounds} rounds of fresh launches "
-        f"(target >= {1 - TOLERANCE:.2f}): {'met' if result.met else 'MISSED'}.",
+        f"{result.trials_per_study} trials per study, each run to its race's deployment; "
+        f"seed {result.runs[1].seed}'s deployment over seed {result.runs[0].seed}'s: {ratio.text()} over "
+        f"{result.rounds} rounds of fresh launches (geometric mean of paired round ratios, 95% t-interval).",
+    ]
+    for i, run in enumerate(result.runs):
+        other = result.runs[1 - i]
+        holds = result.holds(i)
+        over = result.deployed_ratio if i == 0 else 1 / result.deployed_ratio
+        lines.append(
+            f"- seed {run.seed}'s bound: "
+            + (
+                f"none stated ({run.loss_text})"
+                if holds is None
+                else f"the other deployment may be at most {figures.percent_up(run.loss_bound)} faster; re-measured "
+                f"seed {other.seed}'s at x{over:.3f} of it (the bound allows x{1 + (run.loss_bound or 0):.3f}): "
+                + ("holds" if holds else "DOES NOT HOLD")
+            )
+        )
+    lines += [
+        f"Deployments: {'every stated bound holds' if result.met else 'a stated bound MISSED'}.",
+        f"Search only (each run's best recorded trial, one launch each, no race): slower / faster re-measured "
+        f"{result.search_ratio:.3f} (target >= {1 - SEARCH_TOLERANCE:.2f}): "
+        f"{'met' if result.search_met else 'missed'}.",
         "",
     ]
     return "\n".join(lines)

@@ -31,6 +31,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
+from tuner import figures
 from tuner.decisions.front import feasible, front_2d, knee
 from tuner.decisions.per_type import PerTypeResult, race_per_type, type_rounds, winner_lines
 from tuner.decisions.race import RaceResult, finalists, race_study
@@ -127,7 +128,8 @@ def decision(race: RaceResult | None) -> dict | None:
         "baseline_deployed": race.baseline_deployed,
         "decided": race.decided,
         "verdict": race.verdict,
-        "loss_bound": race.loss_bound,
+        "loss_bound": race.loss_bound,  # null where there is none yet: loss_bound_reason says why
+        "loss_bound_reason": race.no_bound or None,
         "loss_bound_text": race.loss_line(),
         "race_loss": race.loss,
         "rounds": race.rounds,
@@ -137,9 +139,9 @@ def decision(race: RaceResult | None) -> dict | None:
         if best is None
         else {
             "trial": best.trial,
-            "speedup": best.speedup,
-            "speedup_low": best.speedup_low,
-            "speedup_high": best.speedup_high,
+            "speedup": figures.or_none(best.speedup),
+            "speedup_low": figures.or_none(best.speedup_low),
+            "speedup_high": figures.or_none(best.speedup_high),
             "config": best.config,
         },
     }
@@ -151,8 +153,7 @@ def race_policy(race: RaceResult, why: str) -> str:
     if race.baseline_deployed:
         best = race.best_candidate
         beside = (
-            f"; best candidate trial {best.trial}: x{best.speedup:.2f} [{best.speedup_low:.2f}, "
-            f"{best.speedup_high:.2f}] over it, not shown faster"
+            f"; best candidate trial {best.trial}: {race.speedup_of(best).text()} over it, not shown faster"
             if best
             else ""
         )

@@ -40,9 +40,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tuner import figures
+
 CONFIDENCE = 0.95
 ALPHA = 0.05  # one-sided, per comparison and look, in the sequential race
 MIN_ROUNDS = 3  # fewer paired rounds give no decision (and a t-interval with 1 degree of freedom)
+# Paired rounds a close pair's bound needs before a race decides on it, and the first round a race may stop at: the
+# few early bounds narrow enough to decide on are mostly those whose spread came out low by luck (docs/decisions.md).
+DECISION_ROUNDS = 5
 OUTLIER_MADS = 5.0
 MAD_FLOOR = (
     0.1  # log terms: with 5 MADs no launch within a factor 1.65 of the median is an outlier (at 0.05, a
@@ -119,10 +124,14 @@ class Ratio:
         return self.rounds >= MIN_ROUNDS
 
     def text(self) -> str:
-        """``x1.31 [1.25, 1.38]``, or the estimate marked when the rounds are too few for an interval."""
-        if self.rounds < 2:
-            return f"x{self.estimate:.2f} (1 round: no interval)"
-        figure = f"x{self.estimate:.2f} [{self.low:.2f}, {self.high:.2f}]"
+        """``x1.31 [1.25, 1.38]``, or the estimate marked when the rounds are too few for an interval (an
+        infinite bound), and words where there is no estimate (no paired rounds, a rate of zero)."""
+        if not figures.finite(self.estimate) or self.estimate <= 0:
+            return f"no speedup figure ({self.rounds} paired round{'s' if self.rounds != 1 else ''})"
+        estimate = f"x{self.estimate:.2f}"
+        if self.rounds < 2 or not (figures.finite(self.high) and self.low > 0):
+            return f"{estimate} ({self.rounds} round{'s' if self.rounds != 1 else ''}: no interval)"
+        figure = f"{estimate} [{self.low:.2f}, {self.high:.2f}]"
         return figure if self.enough else f"{figure} (too few rounds: {self.rounds} < {MIN_ROUNDS})"
 
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from tuner.decisions.evidence import DECISION_ROUNDS
 from tuner.measurement.workload import Prompt, Workload
 from tuner.storage.records import TrialRecord
 
@@ -60,6 +61,7 @@ class LaunchSize:
     pass_sigma: float
     fixed_s: float
     pass_s: float
+    capped: str = ""  # why fewer passes than the optimum: more would leave a race too few rounds to decide
 
     @property
     def saving(self) -> float:
@@ -85,6 +87,8 @@ class LaunchSize:
             f"launch spread {self.launch_sigma:.1%}, one pass's {self.pass_sigma:.1%}; a launch's fixed "
             f"{self.fixed_s:.0f} s against a pass's {self.pass_s:.0f} s"
         )
+        if self.capped:
+            return f"each launch measures {what} ({basis}; {self.capped})"
         if self.share == 1.0 and not self.per_suite:
             return f"each launch measures one pass ({basis}: no other size saves {MIN_SAVING:.0%})"
         return f"each launch measures {what} ({basis}: {self.saving:.0%} less time to the same precision)"
@@ -103,17 +107,28 @@ class LaunchSize:
 
 
 def size(
-    launch_sigma: float, pass_sigma: float, fixed_s: float, pass_s: float, suites: dict[str, int]
+    launch_sigma: float,
+    pass_sigma: float,
+    fixed_s: float,
+    pass_s: float,
+    suites: dict[str, int],
+    max_rounds: int | None = None,
 ) -> LaunchSize:
     """The launch size for these spreads and costs over a workload of ``suites`` (entries per suite): a
     stratified part (at least one entry per suite), one pass, or up to ``MAX_PASSES`` passes; one pass unless
-    the other saves ``MIN_SAVING``."""
+    the other saves ``MIN_SAVING``. With ``max_rounds`` (race.max_rounds), never so many passes that the race's
+    time holds fewer rounds than a decision needs (``DECISION_ROUNDS``, or race.max_rounds where it is below
+    that): a race too short to decide deploys the baseline whatever it measured."""
     one = LaunchSize(1.0, 1, {}, launch_sigma, pass_sigma, fixed_s, pass_s)
     best = optimum_share(launch_sigma, pass_sigma, fixed_s, pass_s)
     total = sum(suites.values())
     if best >= 1.5:
         passes = min(round(best), MAX_PASSES)
         candidate = LaunchSize(float(passes), passes, {}, launch_sigma, pass_sigma, fixed_s, pass_s)
+        if max_rounds is not None:
+            candidate = _within_rounds(candidate, max_rounds)
+            if candidate.passes == 1:
+                return candidate
     elif best <= 0.75 and total > len(suites):
         per_suite = {s: max(1, round(best * n)) for s, n in suites.items()}
         share = sum(per_suite.values()) / total
@@ -125,7 +140,25 @@ def size(
     return candidate if candidate.saving >= MIN_SAVING else one
 
 
-def from_trials(records: Sequence[TrialRecord], launch_sigma: float, workload: Workload) -> LaunchSize | None:
+def _within_rounds(chosen: LaunchSize, max_rounds: int) -> LaunchSize:
+    """``chosen``, or fewer passes per launch where its launches leave fewer rounds than a decision needs; the
+    size says which it used and why."""
+    needed = min(DECISION_ROUNDS, max_rounds)
+    passes = chosen.passes
+    while passes > 1 and replace(chosen, share=float(passes), passes=passes).rounds(max_rounds) < needed:
+        passes -= 1
+    if passes == chosen.passes:
+        return chosen
+    why = (
+        f"{chosen.passes} passes, the optimum, would leave {chosen.rounds(max_rounds)} rounds in race.max_rounds' "
+        f"time, fewer than the {needed} a decision needs"
+    )
+    return replace(chosen, share=float(passes), passes=passes, capped=why)
+
+
+def from_trials(
+    records: Sequence[TrialRecord], launch_sigma: float, workload: Workload, max_rounds: int | None = None
+) -> LaunchSize | None:
     """The size from a study's complete trials: a pass's spread pooled from their repetitions (the cv of
     per-pass rates), a pass's time from their requests' wall time, a launch's fixed time from the rest of each
     trial (start, load, warm-up, scoring). None when no trial measured two passes (a pass's spread unknown)."""
@@ -139,5 +172,10 @@ def from_trials(records: Sequence[TrialRecord], launch_sigma: float, workload: W
     fixed = [r.duration_s - p * r.spread.repetitions for r, p in zip(timed, passes)]
     suites = {s: sum(p.suite == s for p in workload.prompts) for s in workload.suites}
     return size(
-        launch_sigma, pass_sigma, max(statistics.median(fixed), 0.0), statistics.median(passes), suites
+        launch_sigma,
+        pass_sigma,
+        max(statistics.median(fixed), 0.0),
+        statistics.median(passes),
+        suites,
+        max_rounds,
     )

@@ -95,8 +95,7 @@ def level_gain(race: RaceResult) -> LevelGain:
     if best is None:
         return LevelGain(race.users or 1, None, plain, None)
     if plain.trial == race.baseline_trial:
-        paired = len(set(best.rounds) & set(plain.rounds)) or min(len(best.rates), len(plain.rates))
-        ratio = evidence.Ratio(best.speedup, best.speedup_low, best.speedup_high, paired)
+        ratio = race.speedup_of(best)
     else:
         common = sorted(set(best.rounds) & set(plain.rounds))
         a, b = dict(zip(best.rounds, best.rates)), dict(zip(plain.rounds, plain.rates))

@@ -249,7 +249,7 @@ def winner_lines(result: PerTypeResult) -> list[str]:
             f"  {t.suite:<10} {t.winner:>5} {k if k is not None else '-':>3} {draft[:24]:<12} "
             f"{t.tuning_tokens_per_second:>10.1f} {t.held_out_tokens_per_second:>12.1f} "
             f"{t.pooled_held_out_tokens_per_second:>15.1f} "
-            f"{f'x{t.gain:.2f} [{t.gain_low:.2f}, {t.gain_high:.2f}]':>18}  {'yes' if t.pays else 'no'}"
+            f"{evidence.Ratio(t.gain, t.gain_low, t.gain_high, len(t.held_out_rates)).text():>18}  {'yes' if t.pays else 'no'}"
         )
     for t in result.types:
         lines.append(f"  {t.suite}: {'own entry' if t.pays else 'no own entry'}: {t.why}")

@@ -48,9 +48,10 @@ from pathlib import Path
 
 import optuna
 
-from tuner import eta
+from tuner import eta, figures
 from tuner.decisions import evidence, launch_size
 from tuner.decisions.drift import Sentinels
+from tuner.decisions.evidence import DECISION_ROUNDS
 from tuner.decisions.remeasure import Launch, Remeasure, StudyInputs, contender
 from tuner.errors import UserError
 from tuner.measurement.measure import MeasurementSettings
@@ -65,12 +66,6 @@ RESOURCE_RULE = (
 )
 Z = 2.0
 DECISION_WIDTH = 0.15  # the widest bound (half-width, log) a close pair may decide on (Look.decisive)
-# DECISION_ROUNDS: paired rounds a close pair's bound needs before a race decides on it, and the first round a race
-# may stop at. At the default host (5% launch, 5% round spread) and a 3% gap, races that decided after 3 or 4 rounds
-# deployed the slower configuration 10 times in 34 (4,000 races; 8 in 174 after more rounds). A t-bound holds on
-# average over its spread's estimate, but the few early bounds narrow enough to decide on are mostly those whose
-# spread came out low by luck. From 5 paired rounds (a pair far apart needs none): 3 wrong in 167 (make bench 1c).
-DECISION_ROUNDS = 5
 NORMAL = statistics.NormalDist()
 RELAUNCHES = 3  # confirmation rounds: launches tried in place of an outlier (two in a row: 1 in 2,500 at 2%)
 OUTLIER_CONTEXT = 2  # other launches a launch is compared with before it is judged an outlier (a finalist
@@ -181,6 +176,7 @@ class Outcome:
     equivalent: list[str]  # within race.loss of every other finalist (the resource rule chose among them)
     leader: str  # the highest estimate
     loss: float = 0.0  # the winner may be at most this much slower than the best finalist (fraction, 95%)
+    no_bound: str = ""  # why ``loss`` is not a number (infinite): Look.no_bound
     speedup: evidence.Ratio | None = None  # the winner over the baseline, simultaneous 95% interval
     forecast: str = ""  # what settling would take, when undecided
     speedups: dict = field(default_factory=dict)  # per label: its Ratio over the baseline
@@ -308,6 +304,22 @@ class Look:
         """The loss bound (log): how much faster than ``name`` the best other finalist still racing may be."""
         return max((self.upper(j, name) for j in self.contest.candidates if j != name), default=-math.inf)
 
+    def no_bound(self, name: str) -> str:
+        """Why the loss bound of ``name`` is not a number, in words ("" when it is one): the finalists whose
+        comparison with it has too few paired rounds (an outlier left out of a short race) or no spread yet."""
+        why = []
+        for j in self.contest.candidates:
+            if j == name or figures.finite(self.upper(j, name)):
+                continue
+            g = self.gap(j, name)
+            paired = round(g.paired if g.paired >= 0 else g.rounds)
+            why.append(
+                f"{j} has {paired} kept round{'s' if paired != 1 else ''} beside {name} ({evidence.MIN_ROUNDS} needed)"
+                if paired < evidence.MIN_ROUNDS
+                else f"{j} has no spread yet beside {name}"
+            )
+        return "; ".join(why)
+
     def expected_loss(self, name: str) -> float:
         """What deploying ``name`` is expected to lose (log): over the others, the normal loss function of each
         gap at its standard error, summed (EOC_Bonf, Branke, Chick and Schmidt 2007: a flat prior on each fitted
@@ -353,17 +365,12 @@ class Look:
 
 
 def _percent(log_bound: float) -> str:
-    return upper_percent(math.expm1(log_bound))
+    return figures.percent_up(math.expm1(log_bound))
 
 
 def loss_text(fraction: float) -> str:
     """A loss the operator set, as written: 2%, 0.5% (never rounded to 0%)."""
     return f"{100 * fraction:.3g}%"
-
-
-def upper_percent(fraction: float) -> str:
-    """An upper bound as a percentage with one decimal, rounded up (0.04% reads 0.1%, never 0.0%)."""
-    return f"{math.ceil(round(1000 * fraction, 6)) / 10:.1f}%"
 
 
 def _decide(
@@ -434,15 +441,16 @@ def _outcome(
         )
     forecast = "" if decided or not open_ else _forecast_after(look, winner, open_, spec)
     return Outcome(
-        winner,
-        decided,
-        verdict,
-        within,
-        leader,
-        max(math.expm1(loss), 0.0),
-        speedups[winner],
-        forecast,
-        speedups,
+        winner=winner,
+        decided=decided,
+        verdict=verdict,
+        equivalent=within,
+        leader=leader,
+        loss=max(math.expm1(loss), 0.0),
+        no_bound=look.no_bound(winner),
+        speedup=speedups[winner],
+        forecast=forecast,
+        speedups=speedups,
     )
 
 
@@ -534,18 +542,22 @@ class Forecast:
 
     margin: float  # fraction
     spread: float  # sd of one round's log ratio
-    rounds: int
+    rounds: float  # infinite: the spread is not known yet
     minutes: float | None
     more: bool = True  # rounds on top of those raced (after a race), or in all (before one)
     source: str = ""  # where the spread comes from, when not from the race
     rival: str = ""
     behind: float = 0.0  # the rival's estimate below the deployed one (fraction; negative: ahead)
-    level_rounds: int | None = None
+    level_rounds: float | None = None
 
     def text(self) -> str:
+        if not (figures.finite(self.rounds) and figures.finite(self.spread)):
+            return (
+                f"to tell {loss_text(self.margin)} apart: no forecast yet (the per-round spread is not known)"
+            )
         time_ = (
             ""
-            if self.minutes is None
+            if not figures.finite(self.minutes)
             else " (under a minute)"
             if self.minutes < 0.5
             else f" (about {self.minutes:.0f} min)"
@@ -554,19 +566,24 @@ class Forecast:
         if self.rival:
             side = f"{self.behind:.1%} behind" if self.behind >= 0 else f"{-self.behind:.1%} ahead"
             where = f", with {self.rival} {side} as estimated" + (
-                f"; about {self.level_rounds} if the two are level" if self.level_rounds else ""
+                f"; about {figures.figure(self.level_rounds, '.0f')} if the two are level"
+                if self.level_rounds
+                else ""
             )
         return (
             f"to tell {loss_text(self.margin)} apart at this host's {self.spread:.1%} per-round spread{self.source}: "
-            f"about {self.rounds}{' more' if self.more else ''} round{'s' if self.rounds != 1 else ''}{time_}{where}"
+            f"about {self.rounds:.0f}{' more' if self.more else ''} round{'s' if self.rounds != 1 else ''}{time_}"
+            f"{where}"
         )
 
 
-def rounds_to_tell(sd: float, margin: float, mean: float, t: float) -> int:
+def rounds_to_tell(sd: float, margin: float, mean: float, t: float) -> float:
     """Paired rounds for a bound on log(other/deployed) estimated at ``mean`` to settle: below ``margin`` (the
-    other is within it) or, if the other is ahead, the other shown faster; the nearer of the two."""
+    other is within it) or, if the other is ahead, the other shown faster; the nearer of the two. Infinite
+    where the spread is not known (``Forecast`` then says so)."""
     room = max(margin - mean, mean, margin / 2)
-    return math.ceil((t * sd / room) ** 2)
+    rounds = (t * sd / room) ** 2 if room > 0 else math.inf
+    return float(math.ceil(rounds)) if figures.finite(rounds) else math.inf
 
 
 def _forecast_after(look: Look, winner: str, open_: list[str], spec: RaceSpec) -> str:
@@ -576,8 +593,8 @@ def _forecast_after(look: Look, winner: str, open_: list[str], spec: RaceSpec) -
     if not math.isfinite(g.sd) or g.df < 1:
         return ""
     t, margin = evidence.t_quantile(1 - look.alpha, g.df), math.log1p(spec.loss)
-    more = max(math.ceil(rounds_to_tell(g.sd, margin, g.mean, t) - g.rounds), 1)
-    level = max(math.ceil(rounds_to_tell(g.sd, margin, 0.0, t) - g.rounds), 1)
+    more = max(rounds_to_tell(g.sd, margin, g.mean, t) - math.floor(g.rounds), 1.0)
+    level = max(rounds_to_tell(g.sd, margin, 0.0, t) - math.floor(g.rounds), 1.0)
     per_launch = look.contest.elapsed / look.contest.launches if look.contest.launches else 0.0
     minutes = 2 * more * per_launch / 60 if per_launch > 0.5 else None
     behind = -math.expm1(g.mean)
@@ -799,12 +816,15 @@ class RaceResult:
     outliers: list[str]
     launches: int
     confirmation: Confirmation | None  # with race.confirm_rounds, when a finalist replaced the baseline
-    loss_bound: float | None = (
-        None  # the best other finalist may be at most this much faster (95%); 0: none is
-    )
+    # the best other finalist may be at most this much faster (95%); 0: none is; None: no bound (``no_bound`` says
+    # why, or a race stored by an older version)
+    loss_bound: float | None = None
     leader: int | None = None  # the highest estimate (the best candidate when the baseline is deployed)
     forecast: str = ""  # after an undecided race: what telling race.loss apart would take
     users: int | None = None  # a load class's race: aggregate tokens/s at this many users at once
+    no_bound: str = (
+        ""  # why there is no loss bound yet: a finalist with too few kept rounds beside the deployed
+    )
 
     @property
     def title(self) -> str:
@@ -825,6 +845,12 @@ class RaceResult:
         leader = next((e for e in others if e.trial == self.leader), None)
         return leader or max(others, key=lambda e: e.speedup, default=None)
 
+    def speedup_of(self, entry: Entry) -> evidence.Ratio:
+        """An entry over the baseline on their paired rounds, with its simultaneous 95% interval."""
+        return evidence.Ratio(
+            entry.speedup, entry.speedup_low, entry.speedup_high, _paired_with_baseline(self, entry)
+        )
+
     def figure(self) -> str:
         """The winner's speedup and where it comes from."""
         if self.baseline_deployed:
@@ -835,10 +861,8 @@ class RaceResult:
                 f"{c.text()} over the baseline, from {c.rounds} confirmation rounds (winner and baseline "
                 f"launched alone, not used to pick it)"
             )
-        w = self.winning
-        ratio = evidence.Ratio(w.speedup, w.speedup_low, w.speedup_high, _paired_with_baseline(self, w))
         return (
-            f"{ratio.text()} over the baseline on the race's paired rounds (a 95% interval simultaneous over "
+            f"{self.speedup_of(self.winning).text()} over the baseline on the race's paired rounds (a 95% interval simultaneous over "
             f"the finalists, so picking the winner does not void it)"
         )
 
@@ -846,13 +870,15 @@ class RaceResult:
         """What the deployment may lose: ``deployed trial 2; no other finalist is more than 6.1% faster (95%, 8 rounds)``."""
         deployed = "deployed the baseline, trial" if self.baseline_deployed else "deployed trial"
         rounds = len(self.winning.rates)
+        if self.no_bound:
+            return f"{deployed} {self.winner}; no bound yet: {self.no_bound}"
         if self.loss_bound is None:
             return f"{deployed} {self.winner}; no loss bound (a race stored by an older version)"
         if self.loss_bound <= 0:
             return f"{deployed} {self.winner}; no other finalist is faster (95%, {rounds} rounds)"
         return (
-            f"{deployed} {self.winner}; no other finalist is more than {upper_percent(self.loss_bound)} faster "
-            f"(95%, {rounds} rounds)"
+            f"{deployed} {self.winner}; no other finalist is more than {figures.percent_up(self.loss_bound)} "
+            f"faster (95%, {rounds} rounds)"
         )
 
     def to_json(self) -> dict:
@@ -952,22 +978,23 @@ def run_race(
     confirmation = _confirm_winner(contest, outcome.winner, label(baseline), launcher, spec, progress, title)
     progress.plan(progress.then_s)  # what follows the race (an export's per-type race)
     return RaceResult(
-        max(max(v, default=-1) for v in contest.rounds.values()) + 1,
-        baseline.number,
-        _entries(contest, outcome, records, launcher.accepted, users),
-        records[outcome.winner].number,
-        outcome.decided,
-        outcome.verdict,
-        RESOURCE_RULE,
-        spec.loss,
-        launcher.drafted,
-        contest.outliers,
-        contest.launches,
-        confirmation,
-        outcome.loss,
-        records[outcome.leader].number,
-        outcome.forecast,
-        users,
+        rounds=max(max(v, default=-1) for v in contest.rounds.values()) + 1,
+        baseline_trial=baseline.number,
+        entries=_entries(contest, outcome, records, launcher.accepted, users),
+        winner=records[outcome.winner].number,
+        decided=outcome.decided,
+        verdict=outcome.verdict,
+        rule=RESOURCE_RULE,
+        loss=spec.loss,
+        drafted=launcher.drafted,
+        outliers=contest.outliers,
+        launches=contest.launches,
+        confirmation=confirmation,
+        loss_bound=figures.or_none(outcome.loss),
+        leader=records[outcome.leader].number,
+        forecast=outcome.forecast,
+        users=users,
+        no_bound=outcome.no_bound,
     )
 
 
@@ -1124,7 +1151,9 @@ def race_study(
         progress.unit_s = launch_s
     sentinels = Sentinels(records, ctx.settings.noise_cv)
     size = (
-        launch_size.from_trials([*pool, base], sentinels.launch_estimate(), ctx.workload)
+        launch_size.from_trials(
+            [*pool, base], sentinels.launch_estimate(), ctx.workload, ctx.spec.race.max_rounds
+        )
         if users is None
         else None
     )
@@ -1163,11 +1192,10 @@ def verdict_lines(result: RaceResult) -> list[str]:
     ]
     for e in result.entries:
         mark = "*" if e.trial == result.winner else " "
-        ratio = evidence.Ratio(e.speedup, e.speedup_low, e.speedup_high, _paired_with_baseline(result, e))
-        figure = "baseline" if e.trial == result.baseline_trial else ratio.text()
+        figure = "baseline" if e.trial == result.baseline_trial else result.speedup_of(e).text()
         lines.append(
-            f" {mark} trial {e.trial:>3}: {e.mean_tokens_per_second:8.1f} t/s over {len(e.rates)} launches (recorded "
-            f"{e.recorded_tokens_per_second:.1f}), {figure} | {e.status} | "
+            f" {mark} trial {e.trial:>3}: {figures.figure(e.mean_tokens_per_second, '8.1f')} t/s over {len(e.rates)} "
+            f"launches (recorded {figures.figure(e.recorded_tokens_per_second, '.1f')}), {figure} | {e.status} | "
             + " ".join(f"{k}={v}" for k, v in e.config.items())
         )
     lines.append(f"{tag}verdict: {result.verdict}")
@@ -1178,10 +1206,8 @@ def verdict_lines(result: RaceResult) -> list[str]:
     w = result.winning
     lines.append(f"{tag}winner: trial {w.trial}, {result.figure()}")
     if result.baseline_deployed and (best := result.best_candidate) is not None:
-        ratio = evidence.Ratio(
-            best.speedup, best.speedup_low, best.speedup_high, _paired_with_baseline(result, best)
-        )
         lines.append(
-            f"{tag}best candidate: trial {best.trial}, {ratio.text()} over the baseline (not shown faster)"
+            f"{tag}best candidate: trial {best.trial}, {result.speedup_of(best).text()} over the baseline "
+            "(not shown faster)"
         )
     return lines

@@ -24,6 +24,7 @@ import optuna
 import pandas as pd
 import yaml
 
+from tuner import figures
 from tuner.context import prepare, study_estimate
 from tuner.decisions.deployment import (
     POLICIES,
@@ -99,7 +100,7 @@ class Export:
         out["command"] = shlex.join(self.argv)
         out["preset_section"] = self.section
         out["decision"] = decision(self.race)
-        return out
+        return figures.json_safe(out)
 
 
 def section_name(name: str) -> str:

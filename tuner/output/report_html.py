@@ -245,14 +245,17 @@ def race_table(data: ReportData) -> str:
                 "mean_tps": e.mean_tokens_per_second,
                 "recorded_tps": e.recorded_tokens_per_second,
                 "speedup": e.speedup,
-                "interval": f"{e.speedup_low:.2f}-{e.speedup_high:.2f}",
+                "interval": race.speedup_of(e).text() if e.trial != race.baseline_trial else "baseline",
                 "status": e.status,
                 "config": " ".join(f"{k}={v}" for k, v in e.config.items()),
             }
             for e in race.entries
         ]
     )
-    notes = [f"<p>Verdict: {html.escape(race.verdict)}. Winner: {html.escape(race.figure())}.</p>"]
+    notes = [
+        f"<p>Verdict: {html.escape(race.verdict)}. Winner: {html.escape(race.figure())}.</p>",
+        f"<p>What it may lose: {html.escape(race.loss_line())}.</p>",
+    ]
     notes += [f"<p>Outlier: {html.escape(line)}</p>" for line in race.outliers]
     return "".join(notes) + _table(
         rows,
