@@ -231,7 +231,7 @@ def test_hardware_probes_the_policies_then_walks_threads_on_the_best():
     interleaved = past({**DRAFT, "numa": "interleave"}, 22.0, 0.7)
     walk = hardware.propose(state_of(baseline(), draft, interleaved))
     assert walk.params == {**DRAFT, "numa": "interleave", "threads": 8}
-    assert "next to the best so far (16) with NUMA interleave" in walk.reason
+    assert walk.reason.startswith("threads 8: the ladder (16, 8) with NUMA interleave")
 
 
 def test_hardware_tries_the_prior_pair_first_and_trusts_its_policy_when_it_leads():

@@ -63,6 +63,7 @@ from typing import Callable
 import numpy as np
 
 from tuner.knobs.config import Choices, FloatRange, IntRange, RawSpace, TrialConfig
+from tuner.machine.bandwidth import BANDWIDTH_KEY, probe_counts
 from tuner.measurement.failures import FailureReason
 from tuner.measurement.measure import pooled_from_rates
 from tuner.search.space import ResolvedSpace, resolve_space, suggest
@@ -175,6 +176,20 @@ class Hardware:
     smt_penalty: float  # factor lost per 96 threads above the physical cores
     draft_thread_coupling: float  # draft cost grows by this per 96 threads (small models do not scale)
     bind_node: dict[int, float] = field(default_factory=dict)  # small per-node differences under bind
+    cores: int = PHYSICAL_CORES  # the host's topology
+    logical: int = LOGICAL_CPUS
+    nodes: tuple[int, ...] = NODES
+    # bind on one node: that node's own saturation and contention (its share of tau and contention_from), where
+    # the 96-core landscapes model bind as a plain saturation within the node
+    node_scaled: bool = False
+
+    @property
+    def node_cores(self) -> int:
+        return self.cores // len(self.nodes)
+
+    def bandwidth(self, threads: int) -> float:
+        """The share of the peak memory bandwidth a copy with ``threads`` threads reaches (what a probe sees)."""
+        return (1 - math.exp(-min(threads, self.cores) / self.tau)) / (1 - math.exp(-self.cores / self.tau))
 
 
 @dataclass(frozen=True)
@@ -249,6 +264,7 @@ class OperatorLandscape:
     host: str = "AMD EPYC 9655 (NPS4)"  # the machine (warm starts match on it: tuner.search.prior)
     target: str = "Qwen2.5-Coder-32B-Instruct Q4_K_M"  # the target model's identity
     serving: Serving | None = None  # several users at once: the objective is their aggregate tokens/s
+    probed: bool = False  # the study record carries a bandwidth-by-threads probe of the host
 
     @property
     def objectives(self) -> tuple[str, ...]:
@@ -258,13 +274,16 @@ class OperatorLandscape:
 
     def study_record(self, objectives: tuple[str, ...]) -> StudyRecord:
         """The record a study of this landscape stores: its space, objectives, machine and target."""
+        hw = self.hardware
         fingerprint = {
             "cpu_model": self.host,
-            "logical_cpus": LOGICAL_CPUS,
-            "physical_cores": PHYSICAL_CORES,
-            "numa_nodes": [str(n) for n in NODES],
+            "logical_cpus": hw.logical,
+            "physical_cores": hw.cores,
+            "numa_nodes": [str(n) for n in hw.nodes],
             "memory_gib": 768,
         }
+        if self.probed:  # what the copy probe would have measured on this host (tuner.machine.bandwidth)
+            fingerprint[BANDWIDTH_KEY] = {str(t): 4e11 * hw.bandwidth(t) for t in probe_counts(hw.cores)}
         return StudyRecord.for_replay(
             self.name,
             self.space.describe(),
@@ -341,9 +360,11 @@ class SpeedModel:
         """How the NUMA policy and thread count scale decode against the best hardware (``Hardware``)."""
         hw = self.land.hardware
         t = config.threads
+        if config.numa == "bind" and hw.node_scaled:
+            return self._bound_node(hw, t, config.numa_node or 0)
         if config.numa == "bind":  # one node: its own cores, its own memory
-            node_cores = PHYSICAL_CORES // len(NODES)
-            sat = 1 - math.exp(-min(t, node_cores) / (hw.tau / len(NODES)))
+            node_cores = hw.node_cores
+            sat = 1 - math.exp(-min(t, node_cores) / (hw.tau / len(hw.nodes)))
             over = max(0, t - node_cores) / node_cores
             # more threads than the node has cores share them (SMT, then oversubscription)
             factor = (
@@ -353,16 +374,30 @@ class SpeedModel:
                 * max(0.35, 1 - 0.15 * over)
             )
             return max(factor, 0.02)
-        sat = (1 - math.exp(-min(t, PHYSICAL_CORES) / hw.tau)) / (1 - math.exp(-hw.contention_from / hw.tau))
+        sat = (1 - math.exp(-min(t, hw.cores) / hw.tau)) / (1 - math.exp(-hw.contention_from / hw.tau))
         sat = min(sat, 1.0)
-        cont = hw.contention * max(0, min(t, PHYSICAL_CORES) - hw.contention_from) / PHYSICAL_CORES
-        smt = hw.smt_penalty * max(0, t - PHYSICAL_CORES) / PHYSICAL_CORES
+        cont = hw.contention * max(0, min(t, hw.cores) - hw.contention_from) / hw.cores
+        smt = hw.smt_penalty * max(0, t - hw.cores) / hw.cores
         return max(hw.numa[config.numa] * sat * (1 - cont) * (1 - smt), 0.02)
+
+    @staticmethod
+    def _bound_node(hw: Hardware, t: int, node: int) -> float:
+        """Bind on one node of a ``node_scaled`` host: the whole-host curve with the node's share of the
+        saturation and contention thresholds; more threads than the node's cores share them."""
+        n, cores = len(hw.nodes), hw.node_cores
+        sat = (1 - math.exp(-min(t, cores) / (hw.tau / n))) / (1 - math.exp(-hw.contention_from / hw.tau))
+        cont = hw.contention * max(0, min(t, cores) - hw.contention_from / n) / cores
+        over = max(0, t - cores) / cores
+        return max(
+            hw.numa["bind"] * hw.bind_node.get(node, 1.0) * min(sat, 1.0) * (1 - cont) * (1 - 0.5 * over),
+            0.02,
+        )
 
     def cores(self, config: TrialConfig) -> float:
         """The share of the box's arithmetic a configuration's threads use (SMT siblings add none; bind: one node)."""
-        node = PHYSICAL_CORES // len(NODES) if config.numa == "bind" else PHYSICAL_CORES
-        return min(config.threads, node) / PHYSICAL_CORES
+        hw = self.land.hardware
+        node = hw.node_cores if config.numa == "bind" else hw.cores
+        return min(config.threads, node) / hw.cores
 
     def draft_rounds(
         self, d: Draft, content: str, k: np.ndarray, temperature: float, threads: int, rel: float
@@ -379,7 +414,8 @@ class SpeedModel:
 
     def coupling(self, threads: int) -> float:
         """A draft's cost grows with the target's threads (small models do not scale)."""
-        return 1 + self.land.hardware.draft_thread_coupling * (threads / PHYSICAL_CORES - 1)
+        hw = self.land.hardware
+        return 1 + hw.draft_thread_coupling * (threads / hw.cores - 1)
 
     def lookup_rounds(
         self,
@@ -917,19 +953,24 @@ def operator_space(
     lookups: tuple[str, ...] = (),
     serving: dict | None = None,
     users: int = 1,
+    hardware: Hardware | None = None,
 ) -> ResolvedSpace:
     """The space a study would resolve on the 96-core / 192-thread, 4-node box (SMT allowed); ``lookups``
     stack on the draft models. N-gram sizes are searched wherever a lookup type is in play (the research's
     keys were 3-4 tokens, llama.cpp's default 12 finds nothing in short answers: DESIGN.md).
 
     ``k_high`` and ``threads_high`` shrink it for tests; ``serving``: the serving knobs' domains, for ``users``
-    at once (as a study's ``concurrent:`` section)."""
+    at once (as a study's ``concurrent:`` section). With ``hardware``, the space a study resolves on that host
+    by default: every thread count from 1 to its logical CPUs (SMT siblings above the physical cores), where
+    the 96-core landscapes step by 24."""
+    topology = hardware or EPYC
     domains = {
         "spec_type": Choices(spec_types),
         "draft_max": IntRange(1, k_high),
         "temperature": Choices(tuple(temperatures)),
         "numa": Choices(("none", "interleave", "bind", "distribute")),
-        "threads": IntRange(24, threads_high, step=24),  # 8 thread counts, SMT above 96
+        # as a host presents it (every integer), or 8 thread counts with SMT above 96
+        "threads": IntRange(1, topology.logical) if hardware else IntRange(24, threads_high, step=24),
         "ngram_key": IntRange(1, 8),
         "ngram_min_hits": IntRange(1, 3),
         "lookup_max": IntRange(4, k_high, step=4),
@@ -947,10 +988,10 @@ def operator_space(
         draft_names=drafts,
         expert_used_count=experts,
         expert_count=experts * 16 if experts else None,
-        physical_cores=PHYSICAL_CORES,
-        logical_cpus=LOGICAL_CPUS,
+        physical_cores=topology.cores,
+        logical_cpus=topology.logical,
         numa_policies=("none", "interleave", "bind", "distribute"),
-        numa_nodes=NODES,
+        numa_nodes=topology.nodes,
     )
 
 
@@ -1186,6 +1227,55 @@ def _serve() -> OperatorLandscape:
     )
 
 
+# Hosts as they present threads: every integer from 1 to the logical CPUs. Decode is memory-bound: it gains
+# threads until the memory bandwidth saturates, then loses to contention. llama.cpp users report a 96-core EPYC
+# 9654 topping out near 60 threads (llama.cpp #6434); on a 16-core Xeon llama-bench put 10-14 threads level with
+# 16 (seed material: DESIGN.md). The NUMA factors as on the EPYC (seed 003, Track A).
+PEAK_60 = replace(EPYC, tau=14.0, contention_from=60, contention=0.35, smt_penalty=0.6)
+PEAK_40 = replace(EPYC, tau=9.0, contention_from=40, contention=0.3, smt_penalty=0.6)
+ALL_CORES = replace(EPYC, tau=30.0, contention_from=96, contention=0.0, smt_penalty=0.57)
+# A 2-socket, 64-core host (2 x 32 cores, SMT): a model that fits one node runs best bound to it, where no page
+# crosses the socket link; the node's bandwidth saturates near 20 of its 32 cores and more threads contend.
+TWO_NODE = Hardware(
+    numa={"bind": 1.0, "interleave": 0.9, "distribute": 0.88, "none": 0.78},
+    tau=16.0,
+    contention_from=44,
+    contention=0.35,
+    smt_penalty=0.6,
+    draft_thread_coupling=0.25,
+    bind_node={0: 1.0, 1: 0.985},
+    cores=64,
+    logical=128,
+    nodes=(0, 1),
+    node_scaled=True,
+)
+REAL_RANGE = {
+    "threads-60": (PEAK_60, "decode tops out near 60 of 96 cores (bandwidth saturates, then contention)"),
+    "threads-40": (PEAK_40, "decode tops out near 40 of 96 cores"),
+    "threads-all": (ALL_CORES, "decode gains up to all 96 cores (SMT siblings above them lose)"),
+    "threads-2node": (TWO_NODE, "a 2-node, 64-core host: bind to one node wins, at about 20 of its 32 cores"),
+}
+
+
+def _real_range(name: str) -> OperatorLandscape:
+    """Qwen2.5-Coder-32B with three drafts on code, on a host whose ``threads`` is every integer."""
+    hardware, what = REAL_RANGE[name]
+    return replace(
+        _dense(
+            name,
+            f"{what}; threads 1..{hardware.logical}, every integer",
+            ("code",) * 9,
+            CODER_DRAFTS,
+            hardware,
+        ),
+        space=operator_space(
+            ("none", "draft-simple"), tuple(CODER_DRAFTS), temperatures=(0.0,), hardware=hardware
+        ),
+        host=f"{hardware.cores}-core host ({name})",
+        probed=True,
+    )
+
+
 def landscapes() -> dict[str, OperatorLandscape]:
     code, prose = ("code",) * 9, ("prose",) * 9
     return {
@@ -1210,7 +1300,16 @@ def landscapes() -> dict[str, OperatorLandscape]:
         "moe-lookup": _moe(),
         "dense-stack": _stack(),
         "dense-serve": _serve(),
+        **{name: _real_range(name) for name in REAL_RANGE},
     }
 
 
-LANDSCAPES = ("dense-code", "dense-prose", "dense-moved", "moe-lookup", "dense-stack", "dense-serve")
+LANDSCAPES = (
+    "dense-code",
+    "dense-prose",
+    "dense-moved",
+    "moe-lookup",
+    "dense-stack",
+    "dense-serve",
+    *REAL_RANGE,
+)

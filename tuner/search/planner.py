@@ -65,7 +65,12 @@ def next_proposal(state: SearchState) -> Proposal | None:
 
 
 def plan(
-    described: dict[str, list], trials: list[PastTrial], prior: dict | None = None, users: int | None = None
+    described: dict[str, list],
+    trials: list[PastTrial],
+    prior: dict | None = None,
+    users: int | None = None,
+    saturation: int | None = None,
 ) -> Proposal | None:
-    """The next trial for a study with this described space (``ResolvedSpace.describe``) and history."""
-    return next_proposal(SearchState(KnobValues(described), trials, prior, users))
+    """The next trial for a study with this described space (``ResolvedSpace.describe``) and history;
+    ``saturation``: where the host's memory bandwidth saturates (``tuner.machine.bandwidth``)."""
+    return next_proposal(SearchState(KnobValues(described), trials, prior, users, saturation))

@@ -28,6 +28,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.machine.bandwidth import bandwidth_saturation
 from tuner.search.history import PLAN_ATTR, objective_level, read_history
 from tuner.search.planner import plan
 from tuner.search.speedup_model import measured_acceptance
@@ -50,7 +51,11 @@ class StructuredSampler(optuna.samplers.BaseSampler):
         context = store.search_context(study)
         if context:
             proposal = plan(
-                context[0], read_history(study), store.read_prior(study), objective_level(context[1])
+                context[0],
+                read_history(study),
+                store.read_prior(study),
+                objective_level(context[1]),
+                bandwidth_saturation(store.host_fingerprint(study)),
             )
         if proposal is None:
             self._plans[trial.number] = None

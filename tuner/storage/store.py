@@ -196,6 +196,13 @@ def search_note(trial: FrozenTrial | optuna.Trial) -> tuple[str | None, str | No
     return trial.user_attrs.get(SEARCH_STAGE), trial.user_attrs.get(SEARCH_REASON)
 
 
+def host_fingerprint(study: optuna.Study) -> dict:
+    """The study record's machine fingerprint (empty before the record exists): the search reads its bandwidth
+    probe (``tuner.machine.bandwidth``)."""
+    data = study.user_attrs.get(STUDY_RECORD)
+    return dict(data.get("fingerprint") or {}) if data else {}
+
+
 def search_context(study: optuna.Study) -> tuple[dict, list[str]] | None:
     """(described space, objectives) for a sampler, from the study record; None before it exists."""
     data = study.user_attrs.get(STUDY_RECORD)

@@ -3,9 +3,27 @@
 Threads and NUMA scale every configuration's decode rate by about the same factor, so they are tuned on
 the speculative configuration rather than the target alone: the factor is about the same, the trial is
 several times shorter, and a draft's cost grows with threads, so the pair is right for the configuration
-that will be used. In order: the pair an earlier study found best on this host (``tuner.search.prior``; when
-it leads, the policy probes are skipped), each NUMA policy at the baseline's threads, the other nodes when
-bind is best, then a unimodal walk over thread counts on the best policy.
+that will be used. In order:
+
+1. the pair an earlier study found best on this host (``tuner.search.prior``; when it leads, the policy
+   probes are skipped);
+2. each NUMA policy at the baseline's threads (all physical cores), bind at one node's cores: a policy
+   scales decode by up to a third, more than most thread counts do;
+3. the other nodes, when bind is best;
+4. on the best policy, a coarse ladder of thread counts (``thread_ladder``: 3/4, 1/2 and 1/4 of the cores, and
+   where the memory bandwidth saturates by the host's copy probe, ``tuner.machine.bandwidth``); bind walks
+   within one node's cores;
+5. bracketing around the best rung (``bracket``): the wider gap beside it halved, until the gaps are within
+   ``thread_step`` (adjacent counts on a big host differ by less than one launch's spread, so the walk never
+   steps by one there) or the rungs beside it tie with it (a flat stretch); SMT siblings once, where all cores
+   lead.
+
+Ties within ``TIE`` go to fewer threads (the resource rule): the walk goes on below the fewest threads that
+tie with the best, and that count is the stage's pick.
+
+Why a ladder and not neighbours: on 1..96 threads a walk from 96 to the adjacent 95 measures noise; decode is
+unimodal in threads (it gains until the memory bandwidth saturates, then loses to contention), so a coarse
+ladder and a shrinking bracket find its top in a handful of trials where single steps took tens.
 """
 
 from __future__ import annotations
@@ -13,20 +31,26 @@ from __future__ import annotations
 from tuner.knobs.registry import SERVING_KNOBS
 from tuner.search.history import PastTrial
 from tuner.search.prior import HW_KNOBS, describe_prior
-from tuner.search.stages.configs import describe_speculation, hardware_of, hardware_params
+from tuner.search.stages.configs import describe_speculation, hardware_of, hardware_params, nearest
 from tuner.search.stages.state import Proposal, SearchState
+
+TIE = 0.02  # rates within this share of the best tie: fewer threads win (one trial's launch spread, about)
+LADDER = (0.75, 0.5, 0.25)  # shares of the cores walked after all of them
+STEP_SHARE = 1 / 16  # the finest step of the bracket, as a share of the cores (6 on 96 cores, 1 on 16)
 
 
 def propose(state: SearchState) -> Proposal | None:
-    """The prior's pair, then the policies not measured, then the node and threads around the best."""
+    """The prior's pair, then the policies not measured, the other nodes under bind, then the threads."""
     incumbent = incumbent_speculation(state)
     if incumbent is None:
         return None
     family = state.family(incumbent.params, *HW_KNOBS)
     return (
         prior_pair(state, incumbent)
+        or saturation_rung(state, incumbent, family)
         or policy_probes(state, incumbent, family)
-        or placement_walk(state, incumbent, family)
+        or bind_nodes(state, incumbent, family)
+        or thread_walk(state, incumbent, family)
     )
 
 
@@ -39,9 +63,82 @@ def incumbent_speculation(state: SearchState) -> PastTrial | None:
     return state.best(state.measured(**match))
 
 
+# ------------------------------------------------------------------ the thread rules
+
+
+def thread_step(cores: int) -> int:
+    """The finest step of the bracket: ``STEP_SHARE`` of the cores, at least one."""
+    return max(1, round(cores * STEP_SHARE))
+
+
+def thread_ladder(values: list[int], cores: int, saturation: int | None = None) -> list[int]:
+    """The coarse ladder walked after all ``cores``: 3/4, 1/2 and 1/4 of them and the bandwidth probe's
+    saturation point, each the nearest value of the domain; rungs closer than a step to an earlier one dropped."""
+    below = [v for v in values if v <= cores] or values
+    step = thread_step(cores)
+    wanted = (
+        [cores * share for share in LADDER[:2]] + ([saturation] if saturation else []) + [cores * LADDER[2]]
+    )
+    ladder = [nearest(below, cores)]
+    for target in wanted:
+        value = nearest(below, round(target))
+        if all(abs(value - rung) >= step for rung in ladder):
+            ladder.append(value)
+    return ladder
+
+
+def tie_pick(points: dict[int, float], tie: float = TIE) -> int:
+    """The fewest threads measuring within ``tie`` of the best (the resource rule: a tie is noise)."""
+    top = max(points.values())
+    return min(t for t, v in points.items() if v >= (1 - tie) * top)
+
+
+def bracket(points: dict[int, float], low: int, high: int, step: int, tie: float = TIE) -> list[float]:
+    """Thread counts to measure next around the best (the wider gap first), then below the tie rule's pick.
+
+    ``points``: threads -> rate on one policy (and node), ``low``..``high`` the range walked. A gap is halved
+    while wider than ``step``; none is, once the counts beside the best tie with it (a flat stretch: a peak
+    hidden between two ties is within the noise). Past an edge of the measured counts: half the lowest, or
+    ``high`` once."""
+    best, pick = max(points, key=lambda t: points[t]), tie_pick(points, tie)
+    wanted: list[tuple[float, float]] = []  # (priority: the gap's width, thread count)
+    left, right = _neighbours(points, best)
+    beside = [n for n in (left, right) if n is not None]
+    open_edge = (left is None and best > low) or (right is None and best < high)
+    flat = bool(beside) and not open_edge and all(points[n] >= (1 - tie) * points[best] for n in beside)
+    if not flat:
+        wanted += _gap(left, best, low, step) + _gap(right, best, high, step)
+    if pick != best or flat:
+        wanted += _gap(_neighbours(points, pick)[0], pick, low, step)
+    return [t for _, t in sorted(wanted, key=lambda w: -w[0])]
+
+
+def _neighbours(points: dict[int, float], at: int) -> tuple[int | None, int | None]:
+    below = [t for t in points if t < at]
+    above = [t for t in points if t > at]
+    return (max(below) if below else None), (min(above) if above else None)
+
+
+def _gap(side: int | None, at: int, edge: int, step: int) -> list[tuple[float, float]]:
+    """The midpoint of the gap between ``at`` and its measured neighbour ``side`` when wider than ``step``; past
+    the last measured count, toward ``edge``: half of ``at`` below, ``edge`` itself above."""
+    if side is None:
+        if at == edge:
+            return []
+        return [(float("inf"), max(edge, at / 2) if edge < at else edge)]
+    return [(abs(at - side), (at + side) / 2)] if abs(at - side) > step else []
+
+
+# ------------------------------------------------------------------ the proposals
+
+
 def _rest(incumbent: PastTrial) -> dict:
     """The incumbent's knobs but the hardware pair."""
     return {k: v for k, v in incumbent.params.items() if k not in HW_KNOBS}
+
+
+def _node_cores(state: SearchState, cores: int) -> int:
+    return max(1, cores // max(1, len(state.knobs.values("numa_node"))))
 
 
 def prior_pair(state: SearchState, incumbent: PastTrial) -> Proposal | None:
@@ -61,65 +158,143 @@ def prior_pair(state: SearchState, incumbent: PastTrial) -> Proposal | None:
     )
 
 
+def saturation_rung(state: SearchState, incumbent: PastTrial, family: list[PastTrial]) -> Proposal | None:
+    """The incumbent on the baseline's policy where the host's memory bandwidth saturates (its copy probe):
+    decode of a memory-bound model stops gaining there, so the policies are compared at the better of it and
+    all cores. None without a probe or once the prior's policy leads."""
+    values, start = state.knobs.values("threads"), state.start().hardware
+    if not state.saturation or not values or _prior_leads(state, family):
+        return None
+    at = nearest(values, state.saturation)
+    hardware = {**start, "threads": at}
+    if at in thread_points(family, hardware):
+        return None
+    return state.first_new(
+        [
+            (
+                {**_rest(incumbent), **hardware_params(hardware)},
+                "hardware",
+                f"threads {at}: the host's memory bandwidth is near its peak from there (copy probe), with "
+                f"NUMA {start.get('numa')}, {describe_speculation(incumbent.params)}",
+            )
+        ]
+    )
+
+
+def _prior_leads(state: SearchState, family: list[PastTrial]) -> bool:
+    prior, best = state.prior.get("hardware"), state.best(family)
+    return bool(prior) and best is not None and best.params.get("numa") == prior.get("numa")
+
+
 def policy_probes(state: SearchState, incumbent: PastTrial, family: list[PastTrial]) -> Proposal | None:
-    """Each NUMA policy not measured with the incumbent, at the baseline's threads (bind: the first node);
-    none once the prior's policy leads (it carries over; threads are walked after)."""
-    prior = state.prior.get("hardware")
-    best = state.best(family)
-    if prior and best is not None and best.params.get("numa") == prior.get("numa"):
+    """Each NUMA policy not measured with the incumbent, at the best thread count measured on the baseline's
+    policy (the tie rule's pick); bind on the first node, at that count's share of one node's cores. None once
+    the prior's policy leads (it carries over; threads are walked after)."""
+    if _prior_leads(state, family):
         return None
     policies = {r.params.get("numa") for r in family}
-    nodes = state.knobs.values("numa_node")
-    threads = state.start().hardware.get("threads")
+    nodes, values = state.knobs.values("numa_node"), state.knobs.values("threads")
+    start = state.start().hardware
+    cores = start.get("threads")
+    measured = thread_points(family, start)
+    threads = tie_pick(measured) if measured else cores
     candidates = []
     for policy in state.knobs.values("numa"):
-        if policy not in policies:
-            hardware = {
-                "numa": policy,
-                "threads": threads,
-                "numa_node": nodes[0] if policy == "bind" and nodes else None,
-            }
-            candidates.append(
-                (
-                    {**_rest(incumbent), **hardware_params(hardware)},
-                    "hardware",
-                    f"NUMA {policy} with {describe_speculation(incumbent.params)}",
-                )
+        if policy in policies:
+            continue
+        bind = policy == "bind" and bool(nodes) and bool(values)
+        at = nearest(values, max(1, round(threads * _node_cores(state, cores) / cores))) if bind else threads
+        hardware = {"numa": policy, "threads": at, "numa_node": nodes[0] if bind else None}
+        where = f" on node {nodes[0]} ({at} threads)" if bind else f" at {at} threads"
+        candidates.append(
+            (
+                {**_rest(incumbent), **hardware_params(hardware)},
+                "hardware",
+                f"NUMA {policy}{where} with {describe_speculation(incumbent.params)}",
             )
+        )
     return state.first_new(candidates)
 
 
-def placement_walk(state: SearchState, incumbent: PastTrial, family: list[PastTrial]) -> Proposal | None:
-    """On the best policy: the other nodes when bind is best, then the thread counts next to the best."""
+def bind_nodes(state: SearchState, incumbent: PastTrial, family: list[PastTrial]) -> Proposal | None:
+    """When bind is best: the other nodes, at its threads."""
     best = state.best(family)
-    if best is None:
+    if best is None or best.params.get("numa") != "bind":
         return None
-    rest, hardware = _rest(incumbent), hardware_of(best.params)
-    candidates = []
-    if hardware.get("numa") == "bind":
-        bound = {r.params.get("numa_node") for r in family if r.params.get("numa") == "bind"}
-        candidates += [
-            ({**rest, **hardware_params({**hardware, "numa_node": n})}, "hardware", f"bind is best: node {n}")
+    hardware = hardware_of(best.params)
+    bound = {r.params.get("numa_node") for r in family if r.params.get("numa") == "bind"}
+    return state.first_new(
+        [
+            (
+                {**_rest(incumbent), **hardware_params({**hardware, "numa_node": n})},
+                "hardware",
+                f"bind is best: node {n}",
+            )
             for n in state.knobs.values("numa_node")
             if n not in bound
         ]
-    threads = state.knobs.values("threads")
-    walked = {
-        r.params.get("threads")
-        for r in family
-        if r.params.get("numa") == hardware.get("numa")
-        and r.params.get("numa_node") == hardware.get("numa_node")
-    }
-    if hardware.get("threads") in threads:
-        i = threads.index(hardware["threads"])
-        for j in (i - 1, i + 1):
-            if 0 <= j < len(threads) and threads[j] not in walked:
-                candidates.append(
-                    (
-                        {**rest, **hardware_params({**hardware, "threads": threads[j]})},
-                        "hardware",
-                        f"threads {threads[j]} next to the best so far ({hardware['threads']}) "
-                        f"with NUMA {hardware.get('numa')}, {describe_speculation(incumbent.params)}",
-                    )
-                )
-    return state.first_new(candidates)
+    )
+
+
+def thread_walk(state: SearchState, incumbent: PastTrial, family: list[PastTrial]) -> Proposal | None:
+    """On the best policy (and node): the ladder, then the bracket around its best (``bracket``)."""
+    best = state.best(family)
+    values = state.knobs.values("threads")
+    if best is None or not values:
+        return None
+    hardware = hardware_of(best.params)
+    cores = state.start().hardware.get("threads") or max(values)
+    bind = hardware.get("numa") == "bind"
+    top = _node_cores(state, cores) if bind else cores
+    points = thread_points(family, hardware)
+    if not points:
+        return None
+    saturation = state.saturation and max(1, round(state.saturation * top / cores))
+    ladder = thread_ladder(values, top, saturation)
+    within = {t: v for t, v in points.items() if t <= top}
+    smt = [t for t in values if t > top]
+    pick = tie_pick(within) if within else top
+    rungs = [
+        (t, "ladder") for t in sorted(ladder, key=lambda t: (abs(t - pick), t))
+    ]  # nearest the best first
+    if within:
+        rungs += [
+            (nearest(values, round(t)), "bracket")
+            for t in bracket(within, min(values), top, thread_step(top))
+        ]
+    if smt and not bind and within and max(within, key=lambda t: within[t]) == top:
+        rungs.append((max(smt), "smt"))  # all cores lead: SMT siblings once
+    where = f"NUMA {hardware.get('numa')}" + (f" node {hardware.get('numa_node')}" if bind else "")
+    return state.first_new(
+        (
+            {**_rest(incumbent), **hardware_params({**hardware, "threads": t})},
+            "hardware",
+            _reason(t, how, points, ladder, where, describe_speculation(incumbent.params)),
+        )
+        for t, how in rungs
+        if t not in points
+    )
+
+
+def thread_points(family: list[PastTrial], hardware: dict) -> dict[int, float]:
+    """Threads -> the best feasible rate measured on this policy and node."""
+    points: dict[int, float] = {}
+    for r in family:
+        if (
+            r.feasible
+            and r.params.get("numa") == hardware.get("numa")
+            and r.params.get("numa_node") == hardware.get("numa_node")
+        ):
+            t = r.params.get("threads")
+            points[t] = max(points.get(t, 0.0), r.value)
+    return points
+
+
+def _reason(t: int, how: str, points: dict[int, float], ladder: list[int], where: str, spec: str) -> str:
+    if how == "ladder":
+        return f"threads {t}: the ladder ({', '.join(map(str, ladder))}) with {where}, {spec}"
+    if how == "smt":
+        return f"threads {t}: SMT siblings, all physical cores leading, with {where}, {spec}"
+    best, pick = max(points, key=lambda x: points[x]), tie_pick(points)
+    tied = f"; {pick} ties with it within {TIE:.0%} (fewer threads win)" if pick != best else ""
+    return f"threads {t}: bracketing the best so far ({best}{tied}) with {where}, {spec}"

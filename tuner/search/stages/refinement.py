@@ -10,6 +10,7 @@ sampler proposes.
 from __future__ import annotations
 
 from tuner.search.stages.configs import describe_speculation, option_name, option_of
+from tuner.search.stages.hardware import thread_step
 from tuner.search.stages.state import Proposal, SearchState
 
 CLOSE = 0.97  # another option this close to the incumbent's speedup is measured at its best K
@@ -39,18 +40,22 @@ def propose(state: SearchState) -> Proposal | None:
 
 
 def neighbours(state: SearchState, params: dict) -> list[tuple]:
-    """The incumbent at the thread counts and expert counts next to its own."""
+    """The incumbent a bracket step (``hardware.thread_step``) from its thread count, and at the expert counts
+    next to its own."""
     candidates = []
     threads = state.knobs.values("threads")
-    if params.get("threads") in threads:
-        i = threads.index(params["threads"])
-        for j in (i - 1, i + 1):
-            if 0 <= j < len(threads):
+    own = params.get("threads")
+    if own in threads:
+        step = thread_step(state.start().hardware.get("threads") or max(threads))
+        lower = max((t for t in threads if t <= own - step), default=None)
+        upper = min((t for t in threads if t >= own + step), default=None)
+        for t in (lower, upper):
+            if t is not None:
                 candidates.append(
                     (
-                        {**params, "threads": threads[j]},
+                        {**params, "threads": t},
                         "refinement",
-                        f"threads {threads[j]} with the final configuration (the pair checked again)",
+                        f"threads {t} with the final configuration (the pair checked again)",
                     )
                 )
     experts = state.knobs.values("experts")

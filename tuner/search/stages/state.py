@@ -48,10 +48,17 @@ class SearchState:
     """The study's history and space as the stages read them; stateless between planned trials."""
 
     def __init__(
-        self, knobs: KnobValues, trials: list[PastTrial], prior: dict | None = None, users: int | None = None
+        self,
+        knobs: KnobValues,
+        trials: list[PastTrial],
+        prior: dict | None = None,
+        users: int | None = None,
+        saturation: int | None = None,
     ):
-        """``users``: the level the objective measures (``aggregate_tokens_per_second_c8``: 8), if any."""
+        """``users``: the level the objective measures (``aggregate_tokens_per_second_c8``: 8), if any;
+        ``saturation``: the threads from which the host's memory bandwidth is near its peak (its copy probe)."""
         self.knobs, self.trials, self.prior, self.users = knobs, trials, prior or {}, users
+        self.saturation = saturation
         self.resolved = knobs.resolved()
         self.taken = [
             r.params
