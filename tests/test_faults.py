@@ -891,7 +891,12 @@ def test_a_failed_rename_leaves_the_previous_file_and_no_temporary(tmp_path, mon
     written = files.write_atomic(tmp_path / "serve.sh", "#!/bin/sh\n", mode=0o755)
     assert written.stat().st_mode & 0o777 == 0o755 and written.read_text() == "#!/bin/sh\n"
 
+    history = (tmp_path / "models-preset.ini.history.jsonl").read_text()
+    real = files.os.replace
+
     def full(src, dst):
+        if Path(dst).name == "models-preset.ini.history.jsonl":
+            return real(src, dst)  # the section's kept version is written; the preset is not
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(files.os, "replace", full)
@@ -902,7 +907,12 @@ def test_a_failed_rename_leaves_the_previous_file_and_no_temporary(tmp_path, mon
     with pytest.raises(UserError, match="serve.sh: cannot write"):
         files.write_atomic(tmp_path / "serve.sh", "#!/bin/sh\nexit 1\n")
     assert preset.read_text() == old and written.read_text() == "#!/bin/sh\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["models-preset.ini", "serve.sh"]
+    assert (tmp_path / "models-preset.ini.history.jsonl").read_text() == history  # put back: no change made
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "models-preset.ini",
+        "models-preset.ini.history.jsonl",
+        "serve.sh",
+    ]
 
 
 def test_a_storage_other_than_sqlite_or_postgresql_names_its_scheme_and_the_supported_ones(fenv, tmp_path):

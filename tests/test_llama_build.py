@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +60,23 @@ def test_missing_binary_and_bad_bin_dir_are_clear_errors(tmp_path, monkeypatch, 
     assert main(["llama"]) == 3
     err = capsys.readouterr().err
     assert f"{ENV_BIN_DIR}={tmp_path / 'nope'}: not a directory" in err and err.count("\n") == 1
+
+
+def test_a_binary_that_is_not_executable_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "llama-server").write_text("not a program\n")
+    os.chmod(tmp_path / "llama-server", 0o644)
+    monkeypatch.setenv(ENV_BIN_DIR, str(tmp_path))
+    with pytest.raises(MissingBinaryError, match=r"llama-server exists but is not executable; chmod \+x it"):
+        binary("llama-server")
+    assert main(["llama", "--bin-dir", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert (
+        f"{tmp_path / 'llama-server'}: llama-server exists but is not executable; chmod +x it or point "
+        in err
+    )
+    assert f"{ENV_BIN_DIR} at a build's bin/ folder" in err and err.count("\n") == 1
 
 
 def test_not_a_llama_binary(tmp_path):

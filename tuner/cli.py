@@ -53,6 +53,11 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
         "race the finalists and export the winner (and per-type winners): serve.sh, JSON/YAML, models-preset",
     ),
     (
+        "preset",
+        "tuner.output.preset",
+        "list a models-preset file's earlier section versions, or roll a section back: history, rollback",
+    ),
+    (
         "dashboard",
         "tuner.output.dashboard",
         "serve optuna-dashboard on the studies' storage (127.0.0.1 by default)",

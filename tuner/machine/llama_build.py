@@ -297,7 +297,11 @@ def binary(name: str, bin_dir: str | os.PathLike | None = None) -> Path:
     """Path of one llama.cpp tool; a clear error if it is not there."""
     folder = resolve_bin_dir(bin_dir)
     path = folder / name
-    if not (path.is_file() and os.access(path, os.X_OK)):
+    if path.is_file() and not os.access(path, os.X_OK):
+        raise MissingBinaryError(
+            f"{path}: {name} exists but is not executable; chmod +x it or point {ENV_BIN_DIR} at a build's bin/ folder"
+        )
+    if not path.is_file():
         raise MissingBinaryError(
             f"{path}: {name} not found; build it with `make llama` or add it to your build in {ENV_BIN_DIR}"
         )

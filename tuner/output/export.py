@@ -5,7 +5,8 @@ Which trial is deployed, with what verdict and policy, per content type and per 
 module writes it, under ``reports/STUDY/export/``: ``serve.sh`` (the exact command,
 ``shlex``-quoted, host and port from ``LLAMA_ARG_HOST``/``LLAMA_ARG_PORT``, default
 127.0.0.1:8080), ``config.json`` and ``config.yaml``, and the study's section in the
-shared ``reports/models-preset.ini`` for one ``llama-server --models-preset`` router.
+shared ``reports/models-preset.ini`` for one ``llama-server --models-preset`` router
+(``tuner.output.preset`` keeps each section's earlier versions: ``tuner preset history|rollback``).
 The exported command adds ``--temp T``: the tuned temperature becomes the server's
 default (clients may still send their own).
 """
@@ -57,12 +58,12 @@ from tuner.output.analysis import (
     trials_frame,
 )
 from tuner.output.files import write_atomic
+from tuner.output.preset import PRESET_FILE, history_path, merge_preset, merge_sections, preset_sections
 from tuner.paths import inside, reports_dir, writable_file, writable_folder
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord, changes
 from tuner.studyfile.spec import load_spec
 
-PRESET_FILE = "models-preset.ini"
 INI_UNSAFE = re.compile(r"[;#\r\n]")  # llama.cpp's INI parser ends a value at a comment or newline
 
 
@@ -256,62 +257,6 @@ def _is_option(token: str) -> bool:
     return False  # a negative number is a value
 
 
-_HEADER = re.compile(r"\s*\[\s*([^\]]*?)\s*\]\s*(?:[;#].*)?")
-
-
-def merge_preset(path: Path, section: str, lines: list[str]) -> None:
-    """Replace (or add) one section of a shared preset file, keeping every other section."""
-    merge_sections(path, {section: lines})
-
-
-def merge_sections(path: Path, new: dict[str, list[str]]) -> None:
-    """Replace (or add) several sections of a shared preset file in one write.
-
-    Every other section, and the preamble, is kept byte for byte (its lines, blank lines and
-    comments as they were). A replaced section keeps its place; one that appears more than once
-    (a hand edit) keeps its first place and loses the copies, so no section is ever duplicated.
-    New sections are appended in the given order. Written whole or not at all (``write_atomic``).
-    """
-    text = path.read_text() if path.exists() else ""
-    blocks: list[tuple[str | None, str]] = []  # (section name or None for the preamble, raw text)
-    current: list[str] = []
-    name: str | None = None
-    for line in text.splitlines(keepends=True):
-        header = _HEADER.fullmatch(line.rstrip("\r\n"))
-        if header:
-            blocks.append((name, "".join(current)))
-            name, current = header.group(1), []
-        current.append(line)
-    blocks.append((name, "".join(current)))
-    preamble = blocks[0][1]
-    if not any(re.match(r"\s*version\s*=", line) for line in preamble.splitlines()):
-        preamble = (
-            "version = 1\n; llama-server --models-preset FILE: one section per exported study "
-            "(tuner export)\n\n" + preamble
-        )
-    out = [preamble]
-    written: set[str] = set()
-    for block_name, raw in blocks[1:]:
-        if block_name in new:
-            if block_name in written:
-                continue
-            written.add(block_name)
-            raw = _section_text(new[block_name], raw)
-        out.append(raw)
-    for block_name, lines in new.items():
-        if block_name not in written:
-            if out[-1] and not out[-1].endswith("\n\n"):  # one blank line between sections
-                out[-1] += "\n" if out[-1].endswith("\n") else "\n\n"
-            out.append(_section_text(lines, ""))
-    write_atomic(path, "".join(out))
-
-
-def _section_text(lines: list[str], replaced: str) -> str:
-    """A section's lines, then the blank lines that followed the section it replaces."""
-    stripped = replaced.rstrip("\r\n")
-    return "\n".join(lines) + "\n" + replaced[len(stripped) :].replace("\r", "")[1:]
-
-
 def router_script(pooled: Export, per_type: list[Export], preset_path: Path) -> str:
     """``serve-router.sh``: one llama-server in router mode on the shared preset."""
     names = [pooled.section, *(e.section for e in per_type)]
@@ -415,9 +360,14 @@ def write_export(
     json_path = write_atomic(out_dir / "config.json", json.dumps(record, indent=2) + "\n")
     yaml_path = write_atomic(out_dir / "config.yaml", yaml.safe_dump(record, sort_keys=False))
     if per_type is None:
-        merge_preset(preset_path, export.section, preset_lines(export))
+        merge_preset(preset_path, export.section, preset_lines(export), export.study, export.trial)
         return [script, json_path, yaml_path, preset_path]
-    merge_sections(preset_path, {e.section: preset_lines(e) for e in (export, *per_type, *by_load)})
+    exports = (export, *per_type, *by_load)
+    merge_sections(
+        preset_path,
+        {e.section: preset_lines(e) for e in exports},
+        {e.section: (e.study, e.trial) for e in exports},
+    )
     router = write_atomic(
         out_dir / "serve-router.sh", router_script(export, [*per_type, *by_load], preset_path), mode=0o755
     )
@@ -517,6 +467,11 @@ def run(args: argparse.Namespace) -> int:
     for path in write_export(export, out_dir, preset, per_type, by_load, verdict):
         print(f"wrote {path}")
     _note_kept_sections(export, preset)
+    if history_path(preset).exists():
+        print(
+            f"earlier versions of its sections: `tuner preset history {preset}`; "
+            f"`tuner preset rollback {preset} SECTION` puts one back"
+        )
     progress.plan(0.0)
     progress.record(f"exported trial {export.trial}")
     return 0
@@ -653,13 +608,6 @@ def load_note(pooled: Export, by_load: list[Export], verdict: str = "") -> str:
         for e in by_load
     ]
     return "\n".join([*lines, ""]) + "\n"
-
-
-def preset_sections(path: Path) -> list[str]:
-    """The section names of a preset file, in order (none when it does not exist)."""
-    if not path.exists():
-        return []
-    return [m.group(1) for line in path.read_text().splitlines() if (m := _HEADER.fullmatch(line))]
 
 
 def per_type_exports(
