@@ -22,7 +22,7 @@ help:
 	@echo "make test      run the test suite (builds what it needs first)"
 	@echo "make llama     build (or reuse) the pinned llama.cpp"
 	@echo "make models    generate the built-in synthetic model family"
-	@echo "make doctor    print the machine fingerprint and measuring advice"
+	@echo "make doctor    print the machine fingerprint, memory bandwidth by threads and measuring advice"
 	@echo "make inspect   inspect the built-in models' GGUF metadata and draft compatibility"
 	@echo "make study STUDY=name [TRIALS=n]   run or resume studies/NAME.yaml"
 	@echo "make study STUDY=gemma3-270m       the real-model study: fetch, assemble, run, report, export"

@@ -14,7 +14,7 @@ import pytest
 # sees our processes only, never another session's on the same machine.
 SESSION_MARKER = f"TUNER_TEST_SESSION={uuid.uuid4().hex}"
 os.environ["TUNER_TEST_SESSION"] = SESSION_MARKER.split("=", 1)[1]
-# Studies the tests start record this bandwidth instead of running the ~1 s copy probe
+# Studies the tests start record this bandwidth instead of running the copy probe (a few seconds)
 # (test_hardware tests the probe); fake_llama_server.BANDWIDTH is the same figure.
 os.environ["TUNER_MEMORY_BANDWIDTH"] = "20e9"
 # Started with SIGINT ignored (nohup, `cmd &`, some CI runners), pytest would pass that on to

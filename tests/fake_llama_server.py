@@ -215,11 +215,12 @@ def run_study_file(path: Path, trials: int | None = None, **env: str):
     ``llama_cpp.bin_dir``) and return the stored (study, StudyRecord); ``env`` (FAKE_LLAMA_*)
     holds for this run only, and trial logs go beside the study file.
 
-    The fingerprint's memory bandwidth is BANDWIDTH instead of the host's copy probe: the
-    probe streams 512 MiB for half a second per run, which a busy shared machine feels,
-    and only the report's roofline reads the figure."""
+    The fingerprint's memory bandwidth is BANDWIDTH (one point at all cores) instead of the
+    host's copy probe: the probe streams 512 MiB at several thread counts for a few seconds
+    per run, which a busy shared machine feels, and only the report reads the figures."""
     import pytest
 
+    from tuner.machine.bandwidth import BandwidthCurve
     from tuner.storage.store import open_stored_study
     from tuner.study import run_study
     from tuner.studyfile.spec import load_spec
@@ -231,7 +232,9 @@ def run_study_file(path: Path, trials: int | None = None, **env: str):
             patch.delenv(var, raising=False)
         for var, value in env.items():
             patch.setenv(var, value)
-        patch.setattr("tuner.context.measure_memory_bandwidth", lambda: BANDWIDTH)
+        patch.setattr(
+            "tuner.machine.bandwidth.probe_bandwidth_curve", lambda cores: BandwidthCurve({cores: BANDWIDTH})
+        )
         run_study(spec, trials, progress=lambda line: None)
     return open_stored_study(spec.name, spec.storage)
 

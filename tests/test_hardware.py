@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import UserError
+from tuner.machine import bandwidth as bandwidths
 from tuner.machine import fingerprint as fingerprints
 from tuner.machine import host as hosts
 from tuner.machine import topology
@@ -217,7 +218,9 @@ def test_live_affinity_is_within_online_cpus():
 )
 def test_memory_bandwidth_is_bytes_read_and_written_over_the_best_copy(seconds, readings, best_s):
     clock = iter(readings)
-    bandwidth = hosts.measure_memory_bandwidth(seconds=seconds, size_bytes=8 * KIB, clock=lambda: next(clock))
+    bandwidth = bandwidths.measure_memory_bandwidth(
+        seconds=seconds, size_bytes=8 * KIB, clock=lambda: next(clock)
+    )
     assert bandwidth == 2 * 8 * KIB / best_s
     assert next(clock, None) is None  # read exactly as scripted: no copy more, none fewer
 
@@ -229,13 +232,17 @@ def test_a_study_fingerprint_probes_bandwidth_unless_given_a_figure(tmp_path, mo
     from tuner.studyfile.spec import load_spec
 
     spec = load_spec(write_study(tmp_path, f"sqlite:///{tmp_path / 'studies.db'}"))
-    monkeypatch.setattr(context, "measure_memory_bandwidth", lambda: 12.5e9)
-    monkeypatch.delenv(context.BANDWIDTH_ENV)
-    assert context.prepare(spec).fingerprint["bandwidth_bytes_per_s"] == 12.5e9
-    monkeypatch.setenv(context.BANDWIDTH_ENV, "3.5e10")  # a figure given: no probe (conftest gives one)
-    assert context.prepare(spec).fingerprint["bandwidth_bytes_per_s"] == 3.5e10
+    curve = bandwidths.BandwidthCurve({1: 6e9, 2: 14e9, 4: 12.5e9})
+    monkeypatch.setattr(bandwidths, "probe_bandwidth_curve", lambda cores: curve)
+    monkeypatch.delenv(bandwidths.BANDWIDTH_ENV)
+    fp = context.prepare(spec).fingerprint
+    assert fp["bandwidth_bytes_per_s"] == 12.5e9  # the curve's figure at all cores: one probe, not two
+    assert fp["bandwidth_by_threads"] == {"1": 6e9, "2": 14e9, "4": 12.5e9}
+    monkeypatch.setenv(bandwidths.BANDWIDTH_ENV, "3.5e10")  # a figure given: no probe (conftest gives one)
+    fp = context.prepare(spec).fingerprint
+    assert fp["bandwidth_bytes_per_s"] == 3.5e10 and fp["bandwidth_by_threads"] is None
     for bad in ("fast", "0", "nan"):
-        monkeypatch.setenv(context.BANDWIDTH_ENV, bad)
+        monkeypatch.setenv(bandwidths.BANDWIDTH_ENV, bad)
         with pytest.raises(UserError, match=f"TUNER_MEMORY_BANDWIDTH='{bad}': expected bytes per second"):
             context.prepare(spec)
 

@@ -8,7 +8,6 @@ fingerprint. Study runs, the grid recorder and the benchmarks all start here.
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,8 +18,9 @@ from tuner.decisions.race import DECISION_ROUNDS
 from tuner.errors import MissingBinaryError, UserError
 from tuner.knobs.config import Choices, Domain, IntRange
 from tuner.knobs.registry import KNOB_TYPES, NAMES
+from tuner.machine.bandwidth import curve_of, fingerprint_bandwidth
 from tuner.machine.fingerprint import fingerprint
-from tuner.machine.host import measure_memory_bandwidth, numactl_path, read_host_state
+from tuner.machine.host import numactl_path, read_host_state
 from tuner.machine.llama_build import binary, find_build_info, resolve_bin_dir
 from tuner.machine.roofline import Bandwidth, study_roofline
 from tuner.machine.topology import Topology, read_topology
@@ -43,8 +43,6 @@ from tuner.search.space import ResolvedSpace, outside, resolve_space
 from tuner.storage.records import StudyRecord
 from tuner.studyfile.spec import StudySpec
 from tuner.studyfile.validate import Fields
-
-BANDWIDTH_ENV = "TUNER_MEMORY_BANDWIDTH"
 
 
 @dataclass(frozen=True)
@@ -167,21 +165,6 @@ def check_warm_starts(spec: StudySpec, space: ResolvedSpace) -> None:
                     f"{where}: {value!r} {problem}; use a value of the resolved space "
                     "(`tuner run STUDY --check` prints it)"
                 )
-
-
-def fingerprint_bandwidth() -> float:
-    """Memory bandwidth for the fingerprint: the probe (~1 s), or the bytes/s in
-    TUNER_MEMORY_BANDWIDTH when set (a figure known already; the tests start many studies)."""
-    text = os.environ.get(BANDWIDTH_ENV)
-    if not text:
-        return measure_memory_bandwidth()
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:  # NaN included
-        raise UserError(f"{BANDWIDTH_ENV}={text!r}: expected bytes per second, e.g. 20e9")
-    return value
 
 
 def _to_stderr(line: str) -> None:
@@ -310,6 +293,7 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
         chat_template=spec.chat_template.resolve() if spec.chat_template and workload.chat else None,
         chat=workload.chat,
     )
+    bandwidth, curve = fingerprint_bandwidth(topo.physical_cores)
     return StudyContext(
         spec=spec,
         target=target,
@@ -317,10 +301,8 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
         space=space,
         launch=launch,
         workload=workload,
-        # the bandwidth is provenance for the report's roofline, not a comparability key
-        fingerprint=fingerprint(
-            topo, build, host=read_host_state(topo), bandwidth_bytes_per_s=fingerprint_bandwidth()
-        ),
+        # the bandwidth and its curve are provenance (roofline, threads), not comparability keys
+        fingerprint=fingerprint(topo, build, read_host_state(topo), bandwidth, curve),
         build=build,
         log_dir=inside(storage_dir() / "logs", spec.name, "study"),
         quantized=quantized,
@@ -412,8 +394,9 @@ def check_lines(ctx: StudyContext, race: bool = True) -> list[str]:
 
 
 def _models_lines(ctx: StudyContext) -> list[str]:
+    """The target, the drafts, and the machine: cores, nodes, bandwidth and where it saturates."""
     t, fp = ctx.target, ctx.fingerprint
-    bandwidth = fp.get("bandwidth_bytes_per_s")
+    bandwidth, curve = fp.get("bandwidth_bytes_per_s"), curve_of(fp)
     drafts = ", ".join(f"{n} ({d.file_size_bytes / 1e9:.2f} GB)" for n, d in ctx.drafts.items()) or "none"
     return [
         f"  target   {ctx.spec.target.name}: {t.architecture}, {t.file_type or t.dominant_tensor_type}, "
@@ -422,6 +405,7 @@ def _models_lines(ctx: StudyContext) -> list[str]:
         f"  drafts   {drafts}",
         f"  machine  {fp.get('physical_cores')} cores, {len(ctx.launch.topology.nodes)} NUMA node(s), "
         + (f"{bandwidth / 1e9:.1f} GB/s memory bandwidth (copy probe)" if bandwidth else "bandwidth unknown"),
+        *([f"  {curve.text()}"] if curve else []),
     ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from tuner.machine.bandwidth import FINGERPRINT_KEY, BandwidthCurve
 from tuner.machine.host import HostState, summarize_governors
 from tuner.machine.topology import Topology, format_cpu_list
 
@@ -53,11 +54,13 @@ def fingerprint(
     build_manifest: Mapping | None,
     host: HostState | None = None,
     bandwidth_bytes_per_s: float | None = None,
+    bandwidth_curve: BandwidthCurve | None = None,
 ) -> dict:
     """A JSON-serialisable description of the machine and llama.cpp build.
 
     Fields named in ``COMPARABILITY_KEYS`` decide whether two results may be compared;
-    the rest (load, free memory, governor, THP, bandwidth, ...) is provenance.
+    the rest (load, free memory, governor, THP, bandwidth and its curve by threads, ...)
+    is provenance: a resumed study is never refused for a bandwidth that moved.
     """
     manifest = dict(build_manifest or {})
     fp: dict = {
@@ -78,6 +81,7 @@ def fingerprint(
         "llama_compiler": manifest.get("compiler"),
         "llama_bin_dir": manifest.get("bin_dir"),
         "bandwidth_bytes_per_s": bandwidth_bytes_per_s,
+        FINGERPRINT_KEY: bandwidth_curve.to_json() if bandwidth_curve else None,
     }
     if host is not None:
         fp.update(

@@ -1,7 +1,8 @@
 """Host state: what may change between runs on the same machine (provenance, never a key).
 
-THP mode, cpufreq governors, load, numactl, affinity, and a memory bandwidth probe for
-the report's roofline. Read under a ``root`` like ``tuner.machine.topology``.
+THP mode, cpufreq governors, load, numactl, affinity, and each trial's hygiene (boost,
+temperature, busy processes); the memory bandwidth probe is ``tuner.machine.bandwidth``.
+Read under a ``root`` like ``tuner.machine.topology``.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ import os
 import platform
 import re
 import shutil
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,39 +109,6 @@ def read_host_state(topo: Topology, root: Path = LIVE_ROOT) -> HostState:
         affinity=current_affinity(root),
         hostname=platform.node() if live else None,
     )
-
-
-def measure_memory_bandwidth(
-    seconds: float = 0.5,
-    size_bytes: int = 256 * 2**20,
-    threads: int | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-) -> float:
-    """Memory copy bandwidth in bytes/s with one copy thread per core (best of several rounds).
-
-    Bytes are counted STREAM-style (read + write of the array). Decode without
-    speculation reads every weight once per token, so bandwidth / weight bytes is its
-    ceiling (the roofline). numpy releases the GIL while copying, so the threads copy
-    their slices at once; a round lasts until the slowest finishes. ``clock`` is for tests.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    import numpy as np  # lazy: keeps `tuner --help` fast
-
-    threads = threads or os.cpu_count() or 1
-    src = np.ones(max(size_bytes // 8, threads), dtype=np.float64)
-    dst = np.zeros_like(src)  # untouched pages: the first round faults them in, best-of drops it
-    slices = [slice(i * len(src) // threads, (i + 1) * len(src) // threads) for i in range(threads)]
-    best = float("inf")
-    deadline = clock() + seconds
-    runs = 0
-    with ThreadPoolExecutor(threads) as pool:
-        while runs < 3 or clock() < deadline:
-            start = clock()
-            list(pool.map(lambda part: np.copyto(dst[part], src[part]), slices))
-            best = min(best, clock() - start)
-            runs += 1
-    return 2 * src.nbytes / best
 
 
 # ---------------------------------------------------------------- per-trial hygiene

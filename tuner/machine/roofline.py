@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from tuner.machine.host import measure_memory_bandwidth
+from tuner.machine.bandwidth import measure_memory_bandwidth
 from tuner.machine.topology import read_topology
 
 ABOVE_ROOFLINE_FACTOR = 2.0  # a non-speculative trial this far above the (estimated) ceiling is impossible

@@ -30,6 +30,7 @@ from tuner.decisions.race import RaceResult, users_text
 from tuner.knobs.config import method_of
 from tuner.knobs.registry import INT_KNOBS
 from tuner.knobs.registry import NAMES as KNOB_NAMES
+from tuner.machine.bandwidth import BandwidthCurve, curve_of
 from tuner.machine.host import host_was_busy
 from tuner.machine.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
 from tuner.measurement.measure import per_source
@@ -446,6 +447,7 @@ class ReportData:
     launch_spread: float = PRIOR_LAUNCH_SIGMA  # the study's launch-to-launch spread (drift.Sentinels)
     turns: pd.DataFrame | None = None  # conversations: each family's best by turn (output.turns)
     load_races: dict[int, RaceResult] | None = None  # each load class's last race (tuner export), by users
+    bandwidth_curve: BandwidthCurve | None = None  # copy bandwidth by threads when the study started
 
     @property
     def objectives(self) -> list[str]:
@@ -492,6 +494,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         launch_spread=launch_spread(records),
         turns=speedup_by_turn(records, frame),
         load_races=load_race.read_races(study),
+        bandwidth_curve=curve_of(record.fingerprint),
     )
 
 

@@ -19,6 +19,7 @@ from tuner.errors import UserError
 from tuner.machine import fingerprint as fingerprints
 from tuner.machine import host as hosts
 from tuner.machine import topology
+from tuner.machine.bandwidth import BANDWIDTH_ENV, BandwidthCurve, fingerprint_bandwidth
 from tuner.machine.host import HostState
 from tuner.machine.topology import Topology
 from tuner.measurement import launch
@@ -34,8 +35,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--bandwidth",
-        action="store_true",
-        help="measure memory bandwidth (single-threaded numpy copy of 256 MiB; a few seconds)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="probe memory bandwidth at several thread counts, up to one per physical core (a numpy copy "
+        "of 256 MiB, a few seconds); default: on the live machine, not for --sysfs-root; "
+        "TUNER_MEMORY_BANDWIDTH set: that figure, no probe",
     )
     parser.add_argument(
         "--sysfs-root",
@@ -222,7 +226,9 @@ def report(
     build_reason: str | None,
     bandwidth: float | None,
     live: bool,
+    curve: BandwidthCurve | None = None,
 ) -> list[str]:
+    """The machine as text, then the advice; the bandwidth and its curve where they were measured."""
     lines = [
         f"CPU: {topo.cpu_model}",
         f"cores: {topo.physical_cores} physical, {topo.logical_cpus} logical CPUs",
@@ -262,10 +268,7 @@ def report(
     lines.append(f"numactl: {host.numactl or 'not found'}")
     lines += _build_text(build, build_reason)
     lines.append(f"NUMA policies worth trying: {', '.join(launch.meaningful_numa_policies(topo))}")
-    if bandwidth is not None:
-        lines.append(
-            f"memory bandwidth: {bandwidth / 1e9:.1f} GB/s (copy probe, one thread per core; STREAM-counted read + write)"
-        )
+    lines += _bandwidth_lines(bandwidth, curve)
     if live:
         boost, temperature = hosts.read_boost(), hosts.read_temperature_c()
         lines.append(f"CPU boost: {'unknown (not exposed)' if boost is None else 'on' if boost else 'off'}")
@@ -274,6 +277,27 @@ def report(
         )
     lines += [f"ADVICE: {line}" for line in advice(topo, host, build, live)]
     return lines
+
+
+def _bandwidth_lines(bandwidth: float | None, curve: BandwidthCurve | None) -> list[str]:
+    if bandwidth is None:
+        return []
+    if curve is None:
+        return [f"memory bandwidth: {bandwidth / 1e9:.1f} GB/s (given in {BANDWIDTH_ENV}, not probed)"]
+    return [
+        curve.text(),
+        f"  at all {max(curve.points)} cores: {bandwidth / 1e9:.1f} GB/s (STREAM-counted read + write; "
+        "the roofline's bandwidth)",
+    ]
+
+
+def _probe(args: argparse.Namespace, topo: Topology) -> tuple[float | None, BandwidthCurve | None]:
+    """The bandwidth by threads of this machine: probed by default on the live machine (a few seconds);
+    a recorded tree is another machine, so only ``--bandwidth`` probes this one for it."""
+    live = hosts.is_live_root(args.sysfs_root)
+    if not (live if args.bandwidth is None else args.bandwidth):
+        return None, None
+    return fingerprint_bandwidth((topo if live else topology.read_topology()).physical_cores)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -287,11 +311,11 @@ def run(args: argparse.Namespace) -> int:
     topo = topology.read_topology(root)
     host = hosts.read_host_state(topo, root)
     build, build_reason = find_build()
-    bandwidth = hosts.measure_memory_bandwidth() if args.bandwidth else None
+    bandwidth, curve = _probe(args, topo)
     measured = _measured_advice(args, host) if args.study else []
     if args.json:
         document = {
-            "fingerprint": fingerprints.fingerprint(topo, build, host, bandwidth),
+            "fingerprint": fingerprints.fingerprint(topo, build, host, bandwidth, curve),
             "comparability_keys": list(fingerprints.COMPARABILITY_KEYS),
             "topology": asdict(topo),
             "numa_policies": launch.meaningful_numa_policies(topo),
@@ -299,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(document, indent=2))
         return 0
-    lines = report(topo, host, build, build_reason, bandwidth, live=hosts.is_live_root(root))
+    lines = report(topo, host, build, build_reason, bandwidth, hosts.is_live_root(root), curve)
     lines += [f"ADVICE: {line}" for line in measured]
     print("\n".join(lines))
     return 0

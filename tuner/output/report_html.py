@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from tuner.machine.bandwidth import SATURATION_SHARE, BandwidthCurve, threads_text
 from tuner.machine.roofline import Roofline
 from tuner.output.analysis import ReportData, break_even, complete, per_type_frame
 from tuner.search.prior import describe_prior
@@ -141,12 +142,67 @@ def lines_figure(
     x_title: str,
     y_title: str = "best feasible tokens/s",
 ) -> str:
+    fig = _lines(frame, group, x, y)
+    fig.update_layout(xaxis_title=x_title, yaxis_title=y_title, legend_title=group)
+    return _figure_html(fig, div_id)
+
+
+def _lines(frame: pd.DataFrame, group: str, x: str, y: str) -> go.Figure:
     fig = go.Figure()
     for name, part in frame.groupby(group, sort=True):
         part = part.sort_values(x)
         fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines+markers", name=str(name)))
-    fig.update_layout(xaxis_title=x_title, yaxis_title=y_title, legend_title=group)
+    return fig
+
+
+def threads_figure(frame: pd.DataFrame, curve: BandwidthCurve | None, div_id: str) -> str:
+    """Best tokens/s by threads, one line per NUMA policy, and the copy bandwidth's share of its peak on
+    the right axis: decode stops gaining threads about where the bandwidth saturates."""
+    fig = _lines(frame, "numa", "threads", "best_tokens_per_second")
+    if curve is not None:
+        shares = curve.shares()
+        fig.add_trace(
+            go.Scatter(
+                x=list(shares),
+                y=list(shares.values()),
+                mode="lines+markers",
+                name="memory bandwidth (share of peak)",
+                yaxis="y2",
+                line={"dash": "dot", "color": "gray"},
+                text=[f"{curve.points[t] / 1e9:.1f} GB/s" for t in shares],
+                hoverinfo="text+x+y",
+            )
+        )
+        fig.add_vline(x=curve.saturation(), line_dash="dot", line_color="gray")
+        fig.update_layout(
+            yaxis2={
+                "title": "memory bandwidth, share of peak",
+                "overlaying": "y",
+                "side": "right",
+                "range": [0, 1.05],
+                "tickmode": "linear",
+                "tick0": 0,
+                "dtick": 0.25,
+                "tickformat": ".0%",
+                "showgrid": False,
+            },
+            legend={"x": 1.08},  # clear of the right axis' title
+        )
+    fig.update_layout(xaxis_title="threads", yaxis_title="best feasible tokens/s", legend_title="numa")
     return _figure_html(fig, div_id)
+
+
+def threads_caption(curve: BandwidthCurve | None) -> str:
+    """What the threads plot shows, and where the machine's memory bandwidth saturates."""
+    caption = "Best tokens/s per thread count, one line per NUMA policy."
+    if curve is None:
+        return caption + " (The study recorded no memory bandwidth by threads to read it against.)"
+    return (
+        f"{caption} Dotted: the copy bandwidth by threads when the study started, as a share of its peak "
+        f"(right axis); memory bandwidth saturates ({SATURATION_SHARE:.0%} of its peak, "
+        f"{curve.peak / 1e9:.1f} GB/s) from {threads_text(curve.saturation())} (the vertical line): past it, decode "
+        "of a memory-bound model gains little from more threads."
+    )
 
 
 def temperature_figure(frame: pd.DataFrame, div_id: str) -> str:
@@ -710,11 +766,9 @@ def _knob_sections(data: ReportData) -> list[Section]:
         Section(
             "threads-numa",
             "Threads and NUMA policy",
-            "Best tokens/s per thread count, one line per NUMA policy.",
-            lines_figure(
-                data.threads_numa, "numa", "threads", "best_tokens_per_second", "fig-threads-numa", "threads"
-            )
-            if not data.threads_numa.empty
+            threads_caption(data.bandwidth_curve),
+            threads_figure(data.threads_numa, data.bandwidth_curve, "fig-threads-numa")
+            if not data.threads_numa.empty or data.bandwidth_curve is not None
             else _empty("no complete trial"),
         ),
     ]
