@@ -14,7 +14,7 @@ from plotly.offline import get_plotlyjs
 
 from tuner.cli import main
 from tuner.machine import bandwidth as bandwidths
-from tuner.machine.bandwidth import BandwidthCurve, bandwidth_saturation, curve_of, thread_ladder
+from tuner.machine.bandwidth import BandwidthCurve, bandwidth_saturation, curve_of, probe_counts
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.output.report_html import threads_caption, threads_figure
 from tuner.search.prior import same_machine
@@ -121,7 +121,7 @@ def test_readers_take_the_saturation_from_a_fingerprint():
     ],
 )
 def test_the_ladder_is_geometric_from_one_thread_to_all_cores(cores, ladder):
-    assert thread_ladder(cores) == ladder
+    assert probe_counts(cores) == ladder
 
 
 def test_the_probe_measures_every_count_of_the_ladder():
@@ -180,6 +180,7 @@ def test_check_prints_the_curve_under_the_machine(probed, tmp_path, env, capsys)
     machine = next(i for i, line in enumerate(out) if line.startswith("  machine  "))
     assert "40.0 GB/s memory bandwidth (copy probe)" in out[machine]  # the curve's figure at all cores
     assert out[machine + 1] == f"  {RISING_TEXT}"
+    assert out[machine + 2].startswith("  search   threads")  # the walk the search will take (walk_text)
 
 
 def test_check_without_a_curve_prints_no_curve_line(tmp_path, env, capsys):
@@ -214,3 +215,15 @@ def test_the_curve_is_drawn_on_the_threads_plot_in_headless_chromium(tmp_path):
     legend = {e.all_text().strip() for e in figure.find_all("g", "traces")}
     assert {"none", "memory bandwidth (share of peak)"} <= legend
     assert len(figure.find_all("path", "point")) == 2 + len(RISING.points)
+
+
+def test_check_shows_the_ladder_a_96_thread_space_walks():
+    from tuner.search.stages.hardware import walk_text
+
+    text = walk_text(list(range(1, 97)), 96, 32, 4)
+    assert text.startswith(
+        "threads 1..96: the policies at 32 threads (the bandwidth probe), then the ladder "
+    )
+    assert "96, 32, 72, 48, 24 on the best policy" in text and "halved down to 6 thread(s)" in text
+    assert "bind within one node's 24 cores" in text
+    assert walk_text(list(range(1, 17)), 16, None, 1).startswith("threads 1..16: the ladder 16, 12, 8, 4 ")

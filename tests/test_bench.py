@@ -346,9 +346,8 @@ def test_repeatability_races_two_seeds_and_checks_each_deployment_against_the_ot
     synthetic_models, tmp_path, monkeypatch
 ):
     from tuner.bench.repeat import markdown, measure_repeatability
-    from tuner.studyfile.spec import RaceSpec
-
     from tuner.paths import models_dir
+    from tuner.studyfile.spec import RaceSpec
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     (tmp_path / "one.yaml").write_text('prompts:\n  - id: add\n    text: "def add(a, b):\\n    return"\n')

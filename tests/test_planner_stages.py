@@ -7,6 +7,7 @@ sampler on simulated studies is tests/test_search.py's.
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 from tuner.measurement.failures import FailureReason
@@ -227,7 +228,9 @@ def test_no_stack_where_the_lookup_paid_on_no_suite_or_the_draft_does_not_pay():
 def test_hardware_probes_the_policies_then_walks_threads_on_the_best():
     draft = past(DRAFT, 20.0, 0.7)
     first = hardware.propose(state_of(baseline(), draft))
-    assert first.params == {**DRAFT, "numa": "interleave"} and first.reason.startswith("NUMA interleave with")
+    assert first.params == {**DRAFT, "numa": "interleave"} and first.reason.startswith(
+        "NUMA interleave at 16 threads with"
+    )
     interleaved = past({**DRAFT, "numa": "interleave"}, 22.0, 0.7)
     walk = hardware.propose(state_of(baseline(), draft, interleaved))
     assert walk.params == {**DRAFT, "numa": "interleave", "threads": 8}
@@ -250,6 +253,96 @@ def test_hardware_tries_the_prior_pair_first_and_trusts_its_policy_when_it_leads
     pair = past({**DRAFT, "numa": "interleave", "threads": 24}, 25.0, 0.7)
     after = hardware.propose(state_of(baseline(), draft, pair, prior=prior))
     assert after.params["numa"] == "interleave" and after.params["threads"] == 16  # no NUMA none probe
+
+
+# A 96-core, 4-node host as it presents threads: every integer from 1 to 96.
+WIDE_SPACE = {
+    **SPACE,
+    "numa": ["Choices", {"values": ["none", "interleave", "bind"]}],
+    "numa_node": ["Choices", {"values": [0, 1, 2, 3]}],
+    "threads": ["IntRange", {"low": 1, "high": 96, "step": 1, "log": False}],
+}
+WIDE_DRAFT = {**DRAFT, "threads": 96}
+
+
+def peaked(t: int) -> float:
+    """Decode over threads: bandwidth saturates, then contention from 60 (a 96-core EPYC's shape)."""
+    return (1 - math.exp(-min(t, 60) / 14)) * (1 - 0.35 * max(0, t - 60) / 96)
+
+
+def flat(t: int) -> float:
+    """Saturated early and level up to all cores."""
+    return 1 - math.exp(-t / 10)
+
+
+def replay_hardware(curve, saturation=None, node_curve=None, policy=None) -> list[PastTrial]:
+    """The hardware stage run to its end on a noiseless host: each proposal measured by ``curve`` (bind: on one
+    node, ``node_curve``), times the policy's factor."""
+    factor = policy or {"none": 0.8, "interleave": 1.0, "bind": 0.6}
+    trials = [
+        past({**BASE, "threads": 96}, 10.0, role="baseline"),
+        past(WIDE_DRAFT, 20.0 * factor["none"] * curve(96), 0.7),
+    ]
+    for _ in range(40):
+        proposal = hardware.propose(state_of(*trials, space=WIDE_SPACE, saturation=saturation))
+        if proposal is None:
+            break
+        p = proposal.params
+        shape = (node_curve or curve) if p["numa"] == "bind" else curve
+        trials.append(past(p, 20.0 * factor[p["numa"]] * shape(p["threads"]), 0.7))
+    return trials[2:]
+
+
+def test_the_thread_ladder_is_coarse_and_seeded_by_the_bandwidth_probe():
+    values = list(range(1, 97))
+    assert hardware.thread_ladder(values, 96) == [96, 72, 48, 24]
+    assert hardware.thread_ladder(values, 96, saturation=32) == [96, 32, 72, 48, 24]
+    assert hardware.thread_ladder(values, 96, saturation=70) == [96, 70, 48, 24]  # 72 is within a step of 70
+    assert hardware.thread_ladder(values, 24) == [24, 18, 12, 6] and hardware.thread_step(96) == 6
+    assert hardware.thread_ladder([1, 2], 2) == [2, 1] and hardware.thread_step(2) == 1
+
+
+def test_ties_within_the_noise_go_to_fewer_threads():
+    assert hardware.tie_pick({48: 0.985, 60: 1.0, 72: 0.97}) == 48
+    assert hardware.tie_pick({48: 0.95, 60: 1.0, 72: 0.99}) == 60
+
+
+def test_the_bracket_halves_the_wider_gap_beside_the_best_until_a_step():
+    points = {24: 0.80, 48: 0.95, 72: 0.97, 96: 0.90}  # the best, 72, between 48 and 96
+    assert hardware.bracket(points, 1, 96, 6) == [60.0, 84.0]
+    assert hardware.bracket({**points, 60: 1.0, 54: 0.96, 66: 0.96}, 1, 96, 6) == []  # gaps of 6: done
+    level = {24: 0.90, 48: 0.99, 72: 1.0, 96: 0.995}  # a flat stretch from 48: only below the tie rule's pick
+    assert hardware.bracket(level, 1, 96, 6) == [36.0]
+
+
+def test_on_a_1_to_96_host_the_walk_finds_the_top_and_never_steps_by_one():
+    trials = replay_hardware(peaked, saturation=48)
+    on = [r.params["threads"] for r in trials if r.params["numa"] == "interleave"]
+    assert len(set(on)) == len(on) and min(abs(a - b) for a in on for b in on if a != b) >= 6
+    best = max(trials, key=lambda r: r.value)
+    assert best.params["numa"] == "interleave" and best.value >= 0.97 * 20.0 * max(map(peaked, range(1, 97)))
+    assert len(trials) <= 14  # three policies, the ladder, a few brackets
+
+
+def test_flat_near_all_cores_spends_at_most_three_thread_trials_beyond_the_ladder():
+    trials = replay_hardware(flat)
+    ladder = set(hardware.thread_ladder(list(range(1, 97)), 96))
+    beyond = [r for r in trials if r.params["numa"] == "interleave" and r.params["threads"] not in ladder]
+    assert len(beyond) <= 3, [r.params["threads"] for r in beyond]
+    pick = hardware.tie_pick(
+        {r.params["threads"]: r.value for r in trials if r.params["numa"] == "interleave"}
+    )
+    assert pick < 96  # level with all cores: fewer threads win
+
+
+def test_bind_is_walked_within_one_nodes_cores():
+    def node(t: int) -> float:  # one node's 24 cores: saturates near 12, oversubscribed above 24
+        return (1 - math.exp(-min(t, 24) / 4)) * (1 - 0.5 * max(0, t - 24) / 24)
+
+    trials = replay_hardware(peaked, 48, node, {"none": 0.8, "interleave": 1.0, "bind": 1.3})  # bind wins
+    bound = [r.params for r in trials if r.params["numa"] == "bind"]
+    assert {p["numa_node"] for p in bound} == {0, 1, 2, 3}  # the other nodes tried once bind led
+    assert max(p["threads"] for p in bound) <= 24 and bound[0]["threads"] == 12  # the probe's point, per node
 
 
 SERVING_SPACE = {**SPACE, "parallel": ["Choices", {"values": [1, 2, 4, 8, 16]}]}

@@ -18,7 +18,7 @@ from tuner.decisions.race import DECISION_ROUNDS
 from tuner.errors import MissingBinaryError, UserError
 from tuner.knobs.config import Choices, Domain, IntRange
 from tuner.knobs.registry import KNOB_TYPES, NAMES
-from tuner.machine.bandwidth import curve_of, fingerprint_bandwidth
+from tuner.machine.bandwidth import PLANNER_SHARE, bandwidth_saturation, curve_of, fingerprint_bandwidth
 from tuner.machine.fingerprint import fingerprint
 from tuner.machine.host import numactl_path, read_host_state
 from tuner.machine.llama_build import binary, find_build_info, resolve_bin_dir
@@ -39,7 +39,9 @@ from tuner.measurement.workload import (
 from tuner.models.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
 from tuner.models.quantize import Variant, ensure_variant
 from tuner.paths import inside, storage_dir
-from tuner.search.space import ResolvedSpace, outside, resolve_space
+from tuner.search.space import ResolvedSpace, baseline_config, outside, resolve_space
+from tuner.search.stages.configs import KnobValues
+from tuner.search.stages.hardware import walk_text
 from tuner.storage.records import StudyRecord
 from tuner.studyfile.spec import StudySpec
 from tuner.studyfile.validate import Fields
@@ -406,7 +408,16 @@ def _models_lines(ctx: StudyContext) -> list[str]:
         f"  machine  {fp.get('physical_cores')} cores, {len(ctx.launch.topology.nodes)} NUMA node(s), "
         + (f"{bandwidth / 1e9:.1f} GB/s memory bandwidth (copy probe)" if bandwidth else "bandwidth unknown"),
         *([f"  {curve.text()}"] if curve else []),
+        f"  search   {_thread_walk(ctx)}",
     ]
+
+
+def _thread_walk(ctx: StudyContext) -> str:
+    """The hardware stage's thread walk on this machine (``tuner.search.stages.hardware``)."""
+    values = KnobValues(ctx.space.describe()).values("threads")
+    cores = baseline_config(ctx.space).threads
+    saturation = bandwidth_saturation(ctx.fingerprint, PLANNER_SHARE)
+    return walk_text(values, cores, saturation, max(1, len(ctx.launch.topology.nodes)))
 
 
 def _workload_lines(ctx: StudyContext) -> list[str]:

@@ -63,7 +63,7 @@ from typing import Callable
 import numpy as np
 
 from tuner.knobs.config import Choices, FloatRange, IntRange, RawSpace, TrialConfig
-from tuner.machine.bandwidth import BANDWIDTH_KEY, probe_counts
+from tuner.machine.bandwidth import FINGERPRINT_KEY, probe_counts
 from tuner.measurement.failures import FailureReason
 from tuner.measurement.measure import pooled_from_rates
 from tuner.search.space import ResolvedSpace, resolve_space, suggest
@@ -283,7 +283,7 @@ class OperatorLandscape:
             "memory_gib": 768,
         }
         if self.probed:  # what the copy probe would have measured on this host (tuner.machine.bandwidth)
-            fingerprint[BANDWIDTH_KEY] = {str(t): 4e11 * hw.bandwidth(t) for t in probe_counts(hw.cores)}
+            fingerprint[FINGERPRINT_KEY] = {str(t): 4e11 * hw.bandwidth(t) for t in probe_counts(hw.cores)}
         return StudyRecord.for_replay(
             self.name,
             self.space.describe(),
@@ -1234,6 +1234,7 @@ def _serve() -> OperatorLandscape:
 PEAK_60 = replace(EPYC, tau=14.0, contention_from=60, contention=0.35, smt_penalty=0.6)
 PEAK_40 = replace(EPYC, tau=9.0, contention_from=40, contention=0.3, smt_penalty=0.6)
 ALL_CORES = replace(EPYC, tau=30.0, contention_from=96, contention=0.0, smt_penalty=0.57)
+FLAT = replace(EPYC, tau=10.0, contention_from=96, contention=0.0, smt_penalty=0.6)  # level from about 40
 # A 2-socket, 64-core host (2 x 32 cores, SMT): a model that fits one node runs best bound to it, where no page
 # crosses the socket link; the node's bandwidth saturates near 20 of its 32 cores and more threads contend.
 TWO_NODE = Hardware(
@@ -1253,6 +1254,7 @@ REAL_RANGE = {
     "threads-60": (PEAK_60, "decode tops out near 60 of 96 cores (bandwidth saturates, then contention)"),
     "threads-40": (PEAK_40, "decode tops out near 40 of 96 cores"),
     "threads-all": (ALL_CORES, "decode gains up to all 96 cores (SMT siblings above them lose)"),
+    "threads-flat": (FLAT, "decode level within 1% from about 40 threads to all 96 cores"),
     "threads-2node": (TWO_NODE, "a 2-node, 64-core host: bind to one node wins, at about 20 of its 32 cores"),
 }
 

@@ -21,6 +21,8 @@ from tuner.errors import UserError
 BANDWIDTH_ENV = "TUNER_MEMORY_BANDWIDTH"
 FINGERPRINT_KEY = "bandwidth_by_threads"
 SATURATION_SHARE = 0.9  # "saturated": this share of the peak
+# the thread search starts where the bandwidth is this near its peak: decode still gains a little past 90%
+PLANNER_SHARE = 0.95
 PROBE_SECONDS = 3.0
 PROBE_BYTES = 256 * 2**20
 DENSE_UP_TO = 8  # every power of two up to here; above it, 3/4 of each power of two too
@@ -97,13 +99,13 @@ def curve_of(fingerprint: Mapping) -> BandwidthCurve | None:
     return BandwidthCurve.from_json(fingerprint.get(FINGERPRINT_KEY))
 
 
-def bandwidth_saturation(fingerprint: Mapping) -> int | None:
-    """The fewest threads reaching 90% of the peak bandwidth on a study's machine; None without a curve."""
+def bandwidth_saturation(fingerprint: Mapping, share: float = SATURATION_SHARE) -> int | None:
+    """The fewest threads reaching ``share`` of the peak bandwidth on a study's machine; None without a curve."""
     curve = curve_of(fingerprint)
-    return curve.saturation() if curve else None
+    return curve.saturation(share) if curve else None
 
 
-def thread_ladder(physical_cores: int) -> tuple[int, ...]:
+def probe_counts(physical_cores: int) -> tuple[int, ...]:
     """Thread counts to probe, geometric from 1 to all cores: 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96 ...
     (where it saturates is found to within a factor of 1.5, in about ten counts for a large server)."""
     cores = max(1, physical_cores)
@@ -166,10 +168,10 @@ def probe_bandwidth_curve(
     size_bytes: int = PROBE_BYTES,
     clock: Callable[[], float] = time.perf_counter,
 ) -> BandwidthCurve:
-    """The copy bandwidth at each count of ``thread_ladder``: the arrays made once, then what is left of
+    """The copy bandwidth at each count of ``probe_counts``: the arrays made once, then what is left of
     ``seconds`` shared among the counts (each at least three rounds), so the whole probe costs about
     ``seconds`` even where faulting the pages in is slow (some VMs)."""
-    ladder = thread_ladder(physical_cores)
+    ladder = probe_counts(physical_cores)
     start = clock()
     src, dst = _copy_arrays(size_bytes, ladder[-1])
     share = max(seconds - (clock() - start), 0.0) / len(ladder)

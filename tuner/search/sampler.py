@@ -28,7 +28,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.machine.bandwidth import bandwidth_saturation
+from tuner.machine.bandwidth import PLANNER_SHARE, bandwidth_saturation
 from tuner.search.history import PLAN_ATTR, objective_level, read_history
 from tuner.search.planner import plan
 from tuner.search.speedup_model import measured_acceptance
@@ -55,7 +55,7 @@ class StructuredSampler(optuna.samplers.BaseSampler):
                 read_history(study),
                 store.read_prior(study),
                 objective_level(context[1]),
-                bandwidth_saturation(store.host_fingerprint(study)),
+                bandwidth_saturation(store.host_fingerprint(study), PLANNER_SHARE),
             )
         if proposal is None:
             self._plans[trial.number] = None

@@ -72,19 +72,36 @@ def thread_step(cores: int) -> int:
 
 
 def thread_ladder(values: list[int], cores: int, saturation: int | None = None) -> list[int]:
-    """The coarse ladder walked after all ``cores``: 3/4, 1/2 and 1/4 of them and the bandwidth probe's
-    saturation point, each the nearest value of the domain; rungs closer than a step to an earlier one dropped."""
+    """The coarse ladder: all ``cores``, the bandwidth probe's saturation point, 3/4, 1/2 and 1/4 of the cores,
+    each the nearest value of the domain; a rung closer than a step to an earlier one is dropped."""
     below = [v for v in values if v <= cores] or values
     step = thread_step(cores)
-    wanted = (
-        [cores * share for share in LADDER[:2]] + ([saturation] if saturation else []) + [cores * LADDER[2]]
-    )
+    wanted = ([saturation] if saturation else []) + [cores * share for share in LADDER]
     ladder = [nearest(below, cores)]
     for target in wanted:
         value = nearest(below, round(target))
         if all(abs(value - rung) >= step for rung in ladder):
             ladder.append(value)
     return ladder
+
+
+def walk_text(values: list[int], cores: int, saturation: int | None, nodes: int) -> str:
+    """The thread walk a study will take, for `tuner run --check`."""
+    if not values:
+        return "threads: not searched"
+    if len(values) == 1:
+        return f"threads: {values[0]} (fixed)"
+    start = (
+        f"the policies at {nearest(values, saturation)} threads (the bandwidth probe), then "
+        if saturation
+        else ""
+    )
+    bind = f"; bind within one node's {cores // nodes} cores" if nodes > 1 else ""
+    return (
+        f"threads {min(values)}..{max(values)}: {start}the ladder "
+        f"{', '.join(map(str, thread_ladder(values, cores, saturation)))} on the best policy, then the gap beside "
+        f"the best halved down to {thread_step(cores)} thread(s); ties within {TIE:.0%} to fewer threads{bind}"
+    )
 
 
 def tie_pick(points: dict[int, float], tie: float = TIE) -> int:
