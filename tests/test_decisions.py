@@ -681,3 +681,20 @@ def test_an_outlier_left_out_of_a_short_race_gives_no_bound_in_words_not_a_crash
     text = "\n".join(verdict_lines(result))
     assert "no bound yet: a has 2 kept rounds beside" in result.loss_line() and "inf" not in text
     assert RaceResult.from_json(result.to_json()) == result
+
+
+def test_siblings_that_differ_in_prompt_threads_race_once_with_the_better_prompt_throughput():
+    from tuner.decisions.race import prompt_pick
+    from tuner.knobs.config import TrialConfig
+    from tuner.storage.records import TrialRecord
+
+    def trial(number: int, batch: int, prompt_tps: float) -> TrialRecord:
+        samples = ({"prompt_n": 100, "prompt_ms": 1000 * 100 / prompt_tps, "tokens_per_second": 20.0},)
+        return TrialRecord(
+            number, "COMPLETE", "search", TrialConfig(threads=48, threads_batch=batch), samples=samples
+        )
+
+    at96, at48 = trial(1, 96, 400.0), trial(2, 48, 300.0)
+    assert prompt_pick([at48, at96]) is at96  # prompts want every core here
+    assert prompt_pick([at96, trial(3, 48, 396.0)]).number == 3  # within 2%: fewer prompt threads
+    assert prompt_pick([at48]) is at48

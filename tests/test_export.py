@@ -192,6 +192,12 @@ def test_files_script_json_yaml_and_preset(storage, demo, tmp_path, capsys):
     assert text.startswith("version = 1\n")
     section = text.split("[demo]\n", 1)[1].splitlines()
     assert [line for line in section if not line.startswith(";")] == preset_options(best.command, 0.0)
+    assert any(line.startswith("threads-batch = ") for line in section)  # carried, with how it was chosen:
+    how = [line for line in section if line.startswith(("; threads ", "; threads-batch "))]
+    assert [line.split(":")[0] for line in how] == [
+        f"; threads {best.config.threads}",
+        f"; threads-batch {best.config.threads_batch or best.config.threads}",
+    ]
 
 
 def quoted_export(command: ServerCommand, temperature: float = 0.0) -> Export:
@@ -740,3 +746,35 @@ def test_a_load_class_section_serves_its_users_at_once_with_the_real_router(
     finally:
         stop_group(proc)
     assert all(a["usage"]["completion_tokens"] > 0 for a in answers)
+
+
+def test_the_preset_says_how_threads_and_prompt_threads_were_chosen():
+    import pandas as pd
+
+    from tuner.decisions.deployment import thread_notes
+    from tuner.knobs.config import TrialConfig
+    from tuner.storage.records import StudyRecord, TrialRecord
+
+    space = {"threads": ["IntRange", {"low": 1, "high": 96, "step": 1, "log": False}]}
+    trial = TrialRecord(5, "COMPLETE", "search", TrialConfig(threads=48))
+    threads, batch = thread_notes(
+        StudyRecord.for_replay("s", space, ("tokens_per_second",)), trial, pd.DataFrame()
+    )
+    assert threads.startswith("threads 48: searched over 1..96") and batch.startswith(
+        "threads-batch 48: not tuned"
+    )
+    searched = {**space, "threads_batch": space["threads"]}
+    frame = pd.DataFrame(
+        {
+            "trial": [5, 6],
+            "feasible": [True, True],
+            "threads": [48, 48],
+            "threads_batch": [96, 48],
+            "prompt_tokens_per_second": [410.0, 300.0],
+        }
+    )
+    tuned = TrialRecord(5, "COMPLETE", "search", TrialConfig(threads=48, threads_batch=96))
+    _, batch = thread_notes(StudyRecord.for_replay("s", searched, ("tokens_per_second",)), tuned, frame)
+    assert batch.startswith(
+        "threads-batch 96: tuned apart on prompt throughput, 410 prompt tokens/s against 300 at 48"
+    )

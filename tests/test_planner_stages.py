@@ -19,6 +19,7 @@ from tuner.search.stages import (
     experts,
     hardware,
     probes,
+    prompt_threads,
     refinement,
     serving,
     stacks,
@@ -87,6 +88,7 @@ def test_every_stage_is_a_documented_module_in_the_search_order():
         best_k,
         stacks,
         hardware,
+        prompt_threads,
         serving,
         experts,
         temperature,
@@ -424,3 +426,20 @@ def test_from_the_baseline_alone_only_the_walks_on_the_target_itself_propose():
         assert stage.propose(state) is None, stage.__name__
     assert hardware.propose(state).params == {**BASE, "numa": "interleave"}
     assert refinement.propose(state).params == {**BASE, "threads": 8}
+
+
+# -- prompt threads ----------------------------------------------------------------------------------
+
+BATCH_SPACE = {**WIDE_SPACE, "threads_batch": ["IntRange", {"low": 1, "high": 96, "step": 1, "log": False}]}
+
+
+def test_prompt_threads_are_compared_at_the_decode_threads_and_every_core():
+    base = past({**BASE, "threads": 96, "threads_batch": 96}, 10.0, role="baseline")
+    tuned = past({**WIDE_DRAFT, "numa": "interleave", "threads": 48, "threads_batch": 96}, 30.0, 0.7)
+    first = prompt_threads.propose(state_of(base, tuned, space=BATCH_SPACE))
+    assert first.params == {**tuned.params, "threads_batch": 48} and first.reason.startswith(
+        "prompt threads 48"
+    )
+    at48 = past(first.params, 29.5, 0.7)
+    assert prompt_threads.propose(state_of(base, tuned, at48, space=BATCH_SPACE)) is None  # both measured
+    assert prompt_threads.propose(state_of(base, tuned)) is None  # not searched: nothing to propose

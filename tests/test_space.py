@@ -154,3 +154,26 @@ def test_the_baseline_serves_with_llama_cpp_defaults_not_a_drawn_kv_cache_type()
     study = optuna.create_study()
     study.enqueue_trial(enqueue_params(base, s))
     assert suggest(study.ask(), s) == base  # the enqueued baseline asks nothing of the sampler
+
+
+def test_long_prompts_search_prompt_threads_apart_from_the_baseline_default():
+    def fitted(long_prompts: str | None, **domains) -> ResolvedSpace:
+        return resolve_space(
+            RawSpace({"threads": IntRange(1, 16), **domains}),
+            fields=Fields(Path("study.yaml"), {}),
+            draft_names=(),
+            expert_used_count=None,
+            expert_count=None,
+            physical_cores=16,
+            logical_cpus=32,
+            numa_policies=("none",),
+            numa_nodes=(0,),
+            long_prompts=long_prompts,
+        )
+
+    chat = fitted("the workload holds conversations")
+    assert chat.domains["threads_batch"] == IntRange(1, 16)
+    assert any(n.startswith("threads_batch: 1..16, tuned apart") for n in chat.notes)
+    assert baseline_config(chat).threads_batch == 16 == baseline_config(chat).threads  # llama.cpp's default
+    assert "threads_batch" not in fitted(None).domains and baseline_config(fitted(None)).threads_batch is None
+    assert fitted("chat", threads_batch=Choices((8,))).domains["threads_batch"] == Choices((8,))  # as written

@@ -111,10 +111,15 @@ def quality_record(spec: StudySpec) -> dict:
 
 
 def check_models_and_space(
-    spec: StudySpec, topo: Topology, numactl: str | None, quantized: dict[str, Path] | None = None
+    spec: StudySpec,
+    topo: Topology,
+    numactl: str | None,
+    quantized: dict[str, Path] | None = None,
+    workload: Workload | None = None,
 ) -> tuple[ModelInfo, dict[str, ModelInfo], ResolvedSpace]:
     """Read the GGUF headers, refuse incompatible drafts, fit the space to this machine.
-    ``quantized``: the quantize variants' files by draft name (see ``make_variants``)."""
+    ``quantized``: the quantize variants' files by draft name (see ``make_variants``); ``workload``: whether
+    its prompts are long (``long_prompts``) decides if prompt threads are searched apart."""
     target = read_model_info(spec.target)
     drafts: dict[str, ModelInfo] = {}
     named = [(f"drafts[{i}]", path.stem, path) for i, path in enumerate(spec.drafts)]
@@ -143,9 +148,23 @@ def check_models_and_space(
         target_name=spec.target.name,
         announced=target.speculative_types,
         concurrency=spec.measurement.concurrency,
+        long_prompts=long_prompts(spec, workload),
     )
     check_warm_starts(spec, space)
     return target, drafts, space
+
+
+def long_prompts(spec: StudySpec, workload: Workload | None) -> str | None:
+    """Why the study's prompts are long enough for prompt processing to matter, or None: a bound on time to
+    first token, or conversations (each turn's prompt carries the earlier ones; imported logs are these)."""
+    ttft = [c.name for c in spec.constraints if "ttft" in c.name] + [
+        o.metric for o in spec.objectives if "ttft" in o.metric
+    ]
+    if ttft:
+        return f"the study bounds time to first token: {ttft[0]}"
+    if workload is not None and workload.chat:
+        return "the workload holds conversations: each turn's prompt carries the earlier turns"
+    return None
 
 
 def check_warm_starts(spec: StudySpec, space: ResolvedSpace) -> None:
@@ -270,15 +289,15 @@ def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
     numactl = numactl_path()
     bin_dir = resolve_bin_dir(spec.bin_dir)
     quantized = make_variants(spec, bin_dir, progress)
-    target, drafts, space = check_models_and_space(
-        spec, topo, numactl, {name: v.path for name, v in quantized.items()}
-    )
-    server = binary("llama-server", bin_dir)
-    build = find_build_info(bin_dir)
     try:
         workload = load_workload(list(spec.suites), spec.base_dir)
     except UserError as err:  # name the study file and its field
         raise UserError(f"{spec.path}: workload.suites: {str(err).removeprefix('workload: ')}") from None
+    target, drafts, space = check_models_and_space(
+        spec, topo, numactl, {name: v.path for name, v in quantized.items()}, workload
+    )
+    server = binary("llama-server", bin_dir)
+    build = find_build_info(bin_dir)
     template = chat_template(spec, target, workload)
     check_prompts_fit(spec, workload, bin_dir, progress, max_slots(spec, space), template)
     launch = LaunchContext(

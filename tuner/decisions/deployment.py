@@ -32,6 +32,7 @@ import optuna
 import pandas as pd
 
 from tuner import figures
+from tuner.decisions.evidence import THREAD_TIE
 from tuner.decisions.front import feasible, front_2d, knee
 from tuner.decisions.per_type import PerTypeResult, race_per_type, type_rounds, winner_lines
 from tuner.decisions.race import RaceResult, finalists, race_study
@@ -39,6 +40,7 @@ from tuner.decisions.remeasure import StudyInputs
 from tuner.decisions.route import describe_accuracy
 from tuner.errors import UserError
 from tuner.eta import Progress
+from tuner.knobs.registry import NAMES
 from tuner.machine import hostlock
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord
@@ -161,6 +163,58 @@ def race_policy(race: RaceResult, why: str) -> str:
     if race.decided:
         return f"won the finalist race ({why} among the finalists); {race.loss_line()}"
     return f"highest estimate of an undecided finalist race ({why} among the finalists); {race.loss_line()}"
+
+
+def thread_notes(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame) -> tuple[str, str]:
+    """How the deployed ``threads`` and ``threads-batch`` were chosen, for the preset's and serve.sh's comments:
+    searched or fixed; prompt threads compared on prompt throughput among the trial's siblings (the same
+    configuration at other prompt threads, ``frame``: ``trials_frame``), or not tuned (llama.cpp's default)."""
+    config = trial.config
+    threads = record.space.get("threads")
+    low, high = _range_of(threads)
+    how = (
+        f"searched over {low}..{high} (NUMA policies, a ladder, then a shrinking bracket; ties within "
+        f"{THREAD_TIE:.0%} to fewer threads)"
+        if low != high
+        else "fixed by the study's space"
+    )
+    batch = config.threads_batch or config.threads
+    if "threads_batch" not in record.space:
+        return f"threads {config.threads}: {how}", (
+            f"threads-batch {batch}: not tuned (llama.cpp's default, equal to threads); prompt processing may "
+            f"want every core: a workload with long prompts, or threads_batch in search_space, searches it"
+        )
+    siblings = _prompt_siblings(config, frame)
+    others = [(t, rate) for t, rate in siblings.items() if t != batch]
+    if batch not in siblings or not others:
+        return f"threads {config.threads}: {how}", f"threads-batch {batch}: searched, not compared on prompts"
+    versus = ", ".join(f"{rate:.0f} at {t}" for t, rate in others)
+    return f"threads {config.threads}: {how}", (
+        f"threads-batch {batch}: tuned apart on prompt throughput, {siblings[batch]:.0f} prompt tokens/s "
+        f"against {versus} (ties within {THREAD_TIE:.0%} to fewer threads)"
+    )
+
+
+def _range_of(described: list | None) -> tuple:
+    """The lowest and highest value of a described domain (``ResolvedSpace.describe``)."""
+    if not described:
+        return None, None
+    kind, domain = described
+    values = domain["values"] if kind == "Choices" else (domain["low"], domain["high"])
+    return min(values), max(values)
+
+
+def _prompt_siblings(config, frame: pd.DataFrame) -> dict[int, float]:
+    """Prompt threads -> the best prompt tokens/s among feasible trials of ``config`` at any prompt threads."""
+    if frame.empty or "prompt_tokens_per_second" not in frame:
+        return {}
+    same = frame[frame["feasible"] & frame["prompt_tokens_per_second"].notna()]
+    for knob in NAMES:
+        if knob != "threads_batch" and knob in same:
+            value = getattr(config, knob, None)
+            same = same[same[knob].isna()] if value is None else same[same[knob] == value]
+    batch = same["threads_batch"].fillna(same["threads"]).astype(int)
+    return same.groupby(batch)["prompt_tokens_per_second"].max().to_dict()
 
 
 # ------------------------------------------------------------------ per content type

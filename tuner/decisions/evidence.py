@@ -48,6 +48,9 @@ MIN_ROUNDS = 3  # fewer paired rounds give no decision (and a t-interval with 1 
 # Paired rounds a close pair's bound needs before a race decides on it, and the first round a race may stop at: the
 # few early bounds narrow enough to decide on are mostly those whose spread came out low by luck (docs/decisions.md).
 DECISION_ROUNDS = 5
+# Two thread counts whose rates are within this share of each other tie, and the fewer threads win (the resource
+# rule): about one trial's launch spread, so adjacent counts on a big host are not told apart by noise.
+THREAD_TIE = 0.02
 OUTLIER_MADS = 5.0
 MAD_FLOOR = (
     0.1  # log terms: with 5 MADs no launch within a factor 1.65 of the median is an outlier (at 0.05, a

@@ -54,7 +54,7 @@ from tuner.decisions.drift import Sentinels
 from tuner.decisions.evidence import DECISION_ROUNDS
 from tuner.decisions.remeasure import Launch, Remeasure, StudyInputs, contender
 from tuner.errors import UserError
-from tuner.measurement.measure import MeasurementSettings
+from tuner.measurement.measure import MeasurementSettings, prompt_rate
 from tuner.measurement.workload import Workload
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord
@@ -140,10 +140,28 @@ def finalists(
         )
         for rate, r in zip(rates, pool)
     ]
+    siblings: dict = {}  # configurations that differ at most in prompt threads decode alike: one finalist
+    for r in pool:
+        siblings.setdefault(replace(r.config, threads_batch=None), []).append(r)
     chosen: dict = {}
     for i in within_reach(scored, sentinels.launch_spread()):
-        chosen.setdefault(pool[i].config, pool[i])
-    return list(chosen.values())[:max_finalists]
+        key = replace(pool[i].config, threads_batch=None)
+        if key not in chosen:
+            chosen[key] = [pool[i], *(r for r in siblings[key] if r is not pool[i])]
+    return [prompt_pick(group) for group in chosen.values()][:max_finalists]
+
+
+def prompt_pick(siblings: list[TrialRecord]) -> TrialRecord:
+    """Of trials whose configurations differ at most in ``threads_batch`` (the first: the closest to the leader),
+    the one with the best prompt throughput, ties (``evidence.THREAD_TIE``) to fewer prompt threads: they decode
+    alike, and prompt threads are tuned on prompts (``tuner.search.stages.prompt_threads``). The first where
+    fewer than two measured prompts, or all share one prompt thread count."""
+    rated = [(rate, r) for r in siblings if (rate := prompt_rate(r.samples))]
+    if len({r.config.threads_batch for _, r in rated}) < 2:
+        return siblings[0]
+    top = max(rate for rate, _ in rated)
+    tied = [r for rate, r in rated if rate >= (1 - evidence.THREAD_TIE) * top]
+    return min(tied, key=lambda r: r.config.threads_batch or r.config.threads)
 
 
 @dataclass

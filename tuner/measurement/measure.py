@@ -65,6 +65,9 @@ class Sample:
     turn: int = 0  # a conversation's turn (1, 2, ...); 0 for a raw prompt
     prompt_ms: float = 0.0  # llama.cpp's prompt processing time: the server's part of time to first token
     cached_n: int = 0  # prompt tokens taken from the server's prompt cache
+    prompt_n: int = (
+        0  # prompt tokens the server processed (not from its cache): prompt throughput's numerator
+    )
 
     @property
     def key(self) -> str:
@@ -182,6 +185,7 @@ def _sample(prompt: Prompt, repetition: int, c: Completion, turn: int) -> Sample
         turn=turn if prompt.chat else 0,
         prompt_ms=c.prompt_ms,
         cached_n=c.cached_n,
+        prompt_n=c.prompt_n,
     )
 
 
@@ -259,6 +263,14 @@ def pooled_rate(samples: Iterable[Sample | dict]) -> float:
 def _field(sample: Sample | dict, name: str):
     """A sample's field, measured (``Sample``) or stored (its dict in a TrialRecord)."""
     return sample.get(name, 0) if isinstance(sample, dict) else getattr(sample, name)
+
+
+def prompt_rate(samples: Iterable[dict]) -> float | None:
+    """Prompt tokens processed per second over a trial's requests (llama.cpp's prompt timings, pooled); None
+    where no request processed a prompt it had not cached (or the samples predate the field)."""
+    timed = [(s.get("prompt_n", 0), s.get("prompt_ms", 0.0)) for s in samples]
+    tokens, ms = sum(n for n, t in timed if n > 0 and t > 0), sum(t for n, t in timed if n > 0 and t > 0)
+    return 1000.0 * tokens / ms if ms > 0 else None
 
 
 def pooled_from_rates(samples: Iterable[dict]) -> float:

@@ -33,7 +33,7 @@ from tuner.knobs.registry import NAMES as KNOB_NAMES
 from tuner.machine.bandwidth import BandwidthCurve, curve_of
 from tuner.machine.host import host_was_busy
 from tuner.machine.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
-from tuner.measurement.measure import per_source
+from tuner.measurement.measure import per_source, prompt_rate
 from tuner.output.turns import speedup_by_turn
 from tuner.search.sampler import fitted_models
 from tuner.storage import store
@@ -105,6 +105,7 @@ def trials_frame(
             "noisy": r.spread.noisy if r.spread else None,
             "drafted": r.drafted,
             "accepted": r.accepted,
+            "prompt_tokens_per_second": prompt_rate(r.samples),
             "constraint_quality": r.constraint,
             **{f"score_{k}": v for k, v in r.scores.items()},  # a scorer's figures besides quality (kld)
             **{f"tps_{s}": v for s, v in r.per_suite_tokens_per_second.items()},

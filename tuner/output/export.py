@@ -35,6 +35,7 @@ from tuner.decisions.deployment import (
     race_for_export,
     race_policy,
     race_types,
+    thread_notes,
     wants_per_type,
 )
 from tuner.decisions.load_race import race_loads
@@ -89,6 +90,7 @@ class Export:
         None  # tuner.decisions.per_type.PerTypeResult as JSON (the pooled export's), else None
     )
     section_name: str = ""  # the router model name; default the study's (per-type: STUDY-TYPE)
+    threads_how: tuple[str, ...] = ()  # how threads and threads-batch were chosen (deployment.thread_notes)
 
     @property
     def section(self) -> str:
@@ -132,6 +134,7 @@ def build_export(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame, p
         per_content_type=per_suite,
         llama_cpp={"commit": fp.get("llama_commit"), "build_flags": fp.get("llama_build_flags")},
         machine={k: fp.get(k) for k in COMPARABILITY_KEYS if not k.startswith("llama_")},
+        threads_how=thread_notes(record, trial, frame),
     )
 
 
@@ -180,6 +183,7 @@ def shell_script(export: Export) -> str:
         lines.append(f"# What it may lose: {export.race.loss_line()}.")
         if export.race.forecast:
             lines.append(f"# To settle it: {export.race.forecast}.")
+    lines += [f"# {line}." for line in export.threads_how]
     lines += [
         f"# Measured on {export.machine.get('cpu_model')} with llama.cpp {export.llama_cpp.get('commit')}.",
         "# --temp sets the tuned temperature as the default; clients may send their own.",
@@ -202,6 +206,7 @@ def preset_lines(export: Export) -> list[str]:
     """
     command = export.command
     comments = [f"; tuner export: study {export.study}, trial {export.trial} ({export.policy})"]
+    comments += [f"; {line}" for line in export.threads_how]
     options: dict[str, str] = {}
     if command.prefix:
         options["cpu-mask"] = cpu_mask(list(command.cpus))

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from tuner.measurement.failures import PERMANENT
 from tuner.measurement.load import split_metric_name
-from tuner.measurement.measure import pooled_from_rates
+from tuner.measurement.measure import pooled_from_rates, prompt_rate
 from tuner.storage import store
 
 PLAN_ATTR = "search:plan"  # a system attr: the running trial's planned configuration, for other workers
@@ -44,6 +44,7 @@ class PastTrial:
     failure: str | None
     role: str
     suites: dict[str, float] = field(default_factory=dict)  # tokens/s per suite (content type), pooled
+    prompt_rate: float | None = None  # prompt tokens/s over its requests (measure.prompt_rate)
 
     @property
     def measured(self) -> bool:
@@ -83,6 +84,7 @@ def read_history(study: optuna.Study) -> list[PastTrial]:
                 record.failure.reason if record.failure else None,
                 record.role,
                 suite_rates(record.samples),
+                prompt_rate(record.samples),
             )
         )
     return trials

@@ -12,6 +12,7 @@ trial measures. TPE ignores all of it and needs 60-75 trials on such a space; th
    ``best_k``: the speculation model fitted per option, the predicted best K of the leading options.
    ``stacks``: lookup types stacked on the best draft-model configuration, and the stacked length.
 2. ``hardware``: NUMA policies, node and a walk over threads, with the best speculation so far.
+   ``prompt_threads``: where prompts are long, ``threads_batch`` apart from ``threads``, on prompt throughput.
    ``serving`` (several users): slots at the objective's level, then each serving knob walked.
 3. ``experts`` (a MoE target): the expert count walked down to the quality floor.
    ``temperature``: a walk over temperature from the best, and the best K predicted at each.
@@ -41,6 +42,7 @@ from tuner.search.stages import (
     experts,
     hardware,
     probes,
+    prompt_threads,
     refinement,
     serving,
     stacks,
@@ -50,7 +52,18 @@ from tuner.search.stages import (
 from tuner.search.stages.configs import KnobValues
 from tuner.search.stages.state import Proposal, SearchState
 
-STAGES = (warm_start, probes, best_k, stacks, hardware, serving, experts, temperature, refinement)
+STAGES = (
+    warm_start,
+    probes,
+    best_k,
+    stacks,
+    hardware,
+    prompt_threads,
+    serving,
+    experts,
+    temperature,
+    refinement,
+)
 
 
 def next_proposal(state: SearchState) -> Proposal | None:

@@ -68,11 +68,14 @@ def resolve_space(
     target_name: str = "the target",
     announced: tuple[str, ...] = (),
     concurrency: tuple[int, ...] = (1,),
+    long_prompts: str | None = None,
 ) -> ResolvedSpace:
     """Fit the written space to this target and machine (and to the study's concurrency levels:
     the ``concurrent:`` domains only with several users); refuse what cannot work.
 
-    ``announced``: the speculative types the target's GGUF announces (``ModelInfo.speculative_types``).
+    ``announced``: the speculative types the target's GGUF announces (``ModelInfo.speculative_types``);
+    ``long_prompts``: why the workload's prompts are long (chat, a TTFT bound), if they are: ``threads_batch``
+    is then searched apart from ``threads`` unless the space names it.
     """
     notes: list[str] = []
     domains = _concurrent_domains(raw, concurrency, notes)
@@ -86,6 +89,12 @@ def resolve_space(
     _resolve_threads(
         domains, fields, physical_cores, logical_cpus if raw.allow_smt else physical_cores, raw.allow_smt
     )
+    if long_prompts and "threads_batch" not in domains and physical_cores > 1:
+        domains["threads_batch"] = IntRange(1, physical_cores)
+        notes.append(
+            f"threads_batch: 1..{physical_cores}, tuned apart from threads on prompt throughput ({long_prompts}): "
+            "prompt processing is compute-bound and may want every core where decode saturates earlier"
+        )
     defaults = _drop_defaults(domains)
     return ResolvedSpace(domains, expert_used_count, physical_cores, raw.allow_smt, tuple(notes), defaults)
 
@@ -366,6 +375,8 @@ def baseline_config(space: ResolvedSpace) -> TrialConfig:
         experts=space.default_experts,
         numa="none",
         threads=_baseline_threads(space),
+        # searched apart: the baseline keeps llama.cpp's default, prompt threads equal to threads
+        threads_batch=_baseline_threads(space) if "threads_batch" in space.domains else None,
         **_baseline_serving(space),
     )
 

@@ -22,7 +22,9 @@ K_PROBE = 8  # the research's first K for any draft (seed 003, "K-Tuning Methodo
 # llama.cpp's 12 finds nothing in short answers), llama.cpp's minimum hits, a stacked lookup's length at K=8.
 PROBES = {"lookup": "none", "ngram_key": 4, "ngram_min_hits": 1, "lookup_max": K_PROBE, "lookup_min": 1}
 SIZE_KNOBS = ("lookup", "lookup_max", "lookup_min", "ngram_key", "ngram_min_hits")
-CARRIED = (*HW_KNOBS, *SERVING_KNOBS)  # what every plan carries from the configuration it starts from
+# what every plan carries from the configuration it starts from (prompt threads: searched apart, stage
+# prompt_threads)
+CARRIED = (*HW_KNOBS, "threads_batch", *SERVING_KNOBS)
 
 
 class KnobValues:

@@ -28,13 +28,14 @@ ladder and a shrinking bracket find its top in a handful of trials where single 
 
 from __future__ import annotations
 
+from tuner.decisions.evidence import THREAD_TIE
 from tuner.knobs.registry import SERVING_KNOBS
 from tuner.search.history import PastTrial
 from tuner.search.prior import HW_KNOBS, describe_prior
 from tuner.search.stages.configs import describe_speculation, hardware_of, hardware_params, nearest
 from tuner.search.stages.state import Proposal, SearchState
 
-TIE = 0.02  # rates within this share of the best tie: fewer threads win (one trial's launch spread, about)
+TIE = THREAD_TIE  # rates within this share of the best tie: fewer threads win
 LADDER = (0.75, 0.5, 0.25)  # shares of the cores walked after all of them
 STEP_SHARE = 1 / 16  # the finest step of the bracket, as a share of the cores (6 on 96 cores, 1 on 16)
 
