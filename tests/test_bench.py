@@ -424,7 +424,7 @@ def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, mon
         "timings",
     } <= set(result)
     assert set(result["search"]["strategies"]) >= {"default", "random", "grid"}
-    assert result["overhead"]["rounds"] == 1 and len(result["repeatability"]["winners"]) == 2
+    assert result["overhead"]["rounds"] == 1 and len(result["repeatability"]["runs"]) == 2
     md = (out / "bench.md").read_text()
     assert (
         md.count("\n## ") == 8 and "Whole bench:" in md

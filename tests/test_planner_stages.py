@@ -443,3 +443,24 @@ def test_prompt_threads_are_compared_at_the_decode_threads_and_every_core():
     at48 = past(first.params, 29.5, 0.7)
     assert prompt_threads.propose(state_of(base, tuned, at48, space=BATCH_SPACE)) is None  # both measured
     assert prompt_threads.propose(state_of(base, tuned)) is None  # not searched: nothing to propose
+
+
+def test_ties_widen_to_the_noise_the_baselines_re_measures_show_and_hardware_trials_run_whole():
+    from tuner.search.pruning import may_prune, should_prune
+
+    quiet = [
+        past({**BASE, "threads": 96}, v, role="baseline" if i == 0 else "sentinel")
+        for i, v in enumerate((10.0, 10.1, 9.9))
+    ]
+    noisy = [
+        past({**BASE, "threads": 96}, v, role="baseline" if i == 0 else "sentinel")
+        for i, v in enumerate((10.0, 11.2, 9.0, 10.6))
+    ]
+    assert state_of(*quiet, space=WIDE_SPACE).tie == 0.02  # at least evidence.THREAD_TIE
+    assert (
+        0.05 < state_of(*noisy, space=WIDE_SPACE).tie <= 0.10
+    )  # a 16-core host's re-measures spread about 7%
+    assert state_of(quiet[0], space=WIDE_SPACE).tie == 0.02  # fewer than three: the floor
+    # a thread walk compares its trials within the tie: a trial stopped on one noisy pass would leave a partial rate
+    assert may_prune("search") and not may_prune("search", "hardware")
+    assert "never pruned" in should_prune([], [], "search", 10, "hardware").reason

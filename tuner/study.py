@@ -25,7 +25,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from typing import Callable
 
 import optuna
@@ -84,8 +83,10 @@ class TrialRunner:
             on_running=lambda port: store.mark_running(trial, worker_id(), port),
             on_pass=self._reporter(trial),
         )
+        stage, reason = store.search_note(trial)
+        search = {"stage": stage, "reason": reason} if stage else {}
         try:
-            record = self.trials.measure(config, store.role_of(trial), trial.number, hooks)
+            record = self.trials.measure(config, store.role_of(trial), trial.number, hooks, search)
         except Interrupted as stop:
             self._store(trial, stop.record, None)
             raise
@@ -93,8 +94,6 @@ class TrialRunner:
         if lost is not None:
             self.failed_elsewhere = lost
             raise FailedElsewhere(lost)
-        stage, reason = store.search_note(trial)
-        record = replace(record, search={"stage": stage, "reason": reason} if stage else {})
         values = (
             tuple(record.objective(o.metric) for o in self.ctx.spec.objectives) if record.complete else None
         )

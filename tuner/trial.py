@@ -111,9 +111,15 @@ class TrialMeasurement:
         self.model_scores = ModelScores(ctx, study)
 
     def measure(
-        self, config: TrialConfig, role: str, number: int | None, hooks: TrialHooks = TrialHooks()
+        self,
+        config: TrialConfig,
+        role: str,
+        number: int | None,
+        hooks: TrialHooks = TrialHooks(),
+        search: dict | None = None,
     ) -> TrialRecord:
-        """One configuration measured into a COMPLETE, PRUNED or FAIL record (``Interrupted`` on Ctrl-C)."""
+        """One configuration measured into a COMPLETE, PRUNED or FAIL record (``Interrupted`` on Ctrl-C);
+        ``search``: the sampler's stage and reason for it (a hardware trial is never pruned)."""
         started, wall_start = time.monotonic(), time.time()
         log_path = self.ctx.log_dir / (
             f"trial-{number}.log" if number is not None else f"sentinel-{wall_start:.0f}.log"
@@ -125,6 +131,7 @@ class TrialMeasurement:
             config=config,
             worker=worker_id(),
             started_at=wall_start,
+            search=search or {},
         )
         try:
             self._refuse_known_failure(config)
@@ -173,7 +180,9 @@ class TrialMeasurement:
                 reference.tokens_per_second if reference else None
             )
         objectives = [o.metric for o in ctx.spec.objectives]
-        if not (ctx.spec.prune and may_prune(record.role) and prunes_on(objectives)):
+        if not (
+            ctx.spec.prune and may_prune(record.role, record.search.get("stage")) and prunes_on(objectives)
+        ):
             return References(reference, rate)
         incumbent = store.best_of(records)
         if incumbent is None:

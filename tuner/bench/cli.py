@@ -2,12 +2,14 @@
 
 1. Search efficiency: record the grid study's landscape fresh, replay it for every
    strategy over the seeds (`tuner bench-search`); 1b. the same at operator scale, on
-   modelled 96-core landscapes built from the research tables (`tuner bench-operator`);
+   modelled 96-core landscapes built from the research tables, and on hosts whose threads are every
+   integer from 1 to their cores, as a host presents them (`tuner bench-operator`);
    1c. the decision rules' error rates on a simulated host with launch effects.
    1d. how much a race launch measures: one pass against the chosen size, at an equal time budget.
 2. Overhead and validity: alternating rounds against llama-bench on the study's target; 2b. the load
    generator's aggregate tokens/s at 1, 2 and 4 users against llama-batched-bench's.
-3. Repeatability: two seeds of the study, winners re-measured side by side.
+3. Repeatability: two seeds of the study, each raced to its deployment; both deployments re-measured side by
+   side, each checked against the other's stated loss bound (and the searches' best trials beside them).
 4. GGUF metadata: today's full parse against the fast, cached read (the Gemma 3 270M file
    when its package is installed, and the study's target).
 
@@ -266,7 +268,7 @@ def _simulated(session: Session, sizes: Sizes) -> None:
     """1b and 1c: no measurement, simulated hosts (operator-scale landscapes, launch effects)."""
     session.section(
         "search_operator",
-        "1b/3 search efficiency at operator scale (modelled 96-core landscapes)",
+        "1b/3 search efficiency at operator scale (modelled 96-core landscapes; hosts' real thread ranges)",
         "1b. Search efficiency at operator scale",
         lambda: operator.benchmark(**{"seeds": sizes.seeds, **sizes.operator}),
         operator.markdown,

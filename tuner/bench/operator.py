@@ -94,13 +94,13 @@ class Objective:
         land = self.land
         config = suggest(trial, land.space)
         role = store.role_of(trial)
+        stage, reason = store.search_note(trial)
         stop = None
         if self.prune and self.incumbent is not None and prunes_on(land.objectives):
             reference = self.incumbent[1]
             planned = REPETITIONS * len(land.prompts)
-            stop = lambda samples: should_prune(samples, reference, role, planned).prune  # noqa: E731
+            stop = lambda samples: should_prune(samples, reference, role, planned, stage).prune  # noqa: E731
         out, m = land.measure(config, self.rng, stop)
-        stage, reason = store.search_note(trial)
         base = TrialRecord(number=trial.number, state="RUNNING", role=role, config=config)
 
         def log(state: str) -> None:

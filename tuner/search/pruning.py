@@ -45,6 +45,7 @@ Z = 2.0  # the final look's one-sided boundary; earlier looks use Z / sqrt(fract
 SIGMA_FLOOR = 0.04  # log-ratio spread assumed at least (a few % per request on a shared box)
 MIN_SAMPLES = 3
 NEVER_PRUNED = frozenset({"baseline", "finalist", "sentinel"})
+NEVER_PRUNED_STAGES = frozenset({"hardware"})  # the planner's stages whose trials run whole (may_prune)
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,13 @@ def prunes_on(objectives: Sequence[str]) -> bool:
     return bool(objectives) and objectives[0] == "tokens_per_second"
 
 
-def may_prune(role: str | None) -> bool:
-    """The baseline is the reference and finalists decide the winner: both always run to the end."""
-    return (role or "search") not in NEVER_PRUNED
+def may_prune(role: str | None, stage: str | None = None) -> bool:
+    """The baseline is the reference and finalists decide the winner: both always run to the end. So do the
+    hardware stage's trials: its thread walk compares them with each other within ``THREAD_TIE`` (ties go to
+    fewer threads), and a trial stopped on one noisy pass leaves a partial rate no tie can be judged on (on a
+    16-core host every thread count below 16 was pruned, and the walk kept all 16 where llama-bench put 10-15
+    level with it)."""
+    return (role or "search") not in NEVER_PRUNED and stage not in NEVER_PRUNED_STAGES
 
 
 def prune_decision(
@@ -149,11 +154,13 @@ def should_prune(
     incumbent_samples: Sequence[dict],
     role: str | None = None,
     planned: int | None = None,
+    stage: str | None = None,
     **kwargs,
 ) -> PruneDecision:
-    """The study loop's one call per finished request; ``planned``: the trial's requests in all (the looks' scale)."""
-    if not may_prune(role):
-        return PruneDecision(False, math.inf, math.nan, f"a {role} trial is never pruned")
+    """The study loop's one call per finished request; ``planned``: the trial's requests in all (the looks' scale);
+    ``stage``: the planner's stage that proposed the trial (``may_prune``)."""
+    if not may_prune(role, stage):
+        return PruneDecision(False, math.inf, math.nan, f"a {stage or role} trial is never pruned")
     pairing = paired_ratios(samples, incumbent_samples)
     if pairing.unseen_suites:
         return PruneDecision(

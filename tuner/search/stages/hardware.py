@@ -18,7 +18,8 @@ that will be used. In order:
    steps by one there) or the rungs beside it tie with it (a flat stretch); SMT siblings once, where all cores
    lead.
 
-Ties within ``TIE`` go to fewer threads (the resource rule): the walk goes on below the fewest threads that
+Ties within the noise (``SearchState.tie``: the spread of the baseline's re-measures, at least
+``evidence.THREAD_TIE``) go to fewer threads (the resource rule): the walk goes on below the fewest threads that
 tie with the best, and that count is the stage's pick.
 
 Why a ladder and not neighbours: on 1..96 threads a walk from 96 to the adjacent 95 measures noise; decode is
@@ -35,7 +36,6 @@ from tuner.search.prior import HW_KNOBS, describe_prior
 from tuner.search.stages.configs import describe_speculation, hardware_of, hardware_params, nearest
 from tuner.search.stages.state import Proposal, SearchState
 
-TIE = THREAD_TIE  # rates within this share of the best tie: fewer threads win
 LADDER = (0.75, 0.5, 0.25)  # shares of the cores walked after all of them
 STEP_SHARE = 1 / 16  # the finest step of the bracket, as a share of the cores (6 on 96 cores, 1 on 16)
 
@@ -101,17 +101,18 @@ def walk_text(values: list[int], cores: int, saturation: int | None, nodes: int)
     return (
         f"threads {min(values)}..{max(values)}: {start}the ladder "
         f"{', '.join(map(str, thread_ladder(values, cores, saturation)))} on the best policy, then the gap beside "
-        f"the best halved down to {thread_step(cores)} thread(s); ties within {TIE:.0%} to fewer threads{bind}"
+        f"the best halved down to {thread_step(cores)} thread(s); ties within the noise (the baseline's "
+        f"re-measures, at least {THREAD_TIE:.0%}) to fewer threads{bind}"
     )
 
 
-def tie_pick(points: dict[int, float], tie: float = TIE) -> int:
+def tie_pick(points: dict[int, float], tie: float = THREAD_TIE) -> int:
     """The fewest threads measuring within ``tie`` of the best (the resource rule: a tie is noise)."""
     top = max(points.values())
     return min(t for t, v in points.items() if v >= (1 - tie) * top)
 
 
-def bracket(points: dict[int, float], low: int, high: int, step: int, tie: float = TIE) -> list[float]:
+def bracket(points: dict[int, float], low: int, high: int, step: int, tie: float = THREAD_TIE) -> list[float]:
     """Thread counts to measure next around the best (the wider gap first), then below the tie rule's pick.
 
     ``points``: threads -> rate on one policy (and node), ``low``..``high`` the range walked. A gap is halved
@@ -215,7 +216,7 @@ def policy_probes(state: SearchState, incumbent: PastTrial, family: list[PastTri
     start = state.start().hardware
     cores = start.get("threads")
     measured = thread_points(family, start)
-    threads = tie_pick(measured) if measured else cores
+    threads = tie_pick(measured, state.tie) if measured else cores
     candidates = []
     for policy in state.knobs.values("numa"):
         if policy in policies:
@@ -271,14 +272,14 @@ def thread_walk(state: SearchState, incumbent: PastTrial, family: list[PastTrial
     ladder = thread_ladder(values, top, saturation)
     within = {t: v for t, v in points.items() if t <= top}
     smt = [t for t in values if t > top]
-    pick = tie_pick(within) if within else top
+    pick = tie_pick(within, state.tie) if within else top
     rungs = [
         (t, "ladder") for t in sorted(ladder, key=lambda t: (abs(t - pick), t))
     ]  # nearest the best first
     if within:
         rungs += [
             (nearest(values, round(t)), "bracket")
-            for t in bracket(within, min(values), top, thread_step(top))
+            for t in bracket(within, min(values), top, thread_step(top), state.tie)
         ]
     if smt and not bind and within and max(within, key=lambda t: within[t]) == top:
         rungs.append((max(smt), "smt"))  # all cores lead: SMT siblings once
@@ -287,7 +288,7 @@ def thread_walk(state: SearchState, incumbent: PastTrial, family: list[PastTrial
         (
             {**_rest(incumbent), **hardware_params({**hardware, "threads": t})},
             "hardware",
-            _reason(t, how, points, ladder, where, describe_speculation(incumbent.params)),
+            _reason(t, how, points, ladder, where, describe_speculation(incumbent.params), state.tie),
         )
         for t, how in rungs
         if t not in points
@@ -295,11 +296,13 @@ def thread_walk(state: SearchState, incumbent: PastTrial, family: list[PastTrial
 
 
 def thread_points(family: list[PastTrial], hardware: dict) -> dict[int, float]:
-    """Threads -> the best feasible rate measured on this policy and node."""
+    """Threads -> the best feasible rate measured whole on this policy and node (a pruned trial's partial rate
+    is not comparable)."""
     points: dict[int, float] = {}
     for r in family:
         if (
             r.feasible
+            and r.state == "complete"
             and r.params.get("numa") == hardware.get("numa")
             and r.params.get("numa_node") == hardware.get("numa_node")
         ):
@@ -308,11 +311,13 @@ def thread_points(family: list[PastTrial], hardware: dict) -> dict[int, float]:
     return points
 
 
-def _reason(t: int, how: str, points: dict[int, float], ladder: list[int], where: str, spec: str) -> str:
+def _reason(
+    t: int, how: str, points: dict[int, float], ladder: list[int], where: str, spec: str, tie: float
+) -> str:
     if how == "ladder":
         return f"threads {t}: the ladder ({', '.join(map(str, ladder))}) with {where}, {spec}"
     if how == "smt":
         return f"threads {t}: SMT siblings, all physical cores leading, with {where}, {spec}"
-    best, pick = max(points, key=lambda x: points[x]), tie_pick(points)
-    tied = f"; {pick} ties with it within {TIE:.0%} (fewer threads win)" if pick != best else ""
+    best, pick = max(points, key=lambda x: points[x]), tie_pick(points, tie)
+    tied = f"; {pick} ties with it within {tie:.1%} (fewer threads win)" if pick != best else ""
     return f"threads {t}: bracketing the best so far ({best}{tied}) with {where}, {spec}"

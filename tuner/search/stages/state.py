@@ -8,9 +8,11 @@ the best of a family, an option's fitted model, whether a plan is new. ``Proposa
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from tuner.decisions.evidence import THREAD_TIE
 from tuner.search.history import PERMANENT_REASONS, PastTrial
 from tuner.search.space import suggest
 from tuner.search.speedup_model import DraftFit, Point, fit
@@ -24,6 +26,10 @@ from tuner.search.stages.configs import (
     is_stacked,
     nearest,
     option_of,
+)
+
+MAX_TIE = (
+    0.10  # a tie never spans more than this: a host noisier still needs more repetitions, not a wider tie
 )
 
 
@@ -69,6 +75,7 @@ class SearchState:
         self.baseline = next(
             (r for r in trials if r.role == "baseline" and r.measured and r.feasible), None
         ) or next((r for r in trials if r.measured and r.params.get("spec_type", "none") == "none"), None)
+        self.tie = _tie(self.baseline, trials)  # rates within this share tie: fewer threads win
 
     # -- plans --------------------------------------------------------------------------------
 
@@ -244,6 +251,19 @@ class SearchState:
             if step not in by_value:
                 return step
         return None
+
+
+def _tie(baseline: PastTrial | None, trials: list[PastTrial]) -> float:
+    """The share within which two trials' rates tie on this host: the spread (cv) of the baseline configuration's
+    complete measures (the baseline and its sentinels) once there are three, between ``evidence.THREAD_TIE`` and
+    ``MAX_TIE``; ``THREAD_TIE`` before. On a 16-core host the baseline's re-measures spread 7%, where 2% would
+    have told apart thread counts llama-bench puts level."""
+    if baseline is None:
+        return THREAD_TIE
+    same = [r.value for r in trials if r.params == baseline.params and r.state == "complete" and r.value]
+    if len(same) < 3:
+        return THREAD_TIE
+    return min(max(statistics.stdev(same) / statistics.fmean(same), THREAD_TIE), MAX_TIE)
 
 
 def _steps(best: int, left: int | None, right: int | None, lo: int, hi: int, grow: float) -> list[int]:
