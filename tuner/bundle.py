@@ -82,9 +82,13 @@ def make_target(python_version: str | None, platform: str | None, extras: list[s
     return Target(version, platform, tuple(sorted(set(extras or ()))))
 
 
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+
+
 def project_files(root: Path) -> list[str]:
     """The files git tracks, as they are in the working tree (a file deleted there is left out)."""
-    proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, text=True)
+    proc = _git(root, "ls-files", "-z")
     if proc.returncode != 0:
         raise UserError(
             f"{root}: not a git checkout (git ls-files failed); run `tuner bundle` in a clone of the project"
@@ -94,15 +98,8 @@ def project_files(root: Path) -> list[str]:
 
 def git_revision(root: Path) -> str:
     """``abc1234``, with ``+changes`` when tracked files differ from that commit."""
-    head = subprocess.run(
-        ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    dirty = subprocess.run(
-        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-    )
-    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    dirty = _git(root, "status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return _git(root, "rev-parse", "--short", "HEAD").stdout.strip() + ("+changes" if dirty else "")
 
 
 def build_project_wheel(root: Path, files: list[str], scratch: Path) -> Path:
@@ -248,7 +245,10 @@ def build_bundle(root: Path, out_dir: Path, target: Target) -> Path:
         )
         wheels = download_wheels(project_wheel, target, scratch / "wheels")
         size = sum(w.stat().st_size for w in wheels)
-        print(f"bundle: {len(wheels)} wheels, {human_bytes(size)} ({duration(time.monotonic() - started)})")
+        print(
+            f"bundle: {len(wheels)} wheels, {human_bytes(size)} ({duration(time.monotonic() - started)})",
+            flush=True,
+        )
         sdist = pinned_sdist()
         meta = manifest(target, version, revision, wheels)
         for name, text in (
