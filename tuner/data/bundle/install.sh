@@ -53,8 +53,8 @@ fi
 have=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 [ "$have" = "$BUNDLE_PYTHON" ] || fail "the wheels are for Python $BUNDLE_PYTHON but $PY is $have; run" \
     "\`make bundle PYTHON_VERSION=$have\` on the connected machine, or PYTHON=python$BUNDLE_PYTHON ./install.sh"
-if command -v sha256sum >/dev/null 2>&1 && ! sha256sum --quiet -c SHA256SUMS >/dev/null 2>&1; then
-    fail "some files differ from SHA256SUMS (\`sha256sum --quiet -c SHA256SUMS\` names them); copy the bundle again"
+if command -v sha256sum >/dev/null 2>&1 && ! sha256sum -c SHA256SUMS >/dev/null 2>&1; then
+    fail "some files differ from SHA256SUMS (\`sha256sum -c SHA256SUMS\` names them); copy the bundle again"
 fi
 
 echo "install.sh: .venv from wheels/ with $PY $have, no network (a minute or two)"
