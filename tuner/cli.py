@@ -38,6 +38,11 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ),
     ("worker", "tuner.worker", "join a study shared through PostgreSQL and run its trials on this host"),
     (
+        "bundle",
+        "tuner.bundle",
+        "write one archive that installs the tuner on a server without network: wheels, llama.cpp source",
+    ),
+    (
         "report",
         "tuner.output.report",
         "write a study's HTML report (fronts, effects, roofline) and CSV under reports/STUDY/",

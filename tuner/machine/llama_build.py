@@ -38,6 +38,7 @@ PINNED_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db27
 # The upstream llama.cpp commit that llama-cpp-python 0.3.36 vendors (its CHANGELOG).
 # The sdist carries no .git, so it is passed to cmake to make `--version` truthful.
 PINNED_LLAMA_COMMIT = "0c1e570"
+SDIST_NAME = f"llama_cpp_python-{PINNED_VERSION}.tar.gz"
 
 TOOLS = (
     "llama-server",
@@ -110,9 +111,68 @@ def source_dir() -> Path:
 
 
 def _fetch_source(dest: Path) -> None:
-    """Download the pinned sdist with pip, check its hash, extract it atomically."""
+    """Extract the pinned sdist (from the cache, downloaded the first time) atomically."""
+    archive = pinned_sdist()
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        extracted = Path(tmp) / f"llama_cpp_python-{PINNED_VERSION}"
+        if dest.exists():
+            shutil.rmtree(dest)
+        extracted.rename(dest)
+
+
+def sdist_path() -> Path:
+    """Where the pinned source archive is kept: an offline host finds it here (``tuner llama --sdist``)."""
+    return cache_dir() / "llama.cpp" / "sdist" / SDIST_NAME
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pinned_sdist() -> Path:
+    """The pinned source archive in the cache, hash checked; downloaded with pip the first time."""
+    path = sdist_path()
+    if not path.is_file():
+        _download_sdist(path)
+    digest = sha256_of(path)
+    if digest != PINNED_SDIST_SHA256:
+        raise UserError(
+            f"{path}: sha256 {digest} is not the pinned {PINNED_SDIST_SHA256}; delete it and run again"
+        )
+    return path
+
+
+def keep_sdist(archive: Path) -> Path:
+    """Put a copy of the pinned source archive (an offline bundle's) in the cache once its hash matches,
+    so that a build needs no network."""
+    if not archive.is_file():
+        raise UserError(f"--sdist {archive}: no such file; pass the {SDIST_NAME} of an offline bundle")
+    digest = sha256_of(archive)
+    if digest != PINNED_SDIST_SHA256:
+        raise UserError(
+            f"--sdist {archive}: sha256 {digest} is not the pinned {PINNED_SDIST_SHA256}; "
+            f"pass {PINNED_PACKAGE} {PINNED_VERSION}'s source archive"
+        )
+    path = sdist_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or sha256_of(path) != digest:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        shutil.copyfile(archive, tmp)
+        tmp.replace(path)
+    return path
+
+
+def _download_sdist(path: Path) -> None:
+    """Download the pinned sdist with pip into ``path``, whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         print(f"llama.cpp: fetching {PINNED_PACKAGE}=={PINNED_VERSION} source distribution", flush=True)
         cmd = [
             sys.executable,
@@ -133,17 +193,13 @@ def _fetch_source(dest: Path) -> None:
             raise UserError(
                 f"could not download {PINNED_PACKAGE}=={PINNED_VERSION} from the package index "
                 f"({proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'no archive'}); "
-                f"check network access to PyPI or set {ENV_BIN_DIR} to your own llama.cpp build"
+                f"check network access to PyPI, pass an offline bundle's archive with `tuner llama --sdist`, "
+                f"or set {ENV_BIN_DIR} to your own llama.cpp build"
             )
-        digest = hashlib.sha256(archives[0].read_bytes()).hexdigest()
+        digest = sha256_of(archives[0])
         if digest != PINNED_SDIST_SHA256:
             raise UserError(f"{archives[0].name}: sha256 {digest} is not the pinned {PINNED_SDIST_SHA256}")
-        with tarfile.open(archives[0]) as tar:
-            tar.extractall(tmp, filter="data")
-        extracted = Path(tmp) / f"llama_cpp_python-{PINNED_VERSION}"
-        if dest.exists():
-            shutil.rmtree(dest)
-        extracted.rename(dest)
+        archives[0].replace(path)
 
 
 def read_binary_version(binary_path: Path) -> BinaryVersion:
@@ -341,9 +397,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="rebuild the pinned tools even if cached")
     parser.add_argument("--jobs", type=int, help="parallel build jobs (default: all CPUs)")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    parser.add_argument(
+        "--sdist",
+        metavar="ARCHIVE",
+        help=f"take the pinned source from this {SDIST_NAME} (an offline bundle's; sha256 checked) "
+        "and keep it in the cache instead of downloading it",
+    )
+    parser.add_argument(
+        "--fetch-only",
+        action="store_true",
+        help="put the pinned source archive in the cache (from --sdist, or downloaded) and stop: no build",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.sdist or args.fetch_only:
+        kept = keep_sdist(Path(args.sdist).expanduser()) if args.sdist else pinned_sdist()
+        print(f"llama.cpp: the pinned source archive is in {kept} (sha256 checked): a build needs no network")
+        if args.fetch_only:
+            return 0
     if args.bin_dir or os.environ.get(ENV_BIN_DIR):
         info = find_build_info(args.bin_dir)
     else:
