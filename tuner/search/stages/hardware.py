@@ -11,8 +11,9 @@ that will be used. In order:
    scales decode by up to a third, more than most thread counts do;
 3. the other nodes, when bind is best;
 4. on the best policy, a coarse ladder of thread counts (``thread_ladder``: 3/4, 1/2 and 1/4 of the cores, and
-   where the memory bandwidth saturates by the host's copy probe, ``tuner.machine.bandwidth``); bind walks
-   within one node's cores;
+   where the memory bandwidth saturates by the host's copy probe, ``tuner.machine.bandwidth``), nearest the
+   best first and none past a count clearly below the best (``beyond_a_drop``); bind walks within one node's
+   cores;
 5. bracketing around the best rung (``bracket``): the wider gap beside it halved, until the gaps are within
    ``thread_step`` (adjacent counts on a big host differ by less than one launch's spread, so the walk never
    steps by one there) or the rungs beside it tie with it (a flat stretch); SMT siblings once, where all cores
@@ -130,6 +131,15 @@ def bracket(points: dict[int, float], low: int, high: int, step: int, tie: float
     if pick != best or flat:
         wanted += _gap(_neighbours(points, pick)[0], pick, low, step)
     return [t for _, t in sorted(wanted, key=lambda w: -w[0])]
+
+
+def beyond_a_drop(points: dict[int, float], t: int, tie: float = THREAD_TIE) -> bool:
+    """A measured count lies between ``t`` and the best and is clearly below the best (more than ``tie``): on a
+    unimodal curve ``t`` is lower still, so the ladder skips it."""
+    if not points:
+        return False
+    best = max(points, key=lambda x: points[x])
+    return any(min(t, best) < m < max(t, best) and points[m] < (1 - tie) * points[best] for m in points)
 
 
 def _neighbours(points: dict[int, float], at: int) -> tuple[int | None, int | None]:
@@ -273,9 +283,11 @@ def thread_walk(state: SearchState, incumbent: PastTrial, family: list[PastTrial
     within = {t: v for t, v in points.items() if t <= top}
     smt = [t for t in values if t > top]
     pick = tie_pick(within, state.tie) if within else top
-    rungs = [
-        (t, "ladder") for t in sorted(ladder, key=lambda t: (abs(t - pick), t))
-    ]  # nearest the best first
+    rungs = [  # nearest the best first; none past a count clearly below the best (decode is unimodal in threads)
+        (t, "ladder")
+        for t in sorted(ladder, key=lambda t: (abs(t - pick), t))
+        if not beyond_a_drop(within, t, state.tie)
+    ]
     if within:
         rungs += [
             (nearest(values, round(t)), "bracket")
