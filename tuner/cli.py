@@ -63,6 +63,11 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
         "list a models-preset file's earlier section versions, or roll a section back: history, rollback",
     ),
     (
+        "verify",
+        "tuner.output.verify",
+        "launch a deployed preset section against the baseline: does the exported speedup still hold here?",
+    ),
+    (
         "dashboard",
         "tuner.output.dashboard",
         "serve optuna-dashboard on the studies' storage (127.0.0.1 by default)",

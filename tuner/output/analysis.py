@@ -449,6 +449,7 @@ class ReportData:
     turns: pd.DataFrame | None = None  # conversations: each family's best by turn (output.turns)
     load_races: dict[int, RaceResult] | None = None  # each load class's last race (tuner export), by users
     bandwidth_curve: BandwidthCurve | None = None  # copy bandwidth by threads when the study started
+    verifications: list[dict] | None = None  # every `tuner verify` of a deployed section, oldest first
 
     @property
     def objectives(self) -> list[str]:
@@ -496,6 +497,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         turns=speedup_by_turn(records, frame),
         load_races=load_race.read_races(study),
         bandwidth_curve=curve_of(record.fingerprint),
+        verifications=store.read_verifications(study),
     )
 
 

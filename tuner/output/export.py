@@ -59,7 +59,14 @@ from tuner.output.analysis import (
     trials_frame,
 )
 from tuner.output.files import write_atomic
-from tuner.output.preset import PRESET_FILE, history_path, merge_preset, merge_sections, preset_sections
+from tuner.output.preset import (
+    NUMACTL_NOTE,
+    PRESET_FILE,
+    history_path,
+    merge_preset,
+    merge_sections,
+    preset_sections,
+)
 from tuner.paths import inside, reports_dir, writable_file, writable_folder
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord, changes
@@ -148,20 +155,28 @@ def _plain(value):
 # ------------------------------------------------------------------ the study, to race on
 
 
-def export_context(record: StudyRecord):
-    """The study's context from its study file, refused if what it measures changed since."""
+def export_context(
+    record: StudyRecord,
+    command: str = "export",
+    instead: str = " or pass --no-race",
+    ignore: tuple[str, ...] = ("search space",),
+    bin_dir: Path | None = None,
+):
+    """The study's context from its study file (with ``bin_dir``: on that llama.cpp build), refused if what it
+    measures changed since (``ignore``: the comparability fields that may differ; ``instead``: the way out)."""
     spec_path = Path(record.spec_path)
     if not spec_path.is_file():
         raise UserError(
             f"study {record.name!r}: its study file {spec_path} is not here, so its workload "
-            "cannot be re-run; export on the study's host or pass --no-race"
+            f"cannot be re-run; {command} on the study's host{instead}"
         )
-    ctx = prepare(load_spec(spec_path))
-    changed = changes(record, ctx.study_record(record.created_by), ignore=("search space",))
+    spec = load_spec(spec_path)
+    ctx = prepare(spec if bin_dir is None else replace(spec, bin_dir=bin_dir))
+    changed = changes(record, ctx.study_record(record.created_by), ignore=ignore)
     if changed:
         raise UserError(
             f"{spec_path}: {changed[0]}: a re-measure now would not compare with the study's figures; "
-            "revert the change, or pass --no-race"
+            f"revert the change{instead.replace(' or', ', or', 1)}"
         )
     return ctx
 
@@ -198,45 +213,51 @@ def shell_script(export: Export) -> str:
 
 
 def preset_lines(export: Export) -> list[str]:
-    """The study's `--models-preset` section: one ``key = value`` per llama-server option.
+    """The study's `--models-preset` section: one ``key = value`` per llama-server option (``section_options``)."""
+    comments, options = section_options(export.study, export.command, export.config.get("temperature", 0.0))
+    comments = [
+        f"; tuner export: study {export.study}, trial {export.trial} ({export.policy})",
+        *(f"; {line}" for line in export.threads_how),
+        *comments,
+    ]
+    return [f"[{export.section}]", *comments, *(f"{k} = {v}" for k, v in options.items())]
+
+
+def section_options(
+    study: str, command: ServerCommand, temperature: float
+) -> tuple[list[str], dict[str, str]]:
+    """A trial's command as a preset section's comments and options (what ``tuner verify`` compares a deployed
+    section with).
 
     Built from the trial's structured command. A preset names options, not a command, so
     a numactl prefix cannot be kept: its CPUs become ``cpu-mask``/``cpu-strict``, and a
     memory policy is left as a comment (start the router under that numactl policy to keep it).
     """
-    command = export.command
-    comments = [f"; tuner export: study {export.study}, trial {export.trial} ({export.policy})"]
-    comments += [f"; {line}" for line in export.threads_how]
+    comments: list[str] = []
     options: dict[str, str] = {}
     if command.prefix:
         options["cpu-mask"] = cpu_mask(list(command.cpus))
         options["cpu-strict"] = "1"
         comments += [
-            f"; tuned under numactl {opt}: start the router with it to keep that memory policy"
+            f"; {NUMACTL_NOTE} {opt}: start the router with it to keep that memory policy"
             for opt in command.prefix[1:]
             if not opt.startswith("--physcpubind=")
         ]
-    pairs = [
-        *command.options,
-        *_pairs(command.extra),
-        ("--temp", f"{export.config.get('temperature', 0.0):g}"),
-    ]
+    pairs = [*command.options, *_pairs(command.extra), ("--temp", f"{temperature:g}")]
     for flag, value in pairs:
         key = flag.lstrip("-")
         if key == "numa" and value == "numactl" and command.prefix:
             continue  # the CPUs numactl chose are pinned by cpu-mask now
         if key in options:
-            raise UserError(
-                f"{export.study}: the command repeats --{key}; a preset holds one value per option"
-            )
+            raise UserError(f"{study}: the command repeats --{key}; a preset holds one value per option")
         value = "true" if value is None else value
         if INI_UNSAFE.search(value):
             raise UserError(
-                f"{export.study}: --{key} value {value!r} contains ; # or a newline, "
+                f"{study}: --{key} value {value!r} contains ; # or a newline, "
                 "which the preset format cannot hold; rename the file or pass the flag on the command line"
             )
         options[key] = value
-    return [f"[{export.section}]", *comments, *(f"{k} = {v}" for k, v in options.items())]
+    return comments, options
 
 
 def _pairs(extra: tuple[str, ...]) -> list[tuple[str, str | None]]:

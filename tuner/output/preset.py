@@ -37,6 +37,9 @@ PREAMBLE = (
 )
 _HEADER = re.compile(r"\s*\[\s*([^\]]*?)\s*\]\s*(?:[;#].*)?")
 _ORIGIN = re.compile(r"; tuner export: study (.+?), trial (\d+)")
+NUMACTL_NOTE = "tuned under numactl"  # an export's comment: the memory policy a preset cannot hold
+_NUMACTL = re.compile(rf";\s*{NUMACTL_NOTE} (\S+):")
+SHARED = "*"  # the section whose options llama-server's router applies under every other one
 
 Blocks = list[tuple[str | None, str]]  # (section name, None for the preamble; its text as in the file)
 
@@ -117,6 +120,62 @@ def _existing(path: Path) -> str:
             f"(by default reports/{PRESET_FILE})"
         )
     return path.read_text()
+
+
+@dataclass(frozen=True)
+class DeployedSection:
+    """One section of a preset file as the router serves it: its own options over the shared ``[*]`` ones."""
+
+    path: Path
+    name: str
+    options: dict[str, str]  # the section's own, in the file's order
+    shared: dict[str, str]  # the ``[*]`` section's
+    origin: tuple[str, int] | None  # (study, trial) an export wrote into it, from its comment
+    numactl: tuple[str, ...]  # the numactl memory policy the export noted (a preset cannot hold it)
+
+    @property
+    def served(self) -> dict[str, str]:
+        """What the router launches the section with: ``[*]``'s options, the section's own over them."""
+        return {**self.shared, **self.options}
+
+
+def read_section(path: Path, name: str) -> DeployedSection:
+    """A preset file's section as deployed (its first copy, as a merge keeps it); a missing file or section, or a
+    line that is not ``key = value``, is one line naming the file and the section."""
+    blocks = _blocks(_existing(path))
+    raw = next((text for n, text in blocks if n == name), None)
+    if raw is None:
+        names = [n for n, _ in blocks[1:] if n != SHARED]
+        raise UserError(
+            f"{path}: no section [{name}] (its sections: {', '.join(names) or 'none'}); "
+            "pass --section NAME, or --preset the file the study was exported to"
+        )
+    shared = next((text for n, text in blocks if n == SHARED), "")
+    origin = _ORIGIN.search(raw)
+    return DeployedSection(
+        path,
+        name,
+        _options(path, name, raw),
+        _options(path, SHARED, shared),
+        (origin[1], int(origin[2])) if origin else None,
+        tuple(_NUMACTL.findall(raw)),
+    )
+
+
+def _options(path: Path, name: str, raw: str) -> dict[str, str]:
+    """A section's ``key = value`` lines (a value ends at ``;`` or ``#``, as llama.cpp's parser reads it)."""
+    options: dict[str, str] = {}
+    for line in raw.splitlines()[1:]:
+        text = re.split(r"[;#]", line, maxsplit=1)[0].strip()
+        if not text:
+            continue
+        key, sep, value = (part.strip() for part in text.partition("="))
+        if not sep or not key:
+            raise UserError(
+                f"{path}: [{name}]: {line.strip()!r} is not `key = value`; fix or remove that line"
+            )
+        options[key] = value
+    return options
 
 
 # ------------------------------------------------------------------ writing

@@ -329,6 +329,52 @@ def race_table(data: ReportData) -> str:
     )
 
 
+def verification_table(lines: list[dict]) -> str:
+    """Every ``tuner verify``, oldest first: where and on which build, the speedup beside the claim, the verdict."""
+    rows = pd.DataFrame(
+        [
+            {
+                "time": v.get("time"),
+                "host": v.get("host"),
+                "section": f"[{v.get('section')}] trial {v.get('trial')}",
+                "build": f"{v.get('build')}"
+                + (
+                    ""
+                    if v.get("build") == v.get("study_build")
+                    else f" (the study's: {v.get('study_build')})"
+                ),
+                "rounds": v.get("rounds"),
+                "speedup": _interval(v.get("speedup"), v.get("low"), v.get("high")),
+                "claim": _interval(v.get("claim"), v.get("claim_low"), v.get("claim_high")),
+                "verdict": v.get("verdict"),
+                "edited": "; ".join(v.get("edited") or []) or "as exported",
+            }
+            for v in lines
+        ]
+    )
+    return _table(
+        rows,
+        {
+            "time": "time (UTC)",
+            "host": "host",
+            "section": "section",
+            "build": "llama.cpp build",
+            "rounds": "paired rounds",
+            "speedup": "speedup [95%]",
+            "claim": "claimed by the export",
+            "verdict": "verdict",
+            "edited": "section edits",
+        },
+    )
+
+
+def _interval(estimate: float | None, low: float | None, high: float | None) -> str:
+    """``x1.31 [1.25, 1.38]``; a bound stored as null (no interval) in words."""
+    if estimate is None:
+        return "no figure"
+    return f"x{estimate:.2f} [{_fmt(low) or '-'}, {_fmt(high) or 'no bound'}]"
+
+
 def per_type_figure(data: ReportData, div_id: str) -> str:
     """K curves per content type (best feasible recorded tokens/s on the suite), each type's winner
     on its tuning prompts (circle) and its held-out figure (diamond) at its K."""
@@ -788,6 +834,18 @@ def _decision_sections(data: ReportData) -> list[Section]:
             race_table(data)
             if data.race is not None
             else _empty("no race recorded (tuner run --no-race, or nothing to race)"),
+        ),
+        Section(
+            "verifications",
+            "Verifications of the deployed section",
+            "Each `tuner verify`: the deployed preset section and the baseline launched in paired rounds on the "
+            "study's held-out prompts, on that host and llama.cpp build; its speedup with a 95% interval beside "
+            "the one the export claimed. Holds: shown faster, the interval reaching the claim's; smaller than claimed: "
+            "shown faster, the whole interval below the claim's; no longer shown faster: the interval does not lie "
+            "above 1.",
+            verification_table(data.verifications)
+            if data.verifications
+            else _empty("no verification recorded (tuner verify STUDY)"),
         ),
         Section(
             "drift",

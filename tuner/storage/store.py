@@ -7,7 +7,8 @@ a trial's ``role`` (set when it is enqueued), ``requeued_by`` (set by the heartb
 retry) and ``running_on`` (worker and server port, set once its server is up: who to
 ask about a running trial), and the study's ``created_by`` (the worker that runs the baseline),
 plus the baseline's ``reference`` outputs, the perplexity cache, the last finalist ``race``, the last
-race of each load class (``race_cN``), the last ``per_type`` race, the ``search_prior`` (a warm start from earlier studies) and the running
+race of each load class (``race_cN``), the last ``per_type`` race, every ``tuner verify`` of a deployed
+section (``verifications``), the ``search_prior`` (a warm start from earlier studies) and the running
 command's ``progress`` (elapsed and remaining time, for the dashboard). Nothing else reads or writes user attrs.
 
 Schema versions: 1 stored loose attrs per field (before records); a study of schema 1
@@ -58,6 +59,9 @@ KLD = "kld"  # model flags -> {"mean_kld", "same_top"} (the kld scorer)
 RACE = "race"  # the last finalist race (tuner.decisions.race.RaceResult as JSON)
 LOAD_RACE = "race_c"  # + N: the last race of the load class of N users (a RaceResult with users=N, as JSON)
 PER_TYPE = "per_type"  # the last per-type race (tuner.decisions.per_type.PerTypeResult as JSON)
+VERIFICATIONS = (
+    "verifications"  # every `tuner verify`, oldest first (tuner.decisions.verify.Verification as JSON)
+)
 # the running command's last progress line, elapsed and estimated remaining time (optuna-dashboard shows it)
 PROGRESS = "progress"
 SEARCH_STAGE, SEARCH_REASON = "search_stage", "search_reason"  # why the sampler chose a trial
@@ -386,6 +390,17 @@ def write_per_type(study: optuna.Study, result: dict) -> None:
 
 def read_per_type(study: optuna.Study) -> dict | None:
     return study.user_attrs.get(PER_TYPE)
+
+
+def append_verification(study: optuna.Study, line: dict) -> None:
+    """One more ``tuner verify`` in the study's record, after the earlier ones (the host lock it measured under
+    keeps two verifications on one host from interleaving)."""
+    study.set_user_attr(VERIFICATIONS, [*read_verifications(study), line])
+
+
+def read_verifications(study: optuna.Study) -> list[dict]:
+    """Every ``tuner verify`` of the study, oldest first."""
+    return list(study.user_attrs.get(VERIFICATIONS) or [])
 
 
 def baseline_record(study: optuna.Study) -> TrialRecord | None:

@@ -1,0 +1,204 @@
+"""`tuner verify STUDY`: the deployed preset section launched against the study's baseline, on this host and build.
+
+The rule, the verdicts and the exit codes are ``tuner.decisions.verify``'s. This module reads what is deployed
+(the study's section of ``reports/models-preset.ini``, or ``--preset`` / ``--section``), the claim (the study's
+stored race), the study's context on the build in use (``--bin-dir``, else ``$LLAMA_CPP_BIN``, else the study
+file's ``llama_cpp.bin_dir``, else the pinned build), prints the figures and records one line in the study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import optuna
+
+from tuner.decisions import evidence
+from tuner.decisions.race import RaceResult
+from tuner.decisions.verify import (
+    EXIT,
+    Claim,
+    Verification,
+    baseline_contender,
+    build_change,
+    build_text,
+    claim_for,
+    edits,
+    measure,
+    result_lines,
+    section_contender,
+    verdict,
+    verification_workload,
+    why_lines,
+)
+from tuner.errors import UserError
+from tuner.machine import hostlock
+from tuner.machine.fingerprint import COMPARABILITY_KEYS, compare_fingerprints
+from tuner.machine.llama_build import ENV_BIN_DIR
+from tuner.output.export import export_context, section_name, section_options
+from tuner.output.preset import PRESET_FILE, DeployedSection, read_section
+from tuner.paths import reports_dir
+from tuner.storage import store
+from tuner.storage.records import StudyRecord
+
+DEFAULT_ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """What is checked: the section, the export's trial it came from and that trial's claim."""
+
+    section: DeployedSection
+    trial: int
+    claim: Claim
+    edited: list[str]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Launch a deployed models-preset section and the study's baseline configuration in paired rounds on the "
+        "study's held-out prompts, on this host and llama.cpp build, and say whether the speedup the export "
+        "claimed holds. Exit 0: holds (shown faster than the baseline, its 95% interval reaching the claim's); "
+        "4: smaller than claimed (shown faster, but the whole interval below the claim's); 1: no longer "
+        "shown faster (the interval does not lie above 1); 2: a user error."
+    )
+    parser.add_argument("study", help="study name in the storage, or a study file (studies/NAME.yaml)")
+    parser.add_argument(
+        "--storage", help="Optuna storage URL (default: the study file's, else the shared SQLite file)"
+    )
+    parser.add_argument("--preset", type=Path, help=f"the preset file (default: reports/{PRESET_FILE})")
+    parser.add_argument("--section", help="the section to verify (default: the study's, as export names it)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_ROUNDS,
+        help=f"paired rounds, one fresh launch of each per round (default {DEFAULT_ROUNDS}, at least "
+        f"{evidence.MIN_ROUNDS})",
+    )
+    parser.add_argument(
+        "--bin-dir",
+        type=Path,
+        help=f"the llama.cpp build to verify on (default: ${ENV_BIN_DIR}, else the study file's, else the pinned)",
+    )
+    hostlock.add_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rounds < evidence.MIN_ROUNDS:
+        raise UserError(
+            f"--rounds {args.rounds}: a 95% interval needs at least {evidence.MIN_ROUNDS} paired rounds"
+        )
+    study, record = store.open_stored_study(args.study, args.storage)
+    preset = args.preset or reports_dir() / PRESET_FILE
+    deployed = read_deployed(study, record, read_section(preset, args.section or section_name(record.name)))
+    chosen = args.bin_dir or os.environ.get(ENV_BIN_DIR)
+    ctx = export_context(
+        record, "verify", "", ("search space", *COMPARABILITY_KEYS), Path(chosen) if chosen else None
+    )
+    server = ctx.launch.server_binary
+    where = f"{preset}: [{deployed.section.name}]"
+    section = section_contender(
+        deployed.section.served, server, ctx.launch.numactl, deployed.section.numactl, where
+    )
+    baseline = baseline_contender(store.baseline_record(study), server)
+    workload, prompts = verification_workload(ctx.workload)
+    build = build_change(record.build, ctx.build)
+    for line in header_lines(deployed, record, ctx.build, build, prompts, args.rounds):
+        print(line)
+    with hostlock.measuring(record.name, progress=print):  # one measurement per host
+        mine, theirs, ratio = measure(ctx, section, baseline, workload, args.rounds)
+        host = [
+            line for line in compare_fingerprints(record.fingerprint, ctx.fingerprint) if "llama_" not in line
+        ]
+        checked = verification(deployed, record.build, ctx.build, (mine, theirs, ratio), prompts, build, host)
+        store.append_verification(study, checked.to_json())
+    for line in result_lines(checked, evidence.geometric_mean(mine), evidence.geometric_mean(theirs)):
+        print(line)
+    print(
+        f"verify: recorded in study {record.name!r} (`tuner report {record.name}` lists every verification)"
+    )
+    return EXIT[checked.verdict]
+
+
+def verification(
+    deployed: Deployed,
+    study_build: dict,
+    this_build: dict,
+    measured: tuple[list[float], list[float], evidence.Ratio],
+    prompts: str,
+    build: str,
+    host: list[str],
+) -> Verification:
+    """The record of one verification: where, on what, what it measured, against what claim, the verdict, why."""
+    mine, theirs, ratio = measured
+    result = verdict(ratio, deployed.claim)
+    claim = deployed.claim
+    return Verification(
+        time=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        host=platform.node(),
+        preset=str(deployed.section.path),
+        section=deployed.section.name,
+        trial=deployed.trial,
+        build=str(this_build.get("commit")),
+        build_number=this_build.get("build_number"),
+        study_build=str(study_build.get("commit")),
+        rounds=ratio.rounds,
+        prompts=prompts,
+        section_rates=mine,
+        baseline_rates=theirs,
+        speedup=ratio.estimate,
+        low=ratio.low,
+        high=ratio.high,
+        claim=claim.speedup,
+        claim_low=claim.low,
+        claim_high=claim.high,
+        claim_source=claim.source,
+        verdict=result,
+        edited=deployed.edited,
+        why=why_lines(result, build, deployed.edited, host),
+    )
+
+
+def read_deployed(study: optuna.Study, record: StudyRecord, section: DeployedSection) -> Deployed:
+    """The section's trial (its export comment's; without one, the race's winner), its claim, and its edits."""
+    data = store.read_race(study)
+    race = RaceResult.from_json(data) if data else None
+    if race is None:
+        raise UserError(
+            f"study {record.name!r} has no stored race, so its export claimed no raced speedup; export it with "
+            f"the race (`tuner export {record.name}`), then verify"
+        )
+    if section.origin is None:
+        trial = race.winner
+        print(
+            f"verify: [{section.name}] has no `; tuner export:` comment; taken as the race's winner, trial {trial}"
+        )
+    elif section.origin[0] != record.name:
+        raise UserError(
+            f"{section.path}: [{section.name}] was exported from study {section.origin[0]!r}, not {record.name!r}; "
+            f"verify that study, or pass --section with a section of {record.name!r}"
+        )
+    else:
+        trial = section.origin[1]
+    claim = claim_for(race, trial)
+    exported = store.read_trial(study.trials[trial])
+    written = section_options(record.name, exported.command, exported.config.temperature)[1]
+    return Deployed(section, trial, claim, edits(written, section.options))
+
+
+def header_lines(
+    deployed: Deployed, record: StudyRecord, this_build: dict, build: str, prompts: str, rounds: int
+) -> list[str]:
+    """What is about to be launched, on which build, and how."""
+    s = deployed.section
+    state = f"edited since: {'; '.join(deployed.edited)}" if deployed.edited else "as exported"
+    return [
+        f"verify: [{s.name}] of {s.path}, trial {deployed.trial} of study {record.name} ({state}), against the "
+        f"study's baseline on {build_text(this_build)}",
+        *([f"verify: another build: {build}"] if build else []),
+        f"verify: {rounds} paired rounds, one fresh launch of each per round, on {prompts}",
+    ]
