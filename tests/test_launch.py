@@ -38,6 +38,17 @@ def test_baseline_pins_physical_cores_with_numactl():
     assert all(isinstance(a, str) for a in argv)
 
 
+def test_batch_threads_get_a_cpu_each():
+    """llama.cpp runs prompts and speculative verification batches on --threads-batch threads: pinned to the
+    decode threads' CPUs they oversubscribe them (a 16-core host decoded 5 times slower)."""
+    argv = build_server_argv(TrialConfig(threads=4, threads_batch=8), context("two-socket-4node-smt"))
+    assert (
+        argv[1] == "--physcpubind=0-7"
+        and flag(argv, "--threads") == "4"
+        and flag(argv, "--threads-batch") == "8"
+    )
+
+
 def test_threads_span_nodes_before_any_smt_sibling():
     argv = build_server_argv(TrialConfig(threads=32), context("two-socket-4node-smt"))
     assert argv[1] == "--physcpubind=0-31"  # siblings are 32-63: none chosen

@@ -433,16 +433,26 @@ def test_from_the_baseline_alone_only_the_walks_on_the_target_itself_propose():
 BATCH_SPACE = {**WIDE_SPACE, "threads_batch": ["IntRange", {"low": 1, "high": 96, "step": 1, "log": False}]}
 
 
-def test_prompt_threads_are_compared_at_the_decode_threads_and_every_core():
+def test_prompt_threads_follow_threads_and_are_compared_at_every_core():
     base = past({**BASE, "threads": 96, "threads_batch": 96}, 10.0, role="baseline")
-    tuned = past({**WIDE_DRAFT, "numa": "interleave", "threads": 48, "threads_batch": 96}, 30.0, 0.7)
-    first = prompt_threads.propose(state_of(base, tuned, space=BATCH_SPACE))
-    assert first.params == {**tuned.params, "threads_batch": 48} and first.reason.startswith(
-        "prompt threads 48"
+    tuned = past({**WIDE_DRAFT, "numa": "interleave", "threads": 48, "threads_batch": 48}, 30.0, 0.7)
+    state = state_of(base, tuned, space=BATCH_SPACE)
+    assert (
+        state.complete({**WIDE_DRAFT, "threads": 36})["threads_batch"] == 36
+    )  # a plan leaves them to follow
+    first = prompt_threads.propose(state)
+    assert first.params == {**tuned.params, "threads_batch": 96} and first.reason.startswith(
+        "prompt threads 96"
     )
-    at48 = past(first.params, 29.5, 0.7)
-    assert prompt_threads.propose(state_of(base, tuned, at48, space=BATCH_SPACE)) is None  # both measured
+    at96 = past(first.params, 29.5, 0.7)
+    assert prompt_threads.propose(state_of(base, tuned, at96, space=BATCH_SPACE)) is None  # both measured
     assert prompt_threads.propose(state_of(base, tuned)) is None  # not searched: nothing to propose
+    walk = hardware.propose(state_of(base, at96, space=BATCH_SPACE))
+    assert (
+        walk is None
+        or "threads_batch" not in walk.params
+        or walk.params["threads_batch"] == walk.params["threads"]
+    )
 
 
 def test_ties_widen_to_the_noise_the_baselines_re_measures_show_and_hardware_trials_run_whole():

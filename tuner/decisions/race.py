@@ -140,22 +140,18 @@ def finalists(
         )
         for rate, r in zip(rates, pool)
     ]
-    siblings: dict = {}  # configurations that differ at most in prompt threads decode alike: one finalist
-    for r in pool:
-        siblings.setdefault(replace(r.config, threads_batch=None), []).append(r)
-    chosen: dict = {}
-    for i in within_reach(scored, sentinels.launch_spread()):
-        key = replace(pool[i].config, threads_batch=None)
-        if key not in chosen:
-            chosen[key] = [pool[i], *(r for r in siblings[key] if r is not pool[i])]
+    chosen: dict = {}  # within reach of the leader, configurations that differ at most in prompt threads: one
+    for i in within_reach(scored, sentinels.launch_spread()):  # finalist, the better prompt throughput
+        chosen.setdefault(replace(pool[i].config, threads_batch=None), []).append(pool[i])
     return [prompt_pick(group) for group in chosen.values()][:max_finalists]
 
 
 def prompt_pick(siblings: list[TrialRecord]) -> TrialRecord:
-    """Of trials whose configurations differ at most in ``threads_batch`` (the first: the closest to the leader),
-    the one with the best prompt throughput, ties (``evidence.THREAD_TIE``) to fewer prompt threads: they decode
-    alike, and prompt threads are tuned on prompts (``tuner.search.stages.prompt_threads``). The first where
-    fewer than two measured prompts, or all share one prompt thread count."""
+    """Of trials within reach of the leader whose configurations differ at most in ``threads_batch`` (the first:
+    the closest to the leader), the one with the best prompt throughput, ties (``evidence.THREAD_TIE``) to fewer
+    prompt threads: their decode is level within the noise, and prompt threads are tuned on prompts
+    (``tuner.search.stages.prompt_threads``). The first where fewer than two measured prompts, or all share one
+    prompt thread count."""
     rated = [(rate, r) for r in siblings if (rate := prompt_rate(r.samples))]
     if len({r.config.threads_batch for _, r in rated}) < 2:
         return siblings[0]

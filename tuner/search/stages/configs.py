@@ -22,9 +22,10 @@ K_PROBE = 8  # the research's first K for any draft (seed 003, "K-Tuning Methodo
 # llama.cpp's 12 finds nothing in short answers), llama.cpp's minimum hits, a stacked lookup's length at K=8.
 PROBES = {"lookup": "none", "ngram_key": 4, "ngram_min_hits": 1, "lookup_max": K_PROBE, "lookup_min": 1}
 SIZE_KNOBS = ("lookup", "lookup_max", "lookup_min", "ngram_key", "ngram_min_hits")
-# what every plan carries from the configuration it starts from (prompt threads: searched apart, stage
-# prompt_threads)
-CARRIED = (*HW_KNOBS, "threads_batch", *SERVING_KNOBS)
+CARRIED = (*HW_KNOBS, *SERVING_KNOBS)  # what every plan carries from the configuration it starts from
+# a knob a plan leaves unset takes this knob's planned value: prompt threads follow threads (llama.cpp's
+# default) unless the prompt_threads stage sets them
+FOLLOWS = {"threads_batch": "threads"}
 
 
 class KnobValues:
@@ -81,6 +82,8 @@ class PlannedAnswers:
 
     def _answer(self, name: str, values: list | None, first: Any) -> Any:
         value = self.plan.get(name)
+        if value is None and name in FOLLOWS:
+            value = self.asked.get(FOLLOWS[name], self.plan.get(FOLLOWS[name]))
         if value is None or (values is not None and value not in values):
             probe = PROBES.get(name)
             if probe is None or values is None:

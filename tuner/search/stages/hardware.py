@@ -162,8 +162,8 @@ def _gap(side: int | None, at: int, edge: int, step: int) -> list[tuple[float, f
 
 
 def _rest(incumbent: PastTrial) -> dict:
-    """The incumbent's knobs but the hardware pair."""
-    return {k: v for k, v in incumbent.params.items() if k not in HW_KNOBS}
+    """The incumbent's knobs but the hardware pair (prompt threads follow threads: ``configs.FOLLOWS``)."""
+    return {k: v for k, v in incumbent.params.items() if k not in (*HW_KNOBS, "threads_batch")}
 
 
 def _node_cores(state: SearchState, cores: int) -> int:

@@ -3,10 +3,11 @@
 Prompt processing is compute-bound and usually wants every physical core, where decode saturates earlier (the
 memory bandwidth). llama.cpp runs prompts on as many threads as decode by default, so a host tuned to 60 decode
 threads of 96 would process prompts on 60 cores. Where the space searches ``threads_batch`` (the study's long
-prompts add it: ``tuner.context.long_prompts``), the incumbent is measured at both, prompt threads equal to its
-decode threads (llama.cpp's default) and every core (the baseline's), and the two are compared on their prompt
-tokens/s (``PastTrial.prompt_rate``), not on the decode rate the study maximises. The race's finalists keep the
-sibling with the better prompt throughput (``tuner.decisions.race.prompt_pick``), so the export carries it.
+prompts add it: ``tuner.context.long_prompts``), every plan leaves it to follow ``threads`` (llama.cpp's default,
+``configs.FOLLOWS``), and this stage measures the incumbent at every core too. llama.cpp also runs speculative
+verification batches on the batch threads, so the sibling is a whole trial, decode included: the race keeps, of
+siblings within reach of the leader on decode, the one with the better prompt tokens/s
+(``tuner.decisions.race.prompt_pick``), and the export carries it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def propose(state: SearchState) -> Proposal | None:
     incumbent = state.overall_best()
     if not values or incumbent is None or incumbent.params.get("threads") is None:
         return None
-    cores = state.start().hardware.get("threads_batch") or max(values)
+    cores = state.start().hardware.get("threads") or max(values)
     own = incumbent.params.get("threads_batch")
     wanted = [nearest(values, incumbent.params["threads"]), nearest(values, cores)]
     return state.first_new(

@@ -51,9 +51,10 @@ def neighbours(state: SearchState, params: dict) -> list[tuple]:
         upper = min((t for t in threads if t >= own + step), default=None)
         for t in (lower, upper):
             if t is not None:
+                rest = {k: v for k, v in params.items() if k != "threads_batch"}  # follows threads (FOLLOWS)
                 candidates.append(
                     (
-                        {**params, "threads": t},
+                        {**rest, "threads": t},
                         "refinement",
                         f"threads {t} with the final configuration (the pair checked again)",
                     )
