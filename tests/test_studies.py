@@ -148,7 +148,7 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, tmp_path
     assert result["search"]["configurations"] == len(grid) - 1
     assert result["overhead"]["rounds"] == 1 and result["overhead"]["n_predict"] == 8
     assert [c["users"] for c in result["concurrency"]["levels"]] == [1, 2, 4]
-    assert len(result["repeatability"]["winners"]) == 2
+    assert len(result["repeatability"]["runs"]) == 2 and len(result["repeatability"]["holds"]) == 2
     assert [Path(f["path"]).name for f in result["gguf_read"]["files"]] == ["target.gguf"]
     assert len(result["launch_size"]["cells"]) == 9  # 1d: every launch and round spread of 1c's grid
     md = (out / "bench.md").read_text()

@@ -205,14 +205,21 @@ def scores(land: OperatorLandscape, log: list[TrialLog], tolerance: float) -> di
         "pruned": sum(e.state == "pruned" for e in log),
         "total_seconds": spent,
         "beyond_ladder": sum(beyond_ladder(e.reason) for e in log),
+        "rechecks": sum(e.reason.startswith("threads ") and RECHECK in e.reason for e in log),
     }
 
 
+RECHECK = "with the final configuration"  # refinement's check of the final configuration's thread neighbours
+
+
 def beyond_ladder(reason: str) -> bool:
-    """A trial that moved threads past the hardware stage's ladder: a bracket, the SMT probe, or refinement's
-    neighbour (``tuner.search.stages.hardware``; the ladder and the bandwidth probe's rung are not)."""
-    return reason.startswith("threads ") and not any(
-        rung in reason for rung in ("the ladder", "memory bandwidth is near its peak")
+    """A trial of the thread walk past its ladder: a bracket or the SMT probe (``tuner.search.stages.hardware``;
+    the ladder and the bandwidth probe's rung are not, and refinement's check of the final configuration's
+    neighbours is counted apart: ``rechecks``)."""
+    return (
+        reason.startswith("threads ")
+        and RECHECK not in reason
+        and not any(rung in reason for rung in ("the ladder", "memory bandwidth is near its peak"))
     )
 
 
@@ -274,6 +281,7 @@ def run_landscape(
                 "median_seconds": _median([x["seconds"] for x in sc]),
                 "pruned_trials": float(np.mean([x["pruned"] for x in sc])),
                 "beyond_ladder_max": max(x["beyond_ladder"] for x in sc),
+                "rechecks_max": max(x["rechecks"] for x in sc),
             }
         result["strategies"][strategy] = row
     return result
@@ -351,6 +359,7 @@ def real_range_targets(name: str, d: dict) -> dict:
         "median_le_10": median is not None and median <= REAL_MEDIAN,
         "all_by_25": worst is not None and worst <= REAL_WORST,
         "beyond_ladder_max": d["beyond_ladder_max"],
+        "rechecks_max": d["rechecks_max"],
         "within_ladder": within_ladder,
         "met": median is not None
         and median <= REAL_MEDIAN
@@ -468,8 +477,9 @@ def _targets_line(t: dict) -> str:
     """The default against its targets (see ``targets``); a TPE ratio against a censored TPE is a bound."""
     if t.get("real_range"):
         flat = (
-            f", thread trials beyond the ladder at most {t['beyond_ladder_max']} "
-            f"(target <= {MAX_BEYOND_LADDER}): {'yes' if t['within_ladder'] else 'NO'}"
+            f", the thread walk's trials beyond its ladder at most {t['beyond_ladder_max']} "
+            f"(target <= {MAX_BEYOND_LADDER}): {'yes' if t['within_ladder'] else 'NO'} (and at most "
+            f"{t['rechecks_max']} checks of the final configuration's neighbours, refinement's)"
             if t["within_ladder"] is not None
             else ""
         )

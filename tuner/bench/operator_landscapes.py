@@ -1234,7 +1234,8 @@ def _serve() -> OperatorLandscape:
 PEAK_60 = replace(EPYC, tau=14.0, contention_from=60, contention=0.35, smt_penalty=0.6)
 PEAK_40 = replace(EPYC, tau=9.0, contention_from=40, contention=0.3, smt_penalty=0.6)
 ALL_CORES = replace(EPYC, tau=30.0, contention_from=96, contention=0.0, smt_penalty=0.57)
-FLAT = replace(EPYC, tau=10.0, contention_from=96, contention=0.0, smt_penalty=0.6)  # level from about 40
+# level from about 40 threads, drafts included (their cost does not grow with threads here)
+FLAT = replace(EPYC, tau=10.0, contention_from=96, contention=0.0, smt_penalty=0.6, draft_thread_coupling=0.0)
 # A 2-socket, 64-core host (2 x 32 cores, SMT): a model that fits one node runs best bound to it, where no page
 # crosses the socket link; the node's bandwidth saturates near 20 of its 32 cores and more threads contend.
 TWO_NODE = Hardware(

@@ -49,7 +49,8 @@ MIN_ROUNDS = 3  # fewer paired rounds give no decision (and a t-interval with 1 
 # few early bounds narrow enough to decide on are mostly those whose spread came out low by luck (docs/decisions.md).
 DECISION_ROUNDS = 5
 # Two thread counts whose rates are within this share of each other tie, and the fewer threads win (the resource
-# rule): about one trial's launch spread, so adjacent counts on a big host are not told apart by noise.
+# rule): about one standard deviation of the difference of two single launches at a quiet host's 1.5% launch
+# spread, the floor of SearchState.tie, which widens to the spread a host's re-measures show.
 THREAD_TIE = 0.02
 OUTLIER_MADS = 5.0
 MAD_FLOOR = (

@@ -44,7 +44,7 @@ STEP_SHARE = 1 / 16  # the finest step of the bracket, as a share of the cores (
 def propose(state: SearchState) -> Proposal | None:
     """The prior's pair, then the policies not measured, the other nodes under bind, then the threads."""
     incumbent = incumbent_speculation(state)
-    if incumbent is None:
+    if incumbent is None or walked_another(state, incumbent):
         return None
     family = state.family(incumbent.params, *HW_KNOBS)
     return (
@@ -54,6 +54,25 @@ def propose(state: SearchState) -> Proposal | None:
         or bind_nodes(state, incumbent, family)
         or thread_walk(state, incumbent, family)
     )
+
+
+def walked_another(state: SearchState, incumbent: PastTrial) -> bool:
+    """Threads were walked already with another speculation (a ladder of three counts or more on one policy): the
+    pair found there carries over in the incumbent's own knobs, as threads and NUMA scale every configuration
+    alike, and refinement checks its neighbours with the final configuration; walking again for each new
+    incumbent (another K after a line search) would spend a ladder per incumbent."""
+    mine = _speculation(incumbent.params)
+    walks: dict = {}
+    for r in state.trials:
+        if r.state == "complete" and r.role not in ("baseline", "sentinel"):
+            key = (_speculation(r.params), r.params.get("numa"), r.params.get("numa_node"))
+            walks.setdefault(key, set()).add(r.params.get("threads"))
+    return any(len(counts) >= 3 and key[0] != mine for key, counts in walks.items())
+
+
+def _speculation(params: dict) -> tuple:
+    """A configuration but its hardware knobs and prompt threads: what a thread walk is done with."""
+    return tuple(sorted((k, v) for k, v in params.items() if k not in (*HW_KNOBS, "threads_batch")))
 
 
 def incumbent_speculation(state: SearchState) -> PastTrial | None:
@@ -116,20 +135,19 @@ def tie_pick(points: dict[int, float], tie: float = THREAD_TIE) -> int:
 def bracket(points: dict[int, float], low: int, high: int, step: int, tie: float = THREAD_TIE) -> list[float]:
     """Thread counts to measure next around the best (the wider gap first), then below the tie rule's pick.
 
-    ``points``: threads -> rate on one policy (and node), ``low``..``high`` the range walked. A gap is halved
-    while wider than ``step``; none is, once the counts beside the best tie with it (a flat stretch: a peak
-    hidden between two ties is within the noise). Past an edge of the measured counts: half the lowest, or
-    ``high`` once."""
+    ``points``: threads -> rate on one policy (and node), ``low``..``high`` the range walked. A gap beside the best
+    is halved while wider than ``step`` and its other end is clearly below the best (one that ties is a level
+    stretch: a peak hidden in it is within the noise); below the tie rule's pick, likewise, to find where the
+    curve drops. Past an edge of the measured counts: half the lowest, or ``high`` once."""
     best, pick = max(points, key=lambda t: points[t]), tie_pick(points, tie)
     wanted: list[tuple[float, float]] = []  # (priority: the gap's width, thread count)
     left, right = _neighbours(points, best)
-    beside = [n for n in (left, right) if n is not None]
-    open_edge = (left is None and best > low) or (right is None and best < high)
-    flat = bool(beside) and not open_edge and all(points[n] >= (1 - tie) * points[best] for n in beside)
-    if not flat:
-        wanted += _gap(left, best, low, step) + _gap(right, best, high, step)
-    if pick != best or flat:
-        wanted += _gap(_neighbours(points, pick)[0], pick, low, step)
+    for side, edge in ((left, low), (right, high)):
+        if side is None or points[side] < (1 - tie) * points[best]:  # a side that ties: level between
+            wanted += _gap(side, best, edge, step)
+    below = _neighbours(points, pick)[0]
+    if pick != best and (below is None or points[below] < (1 - tie) * points[best]):
+        wanted += _gap(below, pick, low, step)  # fewer threads may tie too: where the curve drops
     return [t for _, t in sorted(wanted, key=lambda w: -w[0])]
 
 

@@ -45,10 +45,11 @@ def neighbours(state: SearchState, params: dict) -> list[tuple]:
     candidates = []
     threads = state.knobs.values("threads")
     own = params.get("threads")
-    if own in threads:
+    if own in threads and not walked(state, params):
         step = thread_step(state.start().hardware.get("threads") or max(threads))
         lower = max((t for t in threads if t <= own - step), default=None)
-        upper = min((t for t in threads if t >= own + step), default=None)
+        cores = state.start().hardware.get("threads") or max(threads)  # SMT siblings: the hardware stage's
+        upper = min((t for t in threads if t >= own + step and (t <= cores or own > cores)), default=None)
         for t in (lower, upper):
             if t is not None:
                 rest = {k: v for k, v in params.items() if k != "threads_batch"}  # follows threads (FOLLOWS)
@@ -65,6 +66,19 @@ def neighbours(state: SearchState, params: dict) -> list[tuple]:
             if e in experts:
                 candidates.append(({**params, "experts": e}, "refinement", f"experts {e} next to the best"))
     return candidates
+
+
+def walked(state: SearchState, params: dict) -> bool:
+    """The hardware stage walked threads with this very configuration (three counts or more measured whole):
+    its bracket stands, and checking neighbours again in a flat stretch would only chase noise."""
+    rest = {k: v for k, v in params.items() if k not in ("threads", "threads_batch")}
+    counts = {
+        r.params.get("threads")
+        for r in state.trials
+        if r.state == "complete"
+        and {k: v for k, v in r.params.items() if k not in ("threads", "threads_batch")} == rest
+    }
+    return len(counts) >= 3
 
 
 def other_options(state: SearchState, params: dict) -> list[tuple]:
