@@ -17,7 +17,7 @@ that will be used. In order:
 5. bracketing around the best rung (``bracket``): the wider gap beside it halved, until the gaps are within
    ``thread_step`` (adjacent counts on a big host differ by less than one launch's spread, so the walk never
    steps by one there) or the rungs beside it tie with it (a flat stretch); SMT siblings once, where all cores
-   lead.
+   lead and still gain (``still_gaining``).
 
 Ties within the noise (``SearchState.tie``: the spread of the baseline's re-measures, at least
 ``evidence.THREAD_TIE``) go to fewer threads (the resource rule): the walk goes on below the fewest threads that
@@ -149,6 +149,15 @@ def bracket(points: dict[int, float], low: int, high: int, step: int, tie: float
     if pick != best and (below is None or points[below] < (1 - tie) * points[best]):
         wanted += _gap(below, pick, low, step)  # fewer threads may tie too: where the curve drops
     return [t for _, t in sorted(wanted, key=lambda w: -w[0])]
+
+
+def still_gaining(points: dict[int, float], top: int, tie: float = THREAD_TIE) -> bool:
+    """All ``top`` cores lead and the next fewer measured clearly below them: decode still gains threads at all
+    cores, so SMT siblings may add more (where it is level there, they cannot)."""
+    if max(points, key=lambda x: points[x]) != top:
+        return False
+    below = _neighbours(points, top)[0]
+    return below is not None and points[below] < (1 - tie) * points[top]
 
 
 def beyond_a_drop(points: dict[int, float], t: int, tie: float = THREAD_TIE) -> bool:
@@ -311,8 +320,8 @@ def thread_walk(state: SearchState, incumbent: PastTrial, family: list[PastTrial
             (nearest(values, round(t)), "bracket")
             for t in bracket(within, min(values), top, thread_step(top), state.tie)
         ]
-    if smt and not bind and within and max(within, key=lambda t: within[t]) == top:
-        rungs.append((max(smt), "smt"))  # all cores lead: SMT siblings once
+    if smt and not bind and within and still_gaining(within, top, state.tie):
+        rungs.append((max(smt), "smt"))  # all cores lead, clearly above fewer: SMT siblings once
     where = f"NUMA {hardware.get('numa')}" + (f" node {hardware.get('numa_node')}" if bind else "")
     return state.first_new(
         (
