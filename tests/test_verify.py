@@ -54,7 +54,13 @@ from tuner.storage.records import StudyRecord
         (1.1, 1.35, 3, HOLDS),  # below the claimed estimate, but reaching its interval
         (1.8, 1.9, 3, HOLDS),  # wholly above the claim: faster than claimed
         (1.1, 1.3, 3, HOLDS),  # an interval ending where the claim's begins is not below it
-        (1.1, 1.25, 3, SMALLER),  # shown faster, wholly below the claim's interval
+        (1.1, 1.2, 3, HOLDS),  # below the claim's interval, within CLAIM_TOLERANCE of it (1.3 x 0.9 = 1.17)
+        (
+            1.05,
+            1.15,
+            3,
+            SMALLER,
+        ),  # shown faster, wholly below the claim's interval by more than the tolerance
         (0.9, 1.8, 3, NOT_FASTER),  # reaches 1
         (1.0, 1.3, 3, NOT_FASTER),  # touching 1 is not above it
         (1.2, 1.9, 2, NOT_FASTER),  # too few rounds for an interval
@@ -65,7 +71,9 @@ def test_the_verdict_rule(low, high, rounds, expected):
 
 
 def test_a_claim_without_an_interval_is_compared_at_its_estimate():
-    assert verdict(evidence.Ratio(1.2, 1.1, 1.4, 3), Claim(1.5, 0.0, math.inf, "race")) == SMALLER
+    assert (
+        verdict(evidence.Ratio(1.2, 1.1, 1.3, 3), Claim(1.5, 0.0, math.inf, "race")) == SMALLER
+    )  # 1.5 x 0.9
     assert verdict(evidence.Ratio(1.2, 1.1, 1.6, 3), Claim(1.5, 0.0, math.inf, "race")) == HOLDS
 
 

@@ -14,10 +14,11 @@ for the section's trial, C [C_lo, C_hi] (its confirmation rounds' speedup and in
 else the race's estimate and simultaneous interval on its paired rounds: ``claim_for``). C_lo is C where the
 claim has no interval.
 
-* ``holds``: lo > 1 and hi >= C_lo. Shown faster than the baseline, and the interval reaches the claim's: the
-  measurement does not contradict the claim (an interval wholly above the claim holds too: faster than claimed).
-* ``smaller than claimed``: lo > 1 and hi < C_lo. Still shown faster than the baseline, but the whole interval
-  lies below the claimed speedup's whole interval: the two cannot both be right.
+* ``holds``: lo > 1 and hi >= C_lo x (1 - ``CLAIM_TOLERANCE``). Shown faster than the baseline, and the interval
+  reaches within 10% of the claim's: the measurement does not contradict the claim (an interval wholly above the
+  claim holds too: faster than claimed).
+* ``smaller than claimed``: lo > 1 and hi below that. Still shown faster than the baseline, but the whole
+  interval lies more than 10% below the claimed speedup's whole interval: more than a host's other work moves it.
 * ``no longer shown faster``: lo <= 1, or fewer than ``evidence.MIN_ROUNDS`` paired rounds (no interval). The
   section is not shown faster than llama.cpp's defaults on this host and build.
 
@@ -52,6 +53,10 @@ from tuner.storage.records import TrialRecord
 
 HOLDS = "holds"
 SMALLER = "smaller than claimed"
+# How far below the claim's interval a verification may end and still hold: the claim was measured at another
+# moment of the host, and a speedup moves with what else runs (x1.67 [1.58, 1.76] claimed, x1.46 [1.41, 1.50]
+# minutes later with a CPU-bound job beside it, the section, the build and the machine unchanged).
+CLAIM_TOLERANCE = 0.10
 NOT_FASTER = "no longer shown faster"
 EXIT = {HOLDS: 0, NOT_FASTER: 1, SMALLER: 4}
 MEANING = {
@@ -112,7 +117,7 @@ def verdict(ratio: evidence.Ratio, claim: Claim) -> str:
     """``holds``, ``smaller than claimed`` or ``no longer shown faster`` (the module's rule)."""
     if not ratio.enough or not ratio.low > 1.0:
         return NOT_FASTER
-    return HOLDS if ratio.high >= claim.floor else SMALLER
+    return HOLDS if ratio.high >= claim.floor * (1 - CLAIM_TOLERANCE) else SMALLER
 
 
 def verification_workload(workload: Workload) -> tuple[Workload, str]:
