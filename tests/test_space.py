@@ -177,3 +177,16 @@ def test_long_prompts_search_prompt_threads_apart_from_the_baseline_default():
     assert baseline_config(chat).threads_batch == 16 == baseline_config(chat).threads  # llama.cpp's default
     assert "threads_batch" not in fitted(None).domains and baseline_config(fitted(None)).threads_batch is None
     assert fitted("chat", threads_batch=Choices((8,))).domains["threads_batch"] == Choices((8,))  # as written
+
+
+def test_a_warm_start_leaves_prompt_threads_to_follow_threads():
+    from tuner.search.space import with_followers
+
+    searched = space(threads_batch=IntRange(1, 2))
+    assert with_followers({"spec_type": "none", "threads": 2}, searched) == {
+        "spec_type": "none",
+        "threads": 2,
+        "threads_batch": 2,
+    }
+    assert with_followers({"threads": 2, "threads_batch": 1}, searched)["threads_batch"] == 1  # as written
+    assert "threads_batch" not in with_followers({"threads": 2}, space())  # not searched: llama.cpp's default

@@ -24,7 +24,7 @@ from tuner.context import StudyContext
 from tuner.errors import UserError
 from tuner.search.prior import find_prior
 from tuner.search.sampling import sampler_for
-from tuner.search.space import baseline_config, enqueue_params
+from tuner.search.space import baseline_config, enqueue_params, with_followers
 from tuner.storage import store
 from tuner.storage.coordination import fail_stale, make_storage, tally, worker_id
 from tuner.storage.records import Failure, StudyRecord, changes
@@ -146,7 +146,7 @@ def ensure_baseline(
         raise _baseline_failed(study, ctx)
     if any(r.complete and r.worker == worker_id() for r in map(store.read_trial, _baselines(study))):
         for item in ctx.spec.warm_start:
-            store.enqueue(study, dict(item), "warm_start", skip_if_exists=True)
+            store.enqueue(study, with_followers(dict(item), ctx.space), "warm_start", skip_if_exists=True)
 
 
 def _requeued_here(study: optuna.Study) -> bool:

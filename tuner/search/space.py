@@ -428,6 +428,21 @@ def outside(domain: Domain, value: object) -> str | None:
     return None
 
 
+# a knob a plan or a warm start leaves unset takes another knob's value: prompt threads follow threads, as
+# llama.cpp's default (the prompt_threads stage sets them apart)
+FOLLOWS = {"threads_batch": "threads"}
+
+
+def with_followers(params: dict[str, Any], space: ResolvedSpace) -> dict[str, Any]:
+    """``params`` (a warm start as written) with each searched follower set to its leader's value where unset,
+    so that Optuna's fallback sampler does not draw it (a warm start at 2 threads ran on 1 prompt thread)."""
+    out = dict(params)
+    for knob, leader in FOLLOWS.items():
+        if knob in space.domains and knob not in out and leader in out:
+            out[knob] = out[leader]
+    return out
+
+
 def enqueue_params(config: TrialConfig, space: ResolvedSpace) -> dict[str, Any]:
     """The Optuna params that make ``suggest`` return ``config`` (for enqueue_trial)."""
     return {k: v for k, v in config.as_dict().items() if k in space.domains or k == "numa_node"}

@@ -15,7 +15,7 @@ from typing import Any
 from tuner.knobs.config import Choices, FloatRange, IntRange
 from tuner.knobs.registry import SERVING_KNOBS
 from tuner.search.prior import HW_KNOBS
-from tuner.search.space import ResolvedSpace
+from tuner.search.space import FOLLOWS, ResolvedSpace
 
 K_PROBE = 8  # the research's first K for any draft (seed 003, "K-Tuning Methodology": start with K=8)
 # What a plan leaves open starts here: no lookup stacked; the research's n-gram key (seed 003, Track 8: 4 tokens;
@@ -23,9 +23,6 @@ K_PROBE = 8  # the research's first K for any draft (seed 003, "K-Tuning Methodo
 PROBES = {"lookup": "none", "ngram_key": 4, "ngram_min_hits": 1, "lookup_max": K_PROBE, "lookup_min": 1}
 SIZE_KNOBS = ("lookup", "lookup_max", "lookup_min", "ngram_key", "ngram_min_hits")
 CARRIED = (*HW_KNOBS, *SERVING_KNOBS)  # what every plan carries from the configuration it starts from
-# a knob a plan leaves unset takes this knob's planned value: prompt threads follow threads (llama.cpp's
-# default) unless the prompt_threads stage sets them
-FOLLOWS = {"threads_batch": "threads"}
 
 
 class KnobValues:

@@ -189,7 +189,7 @@ def _gap(side: int | None, at: int, edge: int, step: int) -> list[tuple[float, f
 
 
 def _rest(incumbent: PastTrial) -> dict:
-    """The incumbent's knobs but the hardware pair (prompt threads follow threads: ``configs.FOLLOWS``)."""
+    """The incumbent's knobs but the hardware pair (prompt threads follow threads: ``space.FOLLOWS``)."""
     return {k: v for k, v in incumbent.params.items() if k not in (*HW_KNOBS, "threads_batch")}
 
 
