@@ -57,17 +57,27 @@ def propose(state: SearchState) -> Proposal | None:
 
 
 def walked_another(state: SearchState, incumbent: PastTrial) -> bool:
-    """Threads were walked already with another speculation (a ladder of three counts or more on one policy): the
-    pair found there carries over in the incumbent's own knobs, as threads and NUMA scale every configuration
-    alike, and refinement checks its neighbours with the final configuration; walking again for each new
-    incumbent (another K after a line search) would spend a ladder per incumbent."""
+    """Threads were walked already with another speculation (``walks``): the pair found there carries over in the
+    incumbent's own knobs, as threads and NUMA scale every configuration alike, and refinement checks its
+    neighbours with the final configuration; walking again for each new incumbent (another K after a line
+    search) would spend a ladder per incumbent."""
     mine = _speculation(incumbent.params)
-    walks: dict = {}
+    return any(_speculation(dict(key)) != mine for key in walks(state))
+
+
+def walks(state: SearchState) -> set[tuple]:
+    """The configurations (all knobs but the thread counts, ``walk_key``) measured whole at three thread counts
+    or more: a thread walk was done with each."""
+    counts: dict[tuple, set] = {}
     for r in state.trials:
         if r.state == "complete" and r.role not in ("baseline", "sentinel"):
-            key = (_speculation(r.params), r.params.get("numa"), r.params.get("numa_node"))
-            walks.setdefault(key, set()).add(r.params.get("threads"))
-    return any(len(counts) >= 3 and key[0] != mine for key, counts in walks.items())
+            counts.setdefault(walk_key(r.params), set()).add(r.params.get("threads"))
+    return {key for key, seen in counts.items() if len(seen) >= 3}
+
+
+def walk_key(params: dict) -> tuple:
+    """A configuration but its thread counts (decode and prompt): what a thread walk varies."""
+    return tuple(sorted((k, v) for k, v in params.items() if k not in ("threads", "threads_batch")))
 
 
 def _speculation(params: dict) -> tuple:

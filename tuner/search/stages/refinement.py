@@ -10,7 +10,7 @@ sampler proposes.
 from __future__ import annotations
 
 from tuner.search.stages.configs import describe_speculation, option_name, option_of
-from tuner.search.stages.hardware import thread_step
+from tuner.search.stages.hardware import thread_step, walk_key, walks
 from tuner.search.stages.state import Proposal, SearchState
 
 CLOSE = 0.97  # another option this close to the incumbent's speedup is measured at its best K
@@ -45,7 +45,7 @@ def neighbours(state: SearchState, params: dict) -> list[tuple]:
     candidates = []
     threads = state.knobs.values("threads")
     own = params.get("threads")
-    if own in threads and not walked(state, params):
+    if own in threads and walk_key(params) not in walks(state):  # a walk's bracket stands: no noise chased
         step = thread_step(state.start().hardware.get("threads") or max(threads))
         lower = max((t for t in threads if t <= own - step), default=None)
         cores = state.start().hardware.get("threads") or max(threads)  # SMT siblings: the hardware stage's
@@ -66,19 +66,6 @@ def neighbours(state: SearchState, params: dict) -> list[tuple]:
             if e in experts:
                 candidates.append(({**params, "experts": e}, "refinement", f"experts {e} next to the best"))
     return candidates
-
-
-def walked(state: SearchState, params: dict) -> bool:
-    """The hardware stage walked threads with this very configuration (three counts or more measured whole):
-    its bracket stands, and checking neighbours again in a flat stretch would only chase noise."""
-    rest = {k: v for k, v in params.items() if k not in ("threads", "threads_batch")}
-    counts = {
-        r.params.get("threads")
-        for r in state.trials
-        if r.state == "complete"
-        and {k: v for k, v in r.params.items() if k not in ("threads", "threads_batch")} == rest
-    }
-    return len(counts) >= 3
 
 
 def other_options(state: SearchState, params: dict) -> list[tuple]:
