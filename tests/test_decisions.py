@@ -16,12 +16,11 @@ from tuner.decisions import evidence
 from tuner.decisions.drift import MIN_LAUNCH_SIGMA, PRIOR_LAUNCH_SIGMA, allowed_launch_spread, chi2_quantile
 from tuner.decisions.race import (
     DECISION_ROUNDS,
-    Contest,
     Entry,
     Forecast,
-    Look,
+    PairedStatistics,
     RaceResult,
-    _add_round,
+    RaceRounds,
     confirm,
     forecast_before,
     loss_text,
@@ -31,6 +30,7 @@ from tuner.decisions.race import (
     sequential_race,
     within_reach,
 )
+from tuner.decisions.race.rounds import add_round
 from tuner.decisions.remeasure import williams_order
 from tuner.errors import UserError
 from tuner.search.pruning import prune_decision
@@ -126,19 +126,19 @@ def scripted(
 SPEC = RaceSpec(min_rounds=3, max_rounds=10, loss=0.02)
 
 
-def scripted_contest(mus: dict[str, float], noise: float, rounds: int) -> Contest:
+def scripted_rounds(mus: dict[str, float], noise: float, rounds: int) -> RaceRounds:
     """Every contender launched in each of ``rounds`` rounds."""
     _, launch_round, _ = scripted(mus, noise)
-    contest = Contest({n: [] for n in mus}, list(mus))
+    race_rounds = RaceRounds(rates={n: [] for n in mus}, candidates=list(mus))
     for r in range(rounds):
-        _add_round(contest, launch_round(list(mus), r), r)
-    return contest
+        add_round(race_rounds, launch_round(list(mus), r), r)
+    return race_rounds
 
 
 def test_a_clearly_faster_leader_wins_and_the_others_are_dropped_as_they_go():
     mus = {"fast": 200.0, "slow": 150.0, "base": 100.0}
     launch, launch_round, log = scripted(mus, 0.02)
-    contest, outcome = sequential_race(
+    race_rounds, outcome = sequential_race(
         ["fast", "slow"],
         "base",
         launch_round,
@@ -147,9 +147,9 @@ def test_a_clearly_faster_leader_wins_and_the_others_are_dropped_as_they_go():
         progress=lambda _: None,
     )
     assert outcome.winner == "fast" and outcome.decided and "shown faster" in outcome.verdict
-    assert set(contest.dropped) == {"slow", "base"} and len(contest.rates["fast"]) == DECISION_ROUNDS
+    assert set(race_rounds.dropped) == {"slow", "base"} and len(race_rounds.rates["fast"]) == DECISION_ROUNDS
     # far behind, slow and the baseline rest after the first rounds: a far gap needs no 5 paired rounds
-    assert contest.launches == len(log) < 3 * DECISION_ROUNDS and log.count("base") == SPEC.min_rounds
+    assert race_rounds.launches == len(log) < 3 * DECISION_ROUNDS and log.count("base") == SPEC.min_rounds
 
 
 def test_resources_decide_only_between_configurations_shown_equivalent():
@@ -166,7 +166,7 @@ def test_resources_decide_only_between_configurations_shown_equivalent():
 
 def test_a_race_out_of_rounds_says_it_is_undecided_and_deploys_the_higher_estimate():
     launch, launch_round, _ = scripted({"a": 200.0, "b": 199.0, "base": 100.0}, 0.08, seed=3)
-    contest, outcome = sequential_race(
+    race_rounds, outcome = sequential_race(
         ["a", "b"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=lambda _: None
     )
     assert not outcome.decided and "undecided after 4 rounds" in outcome.verdict
@@ -188,31 +188,43 @@ def test_an_undecided_race_whose_others_are_all_within_race_loss_says_why_it_did
 
 
 def test_a_forecast_under_a_minute_says_so():
-    assert Forecast(0.02, 0.05, 3, 0.2).text().endswith("about 3 more rounds (under a minute)")
-    assert Forecast(0.02, 0.05, 1, 0.1).text().endswith("about 1 more round (under a minute)")
-    assert Forecast(0.02, 0.05, 30, 12.4).text().endswith("about 30 more rounds (about 12 min)")
+    assert (
+        Forecast(margin=0.02, spread=0.05, rounds=3, minutes=0.2)
+        .text()
+        .endswith("about 3 more rounds (under a minute)")
+    )
+    assert (
+        Forecast(margin=0.02, spread=0.05, rounds=1, minutes=0.1)
+        .text()
+        .endswith("about 1 more round (under a minute)")
+    )
+    assert (
+        Forecast(margin=0.02, spread=0.05, rounds=30, minutes=12.4)
+        .text()
+        .endswith("about 30 more rounds (about 12 min)")
+    )
 
 
 def test_an_outlier_launch_is_left_out_of_the_race_and_reported():
     mus = {"a": 480.0, "base": 250.0}
     launch, launch_round, log = scripted(mus, 0.02, outliers={("a", 4): 47.7})
-    contest, outcome = sequential_race(
+    race_rounds, outcome = sequential_race(
         ["a"], "base", launch_round, {}, RaceSpec(min_rounds=4, max_rounds=6), progress=lambda _: None
     )
     assert (
-        len(contest.outliers) == 1
-        and contest.outliers[0].startswith("round 4: a measured 47.7")
-        and contest.outliers[0].endswith("; left out")
+        len(race_rounds.outliers) == 1
+        and race_rounds.outliers[0].startswith("round 4: a measured 47.7")
+        and race_rounds.outliers[0].endswith("; left out")
     )
-    assert min(contest.rates["a"]) > 400 and 4 - 1 not in contest.rounds["a"]  # not in the figure
-    assert log.count("a") == len(contest.rates["a"]) + 1 == contest.launches - log.count("base")
+    assert min(race_rounds.rates["a"]) > 400 and 4 - 1 not in race_rounds.rounds["a"]  # not in the figure
+    assert log.count("a") == len(race_rounds.rates["a"]) + 1 == race_rounds.launches - log.count("base")
 
 
 def test_a_contender_short_of_rounds_for_a_bound_after_an_outlier_is_launched_in_the_next_round():
     mus = {"a": 480.0, "b": 470.0, "c": 300.0, "base": 250.0}  # c far behind: it rests once it has its rounds
     launch, launch_round, log = scripted(mus, 0.02, outliers={("c", 2): 30.0})
-    contest, _ = sequential_race(["a", "b", "c"], "base", launch_round, {}, SPEC, progress=lambda _: None)
-    assert contest.rounds["c"] == [0, 2, 3] and contest.rounds["base"] == [0, 1, 2]
+    race_rounds, _ = sequential_race(["a", "b", "c"], "base", launch_round, {}, SPEC, progress=lambda _: None)
+    assert race_rounds.rounds["c"] == [0, 2, 3] and race_rounds.rounds["base"] == [0, 1, 2]
 
 
 def test_good_launches_after_two_slow_first_ones_are_kept_and_the_slow_ones_left_out():
@@ -220,30 +232,32 @@ def test_good_launches_after_two_slow_first_ones_are_kept_and_the_slow_ones_left
     # the baseline never had 3 rounds, nothing was shown faster than it, and the race deployed it (make bench 1c)
     outliers = {("base", 1): 25.0, ("base", 3): 25.0}
     launch, launch_round, log = scripted({"a": 480.0, "base": 250.0}, 0.02, outliers=outliers)
-    contest, outcome = sequential_race(
+    race_rounds, outcome = sequential_race(
         ["a"], "base", launch_round, {}, RaceSpec(min_rounds=5, max_rounds=5), progress=lambda _: None
     )
-    assert contest.rounds["base"] == [1, 3, 4] and min(contest.rates["base"]) > 200
-    assert [line[:8] for line in contest.outliers] == ["round 1:", "round 3:"]
-    assert all(line.endswith("; left out") for line in contest.outliers)
+    assert race_rounds.rounds["base"] == [1, 3, 4] and min(race_rounds.rates["base"]) > 200
+    assert [line[:8] for line in race_rounds.outliers] == ["round 1:", "round 3:"]
+    assert all(line.endswith("; left out") for line in race_rounds.outliers)
     assert outcome.winner == "a"
 
 
 def test_the_expected_loss_is_small_only_when_every_other_is_several_standard_errors_behind():
-    far = Look(scripted_contest({"a": 200.0, "b": 170.0, "base": 100.0}, 0.02, rounds=5), 0.01)
-    close = Look(scripted_contest({"a": 200.0, "b": 198.0, "base": 100.0}, 0.05, rounds=5), 0.01)
+    far = PairedStatistics(scripted_rounds({"a": 200.0, "b": 170.0, "base": 100.0}, 0.02, rounds=5), 0.01)
+    close = PairedStatistics(scripted_rounds({"a": 200.0, "b": 198.0, "base": 100.0}, 0.05, rounds=5), 0.01)
     assert far.expected_loss("a") < 1e-6 < 0.002 < close.expected_loss("a")
     # deploying the slower one is expected to lose about the gap: the loss function of a gap far ahead is the gap
     assert far.expected_loss("b") == pytest.approx(math.log(200 / 170), abs=0.03)
-    short = Look(scripted_contest({"a": 200.0, "b": 170.0, "base": 100.0}, 0.02, rounds=2), 0.01)
+    short = PairedStatistics(scripted_rounds({"a": 200.0, "b": 170.0, "base": 100.0}, 0.02, rounds=2), 0.01)
     assert short.expected_loss("a") == math.inf  # no bound yet, no stop
 
 
 def test_a_race_whose_pick_more_rounds_would_rarely_change_stops_undecided_and_says_why():
     launch, launch_round, log = scripted({"a": 200.0, "b": 190.0, "base": 100.0}, 0.05, seed=1)
     spec = RaceSpec(max_rounds=11, loss=0.005)  # a 0.5% loss bound is out of reach: no decision
-    contest, outcome = sequential_race(["a", "b"], "base", launch_round, {}, spec, progress=lambda _: None)
-    assert not outcome.decided and outcome.winner == "a" and max(map(len, contest.rates.values())) < 11
+    race_rounds, outcome = sequential_race(
+        ["a", "b"], "base", launch_round, {}, spec, progress=lambda _: None
+    )
+    assert not outcome.decided and outcome.winner == "a" and max(map(len, race_rounds.rates.values())) < 11
     assert "below race.expected_loss (0.2%): more rounds would rarely change the pick" in outcome.verdict
     lines: list[str] = []
     _, on = sequential_race(
@@ -267,13 +281,15 @@ def test_a_finalist_that_fails_to_launch_twice_leaves_the_race_and_the_others_ro
         return {n: v for n, v in launched.items() if not (n == "b" and r == 3)}  # b's 4th launch fails twice
 
     lines: list[str] = []
-    contest, outcome = sequential_race(["a", "b", "c"], "base", failing, {}, SPEC, progress=lines.append)
-    assert "b" not in contest.candidates and contest.dropped["b"] == "failed to launch twice in round 4"
-    assert contest.rounds["b"] == [0, 1, 2]  # its launches so far stay in the table
+    race_rounds, outcome = sequential_race(["a", "b", "c"], "base", failing, {}, SPEC, progress=lines.append)
+    assert (
+        "b" not in race_rounds.candidates and race_rounds.dropped["b"] == "failed to launch twice in round 4"
+    )
+    assert race_rounds.rounds["b"] == [0, 1, 2]  # its launches so far stay in the table
     assert outcome.winner != "b" and not any(
         line.startswith("race round 5:") and " b " in line for line in lines
     )
-    assert len(contest.rounds["a"]) > 4  # the race went on without it
+    assert len(race_rounds.rounds["a"]) > 4  # the race went on without it
 
 
 def test_a_race_without_its_baseline_or_any_finalist_ends_with_the_failure():
@@ -296,10 +312,10 @@ def test_no_expected_loss_stop_while_the_baseline_would_be_deployed():
         return {n: 100.0 * ratios[r] if n == "a" else 100.0 + r % 3 for n in names}
 
     spec = RaceSpec(max_rounds=11)
-    contest = Contest({"a": [], "base": []}, ["a", "base"])
+    race_rounds = RaceRounds(rates={"a": [], "base": []}, candidates=["a", "base"])
     for r in range(5):
-        _add_round(contest, launch_round(["a", "base"], r), r)
-    look = Look(contest, race_alpha(spec, 2))
+        add_round(race_rounds, launch_round(["a", "base"], r), r)
+    look = PairedStatistics(race_rounds, race_alpha(spec, 2))
     assert look.expected_loss("a") < math.log1p(spec.expected_loss) and not look.replaces("a", "base")
     _, outcome = sequential_race(["a"], "base", launch_round, {}, spec, progress=lambda _: None)
     assert outcome.winner == "a" and outcome.decided  # raced on until shown faster
@@ -314,11 +330,11 @@ def test_a_confirmation_round_launches_an_outlier_again():
 
 def test_an_early_outlier_is_caught_once_there_are_rounds_to_compare_with():
     launch, launch_round, _ = scripted({"a": 480.0, "base": 250.0}, 0.02, outliers={("a", 1): 47.7})
-    contest, _ = sequential_race(
+    race_rounds, _ = sequential_race(
         ["a"], "base", launch_round, {}, RaceSpec(min_rounds=4, max_rounds=6), progress=lambda _: None
     )
-    assert contest.outliers and contest.outliers[0].startswith("round 1: a measured 47.7")
-    assert min(contest.rates["a"]) > 400
+    assert race_rounds.outliers and race_rounds.outliers[0].startswith("round 1: a measured 47.7")
+    assert min(race_rounds.rates["a"]) > 400
 
 
 def test_the_printed_speedup_comes_from_rounds_not_used_to_pick_the_winner():
@@ -464,10 +480,10 @@ def test_a_narrow_bound_decides_only_on_enough_paired_rounds():
     assert far.decisive("b", "a")  # far behind: not a close call at any number of rounds
 
 
-def crafted_look(rates: dict[str, list[float]], alpha: float = 0.01) -> Look:
-    contest = Contest({n: list(v) for n, v in rates.items()}, list(rates))
-    contest.rounds = {n: list(range(len(v))) for n, v in rates.items()}
-    return Look(contest, alpha)
+def crafted_look(rates: dict[str, list[float]], alpha: float = 0.01) -> PairedStatistics:
+    race_rounds = RaceRounds(rates={n: list(v) for n, v in rates.items()}, candidates=list(rates))
+    race_rounds.rounds = {n: list(range(len(v))) for n, v in rates.items()}
+    return PairedStatistics(race_rounds, alpha)
 
 
 def test_the_loss_bound_is_the_largest_upper_bound_of_another_finalist_over_the_deployed():
@@ -501,7 +517,7 @@ def test_a_race_that_cannot_show_anything_faster_than_the_baseline_deploys_the_b
 
 def test_a_finalist_far_behind_rests_after_the_first_rounds_and_the_close_pair_races_on():
     launch, launch_round, log = scripted({"a": 200.0, "b": 199.0, "c": 160.0, "base": 100.0}, 0.05, seed=2)
-    contest, outcome = sequential_race(
+    race_rounds, outcome = sequential_race(
         ["a", "b", "c"],
         "base",
         launch_round,
@@ -509,9 +525,11 @@ def test_a_finalist_far_behind_rests_after_the_first_rounds_and_the_close_pair_r
         RaceSpec(max_rounds=8, expected_loss=0),
         progress=lambda _: None,
     )
-    assert contest.rounds["c"][:3] == [0, 1, 2] and contest.rounds["base"] == [0, 1, 2]
-    assert len(contest.rates["c"]) <= 4 and len(contest.rates["a"]) == len(contest.rates["b"]) == 8
-    assert contest.launches == len(log) < 4 * 8  # every finalist every round would take 32
+    assert race_rounds.rounds["c"][:3] == [0, 1, 2] and race_rounds.rounds["base"] == [0, 1, 2]
+    assert (
+        len(race_rounds.rates["c"]) <= 4 and len(race_rounds.rates["a"]) == len(race_rounds.rates["b"]) == 8
+    )
+    assert race_rounds.launches == len(log) < 4 * 8  # every finalist every round would take 32
     assert not outcome.decided and outcome.winner in ("a", "b")
 
 
@@ -520,11 +538,13 @@ def test_the_forecast_says_how_many_rounds_telling_the_margin_apart_takes():
     assert rounds_to_tell(0.078, math.log1p(0.02), 0.0, 1.645) == 42
     assert rounds_to_tell(0.078, math.log1p(0.02), -0.10, 1.645) == 2  # far behind: settled almost at once
     assert rounds_to_tell(0.078, math.log1p(0.02), 0.01, 1.645) == 165  # half the margin ahead: the slowest
-    text = Forecast(0.02, 0.078, 40, 25.0).text()
+    text = Forecast(margin=0.02, spread=0.078, rounds=40, minutes=25.0).text()
     assert (
         text == "to tell 2% apart at this host's 7.8% per-round spread: about 40 more rounds (about 25 min)"
     )
-    after = Forecast(0.02, 0.078, 12, None, rival="trial-5", behind=0.03, level_rounds=120).text()
+    after = Forecast(
+        margin=0.02, spread=0.078, rounds=12, minutes=None, rival="trial-5", behind=0.03, level_rounds=120
+    ).text()
     assert after.endswith(
         "about 12 more rounds, with trial-5 3.0% behind as estimated; about 120 if the two are level"
     )
@@ -535,14 +555,43 @@ def test_the_forecast_says_how_many_rounds_telling_the_margin_apart_takes():
 
 def test_what_a_deployment_may_lose_is_said_and_stored_and_an_older_race_still_reads():
     launch, launch_round, _ = scripted({"a": 200.0, "b": 199.0, "base": 100.0}, 0.08, seed=3)
-    contest, outcome = sequential_race(
+    race_rounds, outcome = sequential_race(
         ["a", "b"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=lambda _: None
     )
     entries = [
-        Entry(i, n, {}, 1.0, contest.rates[n], 1.0, 1.0, 0.9, 1.1, "", [], [r + 1 for r in contest.rounds[n]])
+        Entry(
+            trial=i,
+            label=n,
+            config={},
+            recorded_tokens_per_second=1.0,
+            rates=race_rounds.rates[n],
+            mean_tokens_per_second=1.0,
+            speedup=1.0,
+            speedup_low=0.9,
+            speedup_high=1.1,
+            status="",
+            accepted=[],
+            rounds=[r + 1 for r in race_rounds.rounds[n]],
+        )
         for i, n in enumerate(["a", "b", "base"])
     ]
-    result = RaceResult(4, 2, entries, 0, False, outcome.verdict, "", 0.02, {}, [], 12, None, 0.061, 0, "")
+    result = RaceResult(
+        rounds=4,
+        baseline_trial=2,
+        entries=entries,
+        winner=0,
+        decided=False,
+        verdict=outcome.verdict,
+        rule="",
+        loss=0.02,
+        drafted={},
+        outliers=[],
+        launches=12,
+        confirmation=None,
+        loss_bound=0.061,
+        leader=0,
+        forecast="",
+    )
     assert (
         result.loss_line() == "deployed trial 0; no other finalist is more than 6.1% faster (95%, 4 rounds)"
     )
@@ -638,9 +687,16 @@ def test_a_figure_that_is_not_a_number_is_said_in_words():
     assert (
         evidence.Ratio(math.inf, 1.0, math.inf, 3).text() == "no speedup figure (3 paired rounds)"
     )  # over 0 t/s
-    unknown = Forecast(0.02, math.inf, rounds_to_tell(math.inf, 0.02, 0.0, 2.0), math.inf)
+    unknown = Forecast(
+        margin=0.02, spread=math.inf, rounds=rounds_to_tell(math.inf, 0.02, 0.0, 2.0), minutes=math.inf
+    )
     assert unknown.text() == "to tell 2% apart: no forecast yet (the per-round spread is not known)"
-    assert "inf" not in Forecast(0.02, 0.05, 12, math.inf, rival="b", level_rounds=math.inf).text()
+    assert (
+        "inf"
+        not in Forecast(
+            margin=0.02, spread=0.05, rounds=12, minutes=math.inf, rival="b", level_rounds=math.inf
+        ).text()
+    )
 
 
 def test_an_outlier_left_out_of_a_short_race_gives_no_bound_in_words_not_a_crash():
@@ -650,15 +706,30 @@ def test_an_outlier_left_out_of_a_short_race_gives_no_bound_in_words_not_a_crash
 
     outliers = {("a", 3): 20.0}
     _, launch_round, _ = scripted({"a": 480.0, "b": 300.0, "base": 250.0}, 0.02, outliers=outliers)
-    contest, outcome = sequential_race(
+    race_rounds, outcome = sequential_race(
         ["a", "b"], "base", launch_round, {}, RaceSpec(min_rounds=3, max_rounds=3), progress=lambda _: None
     )
-    assert contest.rounds["a"] == [0, 1] and contest.outliers[0].startswith("round 3: a measured 20.0")
+    assert race_rounds.rounds["a"] == [0, 1] and race_rounds.outliers[0].startswith(
+        "round 3: a measured 20.0"
+    )
     assert outcome.loss == math.inf and "a has 2 kept rounds beside" in outcome.no_bound
     assert "(3 needed)" in outcome.no_bound
     names = {"a": 1, "b": 2, "base": 0}
     entries = [
-        Entry(names[n], n, {}, 1.0, contest.rates[n], 1.0, r.estimate, r.low, r.high, "", [], [])
+        Entry(
+            trial=names[n],
+            label=n,
+            config={},
+            recorded_tokens_per_second=1.0,
+            rates=race_rounds.rates[n],
+            mean_tokens_per_second=1.0,
+            speedup=r.estimate,
+            speedup_low=r.low,
+            speedup_high=r.high,
+            status="",
+            accepted=[],
+            rounds=[],
+        )
         for n, r in outcome.speedups.items()
     ]
     result = RaceResult(
@@ -671,8 +742,8 @@ def test_an_outlier_left_out_of_a_short_race_gives_no_bound_in_words_not_a_crash
         rule="",
         loss=0.02,
         drafted={},
-        outliers=contest.outliers,
-        launches=contest.launches,
+        outliers=race_rounds.outliers,
+        launches=race_rounds.launches,
         confirmation=None,
         loss_bound=None if outcome.no_bound else outcome.loss,
         leader=names[outcome.leader],

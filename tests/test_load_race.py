@@ -64,7 +64,18 @@ def entry(
     config = {"spec_type": "draft-simple", "draft": "d", "draft_max": k} if k else {"spec_type": "none"}
     rates = [100.0 * speedup] * 3
     return Entry(
-        trial, f"trial-{trial}", config, rates[0], rates, rates[0], speedup, low, high, status, [], [1, 2, 3]
+        trial=trial,
+        label=f"trial-{trial}",
+        config=config,
+        recorded_tokens_per_second=rates[0],
+        rates=rates,
+        mean_tokens_per_second=rates[0],
+        speedup=speedup,
+        speedup_low=low,
+        speedup_high=high,
+        status=status,
+        accepted=[],
+        rounds=[1, 2, 3],
     )
 
 
@@ -72,22 +83,22 @@ def race(users: int, spec: tuple[float, float, float], winner_speculates: bool =
     base = entry(0, None, 1.0, 1.0, 1.0, "winner" if not winner_speculates else "undecided")
     fast = entry(1, 4, *spec, status="winner" if winner_speculates else "undecided")
     return RaceResult(
-        3,
-        0,
-        [fast, base],
-        1 if winner_speculates else 0,
-        True,
-        "v",
-        "rule",
-        0.02,
-        {},
-        [],
-        6,
-        None,
-        0.01,
-        1,
-        "",
-        users,
+        rounds=3,
+        baseline_trial=0,
+        entries=[fast, base],
+        winner=1 if winner_speculates else 0,
+        decided=True,
+        verdict="v",
+        rule="rule",
+        loss=0.02,
+        drafted={},
+        outliers=[],
+        launches=6,
+        confirmation=None,
+        loss_bound=0.01,
+        leader=1,
+        forecast="",
+        users=users,
     )
 
 
@@ -210,11 +221,11 @@ def test_a_real_load_class_race_at_two_users_on_the_synthetic_family(synthetic_m
         ctx.study_record("h:1"),
         [candidate],
         baseline,
-        ctx.workload,
-        ctx.settings,
-        RaceSpec(min_rounds=3, max_rounds=3),
-        ctx.log_dir,
-        lines.append,
+        workload=ctx.workload,
+        settings=ctx.settings,
+        spec=RaceSpec(min_rounds=3, max_rounds=3),
+        log_dir=ctx.log_dir,
+        progress=lines.append,
         users=2,
     )
     for line in [*lines, *verdict_lines(result)]:

@@ -82,7 +82,18 @@ def raced(confirmed: bool = False) -> RaceResult:
 
     def entry(trial: int, speedup: float, low: float, high: float, status: str) -> Entry:
         return Entry(
-            trial, f"trial-{trial}", {}, 10.0, [10.0] * 4, 10.0, speedup, low, high, status, [], [1, 2, 3, 4]
+            trial=trial,
+            label=f"trial-{trial}",
+            config={},
+            recorded_tokens_per_second=10.0,
+            rates=[10.0] * 4,
+            mean_tokens_per_second=10.0,
+            speedup=speedup,
+            speedup_low=low,
+            speedup_high=high,
+            status=status,
+            accepted=[],
+            rounds=[1, 2, 3, 4],
         )
 
     entries = [
@@ -90,8 +101,27 @@ def raced(confirmed: bool = False) -> RaceResult:
         entry(3, 1.1, 0.8, 1.4, "undecided"),
         entry(0, 1, 1, 1, ""),
     ]
-    confirmation = Confirmation(3, [15.0] * 3, [10.0] * 3, 1.45, 1.3, 1.6) if confirmed else None
-    return RaceResult(4, 0, entries, 2, True, "won", "", 0.02, {}, [], 12, confirmation)
+    confirmation = (
+        Confirmation(
+            rounds=3, winner_rates=[15.0] * 3, baseline_rates=[10.0] * 3, speedup=1.45, low=1.3, high=1.6
+        )
+        if confirmed
+        else None
+    )
+    return RaceResult(
+        rounds=4,
+        baseline_trial=0,
+        entries=entries,
+        winner=2,
+        decided=True,
+        verdict="won",
+        rule="",
+        loss=0.02,
+        drafted={},
+        outliers=[],
+        launches=12,
+        confirmation=confirmation,
+    )
 
 
 def test_the_claim_is_the_exports_figure_for_the_sections_trial():

@@ -106,7 +106,7 @@ def new_race(
     def launch_round(labels: list[str], r: int) -> dict[str, float]:
         return {n: launch(n) for n in labels}
 
-    contest, outcome = sequential_race(
+    race_rounds, outcome = sequential_race(
         names[:-1],
         names[-1],
         launch_round,
@@ -114,7 +114,7 @@ def new_race(
         spec,
         progress=lambda _: None,
     )
-    ratio, launches = outcome.speedup, contest.launches
+    ratio, launches = outcome.speedup, race_rounds.launches
     if outcome.winner != names[-1] and spec.confirm_rounds:
         confirmation, check = confirm(outcome.winner, names[-1], launch_round, launch, spec.confirm_rounds)
         ratio = evidence.Ratio(confirmation.speedup, confirmation.low, confirmation.high, confirmation.rounds)

@@ -1,0 +1,121 @@
+"""What an operator reads of a race: its plan and forecast before the first round, a line per round, and the
+verdict lines after it (the table, what the deployment may lose, outliers, the winner's figure)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from tuner import eta, figures
+from tuner.decisions import launch_size
+from tuner.decisions.race.forecasts import forecast_before
+from tuner.decisions.race.paired_statistics import PairedStatistics
+from tuner.decisions.race.results import RaceResult
+from tuner.decisions.race.rounds import RaceRounds
+from tuner.decisions.race.stop_rules import Outcome
+from tuner.decisions.race.wording import bound_text, loss_text, users_text
+from tuner.storage.records import TrialRecord
+from tuner.studyfile.spec import RaceSpec
+
+
+def announce(
+    records: dict[str, TrialRecord],
+    spec: RaceSpec,
+    progress: eta.Progress,
+    launch_sigma: float | None,
+    title: str = "race",
+    size: launch_size.LaunchSize | None = None,
+) -> None:
+    """The race's plan (with ``size``: what a launch measures), its expected launches for the time left, and the
+    forecast from the launch spread."""
+    if size is not None:
+        more = f"; at most {spec.max_rounds} rounds in that time" if size.share != 1 else ""
+        progress(f"{title}: {size.text()}{more}")
+    progress.then_units = 2 * spec.confirm_rounds
+    eta.expect(progress, spec.max_rounds * len(records))
+    progress(
+        f"{title}: {len(records)} finalists ({', '.join(records)}), one launch each per round for "
+        f"{spec.min_rounds} rounds, then the leader and the finalists whose comparison with it is open, until one "
+        f"is within race.loss ({loss_text(spec.loss)}) of every other, at most {spec.max_rounds} rounds"
+    )
+    if launch_sigma is not None:
+        seconds = progress.unit_s or _trial_seconds(list(records.values()))
+        progress(f"{title}: {forecast_before(launch_sigma, len(records), spec, seconds).text()}")
+
+
+def _trial_seconds(records: list[TrialRecord]) -> float | None:
+    """A launch's time, at most: the median finalist trial's (a trial is one launch and all its passes)."""
+    spans = [
+        r.ended_at - r.started_at for r in records if r.started_at is not None and r.ended_at is not None
+    ]
+    return statistics.median(spans) if spans else None
+
+
+def round_line(
+    race_rounds: RaceRounds,
+    look: PairedStatistics,
+    measured: list[str],
+    round_index: int,
+    outcome: Outcome | None,
+    title: str = "race",
+) -> str:
+    """A round's line: each launch's rate (or that it was left out), who rested, and where the race stands."""
+    resting = [n for n in race_rounds.candidates if n not in measured]
+
+    def rate(name: str) -> str:
+        if race_rounds.rounds[name][-1:] == [round_index]:
+            return f"{race_rounds.rates[name][-1]:.1f}"
+        return "left out (outlier)"
+
+    leader = look.leader
+    status = (
+        outcome.verdict
+        if outcome
+        else f"racing on ({leader} leads; no other finalist more than {bound_text(max(look.loss(leader), 0.0))} "
+        f"faster, 95%)"
+        if math.isfinite(look.loss(leader))
+        else "racing on"
+    )
+    return (
+        f"{title} round {round_index + 1}: "
+        + ", ".join(f"{n} {rate(n)}" for n in measured)
+        + " t/s"
+        + (f" (resting: {', '.join(resting)})" if resting else "")
+        + f"; {status}"
+    )
+
+
+def verdict_lines(result: RaceResult) -> list[str]:
+    """What an operator reads: the table, the verdict, what the deployment may lose, the forecast, outliers, and the
+    deployed configuration's figure. A load class's lines begin with its level (``c4 verdict: ...``)."""
+    tag = "" if result.users is None else f"c{result.users} "
+    rate = (
+        "geometric mean tokens/s"
+        if result.users is None
+        else f"geometric mean aggregate tokens/s at {users_text(result.users)}"
+    )
+    lines = [
+        f"{result.title}: {result.rounds} rounds, {result.launches} launches (per finalist: {rate} over its "
+        f"launches; speedup over the baseline on paired rounds, 95% interval simultaneous over the finalists):"
+    ]
+    for entry in result.entries:
+        mark = "*" if entry.trial == result.winner else " "
+        figure = "baseline" if entry.trial == result.baseline_trial else result.speedup_of(entry).text()
+        lines.append(
+            f" {mark} trial {entry.trial:>3}: {figures.figure(entry.mean_tokens_per_second, '8.1f')} t/s over "
+            f"{len(entry.rates)} launches (recorded {figures.figure(entry.recorded_tokens_per_second, '.1f')}), "
+            f"{figure} | {entry.status} | " + " ".join(f"{k}={v}" for k, v in entry.config.items())
+        )
+    lines.append(f"{tag}verdict: {result.verdict}")
+    lines.append(f"{tag}loss: {result.loss_line()}")
+    if result.forecast:
+        lines.append(f"{tag}forecast: {result.forecast}")
+    lines += [f"{tag}outlier: {line}" for line in result.outliers]
+    winning = result.winning
+    lines.append(f"{tag}winner: trial {winning.trial}, {result.figure()}")
+    if result.baseline_deployed and (best := result.best_candidate) is not None:
+        lines.append(
+            f"{tag}best candidate: trial {best.trial}, {result.speedup_of(best).text()} over the baseline "
+            "(not shown faster)"
+        )
+    return lines

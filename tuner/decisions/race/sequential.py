@@ -1,0 +1,94 @@
+"""The race's loops, pure apart from the launches they are handed (so ``make bench`` runs this same code on a
+simulated host): rounds until a stop rule ends the race, and confirmation rounds of the winner and the baseline."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from tuner import eta
+from tuner.decisions import evidence
+from tuner.decisions.race.allocation import next_round
+from tuner.decisions.race.operator_lines import round_line
+from tuner.decisions.race.paired_statistics import PairedStatistics, first_look, race_alpha
+from tuner.decisions.race.results import Confirmation
+from tuner.decisions.race.rounds import RaceRounds, add_confirmation_round, add_round, leave_failed
+from tuner.decisions.race.stop_rules import Outcome, decide, out_of_budget, settled_enough
+from tuner.errors import UserError
+from tuner.studyfile.spec import RaceSpec
+
+
+def sequential_race(
+    labels: list[str],
+    baseline: str,
+    launch_round: Callable[[list[str], int], dict[str, float]],
+    resources: dict[str, tuple],
+    spec: RaceSpec,
+    *,
+    progress: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+    title: str = "race",
+) -> tuple[RaceRounds, Outcome]:
+    """Rounds of launches until some finalist is within ``race.loss`` of every other and may replace the baseline.
+
+    ``launch_round(labels, round_index)`` launches each once and returns its rate; ``resources[label]`` orders
+    equals (smaller first). Pure apart from that call, so ``make bench`` runs this same code on a simulated
+    host."""
+    everyone = list(dict.fromkeys([*labels, baseline]))
+    race_rounds = RaceRounds(
+        rates={n: [] for n in everyone}, candidates=list(everyone), rounds={n: [] for n in everyone}
+    )
+    first = first_look(spec)
+    alpha = race_alpha(spec, len(everyone))
+    started = clock()
+    deadline = started + 60 * spec.budget_minutes if spec.budget_minutes else math.inf
+    look = None
+    for round_index in range(spec.max_rounds):
+        chosen = next_round(race_rounds, look, baseline, spec, round_index)
+        launched = launch_round(chosen, round_index)
+        measured = leave_failed(race_rounds, chosen, launched, baseline, title, round_index)
+        add_round(race_rounds, launched, round_index)
+        race_rounds.elapsed = clock() - started
+        look = PairedStatistics(race_rounds, alpha)
+        outcome = None
+        if round_index + 1 >= first:
+            done = round_index + 1
+            outcome = (
+                decide(race_rounds, look, baseline, resources, spec, done)
+                or settled_enough(race_rounds, look, baseline, spec, done)
+                or out_of_budget(race_rounds, look, baseline, spec, done, clock() >= deadline)
+            )
+        eta.expect(progress, 0 if outcome else (spec.max_rounds - round_index - 1) * len(measured))
+        progress(round_line(race_rounds, look, measured, round_index, outcome, title))
+        if outcome is not None:
+            return race_rounds, outcome
+    raise AssertionError("a race's last round always ends it (first_look is at most race.max_rounds)")
+
+
+def confirm(
+    winner: str,
+    baseline: str,
+    launch_round: Callable[[list[str], int], dict[str, float]],
+    relaunch: Callable[[str], float],
+    rounds: int,
+) -> tuple[Confirmation, RaceRounds]:
+    """The winner and the baseline alone for ``rounds`` fresh rounds: a figure from rounds not used to pick it."""
+    pair = [winner, baseline]
+    check = RaceRounds(rates={n: [] for n in pair}, candidates=list(pair))
+    for round_index in range(rounds):
+        launched = launch_round(pair, round_index)
+        if len(launched) < len(pair):
+            failed = ", ".join(n for n in pair if n not in launched)
+            raise UserError(f"confirmation round {round_index + 1}: {failed} failed to launch twice")
+        add_confirmation_round(check, launched, relaunch)
+    ratio = evidence.ratio(check.rates[winner], check.rates[baseline])
+    confirmation = Confirmation(
+        rounds=rounds,
+        winner_rates=check.rates[winner],
+        baseline_rates=check.rates[baseline],
+        speedup=ratio.estimate,
+        low=ratio.low,
+        high=ratio.high,
+    )
+    return confirmation, check
