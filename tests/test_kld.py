@@ -7,7 +7,7 @@ import pytest
 import yaml
 from gguf_factory import write_gguf
 
-import tuner.measurement.runner
+import tuner.measurement.server_process
 from tuner.errors import UserError
 from tuner.measurement.quality import MEAN_KLD, SAME_TOP, measure_kld, save_kld_base
 from tuner.studyfile.spec import load_spec
@@ -59,7 +59,7 @@ def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(
     target = synthetic_models.path("moe-target")
     text = tmp_path / "text.txt"
     text.write_text(
-        inspect.getsource(tuner.measurement.runner)
+        inspect.getsource(tuner.measurement.server_process)
     )  # Python source: what the synthetic models know
     flags = ["--model", str(target), "--threads", "1"]
     base = save_kld_base(flags, text, tmp_path / "base.bin", ctx=128, chunks=4, bin_dir=llama_bin_dir)
@@ -91,7 +91,7 @@ def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(
     from tuner.study import TrialRunner, open_study, prepare
 
     text = tmp_path / "text.txt"
-    text.write_text(inspect.getsource(tuner.measurement.runner))
+    text.write_text(inspect.getsource(tuner.measurement.server_process))
     path = tmp_path / "study.yaml"
     path.write_text(
         yaml.safe_dump(

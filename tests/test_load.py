@@ -327,7 +327,7 @@ def test_argv_carries_slots_and_serving_flags_and_nothing_new_by_default(tmp_pat
 
 def test_two_users_are_served_at_once_on_two_slots(tmp_path, synthetic_models):
     from tuner.machine.llama_build import binary
-    from tuner.measurement.runner import LlamaServer, free_port
+    from tuner.measurement.server_process import LlamaServer, free_port
 
     prompts = load_workload(["code"], Path(".")).prompts[:4]
     argv = [

@@ -26,7 +26,7 @@ from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import binary
 from tuner.machine.roofline import Bandwidth
 from tuner.measurement.launch import ServerCommand
-from tuner.measurement.runner import free_port
+from tuner.measurement.server_process import free_port
 from tuner.measurement.workload import BUILTIN_SUITES, Prompt, Workload, load_workload, split
 from tuner.output.analysis import report_data
 from tuner.output.export import Export, merge_sections, write_export

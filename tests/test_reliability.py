@@ -5,7 +5,7 @@ study resumes; a SQLite study takes one process; bad storage input is one line.
 
 Faults a real llama-server cannot show on demand come from the stand-in
 (tests/fake_llama_server.py); the real pinned llama.cpp shows a truncated GGUF, a
-SIGKILL and a SIGSTOP. tests/test_runner.py covers the same faults at the runner level.
+SIGKILL and a SIGSTOP. tests/test_server_process.py covers the same faults for one server process.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from tuner.knobs.config import TrialConfig
 from tuner.machine.placement import contradiction, evict, parse_numa_maps, resident_fraction
 from tuner.machine.roofline import Bandwidth, Roofline, impossible
 from tuner.measurement.measure import MeasurementSettings, check_timing
-from tuner.measurement.runner import Completion
+from tuner.measurement.server_process import Completion
 from tuner.output.analysis import report_data
 from tuner.output.report_html import summary_table
 from tuner.paths import models_dir

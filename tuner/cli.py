@@ -13,7 +13,7 @@ import os
 import sys
 
 from tuner.errors import UserError
-from tuner.measurement.runner import sigterm_as_interrupt
+from tuner.measurement.server_process import sigterm_as_interrupt
 
 # (name, module, one-line help). The order here is the order in `tuner --help`.
 SUBCOMMANDS: list[tuple[str, str, str]] = [

@@ -31,7 +31,7 @@ from tuner.measurement.launch import build_server_command, model_flags
 from tuner.measurement.load import Level, run_levels
 from tuner.measurement.measure import Sample, Scores, outputs_by_prompt, run_workload, score_trial, summarize
 from tuner.measurement.quality import repeated_output
-from tuner.measurement.runner import LlamaServer, free_port, read_log_tail
+from tuner.measurement.server_process import LlamaServer, free_port, read_log_tail
 from tuner.search.pruning import may_prune, prunes_on, should_prune
 from tuner.search.space import baseline_config
 from tuner.storage import store

@@ -33,7 +33,7 @@ from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import binary
 from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import MeasurementSettings, run_workload, summarize
-from tuner.measurement.runner import LlamaServer, free_port
+from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.measurement.workload import Workload
 from tuner.search.space import baseline_config
 

@@ -31,7 +31,7 @@ from tuner.machine.placement import evict
 from tuner.measurement.failures import TrialFailure
 from tuner.measurement.load import run_level
 from tuner.measurement.measure import MeasurementSettings, pooled_rate, run_workload, warm_up
-from tuner.measurement.runner import LlamaServer, free_port
+from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.measurement.workload import Workload
 from tuner.storage.records import TrialRecord
 from tuner.studyfile.spec import StudySpec

@@ -1,6 +1,6 @@
 """Why a trial failed: one taxonomy, recorded on every failed trial with its log tail.
 
-The runner classifies what it saw (exit code, signal, log lines, timeouts) into one of
+``server_process`` classifies what it saw (exit code, signal, log lines, timeouts) into one of
 these reasons; the study records it and goes on. ``PERMANENT`` reasons will not change
 if the same configuration is tried again, so the study does not launch it again: before
 launching, ``TrialRunner`` looks for a failed trial with the same configuration and a
