@@ -86,9 +86,11 @@ def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(
 
 @pytest.mark.llama
 def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(tmp_path, synthetic_models):
+    from tuner.context import prepare
+    from tuner.run.objective import StudyObjective
+    from tuner.run.study_loop import open_study
     from tuner.storage import store
     from tuner.storage.records import changes
-    from tuner.study import TrialRunner, open_study, prepare
 
     text = tmp_path / "text.txt"
     text.write_text(inspect.getsource(tuner.measurement.server_process))
@@ -114,7 +116,7 @@ def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(
         user_attrs={store.ROLE: "baseline"},
     )
     study.enqueue_trial({"spec_type": "none", "experts": 1, "threads": 1})
-    study.optimize(TrialRunner(ctx, study, progress=lambda _: None), n_trials=2)
+    study.optimize(StudyObjective(ctx, study, progress=lambda _: None), n_trials=2)
     full, one = store.read_trials(study)
     assert full.scores == {
         "mean_kld": 0.0,

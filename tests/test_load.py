@@ -374,8 +374,8 @@ def test_check_refuses_prompts_that_do_not_fit_a_slot(tmp_path, synthetic_models
 
 
 def test_a_study_of_two_levels_stores_each_level_its_objectives_and_bounds(tmp_path, synthetic_models):
+    from tuner.run.study_loop import run_study
     from tuner.storage import store
-    from tuner.study import run_study
 
     spec = load_spec(
         write(

@@ -32,9 +32,9 @@ from tuner.output.analysis import report_data
 from tuner.output.export import Export, merge_sections, write_export
 from tuner.output.report_html import render
 from tuner.paths import models_dir
+from tuner.run.study_loop import run_study
 from tuner.storage import store
 from tuner.storage.records import TrialRecord
-from tuner.study import run_study
 from tuner.studyfile.spec import load_spec
 
 # ------------------------------------------------------------------ the split

@@ -67,7 +67,7 @@ class BenchRun:
 def timed_trial(
     ctx: StudyContext, config: TrialConfig, workload: Workload, settings: MeasurementSettings, log_path: Path
 ) -> TrialTiming:
-    """What ``TrialRunner`` does for one trial (launch, workload, stop), with a clock per stage;
+    """What ``StudyObjective`` does for one trial (launch, workload, stop), with a clock per stage;
     then, untimed, one token more to learn the prompt's length from llama.cpp's timings."""
     timeout = ctx.spec.measurement.trial_timeout_s
     server = LlamaServer(
