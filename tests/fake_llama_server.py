@@ -221,8 +221,8 @@ def run_study_file(path: Path, trials: int | None = None, **env: str):
     import pytest
 
     from tuner.machine.bandwidth import BandwidthCurve
+    from tuner.run.study_loop import run_study
     from tuner.storage.store import open_stored_study
-    from tuner.study import run_study
     from tuner.studyfile.spec import load_spec
 
     spec = load_spec(path)

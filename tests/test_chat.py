@@ -11,7 +11,7 @@ import yaml
 from tuner.decisions.route import request_type
 from tuner.errors import UserError
 from tuner.measurement.failures import TrialFailure
-from tuner.measurement.runner import Completion
+from tuner.measurement.server_process import Completion
 from tuner.measurement.workload import (
     BUILTIN_CHAT_TEMPLATES,
     CHAT_SUITES,

@@ -16,7 +16,7 @@ from tuner.machine.llama_build import binary, source_dir
 from tuner.machine.topology import read_topology
 from tuner.measurement.launch import LaunchContext, build_server_command
 from tuner.measurement.measure import MeasurementSettings, run_workload, summarize
-from tuner.measurement.runner import LlamaServer, free_port
+from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.measurement.workload import Workload, load_workload
 
 N_PREDICT = 32

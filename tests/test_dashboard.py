@@ -15,7 +15,7 @@ import pytest
 from fake_llama_server import get_json, wait_for_json
 from optuna_dashboard import get_note
 
-from tuner.measurement.runner import free_port
+from tuner.measurement.server_process import free_port
 from tuner.output.dashboard import annotate
 from tuner.paths import REPO_ROOT
 from tuner.storage import store

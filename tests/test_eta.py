@@ -20,8 +20,8 @@ from tuner.context import prepare, study_estimate
 from tuner.errors import UserError
 from tuner.machine.llama_build import _run_logged, build_eta
 from tuner.paths import REPO_ROOT
+from tuner.run.study_loop import run_study
 from tuner.storage import store
-from tuner.study import run_study
 from tuner.studyfile.spec import load_spec
 
 SUFFIX = re.compile(

@@ -36,7 +36,7 @@ from tuner.errors import UserError
 from tuner.machine.llama_build import binary
 from tuner.machine.topology import read_topology
 from tuner.measurement.launch import ServerCommand, cpu_mask
-from tuner.measurement.runner import free_port, source_blocks
+from tuner.measurement.server_process import free_port, source_blocks
 from tuner.output.analysis import families_by_suite, front_2d, trials_frame
 from tuner.output.export import (
     Export,

@@ -15,7 +15,7 @@ from tuner.machine.llama_build import binary
 from tuner.machine.topology import read_topology
 from tuner.measurement.launch import LaunchContext, build_server_command
 from tuner.measurement.quality import answer_score
-from tuner.measurement.runner import LlamaServer, free_port
+from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.measurement.workload import load_workload
 from tuner.models.gguf_info import check_draft_compatibility, read_model_info
 from tuner.models.quantize import QuantizeRequest, ensure_variant

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from gguf_factory import write_gguf
 
-import tuner.measurement.runner
+import tuner.measurement.server_process
 from tuner.errors import UserError
 from tuner.measurement.quality import MEAN_KLD, SAME_TOP, measure_kld, save_kld_base
 from tuner.studyfile.spec import load_spec
@@ -59,7 +59,7 @@ def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(
     target = synthetic_models.path("moe-target")
     text = tmp_path / "text.txt"
     text.write_text(
-        inspect.getsource(tuner.measurement.runner)
+        inspect.getsource(tuner.measurement.server_process)
     )  # Python source: what the synthetic models know
     flags = ["--model", str(target), "--threads", "1"]
     base = save_kld_base(flags, text, tmp_path / "base.bin", ctx=128, chunks=4, bin_dir=llama_bin_dir)
@@ -86,12 +86,14 @@ def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(
 
 @pytest.mark.llama
 def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(tmp_path, synthetic_models):
+    from tuner.context import prepare
+    from tuner.run.objective import StudyObjective
+    from tuner.run.study_loop import open_study
     from tuner.storage import store
     from tuner.storage.records import changes
-    from tuner.study import TrialRunner, open_study, prepare
 
     text = tmp_path / "text.txt"
-    text.write_text(inspect.getsource(tuner.measurement.runner))
+    text.write_text(inspect.getsource(tuner.measurement.server_process))
     path = tmp_path / "study.yaml"
     path.write_text(
         yaml.safe_dump(
@@ -114,7 +116,7 @@ def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(
         user_attrs={store.ROLE: "baseline"},
     )
     study.enqueue_trial({"spec_type": "none", "experts": 1, "threads": 1})
-    study.optimize(TrialRunner(ctx, study, progress=lambda _: None), n_trials=2)
+    study.optimize(StudyObjective(ctx, study, progress=lambda _: None), n_trials=2)
     full, one = store.read_trials(study)
     assert full.scores == {
         "mean_kld": 0.0,

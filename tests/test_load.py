@@ -327,7 +327,7 @@ def test_argv_carries_slots_and_serving_flags_and_nothing_new_by_default(tmp_pat
 
 def test_two_users_are_served_at_once_on_two_slots(tmp_path, synthetic_models):
     from tuner.machine.llama_build import binary
-    from tuner.measurement.runner import LlamaServer, free_port
+    from tuner.measurement.server_process import LlamaServer, free_port
 
     prompts = load_workload(["code"], Path(".")).prompts[:4]
     argv = [
@@ -374,8 +374,8 @@ def test_check_refuses_prompts_that_do_not_fit_a_slot(tmp_path, synthetic_models
 
 
 def test_a_study_of_two_levels_stores_each_level_its_objectives_and_bounds(tmp_path, synthetic_models):
+    from tuner.run.study_loop import run_study
     from tuner.storage import store
-    from tuner.study import run_study
 
     spec = load_spec(
         write(

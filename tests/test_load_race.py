@@ -20,9 +20,9 @@ from tuner.knobs.config import TrialConfig
 from tuner.machine.topology import read_topology
 from tuner.measurement.launch import build_server_command
 from tuner.paths import models_dir
+from tuner.run.study_loop import run_study
 from tuner.storage import store
 from tuner.storage.records import Metrics, Spread, TrialRecord
-from tuner.study import run_study
 from tuner.studyfile.spec import RaceSpec, load_spec
 
 

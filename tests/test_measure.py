@@ -9,7 +9,7 @@ import pytest
 from tuner.machine.llama_build import binary
 from tuner.measurement.measure import MeasurementSettings, Sample, outputs_by_prompt, run_workload, summarize
 from tuner.measurement.quality import agreement
-from tuner.measurement.runner import LlamaServer, free_port
+from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.measurement.workload import Prompt, Workload
 
 
@@ -133,7 +133,7 @@ class ScriptedServer:
         self.rates = iter(rates)
 
     def complete(self, prompt, n_predict, temperature, seed):
-        from tuner.measurement.runner import Completion
+        from tuner.measurement.server_process import Completion
 
         rate = next(self.rates)
         return Completion(
@@ -178,7 +178,7 @@ def test_the_hook_says_no_request_follows_the_last(rates, passes):
 
 def test_per_source_counts_are_differences_of_the_servers_running_totals():
     from tuner.measurement.measure import per_source, with_sources
-    from tuner.measurement.runner import source_blocks
+    from tuner.measurement.server_process import source_blocks
 
     log = "\n".join(
         [

@@ -17,9 +17,9 @@ from tuner.machine.placement import parse_smaps_rollup
 from tuner.measurement.launch import build_server_command
 from tuner.output.doctor import thp_measured
 from tuner.paths import REPO_ROOT, models_dir
+from tuner.run.study_loop import run_study
 from tuner.search.space import baseline_config, suggest
 from tuner.storage import store
-from tuner.study import run_study
 from tuner.studyfile.spec import load_spec
 
 DEFAULT_SPACE = REPO_ROOT / "search_spaces" / "default.yaml"

@@ -26,15 +26,15 @@ from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import binary
 from tuner.machine.roofline import Bandwidth
 from tuner.measurement.launch import ServerCommand
-from tuner.measurement.runner import free_port
+from tuner.measurement.server_process import free_port
 from tuner.measurement.workload import BUILTIN_SUITES, Prompt, Workload, load_workload, split
 from tuner.output.analysis import report_data
 from tuner.output.export import Export, merge_sections, write_export
 from tuner.output.report_html import render
 from tuner.paths import models_dir
+from tuner.run.study_loop import run_study
 from tuner.storage import store
 from tuner.storage.records import TrialRecord
-from tuner.study import run_study
 from tuner.studyfile.spec import load_spec
 
 # ------------------------------------------------------------------ the split

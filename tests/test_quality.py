@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-import tuner.measurement.runner
+import tuner.measurement.server_process
 from tuner.errors import UserError
 from tuner.measurement.failures import TrialFailure
 from tuner.measurement.quality import (
@@ -71,7 +71,7 @@ def test_perplexity_ratio():
 def test_measure_perplexity_on_a_real_model(synthetic_models, llama_bin_dir, tmp_path):
     text_file = tmp_path / "text.txt"
     text_file.write_text(
-        inspect.getsource(tuner.measurement.runner)
+        inspect.getsource(tuner.measurement.server_process)
     )  # Python source: what the synthetic models know
     flags = ["-m", str(synthetic_models.path("draft-small")), "-t", "2"]
     ppl = measure_perplexity(flags, text_file, ctx=64, chunks=2, bin_dir=llama_bin_dir)

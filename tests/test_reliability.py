@@ -5,7 +5,7 @@ study resumes; a SQLite study takes one process; bad storage input is one line.
 
 Faults a real llama-server cannot show on demand come from the stand-in
 (tests/fake_llama_server.py); the real pinned llama.cpp shows a truncated GGUF, a
-SIGKILL and a SIGSTOP. tests/test_runner.py covers the same faults at the runner level.
+SIGKILL and a SIGSTOP. tests/test_server_process.py covers the same faults for one server process.
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ from fake_llama_server import alive, launches, port_is_free, wait_for, write_stu
 from gguf_factory import write_gguf
 
 from tuner.cli import main
+from tuner.context import prepare
 from tuner.errors import UserError
 from tuner.measurement.failures import TrialFailure
 from tuner.paths import models_dir
+from tuner.run.objective import StudyObjective
+from tuner.run.study_loop import open_study, run_study
 from tuner.storage import store
 from tuner.storage.coordination import make_storage, tally
-from tuner.study import TrialRunner, open_study, prepare, run_study
 from tuner.studyfile.spec import load_spec
 
 COMPLETE, FAIL, RUNNING = (
@@ -146,7 +148,7 @@ def test_an_exception_mid_trial_still_stops_the_server(tmp_path, env, monkeypatc
         assert server.complete("def f():\n", 4, 0.0, 1).predicted_n == 4  # the server is up and answering
         raise RuntimeError("a bug while measuring")
 
-    monkeypatch.setattr("tuner.trial.run_workload", buggy_measurement)
+    monkeypatch.setattr("tuner.run.trial_measurement.run_workload", buggy_measurement)
     path = write_study(tmp_path, sqlite(tmp_path))
     with pytest.raises(RuntimeError, match="a bug while measuring"):
         run_study(load_spec(path), progress=lambda _: None)
@@ -428,7 +430,7 @@ def test_truncated_gguf_is_refused_up_front_or_fails_its_trial(tmp_path, env, sy
     ctx.launch.drafts["draft-small"] = (SYNTH / "corrupt.gguf").resolve()  # the file changed under the study
     study.enqueue_trial({"spec_type": "draft-simple", "draft": "draft-small", "draft_max": 2})
     study.enqueue_trial({"spec_type": "none"}, user_attrs={store.ROLE: "baseline"})
-    study.optimize(TrialRunner(ctx, study, progress=lambda _: None), n_trials=2, catch=(TrialFailure,))
+    study.optimize(StudyObjective(ctx, study, progress=lambda _: None), n_trials=2, catch=(TrialFailure,))
     broken, after = study.trials
     assert broken.state == FAIL and store.read_trial(broken).failure.reason == "model_load_failed"
     assert "corrupt.gguf" in store.read_trial(broken).log_tail

@@ -7,10 +7,12 @@ import optuna
 import pytest
 import yaml
 
+from tuner.context import prepare
 from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.paths import models_dir
+from tuner.run.objective import StudyObjective
+from tuner.run.study_loop import open_study, run_study
 from tuner.storage import store
-from tuner.study import TrialRunner, open_study, prepare, run_study
 from tuner.studyfile.spec import load_spec
 
 SYNTH = models_dir() / "synthetic"
@@ -96,13 +98,13 @@ def test_expert_reduction_changes_speed_and_quality(tmp_path, synthetic_models):
     ctx = prepare(spec)
     study = open_study(ctx)
     assert ctx.space.default_experts and ctx.space.default_experts > 1
-    runner = TrialRunner(ctx, study, progress=lambda _: None)
+    objective = StudyObjective(ctx, study, progress=lambda _: None)
     study.enqueue_trial(
         {"spec_type": "none", "experts": ctx.space.default_experts, "threads": 1},
         user_attrs={store.ROLE: "baseline"},
     )
     study.enqueue_trial({"spec_type": "none", "experts": 1, "threads": 1})
-    study.optimize(runner, n_trials=2)
+    study.optimize(objective, n_trials=2)
     full, one = store.read_trials(study)
     # each trial's fastest request (a busy machine only slows requests down), with a margin: measured 1.6x to 2.8x
     assert max(s["tokens_per_second"] for s in one.samples) >= 1.2 * max(
@@ -119,9 +121,9 @@ def test_speculation_that_drafts_nothing_fails_with_its_reason(tmp_path, synthet
     study = open_study(ctx)
     # bypass the validation that refuses this draft, to see what llama.cpp does with it
     ctx.launch.drafts["draft-large"] = (SYNTH / "incompatible-draft.gguf").resolve()
-    runner = TrialRunner(ctx, study, progress=lambda _: None)
+    objective = StudyObjective(ctx, study, progress=lambda _: None)
     study.enqueue_trial({"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4, "threads": 1})
-    study.optimize(runner, n_trials=1, catch=(TrialFailure,))
+    study.optimize(objective, n_trials=1, catch=(TrialFailure,))
     trial = store.read_trial(study.trials[0])
     assert trial.state == "FAIL"
     assert trial.failure.reason == FailureReason.SPECULATION_UNAVAILABLE.value

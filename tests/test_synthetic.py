@@ -19,7 +19,7 @@ import pytest
 from tuner.errors import UserError
 from tuner.machine.llama_build import binary
 from tuner.measurement.failures import FailureReason, TrialFailure
-from tuner.measurement.runner import LlamaServer, free_port
+from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.synthetic import family, landscape, pinned, tables
 from tuner.synthetic.ngrams import NgramCounts
 from tuner.synthetic.vocab import BYTE, NORMAL, train

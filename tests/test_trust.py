@@ -22,14 +22,14 @@ from tuner.knobs.config import TrialConfig
 from tuner.machine.placement import contradiction, evict, parse_numa_maps, resident_fraction
 from tuner.machine.roofline import Bandwidth, Roofline, impossible
 from tuner.measurement.measure import MeasurementSettings, check_timing
-from tuner.measurement.runner import Completion
+from tuner.measurement.server_process import Completion
 from tuner.output.analysis import report_data
 from tuner.output.report_html import summary_table
 from tuner.paths import models_dir
+from tuner.run.study_loop import run_study
 from tuner.search.pruning import prune_decision
 from tuner.storage import store
 from tuner.storage.records import Metrics, Spread, StudyRecord, TrialRecord
-from tuner.study import run_study
 from tuner.studyfile.spec import SentinelSpec, load_spec
 
 DATA = Path(__file__).parent / "data"

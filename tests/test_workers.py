@@ -32,7 +32,7 @@ COMPLETE, FAIL, RUNNING, WAITING = (
     optuna.trial.TrialState.RUNNING,
     optuna.trial.TrialState.WAITING,
 )
-# Two workers that pass the budget check in the same instant each start a trial (see tuner.worker).
+# Two workers that pass the budget check in the same instant each start a trial (see tuner.run.study_loop).
 OVERSHOOT = 3 - 1
 FAST_HEARTBEAT = {"heartbeat_s": 1, "grace_s": 3, "max_retry": 1, "baseline_wait_s": 60}
 

@@ -13,7 +13,7 @@ import os
 import sys
 
 from tuner.errors import UserError
-from tuner.measurement.runner import sigterm_as_interrupt
+from tuner.measurement.server_process import sigterm_as_interrupt
 
 # (name, module, one-line help). The order here is the order in `tuner --help`.
 SUBCOMMANDS: list[tuple[str, str, str]] = [
@@ -33,10 +33,14 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ),
     (
         "run",
-        "tuner.study",
+        "tuner.commands.run",
         "run or resume a study: one pinned llama.cpp run per trial, results in Optuna storage",
     ),
-    ("worker", "tuner.worker", "join a study shared through PostgreSQL and run its trials on this host"),
+    (
+        "worker",
+        "tuner.commands.worker",
+        "join a study shared through PostgreSQL and run its trials on this host",
+    ),
     (
         "bundle",
         "tuner.bundle",

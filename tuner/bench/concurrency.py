@@ -28,7 +28,7 @@ from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import bench_tool
 from tuner.measurement.launch import build_server_command, model_options
 from tuner.measurement.load import run_level
-from tuner.measurement.runner import LlamaServer, free_port
+from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.search.space import baseline_config
 
 LEVELS = (1, 2, 4)

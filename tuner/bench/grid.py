@@ -37,7 +37,7 @@ from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import outputs_by_prompt, run_workload, score_trial
 from tuner.measurement.quality import output_quality
-from tuner.measurement.runner import LlamaServer, free_port
+from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.output.files import write_atomic
 from tuner.paths import reports_dir
 from tuner.search.space import ResolvedSpace, baseline_config, suggest

@@ -33,7 +33,7 @@ from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import binary
 from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import MeasurementSettings, run_workload, summarize
-from tuner.measurement.runner import LlamaServer, free_port
+from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.measurement.workload import Workload
 from tuner.search.space import baseline_config
 
@@ -67,7 +67,7 @@ class BenchRun:
 def timed_trial(
     ctx: StudyContext, config: TrialConfig, workload: Workload, settings: MeasurementSettings, log_path: Path
 ) -> TrialTiming:
-    """What ``TrialRunner`` does for one trial (launch, workload, stop), with a clock per stage;
+    """What ``StudyObjective`` does for one trial (launch, workload, stop), with a clock per stage;
     then, untimed, one token more to learn the prompt's length from llama.cpp's timings."""
     timeout = ctx.spec.measurement.trial_timeout_s
     server = LlamaServer(

@@ -25,9 +25,9 @@ from tuner.decisions import evidence
 from tuner.decisions.race import RaceResult
 from tuner.decisions.remeasure import Contender, rounds_of_launches
 from tuner.errors import UserError
+from tuner.run.study_loop import run_study
 from tuner.storage import store
 from tuner.storage.records import TrialRecord
-from tuner.study import run_study
 from tuner.studyfile.spec import RaceSpec, StudySpec, load_spec
 
 SEARCH_TOLERANCE = 0.05  # the search-only figure: the slower best recorded trial within 5% of the faster

@@ -31,7 +31,7 @@ from tuner.machine.placement import evict
 from tuner.measurement.failures import TrialFailure
 from tuner.measurement.load import run_level
 from tuner.measurement.measure import MeasurementSettings, pooled_rate, run_workload, warm_up
-from tuner.measurement.runner import LlamaServer, free_port
+from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.measurement.workload import Workload
 from tuner.storage.records import TrialRecord
 from tuner.studyfile.spec import StudySpec
@@ -40,12 +40,20 @@ from tuner.studyfile.spec import StudySpec
 class StudyInputs(Protocol):
     """What the decisions read of a prepared study (``tuner.context.StudyContext`` has it all): its
     spec (the race settings), how it measures, its workload and where its logs go. Decisions sit
-    below the context and take it as this argument, never importing it."""
+    below the context and take it as this argument, never importing it. Read-only, as the frozen context's
+    fields are."""
 
-    spec: StudySpec
-    settings: MeasurementSettings
-    workload: Workload
-    log_dir: Path
+    @property
+    def spec(self) -> StudySpec: ...
+
+    @property
+    def settings(self) -> MeasurementSettings: ...
+
+    @property
+    def workload(self) -> Workload: ...
+
+    @property
+    def log_dir(self) -> Path: ...
 
 
 MODEL_FLAGS = ("--model", "--spec-draft-model")

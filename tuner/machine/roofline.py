@@ -34,10 +34,14 @@ class Bandwidth:
 
 class StudyFacts(Protocol):
     """What a study's record says of its machine and target (``tuner.storage.records.StudyRecord`` has
-    both; the machine floor does not import the storage above it)."""
+    both; the machine floor does not import the storage above it). Read-only, as a frozen record's fields
+    are."""
 
-    fingerprint: dict
-    target: dict
+    @property
+    def fingerprint(self) -> dict: ...
+
+    @property
+    def target(self) -> dict: ...
 
 
 def study_bandwidth(record: StudyFacts, probe: Callable[[], float] | None = None) -> Bandwidth:

@@ -1,4 +1,4 @@
-"""One trial's measurement: the argv builder and pinning (``launch``), the llama-server process (``runner``), prompt
+"""One trial's measurement: the argv builder and pinning (``launch``), the llama-server process (``server_process``), prompt
 suites (``workload``), a workload pass and its scores (``measure``), output quality (``quality``) and the failure
 taxonomy (``failures``).
 """

@@ -1,14 +1,14 @@
 """Why a trial failed: one taxonomy, recorded on every failed trial with its log tail.
 
-The runner classifies what it saw (exit code, signal, log lines, timeouts) into one of
+``server_process`` classifies what it saw (exit code, signal, log lines, timeouts) into one of
 these reasons; the study records it and goes on. ``PERMANENT`` reasons will not change
 if the same configuration is tried again, so the study does not launch it again: before
-launching, ``TrialRunner`` looks for a failed trial with the same configuration and a
+launching, ``run/trial_measurement`` looks for a failed trial with the same configuration and a
 permanent reason, and if there is one records the new trial as failed at once with the
 same reason and that trial's log tail (it still counts toward the budget, which bounds a
 sampler that keeps proposing it). Timeouts, crashes, unreachable servers and
 interruptions may be flukes of the moment and may be tried again. A trial whose worker
-died (failed by heartbeat, see ``tuner.worker``) has no reason: nobody was left to write one.
+died (failed by heartbeat, see ``tuner.storage.coordination``) has no reason: nobody was left to write one.
 """
 
 from __future__ import annotations

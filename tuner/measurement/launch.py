@@ -1,7 +1,7 @@
 """TrialConfig -> argv: the one pure function that decides how llama-server is launched.
 
 The argv is ``[numactl ...] llama-server --model TARGET [flags]``: a list, never a
-shell string, so no configuration value can inject shell syntax. The runner appends
+shell string, so no configuration value can inject shell syntax. ``server_process`` appends
 ``--host``/``--port`` (it picks the port); the full command is stored with every trial
 and exported as the production command.
 
@@ -187,7 +187,7 @@ class ServerCommand:
 
 
 def build_server_command(config: TrialConfig, ctx: LaunchContext) -> ServerCommand:
-    """The command of one trial's llama-server; the runner appends --host/--port."""
+    """The command of one trial's llama-server; ``server_process`` appends --host/--port."""
     cpus = pinned_cpus(config, ctx)
     prefix: list[str] = []
     pinning: list[tuple[str, str | None]] = []

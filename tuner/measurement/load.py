@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from tuner.measurement.runner import Completion, LlamaServer
+from tuner.measurement.server_process import Completion, LlamaServer
 from tuner.measurement.workload import Prompt
 
 # What a study can optimise or bound at a concurrency level; latencies are in milliseconds.

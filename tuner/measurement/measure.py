@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 
 from tuner.measurement.failures import FailureReason, TrialFailure
-from tuner.measurement.runner import Completion, LlamaServer
+from tuner.measurement.server_process import Completion, LlamaServer
 from tuner.measurement.workload import Prompt, Workload, request_key
 
 TIMING_FLOOR_MS = 200.0  # requests shorter than this are not judged against the wall clock

@@ -29,7 +29,7 @@ from tuner.errors import UserError
 from tuner.machine.llama_build import binary
 from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.measurement.measure import Sample
-from tuner.measurement.runner import classify_exit, describe_exit, read_log_tail, stop_process_group
+from tuner.measurement.server_process import classify_exit, describe_exit, read_log_tail, stop_process_group
 from tuner.measurement.workload import Workload, request_key
 
 # llama-perplexity has no structured output: this line on its log is the only result.

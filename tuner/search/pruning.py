@@ -126,9 +126,9 @@ class Pairing:
 def paired_ratios(samples: Iterable[dict], incumbent_samples: Iterable[dict]) -> Pairing:
     """A running trial's samples against the incumbent's.
 
-    Samples are dicts with ``prompt_id`` (and a conversation's ``turn``), ``tokens_per_second`` and ``suite`` (as
-    ``tuner.trial.sample_record`` stores them; without a suite, one suite is assumed); the
-    incumbent's per-prompt reference is its median over repetitions.
+    Samples are dicts with ``prompt_id`` (and a conversation's ``turn``), ``tokens_per_second`` and ``suite``
+    (as ``tuner.run.trial_measurement.sample_record`` stores them; without a suite, one suite is assumed);
+    the incumbent's per-prompt reference is its median over repetitions.
     """
     by_prompt: dict[str, list[float]] = {}
     suite_of: dict[str, str | None] = {}

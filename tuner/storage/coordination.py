@@ -14,7 +14,7 @@ rules; Optuna's RDB storage is the only coordination:
   a trial only while counted plus running trials are below the budget, waits while the rest runs elsewhere (a trial that dies there comes back as a
   retry, which it then runs), and stops once the budget is counted. Two workers passing
   that check in the same instant may each start one: at most workers-1 over.
-- The baseline runs once (``tuner.run_loop``, the study layer, elects it and runs the loop).
+- The baseline runs once (``tuner.run.study_loop``, the study layer, elects it and runs the loop).
 - SQLite takes one process per study: a lock beside the database refuses a second, and
   ``tuner worker`` refuses SQLite (a database file is not safely shared across hosts).
   Under that lock a RUNNING trial is a dead process's: ``fail_orphans`` fails it at once

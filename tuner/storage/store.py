@@ -250,7 +250,7 @@ def stored_winners(storage, exclude: str) -> list[tuple[str, StudyRecord, TrialR
 
 def report_running_rate(trial: optuna.Trial, step: int, tokens_per_second: float) -> None:
     """A running trial's tokens/s after ``step`` passes, as an Optuna intermediate value (the dashboard
-    plots it); for a study whose one objective is tokens/s (see ``tuner.study.TrialRunner``). Best
+    plots it); for a study whose one objective is tokens/s (see ``tuner.run.objective.StudyObjective``). Best
     effort: a storage hiccup costs the point, never the measurement (the record holds every sample)."""
     try:
         trial.report(tokens_per_second, step)

@@ -1,5 +1,5 @@
-"""The runner against real llama-server processes, plus stand-in executables for faults
-a real server cannot be made to show on demand (OOM kill, a crash before ready)."""
+"""``LlamaServer`` (one pinned llama-server process) against real llama-server processes, plus stand-in
+executables for faults a real server cannot be made to show on demand (OOM kill, a crash before ready)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from fake_llama_server import alive, port_is_free, wait_for
 
 from tuner.machine.llama_build import binary
 from tuner.measurement.failures import FailureReason, TrialFailure
-from tuner.measurement.runner import LlamaServer, classify_exit, free_port
+from tuner.measurement.server_process import LlamaServer, classify_exit, free_port
 
 
 def server_argv(model: Path, *extra: str) -> list[str]:

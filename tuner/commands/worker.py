@@ -13,8 +13,8 @@ from dataclasses import replace
 
 from tuner.errors import UserError
 from tuner.machine import hostlock
+from tuner.run.study_loop import run_study
 from tuner.storage.coordination import safe_url, tally, worker_id
-from tuner.study import run_study
 from tuner.studyfile.spec import load_spec
 
 

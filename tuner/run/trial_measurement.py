@@ -3,7 +3,7 @@ measure -> score -> check -> record.
 
 ``TrialMeasurement.measure(config, role, number, hooks)`` turns one configuration into its
 ``TrialRecord`` (COMPLETE, PRUNED or FAIL; ``Interrupted`` on Ctrl-C). The study's Optuna objective
-(``tuner.study.TrialRunner``) stores what it returns; sentinels measure through it too. Why a module
+(``run/objective.StudyObjective``) stores what it returns; sentinels measure through it too. Why a module
 of its own: the objective's bookkeeping (Optuna, storage, progress) and the measurement change for
 different reasons, and a reader follows one trial here from launch to record.
 """
@@ -31,7 +31,7 @@ from tuner.measurement.launch import build_server_command, model_flags
 from tuner.measurement.load import Level, run_levels
 from tuner.measurement.measure import Sample, Scores, outputs_by_prompt, run_workload, score_trial, summarize
 from tuner.measurement.quality import repeated_output
-from tuner.measurement.runner import LlamaServer, free_port, read_log_tail
+from tuner.measurement.server_process import LlamaServer, free_port, read_log_tail
 from tuner.search.pruning import may_prune, prunes_on, should_prune
 from tuner.search.space import baseline_config
 from tuner.storage import store
@@ -223,12 +223,15 @@ class TrialMeasurement:
     def _serve(self, record: TrialRecord, log_path: Path, refs: References, hooks: TrialHooks) -> Served:
         """One pinned llama-server: the workload, the load levels, and what the host did meanwhile."""
         ctx, config = self.ctx, record.config
+        assert record.command is not None  # built before the first step
         timeout = ctx.settings.trial_timeout_s
         models = [ctx.launch.target, *ctx.launch.drafts.values()]
         before, wall = cpu_seconds_by_process(), time.monotonic()
         with LlamaServer(
             record.command.argv, free_port(), log_path, ready_timeout_s=timeout, request_timeout_s=timeout
         ) as server:
+            pid = server.pid
+            assert pid is not None  # the server is up inside the block
             hooks.on_running(server.port)
             samples = run_workload(
                 server,
@@ -250,10 +253,10 @@ class TrialMeasurement:
                 samples=samples,
                 levels=levels,
                 busy=busy_processes(
-                    before, cpu_seconds_by_process(), time.monotonic() - wall, {os.getpid(), server.pid}
+                    before, cpu_seconds_by_process(), time.monotonic() - wall, {os.getpid(), pid}
                 ),
-                pages=read_numa_maps(server.pid, models),
-                memory=read_smaps_rollup(server.pid),  # which pages were huge (THP), locked
+                pages=read_numa_maps(pid, models),
+                memory=read_smaps_rollup(pid),  # which pages were huge (THP), locked
                 spec_problem=server.speculation_log_problem(),
                 log_tail=server.log_tail(),
             )
@@ -400,6 +403,7 @@ class ModelScores:
 
         def compute(flags: list[str]) -> dict:
             text_file = ctx.spec.quality.text_file
+            assert text_file is not None  # the study file requires one for kld
             base_key = digest([base_flags, hashlib.sha256(text_file.read_bytes()).hexdigest()])
             base = quality_scorers.save_kld_base(
                 base_flags,
@@ -415,13 +419,15 @@ class ModelScores:
     def perplexity(self, config: TrialConfig) -> float:
         """Perplexity depends only on the model flags (experts), not on speculation, temperature or threads."""
         ctx = self.ctx
+        text_file = ctx.spec.quality.text_file
+        assert text_file is not None  # the study file requires one for perplexity
         return self._once_per_model(
             config,
             store.perplexity_cache,
             store.write_perplexity_cache,
             lambda flags: quality_scorers.measure_perplexity(
                 flags,
-                ctx.spec.quality.text_file,
+                text_file,
                 bin_dir=ctx.launch.server_binary.parent,
                 timeout_s=ctx.settings.trial_timeout_s,
             ),
@@ -466,16 +472,18 @@ def _pruned(record: TrialRecord, pruned: Pruned, ctx: StudyContext, log_path: Pa
 def describe_trial(record: TrialRecord) -> str:
     knobs = " ".join(f"{k}={v}" for k, v in record.config.as_dict().items())
     if record.state == "PRUNED":
+        assert record.metrics is not None  # a pruned record has the figures measured before it stopped
         return f"PRUNED at {record.metrics.tokens_per_second:.1f} t/s ({record.pruned}) | {knobs}"
     if record.complete:
-        m = record.metrics
+        metrics = record.metrics
+        assert metrics is not None  # complete means measured
         flag = " (noisy)" if record.spread and record.spread.noisy else ""
         if record.host and host_was_busy(record.host):
             others = {k: v for k, v in record.host["busy_processes"].items() if k != "all others"}
             flag += f" (host busy: {', '.join(others) or 'many small processes'})"
         return (
-            f"{m.tokens_per_second:.1f} t/s{flag}, x{m.speedup:.2f}, acceptance {m.acceptance:.2f}, "
-            f"quality {m.quality:.3f} | {knobs}"
+            f"{metrics.tokens_per_second:.1f} t/s{flag}, x{metrics.speedup:.2f}, "
+            f"acceptance {metrics.acceptance:.2f}, quality {metrics.quality:.3f} | {knobs}"
         )
     failure = record.failure or Failure("error", "")
     return f"FAILED ({failure.reason}: {failure.detail}) | {knobs}"
@@ -487,8 +495,9 @@ def drift_corrected(incumbent: TrialRecord, sentinels: Sentinels) -> list[dict]:
     machine that slowed down since does not prune everything after it. Reports divide by the
     sentinels interpolated at each trial's time."""
     now, then = sentinels.rate_at(worker_id(), time.time()), None
-    if midpoint(incumbent) is not None:
-        then = sentinels.rate_at(incumbent.worker, midpoint(incumbent))
+    incumbent_midpoint = midpoint(incumbent)
+    if incumbent_midpoint is not None:
+        then = sentinels.rate_at(incumbent.worker, incumbent_midpoint)
     scale = now / then if now and then else 1.0
     return [{**s, "tokens_per_second": s["tokens_per_second"] * scale} for s in incumbent.samples]
 

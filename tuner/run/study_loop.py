@@ -1,5 +1,20 @@
-"""The study's run loop across workers: the study opened or joined (its record written once), the baseline
-first (elected), then trials until the budget counts.
+"""The study's loop on this host: the study opened or joined (its record written once), the baseline
+first (elected across workers), then trials until the budget counts.
+
+Lifecycle of ``run_study``:
+1. ``prepare`` reads the models' GGUF headers, refuses incompatible drafts, resolves
+   the search space for this machine, loads the workload and takes the fingerprint;
+   nothing is written before all of it succeeded.
+2. ``open_study`` creates or resumes the Optuna study. A new study records the
+   ``StudyRecord`` (fingerprint, build, models, space, workload, measurement and scorer);
+   a resumed one is refused, with one line naming what changed, if its numbers would no
+   longer be comparable.
+3. The baseline trial (target alone, default experts, greedy, default threads) runs
+   first, once across all workers; its outputs become the quality reference and its
+   tokens/s the speedup base. Warm-start configurations are enqueued after it.
+4. The sampler proposes the rest until the budget (trials and/or minutes) is spent;
+   the budget counts finished trials (not interrupted ones, a retried one once), so a
+   resumed study just continues. Each trial is this process's ``run/objective.ProcessTrials.run_one``.
 
 The baseline runs once: the process that created the study runs it, the others wait for its
 reference up to ``workers.baseline_wait_s``. If the baseline's worker dies, the worker that fails
@@ -8,6 +23,9 @@ process to start. Trials then run while counted plus running trials are below th
 ``tuner.storage.coordination`` for the tally and heartbeats it rests on). Why here and not in
 storage: the loop needs the study's context and its search space; storage only opens, reads,
 writes, locks and beats hearts.
+
+One measured trial at a time: two llama.cpp runs on one box measure each other. More
+hosts share one study through PostgreSQL (``tuner worker``, see ``tuner.storage.coordination``).
 """
 
 from __future__ import annotations
@@ -20,17 +38,119 @@ from collections.abc import Callable
 import optuna
 from optuna.trial import TrialState
 
-from tuner.context import StudyContext
+from tuner.context import StudyContext, prepare, study_estimate
+from tuner.decisions.race import race_study, verdict_lines
 from tuner.errors import UserError
-from tuner.search.prior import find_prior
+from tuner.eta import Progress, RunClock, as_progress
+from tuner.machine import hostlock
+from tuner.run.objective import ProcessTrials
+from tuner.search.prior import describe_prior, find_prior
 from tuner.search.sampling import sampler_for
 from tuner.search.space import baseline_config, enqueue_params, with_followers
-from tuner.storage import store
-from tuner.storage.coordination import fail_stale, make_storage, tally, worker_id
+from tuner.storage import outage, store
+from tuner.storage.coordination import (
+    fail_orphans,
+    fail_stale,
+    hold_sqlite_study,
+    make_storage,
+    safe_url,
+    tally,
+    worker_id,
+)
+from tuner.storage.journal import Journal
 from tuner.storage.records import Failure, StudyRecord, changes
 from tuner.studyfile.spec import StudySpec, WorkersSpec
 
 INIT_WAIT_S = 10.0  # how long a joining worker waits for the study's creator to record the study
+
+
+def run_study(
+    spec: StudySpec, trials: int | None = None, progress: Callable[[str], None] = print, race: bool = False
+) -> optuna.Study:
+    """Run or resume a study until its budget is spent, alone or as one of its workers; returns the study.
+
+    Every ``sentinel.every_trials`` trials (or minutes) this process re-measures the baseline
+    configuration first (tuner.decisions.drift). With ``race`` the finalists are raced at the end (tuner.decisions.race).
+    Measures under the host's measurement lock (``tuner.machine.hostlock``); a storage outage stops
+    it in one line with the measured trials kept in the journal (``tuner.storage.journal``), which
+    the next run stores first."""
+    progress = as_progress(progress)
+    ctx = prepare(spec, progress)
+    journal = Journal(spec.name, spec.storage)
+    with hostlock.measuring(spec.name, progress=progress), outage.guard(spec.storage, journal.pending):
+        study = _run_locked(ctx, journal, trials, progress, race)
+        journal.settle()
+    return study
+
+
+def _starting_notes(ctx: StudyContext, study: optuna.Study, progress: Progress) -> None:
+    """What the space left out on this machine, and the warm start from an earlier study."""
+    for note in ctx.space.notes:
+        progress(f"note: {note}")
+    prior = store.read_prior(study)
+    if prior:
+        uses = (
+            [f"its {', '.join(f'{k}={v}' for k, v in prior['hardware'].items())} first in the hardware stage"]
+            if prior["hardware"]
+            else []
+        ) + (["its winner right after the baseline"] if prior["params"] else [])
+        progress(
+            f"warm start from {describe_prior(prior)}: {' and '.join(uses)} (sampler.reuse: false turns it off)"
+        )
+
+
+def _open_for_run(ctx: StudyContext, journal: Journal, progress: Progress, lock) -> optuna.Study:
+    """The study opened for this run: progress to the dashboard, the journal replayed, orphans failed."""
+    study = open_study(ctx)
+    progress.sink = lambda figures: store.write_progress(study, {"command": "tuner run", **figures})
+    journal.replay(study, progress)  # trials measured before a storage outage, before orphans are failed
+    if store.created_by(study) != worker_id():
+        study.sampler.reseed_rng()  # a joining worker or a resumed run must not replay the creator's proposals
+    if lock:
+        fail_orphans(study, ctx.spec.workers, progress)
+    return study
+
+
+def _run_locked(
+    ctx: StudyContext, journal: Journal, trials: int | None, progress: Progress, race: bool
+) -> optuna.Study:
+    """The study opened and run to its budget under the SQLite study lock (none for a database server),
+    then raced; Optuna's own log lines silenced meanwhile."""
+    spec = ctx.spec
+    lock = hold_sqlite_study(spec.storage, spec.name)
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress line replaces Optuna's
+    try:
+        study = _open_for_run(ctx, journal, progress, lock)
+        budget = trials or spec.budget_trials
+        deadline = time.monotonic() + spec.budget_minutes * 60 if spec.budget_minutes else None
+        clock = RunClock(progress, study_estimate(ctx), budget, race, deadline)
+        clock.replan(tally(study).counted)
+        _starting_notes(ctx, study, progress)
+        process_trials = ProcessTrials(ctx, study, journal, progress, budget, clock, deadline)
+        done = tally(study).counted
+        progress(f"study {spec.name}: {done} of {budget} trials done; storage {safe_url(spec.storage)}")
+        if done < budget:
+            ensure_baseline(study, ctx, process_trials.run_one, progress)
+            run_until_budget(study, process_trials.run_one, budget, spec.workers, deadline, progress)
+        if race:
+            result = race_study(ctx, study, progress)
+            for line in (
+                verdict_lines(result) if result else ["race: no feasible trial besides the baseline to race"]
+            ):
+                progress.out(line)  # the result, not progress
+        progress.plan(0.0)
+        progress.record(f"finished: {tally(study).counted} of {budget} trials" + (", raced" if race else ""))
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+        if lock:
+            try:
+                lock.close()
+            except (
+                OSError
+            ):  # its holder line could not be flushed (a full disk): the lock is released all the same
+                pass
+    return study
 
 
 def open_study(ctx: StudyContext) -> optuna.Study:
@@ -41,7 +161,7 @@ def open_study(ctx: StudyContext) -> optuna.Study:
     """
     spec = ctx.spec
     storage = make_storage(spec.storage, spec.workers)
-    directions = [o.direction for o in spec.objectives]
+    directions = [optuna.study.StudyDirection[o.direction.upper()] for o in spec.objectives]
     try:  # creation is atomic: with several workers starting at once, exactly one creates
         study = optuna.create_study(
             study_name=spec.name, storage=storage, directions=directions, sampler=make_sampler(spec)
@@ -49,7 +169,7 @@ def open_study(ctx: StudyContext) -> optuna.Study:
         store.set_created_by(study, worker_id())
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec))
-    if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
+    if list(study.directions) != directions:
         raise UserError(
             f"{spec.path}: objectives: study {spec.name!r} exists with other objective directions; use a new name"
         )
