@@ -11,7 +11,6 @@ dependencies. The archive is written under a temporary name and renamed once who
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -29,7 +28,6 @@ from tuner.errors import UserError
 from tuner.eta import duration
 from tuner.machine.llama_build import PINNED_SDIST_SHA256, SDIST_NAME, pinned_sdist, sha256_of
 from tuner.output.files import human_bytes, write_error
-from tuner.paths import REPO_ROOT, writable_folder
 
 # As pyproject.toml's build-system.requires: the editable install builds offline from this wheel.
 BUILD_BACKEND = "setuptools>=68"
@@ -272,33 +270,3 @@ def build_bundle(root: Path, out_dir: Path, target: Target) -> Path:
         flush=True,
     )
     return path
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Write one archive that installs the tuner on a server without network: the project, the wheels "
-        "of its runtime dependencies for one Python version and platform, the pinned llama.cpp source "
-        "archive (sha256 in bundle.json) and install.sh. Needs access to the package index here."
-    )
-    parser.add_argument(
-        "--python-version", help=f"the server's Python, X.Y (default: this one's, {this_python()})"
-    )
-    parser.add_argument(
-        "--platform",
-        help="the server's wheel platform tag, e.g. manylinux2014_x86_64 (default: this machine's)",
-    )
-    parser.add_argument(
-        "--extra",
-        action="append",
-        metavar="NAME",
-        help="also the wheels of this optional extra of the project, e.g. postgres (repeatable)",
-    )
-    parser.add_argument(
-        "--out", default=str(REPO_ROOT / "dist"), help="folder of the archive (default: dist/)"
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    target = make_target(args.python_version, args.platform, args.extra)
-    build_bundle(REPO_ROOT, writable_folder(Path(args.out), "--out"), target)
-    return 0

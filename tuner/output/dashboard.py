@@ -10,7 +10,6 @@ default: the dashboard has no authentication and can rename or delete studies.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import warnings
 
@@ -97,45 +96,27 @@ def annotate(storage_url: str) -> int:
     return written
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Serve optuna-dashboard on the studies' storage: every study, its Pareto front, each trial's "
-        "attrs, and a note per trial with its exact llama-server command line."
-    )
-    parser.add_argument(
-        "--storage", default=None, help=f"Optuna storage URL (default: {default_storage_url()})"
-    )
-    parser.add_argument(
-        "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; the dashboard has no login)"
-    )
-    parser.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
-    parser.add_argument(
-        "--no-notes", action="store_true", help="serve as is, without writing notes into the storage"
-    )
-
-
-def run(args: argparse.Namespace) -> int:
+def serve(storage: str | None, host: str, port: int, notes: bool) -> None:
+    """Annotate the studies (unless ``notes`` is false), then serve optuna-dashboard until Ctrl-C."""
     from optuna_dashboard import run_server
 
-    url = args.storage or default_storage_url()
+    url = storage or default_storage_url()
     store.require_storage(url)
     url = with_driver(url)  # a raw '/', ':' or '@' in the password, percent-encoded
-    if not 0 < args.port < 65536:
-        raise UserError(f"--port: must be 1-65535, got {args.port}")
-    if not args.no_notes:
+    if not 0 < port < 65536:
+        raise UserError(f"--port: must be 1-65535, got {port}")
+    if notes:
         print(f"dashboard: {annotate(url)} notes updated", flush=True)
-    if args.host not in LOOPBACK:
+    if host not in LOOPBACK:
         print(
-            f"dashboard: listening on {args.host}: anyone who can reach it can edit or delete studies",
-            flush=True,
+            f"dashboard: listening on {host}: anyone who can reach it can edit or delete studies", flush=True
         )
-    print(f"dashboard: http://{args.host}:{args.port}/dashboard (Ctrl-C stops it)", flush=True)
+    print(f"dashboard: http://{host}:{port}/dashboard (Ctrl-C stops it)", flush=True)
     try:
-        run_server(url, host=args.host, port=args.port)
+        run_server(url, host=host, port=port)
     except KeyboardInterrupt:
         pass
     except OSError as err:
         raise UserError(
-            f"--host {args.host} --port {args.port}: cannot listen ({err.strerror}); pick another port"
+            f"--host {host} --port {port}: cannot listen ({err.strerror}); pick another port"
         ) from None
-    return 0

@@ -7,7 +7,6 @@ files of this machine so a user can send them for tests.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -27,41 +26,6 @@ from tuner.measurement import launch
 NOISY_GOVERNORS = frozenset({"powersave", "ondemand", "conservative", "schedutil"})
 LOAD_ADVICE_FRACTION = 0.10
 NUMACTL_TIMEOUT_S = 10
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--json", action="store_true", help="print the fingerprint, host state and advice as JSON"
-    )
-    parser.add_argument(
-        "--bandwidth",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="probe memory bandwidth at several thread counts, up to one per physical core (a numpy copy "
-        "of 256 MiB, a few seconds); default: on the live machine, not for --sysfs-root; "
-        "TUNER_MEMORY_BANDWIDTH set: that figure, no probe",
-    )
-    parser.add_argument(
-        "--sysfs-root",
-        type=Path,
-        default=topology.LIVE_ROOT,
-        metavar="DIR",
-        help="read sys/ and proc/ under DIR instead of / (e.g. a recorded tree)",
-    )
-    parser.add_argument(
-        "--study",
-        metavar="STUDY",
-        help="also advise on transparent hugepages from what this study's trials measured (name or study file)",
-    )
-    parser.add_argument(
-        "--storage", help="the study's storage URL (default: the study file's, or the default)"
-    )
-    parser.add_argument(
-        "--record-sysfs",
-        type=Path,
-        metavar="DIR",
-        help="copy the topology files this command reads into DIR (to send with a bug report)",
-    )
 
 
 def find_build() -> tuple[dict | None, str | None]:
@@ -178,11 +142,11 @@ def thp_measured(study: str, hosts: list[dict], thp_now: str | None) -> list[str
     ]
 
 
-def _measured_advice(args: argparse.Namespace, host: HostState) -> list[str]:
+def _measured_advice(study_name: str, storage: str | None, host: HostState) -> list[str]:
     """``--study``: THP advice tied to that study's trials."""
     from tuner.storage import store
 
-    study, record = store.open_stored_study(args.study, args.storage)
+    study, record = store.open_stored_study(study_name, storage)
     hosts = [r.host for r in store.read_trials(study) if r.host]
     return thp_measured(record.name, hosts, host.thp_mode)
 
@@ -291,29 +255,36 @@ def _bandwidth_lines(bandwidth: float | None, curve: BandwidthCurve | None) -> l
     ]
 
 
-def _probe(args: argparse.Namespace, topo: Topology) -> tuple[float | None, BandwidthCurve | None]:
+def _probe(
+    sysfs_root: Path, probe: bool | None, topo: Topology
+) -> tuple[float | None, BandwidthCurve | None]:
     """The bandwidth by threads of this machine: probed by default on the live machine (a few seconds);
-    a recorded tree is another machine, so only ``--bandwidth`` probes this one for it."""
-    live = hosts.is_live_root(args.sysfs_root)
-    if not (live if args.bandwidth is None else args.bandwidth):
+    a recorded tree is another machine, so only ``--bandwidth`` (``probe``) probes this one for it."""
+    live = hosts.is_live_root(sysfs_root)
+    if not (live if probe is None else probe):
         return None, None
     return fingerprint_bandwidth((topo if live else topology.read_topology()).physical_cores)
 
 
-def run(args: argparse.Namespace) -> int:
-    root: Path = args.sysfs_root
-    if args.record_sysfs is not None:
-        written = topology.record_sysfs(args.record_sysfs, root)
-        if not written:
-            raise UserError(f"nothing to record under {root}: no sysfs/procfs files found")
-        print(f"recorded {len(written)} files from {root} into {args.record_sysfs}")
-        return 0
+def record_topology(into: Path, root: Path) -> None:
+    """``--record-sysfs``: copy the topology files this command reads from ``root`` into ``into``."""
+    written = topology.record_sysfs(into, root)
+    if not written:
+        raise UserError(f"nothing to record under {root}: no sysfs/procfs files found")
+    print(f"recorded {len(written)} files from {root} into {into}")
+
+
+def print_doctor(
+    root: Path, bandwidth_probe: bool | None, study: str | None, storage: str | None, as_json: bool
+) -> None:
+    """The fingerprint, host state and advice of the machine under ``root``, as text or JSON; with ``study``,
+    THP advice tied to what its trials measured."""
     topo = topology.read_topology(root)
     host = hosts.read_host_state(topo, root)
     build, build_reason = find_build()
-    bandwidth, curve = _probe(args, topo)
-    measured = _measured_advice(args, host) if args.study else []
-    if args.json:
+    bandwidth, curve = _probe(root, bandwidth_probe, topo)
+    measured = _measured_advice(study, storage, host) if study else []
+    if as_json:
         document = {
             "fingerprint": fingerprints.fingerprint(topo, build, host, bandwidth, curve),
             "comparability_keys": list(fingerprints.COMPARABILITY_KEYS),
@@ -322,8 +293,7 @@ def run(args: argparse.Namespace) -> int:
             "advice": advice(topo, host, build, hosts.is_live_root(root)) + measured,
         }
         print(json.dumps(document, indent=2))
-        return 0
+        return
     lines = report(topo, host, build, build_reason, bandwidth, hosts.is_live_root(root), curve)
     lines += [f"ADVICE: {line}" for line in measured]
     print("\n".join(lines))
-    return 0

@@ -13,7 +13,6 @@ default (clients may still send their own).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -28,7 +27,6 @@ import yaml
 from tuner import figures
 from tuner.context import prepare, study_estimate
 from tuner.decisions.deployment import (
-    POLICIES,
     best_at_load,
     choose,
     decision,
@@ -45,7 +43,6 @@ from tuner.decisions.route import describe_accuracy
 from tuner.errors import UserError
 from tuner.eta import Progress
 from tuner.knobs.config import method_of
-from tuner.machine import hostlock
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.measurement.launch import ServerCommand, cpu_mask
 from tuner.measurement.measure import MeasurementSettings
@@ -403,91 +400,55 @@ def write_export(
     return [script, json_path, yaml_path, preset_path, router, note]
 
 
-# ------------------------------------------------------------------ command
+# ------------------------------------------------------------------ the whole export
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Export the chosen configuration of a study: serve.sh, config.json/.yaml and a section of the "
-        "shared llama-server --models-preset file. Policies: "
-        + "; ".join(f"{k}: {v}" for k, v in POLICIES.items())
-        + ". The finalists are first raced against the baseline on this host, one fresh launch each per round."
-    )
-    parser.add_argument("study", help="study name in the storage, or a study file (studies/NAME.yaml)")
-    parser.add_argument(
-        "--storage", help="Optuna storage URL (default: the study file's, else the shared SQLite file)"
-    )
-    parser.add_argument(
-        "--policy", choices=tuple(POLICIES), default="max-tps", help="selection policy (default: max-tps)"
-    )
-    parser.add_argument(
-        "--min-acceptance", type=float, help="only trials whose draft acceptance is at least this"
-    )
-    parser.add_argument("--trial", type=int, help="export this feasible trial instead of applying a policy")
-    parser.add_argument(
-        "--no-race",
-        action="store_true",
-        help="export the recorded choice without racing it (its figures are single measurements)",
-    )
-    per_type = parser.add_mutually_exclusive_group()
-    per_type.add_argument(
-        "--per-type",
-        action="store_true",
-        default=None,
-        help="also export one configuration per content type (STUDY-TYPE preset sections, "
-        "serve-router.sh, ROUTER.md); the default when the study measured several types: "
-        "each type's winner on its tuning prompts is raced on held-out prompts and gets a "
-        "section only when it beats the pooled winner there beyond the noise",
-    )
-    per_type.add_argument(
-        "--no-per-type", dest="per_type", action="store_false", help="export the pooled winner only"
-    )
-    parser.add_argument(
-        "--concurrency",
-        type=_levels,
-        metavar="N,N,...",
-        help="also export one configuration per load class: a STUDY-cN preset section with N slots, "
-        "the best recorded aggregate tokens/s at N simultaneous users (default: every level "
-        "the study measured, when it measured more than one user)",
-    )
-    parser.add_argument("--out", type=Path, help="output folder (default: reports/STUDY/export)")
-    hostlock.add_argument(parser)
-    parser.add_argument("--preset", type=Path, help=f"shared preset file (default: reports/{PRESET_FILE})")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.out is not None:  # checked before minutes of racing
-        writable_folder(args.out, "--out")
-    if args.preset is not None:
-        writable_file(args.preset, "--preset")
-    study, record = store.open_stored_study(args.study, args.storage)
+def export_study(
+    study_name: str,
+    storage: str | None,
+    *,
+    policy: str,
+    min_acceptance: float | None,
+    trial: int | None,
+    no_race: bool,
+    per_type_wanted: bool | None,
+    concurrency: tuple[int, ...] | None,
+    out: Path | None,
+    preset_file: Path | None,
+) -> None:
+    """Choose, race and write the study's deployment: pooled, per content type and per load class."""
+    if out is not None:  # checked before minutes of racing
+        writable_folder(out, "--out")
+    if preset_file is not None:
+        writable_file(preset_file, "--preset")
+    study, record = store.open_stored_study(study_name, storage)
     progress = Progress(print)  # race rounds with elapsed and remaining time, also in the dashboard
     progress.sink = lambda figures: store.write_progress(study, {"command": "tuner export", **figures})
     records = store.read_trials(study)
     frame = trials_frame(records, noise_cv=record.measurement.get("noise_cv", MeasurementSettings.noise_cv))
-    ctx = None if args.no_race else export_context(record)  # once: every race re-measures with it
+    ctx = None if no_race else export_context(record)  # once: every race re-measures with it
     if ctx is not None:
         progress.unit_s = study_estimate(
             ctx
         ).launch_s  # a launch as the study estimates it, until one is timed
-    export = _chosen_export(args, study, record, frame, progress, ctx)
+    export = _chosen_export(policy, min_acceptance, trial, study, record, frame, progress, ctx)
     per_type = (
-        per_type_exports(args, study, record, frame, export, progress, ctx)
-        if wants_per_type(args.per_type, args.no_race, record, suites_of(frame))
+        per_type_exports(per_type_wanted, study, record, frame, export, progress, ctx)
+        if wants_per_type(per_type_wanted, no_race, record, suites_of(frame))
         else None
     )
     if per_type is not None:
         export = replace(export, per_type=per_type[0].to_json() if per_type[0] else None)
         per_type = [replace(e, per_type=export.per_type) for e in per_type[1]]
-    levels = load_levels(frame, args.concurrency)
+    levels = load_levels(frame, concurrency)
     races = None
     if levels and ctx is not None:
         races = race_loads(ctx, study, record.name, levels, progress.unit_s, progress)
     by_load = load_exports(study, record, frame, levels, export, races)
     if by_load:
         per_type = per_type or []
-    out_dir = args.out or inside(reports_dir(), study.study_name, "study") / "export"
-    preset = args.preset or reports_dir() / PRESET_FILE
+    out_dir = out or inside(reports_dir(), study.study_name, "study") / "export"
+    preset = preset_file or reports_dir() / PRESET_FILE
     raced = {users: race for users, race in (races or {}).items() if race is not None}
     verdict = break_even(by_concurrency(frame), launch_spread(records), raced) if by_load else ""
     for path in write_export(export, out_dir, preset, per_type, by_load, verdict):
@@ -500,12 +461,20 @@ def run(args: argparse.Namespace) -> int:
         )
     progress.plan(0.0)
     progress.record(f"exported trial {export.trial}")
-    return 0
 
 
-def _chosen_export(args, study, record: StudyRecord, frame, progress: Progress, ctx) -> Export:
+def _chosen_export(
+    policy: str,
+    min_acceptance: float | None,
+    trial: int | None,
+    study,
+    record: StudyRecord,
+    frame,
+    progress: Progress,
+    ctx,
+) -> Export:
     """The policy's choice, raced (unless --no-race) against the baseline and the other finalists."""
-    number, why = choose(record, frame, args.policy, args.min_acceptance, args.trial)
+    number, why = choose(record, frame, policy, min_acceptance, trial)
     chosen = store.read_trial(study.trials[number])
     print(
         f"chosen: trial {number} ({why}): {chosen.metrics.tokens_per_second:.1f} tokens/s, "
@@ -513,7 +482,7 @@ def _chosen_export(args, study, record: StudyRecord, frame, progress: Progress, 
     )
     race = None
     if ctx is not None:
-        candidates = None if args.policy == "max-tps" and args.trial is None else [chosen]
+        candidates = None if policy == "max-tps" and trial is None else [chosen]
         race = race_for_export(ctx, study, record, candidates, progress.unit_s, progress)
         if race is None:
             print("race: the choice is the baseline configuration itself; nothing to race")
@@ -548,18 +517,6 @@ def _note_kept_sections(export: Export, preset: Path) -> None:
             f"note: section [{name}] of an earlier export is kept in {preset}, but this export found no "
             f"gain for it on held-out prompts; remove it by hand to serve that type with [{export.section}]"
         )
-
-
-def _levels(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give user counts separated by commas, such as 1,4"
-        ) from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: every level needs at least 1 user")
-    return levels
 
 
 def load_levels(frame: pd.DataFrame, asked: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -637,7 +594,7 @@ def load_note(pooled: Export, by_load: list[Export], verdict: str = "") -> str:
 
 
 def per_type_exports(
-    args: argparse.Namespace,
+    per_type_wanted: bool | None,
     study: optuna.Study,
     record: StudyRecord,
     frame: pd.DataFrame,
@@ -647,7 +604,7 @@ def per_type_exports(
 ) -> tuple[PerTypeResult | None, list[Export]]:
     """Race the per-type winners on held-out prompts (``ctx``: the study's context); the exports of the types
     that pay."""
-    result = race_types(ctx, study, record, pooled.trial, args.per_type, progress)
+    result = race_types(ctx, study, record, pooled.trial, per_type_wanted, progress)
     if result is None:
         return None, []
     exports = [

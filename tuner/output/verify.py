@@ -8,7 +8,6 @@ file's ``llama_cpp.bin_dir``, else the pinned build), prints the figures and rec
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 from dataclasses import dataclass
@@ -58,44 +57,23 @@ class Deployed:
     edited: list[str]
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Launch a deployed models-preset section and the study's baseline configuration in paired rounds on the "
-        "study's held-out prompts, on this host and llama.cpp build, and say whether the speedup the export "
-        "claimed holds. Exit 0: holds (shown faster than the baseline, its 95% interval reaching the claim's); "
-        "4: smaller than claimed (shown faster, but the whole interval below the claim's); 1: no longer "
-        "shown faster (the interval does not lie above 1); 2: a user error."
-    )
-    parser.add_argument("study", help="study name in the storage, or a study file (studies/NAME.yaml)")
-    parser.add_argument(
-        "--storage", help="Optuna storage URL (default: the study file's, else the shared SQLite file)"
-    )
-    parser.add_argument("--preset", type=Path, help=f"the preset file (default: reports/{PRESET_FILE})")
-    parser.add_argument("--section", help="the section to verify (default: the study's, as export names it)")
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=DEFAULT_ROUNDS,
-        help=f"paired rounds, one fresh launch of each per round (default {DEFAULT_ROUNDS}, at least "
-        f"{evidence.MIN_ROUNDS})",
-    )
-    parser.add_argument(
-        "--bin-dir",
-        type=Path,
-        help=f"the llama.cpp build to verify on (default: ${ENV_BIN_DIR}, else the study file's, else the pinned)",
-    )
-    hostlock.add_argument(parser)
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.rounds < evidence.MIN_ROUNDS:
+def verify_deployed(
+    study_name: str,
+    storage: str | None,
+    preset_file: Path | None,
+    section_wanted: str | None,
+    rounds: int,
+    bin_dir: Path | None,
+) -> int:
+    """Launch the deployed section against the baseline, print the figures, record the verdict; its exit code."""
+    if rounds < evidence.MIN_ROUNDS:
         raise UserError(
-            f"--rounds {args.rounds}: a 95% interval needs at least {evidence.MIN_ROUNDS} paired rounds"
+            f"--rounds {rounds}: a 95% interval needs at least {evidence.MIN_ROUNDS} paired rounds"
         )
-    study, record = store.open_stored_study(args.study, args.storage)
-    preset = args.preset or reports_dir() / PRESET_FILE
-    deployed = read_deployed(study, record, read_section(preset, args.section or section_name(record.name)))
-    chosen = args.bin_dir or os.environ.get(ENV_BIN_DIR)
+    study, record = store.open_stored_study(study_name, storage)
+    preset = preset_file or reports_dir() / PRESET_FILE
+    deployed = read_deployed(study, record, read_section(preset, section_wanted or section_name(record.name)))
+    chosen = bin_dir or os.environ.get(ENV_BIN_DIR)
     ctx = export_context(
         record, "verify", "", ("search space", *COMPARABILITY_KEYS), Path(chosen) if chosen else None
     )
@@ -107,10 +85,10 @@ def run(args: argparse.Namespace) -> int:
     baseline = baseline_contender(store.baseline_record(study), server)
     workload, prompts = verification_workload(ctx.workload)
     build = build_change(record.build, ctx.build)
-    for line in header_lines(deployed, record, ctx.build, build, prompts, args.rounds):
+    for line in header_lines(deployed, record, ctx.build, build, prompts, rounds):
         print(line)
     with hostlock.measuring(record.name, progress=print):  # one measurement per host
-        mine, theirs, ratio = measure(ctx, section, baseline, workload, args.rounds)
+        mine, theirs, ratio = measure(ctx, section, baseline, workload, rounds)
         host = [
             line for line in compare_fingerprints(record.fingerprint, ctx.fingerprint) if "llama_" not in line
         ]

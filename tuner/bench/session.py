@@ -24,7 +24,6 @@ shows in a few minutes that each section of ``make bench`` starts and finishes (
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import dataclass, field, replace
@@ -42,72 +41,8 @@ from tuner.errors import UserError
 from tuner.machine import hostlock
 from tuner.measurement.workload import load_workload
 from tuner.output.files import write_atomic
-from tuner.paths import REPO_ROOT, reports_dir
+from tuner.paths import reports_dir
 from tuner.studyfile.spec import StudySpec, load_spec
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Benchmark the tuner in one session: (1) trials each sampler needs to come within 3% of the best "
-        "configuration of a recorded grid, (2) the tuner's tokens/s and wall time per trial against "
-        "llama-bench's, alternating, (3) two seeds of a study, winners re-measured side by side. "
-        "Writes reports/bench/bench.json and bench.md."
-    )
-    parser.add_argument(
-        "--grid-study",
-        type=Path,
-        default=REPO_ROOT / "studies" / "bench-grid.yaml",
-        help="study whose (all-choices) space is recorded as the grid (default: studies/bench-grid.yaml)",
-    )
-    parser.add_argument(
-        "--study",
-        type=Path,
-        default=REPO_ROOT / "studies" / "demo.yaml",
-        help="study for the overhead and repeatability runs (default: studies/demo.yaml)",
-    )
-    parser.add_argument("--seeds", type=int, default=20, help="seeds per sampler in the replay (default: 20)")
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=7,
-        help="alternating rounds for overhead and re-measuring; one round varies by about 10%% on a "
-        "shared VM, the median of 7 by a few %% (default: 7)",
-    )
-    parser.add_argument(
-        "--decision-runs",
-        type=int,
-        default=400,
-        help="simulated races per cell of the decision section (default: 400; 10x at the default host)",
-    )
-    parser.add_argument(
-        "--repeat-trials",
-        type=int,
-        help="trials per repeatability study (default: the study's own budget, 20 for the demo)",
-    )
-    parser.add_argument(
-        "--gguf",
-        type=Path,
-        action="append",
-        help="a GGUF for the metadata-read section, repeatable (default: Gemma 3 270M when its package "
-        "is installed, and the --study's target)",
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="every section on its smallest input (one prompt of the first suite, 8 tokens, the grid's first launches, one "
-        "seed and round, one operator landscape): shows each section runs, its figures mean nothing",
-    )
-    parser.add_argument(
-        "--out", type=Path, help="output folder (default: reports/bench, with --quick reports/bench/quick)"
-    )
-    hostlock.add_argument(parser)
-
-
-def run(args: argparse.Namespace) -> int:
-    with hostlock.measuring(
-        f"bench ({args.grid_study.name}, {args.study.name})"
-    ):  # the whole session measures
-        return _run(args)
 
 
 @dataclass(frozen=True)
@@ -129,13 +64,19 @@ class Sizes:
 QUICK_N_PREDICT = 8
 
 
-def sizes_of(args: argparse.Namespace) -> Sizes:
+def sizes_of(seeds: int, rounds: int, decision_runs: int, repeat_trials: int | None, quick: bool) -> Sizes:
     """The section sizes; a count below 1 is one line naming its option."""
-    for name in ("seeds", "rounds", "repeat_trials", "decision_runs"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
-    if not args.quick:
-        return Sizes(args.seeds, args.rounds, args.decision_runs, args.repeat_trials)
+    counts = {
+        "seeds": seeds,
+        "rounds": rounds,
+        "repeat_trials": repeat_trials,
+        "decision_runs": decision_runs,
+    }
+    for name, count in counts.items():
+        if count is not None and count < 1:
+            raise UserError(f"--{name.replace('_', '-')}: must be >= 1, got {count}")
+    if not quick:
+        return Sizes(seeds, rounds, decision_runs, repeat_trials)
     return Sizes(
         seeds=1,
         rounds=1,
@@ -225,15 +166,32 @@ class Session:
         )
 
 
-def _run(args: argparse.Namespace) -> int:
-    sizes = sizes_of(args)
+def run_bench(
+    grid_study: Path,
+    study: Path,
+    gguf: list[Path] | None,
+    out: Path | None,
+    *,
+    seeds: int,
+    rounds: int,
+    decision_runs: int,
+    repeat_trials: int | None,
+    quick: bool,
+) -> int:
+    """Every section in one session, under this host's measurement lock (the sizes are checked once it is held)."""
+    with hostlock.measuring(f"bench ({grid_study.name}, {study.name})"):  # the whole session measures
+        sizes = sizes_of(seeds, rounds, decision_runs, repeat_trials, quick)
+        return _run(grid_study, study, gguf, out, sizes)
+
+
+def _run(grid_study: Path, study: Path, gguf: list[Path] | None, out: Path | None, sizes: Sizes) -> int:
     default_out = reports_dir() / "bench" / ("quick" if sizes.quick else "")  # --quick never overwrites
-    session = Session(args.out or default_out, sizes.quick)
-    _search(session, args.grid_study, sizes)
+    session = Session(out or default_out, sizes.quick)
+    _search(session, grid_study, sizes)
     _simulated(session, sizes)
-    _overhead(session, args.study, sizes)
-    _repeatability(session, args.study, sizes)
-    _gguf(session, args.gguf, args.study, sizes)
+    _overhead(session, study, sizes)
+    _repeatability(session, study, sizes)
+    _gguf(session, gguf, study, sizes)
     session.result["timings"]["total_s"] = time.monotonic() - session.started
     session.write(last=True)
     print(

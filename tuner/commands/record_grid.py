@@ -1,0 +1,33 @@
+"""``tuner record-grid``: a small space measured whole into a table (``bench/grid``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tuner.bench.grid import record_grid
+from tuner.commands.flags import add_no_wait
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Measure every configuration of a study's search space (all combinations of its choices; ranges "
+        "need explicit choices) on this host, llama-bench style: one server per launch setting, temperatures "
+        "as requests to it, rows flushed to JSONL as measured (rerun to resume), then a CSV table for "
+        "`tuner bench-search`."
+    )
+    parser.add_argument("study", help="study file, e.g. studies/bench-grid.yaml")
+    parser.add_argument(
+        "--out", type=Path, help="CSV table (default: reports/bench/grid-NAME.csv; rows in .jsonl beside it)"
+    )
+    add_no_wait(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        csv = record_grid(args.study, args.out)
+    except KeyboardInterrupt:
+        print("tuner record-grid: interrupted; measured rows are kept, run it again to resume", flush=True)
+        return 130
+    print(f"wrote {csv}")
+    return 0
