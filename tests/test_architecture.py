@@ -177,7 +177,6 @@ FLOORS = [
     ("bench",),
     ("commands",),
     ("cli",),
-    ("commands",),
 ]
 
 
@@ -223,11 +222,6 @@ def test_storage_and_decisions_take_what_they_need_as_arguments():
     assert offenders == []
 
 
-# Declared outside tuner/commands until their command modules move there: `tuner run` and `tuner worker`,
-# and hostlock's --no-wait that they add.
-ARGPARSE_NOT_YET_IN_COMMANDS = {"tuner/study.py", "tuner/worker.py", "tuner/machine/hostlock.py"}
-
-
 def test_only_the_commands_parse_arguments():
     """argparse is imported by tuner/cli.py and tuner/commands/ only: domain modules take typed parameters."""
     importers = []
@@ -248,6 +242,5 @@ def test_only_the_commands_parse_arguments():
         for p in importers
         if p != "tuner/cli.py"
         and not p.startswith("tuner/commands/")
-        and p not in ARGPARSE_NOT_YET_IN_COMMANDS
     ]
     assert importers and offenders == []

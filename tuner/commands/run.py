@@ -7,9 +7,9 @@ import argparse
 import json
 import sys
 
+from tuner.commands.flags import add_no_wait
 from tuner.context import check_lines, prepare
 from tuner.errors import UserError
-from tuner.machine import hostlock
 from tuner.run.study_loop import run_study
 from tuner.run.trial_measurement import describe_trial
 from tuner.storage import store
@@ -53,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the finalist race at the end (the winner is then the best single recorded trial)",
     )
-    hostlock.add_argument(parser)
+    add_no_wait(parser)
 
 
 def run(args: argparse.Namespace) -> int:

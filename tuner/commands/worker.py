@@ -11,8 +11,8 @@ import argparse
 import sys
 from dataclasses import replace
 
+from tuner.commands.flags import add_no_wait
 from tuner.errors import UserError
-from tuner.machine import hostlock
 from tuner.run.study_loop import run_study
 from tuner.storage.coordination import safe_url, tally, worker_id
 from tuner.studyfile.spec import load_spec
@@ -41,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the shared database, e.g. postgresql://tuner:PASSWORD@db-host:5432/tuner "
         "(default: the study file's storage)",
     )
-    hostlock.add_argument(parser)
+    add_no_wait(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,6 @@ bench`` runs studies inside its own hold).
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import os
 import sys
@@ -39,16 +38,6 @@ class HostBusy(UserError):
 
 def lock_path() -> Path:
     return Path(os.environ.get(ENV) or DEFAULT_PATH)
-
-
-def add_argument(parser: argparse.ArgumentParser) -> None:
-    """``--no-wait`` for ``tuner run`` and ``tuner worker``, whose flags are declared outside ``tuner/commands``
-    for now; every other command takes it from ``tuner.commands.flags``."""
-    parser.add_argument(
-        "--no-wait",
-        action="store_true",
-        help="refuse at once when another measurement runs on this host, instead of waiting for it",
-    )
 
 
 def set_process_defaults(wait: bool, command: str | None) -> None:
