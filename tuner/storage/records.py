@@ -149,6 +149,13 @@ class TrialRecord:
         return self.state == "COMPLETE" and self.metrics is not None
 
     @property
+    def measured_metrics(self) -> Metrics:
+        """The metrics of a trial known to have them (``complete``, or pruned with its partial figures)."""
+        if self.metrics is None:
+            raise ValueError(f"trial {self.number} ({self.state}) has no metrics")
+        return self.metrics
+
+    @property
     def feasible(self) -> bool:
         return self.complete and self.constraint is not None and self.constraint <= 0
 
