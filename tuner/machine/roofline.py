@@ -34,10 +34,13 @@ class Bandwidth:
 
 class StudyFacts(Protocol):
     """What a study's record says of its machine and target (``tuner.storage.records.StudyRecord`` has
-    both; the machine floor does not import the storage above it)."""
+    both; the machine floor does not import the storage above it). Read-only: the record is frozen."""
 
-    fingerprint: dict
-    target: dict
+    @property
+    def fingerprint(self) -> dict: ...
+
+    @property
+    def target(self) -> dict: ...
 
 
 def study_bandwidth(record: StudyFacts, probe: Callable[[], float] | None = None) -> Bandwidth:

@@ -81,6 +81,7 @@ def _die_with_parent(parent: int) -> None:
     """In the child before exec: have the kernel SIGKILL it when the tuner dies, even by
     SIGKILL, so no server outlives a killed worker. The kernel watches the launching
     thread; the tuner launches from its main thread."""
+    assert _LIBC is not None, "the hook is installed only where libc was loaded (Linux)"
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the tuner died before the request took effect
         os._exit(1)
@@ -155,6 +156,7 @@ class Completion:
                 FailureReason.BAD_RESPONSE,
                 f"/v1/chat/completions answered HTTP 200 with no result: {json.dumps(body)[:300]}",
             )
+        assert isinstance(choices, list), "the message was read from the first choice"
         text = message.get("content") or ""
         usage = body.get("usage") or {}
         return cls._timed(

@@ -187,7 +187,7 @@ def _bulk_reader() -> type:
             unpack = struct.Struct(np.dtype(np.uint64).newbyteorder(self.byte_order).str[0] + "Q").unpack_from
             lengths, end = [], offs
             for _ in range(count):
-                (length,) = unpack(self.data, end)
+                (length,) = unpack(self.data, end)  # type: ignore[arg-type]  # numpy's stubs declare ndarray a buffer only for Python 3.12+
                 lengths.append(length)
                 end += _STRING_PREFIX + length
             if end > len(self.data):

@@ -310,8 +310,13 @@ def changes(
 ) -> list[str]:
     """What differs between two studies' comparability, one phrase per field; a field that is a
     mapping (a model's identity, the drafts) names the entry inside it that differs."""
-    a, b = stored.comparability(), current.comparability()
-    return [line for key in a if key not in ignore for line in _differences(key, a[key], b.get(key), sides)]
+    before, now = stored.comparability(), current.comparability()
+    return [
+        line
+        for key in before
+        if key not in ignore
+        for line in _differences(key, before[key], now.get(key), sides)
+    ]
 
 
 _ABSENT = object()
