@@ -133,8 +133,8 @@ def allowed_launch_spread(steps: list[float]) -> float:
     ``PRIOR_WEIGHT`` pseudo-steps at the prior (a scaled inverse chi-square; Wilson-Hilferty's chi-square
     quantile), floored at ``MIN_LAUNCH_SIGMA``. Why an upper bound: three sentinels (two steps) underestimate a
     spread half of the time, and the decisions that allow it (pruning, the finalist cut) err when it is low: with
-    the shrunk estimate alone, a host with a 10% launch spread pruned an equal configuration 13% of the time, and
-    the true best was a finalist 78% of the time at a 2% round spread (``make bench`` 1c, which prints both)."""
+    the shrunk estimate alone, a noisy host prunes configurations as good as the incumbent and cuts the true best
+    from the finalists far more often than the decisions' confidence allows."""
     if len(steps) < 2:
         return PRIOR_LAUNCH_SIGMA
     df = len(steps) + PRIOR_WEIGHT

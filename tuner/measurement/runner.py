@@ -281,8 +281,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def read_log_tail(path: Path, n: int) -> str:
-    """The last ``n`` lines of a log file ("" if there is none yet)."""
+def read_log_tail(path: Path, count: int) -> str:
+    """The last ``count`` lines of a log file ("" if there is none yet)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -290,7 +290,7 @@ def read_log_tail(path: Path, n: int) -> str:
             data = fh.read()
     except FileNotFoundError:
         return ""
-    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-n:])
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-count:])
 
 
 class LlamaServer:
@@ -509,8 +509,8 @@ class LlamaServer:
         if self._proc is not None:
             stop_process_group(self._proc, self.stop_grace_s)
 
-    def log_tail(self, n: int = 40) -> str:
-        return read_log_tail(self.log_path, n)
+    def log_tail(self, count: int = 40) -> str:
+        return read_log_tail(self.log_path, count)
 
     def source_totals(self, requests: int) -> list[dict[str, tuple[int, int]]]:
         """Each finished request's per-source running totals, once the log holds all ``requests`` of
