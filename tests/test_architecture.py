@@ -237,10 +237,5 @@ def test_only_the_commands_parse_arguments():
             if any(n.split(".")[0] == "argparse" for n in names):
                 importers.append(str(path.relative_to(ROOT)))
                 break
-    offenders = [
-        p
-        for p in importers
-        if p != "tuner/cli.py"
-        and not p.startswith("tuner/commands/")
-    ]
+    offenders = [p for p in importers if p != "tuner/cli.py" and not p.startswith("tuner/commands/")]
     assert importers and offenders == []

@@ -11,12 +11,13 @@ import hashlib
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from tuner import eta
 from tuner.decisions.per_type import type_rounds
 from tuner.decisions.race import DECISION_ROUNDS
 from tuner.errors import MissingBinaryError, UserError
-from tuner.knobs.config import Choices, Domain, IntRange
+from tuner.knobs.config import Choices, Domain, FloatRange, IntRange
 from tuner.knobs.registry import KNOB_TYPES, NAMES
 from tuner.machine.bandwidth import PLANNER_SHARE, bandwidth_saturation, curve_of, fingerprint_bandwidth
 from tuner.machine.fingerprint import fingerprint
@@ -91,7 +92,7 @@ class StudyContext:
 def workload_record(spec: StudySpec, workload: Workload) -> dict:
     """The workload as stored: prompts and digest and, only for a study of several users or load bounds,
     the concurrency levels and the bounds (so a study of one user stores what it always stored)."""
-    record = {"prompts": [p.id for p in workload.prompts], "digest": workload.digest()}
+    record: dict[str, Any] = {"prompts": [p.id for p in workload.prompts], "digest": workload.digest()}
     if spec.load_levels:
         record["concurrency"] = list(spec.load_levels)
     if spec.constraints:
@@ -101,12 +102,12 @@ def workload_record(spec: StudySpec, workload: Workload) -> dict:
 
 def quality_record(spec: StudySpec) -> dict:
     """The scorer as stored: name, floor and, for kld/perplexity, the ceiling and the text's digest."""
-    q = spec.quality
-    record = {"scorer": q.scorer, "floor": q.floor}
-    if q.max_kld is not None:
-        record["max_kld"] = q.max_kld
-    if q.text_file is not None:
-        record["text_digest"] = hashlib.sha256(q.text_file.read_bytes()).hexdigest()[:16]
+    quality = spec.quality
+    record = {"scorer": quality.scorer, "floor": quality.floor}
+    if quality.max_kld is not None:
+        record["max_kld"] = quality.max_kld
+    if quality.text_file is not None:
+        record["text_digest"] = hashlib.sha256(quality.text_file.read_bytes()).hexdigest()[:16]
     return record
 
 
@@ -169,9 +170,9 @@ def long_prompts(spec: StudySpec, workload: Workload | None) -> str | None:
 
 def check_warm_starts(spec: StudySpec, space: ResolvedSpace) -> None:
     """Every warm-start value lies in the resolved space, or one line names the entry and knob."""
-    for i, item in enumerate(spec.warm_start):
+    for index, item in enumerate(spec.warm_start):
         for knob, value in item.items():
-            where = f"{spec.path}: warm_start[{i}].{knob}"
+            where = f"{spec.path}: warm_start[{index}].{knob}"
             if knob not in KNOB_TYPES and knob != "numa_node":
                 raise UserError(f"{where}: unknown knob; known: {', '.join(KNOB_TYPES)}")
             domain = space.domains.get(knob)
@@ -205,6 +206,7 @@ def make_variants(spec: StudySpec, bin_dir: Path, progress=_to_stderr) -> dict[s
 def max_slots(spec: StudySpec, space: ResolvedSpace) -> int:
     """The most server slots a trial launches with: ctx_size is split among them."""
     parallel = space.domains.get("parallel")
+    assert not isinstance(parallel, FloatRange), "slots are counted in whole numbers"
     top = (max(parallel.values) if isinstance(parallel, Choices) else parallel.high) if parallel else 1
     return max(top, *spec.measurement.concurrency)
 
@@ -238,7 +240,7 @@ def check_prompts_fit(
     """Every prompt leaves room for n_predict tokens in its slot's share of ctx_size, counted in the
     target's own vocabulary; else one line naming the prompt, where it is defined, its tokens and the
     ctx_size it needs."""
-    m = replace(spec.measurement, ctx_size=spec.measurement.ctx_size // slots)
+    measurement = replace(spec.measurement, ctx_size=spec.measurement.ctx_size // slots)
     field = "measurement.ctx_size" if slots == 1 else "workload.concurrency"
     split = (
         "" if slots == 1 else f" (measurement.ctx_size {spec.measurement.ctx_size} split over {slots} slots)"
@@ -249,19 +251,19 @@ def check_prompts_fit(
 
     try:
         tokenizer = binary("llama-tokenize", bin_dir)
-        long = too_long(workload, m.ctx_size, m.n_predict, count, template)
+        long = too_long(workload, measurement.ctx_size, measurement.n_predict, count, template)
     except MissingBinaryError:
         long = too_long(
             workload,
-            m.ctx_size,
-            m.n_predict,
+            measurement.ctx_size,
+            measurement.n_predict,
             lambda text: len(text.encode()) + TOKENS_PER_BYTE_SLACK,
             template,
         )
         if long:
             progress(
                 f"note: prompt '{long[0][0].id}' ({long[0][0].source}) may not fit measurement.ctx_size "
-                f"{m.ctx_size}, and llama-tokenize is not in {bin_dir} to count it; a prompt that does not "
+                f"{measurement.ctx_size}, and llama-tokenize is not in {bin_dir} to count it; a prompt that does not "
                 "fit fails its trials as context_exceeded"
             )
         return
@@ -276,9 +278,9 @@ def check_prompts_fit(
         )
         raise UserError(
             f"{spec.path}: {field}: {what} in the "
-            f"target's vocabulary (counted by llama-tokenize), which with n_predict {m.n_predict} does not fit "
-            f"ctx_size {m.ctx_size}{split}{more}; raise measurement.ctx_size to at least "
-            f"{slots * (tokens + m.n_predict + 1)}, or shorten the prompt"
+            f"target's vocabulary (counted by llama-tokenize), which with n_predict {measurement.n_predict} does not fit "
+            f"ctx_size {measurement.ctx_size}{split}{more}; raise measurement.ctx_size to at least "
+            f"{slots * (tokens + measurement.n_predict + 1)}, or shorten the prompt"
             + (", or lower the level" if slots > 1 else "")
         )
 
@@ -338,9 +340,11 @@ def request_prompts(workload: Workload) -> list[int]:
     later turns only their new message, the conversation so far being in the server's prompt cache
     (``cache_prompt``, as every request sends it)."""
     tokens = []
-    for p in workload.prompts:
-        tokens.append(eta.prompt_tokens("".join(c for _, c in p.messages) if p.messages else p.text))
-        tokens += [eta.prompt_tokens(turn) for turn in p.turns]
+    for prompt in workload.prompts:
+        tokens.append(
+            eta.prompt_tokens("".join(c for _, c in prompt.messages) if prompt.messages else prompt.text)
+        )
+        tokens += [eta.prompt_tokens(turn) for turn in prompt.turns]
     return tokens
 
 
@@ -348,7 +352,7 @@ def study_estimate(ctx: StudyContext) -> eta.Estimate:
     """The study's expected time on this machine (``tuner.eta.estimate``): the target's bytes read per
     token against the fingerprint's bandwidth, a launch reading the target and the largest draft; the races
     export runs (per content type on the held-out prompts, per load class) as ``tuner export`` would."""
-    spec, m = ctx.spec, ctx.settings
+    spec, settings = ctx.spec, ctx.settings
     bandwidth = float(ctx.fingerprint.get("bandwidth_bytes_per_s") or 0.0)
     roofline = study_roofline(ctx.study_record("check"), Bandwidth(bandwidth or 1.0, "fingerprint", ""))
     per_token = roofline.bytes_per_token(None) if roofline else ctx.target.weights_bytes
@@ -360,9 +364,9 @@ def study_estimate(ctx: StudyContext) -> eta.Estimate:
     est = eta.estimate(
         eta.machine(per_token, files, bandwidth),
         prompts,
-        n_predict=m.n_predict,
-        warmup=m.warmup,
-        repetitions=m.repetitions,
+        n_predict=settings.n_predict,
+        warmup=settings.warmup,
+        repetitions=settings.repetitions,
         levels=spec.load_levels,
         trials=spec.budget_trials,
         sentinel_every=spec.sentinel.every_trials,
@@ -379,7 +383,7 @@ def study_estimate(ctx: StudyContext) -> eta.Estimate:
     return eta.with_export(
         est,
         prompts,
-        m.n_predict,
+        settings.n_predict,
         spec.load_levels,
         (spec.race.max_rounds, spec.race.min_rounds),
         request_prompts(held_out) if len(splits) >= 2 else (),
@@ -392,7 +396,7 @@ def describe_domain(domain: Domain) -> str:
     if isinstance(domain, Choices):
         return ", ".join(map(str, domain.values))
     text = f"{domain.low}..{domain.high}"
-    step = domain.step if isinstance(domain, IntRange) and domain.step != 1 else None
+    step: float | None = domain.step if isinstance(domain, IntRange) and domain.step != 1 else None
     if not isinstance(domain, IntRange):
         step = domain.step
     return text + (f" step {step}" if step else "") + (" (log)" if domain.log else "")
@@ -416,13 +420,13 @@ def check_lines(ctx: StudyContext, race: bool = True) -> list[str]:
 
 def _models_lines(ctx: StudyContext) -> list[str]:
     """The target, the drafts, and the machine: cores, nodes, bandwidth and where it saturates."""
-    t, fp = ctx.target, ctx.fingerprint
+    target, fp = ctx.target, ctx.fingerprint
     bandwidth, curve = fp.get("bandwidth_bytes_per_s"), curve_of(fp)
     drafts = ", ".join(f"{n} ({d.file_size_bytes / 1e9:.2f} GB)" for n, d in ctx.drafts.items()) or "none"
     return [
-        f"  target   {ctx.spec.target.name}: {t.architecture}, {t.file_type or t.dominant_tensor_type}, "
-        f"{t.weights_bytes / 1e9:.2f} GB of weights"
-        + (f", {t.expert_used_count} of {t.expert_count} experts" if t.is_moe else ""),
+        f"  target   {ctx.spec.target.name}: {target.architecture}, {target.file_type or target.dominant_tensor_type}, "
+        f"{target.weights_bytes / 1e9:.2f} GB of weights"
+        + (f", {target.expert_used_count} of {target.expert_count} experts" if target.is_moe else ""),
         f"  drafts   {drafts}",
         f"  machine  {fp.get('physical_cores')} cores, {len(ctx.launch.topology.nodes)} NUMA node(s), "
         + (f"{bandwidth / 1e9:.1f} GB/s memory bandwidth (copy probe)" if bandwidth else "bandwidth unknown"),
@@ -440,13 +444,13 @@ def _thread_walk(ctx: StudyContext) -> str:
 
 
 def _workload_lines(ctx: StudyContext) -> list[str]:
-    spec, m, w = ctx.spec, ctx.settings, ctx.workload
-    suites = ", ".join(f"{s} {sum(p.suite == s for p in w.prompts)}" for s in w.suites)
+    spec, settings, workload = ctx.spec, ctx.settings, ctx.workload
+    suites = ", ".join(f"{s} {sum(p.suite == s for p in workload.prompts)}" for s in workload.suites)
     levels = spec.load_levels
     bounds = ", ".join(f"{c.name} {c.limit:g}" for c in spec.constraints)
     return [
-        f"prompts      {len(w.prompts)} ({suites}); n_predict {m.n_predict}, warm-up {m.warmup}, "
-        f"{m.repetitions} repetition(s)",
+        f"prompts      {len(workload.prompts)} ({suites}); n_predict {settings.n_predict}, warm-up {settings.warmup}, "
+        f"{settings.repetitions} repetition(s)",
         "users        "
         + (
             f"{', '.join(map(str, levels))} at once, each level in every trial" if levels else "one at a time"
@@ -460,35 +464,35 @@ def _workload_lines(ctx: StudyContext) -> list[str]:
 
 def estimate_lines(est: eta.Estimate, ctx: StudyContext, race: bool = True) -> list[str]:
     """The time estimate: trials, the race and export's races at their most, the total, and its basis."""
-    d, m, r = eta.duration, est.machine, ctx.spec.race
+    duration, machine, race_spec = eta.duration, est.machine, ctx.spec.race
     capped = " (budget.minutes)" if est.budget_s and est.trials_s >= est.budget_s else ""
     lines = [
         "time estimate (tuner run" + (", then tuner export)" if race else ")"),
-        f"  trials   {est.trials} + {est.sentinels} sentinel(s): ~{d(est.trial_s)} each, ~{d(est.reference_s)} the "
-        f"baseline and each sentinel = ~{d(est.trials_s)}{capped}",
+        f"  trials   {est.trials} + {est.sentinels} sentinel(s): ~{duration(est.trial_s)} each, ~{duration(est.reference_s)} the "
+        f"baseline and each sentinel = ~{duration(est.trials_s)}{capped}",
     ]
     if race:
-        confirm = f" + {r.confirm_rounds} confirmation rounds x 2" if r.confirm_rounds else ""
+        confirm = f" + {race_spec.confirm_rounds} confirmation rounds x 2" if race_spec.confirm_rounds else ""
         lines.append(
-            f"  race     at most {r.max_rounds} rounds of {est.finalists + 1} launches, at most {eta.RACE_OPEN} "
-            f"after round {r.min_rounds}{confirm}: {est.race_launches} launches, ~{d(est.launch_s)} each = "
-            f"~{d(est.race_s)}"
+            f"  race     at most {race_spec.max_rounds} rounds of {est.finalists + 1} launches, at most {eta.RACE_OPEN} "
+            f"after round {race_spec.min_rounds}{confirm}: {est.race_launches} launches, ~{duration(est.launch_s)} each = "
+            f"~{duration(est.race_s)}"
             + (
                 f" (under {DECISION_ROUNDS} rounds no race decides: each ends with what it may lose)"
-                if r.max_rounds < DECISION_ROUNDS
+                if race_spec.max_rounds < DECISION_ROUNDS
                 else ""
             )
         )
         lines += [
-            f"  export   {p.what}: {p.how}: {p.launches} launches, ~{d(p.launch_s)} each = ~{d(p.seconds)}"
+            f"  export   {p.what}: {p.how}: {p.launches} launches, ~{duration(p.launch_s)} each = ~{duration(p.seconds)}"
             for p in est.export
         ]
     most = est.trials_s + est.race_s + est.export_s
     lines.append(
-        f"  total    ~{d(est.expected_s(race))}"
+        f"  total    ~{duration(est.expected_s(race))}"
         + (
             f" with each race to its last round, {eta.RACE_TYPICAL} launches a round after round "
-            f"{r.min_rounds} (at most ~{d(most)})"
+            f"{race_spec.min_rounds} (at most ~{duration(most)})"
             if race
             else ""
         )
@@ -498,9 +502,9 @@ def estimate_lines(est: eta.Estimate, ctx: StudyContext, race: bool = True) -> l
     )
     pruned = f"pruning saves {est.pruned:.0%} of their passes" if est.pruned else ""
     lines.append(
-        f"  basis: {m.bytes_per_token / 1e9:.3f} GB read per token at {eta.DECODE_EFFICIENCY:.0%} of "
-        f"{m.bandwidth / 1e9:.1f} GB/s = {1000 * m.token_s:.1f} ms/token (at least {1000 * eta.TOKEN_FLOOR_S:g} ms), "
-        f"launch ~{m.launch_s:.1f} s; "
+        f"  basis: {machine.bytes_per_token / 1e9:.3f} GB read per token at {eta.DECODE_EFFICIENCY:.0%} of "
+        f"{machine.bandwidth / 1e9:.1f} GB/s = {1000 * machine.token_s:.1f} ms/token (at least {1000 * eta.TOKEN_FLOOR_S:g} ms), "
+        f"launch ~{machine.launch_s:.1f} s; "
         + "; ".join(x for x in (searched, pruned, "quality runs not counted") if x)
     )
     return lines

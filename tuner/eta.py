@@ -69,23 +69,25 @@ def prompt_tokens(text: str) -> int:
     return max(1, round(len(text) / CHARS_PER_TOKEN))
 
 
-def request_s(m: Machine, prompt: int, n_predict: int, users: int = 1, speedup: float = 1.0) -> float:
+def request_s(machine: Machine, prompt: int, n_predict: int, users: int = 1, speedup: float = 1.0) -> float:
     """One request: its prompt, n_predict decoded tokens (slower per step with more users at once, faster by
     ``speedup`` with speculation)."""
-    decode = n_predict * m.token_s * (1 + BATCH_COST * (users - 1)) / speedup
-    return REQUEST_S + prompt * m.token_s / PROMPT_BATCH + decode
+    decode = n_predict * machine.token_s * (1 + BATCH_COST * (users - 1)) / speedup
+    return REQUEST_S + prompt * machine.token_s / PROMPT_BATCH + decode
 
 
-def pass_s(m: Machine, prompts: Sequence[int], n_predict: int, speedup: float = 1.0) -> float:
-    return sum(request_s(m, p, n_predict, 1, speedup) for p in prompts)
+def pass_s(machine: Machine, prompts: Sequence[int], n_predict: int, speedup: float = 1.0) -> float:
+    return sum(request_s(machine, p, n_predict, 1, speedup) for p in prompts)
 
 
 def levels_s(
-    m: Machine, prompts: Sequence[int], n_predict: int, levels: Sequence[int], speedup: float = 1.0
+    machine: Machine, prompts: Sequence[int], n_predict: int, levels: Sequence[int], speedup: float = 1.0
 ) -> float:
     """Each concurrency level: every client sends ceil(prompts / users) requests, all at once."""
     mean = sum(prompts) / len(prompts) if prompts else 0
-    return sum(math.ceil(len(prompts) / u) * request_s(m, round(mean), n_predict, u, speedup) for u in levels)
+    return sum(
+        math.ceil(len(prompts) / u) * request_s(machine, round(mean), n_predict, u, speedup) for u in levels
+    )
 
 
 def race_launches(rounds: int, min_rounds: int, contenders: int, per_round: int = RACE_OPEN) -> int:
@@ -171,7 +173,7 @@ class Estimate:
 
 
 def estimate(
-    m: Machine,
+    machine: Machine,
     prompts: Sequence[int],
     *,
     n_predict: int,
@@ -198,17 +200,19 @@ def estimate(
     their passes to pruning when ``prune``. Export's races: ``with_export``."""
     speedup = SEARCH_SPEEDUP if speculative else 1.0
     saved = PRUNED_SHARE * (1 - PRUNED_AT) if prune else 0.0
-    warm = warmup * request_s(m, prompts[0], n_predict) if prompts else 0.0
+    warm = warmup * request_s(machine, prompts[0], n_predict) if prompts else 0.0
 
-    def trial(x: float, cut: float) -> float:
-        measured = repetitions * pass_s(m, prompts, n_predict, x) + levels_s(m, prompts, n_predict, levels, x)
-        return m.launch_s + warm + (1 - cut) * measured
+    def trial(trial_speedup: float, cut: float) -> float:
+        measured = repetitions * pass_s(machine, prompts, n_predict, trial_speedup) + levels_s(
+            machine, prompts, n_predict, levels, trial_speedup
+        )
+        return machine.launch_s + warm + (1 - cut) * measured
 
     raced = min(finalists, max(trials - 1, 1))
-    launch = m.launch_s + warm + pass_s(m, prompts, n_predict, speedup)
+    launch = machine.launch_s + warm + pass_s(machine, prompts, n_predict, speedup)
     by_time = int(trials * trial(1.0, 0.0) / (60 * sentinel_minutes)) if sentinel_minutes else 0
     return Estimate(
-        machine=m,
+        machine=machine,
         trials=trials,
         sentinels=max(trials // sentinel_every if sentinel_every else 0, by_time),
         trial_s=trial(speedup, saved),
@@ -238,15 +242,15 @@ def with_export(
     """``est`` with the races ``tuner export`` runs after the pooled one: ``types`` content types on their
     ``held_out`` prompts for ``type_rounds`` rounds, and each load class (``levels`` beyond one user) raced like
     the pooled race (``race``: race.max_rounds, race.min_rounds), each launch one level."""
-    m, warm, speedup = est.machine, est.warm_s, est.speedup
-    race = (*race, est.finalists + 1)
+    machine, warm, speedup = est.machine, est.warm_s, est.speedup
+    race_shape = (*race, est.finalists + 1)  # max rounds, min rounds, contenders
     phases = []
     if types >= 2 and held_out:
         phases.append(
             Phase(
                 "per-type race",
                 type_rounds * (types + 2),
-                m.launch_s + warm + pass_s(m, held_out, n_predict, speedup),
+                machine.launch_s + warm + pass_s(machine, held_out, n_predict, speedup),
                 f"{type_rounds} rounds x {types} type winners, the pooled winner and the baseline, on "
                 f"{len(held_out)} held-out requests",
                 type_rounds * min(types + 2, RACE_OPEN + 1),  # type winners are often the pooled winner
@@ -254,14 +258,16 @@ def with_export(
         )
     classes = [u for u in levels if max(levels) > 1]
     if classes:
-        per_class = race_launches(*race)
+        per_class = race_launches(*race_shape)
         phases.append(
             Phase(
                 "load classes",
                 per_class * len(classes),
-                m.launch_s + warm + levels_s(m, prompts, n_predict, classes, speedup) / len(classes),
+                machine.launch_s
+                + warm
+                + levels_s(machine, prompts, n_predict, classes, speedup) / len(classes),
                 f"{len(classes)} classes x at most {per_class} launches, each one level",
-                race_launches(*race, RACE_TYPICAL) * len(classes),
+                race_launches(*race_shape, RACE_TYPICAL) * len(classes),
             )
         )
     return replace(est, export=tuple(phases))
@@ -269,12 +275,12 @@ def with_export(
 
 def duration(seconds: float) -> str:
     """45s, 3m12s, 1h05m."""
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 class Progress:

@@ -8,11 +8,12 @@ printed as ``inf`` and never a crash (``math.ceil(inf)`` raises).
 from __future__ import annotations
 
 import math
+from typing import Any, TypeGuard, overload
 
 NO_FIGURE = "no figure"
 
 
-def finite(value: float | None) -> bool:
+def finite(value: float | None) -> TypeGuard[float]:
     """A number that can be printed and stored as one (not None, not infinite, not NaN)."""
     return value is not None and math.isfinite(value)
 
@@ -34,6 +35,10 @@ def or_none(value: float | None) -> float | None:
     return value if finite(value) else None
 
 
+@overload
+def json_safe(data: dict) -> dict[str, Any]: ...
+@overload
+def json_safe(data: object) -> object: ...
 def json_safe(data: object) -> object:
     """``data`` with every non-finite float as None: JSON has no infinity (``json.dumps`` writes ``Infinity``,
     which strict readers refuse) and YAML's ``.inf`` reads as a number where there is none."""

@@ -89,7 +89,9 @@ def choose(
             )
     why = POLICIES[policy] + (f", acceptance >= {min_acceptance:g}" if min_acceptance is not None else "")
     if policy == "knee":
-        return knee(front_2d(pool, "quality")), why
+        at_knee = knee(front_2d(pool, "quality"))
+        assert at_knee is not None, "a pool with a feasible trial has a front"
+        return at_knee, why
     return int(pool.sort_values("tokens_per_second", ascending=False)["trial"].iloc[0]), why
 
 
@@ -109,6 +111,7 @@ def race_for_export(
     if candidates is None:
         candidates = finalists(store.read_trials(study), ctx.settings.noise_cv, ctx.spec.race.max_finalists)
     for trial in candidates:
+        assert trial.command is not None, "a finalist is a trial that was launched"
         if not Path(trial.command.binary).exists():
             raise UserError(
                 f"{trial.command.binary}: not on this host; export on the study's host or pass --no-race"
@@ -256,6 +259,7 @@ def race_types(
     """Race the per-type winners on held-out prompts against the pooled winner (trial ``pooled``); the
     result says which types pay. ``progress.unit_s``: one launch's expected seconds."""
     # at most the pooled winner, the baseline and one winner per type, each launched once per round
+    assert progress.unit_s is not None, "the caller sets one launch's expected seconds"
     progress.plan(type_rounds(ctx.spec.race) * (len(ctx.workload.suites) + 2) * progress.unit_s)
     with hostlock.measuring(record.name, progress=progress):  # one measurement per host
         result = race_per_type(ctx, study, store.read_trial(study.trials[pooled]), progress)

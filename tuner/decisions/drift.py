@@ -50,11 +50,15 @@ class Sentinels:
     def __init__(self, records: list[TrialRecord], noise_cv: float):
         self.noise_cv = noise_cv
         self.points: dict[str, list[Point]] = {}
-        for r in records:
-            at = midpoint(r)
-            if r.role in REFERENCE_ROLES and r.complete and at is not None:
-                self.points.setdefault(r.worker, []).append(
-                    Point(at, r.metrics.tokens_per_second, r.spread.cv if r.spread else None)
+        for record in records:
+            at = midpoint(record)
+            if record.role in REFERENCE_ROLES and record.complete and at is not None:
+                self.points.setdefault(record.worker, []).append(
+                    Point(
+                        at,
+                        record.measured_metrics.tokens_per_second,
+                        record.spread.cv if record.spread else None,
+                    )
                 )
         for series in self.points.values():
             series.sort(key=lambda p: p.at)
@@ -63,8 +67,8 @@ class Sentinels:
         series = self.points.get(worker)
         if not series:
             return None
-        i = bisect.bisect_left([p.at for p in series], at)
-        before, after = series[max(i - 1, 0)], series[min(i, len(series) - 1)]
+        index = bisect.bisect_left([p.at for p in series], at)
+        before, after = series[max(index - 1, 0)], series[min(index, len(series) - 1)]
         return before, after
 
     def rate_at(self, worker: str, at: float) -> float | None:
@@ -72,11 +76,11 @@ class Sentinels:
         around = self._around(worker, at)
         if around is None:
             return None
-        a, b = around
-        if b.at == a.at:
-            return a.tokens_per_second
-        w = min(max((at - a.at) / (b.at - a.at), 0.0), 1.0)
-        return a.tokens_per_second + w * (b.tokens_per_second - a.tokens_per_second)
+        before, after = around
+        if after.at == before.at:
+            return before.tokens_per_second
+        weight = min(max((at - before.at) / (after.at - before.at), 0.0), 1.0)
+        return before.tokens_per_second + weight * (after.tokens_per_second - before.tokens_per_second)
 
     def steps(self, worker: str) -> list[float]:
         """Log-ratios of consecutive reference runs of one worker: each a difference of two launches."""
@@ -109,17 +113,18 @@ class Sentinels:
         around = self._around(worker, at)
         if around is None:
             return False
-        a, b = around
-        noise = 2 * max(a.cv or 0.0, b.cv or 0.0, self.noise_cv)
+        before, after = around
+        noise = 2 * max(before.cv or 0.0, after.cv or 0.0, self.noise_cv)
         return (
-            abs(b.tokens_per_second - a.tokens_per_second) / ((a.tokens_per_second + b.tokens_per_second) / 2)
+            abs(after.tokens_per_second - before.tokens_per_second)
+            / ((before.tokens_per_second + after.tokens_per_second) / 2)
             > noise
         )
 
     def speedup(self, record: TrialRecord) -> float | None:
         at = midpoint(record)
         rate = self.rate_at(record.worker, at) if at is not None and record.complete else None
-        return record.metrics.tokens_per_second / rate if rate else None
+        return record.measured_metrics.tokens_per_second / rate if rate else None
 
 
 def allowed_launch_spread(steps: list[float]) -> float:
@@ -128,8 +133,8 @@ def allowed_launch_spread(steps: list[float]) -> float:
     ``PRIOR_WEIGHT`` pseudo-steps at the prior (a scaled inverse chi-square; Wilson-Hilferty's chi-square
     quantile), floored at ``MIN_LAUNCH_SIGMA``. Why an upper bound: three sentinels (two steps) underestimate a
     spread half of the time, and the decisions that allow it (pruning, the finalist cut) err when it is low: with
-    the shrunk estimate alone, a host with a 10% launch spread pruned an equal configuration 13% of the time, and
-    the true best was a finalist 78% of the time at a 2% round spread (``make bench`` 1c, which prints both)."""
+    the shrunk estimate alone, a noisy host prunes configurations as good as the incumbent and cuts the true best
+    from the finalists far more often than the decisions' confidence allows."""
     if len(steps) < 2:
         return PRIOR_LAUNCH_SIGMA
     df = len(steps) + PRIOR_WEIGHT
@@ -146,7 +151,8 @@ def estimated_launch_spread(steps: list[float]) -> float:
 
 
 def chi2_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile of chi-square with ``df`` degrees of freedom (Wilson-Hilferty; exact for 2)."""
+    """The ``p`` quantile of chi-square with ``df`` degrees of freedom (Wilson-Hilferty, from ``z``, the standard
+    normal's ``p`` quantile; exact for 2)."""
     if df == 2:
         return -2 * math.log(1 - p)
     z = statistics.NormalDist().inv_cdf(p)
@@ -155,12 +161,12 @@ def chi2_quantile(p: float, df: int) -> float:
 
 def sentinel_due(records: list[TrialRecord], worker: str, spec: SentinelSpec, now: float) -> bool:
     """Whether this worker should re-measure the baseline before its next trial."""
-    mine = [r for r in records if r.worker == worker and r.ended_at is not None]
-    references = [r for r in mine if r.role in REFERENCE_ROLES and r.complete]
+    mine = [(r, r.ended_at) for r in records if r.worker == worker and r.ended_at is not None]
+    references = [ended for r, ended in mine if r.role in REFERENCE_ROLES and r.complete]
     if not references:
         return False  # no baseline measured here yet: the baseline comes first anyway
-    last = max(r.ended_at for r in references)
-    since = [r for r in mine if r.role not in REFERENCE_ROLES and r.ended_at > last]
+    last = max(references)
+    since = [r for r, ended in mine if r.role not in REFERENCE_ROLES and ended > last]
     if len(since) >= spec.every_trials:
         return True
     return bool(since) and spec.every_minutes is not None and now - last >= 60 * spec.every_minutes

@@ -71,15 +71,15 @@ def t_cdf(t: float, df: int) -> float:
         term, total = 1.0, 0.0
         if df > 1:
             total = 1.0
-            for k in range(1, (df - 3) // 2 + 1):
-                term *= c2 * (2 * k) / (2 * k + 1)
+            for index in range(1, (df - 3) // 2 + 1):
+                term *= c2 * (2 * index) / (2 * index + 1)
                 total += term
             total *= math.sin(theta) * math.cos(theta)
         inside = 2 / math.pi * (theta + total)
     else:
         term, total = 1.0, 1.0
-        for k in range(1, (df - 2) // 2 + 1):
-            term *= c2 * (2 * k - 1) / (2 * k)
+        for index in range(1, (df - 2) // 2 + 1):
+            term *= c2 * (2 * index - 1) / (2 * index)
             total += term
         inside = math.sin(theta) * total
     return 0.5 + math.copysign(inside / 2, t)
@@ -145,11 +145,11 @@ def _mean_sd(logs: list[float]) -> tuple[float, float]:
 
 def _bounds(logs: list[float], two_sided_level: float) -> tuple[float, float]:
     """The two-sided ``two_sided_level`` t-interval of the mean log ratio (infinite with one round)."""
-    n = len(logs)
+    rounds = len(logs)
     mean, sd = _mean_sd(logs)
-    if n < 2:
+    if rounds < 2:
         return -math.inf, math.inf
-    half = t_quantile(1 - (1 - two_sided_level) / 2, n - 1) * sd / math.sqrt(n)
+    half = t_quantile(1 - (1 - two_sided_level) / 2, rounds - 1) * sd / math.sqrt(rounds)
     return mean - half, mean + half
 
 
@@ -224,14 +224,17 @@ def pooled_spread(table: dict[str, dict[int, float]]) -> Spread | None:
     df = len(cells) - len(names) - len(rounds) + 1
     if df < 1:
         return None
-    column = {**{c: i for i, c in enumerate(names)}, **{r: len(names) + k for k, r in enumerate(rounds)}}
-    x = np.zeros((len(cells), len(names) + len(rounds)))
-    for row, (c, r, _) in enumerate(cells):
-        x[row, column[c]] = x[row, column[r]] = 1.0
-    y = np.array([v for _, _, v in cells])
-    beta = np.linalg.lstsq(x, y, rcond=None)[0]
-    rss = float(np.sum((y - x @ beta) ** 2))
-    inverse = np.linalg.pinv(x.T @ x)
+    column: dict[str | int, int] = {  # the design's column of each contender (by name) and round (by index)
+        **{c: i for i, c in enumerate(names)},
+        **{r: len(names) + k for k, r in enumerate(rounds)},
+    }
+    design = np.zeros((len(cells), len(names) + len(rounds)))
+    for row, (contender, round_index, _) in enumerate(cells):
+        design[row, column[contender]] = design[row, column[round_index]] = 1.0
+    log_rates = np.array([v for _, _, v in cells])
+    beta = np.linalg.lstsq(design, log_rates, rcond=None)[0]
+    rss = float(np.sum((log_rates - design @ beta) ** 2))
+    inverse = np.linalg.pinv(design.T @ design)
     contrast = {
         a: {b: float(inverse[i, i] + inverse[j, j] - 2 * inverse[i, j]) for j, b in enumerate(names)}
         for i, a in enumerate(names)
@@ -254,10 +257,10 @@ class Gap:
     def half(self, alpha: float, rounds: float | None = None) -> float:
         """The one-sided ``1 - alpha`` half-width after ``rounds`` (default: those measured); infinite below
         ``MIN_ROUNDS`` paired rounds."""
-        n = self.rounds if rounds is None else rounds
+        after = self.rounds if rounds is None else rounds
         if (self.paired if self.paired >= 0 else self.rounds) < MIN_ROUNDS or self.df < 1:
             return math.inf
-        return t_quantile(1 - alpha, self.df) * self.sd / math.sqrt(n)
+        return t_quantile(1 - alpha, self.df) * self.sd / math.sqrt(after)
 
     def upper(self, alpha: float) -> float:
         """A may be at most this much faster than B (log), at ``1 - alpha``."""
@@ -282,8 +285,12 @@ def gap(
     if spread is None:
         return Gap(statistics.fmean(logs), own, len(logs), len(logs) - 1)
     sd = max(own, math.sqrt(2) * spread.sigma)
-    x, y = names
-    if x in spread.contrast and y in spread.contrast[x] and spread.contrast[x][y] > 0:
-        worth = 2 / spread.contrast[x][y]
-        return Gap(spread.effects[x] - spread.effects[y], sd, worth, spread.df, len(logs))
+    name_a, name_b = names
+    if (
+        name_a in spread.contrast
+        and name_b in spread.contrast[name_a]
+        and spread.contrast[name_a][name_b] > 0
+    ):
+        worth = 2 / spread.contrast[name_a][name_b]
+        return Gap(spread.effects[name_a] - spread.effects[name_b], sd, worth, spread.df, len(logs))
     return Gap(statistics.fmean(logs), sd, len(logs), spread.df, len(logs))

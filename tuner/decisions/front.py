@@ -18,9 +18,9 @@ def pareto_mask(frame: pd.DataFrame, columns: list[str], maximize: list[bool] | 
     signs = [1.0 if m else -1.0 for m in maximize]
     values = frame[columns].astype(float).to_numpy() * signs
     mask = []
-    for i, row in enumerate(values):
+    for index, row in enumerate(values):
         dominated = any(
-            (other >= row).all() and (other > row).any() for j, other in enumerate(values) if j != i
+            (other >= row).all() and (other > row).any() for j, other in enumerate(values) if j != index
         )
         mask.append(not dominated)
     return pd.Series(mask, index=frame.index, dtype=bool)

@@ -44,8 +44,8 @@ def relative_cost(
 ) -> float:
     """Time to a given precision at ``share`` passes per launch, over the time at one full pass."""
 
-    def cost(m: float) -> float:
-        return (fixed_s + m * pass_s) * (launch_sigma**2 + pass_sigma**2 / m)
+    def cost(passes: float) -> float:
+        return (fixed_s + passes * pass_s) * (launch_sigma**2 + pass_sigma**2 / passes)
 
     return cost(share) / cost(1.0) if cost(1.0) > 0 else 1.0
 
@@ -100,9 +100,9 @@ class LaunchSize:
         chosen: list[Prompt] = []
         for suite in workload.suites:
             entries = [p for p in workload.prompts if p.suite == suite]
-            k = min(self.per_suite.get(suite, len(entries)), len(entries))
-            start = round_index * k
-            chosen += [entries[(start + i) % len(entries)] for i in range(k)]
+            count = min(self.per_suite.get(suite, len(entries)), len(entries))
+            start = round_index * count
+            chosen += [entries[(start + i) % len(entries)] for i in range(count)]
         return Workload(tuple(chosen))
 
 
@@ -162,14 +162,20 @@ def from_trials(
     """The size from a study's complete trials: a pass's spread pooled from their repetitions (the cv of
     per-pass rates), a pass's time from their requests' wall time, a launch's fixed time from the rest of each
     trial (start, load, warm-up, scoring). None when no trial measured two passes (a pass's spread unknown)."""
-    complete = [r for r in records if r.complete and r.spread is not None]
-    cvs = [r.spread.cv for r in complete if r.spread.cv is not None and r.spread.repetitions >= 2]
-    timed = [r for r in complete if r.duration_s and r.samples and r.spread.repetitions]
+    complete = [(r, r.spread) for r in records if r.complete and r.spread is not None]
+    cvs = [spread.cv for _, spread in complete if spread.cv is not None and spread.repetitions >= 2]
+    timed = [  # (duration, requests, passes) of each trial that timed its passes
+        (r.duration_s, r.samples, spread.repetitions)
+        for r, spread in complete
+        if r.duration_s and r.samples and spread.repetitions
+    ]
     if not cvs or not timed:
         return None
     pass_sigma = math.sqrt(statistics.fmean(cv * cv for cv in cvs))
-    passes = [sum(s.get("wall_ms", 0.0) for s in r.samples) / 1000 / r.spread.repetitions for r in timed]
-    fixed = [r.duration_s - p * r.spread.repetitions for r, p in zip(timed, passes)]
+    passes = [
+        sum(s.get("wall_ms", 0.0) for s in samples) / 1000 / repetitions for _, samples, repetitions in timed
+    ]
+    fixed = [duration - p * repetitions for (duration, _, repetitions), p in zip(timed, passes)]
     suites = {s: sum(p.suite == s for p in workload.prompts) for s in workload.suites}
     return size(
         launch_sigma,

@@ -98,8 +98,8 @@ def level_gain(race: RaceResult) -> LevelGain:
         ratio = race.speedup_of(best)
     else:
         common = sorted(set(best.rounds) & set(plain.rounds))
-        a, b = dict(zip(best.rounds, best.rates)), dict(zip(plain.rounds, plain.rates))
-        ratio = evidence.ratio([a[r] for r in common], [b[r] for r in common])
+        best_rates, plain_rates = dict(zip(best.rounds, best.rates)), dict(zip(plain.rounds, plain.rates))
+        ratio = evidence.ratio([best_rates[r] for r in common], [plain_rates[r] for r in common])
     return LevelGain(race.users or 1, best, plain, ratio)
 
 

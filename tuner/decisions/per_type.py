@@ -75,8 +75,8 @@ def type_winners(
     """For each split suite, the feasible trial fastest on its tuning prompts, with that rate."""
     pool = [r for r in records if r.feasible and r.role != "sentinel"]
     winners: dict[str, tuple[TrialRecord, float]] = {}
-    for suite, s in splits.items():
-        rated = [(r, rate) for r in pool if (rate := tuning_rate(r, s.tuning)) is not None]
+    for suite, suite_split in splits.items():
+        rated = [(r, rate) for r in pool if (rate := tuning_rate(r, suite_split.tuning)) is not None]
         if rated:
             winners[suite] = max(rated, key=lambda pair: (pair[1], -pair[0].number))
     return winners
@@ -145,8 +145,8 @@ def race_per_type(
     if not winners:
         return PerTypeResult(rounds, pooled.number, baseline.number, [], unsplit)
     contenders: dict[object, TrialRecord] = {}
-    for r in (pooled, baseline, *(w for w, _ in winners.values())):
-        contenders.setdefault(r.config, r)
+    for record in (pooled, baseline, *(w for w, _ in winners.values())):
+        contenders.setdefault(record.config, record)
     held_out = restrict(ctx.workload, [i for suite in winners for i in splits[suite].held_out])
     progress(
         f"per-type race: {len(contenders)} configurations on {len(held_out.prompts)} held-out prompts "
@@ -241,18 +241,19 @@ def winner_lines(result: PerTypeResult) -> list[str]:
         f"  {'type':<10} {'trial':>5} {'K':>3} {'draft':<12} {'tuning t/s':>10} {'held-out t/s':>12} "
         f"{'pooled held-out':>15} {'gain [95%]':>18}  entry",
     ]
-    for t in result.types:
-        c = t.config
-        k = c.get("draft_max") if c.get("spec_type", "none") != "none" else 0
-        draft = method_of(c)
+    for entry in result.types:
+        config = entry.config
+        draft_max = config.get("draft_max") if config.get("spec_type", "none") != "none" else 0
+        draft = method_of(config)
+        gain = evidence.Ratio(entry.gain, entry.gain_low, entry.gain_high, len(entry.held_out_rates))
         lines.append(
-            f"  {t.suite:<10} {t.winner:>5} {k if k is not None else '-':>3} {draft[:24]:<12} "
-            f"{t.tuning_tokens_per_second:>10.1f} {t.held_out_tokens_per_second:>12.1f} "
-            f"{t.pooled_held_out_tokens_per_second:>15.1f} "
-            f"{evidence.Ratio(t.gain, t.gain_low, t.gain_high, len(t.held_out_rates)).text():>18}  {'yes' if t.pays else 'no'}"
+            f"  {entry.suite:<10} {entry.winner:>5} {draft_max if draft_max is not None else '-':>3} {draft[:24]:<12} "
+            f"{entry.tuning_tokens_per_second:>10.1f} {entry.held_out_tokens_per_second:>12.1f} "
+            f"{entry.pooled_held_out_tokens_per_second:>15.1f} "
+            f"{gain.text():>18}  {'yes' if entry.pays else 'no'}"
         )
-    for t in result.types:
-        lines.append(f"  {t.suite}: {'own entry' if t.pays else 'no own entry'}: {t.why}")
+    for entry in result.types:
+        lines.append(f"  {entry.suite}: {'own entry' if entry.pays else 'no own entry'}: {entry.why}")
     for suite, why in result.unsplit.items():
         lines.append(f"  {suite}: no per-type figure: {why}")
     return lines

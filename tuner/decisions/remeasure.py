@@ -105,8 +105,8 @@ def williams_order(n: int, round_index: int) -> list[int]:
     """Row ``round_index`` of a Williams design for ``n`` contenders: over n rounds (2n for odd n) each
     contender is equally often in each position and follows every other one equally often."""
     first = [0]
-    for k in range(1, n):
-        first.append((k + 1) // 2 if k % 2 else n - k // 2)
+    for position in range(1, n):
+        first.append((position + 1) // 2 if position % 2 else n - position // 2)
     rows = [[(x + i) % n for x in first] for i in range(n)]
     if n % 2:
         rows += [row[::-1] for row in rows]
@@ -141,39 +141,43 @@ class Remeasure:
         """What this round's launches measure: the whole workload, or this round's part of it."""
         return self.size.workload(self.workload, self.round_index) if self.size else self.workload
 
-    def launch(self, c: Contender) -> Launch:
-        """Start ``c``'s server, warm up, measure one pass (a load class: one level of its users), stop it.
+    def launch(self, contender: Contender) -> Launch:
+        """Start ``contender``'s server, warm up, measure one pass (a load class: one level of its users), stop it.
         A launch that fails is launched once more (a stalled host or a crash must not end a long race); a
         second failure is the configuration's, one line."""
         try:
-            return self._launch_once(c)
+            return self._launch_once(contender)
         except TrialFailure as failure:
             self.progress(
-                f"re-measuring {c.label} failed ({failure}; see {self._log(c)}); launching it once more"
+                f"re-measuring {contender.label} failed ({failure}; see {self._log(contender)}); launching it once more"
             )
         try:
-            return self._launch_once(c)
+            return self._launch_once(contender)
         except TrialFailure as failure:
             raise LaunchFailed(
-                f"re-measuring {c.label} failed twice: {failure}; see {self._log(c)}"
+                f"re-measuring {contender.label} failed twice: {failure}; see {self._log(contender)}"
             ) from None
 
-    def _log(self, c: Contender) -> Path:
-        level = f"-c{c.users}" if c.users is not None else ""
-        return self.log_dir / f"remeasure-{c.label}{level}-{self.launches}.log"
+    def _log(self, contender: Contender) -> Path:
+        level = f"-c{contender.users}" if contender.users is not None else ""
+        return self.log_dir / f"remeasure-{contender.label}{level}-{self.launches}.log"
 
-    def _launch_once(self, c: Contender) -> Launch:
-        if self.placed_under is not None and c.numa != self.placed_under and c.models:
-            evict([Path(m) for m in c.models])
-        self.placed_under = c.numa
+    def _launch_once(self, contender: Contender) -> Launch:
+        if self.placed_under is not None and contender.numa != self.placed_under and contender.models:
+            evict([Path(m) for m in contender.models])
+        self.placed_under = contender.numa
         self.launches += 1
         timeout = self.settings.trial_timeout_s
         with LlamaServer(
-            c.argv, free_port(), self._log(c), ready_timeout_s=timeout, request_timeout_s=timeout
+            contender.argv,
+            free_port(),
+            self._log(contender),
+            ready_timeout_s=timeout,
+            request_timeout_s=timeout,
         ) as server:
-            if c.users is not None:
-                return self._level(server, c)
-            samples = run_workload(server, self.measured, self.settings, c.temperature)
+            if contender.users is not None:
+                return self._level(server, contender)
+            samples = run_workload(server, self.measured, self.settings, contender.temperature)
         return Launch(
             pooled_rate(samples),
             sum(s.draft_n for s in samples),
@@ -181,11 +185,17 @@ class Remeasure:
             {suite: pooled_rate(s for s in samples if s.suite == suite) for suite in self.workload.suites},
         )
 
-    def _level(self, server: LlamaServer, c: Contender) -> Launch:
-        """Warm up, then one level of ``c.users`` clients at once: its aggregate tokens/s."""
-        warm_up(server, self.workload, self.settings, c.temperature)
+    def _level(self, server: LlamaServer, contender: Contender) -> Launch:
+        """Warm up, then one level of ``contender.users`` clients at once: its aggregate tokens/s."""
+        assert contender.users is not None, "a load class's contender is launched for its users"
+        warm_up(server, self.workload, self.settings, contender.temperature)
         level = run_level(
-            server, self.workload.prompts, c.users, self.settings.n_predict, c.temperature, self.settings.seed
+            server,
+            self.workload.prompts,
+            contender.users,
+            self.settings.n_predict,
+            contender.temperature,
+            self.settings.seed,
         )
         return Launch(
             level.aggregate_tokens_per_second,
@@ -199,11 +209,11 @@ class Remeasure:
         order = [contenders[i] for i in williams_order(len(contenders), round_index)]
         self.round_index = round_index
         launched = {}
-        for c in order:
+        for contender in order:
             try:
-                launched[c.label] = self.launch(c)
+                launched[contender.label] = self.launch(contender)
             except LaunchFailed as failure:
-                self.failed[c.label] = str(failure)
+                self.failed[contender.label] = str(failure)
                 self.progress(str(failure))
         return launched
 
@@ -219,13 +229,13 @@ def rounds_of_launches(
     """A fixed number of rounds, each launching every contender once (per-type race, repeatability bench)."""
     remeasure = Remeasure(workload, settings, log_dir, progress)
     launches: dict[str, list[Launch]] = {c.label: [] for c in contenders}
-    for r in range(rounds):
-        for label, launch in remeasure.round(contenders, r).items():
+    for round_index in range(rounds):
+        for label, launch in remeasure.round(contenders, round_index).items():
             launches[label].append(launch)
         if remeasure.failed:  # every contender every round: a fixed design has no place for one that failed
             raise UserError(next(iter(remeasure.failed.values())))
         progress(
-            f"re-measure round {r + 1}/{rounds} (one launch each): "
+            f"re-measure round {round_index + 1}/{rounds} (one launch each): "
             + ", ".join(f"{label} {values[-1].rate:.1f} t/s" for label, values in launches.items())
         )
     return {

@@ -27,6 +27,7 @@ prompts unlike these: measure on your own traffic before relying on it.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from tuner.measurement.workload import RAW_SUITES, load_workload
 
@@ -71,13 +72,14 @@ def request_type(body: dict) -> str:
         users = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
         text = users[-1] if users and isinstance(users[-1], str) else ""
     else:
-        text = body.get("prompt") if isinstance(body.get("prompt"), str) else ""
+        prompt = body.get("prompt")
+        text = prompt if isinstance(prompt, str) else ""
     return content_type(text)
 
 
 def accuracy(suites: tuple[str, ...] = RAW_SUITES) -> tuple[int, int, list[tuple[str, str, str]]]:
     """(correct, total, misses as (prompt id, its suite, the guess)) over the built-in suites' prompts."""
-    workload = load_workload(list(suites), base_dir=".")
+    workload = load_workload(list(suites), base_dir=Path("."))
     misses = [(p.id, p.suite, guess) for p in workload.prompts if (guess := content_type(p.text)) != p.suite]
     return len(workload.prompts) - len(misses), len(workload.prompts), misses
 

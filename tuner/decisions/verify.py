@@ -106,9 +106,14 @@ def claim_for(race: RaceResult, trial: int) -> Claim:
             f"trial {trial} is not in the study's last race (trials {raced}), so there is no claimed speedup to "
             "check it against; export it (`tuner export STUDY --trial N`), then verify"
         )
-    c = race.confirmation
-    if trial == race.winner and c is not None:
-        return Claim(c.speedup, c.low, c.high, f"the export's {c.rounds} confirmation rounds")
+    confirmation = race.confirmation
+    if trial == race.winner and confirmation is not None:
+        return Claim(
+            confirmation.speedup,
+            confirmation.low,
+            confirmation.high,
+            f"the export's {confirmation.rounds} confirmation rounds",
+        )
     ratio = race.speedup_of(entry)
     return Claim(ratio.estimate, ratio.low, ratio.high, f"the export's race, {ratio.rounds} paired rounds")
 
@@ -262,9 +267,9 @@ def rounds_to_show(mine: list[float], theirs: list[float]) -> float:
     if len(logs) < 2 or statistics.fmean(logs) <= 0:
         return math.inf
     mean, sd = statistics.fmean(logs), statistics.stdev(logs)
-    for n in range(max(len(logs), evidence.MIN_ROUNDS), MAX_FORECAST_ROUNDS + 1):
-        if evidence.t_quantile(1 - (1 - evidence.CONFIDENCE) / 2, n - 1) * sd / math.sqrt(n) < mean:
-            return float(n)
+    for rounds in range(max(len(logs), evidence.MIN_ROUNDS), MAX_FORECAST_ROUNDS + 1):
+        if evidence.t_quantile(1 - (1 - evidence.CONFIDENCE) / 2, rounds - 1) * sd / math.sqrt(rounds) < mean:
+            return float(rounds)
     return math.inf
 
 
@@ -291,20 +296,28 @@ def why_lines(result: str, build: str, edited: list[str], host: list[str]) -> li
     ]
 
 
-def result_lines(v: Verification, mean_section: float, mean_baseline: float) -> list[str]:
+def result_lines(verification: Verification, mean_section: float, mean_baseline: float) -> list[str]:
     """What an operator reads after the rounds: the rates, the speedup beside the claim, the verdict, why."""
     lines = [
         f"verify: section {mean_section:.1f} t/s, baseline {mean_baseline:.1f} t/s (geometric means over "
-        f"{v.rounds} launches each)",
-        f"verify: speedup {v.ratio.text()} over the baseline (95%, {v.rounds} paired rounds); the export claimed "
-        f"{v.claimed.text()}",
-        f"verdict: {v.verdict}: {MEANING[v.verdict]}"
-        + ("; the whole interval lies below 1: it is shown slower than the baseline" if v.high < 1 else ""),
+        f"{verification.rounds} launches each)",
+        f"verify: speedup {verification.ratio.text()} over the baseline (95%, {verification.rounds} paired rounds); the export claimed "
+        f"{verification.claimed.text()}",
+        f"verdict: {verification.verdict}: {MEANING[verification.verdict]}"
+        + (
+            "; the whole interval lies below 1: it is shown slower than the baseline"
+            if verification.high < 1
+            else ""
+        ),
     ]
-    more = rounds_to_show(v.section_rates, v.baseline_rates) if v.verdict == NOT_FASTER else math.inf
+    more = (
+        rounds_to_show(verification.section_rates, verification.baseline_rates)
+        if verification.verdict == NOT_FASTER
+        else math.inf
+    )
     if figures.finite(more):
         lines.append(
-            f"forecast: at this spread, about {more:.0f} paired rounds would show x{v.speedup:.2f} faster "
+            f"forecast: at this spread, about {more:.0f} paired rounds would show x{verification.speedup:.2f} faster "
             f"(`--rounds {more:.0f}`)"
         )
-    return lines + [f"why: {line}" for line in v.why]
+    return lines + [f"why: {line}" for line in verification.why]

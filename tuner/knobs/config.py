@@ -89,7 +89,9 @@ class TrialConfig:
     @property
     def spec_types(self) -> tuple[str, ...]:
         """The ``--spec-type`` list: the lookup first (llama.cpp asks it first either way), then the draft."""
-        return (self.lookup, self.spec_type) if self.stacked else (self.spec_type,)
+        return (
+            (self.lookup, self.spec_type) if self.lookup is not None and self.stacked else (self.spec_type,)
+        )
 
     @property
     def ngram_type(self) -> str | None:

@@ -23,17 +23,19 @@ SPEC_TYPES_WITH_K = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k
 SIZED_LOOKUP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 HITS_LOOKUP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
 NUMA_POLICIES = ("none", "interleave", "bind", "distribute", "isolate")
-# Serving knobs (issue 24): flash attention modes and the KV cache types of the pinned build (-ctk/-ctv).
+# Serving knobs, which change how a batch of users' tokens is computed and cached: flash attention modes and
+# the KV cache types of the pinned build (-ctk/-ctv).
 FLASH_ATTN = ("auto", "on", "off")
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 # Knobs that only mean something with several users at once: a space file's `concurrent:` section.
 CONCURRENT_KNOBS = ("parallel",)
-# How llama-server holds the weights (issue 32): mapped from the file or read into memory, locked or not.
+# How llama-server holds the weights, which decides page faults and swapping under memory pressure: mapped
+# from the file or read into memory, locked or not.
 # The pinned build has one option for both, --load-mode (none, mmap, mlock, mmap+mlock): see
 # tuner.measurement.launch.memory_options. Their values are on/off (a bare YAML on/off reads as a boolean).
 MEMORY_KNOBS = ("mmap", "mlock")
 ON_OFF = ("on", "off")
-# The serving and memory knobs (issues 24, 32), in the order the structured sampler walks them
+# The serving and memory knobs, in the order the structured sampler walks them
 # (tuner.search.stages.serving); every plan carries the baseline's values until then.
 SERVING_KNOBS = (
     "parallel",

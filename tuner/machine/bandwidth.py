@@ -89,9 +89,9 @@ class BandwidthCurve:
             return None
 
 
-def threads_text(n: int) -> str:
+def threads_text(count: int) -> str:
     """A thread count as the lines say it: "1 thread", "24 threads"."""
-    return f"{n} thread" + ("" if n == 1 else "s")
+    return f"{count} thread" + ("" if count == 1 else "s")
 
 
 def curve_of(fingerprint: Mapping) -> BandwidthCurve | None:

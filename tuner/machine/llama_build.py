@@ -129,8 +129,8 @@ def sdist_path() -> Path:
 
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+    with open(path, "rb") as archive:
+        for block in iter(lambda: archive.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
 

@@ -122,8 +122,8 @@ def contradiction(
     """Why the placement does not follow the policy, or None."""
     total: dict[int, int] = {}
     for by_node in pages.values():
-        for n, count in by_node.items():
-            total[n] = total.get(n, 0) + count
+        for node_id, count in by_node.items():
+            total[node_id] = total.get(node_id, 0) + count
     count = sum(total.values())
     if not count or n_nodes < 2:
         return None

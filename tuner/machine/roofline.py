@@ -34,8 +34,7 @@ class Bandwidth:
 
 class StudyFacts(Protocol):
     """What a study's record says of its machine and target (``tuner.storage.records.StudyRecord`` has
-    both; the machine floor does not import the storage above it). Read-only, as a frozen record's fields
-    are."""
+    both; the machine floor does not import the storage above it). Read-only: the record is frozen."""
 
     @property
     def fingerprint(self) -> dict: ...

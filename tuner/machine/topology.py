@@ -211,9 +211,11 @@ def read_topology(root: Path = LIVE_ROOT) -> Topology:
     nodes: list[NumaNode] = []
     for node_id in _node_ids(root):
         node_dir = SYS_NODE / f"node{node_id}"
-        cpus = [c for c in parse_cpu_list(read_text(root, node_dir / "cpulist") or "") if c in online_set]
+        node_cpus = [
+            c for c in parse_cpu_list(read_text(root, node_dir / "cpulist") or "") if c in online_set
+        ]
         node_mem = _parse_meminfo(read_text(root, node_dir / "meminfo") or "")
-        nodes.append(NumaNode(node_id, tuple(cpus), node_mem.get("MemTotal"), node_mem.get("MemFree")))
+        nodes.append(NumaNode(node_id, tuple(node_cpus), node_mem.get("MemTotal"), node_mem.get("MemFree")))
     if not nodes:
         nodes.append(NumaNode(0, tuple(online), meminfo.get("MemTotal"), meminfo.get("MemFree")))
     node_of = {cpu: node.id for node in nodes for cpu in node.cpus}

@@ -155,12 +155,12 @@ def run_level(
                 return
             sent = time.monotonic()
             try:
-                c = _send(server, prompt, n_predict, temperature, seed)
+                completion = _send(server, prompt, n_predict, temperature, seed)
             except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
                 failures.append(err)
                 stop.set()
                 return
-            done.append(_load_request(users, index, prompt, c, 1000.0 * (sent - started)))
+            done.append(_load_request(users, index, prompt, completion, 1000.0 * (sent - started)))
 
     _run_clients(users, client)
     if failures:
@@ -177,20 +177,22 @@ def _send(server: LlamaServer, prompt: Prompt, n_predict: int, temperature: floa
     )
 
 
-def _load_request(users: int, client: int, prompt: Prompt, c: Completion, start_ms: float) -> LoadRequest:
+def _load_request(
+    users: int, client: int, prompt: Prompt, completion: Completion, start_ms: float
+) -> LoadRequest:
     """The request as its client and the server saw it: the server's timings, the client's clock."""
     return LoadRequest(
         users,
         client,
         prompt.id,
-        c.predicted_n,
-        c.predicted_ms,
-        c.prompt_n,
-        c.prompt_ms,
-        c.wall_ms,
+        completion.predicted_n,
+        completion.predicted_ms,
+        completion.prompt_n,
+        completion.prompt_ms,
+        completion.wall_ms,
         start_ms,
-        c.draft_n,
-        c.draft_n_accepted,
+        completion.draft_n,
+        completion.draft_n_accepted,
     )
 
 

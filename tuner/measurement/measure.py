@@ -119,8 +119,8 @@ def run_workload(
             break
         done_in_pass = 0
         for prompt in workload.prompts:
-            for turn, c in enumerate(_requests(server, prompt, settings, temperature), start=1):
-                samples.append(_sample(prompt, repetition, check_timing(c, settings), turn))
+            for turn, completion in enumerate(_requests(server, prompt, settings, temperature), start=1):
+                samples.append(_sample(prompt, repetition, check_timing(completion, settings), turn))
                 done_in_pass += 1
                 if progress:
                     progress(len(samples), cap * per_pass)
@@ -141,8 +141,8 @@ def warm_up(
     warm = warmup_entries(workload)
     for _ in range(settings.warmup):
         for entry in warm:
-            for c in _requests(server, entry, settings, temperature):
-                check_timing(c, settings)
+            for completion in _requests(server, entry, settings, temperature):
+                check_timing(completion, settings)
     return settings.warmup * sum(p.n_turns for p in warm)
 
 
@@ -164,28 +164,28 @@ def _requests(server: LlamaServer, prompt: Prompt, settings: MeasurementSettings
         return
     replies: list[str] = []
     for _ in range(prompt.n_turns):
-        c = server.chat(prompt.conversation(replies), settings.n_predict, temperature, settings.seed)
-        replies.append(c.text)
-        yield c
+        completion = server.chat(prompt.conversation(replies), settings.n_predict, temperature, settings.seed)
+        replies.append(completion.text)
+        yield completion
 
 
-def _sample(prompt: Prompt, repetition: int, c: Completion, turn: int) -> Sample:
+def _sample(prompt: Prompt, repetition: int, completion: Completion, turn: int) -> Sample:
     return Sample(
         prompt_id=prompt.id,
         suite=prompt.suite,
         repetition=repetition,
-        predicted_n=c.predicted_n,
-        predicted_ms=c.predicted_ms,
-        tokens_per_second=c.predicted_per_second,
-        draft_n=c.draft_n,
-        draft_n_accepted=c.draft_n_accepted,
-        wall_ms=c.wall_ms,
-        text=c.text,
-        tokens=c.tokens,
+        predicted_n=completion.predicted_n,
+        predicted_ms=completion.predicted_ms,
+        tokens_per_second=completion.predicted_per_second,
+        draft_n=completion.draft_n,
+        draft_n_accepted=completion.draft_n_accepted,
+        wall_ms=completion.wall_ms,
+        text=completion.text,
+        tokens=completion.tokens,
         turn=turn if prompt.chat else 0,
-        prompt_ms=c.prompt_ms,
-        cached_n=c.cached_n,
-        prompt_n=c.prompt_n,
+        prompt_ms=completion.prompt_ms,
+        cached_n=completion.cached_n,
+        prompt_n=completion.prompt_n,
     )
 
 
@@ -212,8 +212,8 @@ def per_source(samples: Iterable[Sample | dict]) -> dict[str, tuple[int, int]]:
         for name, drafted, accepted in (
             sample.get("sources") or () if isinstance(sample, dict) else sample.sources
         ):
-            d, a = totals.get(name, (0, 0))
-            totals[name] = (d + drafted, a + accepted)
+            drafted_so_far, accepted_so_far = totals.get(name, (0, 0))
+            totals[name] = (drafted_so_far + drafted, accepted_so_far + accepted)
     return totals
 
 
@@ -227,26 +227,26 @@ def _too_noisy(samples: list[Sample], settings: MeasurementSettings) -> bool:
     return len(rates) < 2 or statistics.stdev(rates) / statistics.fmean(rates) > settings.noise_cv
 
 
-def check_timing(c: Completion, settings: MeasurementSettings) -> Completion:
+def check_timing(completion: Completion, settings: MeasurementSettings) -> Completion:
     """llama.cpp's decode time must fit in the request's wall time, and not be a small part of it.
 
     A decode rate that disagrees with the wall clock by more than ``timing_factor`` (after
     taking out the prompt's own time, a little HTTP overhead and ``TIMING_SLACK_MS`` of host stall)
     is not a measurement.
     """
-    decode_wall_ms = c.wall_ms - c.prompt_ms
-    if c.wall_ms <= 0 or decode_wall_ms < TIMING_FLOOR_MS:
-        return c  # too short to judge (or no wall time: a replay)
+    decode_wall_ms = completion.wall_ms - completion.prompt_ms
+    if completion.wall_ms <= 0 or decode_wall_ms < TIMING_FLOOR_MS:
+        return completion  # too short to judge (or no wall time: a replay)
     if (
-        c.predicted_ms > c.wall_ms * 1.05 + TIMING_FLOOR_MS
-        or c.predicted_ms * settings.timing_factor + TIMING_SLACK_MS < decode_wall_ms
+        completion.predicted_ms > completion.wall_ms * 1.05 + TIMING_FLOOR_MS
+        or completion.predicted_ms * settings.timing_factor + TIMING_SLACK_MS < decode_wall_ms
     ):
         raise TrialFailure(
             FailureReason.IMPOSSIBLE_TIMING,
-            f"llama.cpp says {c.predicted_n} tokens decoded in {c.predicted_ms:.0f} ms, but the request took "
-            f"{c.wall_ms:.0f} ms ({c.prompt_ms:.0f} ms of it prompt): more than x{settings.timing_factor:g} apart",
+            f"llama.cpp says {completion.predicted_n} tokens decoded in {completion.predicted_ms:.0f} ms, but the request took "
+            f"{completion.wall_ms:.0f} ms ({completion.prompt_ms:.0f} ms of it prompt): more than x{settings.timing_factor:g} apart",
         )
-    return c
+    return completion
 
 
 def pooled_rate(samples: Iterable[Sample | dict]) -> float:

@@ -46,10 +46,12 @@ def edit_similarity(a: Sequence, b: Sequence) -> float:
     if not a and not b:
         return 1.0
     previous = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        current = [i]
-        for j, y in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+    for row, item_a in enumerate(a, 1):
+        current = [row]
+        for column, item_b in enumerate(b, 1):
+            current.append(
+                min(previous[column] + 1, current[column - 1] + 1, previous[column - 1] + (item_a != item_b))
+            )
         previous = current
     return 1.0 - previous[-1] / max(len(a), len(b))
 
@@ -100,8 +102,8 @@ def repeated_output(texts: Iterable[str], n: int = REPEAT_NGRAM) -> float:
     for text in texts:
         words = text.split()
         seen: set[tuple[str, ...]] = set()
-        for i in range(n - 1, len(words)):
-            gram = tuple(words[i - n + 1 : i + 1])
+        for last in range(n - 1, len(words)):
+            gram = tuple(words[last - n + 1 : last + 1])
             repeated += gram in seen
             seen.add(gram)
         total += max(0, len(words) - n + 1)

@@ -81,7 +81,7 @@ def _die_with_parent(parent: int) -> None:
     """In the child before exec: have the kernel SIGKILL it when the tuner dies, even by
     SIGKILL, so no server outlives a killed worker. The kernel watches the launching
     thread; the tuner launches from its main thread."""
-    assert _LIBC is not None  # launched with this hook only where libc was loaded (Linux)
+    assert _LIBC is not None, "the hook is installed only where libc was loaded (Linux)"
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the tuner died before the request took effect
         os._exit(1)
@@ -156,7 +156,7 @@ class Completion:
                 FailureReason.BAD_RESPONSE,
                 f"/v1/chat/completions answered HTTP 200 with no result: {json.dumps(body)[:300]}",
             )
-        assert isinstance(choices, list)  # the message came from its first choice
+        assert isinstance(choices, list), "the message was read from the first choice"
         text = message.get("content") or ""
         usage = body.get("usage") or {}
         return cls._timed(
@@ -281,8 +281,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def read_log_tail(path: Path, lines: int) -> str:
-    """The last ``lines`` lines of a log file ("" if there is none yet)."""
+def read_log_tail(path: Path, count: int) -> str:
+    """The last ``count`` lines of a log file ("" if there is none yet)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -290,7 +290,7 @@ def read_log_tail(path: Path, lines: int) -> str:
             data = fh.read()
     except FileNotFoundError:
         return ""
-    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-count:])
 
 
 class LlamaServer:
@@ -509,8 +509,8 @@ class LlamaServer:
         if self._proc is not None:
             stop_process_group(self._proc, self.stop_grace_s)
 
-    def log_tail(self, lines: int = 40) -> str:
-        return read_log_tail(self.log_path, lines)
+    def log_tail(self, count: int = 40) -> str:
+        return read_log_tail(self.log_path, count)
 
     def source_totals(self, requests: int) -> list[dict[str, tuple[int, int]]]:
         """Each finished request's per-source running totals, once the log holds all ``requests`` of

@@ -254,7 +254,8 @@ def _parse_prompt(item: object, suite: str, where: str, index: int) -> Prompt:
         raise UserError(
             f"{where}: unknown field(s) {', '.join(map(str, unknown))}; use id, text or messages/turns, expected"
         )
-    messages, turns = (), ()
+    messages: tuple[tuple[str, str], ...] = ()
+    turns: tuple[str, ...] = ()
     if "messages" in item or "turns" in item:
         if "text" in item:
             raise UserError(
@@ -263,11 +264,12 @@ def _parse_prompt(item: object, suite: str, where: str, index: int) -> Prompt:
         messages, turns = _parse_conversation(item, where)
         text = messages[-1][1]
     else:
-        text = item.get("text")
-        if not isinstance(text, str) or not text.strip():
+        raw_text = item.get("text")
+        if not isinstance(raw_text, str) or not raw_text.strip():
             raise UserError(
                 f"{where}.text: missing or empty; every prompt needs its text (or messages/turns)"
             )
+        text = raw_text
     prompt_id = item.get("id", f"{suite}-{index + 1}")
     if not isinstance(prompt_id, str) or not prompt_id:
         raise UserError(f"{where}.id: must be a non-empty string")
@@ -292,18 +294,20 @@ def _parse_conversation(item: dict, where: str) -> tuple[tuple[tuple[str, str], 
     if not isinstance(raw_messages, list) or not isinstance(raw_turns, list):
         raise UserError(f"{where}: messages and turns must be lists")
     messages = []
-    for j, m in enumerate(raw_messages):
-        at = f"{where}.messages[{j}]"
-        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+    for position, message in enumerate(raw_messages):
+        at = f"{where}.messages[{position}]"
+        if not isinstance(message, dict) or set(message) != {"role", "content"}:
             raise UserError(f"{at}: expected a mapping with exactly `role` and `content`")
-        if m["role"] not in ROLES:
-            raise UserError(f"{at}.role: unknown role {str(m['role'])[:20]!r}; use one of {', '.join(ROLES)}")
-        if not isinstance(m["content"], str) or not m["content"].strip():
+        if message["role"] not in ROLES:
+            raise UserError(
+                f"{at}.role: unknown role {str(message['role'])[:20]!r}; use one of {', '.join(ROLES)}"
+            )
+        if not isinstance(message["content"], str) or not message["content"].strip():
             raise UserError(f"{at}.content: missing or empty")
-        messages.append((m["role"], m["content"]))
-    for j, t in enumerate(raw_turns):
-        if not isinstance(t, str) or not t.strip():
-            raise UserError(f"{where}.turns[{j}]: expected a non-empty string (a user message)")
+        messages.append((message["role"], message["content"]))
+    for position, turn in enumerate(raw_turns):
+        if not isinstance(turn, str) or not turn.strip():
+            raise UserError(f"{where}.turns[{position}]: expected a non-empty string (a user message)")
     turns = list(raw_turns)
     if not messages or messages[-1][0] != "user":
         if not turns:

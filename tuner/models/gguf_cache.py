@@ -93,7 +93,7 @@ def _store(entry: Path, key: dict, header: Header) -> None:
         return
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
+            np.savez(fh, **arrays)  # type: ignore[arg-type]  # mypy matches **arrays against allow_pickle: bool; the keys are array names
         os.replace(tmp, entry)
         entries = sorted(entry.parent.glob("*.npz"), key=lambda p: p.stat().st_mtime_ns)
         for old in entries[:-MAX_ENTRIES]:

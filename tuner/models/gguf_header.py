@@ -36,15 +36,15 @@ class Vocab:
     ends: np.ndarray  # int64, non-decreasing, ends[-1] == len(data)
 
     @classmethod
-    def blank(cls, n: int) -> Vocab:
-        """``n`` empty texts: what llama.cpp keeps for a model without a vocabulary."""
-        return cls(np.zeros(0, dtype=np.uint8), np.zeros(n, dtype=np.int64))
+    def blank(cls, count: int) -> Vocab:
+        """``count`` empty texts: what llama.cpp keeps for a model without a vocabulary."""
+        return cls(np.zeros(0, dtype=np.uint8), np.zeros(count, dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.ends)
 
-    def text(self, i: int) -> str:
-        return self.data[self._start(i):self.ends[i]].tobytes().decode("utf-8")
+    def text(self, token_id: int) -> str:
+        return self.data[self._start(token_id):self.ends[token_id]].tobytes().decode("utf-8")
 
     def lengths(self) -> np.ndarray:
         return np.diff(self.ends, prepend=0)
@@ -81,8 +81,8 @@ class Vocab:
             return int(np.searchsorted(self.ends, first + int(differing_byte[0]), side="right"))
         return stop if differing_length.size else None
 
-    def _start(self, i: int) -> int:
-        return int(self.ends[i - 1]) if i > 0 else 0
+    def _start(self, token_id: int) -> int:
+        return int(self.ends[token_id - 1]) if token_id > 0 else 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,7 +187,7 @@ def _bulk_reader() -> type:
             unpack = struct.Struct(np.dtype(np.uint64).newbyteorder(self.byte_order).str[0] + "Q").unpack_from
             lengths, end = [], offs
             for _ in range(count):
-                (length,) = unpack(self.data, end)
+                (length,) = unpack(self.data, end)  # type: ignore[arg-type]  # numpy's stubs declare ndarray a buffer only for Python 3.12+
                 lengths.append(length)
                 end += _STRING_PREFIX + length
             if end > len(self.data):

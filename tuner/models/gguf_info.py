@@ -334,10 +334,10 @@ def check_draft_compatibility(target: ModelInfo, draft: ModelInfo) -> Compatibil
             f"draft {draft.vocab_size}; llama.cpp allows {SPEC_VOCAB_MAX_SIZE_DIFFERENCE})"
         )
     else:  # llama.cpp compares texts only once the sizes are close
-        i = target.vocab.first_mismatch(draft.vocab, SPEC_VOCAB_CHECK_START_TOKEN_ID)
-        if i is not None:
+        token_id = target.vocab.first_mismatch(draft.vocab, SPEC_VOCAB_CHECK_START_TOKEN_ID)
+        if token_id is not None:
             reasons.append(
-                f"token {i} differs: target {target.vocab.text(i)!r}, draft {draft.vocab.text(i)!r}"
+                f"token {token_id} differs: target {target.vocab.text(token_id)!r}, draft {draft.vocab.text(token_id)!r}"
             )
     warnings = [
         f"{role} is a {info.recurrent_kind} model ({info.architecture}): the pinned llama-server "
@@ -441,11 +441,11 @@ def _speculative_text(types: tuple[str, ...]) -> str:
     )
 
 
-def _human_count(n: int) -> str:
+def _human_count(count: int) -> str:
     for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return str(n)
+        if count >= scale:
+            return f"{count / scale:.2f}{unit}"
+    return str(count)
 
 
 def _special_text(token_id: int | None, added: bool) -> str:

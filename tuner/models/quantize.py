@@ -73,11 +73,11 @@ def source_digest(path: Path, cache: Path) -> str:
     except (OSError, ValueError):
         index = {}
     if key not in index:
-        h = hashlib.sha256()
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        index[key] = h.hexdigest()
+        digest = hashlib.sha256()
+        with path.open("rb") as source:
+            for block in iter(lambda: source.read(1 << 20), b""):
+                digest.update(block)
+        index[key] = digest.hexdigest()
         cache.mkdir(parents=True, exist_ok=True)
         tmp = index_file.with_name(f"digests.json.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(index, indent=1, sort_keys=True))

@@ -51,6 +51,13 @@ class PastTrial:
         return self.state in ("complete", "pruned") and self.value is not None
 
     @property
+    def measured_value(self) -> float:
+        """The value of a trial known to be ``measured``: the stages compare only measured trials."""
+        if self.value is None:
+            raise ValueError(f"a {self.state} trial without a measured value was compared")
+        return self.value
+
+    @property
     def blamed(self) -> bool:
         """Failed for a permanent reason: its option is dropped."""
         return self.state == "failed" and self.failure in PERMANENT_REASONS
@@ -63,23 +70,23 @@ def read_history(study: optuna.Study) -> list[PastTrial]:
     objective = context[1][0] if context and context[1] else "tokens_per_second"
     minimise = study.directions[0] == optuna.study.StudyDirection.MINIMIZE
     trials = []
-    for t in study.get_trials(deepcopy=False):
-        state = STATES.get(t.state)
+    for stored in study.get_trials(deepcopy=False):
+        state = STATES.get(stored.state)
         if state is None:
             continue
-        params = dict(t.params)
+        params = dict(stored.params)
         if state == "running":
-            planned = t.system_attrs.get(PLAN_ATTR)
+            planned = stored.system_attrs.get(PLAN_ATTR)
             params = json.loads(planned) if planned else params
-        record = store.read_trial(t)
-        m = record.metrics
-        feasible = all(v <= 0 for v in (t.constraints or {}).values())
+        record = store.read_trial(stored)
+        metrics = record.metrics
+        feasible = all(v <= 0 for v in (stored.constraints or {}).values())
         trials.append(
             PastTrial(
                 params,
                 state,
                 objective_value(record, objective, minimise),
-                m.acceptance if m else None,
+                metrics.acceptance if metrics else None,
                 feasible,
                 record.failure.reason if record.failure else None,
                 record.role,

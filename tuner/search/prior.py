@@ -30,8 +30,10 @@ MACHINE_KEYS = ("cpu_model", "logical_cpus", "physical_cores", "numa_nodes", "me
 HW_KNOBS = ("numa", "numa_node", "threads")
 
 
-def same_machine(a: StudyRecord, b: StudyRecord) -> bool:
-    return bool(a.fingerprint) and all(a.fingerprint.get(k) == b.fingerprint.get(k) for k in MACHINE_KEYS)
+def same_machine(one: StudyRecord, other: StudyRecord) -> bool:
+    return bool(one.fingerprint) and all(
+        one.fingerprint.get(k) == other.fingerprint.get(k) for k in MACHINE_KEYS
+    )
 
 
 def admitted(params: dict[str, Any], space: ResolvedSpace) -> dict[str, Any]:
@@ -51,9 +53,9 @@ def choose(
         return None
     target, workload = model_identity(record.target), record.workload.get("digest")
 
-    def likeness(w) -> tuple[bool, bool]:
-        same = model_identity(w[1].target) == target
-        return same and w[1].workload.get("digest") == workload, same
+    def likeness(entry) -> tuple[bool, bool]:
+        same = model_identity(entry[1].target) == target
+        return same and entry[1].workload.get("digest") == workload, same
 
     mine.sort(key=likeness)  # stable: the likest last, and the newest of those last
     name, earlier, winner, params = mine[-1]
@@ -63,6 +65,7 @@ def choose(
     config = whole if whole.keys() == {k for k in params if k in space.domains or k == "numa_node"} else None
     if not hardware and config is None:
         return None
+    assert winner.metrics is not None, "an earlier study's winner is a measured trial"
     return {
         "study": name,
         "trial": winner.number,

@@ -85,19 +85,20 @@ def prune_decision(
 ) -> PruneDecision:
     """Decide from paired ratios (trial / incumbent, per request) and the number of prompts not yet measured.
 
+    ``z``: the final look's one-sided boundary (``Z``, a normal quantile);
     ``seen``: prompts measured at least once (default: one per ratio, capped by the ratios);
     ``fraction``: the share of the trial's requests measured so far (the look's information).
     """
-    n = len(ratios)
-    if n < min_samples or any(r <= 0 for r in ratios):
-        return PruneDecision(False, math.inf, math.nan, f"{n} sample(s): too few to judge")
+    count = len(ratios)
+    if count < min_samples or any(r <= 0 for r in ratios):
+        return PruneDecision(False, math.inf, math.nan, f"{count} sample(s): too few to judge")
     logs = [math.log(r) for r in ratios]
     mean = statistics.fmean(logs)
-    sd = max(statistics.stdev(logs) if n > 1 else 0.0, sigma_floor)
-    seen = n if seen is None else seen
+    sd = max(statistics.stdev(logs) if count > 1 else 0.0, sigma_floor)
+    seen = count if seen is None else seen
     z_look = z / math.sqrt(min(max(fraction, 1e-6), 1.0))
     both_launches = 2 * launch_sigma**2
-    seen_bound = math.exp(mean + z_look * math.sqrt(sd**2 / n + both_launches))
+    seen_bound = math.exp(mean + z_look * math.sqrt(sd**2 / count + both_launches))
     unseen_bound = math.exp(max(logs) + z_look * math.sqrt(sd**2 + both_launches))
     bound = (seen * seen_bound + unseen * unseen_bound) / (seen + unseen)
     estimate = math.exp(mean)
@@ -106,7 +107,7 @@ def prune_decision(
             True,
             bound,
             estimate,
-            f"after {n} samples at {estimate:.0%} of the incumbent, optimistic bound {bound:.1%} < 100%",
+            f"after {count} samples at {estimate:.0%} of the incumbent, optimistic bound {bound:.1%} < 100%",
         )
     return PruneDecision(
         False, bound, estimate, f"optimistic bound {bound:.0%} of the incumbent: keep measuring"
@@ -132,17 +133,17 @@ def paired_ratios(samples: Iterable[dict], incumbent_samples: Iterable[dict]) ->
     """
     by_prompt: dict[str, list[float]] = {}
     suite_of: dict[str, str | None] = {}
-    for s in incumbent_samples:
-        key = request_key(s["prompt_id"], s.get("turn", 0))
-        by_prompt.setdefault(key, []).append(s["tokens_per_second"])
-        suite_of[key] = s.get("suite")
+    for sample in incumbent_samples:
+        key = request_key(sample["prompt_id"], sample.get("turn", 0))
+        by_prompt.setdefault(key, []).append(sample["tokens_per_second"])
+        suite_of[key] = sample.get("suite")
     reference = {p: statistics.median(v) for p, v in by_prompt.items() if v}
     ratios, seen = [], set()
-    for s in samples:
-        key = request_key(s["prompt_id"], s.get("turn", 0))
+    for sample in samples:
+        key = request_key(sample["prompt_id"], sample.get("turn", 0))
         ref = reference.get(key)
-        if ref and s["tokens_per_second"] > 0:
-            ratios.append(s["tokens_per_second"] / ref)
+        if ref and sample["tokens_per_second"] > 0:
+            ratios.append(sample["tokens_per_second"] / ref)
             seen.add(key)
     seen_suites = {suite_of.get(p) for p in seen}
     unseen_suites = sorted({str(suite_of[p]) for p in reference if suite_of.get(p) not in seen_suites})

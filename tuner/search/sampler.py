@@ -123,16 +123,16 @@ def fitted_models(study: optuna.Study) -> list[dict]:
         if model is None:
             continue
         best_k = model.best_k(state.k_values) if state.k_values else None
-        for p in sorted(model.points, key=lambda p: p.k):
+        for point in sorted(model.points, key=lambda p: p.k):
             rows.append(
                 {
                     "option": option_name(option),
-                    "k": p.k,
-                    "acceptance": p.acceptance,
-                    "model_acceptance": measured_acceptance(model.a_at(p.k), p.k),
-                    "speedup": p.speedup,
-                    "model_speedup": model.predict(p.k),
-                    "a": model.a_at(p.k),
+                    "k": point.k,
+                    "acceptance": point.acceptance,
+                    "model_acceptance": measured_acceptance(model.a_at(point.k), point.k),
+                    "speedup": point.speedup,
+                    "model_speedup": model.predict(point.k),
+                    "a": model.a_at(point.k),
                     "cost_ratio": model.c,
                     "predicted_best_k": best_k,
                     "predicted_best_speedup": model.predict(best_k) if best_k else None,

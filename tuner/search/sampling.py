@@ -58,9 +58,9 @@ def culprits(bad: list[dict[str, Any]], good: list[dict[str, Any]]) -> set[tuple
     blamed: set[tuple[str, Any]] = set()
     while unexplained:
         trials_of: dict[tuple[str, Any], frozenset[int]] = {}
-        for i, items in enumerate(unexplained):
+        for index, items in enumerate(unexplained):
             for item in items:
-                trials_of[item] = trials_of.get(item, frozenset()) | {i}
+                trials_of[item] = trials_of.get(item, frozenset()) | {index}
         top = max((len(t) for t in trials_of.values()), default=0)
         if top < 2:
             break
@@ -95,16 +95,19 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
         trials = study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
         )
-        good, bad, pruned = [], [], []  # bad: below the quality floor, or failed for a reason that will recur
-        for t in trials:
-            if t.state == TrialState.COMPLETE:
-                (good if all(v <= 0 for v in t.constraints.values()) else bad).append(t.params)
+        # bad: below the quality floor, or failed for a reason that will recur
+        good: list[dict[str, Any]] = []
+        bad: list[dict[str, Any]] = []
+        pruned: list[dict[str, Any]] = []
+        for past in trials:
+            if past.state == TrialState.COMPLETE:
+                (good if all(v <= 0 for v in past.constraints.values()) else bad).append(past.params)
             elif (
-                t.state == TrialState.PRUNED
+                past.state == TrialState.PRUNED
             ):  # measured enough to know it cannot win: taken, blamed for nothing
-                pruned.append(t.params)
-            elif failure_reason(t) not in TRANSIENT:
-                bad.append(t.params)
+                pruned.append(past.params)
+            elif failure_reason(past) not in TRANSIENT:
+                bad.append(past.params)
         measured = good + bad + pruned
         blamed = culprits(bad, good)
 
@@ -126,8 +129,10 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
             for distance in range(1, len(names) + 1):
                 for _ in range(TRIES_PER_DISTANCE):
                     candidate = dict(start)
-                    for i in self._rng.choice(len(names), size=distance, replace=False):
-                        candidate[names[i]] = self._resample(study, trial, names[i], search_space[names[i]])
+                    for index in self._rng.choice(len(names), size=distance, replace=False):
+                        candidate[names[index]] = self._resample(
+                            study, trial, names[index], search_space[names[index]]
+                        )
                     if acceptable(candidate):
                         return candidate
         return proposal

@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tuner.knobs.config import Choices, Domain, IntRange, RawSpace, TrialConfig
+from tuner.knobs.config import Choices, Domain, FloatRange, IntRange, RawSpace, TrialConfig
 from tuner.knobs.registry import (
     ANNOUNCED_TYPES,
     CONCURRENT_KNOBS,
@@ -215,7 +215,8 @@ def _drop_defaults(domains: dict[str, Domain]) -> dict[str, Any]:
     for knob in DEFAULT_WHEN_FIXED:
         domain = domains.get(knob)
         if isinstance(domain, Choices) and domain.values == (SERVING_DEFAULTS[knob],):
-            dropped[knob] = domains.pop(knob).values[0]
+            dropped[knob] = domain.values[0]
+            del domains[knob]
     return dropped
 
 
@@ -298,39 +299,39 @@ def _suggest(trial, name: str, domain: Domain) -> Any:
 
 def suggest(trial, space: ResolvedSpace) -> TrialConfig:
     """Ask Optuna for one configuration; conditional knobs only where they apply."""
-    d = space.domains
-    values: dict[str, Any] = {"spec_type": _suggest(trial, "spec_type", d["spec_type"])}
+    domains = space.domains
+    values: dict[str, Any] = {"spec_type": _suggest(trial, "spec_type", domains["spec_type"])}
     spec_type = values["spec_type"]
     if spec_type == "draft-simple":
-        values["draft"] = _suggest(trial, "draft", d["draft"])
-        if "draft_p_min" in d:
-            values["draft_p_min"] = _suggest(trial, "draft_p_min", d["draft_p_min"])
+        values["draft"] = _suggest(trial, "draft", domains["draft"])
+        if "draft_p_min" in domains:
+            values["draft_p_min"] = _suggest(trial, "draft_p_min", domains["draft_p_min"])
     if spec_type in SPEC_TYPES_WITH_K:
-        values["draft_max"] = _suggest(trial, "draft_max", d["draft_max"])
-        if "draft_min" in d and spec_type in ("draft-simple", "ngram-mod"):
-            values["draft_min"] = min(_suggest(trial, "draft_min", d["draft_min"]), values["draft_max"])
-    if spec_type in DRAFT_MODEL_TYPES and "lookup" in d:
-        values["lookup"] = _suggest(trial, "lookup", d["lookup"])
-    values.update(_suggest_ngram(trial, d, spec_type, values.get("lookup")))
+        values["draft_max"] = _suggest(trial, "draft_max", domains["draft_max"])
+        if "draft_min" in domains and spec_type in ("draft-simple", "ngram-mod"):
+            values["draft_min"] = min(_suggest(trial, "draft_min", domains["draft_min"]), values["draft_max"])
+    if spec_type in DRAFT_MODEL_TYPES and "lookup" in domains:
+        values["lookup"] = _suggest(trial, "lookup", domains["lookup"])
+    values.update(_suggest_ngram(trial, domains, spec_type, values.get("lookup")))
     for knob in ("temperature", "experts", "numa"):
-        if knob in d:
-            values[knob] = _suggest(trial, knob, d[knob])
+        if knob in domains:
+            values[knob] = _suggest(trial, knob, domains[knob])
     if values.get("numa") == "bind":
-        values["numa_node"] = _suggest(trial, "numa_node", d["numa_node"])
-    values["threads"] = _suggest(trial, "threads", d["threads"])
-    if "threads_batch" in d:
-        values["threads_batch"] = _suggest(trial, "threads_batch", d["threads_batch"])
-    values.update(_suggest_serving(trial, d))
+        values["numa_node"] = _suggest(trial, "numa_node", domains["numa_node"])
+    values["threads"] = _suggest(trial, "threads", domains["threads"])
+    if "threads_batch" in domains:
+        values["threads_batch"] = _suggest(trial, "threads_batch", domains["threads_batch"])
+    values.update(_suggest_serving(trial, domains))
     return TrialConfig(**values)
 
 
-def _suggest_serving(trial, d: dict[str, Domain]) -> dict[str, Any]:
+def _suggest_serving(trial, domains: dict[str, Domain]) -> dict[str, Any]:
     """Slots, batch sizes, flash attention, KV cache types, polling, cache reuse, mmap and mlock: where the
     space has them. The micro
     batch never exceeds the batch, and a V cache type only with flash attention on or auto (llama.cpp
     refuses a quantized V cache without it)."""
     values = {
-        knob: _suggest(trial, knob, d[knob])
+        knob: _suggest(trial, knob, domains[knob])
         for knob in (
             "parallel",
             "batch",
@@ -341,28 +342,30 @@ def _suggest_serving(trial, d: dict[str, Domain]) -> dict[str, Any]:
             "cache_reuse",
             *MEMORY_KNOBS,
         )
-        if knob in d
+        if knob in domains
     }
     if "ubatch" in values and "batch" in values:
         values["ubatch"] = min(values["ubatch"], values["batch"])
-    if "cache_type_v" in d and values.get("flash_attn") != "off":
-        values["cache_type_v"] = _suggest(trial, "cache_type_v", d["cache_type_v"])
+    if "cache_type_v" in domains and values.get("flash_attn") != "off":
+        values["cache_type_v"] = _suggest(trial, "cache_type_v", domains["cache_type_v"])
     return values
 
 
-def _suggest_ngram(trial, d: dict[str, Domain], spec_type: str, lookup: str | None) -> dict[str, Any]:
+def _suggest_ngram(trial, domains: dict[str, Domain], spec_type: str, lookup: str | None) -> dict[str, Any]:
     """The n-gram sizes of the lookup in play (alone or stacked); none for ngram-cache, which has none."""
     stacked = lookup not in (None, "none")
     ngram = lookup if stacked else (spec_type if spec_type in LOOKUP_TYPES else None)
     values: dict[str, Any] = {}
-    if ngram in SIZED_LOOKUP_TYPES and "ngram_key" in d:
-        values["ngram_key"] = _suggest(trial, "ngram_key", d["ngram_key"])
-    if ngram in HITS_LOOKUP_TYPES and "ngram_min_hits" in d:
-        values["ngram_min_hits"] = _suggest(trial, "ngram_min_hits", d["ngram_min_hits"])
-    if stacked and ngram in SIZED_LOOKUP_TYPES and "lookup_max" in d:
-        values["lookup_max"] = _suggest(trial, "lookup_max", d["lookup_max"])
-        if ngram == "ngram-mod" and "lookup_min" in d:
-            values["lookup_min"] = min(_suggest(trial, "lookup_min", d["lookup_min"]), values["lookup_max"])
+    if ngram in SIZED_LOOKUP_TYPES and "ngram_key" in domains:
+        values["ngram_key"] = _suggest(trial, "ngram_key", domains["ngram_key"])
+    if ngram in HITS_LOOKUP_TYPES and "ngram_min_hits" in domains:
+        values["ngram_min_hits"] = _suggest(trial, "ngram_min_hits", domains["ngram_min_hits"])
+    if stacked and ngram in SIZED_LOOKUP_TYPES and "lookup_max" in domains:
+        values["lookup_max"] = _suggest(trial, "lookup_max", domains["lookup_max"])
+        if ngram == "ngram-mod" and "lookup_min" in domains:
+            values["lookup_min"] = min(
+                _suggest(trial, "lookup_min", domains["lookup_min"]), values["lookup_max"]
+            )
     return values
 
 
@@ -382,15 +385,17 @@ def baseline_config(space: ResolvedSpace) -> TrialConfig:
 
 
 def _baseline_serving(space: ResolvedSpace) -> dict[str, Any]:
-    d = space.domains
-    values = {
-        knob: default if outside(d[knob], default) is None else _lowest(d[knob])
+    domains = space.domains
+    values: dict[str, Any] = {
+        knob: default if outside(domains[knob], default) is None else _lowest(domains[knob])
         for knob, default in SERVING_DEFAULTS.items()
-        if knob in d
+        if knob in domains
     }
-    if "parallel" in d:
+    if "parallel" in domains:
         values["parallel"] = (
-            max(d["parallel"].values) if isinstance(d["parallel"], Choices) else d["parallel"].high
+            max(domains["parallel"].values)
+            if isinstance(domains["parallel"], Choices)
+            else domains["parallel"].high
         )
     if "ubatch" in values and "batch" in values:
         values["ubatch"] = min(
@@ -406,8 +411,9 @@ def _lowest(domain: Domain) -> Any:
 
 
 def _baseline_threads(space: ResolvedSpace) -> int:
-    dom = space.domains["threads"]
-    top = max(dom.values) if isinstance(dom, Choices) else dom.high
+    domain = space.domains["threads"]
+    assert not isinstance(domain, FloatRange), "thread counts are whole numbers"
+    top = max(domain.values) if isinstance(domain, Choices) else domain.high
     return min(top, space.physical_cores)
 
 

@@ -92,10 +92,10 @@ class Journal:
         }
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a") as f:
-                f.write(json.dumps(entry, default=str) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            with open(self.path, "a") as journal_file:
+                journal_file.write(json.dumps(entry, default=str) + "\n")
+                journal_file.flush()
+                os.fsync(journal_file.fileno())
         except OSError as err:  # a full disk here too: storage is the only copy left
             self.unwritable = f"{self.path}: {err.strerror}"
             return
@@ -130,7 +130,9 @@ class Journal:
         if not entries:
             return 0
         trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-        replayed = {t.system_attrs.get(REPLAY_OF) for t in trials.values()} - {None}
+        replayed: set[int] = {
+            t.system_attrs[REPLAY_OF] for t in trials.values() if t.system_attrs.get(REPLAY_OF) is not None
+        }
         added = 0
         for entry in entries:
             number = entry["number"]

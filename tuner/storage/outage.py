@@ -100,11 +100,13 @@ def damaged_storage(err: BaseException) -> StorageDamaged | None:
 
 
 def _cause_chain(err: BaseException) -> list[BaseException]:
-    chain, seen = [], set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        chain.append(err)
-        err = err.__cause__ or err.__context__
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        chain.append(link)
+        link = link.__cause__ or link.__context__
     return chain
 
 

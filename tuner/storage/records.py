@@ -149,6 +149,13 @@ class TrialRecord:
         return self.state == "COMPLETE" and self.metrics is not None
 
     @property
+    def measured_metrics(self) -> Metrics:
+        """The metrics of a trial known to have them (``complete``, or pruned with its partial figures)."""
+        if self.metrics is None:
+            raise ValueError(f"trial {self.number} ({self.state}) has no metrics")
+        return self.metrics
+
+    @property
     def feasible(self) -> bool:
         return self.complete and self.constraint is not None and self.constraint <= 0
 
@@ -303,8 +310,13 @@ def changes(
 ) -> list[str]:
     """What differs between two studies' comparability, one phrase per field; a field that is a
     mapping (a model's identity, the drafts) names the entry inside it that differs."""
-    a, b = stored.comparability(), current.comparability()
-    return [line for key in a if key not in ignore for line in _differences(key, a[key], b.get(key), sides)]
+    before, now = stored.comparability(), current.comparability()
+    return [
+        line
+        for key in before
+        if key not in ignore
+        for line in _differences(key, before[key], now.get(key), sides)
+    ]
 
 
 _ABSENT = object()

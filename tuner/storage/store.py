@@ -323,7 +323,9 @@ def best_feasible(study: optuna.Study) -> TrialRecord | None:
 
 def best_of(records: list[TrialRecord]) -> TrialRecord | None:
     """Highest tokens/s among complete trials that meet the quality floor."""
-    return max((r for r in records if r.feasible), key=lambda r: r.metrics.tokens_per_second, default=None)
+    return max(
+        (r for r in records if r.feasible), key=lambda r: r.measured_metrics.tokens_per_second, default=None
+    )
 
 
 def baseline_trial(study: optuna.Study) -> FrozenTrial:

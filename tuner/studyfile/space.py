@@ -64,41 +64,41 @@ def _range(fields: Fields, knob: str, value: dict) -> IntRange | FloatRange:
     return FloatRange(low, high, step, log)
 
 
-def _check(fields: Fields, knob: str, v: Any, where: str) -> Any:
+def _check(fields: Fields, knob: str, value: Any, where: str) -> Any:
     """One value of ``knob`` as its type (an int where a float is wanted is one), then within what the
     knob accepts; an error names ``where`` it is written."""
     kind = KNOB_TYPES[knob]
-    if knob in ("flash_attn", "mmap", "mlock") and isinstance(v, bool):
-        v = "on" if v else "off"  # YAML reads a bare on/off as a boolean
-    ok = isinstance(v, kind) and not isinstance(v, bool)
-    if kind is float and isinstance(v, int) and not isinstance(v, bool):
-        ok, v = True, float(v)
+    if knob in ("flash_attn", "mmap", "mlock") and isinstance(value, bool):
+        value = "on" if value else "off"  # YAML reads a bare on/off as a boolean
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
     if not ok:
-        fields.fail(where, f"expected {kind.__name__} values, got {type(v).__name__} {v!r}")
-    _check_allowed(fields, knob, kind, v, where)
-    return v
+        fields.fail(where, f"expected {kind.__name__} values, got {type(value).__name__} {value!r}")
+    _check_allowed(fields, knob, kind, value, where)
+    return value
 
 
-def _check_allowed(fields: Fields, knob: str, kind: type, v: Any, where: str) -> None:
+def _check_allowed(fields: Fields, knob: str, kind: type, value: Any, where: str) -> None:
     """The knob's own vocabulary (speculative types, NUMA policies, cache types, ...) and bounds."""
-    if knob == "spec_type" and v not in SPEC_TYPES:
-        fields.fail(where, f"unknown speculative type {v!r}; use one of {', '.join(SPEC_TYPES)}")
-    if knob == "lookup" and v not in ("none", *LOOKUP_TYPES):
-        fields.fail(where, f"unknown lookup {v!r}; use none or one of {', '.join(LOOKUP_TYPES)}")
-    if knob == "numa" and v not in NUMA_POLICIES:
-        fields.fail(where, f"unknown NUMA policy {v!r}; use one of {', '.join(NUMA_POLICIES)}")
-    if knob == "flash_attn" and v not in FLASH_ATTN:
-        fields.fail(where, f"unknown flash attention mode {v!r}; use one of {', '.join(FLASH_ATTN)}")
-    if knob in ("mmap", "mlock") and v not in ON_OFF:
-        fields.fail(where, f"expected on or off, got {v!r}")
-    if knob in ("cache_type_k", "cache_type_v") and v not in KV_CACHE_TYPES:
-        fields.fail(where, f"unknown KV cache type {v!r}; use one of {', '.join(KV_CACHE_TYPES)}")
-    if knob in ("parallel", "batch", "ubatch") and v < 1:
-        fields.fail(where, f"must be at least 1, got {v}")
-    if knob == "poll" and v > 100:
-        fields.fail(where, f"a polling level is 0..100, got {v}")
-    if kind in (int, float) and v < 0:
-        fields.fail(where, f"must not be negative, got {v}")
+    if knob == "spec_type" and value not in SPEC_TYPES:
+        fields.fail(where, f"unknown speculative type {value!r}; use one of {', '.join(SPEC_TYPES)}")
+    if knob == "lookup" and value not in ("none", *LOOKUP_TYPES):
+        fields.fail(where, f"unknown lookup {value!r}; use none or one of {', '.join(LOOKUP_TYPES)}")
+    if knob == "numa" and value not in NUMA_POLICIES:
+        fields.fail(where, f"unknown NUMA policy {value!r}; use one of {', '.join(NUMA_POLICIES)}")
+    if knob == "flash_attn" and value not in FLASH_ATTN:
+        fields.fail(where, f"unknown flash attention mode {value!r}; use one of {', '.join(FLASH_ATTN)}")
+    if knob in ("mmap", "mlock") and value not in ON_OFF:
+        fields.fail(where, f"expected on or off, got {value!r}")
+    if knob in ("cache_type_k", "cache_type_v") and value not in KV_CACHE_TYPES:
+        fields.fail(where, f"unknown KV cache type {value!r}; use one of {', '.join(KV_CACHE_TYPES)}")
+    if knob in ("parallel", "batch", "ubatch") and value < 1:
+        fields.fail(where, f"must be at least 1, got {value}")
+    if knob == "poll" and value > 100:
+        fields.fail(where, f"a polling level is 0..100, got {value}")
+    if kind in (int, float) and value < 0:
+        fields.fail(where, f"must not be negative, got {value}")
 
 
 def parse_space(fields: Fields) -> RawSpace:

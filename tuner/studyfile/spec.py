@@ -282,25 +282,25 @@ def _workload_section(section: Fields) -> tuple[tuple[str, ...], int]:
     return tuple(suites), section.int("n_predict", 128, minimum=1)
 
 
-def _concurrency(section: Fields, m: MeasurementSettings) -> tuple[int, ...]:
+def _concurrency(section: Fields, measurement: MeasurementSettings) -> tuple[int, ...]:
     """``workload.concurrency``: the user counts every trial serves at once, each slot holding a prompt and
     n_predict tokens of its share of ctx_size (the prompts themselves are counted at prepare)."""
     levels = section.list("concurrency", [1])
-    for i, users in enumerate(levels):
+    for index, users in enumerate(levels):
         if isinstance(users, bool) or not isinstance(users, int) or users < 1:
             section.fail(
-                f"concurrency[{i}]",
+                f"concurrency[{index}]",
                 f"expected a number of users >= 1, got {users!r}; list user counts such as [1, 2, 4]",
             )
     if not levels or len(set(levels)) != len(levels):
         section.fail("concurrency", "expected a non-empty list of distinct user counts, such as [1, 2, 4]")
     top = max(levels)
-    if m.ctx_size // top < m.n_predict + 2:
+    if measurement.ctx_size // top < measurement.n_predict + 2:
         section.fail(
             "concurrency",
-            f"{top} users split measurement.ctx_size {m.ctx_size} into {m.ctx_size // top} "
-            f"tokens per slot, too few for a prompt and n_predict {m.n_predict}; raise "
-            f"measurement.ctx_size (at least {top * (m.n_predict + 2)}) or lower the level",
+            f"{top} users split measurement.ctx_size {measurement.ctx_size} into {measurement.ctx_size // top} "
+            f"tokens per slot, too few for a prompt and n_predict {measurement.n_predict}; raise "
+            f"measurement.ctx_size (at least {top * (measurement.n_predict + 2)}) or lower the level",
         )
     return tuple(sorted(levels))
 
@@ -338,8 +338,8 @@ def _objectives(fields: Fields, levels: tuple[int, ...]) -> tuple[Objective, ...
     """``objectives:``: a list of {metric, direction}, each metric once."""
     objectives = []
     default = [{"metric": m} for m in ("tokens_per_second", "acceptance", "quality")]
-    for i, item in enumerate(fields.list("objectives", default)):
-        obj = Fields(fields.file, item, f"objectives[{i}]")
+    for index, item in enumerate(fields.list("objectives", default)):
+        obj = Fields(fields.file, item, f"objectives[{index}]")
         metric, default_direction = _metric(obj, levels)
         direction = obj.choice("direction", ("maximize", "minimize"), default_direction)
         obj.done()
@@ -354,7 +354,7 @@ def _objectives(fields: Fields, levels: tuple[int, ...]) -> tuple[Objective, ...
 _OTHER_UNIT = re.compile(r"^(?P<base>p\d+_(?:ttft|tpot))_(?P<unit>s|sec|secs|seconds|us|ns|min)$")
 
 
-def _constraints(section: Fields, m: MeasurementSettings) -> tuple[Constraint, ...]:
+def _constraints(section: Fields, measurement: MeasurementSettings) -> tuple[Constraint, ...]:
     """``constraints:``: load metric (at a level, default the highest) -> bound; latencies in milliseconds,
     at most; aggregate tokens/s at least. A bound no request can meet or miss is taken for a wrong unit."""
     constraints = []
@@ -379,15 +379,15 @@ def _constraints(section: Fields, m: MeasurementSettings) -> tuple[Constraint, .
                 "(2000 for 2 s), aggregate tokens/s a plain number",
             )
         limit = section.number(key, minimum=0.0)
-        if metric in LATENCY_METRICS and not 1.0 <= limit <= m.trial_timeout_s * 1000:
+        if metric in LATENCY_METRICS and not 1.0 <= limit <= measurement.trial_timeout_s * 1000:
             section.fail(
                 key,
                 f"{limit:g} ms cannot be a latency bound here (1 ms .. measurement.trial_timeout_s "
-                f"{m.trial_timeout_s:g} s); latencies are in milliseconds, e.g. 2000 for 2 s",
+                f"{measurement.trial_timeout_s:g} s); latencies are in milliseconds, e.g. 2000 for 2 s",
             )
         if limit <= 0:
             section.fail(key, "an aggregate tokens/s bound must be > 0")
-        level = _level(section, key, users, m.concurrency)
+        level = _level(section, key, users, measurement.concurrency)
         constraints.append(Constraint(metric_name(metric, level), metric, level, limit))
     section.done()
     if len({c.name for c in constraints}) != len(constraints):
@@ -395,63 +395,63 @@ def _constraints(section: Fields, m: MeasurementSettings) -> tuple[Constraint, .
     return tuple(constraints)
 
 
-def _quality_section(q: Fields, base: Path) -> QualitySpec:
+def _quality_section(section: Fields, base: Path) -> QualitySpec:
     """``quality:``: the scorer, its floor; a text file for the scorers that run llama-perplexity; a KLD ceiling."""
-    scorer = q.choice("scorer", QUALITY_SCORERS, "agreement")
-    floor = q.number("floor", 0.95, minimum=0.0, maximum=1.0)
-    text_file = q.str("text_file", None)
+    scorer = section.choice("scorer", QUALITY_SCORERS, "agreement")
+    floor = section.number("floor", 0.95, minimum=0.0, maximum=1.0)
+    text_file = section.str("text_file", None)
     if scorer in TEXT_SCORERS and text_file is None:
-        q.fail("text_file", f"the {scorer} scorer needs a text file to score; add quality.text_file")
-    max_kld = q.number("max_kld", None, minimum=0.0)
+        section.fail("text_file", f"the {scorer} scorer needs a text file to score; add quality.text_file")
+    max_kld = section.number("max_kld", None, minimum=0.0)
     if max_kld is not None and scorer != "kld":
-        q.fail("max_kld", "only the kld scorer has a mean-KLD ceiling; remove it or use scorer: kld")
-    text_path = _path(q, "text_file", text_file, base) if text_file else None
+        section.fail("max_kld", "only the kld scorer has a mean-KLD ceiling; remove it or use scorer: kld")
+    text_path = _path(section, "text_file", text_file, base) if text_file else None
     if text_path is not None and not text_path.is_file():
-        q.fail("text_file", f"{text_path} is not a readable file")
-    q.done()
+        section.fail("text_file", f"{text_path} is not a readable file")
+    section.done()
     return QualitySpec(scorer, floor, text_path, max_kld)
 
 
-def _measurement_section(m: Fields, n_predict: int) -> MeasurementSettings:
+def _measurement_section(section: Fields, n_predict: int) -> MeasurementSettings:
     """``measurement:``: warmup, repetitions (and their cap), context, seed, noise and timeout."""
     measurement = MeasurementSettings(
-        warmup=m.int("warmup", 1, minimum=0),
-        repetitions=m.int("repetitions", 3, minimum=1),
-        max_repetitions=m.int("max_repetitions", None, minimum=1),
+        warmup=section.int("warmup", 1, minimum=0),
+        repetitions=section.int("repetitions", 3, minimum=1),
+        max_repetitions=section.int("max_repetitions", None, minimum=1),
         n_predict=n_predict,
-        ctx_size=m.int("ctx_size", 2048, minimum=128),
-        seed=m.int("seed", 42, minimum=0),
-        noise_cv=m.number("noise_cv", 0.10, minimum=0.0),
-        trial_timeout_s=m.number("trial_timeout_s", 600.0, minimum=1.0),
+        ctx_size=section.int("ctx_size", 2048, minimum=128),
+        seed=section.int("seed", 42, minimum=0),
+        noise_cv=section.number("noise_cv", 0.10, minimum=0.0),
+        trial_timeout_s=section.number("trial_timeout_s", 600.0, minimum=1.0),
     )
     if measurement.max_repetitions is not None and measurement.max_repetitions < measurement.repetitions:
-        m.fail(
+        section.fail(
             "max_repetitions",
             f"must be at least repetitions ({measurement.repetitions}); "
             "repetitions go on past `repetitions` until the cv is below noise_cv or this cap",
         )
-    m.done()
+    section.done()
     return measurement
 
 
-def _sampler_section(s: Fields) -> dict[str, Any]:
+def _sampler_section(section: Fields) -> dict[str, Any]:
     """``sampler:``: name, seed, pruning, warm start from earlier studies (as StudySpec's fields)."""
     sampler = {
-        "sampler": s.choice("name", SAMPLERS, "structured"),
-        "seed": s.int("seed", 0, minimum=0),
-        "prune": s.bool("prune", True),
-        "reuse": s.bool("reuse", True),
+        "sampler": section.choice("name", SAMPLERS, "structured"),
+        "seed": section.int("seed", 0, minimum=0),
+        "prune": section.bool("prune", True),
+        "reuse": section.bool("reuse", True),
     }
-    s.done()
+    section.done()
     return sampler
 
 
 def _warm_start(fields: Fields) -> tuple[dict[str, Any], ...]:
     """``warm_start:``: configurations to measure first, each a mapping of knob: value."""
     warm_start = fields.list("warm_start", [])
-    for i, item in enumerate(warm_start):
+    for index, item in enumerate(warm_start):
         if not isinstance(item, dict):
-            fields.fail(f"warm_start[{i}]", "expected a mapping of knob: value")
+            fields.fail(f"warm_start[{index}]", "expected a mapping of knob: value")
     return tuple(warm_start)
 
 
@@ -483,20 +483,20 @@ def _chat_template(llama: Fields, raw: str | None, base: Path) -> Path | None:
     return path
 
 
-def _workers_section(w: Fields) -> WorkersSpec:
+def _workers_section(section: Fields) -> WorkersSpec:
     """``workers:``: heartbeats, grace before a silent trial is failed, retries, baseline wait, storage outages."""
     workers = WorkersSpec(
-        heartbeat_s=w.int("heartbeat_s", 30, minimum=1),
-        grace_s=w.int("grace_s", 120, minimum=1),
-        max_retry=w.int("max_retry", 1, minimum=0),
-        baseline_wait_s=w.number("baseline_wait_s", 1800.0, minimum=1.0),
-        storage_retry_s=w.number("storage_retry_s", 120.0, minimum=0.0),
+        heartbeat_s=section.int("heartbeat_s", 30, minimum=1),
+        grace_s=section.int("grace_s", 120, minimum=1),
+        max_retry=section.int("max_retry", 1, minimum=0),
+        baseline_wait_s=section.number("baseline_wait_s", 1800.0, minimum=1.0),
+        storage_retry_s=section.number("storage_retry_s", 120.0, minimum=0.0),
     )
     if workers.grace_s <= workers.heartbeat_s:
-        w.fail(
+        section.fail(
             "grace_s", f"must exceed heartbeat_s ({workers.heartbeat_s}), or live trials are failed as dead"
         )
-    w.done()
+    section.done()
     return workers
 
 
@@ -510,28 +510,30 @@ def _sentinel_section(se: Fields) -> SentinelSpec:
     return sentinel
 
 
-def _race_section(r: Fields) -> RaceSpec:
+def _race_section(section: Fields) -> RaceSpec:
     """``race:``: the sequential race's rounds, the loss it stops at, confirmation rounds, finalists."""
-    if r.has("rounds"):
-        r.fail("rounds", "the race is sequential now: set max_rounds (and min_rounds, loss, confirm_rounds)")
-    if r.has("equivalence"):
-        r.fail(
+    if section.has("rounds"):
+        section.fail(
+            "rounds", "the race is sequential now: set max_rounds (and min_rounds, loss, confirm_rounds)"
+        )
+    if section.has("equivalence"):
+        section.fail(
             "equivalence",
             "the race bounds a loss now: set loss (stop once a finalist is within it of every other, 95%; "
             "default 0.02)",
         )
     race = RaceSpec(
-        min_rounds=r.int("min_rounds", 3, minimum=3),
-        max_rounds=r.int("max_rounds", RaceSpec.max_rounds, minimum=3),
-        loss=r.number("loss", 0.02, minimum=0.001, maximum=0.5),
-        expected_loss=r.number("expected_loss", RaceSpec.expected_loss, minimum=0.0, maximum=0.5),
-        confirm_rounds=r.int("confirm_rounds", 0, minimum=0),
-        budget_minutes=r.number("budget_minutes", None, minimum=0.1),
-        max_finalists=r.int("max_finalists", 8, minimum=1),
+        min_rounds=section.int("min_rounds", 3, minimum=3),
+        max_rounds=section.int("max_rounds", RaceSpec.max_rounds, minimum=3),
+        loss=section.number("loss", 0.02, minimum=0.001, maximum=0.5),
+        expected_loss=section.number("expected_loss", RaceSpec.expected_loss, minimum=0.0, maximum=0.5),
+        confirm_rounds=section.int("confirm_rounds", 0, minimum=0),
+        budget_minutes=section.number("budget_minutes", None, minimum=0.1),
+        max_finalists=section.int("max_finalists", 8, minimum=1),
     )
     if race.max_rounds < race.min_rounds:
-        r.fail("max_rounds", f"must be at least min_rounds ({race.min_rounds})")
-    r.done()
+        section.fail("max_rounds", f"must be at least min_rounds ({race.min_rounds})")
+    section.done()
     return race
 
 
@@ -540,11 +542,11 @@ def _drafts(fields: Fields, base: Path) -> tuple[tuple[Path, ...], tuple[Quantiz
     of that file (only the variants are offered; the target itself may be the path: self-speculation)."""
     paths: list[Path] = []
     requests: list[QuantizeRequest] = []
-    for i, entry in enumerate(fields.list("drafts", [])):
+    for index, entry in enumerate(fields.list("drafts", [])):
         if not isinstance(entry, dict):
-            paths.append(_model_path(fields, f"drafts[{i}]", entry, base))
+            paths.append(_model_path(fields, f"drafts[{index}]", entry, base))
             continue
-        item = Fields(fields.file, entry, fields.name(f"drafts[{i}]"))
+        item = Fields(fields.file, entry, fields.name(f"drafts[{index}]"))
         source = _model_path(item, "path", item.raw("path"), base)
         types = item.list("quantize", [])
         if not types or not all(isinstance(t, str) and t.strip() for t in types):

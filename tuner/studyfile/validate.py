@@ -7,10 +7,11 @@ that an unknown key, a wrong type or a missing value is always one line of the f
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -85,7 +86,7 @@ class Fields:
     def name(self, key: str) -> str:
         return f"{self.prefix}.{key}" if self.prefix else key
 
-    def fail(self, key: str, problem: str):
+    def fail(self, key: str, problem: str) -> NoReturn:
         field = self.name(key) if key else (self.prefix or "(top level)")
         raise UserError(f"{self.file}: {field}: {problem}")
 
@@ -100,6 +101,8 @@ class Fields:
             return default
         return self.data[key]
 
+    # Readers named for the type they read; from here on in the class, ``str`` names the reader, so annotations
+    # name the type as ``builtins.str``.
     def str(self, key: str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is default:
@@ -108,7 +111,7 @@ class Fields:
             self.fail(key, f"expected a non-empty string, got {type_name(value)} {value!r}")
         return value
 
-    def int(self, key: str, default: Any = _MISSING, minimum: int | None = None) -> Any:
+    def int(self, key: builtins.str, default: Any = _MISSING, minimum: int | None = None) -> Any:
         value = self.raw(key, default)
         if value is default:
             return value
@@ -119,7 +122,11 @@ class Fields:
         return value
 
     def number(
-        self, key: str, default: Any = _MISSING, minimum: float | None = None, maximum: float | None = None
+        self,
+        key: builtins.str,
+        default: Any = _MISSING,
+        minimum: float | None = None,
+        maximum: float | None = None,
     ) -> Any:
         value = self.raw(key, default)
         if value is default:
@@ -132,25 +139,25 @@ class Fields:
             self.fail(key, f"must be <= {maximum}, got {value}")
         return float(value)
 
-    def bool(self, key: str, default: Any = _MISSING) -> Any:
+    def bool(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is not default and not isinstance(value, bool):
             self.fail(key, f"expected true or false, got {type_name(value)} {value!r}")
         return value
 
-    def choice(self, key: str, choices: tuple[str, ...], default: Any = _MISSING) -> Any:
+    def choice(self, key: builtins.str, choices: tuple[builtins.str, ...], default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is not default and value not in choices:
             self.fail(key, f"unknown value {value!r}; use one of {', '.join(choices)}")
         return value
 
-    def list(self, key: str, default: Any = _MISSING) -> Any:
+    def list(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is not default and not isinstance(value, list):
             self.fail(key, f"expected a list, got {type_name(value)} {value!r}")
         return value
 
-    def section(self, key: str) -> "Fields":
+    def section(self, key: builtins.str) -> "Fields":
         return Fields(self.file, self.raw(key, {}), self.name(key))
 
     def done(self) -> None:

@@ -26,19 +26,19 @@ def propose(state: SearchState) -> Proposal | None:
     k_probe = nearest(state.k_values, K_PROBE)
     candidates = []
     ranked = ranked_options(state)
-    for i, (predicted, option, model, k) in enumerate(ranked):
-        if predicted <= 1.0 or (i > 0 and predicted < CLOSE * ranked[0][0]):
+    for rank, (predicted, option, model, best_k) in enumerate(ranked):
+        if predicted <= 1.0 or (rank > 0 and predicted < CLOSE * ranked[0][0]):
             continue
         mine = state.alone_at_start(option)
-        if len(mine) >= (LEADER_STEPS if i == 0 else RUNNER_UP_STEPS):
+        if len(mine) >= (LEADER_STEPS if rank == 0 else RUNNER_UP_STEPS):
             continue
-        if len(mine) >= 2 and max(mine, key=lambda r: r.value).params.get("draft_max") == k_probe:
+        if len(mine) >= 2 and max(mine, key=lambda r: r.measured_value).params.get("draft_max") == k_probe:
             continue  # the model's pick lost to the probe: the line search in refinement takes over
         candidates.append(
             (
-                state.params_for(option, k, *start),
+                state.params_for(option, best_k, *start),
                 "speculation",
-                f"predicted best K={k} for {option_name(option)} from {model.describe()}: x{predicted:.2f}",
+                f"predicted best K={best_k} for {option_name(option)} from {model.describe()}: x{predicted:.2f}",
             )
         )
     return state.first_new(candidates)
@@ -51,7 +51,7 @@ def ranked_options(state: SearchState) -> list[tuple]:
     for option in state.options():
         model = state.fit_option(option, start.temperature, start.experts)
         if model is not None:
-            k = model.best_k(state.k_values)
-            ranked.append((model.predict(k), option, model, k))
+            best_k = model.best_k(state.k_values)
+            ranked.append((model.predict(best_k), option, model, best_k))
     ranked.sort(key=lambda x: -x[0])
     return ranked

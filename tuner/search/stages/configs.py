@@ -9,10 +9,10 @@ for the real ``suggest`` so a plan holds exactly the knobs a trial of it asks.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from tuner.knobs.config import Choices, FloatRange, IntRange
+from tuner.knobs.config import Choices, Domain, FloatRange, IntRange
 from tuner.knobs.registry import SERVING_KNOBS
 from tuner.search.prior import HW_KNOBS
 from tuner.search.space import FOLLOWS, ResolvedSpace
@@ -38,29 +38,31 @@ class KnobValues:
         return name in self.raw
 
     def values(self, name: str) -> list:
-        kind, d = self.kinds.get(name), self.raw.get(name)
-        if d is None:
+        kind, domain = self.kinds.get(name), self.raw.get(name)
+        if domain is None:
             return []
         if kind == "Choices":
-            return list(d["values"])
+            return list(domain["values"])
         if kind == "IntRange":
-            if d.get("log") and d["high"] > 64:
+            if domain.get("log") and domain["high"] > 64:
                 return sorted(
                     {
-                        int(round(math.exp(i / 16 * math.log(d["high"] / d["low"])) * d["low"]))
+                        int(
+                            round(math.exp(i / 16 * math.log(domain["high"] / domain["low"])) * domain["low"])
+                        )
                         for i in range(17)
                     }
                 )
-            return list(range(d["low"], d["high"] + 1, d.get("step") or 1))
-        step = d.get("step")
+            return list(range(domain["low"], domain["high"] + 1, domain.get("step") or 1))
+        step = domain.get("step")
         if step:
-            n = int(round((d["high"] - d["low"]) / step))
-            return [round(d["low"] + i * step, 10) for i in range(n + 1)]
-        return [round(d["low"] + i * (d["high"] - d["low"]) / 4, 10) for i in range(5)]
+            count = int(round((domain["high"] - domain["low"]) / step))
+            return [round(domain["low"] + i * step, 10) for i in range(count + 1)]
+        return [round(domain["low"] + i * (domain["high"] - domain["low"]) / 4, 10) for i in range(5)]
 
     def resolved(self) -> ResolvedSpace:
         """The domains as ``suggest`` reads them."""
-        kinds = {
+        kinds: dict[str, Callable[[dict], Domain]] = {
             "Choices": lambda d: Choices(tuple(d["values"])),
             "IntRange": lambda d: IntRange(**d),
             "FloatRange": lambda d: FloatRange(**d),
@@ -75,7 +77,8 @@ class PlannedAnswers:
     value; ``asked`` keeps both (a knob with neither is left to the fallback sampler, as Optuna would)."""
 
     def __init__(self, plan: dict):
-        self.plan, self.asked = plan, {}
+        self.plan = plan
+        self.asked: dict[str, Any] = {}
 
     def _answer(self, name: str, values: list | None, first: Any) -> Any:
         value = self.plan.get(name)

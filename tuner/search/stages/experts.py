@@ -44,9 +44,12 @@ def best_per_count(state: SearchState, incumbent: PastTrial) -> dict[Any, PastTr
         if r.params.get("spec_type") == incumbent.params.get("spec_type")
     ]
     by_count: dict[Any, PastTrial] = {}
-    for r in family:
-        if r.params.get("experts") not in by_count or r.value > by_count[r.params["experts"]].value:
-            by_count[r.params.get("experts")] = r
+    for trial in family:
+        if (
+            trial.params.get("experts") not in by_count
+            or trial.measured_value > by_count[trial.params["experts"]].measured_value
+        ):
+            by_count[trial.params.get("experts")] = trial
     return by_count
 
 
@@ -58,21 +61,21 @@ def bisection(state: SearchState, incumbent: PastTrial, values: list) -> list[tu
     lo = min(good)
     floor = max(
         (
-            r.params.get("experts")
+            r.params["experts"]
             for r in list(by_count.values()) + state.lossless(incumbent.params, "experts")
-            if not r.feasible and r.params.get("experts") < lo
+            if not r.feasible and r.params["experts"] < lo
         ),
         default=min(values) - 1,
     )
-    fastest = max(by_count[e].value for e in good)
-    if lo - floor <= 1 or by_count[lo].value < 0.99 * fastest:
+    fastest = max(by_count[e].measured_value for e in good)
+    if lo - floor <= 1 or by_count[lo].measured_value < 0.99 * fastest:
         return []
-    e = nearest([v for v in values if floor < v < lo], (floor + lo) / 2)
+    count = nearest([v for v in values if floor < v < lo], (floor + lo) / 2)
     return [
         (
-            {**incumbent.params, "experts": e},
+            {**incumbent.params, "experts": count},
             "speculation",
-            f"experts {e}: fewer is faster until quality falls below the floor "
+            f"experts {count}: fewer is faster until quality falls below the floor "
             f"(feasible down to {lo}{'' if floor < min(values) else f', not at {floor}'})",
         )
     ]

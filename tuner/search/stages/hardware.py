@@ -69,9 +69,9 @@ def walks(state: SearchState) -> set[tuple]:
     """The configurations (all knobs but the thread counts, ``walk_key``) measured whole at three thread counts
     or more: a thread walk was done with each."""
     counts: dict[tuple, set] = {}
-    for r in state.trials:
-        if r.state == "complete" and r.role not in ("baseline", "sentinel"):
-            counts.setdefault(walk_key(r.params), set()).add(r.params.get("threads"))
+    for trial in state.trials:
+        if trial.state == "complete" and trial.role not in ("baseline", "sentinel"):
+            counts.setdefault(walk_key(trial.params), set()).add(trial.params.get("threads"))
     return {key for key, seen in counts.items() if len(seen) >= 3}
 
 
@@ -90,7 +90,7 @@ def incumbent_speculation(state: SearchState) -> PastTrial | None:
     the hardware stage walks on it, and does not start again when the serving stage moves a knob."""
     _, temperature, experts = state.start()
     match = {k: v for k, v in (("temperature", temperature), ("experts", experts)) if state.knobs.has(k)}
-    match.update({k: v for k, v in state.baseline.params.items() if k in SERVING_KNOBS})
+    match.update({k: v for k, v in state.measured_baseline().params.items() if k in SERVING_KNOBS})
     return state.best(state.measured(**match))
 
 
@@ -170,13 +170,15 @@ def still_gaining(points: dict[int, float], top: int, tie: float = THREAD_TIE) -
     return below is not None and points[below] < (1 - tie) * points[top]
 
 
-def beyond_a_drop(points: dict[int, float], t: int, tie: float = THREAD_TIE) -> bool:
-    """A measured count lies between ``t`` and the best and is clearly below the best (more than ``tie``): on a
-    unimodal curve ``t`` is lower still, so the ladder skips it."""
+def beyond_a_drop(points: dict[int, float], threads: int, tie: float = THREAD_TIE) -> bool:
+    """A measured count lies between ``threads`` and the best and is clearly below the best (more than ``tie``):
+    on a unimodal curve ``threads`` is lower still, so the ladder skips it."""
     if not points:
         return False
     best = max(points, key=lambda x: points[x])
-    return any(min(t, best) < m < max(t, best) and points[m] < (1 - tie) * points[best] for m in points)
+    return any(
+        min(threads, best) < m < max(threads, best) and points[m] < (1 - tie) * points[best] for m in points
+    )
 
 
 def _neighbours(points: dict[int, float], at: int) -> tuple[int | None, int | None]:
@@ -248,7 +250,7 @@ def saturation_rung(state: SearchState, incumbent: PastTrial, family: list[PastT
 
 
 def _prior_leads(state: SearchState, family: list[PastTrial]) -> bool:
-    prior, best = state.prior.get("hardware"), state.best(family)
+    prior, best = state.prior.get("hardware") or {}, state.best(family)
     return bool(prior) and best is not None and best.params.get("numa") == prior.get("numa")
 
 
@@ -269,7 +271,13 @@ def policy_probes(state: SearchState, incumbent: PastTrial, family: list[PastTri
         if policy in policies:
             continue
         bind = policy == "bind" and bool(nodes) and bool(values)
-        at = nearest(values, max(1, round(threads * _node_cores(state, cores) / cores))) if bind else threads
+        if bind:
+            assert threads is not None and cores is not None, (
+                "a space with thread counts gives the baseline one"
+            )
+            at = nearest(values, max(1, round(threads * _node_cores(state, cores) / cores)))
+        else:
+            at = threads
         hardware = {"numa": policy, "threads": at, "numa_node": nodes[0] if bind else None}
         where = f" on node {nodes[0]} ({at} threads)" if bind else f" at {at} threads"
         candidates.append(
@@ -346,27 +354,28 @@ def thread_walk(state: SearchState, incumbent: PastTrial, family: list[PastTrial
 
 def thread_points(family: list[PastTrial], hardware: dict) -> dict[int, float]:
     """Threads -> the best feasible rate measured whole on this policy and node (a pruned trial's partial rate
-    is not comparable)."""
+    is not comparable); empty where the space fixes the threads."""
     points: dict[int, float] = {}
-    for r in family:
+    for trial in family:
+        threads = trial.params.get("threads")
         if (
-            r.feasible
-            and r.state == "complete"
-            and r.params.get("numa") == hardware.get("numa")
-            and r.params.get("numa_node") == hardware.get("numa_node")
+            trial.feasible
+            and trial.state == "complete"
+            and trial.params.get("numa") == hardware.get("numa")
+            and trial.params.get("numa_node") == hardware.get("numa_node")
+            and threads is not None
         ):
-            t = r.params.get("threads")
-            points[t] = max(points.get(t, 0.0), r.value)
+            points[threads] = max(points.get(threads, 0.0), trial.measured_value)
     return points
 
 
 def _reason(
-    t: int, how: str, points: dict[int, float], ladder: list[int], where: str, spec: str, tie: float
+    threads: int, how: str, points: dict[int, float], ladder: list[int], where: str, spec: str, tie: float
 ) -> str:
     if how == "ladder":
-        return f"threads {t}: the ladder ({', '.join(map(str, ladder))}) with {where}, {spec}"
+        return f"threads {threads}: the ladder ({', '.join(map(str, ladder))}) with {where}, {spec}"
     if how == "smt":
-        return f"threads {t}: SMT siblings, all physical cores leading, with {where}, {spec}"
+        return f"threads {threads}: SMT siblings, all physical cores leading, with {where}, {spec}"
     best, pick = max(points, key=lambda x: points[x]), tie_pick(points, tie)
     tied = f"; {pick} ties with it within {tie:.1%} (fewer threads win)" if pick != best else ""
-    return f"threads {t}: bracketing the best so far ({best}{tied}) with {where}, {spec}"
+    return f"threads {threads}: bracketing the best so far ({best}{tied}) with {where}, {spec}"

@@ -23,17 +23,17 @@ def propose(state: SearchState) -> Proposal | None:
     if incumbent is None:
         return None
     params = incumbent.params
-    k = params.get("draft_max")
-    candidates = other_options(state, params) if k is not None else []
+    draft_max = params.get("draft_max")
+    candidates = other_options(state, params) if draft_max is not None else []
     candidates += neighbours(state, params)
-    if k is not None and state.k_values:
+    if draft_max is not None and state.k_values:
         step = state.line_step(params)
         if step is not None:
             candidates.append(
                 (
                     {**params, "draft_max": step},
                     "refinement",
-                    f"K={step}: line search around the best K={k} (tokens/s is unimodal in K)",
+                    f"K={step}: line search around the best K={draft_max} (tokens/s is unimodal in K)",
                 )
             )
     return state.first_new(candidates + size_steps(state, params))
@@ -45,26 +45,30 @@ def neighbours(state: SearchState, params: dict) -> list[tuple]:
     candidates = []
     threads = state.knobs.values("threads")
     own = params.get("threads")
-    if own in threads and walk_key(params) not in walks(state):  # a walk's bracket stands: no noise chased
+    if (
+        own is not None and own in threads and walk_key(params) not in walks(state)
+    ):  # a walk's bracket stands: no noise chased
         step = thread_step(state.start().hardware.get("threads") or max(threads))
         lower = max((t for t in threads if t <= own - step), default=None)
         cores = state.start().hardware.get("threads") or max(threads)  # SMT siblings: the hardware stage's
         upper = min((t for t in threads if t >= own + step and (t <= cores or own > cores)), default=None)
-        for t in (lower, upper):
-            if t is not None:
+        for thread_count in (lower, upper):
+            if thread_count is not None:
                 rest = {k: v for k, v in params.items() if k != "threads_batch"}  # follows threads (FOLLOWS)
                 candidates.append(
                     (
-                        {**rest, "threads": t},
+                        {**rest, "threads": thread_count},
                         "refinement",
-                        f"threads {t} with the final configuration (the pair checked again)",
+                        f"threads {thread_count} with the final configuration (the pair checked again)",
                     )
                 )
     experts = state.knobs.values("experts")
     if params.get("experts") in experts:
-        for e in (params["experts"] - 1, params["experts"] + 1):
-            if e in experts:
-                candidates.append(({**params, "experts": e}, "refinement", f"experts {e} next to the best"))
+        for count in (params["experts"] - 1, params["experts"] + 1):
+            if count in experts:
+                candidates.append(
+                    ({**params, "experts": count}, "refinement", f"experts {count} next to the best")
+                )
     return candidates
 
 
@@ -78,23 +82,26 @@ def other_options(state: SearchState, params: dict) -> list[tuple]:
         model = state.fit_option(other, start.temperature, start.experts)
         if other == option or model is None or incumbent_model is None:
             continue
-        k, why = model.best_k(state.k_values), "predicted"
+        assert option is not None, "the incumbent's model is fitted only where it speculates"
+        best_k, why = model.best_k(state.k_values), "predicted"
         theirs, ours = state.alone_at_start(other), state.alone_at_start(option)
-        top = max(theirs, key=lambda r: r.value)
-        if len({r.params.get("draft_max") for r in theirs}) > 1 and top.params.get("draft_max") != k:
-            k, why = (
-                top.params.get("draft_max"),
+        top = max(theirs, key=lambda r: r.measured_value)
+        if len({r.params.get("draft_max") for r in theirs}) > 1 and top.params.get("draft_max") != best_k:
+            best_k, why = (
+                top.params["draft_max"],
                 "measured",
             )  # the model's pick lost (a lookup misses some keys)
-        if model.predict(k) >= CLOSE * incumbent_model.predict(incumbent_model.best_k(state.k_values)) or (
-            why == "measured" and ours and top.value >= CLOSE * max(r.value for r in ours)
+        if model.predict(best_k) >= CLOSE * incumbent_model.predict(
+            incumbent_model.best_k(state.k_values)
+        ) or (
+            why == "measured" and ours and top.measured_value >= CLOSE * max(r.measured_value for r in ours)
         ):
             rest = {x: v for x, v in params.items() if x not in ("spec_type", "draft", "draft_max")}
             candidates.append(
                 (
-                    {**rest, **state.params_for(other, k, {}, None, None)},
+                    {**rest, **state.params_for(other, best_k, {}, None, None)},
                     "refinement",
-                    f"{option_name(other)} at its {why} best K={k}: {why} within 3%",
+                    f"{option_name(other)} at its {why} best K={best_k}: {why} within 3%",
                 )
             )
     return candidates

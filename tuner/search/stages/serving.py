@@ -49,7 +49,9 @@ def steps(state: SearchState, incumbent: PastTrial, knob: str) -> list[tuple]:
     if mine not in values or bracketed(state, incumbent.params, knob, values):
         return []
     by_value = walk(state, incumbent.params, knob)
-    best = max((v for v, r in by_value.items() if r.feasible), key=lambda v: by_value[v].value, default=mine)
+    best = max(
+        (v for v, r in by_value.items() if r.feasible), key=lambda v: by_value[v].measured_value, default=mine
+    )
     what = describe_speculation(incumbent.params)
     candidates = []
     if knob == "parallel" and state.users and state.users not in by_value:
@@ -61,14 +63,14 @@ def steps(state: SearchState, incumbent: PastTrial, knob: str) -> list[tuple]:
                 f"{level} slots for {state.users} users at once (fewer queue them) with {what}",
             )
         )
-    i = values.index(best)
-    for j in (i - 1, i + 1):
-        if 0 <= j < len(values) and values[j] not in by_value:
+    best_index = values.index(best)
+    for neighbour in (best_index - 1, best_index + 1):
+        if 0 <= neighbour < len(values) and values[neighbour] not in by_value:
             candidates.append(
                 (
-                    {**incumbent.params, knob: values[j]},
+                    {**incumbent.params, knob: values[neighbour]},
                     "serving",
-                    f"{knob} {values[j]} next to the best so far ({best}) with {what}",
+                    f"{knob} {values[neighbour]} next to the best so far ({best}) with {what}",
                 )
             )
     return candidates
@@ -80,16 +82,16 @@ def walk(state: SearchState, params: dict, knob: str) -> dict[Any, PastTrial]:
     free = {knob, "cache_type_v"} if knob == "flash_attn" else {knob}
     fixed = {k: v for k, v in params.items() if k not in free}
     by_value: dict[Any, PastTrial] = {}
-    for r in state.trials:
+    for trial in state.trials:
         if (
-            r.measured
-            and r.params.get(knob) is not None
-            and set(r.params) - free <= set(fixed)
-            and all(r.params.get(k) == v for k, v in fixed.items())
+            trial.measured
+            and trial.params.get(knob) is not None
+            and set(trial.params) - free <= set(fixed)
+            and all(trial.params.get(k) == v for k, v in fixed.items())
         ):
-            v = r.params[knob]
-            if v not in by_value or r.value > by_value[v].value:
-                by_value[v] = r
+            value = trial.params[knob]
+            if value not in by_value or trial.measured_value > by_value[value].measured_value:
+                by_value[value] = trial
     return by_value
 
 
@@ -97,13 +99,15 @@ def bracketed(state: SearchState, params: dict, knob: str, values: list) -> bool
     """Some walk over ``knob`` (around any configuration) found ``params``' value best with its neighbours
     measured: serving knobs scale the rate about alike whatever the others are, so it is not walked again."""
     mine = params.get(knob)
-    i = values.index(mine)
-    neighbours = [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
-    for r in state.trials:
-        if r.measured and r.params.get(knob) == mine:
-            by_value = walk(state, r.params, knob)
+    mine_index = values.index(mine)
+    neighbours = [values[j] for j in (mine_index - 1, mine_index + 1) if 0 <= j < len(values)]
+    for trial in state.trials:
+        if trial.measured and trial.params.get(knob) == mine:
+            by_value = walk(state, trial.params, knob)
             best = max(
-                (v for v, x in by_value.items() if x.feasible), key=lambda v: by_value[v].value, default=None
+                (v for v, x in by_value.items() if x.feasible),
+                key=lambda v: by_value[v].measured_value,
+                default=None,
             )
             if best == mine and all(n in by_value for n in neighbours):
                 return True

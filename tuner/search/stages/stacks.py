@@ -29,11 +29,12 @@ def propose(state: SearchState) -> Proposal | None:
         for r in state.measured(**start)
         if r.feasible and not is_stacked(r.params) and r.params.get("spec_type") in DRAFT_MODEL_TYPES
     ]
-    best = max(drafts, key=lambda r: r.value, default=None)
-    if not lookups or best is None or best.value <= state.baseline.value:
+    baseline = state.measured_baseline()
+    best = max(drafts, key=lambda r: r.measured_value, default=None)
+    if not lookups or best is None or best.measured_value <= baseline.measured_value:
         return None
     alone = {
-        t: max(trials, key=lambda r: r.value)
+        t: max(trials, key=lambda r: r.measured_value)
         for t in lookups
         if (trials := [r for r in state.measured(spec_type=t, **start) if r.feasible])
     }
@@ -47,16 +48,19 @@ def propose(state: SearchState) -> Proposal | None:
     chosen = sorted((t for t in gain if gain[t] >= 0.97 * max(gain.values())), key=lambda t: -gain[t])
     chosen += [t for t in lookups if t not in alone and t not in tried]
     candidates = []
-    for t in chosen:
+    for lookup in chosen:
         sizes, why = {}, "not measured alone"
-        if t in alone:
-            sizes = sizes_alone(state, alone[t].params)
-            why = f"alone x{alone[t].value / state.baseline.value:.2f}, faster on {', '.join(paying[t])}"
+        if lookup in alone:
+            sizes = sizes_alone(state, alone[lookup].params)
+            why = (
+                f"alone x{alone[lookup].measured_value / baseline.measured_value:.2f}, "
+                f"faster on {', '.join(paying[lookup])}"
+            )
         candidates.append(
             (
-                {**best.params, "lookup": t, **sizes},
+                {**best.params, "lookup": lookup, **sizes},
                 "stacks",
-                f"{t} stacked on {describe_speculation(best.params)} ({why}): lookup drafts where it finds "
+                f"{lookup} stacked on {describe_speculation(best.params)} ({why}): lookup drafts where it finds "
                 f"a key, the draft model elsewhere",
             )
         )
@@ -91,8 +95,12 @@ def stack_length(state: SearchState, draft: PastTrial, chosen: list[str]) -> Pro
         for r in state.measured(**state.params_for(option_of(draft.params), None, *state.start()))
         if is_stacked(r.params) and r.feasible
     ]
-    best = max(stacks, key=lambda r: r.value, default=None)
-    if best is None or best.value < 0.95 * draft.value or best.params.get("lookup_max") is None:
+    best = max(stacks, key=lambda r: r.measured_value, default=None)
+    if (
+        best is None
+        or best.measured_value < 0.95 * draft.measured_value
+        or best.params.get("lookup_max") is None
+    ):
         return None
     step = state.line_step(best.params, "lookup_max", grow=2.0)
     lengths = [r.params["lookup_max"] for r in stacks if r.params.get("lookup") == best.params["lookup"]]
@@ -122,17 +130,17 @@ def stack_length(state: SearchState, draft: PastTrial, chosen: list[str]) -> Pro
 
 def gain_on(state: SearchState, trial: PastTrial, suites: list[str]) -> float:
     """A trial's geometric-mean speedup over the target alone on ``suites`` (pooled without suites)."""
-    base = state.baseline
+    base = state.measured_baseline()
     if not suites or not trial.suites or not base.suites:
-        return trial.value / base.value
+        return trial.measured_value / base.measured_value
     return math.exp(sum(math.log(trial.suites[s] / base.suites[s]) for s in suites) / len(suites))
 
 
 def pays_on(state: SearchState, trial: PastTrial) -> list[str]:
     """The suites where a trial beat the target alone by LOOKUP_PAYS (the pooled rate without suites)."""
-    base = state.baseline
+    base = state.measured_baseline()
     if not trial.suites or not base.suites:
-        return ["the workload"] if trial.value > LOOKUP_PAYS * base.value else []
+        return ["the workload"] if trial.measured_value > LOOKUP_PAYS * base.measured_value else []
     return [
         s for s, rate in sorted(trial.suites.items()) if rate > LOOKUP_PAYS * base.suites.get(s, math.inf)
     ]

@@ -77,20 +77,26 @@ class SearchState:
         ) or next((r for r in trials if r.measured and r.params.get("spec_type", "none") == "none"), None)
         self.tie = _tie(self.baseline, trials)  # rates within this share tie: fewer threads win
 
+    def measured_baseline(self) -> PastTrial:
+        """The baseline trial: the stages run only once it is measured (``planner.next_proposal`` checks)."""
+        if self.baseline is None:
+            raise RuntimeError("a search stage ran before the baseline was measured")
+        return self.baseline
+
     # -- plans --------------------------------------------------------------------------------
 
     def params_for(
-        self, option: tuple | None, k: int | None, hardware: dict, temperature: Any, experts: Any
+        self, option: tuple | None, draft_max: int | None, hardware: dict, temperature: Any, experts: Any
     ) -> dict:
-        """A plan speculating with ``option`` at K=``k`` on ``hardware``, ``temperature`` and ``experts``."""
+        """A plan speculating with ``option`` at K=``draft_max`` on ``hardware``, ``temperature`` and ``experts``."""
         params: dict[str, Any] = {}
         spec, draft = option or ("none", None)
         if self.knobs.has("spec_type"):
             params["spec_type"] = spec
         if spec == "draft-simple":
             params["draft"] = draft
-        if spec != "none" and self.k_values and k is not None:
-            params["draft_max"] = k
+        if spec != "none" and self.k_values and draft_max is not None:
+            params["draft_max"] = draft_max
         if self.knobs.has("temperature") and temperature is not None:
             params["temperature"] = temperature
         if self.knobs.has("experts") and experts is not None:
@@ -129,12 +135,12 @@ class SearchState:
     # -- what was measured --------------------------------------------------------------------
 
     def start(self) -> Start:
-        params = self.baseline.params
+        params = self.measured_baseline().params
         return Start(hardware_of(params), params.get("temperature"), params.get("experts"))
 
     def options(self) -> list[tuple]:
         """The space's options (each draft model, each other speculative type), but those blamed."""
-        opts = []
+        opts: list[tuple] = []
         for spec in self.knobs.values("spec_type"):
             if spec == "draft-simple":
                 opts.extend(("draft-simple", d) for d in self.knobs.values("draft"))
@@ -152,7 +158,7 @@ class SearchState:
         good = [r for r in trials if r.feasible and r.state == "complete"] or [
             r for r in trials if r.feasible
         ]
-        return max(good, key=lambda r: r.value, default=None)
+        return max(good, key=lambda r: r.measured_value, default=None)
 
     def overall_best(self) -> PastTrial | None:
         return self.best([r for r in self.trials if r.measured])
@@ -177,26 +183,30 @@ class SearchState:
             and r.params.get("experts") == experts
             and r.state == "complete"
         ]
-        return max((r.value for r in trials), default=None)
+        return max((r.measured_value for r in trials), default=None)
 
     def fit_option(self, option: tuple, temperature: Any, experts: Any) -> DraftFit | None:
         """The option alone at its probe sizes: a stacked lookup's drafts, or other n-gram sizes, are other curves."""
         points = []
         sizes = self.probe_sizes(option)
-        for r in self.trials:
+        for trial in self.trials:
             if (
-                not r.measured
-                or option_of(r.params) != option
-                or r.params.get("temperature") != temperature
-                or r.params.get("experts") != experts
-                or r.acceptance is None
-                or is_stacked(r.params)
-                or any(r.params.get(k) != v for k, v in sizes.items())
+                not trial.measured
+                or option_of(trial.params) != option
+                or trial.params.get("temperature") != temperature
+                or trial.params.get("experts") != experts
+                or trial.acceptance is None
+                or is_stacked(trial.params)
+                or any(trial.params.get(k) != v for k, v in sizes.items())
             ):
                 continue
-            base = self.target_alone(hardware_of(r.params), experts)
+            base = self.target_alone(hardware_of(trial.params), experts)
             points.append(
-                Point(r.params.get("draft_max") or K_PROBE, r.acceptance, r.value / base if base else None)
+                Point(
+                    trial.params.get("draft_max") or K_PROBE,
+                    trial.acceptance,
+                    trial.measured_value / base if base else None,
+                )
             )
         return fit(points)
 
@@ -230,22 +240,24 @@ class SearchState:
         values = self.knobs.values(knob)
         fixed = {k: v for k, v in params.items() if k != knob}
         by_value: dict[int, float] = {}
-        for r in self.trials:
+        for trial in self.trials:
             if (
-                r.measured
-                and r.feasible
-                and r.params.get(knob) is not None
-                and all(r.params.get(k) == v for k, v in fixed.items())
-                and set(r.params) <= set(params)
+                trial.measured
+                and trial.feasible
+                and trial.params.get(knob) is not None
+                and all(trial.params.get(k) == v for k, v in fixed.items())
+                and set(trial.params) <= set(params)
             ):
-                by_value[r.params[knob]] = max(by_value.get(r.params[knob], 0.0), r.value)
+                by_value[trial.params[knob]] = max(
+                    by_value.get(trial.params[knob], 0.0), trial.measured_value
+                )
         tried = sorted(by_value)
         if not tried or not values:
             return None
         best = max(tried, key=lambda k: by_value[k])
-        i = tried.index(best)
-        left = tried[i - 1] if i > 0 else None
-        right = tried[i + 1] if i + 1 < len(tried) else None
+        best_index = tried.index(best)
+        left = tried[best_index - 1] if best_index > 0 else None
+        right = tried[best_index + 1] if best_index + 1 < len(tried) else None
         for step in _steps(best, left, right, values[0], values[-1], grow):
             step = nearest(values, step)
             if step not in by_value:

@@ -33,16 +33,12 @@ def neighbours(state: SearchState, incumbent: PastTrial, temperatures: list) -> 
     params = incumbent.params
     walked = state.family(params, "temperature")
     hot = min(
-        (
-            r.params.get("temperature")
-            for r in walked + state.lossless(params, "temperature")
-            if not r.feasible
-        ),
+        (r.params["temperature"] for r in walked + state.lossless(params, "temperature") if not r.feasible),
         default=math.inf,
     )
     seen = {r.params.get("temperature") for r in walked}
     best = params.get("temperature")
-    i = temperatures.index(best) if best in temperatures else 0
+    at = temperatures.index(best) if best in temperatures else 0
     return [
         (
             {**params, "temperature": t},
@@ -50,7 +46,7 @@ def neighbours(state: SearchState, incumbent: PastTrial, temperatures: list) -> 
             f"temperature {t} next to the best so far ({best}) with the best configuration "
             f"(acceptance changes with it)",
         )
-        for t in temperatures[max(0, i - 1) : i + 2]
+        for t in temperatures[max(0, at - 1) : at + 2]
         if t < hot and t not in seen
     ]
 
@@ -59,12 +55,14 @@ def best_k_per_temperature(state: SearchState, incumbent: PastTrial) -> Proposal
     """At each other temperature measured within 5% of the best: the K predicted from its acceptance there
     with the draft cost fitted at the start, where it gains over 1% and could come within 1% of the best."""
     params = incumbent.params
+    option = option_of(params)
+    assert option is not None, "the temperature stage walks only an incumbent that speculates"
     start = state.start()
-    at_start = state.fit_option(option_of(params), start.temperature, start.experts)
+    at_start = state.fit_option(option, start.temperature, start.experts)
     if at_start is None:
         return None
     family = state.family(params, "temperature", "experts")
-    top = max((r.value for r in family if r.feasible), default=0.0)
+    top = max((r.measured_value for r in family if r.feasible), default=0.0)
     measured = [
         r
         for r in family
@@ -72,20 +70,21 @@ def best_k_per_temperature(state: SearchState, incumbent: PastTrial) -> Proposal
         and r.acceptance
         and r.params.get("experts") == params.get("experts")
         and r.params.get("temperature") != start.temperature
-        and r.value >= 0.95 * top
+        and r.measured_value >= 0.95 * top
     ]
     candidates = []
-    for r in sorted(measured, key=lambda r: -r.value):
-        k_measured = r.params.get("draft_max")
-        model = DraftFit((Point(k_measured, r.acceptance, None),), at_start.c)
-        k = model.best_k(state.k_values)
-        gain = model.predict(k) / model.predict(k_measured)
-        if gain > 1.01 and r.value * gain > incumbent.value * 0.99:
+    for trial in sorted(measured, key=lambda r: -r.measured_value):
+        assert trial.acceptance is not None, "measured keeps only trials with an acceptance"
+        k_measured = trial.params["draft_max"]
+        model = DraftFit((Point(k_measured, trial.acceptance, None),), at_start.c)
+        best_k = model.best_k(state.k_values)
+        gain = model.predict(best_k) / model.predict(k_measured)
+        if gain > 1.01 and trial.measured_value * gain > incumbent.measured_value * 0.99:
             candidates.append(
                 (
-                    {**r.params, "draft_max": k},
+                    {**trial.params, "draft_max": best_k},
                     "speculation",
-                    f"predicted best K={k} at temperature {r.params.get('temperature')} "
+                    f"predicted best K={best_k} at temperature {trial.params.get('temperature')} "
                     f"from {model.describe()}: +{gain - 1:.0%}",
                 )
             )
