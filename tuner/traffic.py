@@ -178,8 +178,8 @@ def _parse(obj: object):
     elif "conversations" in obj:
         fmt, pairs = "sharegpt", _sharegpt_messages(obj["conversations"])
     elif "turns" in obj:
-        turns = _speed_bench_turns(obj["turns"])
-        return "speed-bench", source_id, category, (("user", turns[0]),), tuple(turns[1:])
+        user_turns = _speed_bench_turns(obj["turns"])
+        return "speed-bench", source_id, category, (("user", user_turns[0]),), tuple(user_turns[1:])
     elif "response" in obj and "custom_id" in obj:
         return "batch response (output file), not a request"
     elif "prompt" in obj:
