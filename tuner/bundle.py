@@ -137,7 +137,8 @@ def download_wheels(project_wheel: Path, target: Target, dest: Path) -> list[Pat
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
-    collected, tail = 0, []
+    collected = 0
+    tail: list[str] = []  # pip's last lines, for the error
     for line in proc.stdout:
         tail = (tail + [line.rstrip()])[-30:]
         if line.startswith(("Collecting", "Processing")):

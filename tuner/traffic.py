@@ -177,8 +177,8 @@ def _parse(obj: object):
     elif "conversations" in obj:
         fmt, pairs = "sharegpt", _sharegpt_messages(obj["conversations"])
     elif "turns" in obj:
-        turns = _speed_bench_turns(obj["turns"])
-        return "speed-bench", source_id, category, (("user", turns[0]),), tuple(turns[1:])
+        user_turns = _speed_bench_turns(obj["turns"])
+        return "speed-bench", source_id, category, (("user", user_turns[0]),), tuple(user_turns[1:])
     elif "response" in obj and "custom_id" in obj:
         return "batch response (output file), not a request"
     elif "prompt" in obj:
@@ -209,8 +209,8 @@ def _messages(
     if not isinstance(items, list):
         raise _Bad(f"{where}: must be a list of {{{role_key}, {text_key}}}")
     pairs = []
-    for i, item in enumerate(items):
-        at = f"{where}[{i}]"
+    for index, item in enumerate(items):
+        at = f"{where}[{index}]"
         if not isinstance(item, dict):
             raise _Bad(f"{at}: must be a mapping with {role_key} and {text_key}")
         role = roles.get(item.get(role_key)) if isinstance(item.get(role_key), str) else None
@@ -224,9 +224,9 @@ def _speed_bench_turns(turns: object) -> list[str]:
     """A SPEED-Bench row's user turns: the first opens the conversation, each later one follows a reply."""
     if not isinstance(turns, list) or not turns:
         raise _Bad("turns: must be a non-empty list of strings (the user's turns)")
-    for i, turn in enumerate(turns):
+    for index, turn in enumerate(turns):
         if not isinstance(turn, str) or not turn.strip():
-            raise _Bad(f"turns[{i}]: must be a non-empty string")
+            raise _Bad(f"turns[{index}]: must be a non-empty string")
     return turns
 
 
@@ -239,11 +239,11 @@ def _text(content: object, where: str) -> str:
     if not isinstance(content, list):
         raise _Bad(f"{where}: must be a string or a list of text parts")
     texts = []
-    for j, part in enumerate(content):
+    for part_index, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind != "text" or not isinstance(part.get("text"), str):
             raise _Bad(
-                f"{where}[{j}]: a part of type {_shown(kind) if kind else '(none)'}; only text parts "
+                f"{where}[{part_index}]: a part of type {_shown(kind) if kind else '(none)'}; only text parts "
                 '({"type": "text", "text": ...}) can be replayed: leave such requests out of the log'
             )
         texts.append(part["text"])
@@ -277,38 +277,39 @@ def conversation(pairs: list[tuple[str, str, str]]) -> tuple[tuple, tuple]:
 # ------------------------------------------------------------------ sampling
 
 
-def allocate(counts: dict[str, int], n: int) -> dict[str, int]:
-    """Rows to keep per type, summing to ``min(n, total)``: in proportion to ``counts`` (largest remainders),
-    and at least ``SPLIT_MIN_PROMPTS`` for every type that has that many, so each keeps a held-out split.
+def allocate(counts: dict[str, int], sample_size: int) -> dict[str, int]:
+    """Rows to keep per type, summing to ``min(sample_size, total)``: in proportion to ``counts`` (largest
+    remainders), and at least ``SPLIT_MIN_PROMPTS`` for every type that has that many, so each keeps a held-out split.
     Deterministic: ties go to the first type name."""
     total = sum(counts.values())
-    if n >= total:
+    if sample_size >= total:
         return dict(counts)
     floor = {t: SPLIT_MIN_PROMPTS if c >= SPLIT_MIN_PROMPTS else 0 for t, c in counts.items()}
-    if sum(floor.values()) > n:
+    if sum(floor.values()) > sample_size:
         raise UserError(
-            f"--sample {n}: too few to keep {SPLIT_MIN_PROMPTS} prompts of each of the {sum(map(bool, floor.values()))} content "
+            f"--sample {sample_size}: too few to keep {SPLIT_MIN_PROMPTS} prompts of each of the {sum(map(bool, floor.values()))} content "
             f"types that have that many; use --sample {sum(floor.values())} or more"
         )
-    quota = {t: n * c / total for t, c in counts.items()}
+    quota = {t: sample_size * c / total for t, c in counts.items()}
     keep = {t: min(counts[t], max(floor[t], int(quota[t]))) for t in counts}
-    while sum(keep.values()) < n:
-        t = min((t for t in counts if keep[t] < counts[t]), key=lambda t: (keep[t] - quota[t], t))
-        keep[t] += 1
-    while sum(keep.values()) > n:
-        t = min((t for t in counts if keep[t] > floor[t]), key=lambda t: (quota[t] - keep[t], t))
-        keep[t] -= 1
+    while sum(keep.values()) < sample_size:
+        short = min((t for t in counts if keep[t] < counts[t]), key=lambda t: (keep[t] - quota[t], t))
+        keep[short] += 1
+    while sum(keep.values()) > sample_size:
+        over = min((t for t in counts if keep[t] > floor[t]), key=lambda t: (quota[t] - keep[t], t))
+        keep[over] -= 1
     return keep
 
 
-def sample(rows: list[Row], n: int | None, seed: int) -> list[Row]:
-    """``n`` rows, stratified by type (``allocate``), drawn with ``seed``; in file order. All without ``n``."""
-    if n is None:
+def sample(rows: list[Row], sample_size: int | None, seed: int) -> list[Row]:
+    """``sample_size`` rows, stratified by type (``allocate``), drawn with ``seed``; in file order. All without
+    ``sample_size``."""
+    if sample_size is None:
         return list(rows)
     by_type: dict[str, list[Row]] = {}
     for row in rows:
         by_type.setdefault(row.type, []).append(row)
-    keep = allocate({t: len(r) for t, r in by_type.items()}, n)
+    keep = allocate({t: len(r) for t, r in by_type.items()}, sample_size)
     chosen = {
         row.line
         for t, group in by_type.items()
@@ -345,13 +346,13 @@ def suite_text(rows: list[Row], description: str) -> str:
 # ------------------------------------------------------------------ the command
 
 
-def import_traffic(path: Path, out: Path, n: int | None, by_type: bool, seed: int) -> list[str]:
+def import_traffic(path: Path, out: Path, sample_size: int | None, by_type: bool, seed: int) -> list[str]:
     """Read, sample and write; the summary's lines. Nothing is written unless everything read."""
     out = Path(out)
     if out.suffix not in (".yaml", ".yml") or not safe_id(out.stem):
         raise UserError(f"--out {out}: name a suite YAML file, e.g. suites/traffic.yaml")
-    if n is not None and n < 1:
-        raise UserError(f"--sample: must be at least 1, got {n}")
+    if sample_size is not None and sample_size < 1:
+        raise UserError(f"--sample: must be at least 1, got {sample_size}")
     reading = read_traffic(Path(path), safe_id(out.stem))
     skipped = ", ".join(f"{why} ({count})" for why, count in sorted(reading.skipped.items()))
     if not reading.rows:
@@ -359,11 +360,11 @@ def import_traffic(path: Path, out: Path, n: int | None, by_type: bool, seed: in
             f"{path}: no usable rows ({sum(reading.skipped.values())} line(s) skipped: {skipped or 'an empty file'}); "
             "expected OpenAI chat requests, ShareGPT conversations or SPEED-Bench rows"
         )
-    kept = sample(reading.rows, n, seed)
+    kept = sample(reading.rows, sample_size, seed)
     groups = _groups(kept, out, by_type)
     source = Path(path).name
     files = {
-        target: suite_text(rows, _description(source, len(rows), len(reading.rows), kind, n, seed))
+        target: suite_text(rows, _description(source, len(rows), len(reading.rows), kind, sample_size, seed))
         for target, (kind, rows) in groups.items()
     }
     stale = _stale_types(out, files) if by_type else []
@@ -374,7 +375,7 @@ def import_traffic(path: Path, out: Path, n: int | None, by_type: bool, seed: in
     removed = [
         f"removed {old}: a type this import did not find (an earlier import wrote it)" for old in stale
     ]
-    return _summary(path, reading, kept, groups, n, seed, skipped, by_type) + removed
+    return _summary(path, reading, kept, groups, sample_size, seed, skipped, by_type) + removed
 
 
 IMPORTED = "by `tuner workload import`"  # in every suite file an import writes: what a re-import may replace
@@ -404,28 +405,33 @@ def _groups(rows: list[Row], out: Path, by_type: bool) -> dict[Path, tuple[str |
     return groups
 
 
-def _description(source: str, kept: int, total: int, kind: str | None, n: int | None, seed: int) -> str:
+def _description(
+    source: str, kept: int, total: int, kind: str | None, sample_size: int | None, seed: int
+) -> str:
     what = f"{kept} of {total} conversations" + (f" of type {kind}" if kind else "")
-    drawn = f", a stratified sample (--sample {n}, seed {seed})" if n is not None and n < total else ""
+    sampled = sample_size is not None and sample_size < total
+    drawn = f", a stratified sample (--sample {sample_size}, seed {seed})" if sampled else ""
     return (
         f"Imported from {source} {IMPORTED}: {what}{drawn}. The logged assistant replies "
         "are dropped: each is generated anew on the configuration measured."
     )
 
 
-def _summary(path, reading: Reading, kept, groups, n, seed, skipped: str, by_type: bool) -> list[str]:
+def _summary(
+    path, reading: Reading, kept, groups, sample_size, seed, skipped: str, by_type: bool
+) -> list[str]:
     formats = ", ".join(f"{fmt} {count}" for fmt, count in sorted(reading.formats.items()))
     read, per_type = Counter(row.type for row in reading.rows), Counter(row.type for row in kept)
     lines = [
         f"read {path}: {len(reading.rows)} conversation(s) ({formats})"
         + (f"; skipped {skipped}" if skipped else ""),
         f"kept {len(kept)} of {len(reading.rows)}"
-        + (f" (--sample {n}, seed {seed})" if n is not None else "")
+        + (f" (--sample {sample_size}, seed {seed})" if sample_size is not None else "")
         + ", per content type: "
         + ", ".join(f"{t} {per_type[t]}/{read[t]}" for t in sorted(read)),
     ]
-    if n is not None and n > len(reading.rows):
-        lines.append(f"note: --sample {n} is more than the file holds; kept every conversation")
+    if sample_size is not None and sample_size > len(reading.rows):
+        lines.append(f"note: --sample {sample_size} is more than the file holds; kept every conversation")
     lines += [f"wrote {target} ({len(rows)} prompt(s))" for target, (_, rows) in groups.items()]
     lines += _held_out_notes(groups, by_type)
     return lines

@@ -74,7 +74,11 @@ def batched_bench(
     """One llama-batched-bench run over every level, with the server's model options and pinning."""
     config = bench_config(ctx)
     command = build_server_command(config, ctx.launch)
-    pinning = [item for flag, value in command.options if flag in PINNING_FLAGS for item in (flag, value)]
+    pinning: list[str] = []
+    for flag, value in command.options:
+        if flag in PINNING_FLAGS:
+            assert value is not None, f"{flag} takes a value"
+            pinning += [flag, value]
     model = [item for pair in model_options(config, ctx.launch) for item in pair]
     argv = [
         *command.prefix,
@@ -134,10 +138,14 @@ def measure_concurrency(
     load: dict[int, list[float]] = {u: [] for u in levels}
     bench: dict[int, list[float]] = {u: [] for u in levels}
     pp = 0
-    for i in range(rounds):  # round 0 starts with the load: batched-bench takes the prompt length it measured
-        for side in ("load", "bench") if i % 2 == 0 else ("bench", "load"):
+    for round_index in range(
+        rounds
+    ):  # round 0 starts with the load: batched-bench takes the prompt length it measured
+        for side in ("load", "bench") if round_index % 2 == 0 else ("bench", "load"):
             if side == "load":
-                rates, pp = load_round(ctx, levels, tg, per_client, ctx_size, log_dir / f"round-{i}.log")
+                rates, pp = load_round(
+                    ctx, levels, tg, per_client, ctx_size, log_dir / f"round-{round_index}.log"
+                )
             else:
                 rates = batched_bench(ctx, pp, tg, levels, ctx_size)
             for users, rate in rates.items():

@@ -37,7 +37,9 @@ def benchmark(paths: Sequence[Path], *, repeats: int = 5, reference_repeats: int
         if not path.is_file():
             raise UserError(f"{path}: no such model file")
         reference = [_child("reference", path)["read_s"] for _ in range(reference_repeats)]
-        cold, cached, memo = [], [], []
+        cold: list[float] = []
+        cached: list[float] = []
+        memo: list[float] = []
         for _ in range(repeats):
             with tempfile.TemporaryDirectory(prefix="gguf-read-bench-") as cache_home:
                 first = _child("tuner", path, cache_home)
@@ -74,12 +76,12 @@ def markdown(result: dict) -> str:
         "| model | tokens | gguf full parse | tuner cold | tuner cached (new process) | same process | cold speedup | target |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for f in result["files"]:
+    for entry in result["files"]:
         lines.append(
-            f"| {Path(f['path']).name} ({f['file_size_bytes'] / 2**20:.0f} MiB) | {f['vocab_size']} "
-            f"| {f['reference_s']['median']:.2f} s | {f['cold_s']['median'] * 1000:.0f} ms "
-            f"| {f['cached_s']['median'] * 1000:.1f} ms | {f['same_process_s']['median'] * 1e6:.0f} µs "
-            f"| {f['cold_speedup']:.0f}x | {'met' if f['met'] else 'MISSED'} |"
+            f"| {Path(entry['path']).name} ({entry['file_size_bytes'] / 2**20:.0f} MiB) | {entry['vocab_size']} "
+            f"| {entry['reference_s']['median']:.2f} s | {entry['cold_s']['median'] * 1000:.0f} ms "
+            f"| {entry['cached_s']['median'] * 1000:.1f} ms | {entry['same_process_s']['median'] * 1e6:.0f} µs "
+            f"| {entry['cold_speedup']:.0f}x | {'met' if entry['met'] else 'MISSED'} |"
         )
     lines += [
         "",
@@ -138,9 +140,14 @@ def _read_tuner(path: Path) -> dict:
     from tuner.models import gguf_cache
     from tuner.models.gguf_info import read_model_info
 
-    parsed = []
+    parsed: list[Path] = []
     parse = gguf_cache.parse_header
-    gguf_cache.parse_header = lambda p: parsed.append(p) or parse(p)
+
+    def counting_parse(path: Path) -> gguf_cache.Header:
+        parsed.append(path)
+        return parse(path)
+
+    gguf_cache.parse_header = counting_parse
     start = time.perf_counter()
     info = read_model_info(path)
     middle = time.perf_counter()

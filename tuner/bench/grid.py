@@ -55,8 +55,9 @@ def grid_configs(space: ResolvedSpace, where: str = "search_space") -> list[Tria
     names = sorted(
         space.domains, key=lambda n: (n == "temperature", KNOBS.index(n) if n in KNOBS else len(KNOBS))
     )
-    configs = {}
-    for values in itertools.product(*(space.domains[n].values for n in names)):
+    choices = {name: domain.values for name, domain in space.domains.items() if isinstance(domain, Choices)}
+    configs: dict[TrialConfig, None] = {}  # insertion-ordered and without repeats
+    for values in itertools.product(*(choices[n] for n in names)):
         config = suggest(optuna.trial.FixedTrial(dict(zip(names, values))), space)
         configs.setdefault(config, None)
     return list(configs)

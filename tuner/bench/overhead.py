@@ -107,8 +107,8 @@ def bench_argv(
     server_at = server_argv.index(str(ctx.launch.server_binary))
     pinning = []
     if "--cpu-mask" in server_argv:
-        i = server_argv.index("--cpu-mask")
-        pinning = ["--cpu-mask", server_argv[i + 1], "--cpu-strict", "1"]
+        mask_at = server_argv.index("--cpu-mask")
+        pinning = ["--cpu-mask", server_argv[mask_at + 1], "--cpu-strict", "1"]
     return [
         *server_argv[:server_at],
         str(binary("llama-bench", ctx.launch.server_binary.parent)),
@@ -200,9 +200,9 @@ def measure_overhead(
     log = ctx.log_dir / "bench-overhead.log"
     bench: list[BenchRun] = []
     trials: list[TrialTiming] = []
-    for r in range(rounds):
+    for round_index in range(rounds):
         for step in (
-            ("trial", "bench") if r % 2 == 0 else ("bench", "trial")
+            ("trial", "bench") if round_index % 2 == 0 else ("bench", "trial")
         ):  # a trial first: it knows the depth
             if step == "bench":
                 argv = bench_argv(ctx, config, n_predict, repetitions, trials[0].prompt_tokens)
@@ -210,7 +210,7 @@ def measure_overhead(
             else:
                 trials.append(timed_trial(ctx, config, workload, settings, log))
         progress(
-            f"overhead round {r + 1}/{rounds}: llama-bench {bench[-1].tokens_per_second:.1f} t/s in "
+            f"overhead round {round_index + 1}/{rounds}: llama-bench {bench[-1].tokens_per_second:.1f} t/s in "
             f"{bench[-1].wall_s:.2f} s; tuner {trials[-1].tokens_per_second:.1f} t/s in {trials[-1].wall_s:.2f} s "
             f"(launch {trials[-1].launch_s:.2f} s)"
         )

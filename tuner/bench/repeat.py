@@ -70,13 +70,13 @@ class RepeatResult:
     deployed_high: float
     search_ratio: float  # median re-measured tokens/s of the slower best recorded trial / the faster one
 
-    def holds(self, i: int) -> bool | None:
-        """Run ``i``'s bound holds against the other run's deployment: the other re-measured at most
-        ``loss_bound`` faster (None where run ``i`` stated no bound)."""
-        bound = self.runs[i].loss_bound
+    def holds(self, run_index: int) -> bool | None:
+        """Run ``run_index``'s bound holds against the other run's deployment: the other re-measured at most
+        ``loss_bound`` faster (None where run ``run_index`` stated no bound)."""
+        bound = self.runs[run_index].loss_bound
         if bound is None:
             return None
-        other_over_own = self.deployed_ratio if i == 0 else 1 / self.deployed_ratio
+        other_over_own = self.deployed_ratio if run_index == 0 else 1 / self.deployed_ratio
         return other_over_own <= 1 + bound
 
     @property
@@ -152,6 +152,7 @@ def measure_repeatability(
 
 
 def _pick(record: TrialRecord) -> Pick:
+    assert record.metrics is not None, "a deployed or best recorded trial is complete, so it has metrics"
     return Pick(record.number, record.config.as_dict(), record.metrics.tokens_per_second, record.argv, [])
 
 
@@ -182,8 +183,8 @@ def side_by_side(
     distinct command (a configuration two runs both chose is launched once a round); rates in the picks' order."""
     ctx = prepare(spec)
     labels: dict[tuple[str, ...], str] = {}
-    for p in picks:
-        labels.setdefault(tuple(p.argv), "ABCD"[len(labels)])
+    for pick in picks:
+        labels.setdefault(tuple(pick.argv), "ABCD"[len(labels)])
     contenders = [
         Contender(labels[tuple(p.argv)], p.argv, p.config.get("temperature", 0.0))
         for p in {tuple(p.argv): p for p in picks}.values()
@@ -212,10 +213,10 @@ def markdown(result: RepeatResult) -> str:
         f"seed {result.runs[1].seed}'s deployment over seed {result.runs[0].seed}'s: {ratio.text()} over "
         f"{result.rounds} rounds of fresh launches (geometric mean of paired round ratios, 95% t-interval).",
     ]
-    for i, run in enumerate(result.runs):
-        other = result.runs[1 - i]
-        holds = result.holds(i)
-        over = result.deployed_ratio if i == 0 else 1 / result.deployed_ratio
+    for index, run in enumerate(result.runs):
+        other = result.runs[1 - index]
+        holds = result.holds(index)
+        over = result.deployed_ratio if index == 0 else 1 / result.deployed_ratio
         lines.append(
             f"- seed {run.seed}'s bound: "
             + (

@@ -81,47 +81,48 @@ def trials_frame(
     (tuner.decisions.drift); ``recorded_speedup`` is what the trial knew then (its latest reference)."""
     sentinels = Sentinels(records, noise_cv)
     rows = []
-    for r in records:
-        config = r.config.as_dict()
-        m = r.metrics
+    for record in records:
+        config = record.config.as_dict()
+        metrics = record.metrics
+        at = midpoint(record)
         row = {
-            "trial": r.number,
-            "state": r.state,
-            "role": r.role,
-            "feasible": r.feasible,
+            "trial": record.number,
+            "state": record.state,
+            "role": record.role,
+            "feasible": record.feasible,
             "method": method_of(config),
-            "family": r.config.family,
+            "family": record.config.family,
             **{k: config.get(k) for k in KNOB_NAMES},
-            **{name: getattr(m, name) if m else None for name in METRICS},
-            "recorded_speedup": m.speedup if m else None,
-            "drifted": sentinels.drifted(r.worker, midpoint(r)) if midpoint(r) is not None else None,
-            "host_busy": host_was_busy(r.host) if r.host else None,
-            "placement_problem": r.host.get("placement_problem") if r.host else None,
-            "thp_mode": r.host.get("thp_mode") if r.host else None,
-            **memory_mib(r.host),
-            "pruned": r.pruned,
-            "search_stage": r.search.get("stage"),
-            "cv": r.spread.cv if r.spread else None,
-            "noisy": r.spread.noisy if r.spread else None,
-            "drafted": r.drafted,
-            "accepted": r.accepted,
-            "prompt_tokens_per_second": prompt_rate(r.samples),
-            "constraint_quality": r.constraint,
-            **{f"score_{k}": v for k, v in r.scores.items()},  # a scorer's figures besides quality (kld)
-            **{f"tps_{s}": v for s, v in r.per_suite_tokens_per_second.items()},
-            **r.load_figures(),  # aggregate tokens/s and latency percentiles per concurrency level: p95_ttft_ms_c4
-            **{f"constraint_{k}": v for k, v in r.constraints.items()},
-            "failure_reason": r.failure.reason if r.failure else None,
-            "failure_detail": r.failure.detail if r.failure else None,
-            "duration_s": r.duration_s,
-            "command": shlex.join(r.argv) if r.argv else None,
+            **{name: getattr(metrics, name) if metrics else None for name in METRICS},
+            "recorded_speedup": metrics.speedup if metrics else None,
+            "drifted": sentinels.drifted(record.worker, at) if at is not None else None,
+            "host_busy": host_was_busy(record.host) if record.host else None,
+            "placement_problem": record.host.get("placement_problem") if record.host else None,
+            "thp_mode": record.host.get("thp_mode") if record.host else None,
+            **memory_mib(record.host),
+            "pruned": record.pruned,
+            "search_stage": record.search.get("stage"),
+            "cv": record.spread.cv if record.spread else None,
+            "noisy": record.spread.noisy if record.spread else None,
+            "drafted": record.drafted,
+            "accepted": record.accepted,
+            "prompt_tokens_per_second": prompt_rate(record.samples),
+            "constraint_quality": record.constraint,
+            **{f"score_{k}": v for k, v in record.scores.items()},  # a scorer's figures besides quality (kld)
+            **{f"tps_{s}": v for s, v in record.per_suite_tokens_per_second.items()},
+            **record.load_figures(),  # aggregate tokens/s and latency percentiles per concurrency level: p95_ttft_ms_c4
+            **{f"constraint_{k}": v for k, v in record.constraints.items()},
+            "failure_reason": record.failure.reason if record.failure else None,
+            "failure_detail": record.failure.detail if record.failure else None,
+            "duration_s": record.duration_s,
+            "command": shlex.join(record.argv) if record.argv else None,
         }
-        if r.complete and sentinels.speedup(r) is not None:
-            row["speedup"] = sentinels.speedup(r)
-        if roofline is not None and m is not None:
-            ceiling = roofline.tokens_per_second(r.config.experts)
+        if record.complete and sentinels.speedup(record) is not None:
+            row["speedup"] = sentinels.speedup(record)
+        if roofline is not None and metrics is not None:
+            ceiling = roofline.tokens_per_second(record.config.experts)
             row["roofline_tokens_per_second"] = ceiling
-            row["roofline_fraction"] = m.tokens_per_second / ceiling
+            row["roofline_fraction"] = metrics.tokens_per_second / ceiling
         rows.append(row)
     frame = pd.DataFrame(rows)
     for column in COLUMNS:  # a study without (complete) trials still has every column
@@ -390,17 +391,19 @@ def importances(study: optuna.Study, record: StudyRecord) -> pd.DataFrame:
     rows = []
     if len(done) < 3:
         return pd.DataFrame(columns=["objective", "param", "importance"])
-    for i, (objective, direction) in enumerate(zip(record.objectives, study.directions)):
-        if len({t.values[i] for t in done}) < 2:
+    for index, (objective, direction) in enumerate(zip(record.objectives, study.directions)):
+        if len({t.values[index] for t in done}) < 2:
             continue  # a constant objective has no importances
         sign = -1.0 if direction == optuna.study.StudyDirection.MAXIMIZE else 1.0  # the evaluator minimizes
+
+        def signed_value(trial: optuna.trial.FrozenTrial, index: int = index, sign: float = sign) -> float:
+            return sign * trial.values[index]
+
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*importances of params to achieve low")
                 warnings.filterwarnings("ignore", message=".*have less than 2 trials")  # small studies
-                result = optuna.importance.get_param_importances(
-                    study, target=lambda t, i=i, sign=sign: sign * t.values[i]
-                )
+                result = optuna.importance.get_param_importances(study, target=signed_value)
         except (ValueError, RuntimeError):
             continue  # e.g. no parameter varied across complete trials
         rows += [{"objective": objective, "param": p, "importance": v} for p, v in result.items()]
@@ -535,6 +538,7 @@ def sentinel_frame(records: list[TrialRecord]) -> pd.DataFrame:
             "cv": r.spread.cv if r.spread else None,
         }
         for r in records
-        if r.role in REFERENCE_ROLES and r.complete and midpoint(r) is not None
+        # ``complete`` already implies metrics; the check states it for the type checker
+        if r.role in REFERENCE_ROLES and r.complete and r.metrics is not None and midpoint(r) is not None
     ]
     return pd.DataFrame(rows, columns=["trial", "role", "worker", "at", "tokens_per_second", "cv"])

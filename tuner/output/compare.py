@@ -61,23 +61,24 @@ def _config_key(row: pd.Series) -> str:
     return json.dumps({k: (None if pd.isna(v) else v) for k, v in row.items()}, sort_keys=True, default=str)
 
 
-def _differences(a: dict, b: dict, keys: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
-    return [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)]
+def _differences(values_a: dict, values_b: dict, keys: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
+    return [(k, values_a.get(k), values_b.get(k)) for k in keys if values_a.get(k) != values_b.get(k)]
 
 
 def compare_studies(
-    a: optuna.Study, record_a: StudyRecord, b: optuna.Study, record_b: StudyRecord
+    study_a: optuna.Study, record_a: StudyRecord, study_b: optuna.Study, record_b: StudyRecord
 ) -> Comparison:
     """Join A and B on identical configurations; B/A ratios and the fingerprint differences."""
     incomparable = changes(record_a, record_b, ignore=MEASURED_DIFFERENCES, sides=("A has", "B has"))
     if incomparable:
         raise UserError(
-            f"study {b.study_name!r} cannot be compared with {a.study_name!r}: {incomparable[0]}; "
+            f"study {study_b.study_name!r} cannot be compared with {study_a.study_name!r}: "
+            f"{incomparable[0]}; "
             "compare studies of the same models, workload, measurement settings and scorer"
         )
     per_a, per_b = (
-        _per_config(trials_frame(store.read_trials(a))),
-        _per_config(trials_frame(store.read_trials(b))),
+        _per_config(trials_frame(store.read_trials(study_a))),
+        _per_config(trials_frame(store.read_trials(study_b))),
     )
     joined = per_a.merge(per_b, on="key", suffixes=("_a", "_b"))
     knobs = pd.DataFrame([json.loads(k) for k in joined["key"]], columns=list(KNOBS))
@@ -103,8 +104,8 @@ def compare_studies(
     ratios = [r for r in rows["ratio"] if r > 0 and math.isfinite(r)]
     fp_a, fp_b = record_a.fingerprint, record_b.fingerprint
     return Comparison(
-        name_a=a.study_name,
-        name_b=b.study_name,
+        name_a=study_a.study_name,
+        name_b=study_b.study_name,
         differing=_differences(fp_a, fp_b, COMPARABILITY_KEYS),
         rows=rows,
         only_a=len(per_a) - len(joined),
@@ -113,7 +114,7 @@ def compare_studies(
     )
 
 
-def _cell(value: Any, digits: int = 2) -> str:
+def _cell(value: Any, digits: int | None = 2) -> str:
     """A measurement with ``digits`` decimals; knobs (``digits=None``) as compactly as they read."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
@@ -122,37 +123,43 @@ def _cell(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def format_markdown(c: Comparison) -> str:
+def format_markdown(comparison: Comparison) -> str:
     """Header (what differs), then a pipe table of the joined configurations."""
-    lines = [f"Comparing {c.name_b} (B) against {c.name_a} (A)."]
-    if c.differing:
+    lines = [f"Comparing {comparison.name_b} (B) against {comparison.name_a} (A)."]
+    if comparison.differing:
         lines.append(
             "Fingerprint keys that differ: "
-            + "; ".join(f"{k}: {va!r} (A) vs {vb!r} (B)" for k, va, vb in c.differing)
+            + "; ".join(f"{k}: {va!r} (A) vs {vb!r} (B)" for k, va, vb in comparison.differing)
         )
     else:
         lines.append(
             "All comparability keys are equal (" + ", ".join(COMPARABILITY_KEYS) + "): differences are noise."
         )
-    lines.append(f"{len(c.rows)} configurations in both; {c.only_a} only in A, {c.only_b} only in B.")
-    if c.rows.empty:
+    lines.append(
+        f"{len(comparison.rows)} configurations in both; "
+        f"{comparison.only_a} only in A, {comparison.only_b} only in B."
+    )
+    if comparison.rows.empty:
         return "\n".join(lines)
-    varying = [k for k in KNOBS if c.rows[k].astype(str).nunique() > 1] or ["spec_type"]
+    varying = [k for k in KNOBS if comparison.rows[k].astype(str).nunique() > 1] or ["spec_type"]
     measured = ["t/s A", "t/s B", "B/A", "accept A", "accept B"]
     lines += [
         "",
         "| " + " | ".join(varying + measured) + " |",
         "|" + "|".join(["---"] * len(varying) + ["---:"] * len(measured)) + "|",
     ]
-    for _, r in c.rows.iterrows():
-        cells = [_cell(r[k], None) for k in varying] + [
-            _cell(r["tps_a"]),
-            _cell(r["tps_b"]),
-            _cell(r["ratio"]),
-            _cell(r["acceptance_a"]),
-            _cell(r["acceptance_b"]),
+    for _, row in comparison.rows.iterrows():
+        cells = [_cell(row[k], None) for k in varying] + [
+            _cell(row["tps_a"]),
+            _cell(row["tps_b"]),
+            _cell(row["ratio"]),
+            _cell(row["acceptance_a"]),
+            _cell(row["acceptance_b"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    if c.geomean_ratio is not None:
-        lines += ["", f"Geometric mean B/A over {len(c.rows)} configurations: {c.geomean_ratio:.3f}"]
+    if comparison.geomean_ratio is not None:
+        lines += [
+            "",
+            f"Geometric mean B/A over {len(comparison.rows)} configurations: {comparison.geomean_ratio:.3f}",
+        ]
     return "\n".join(lines)

@@ -40,6 +40,7 @@ def study_note(study: optuna.Study, record: StudyRecord) -> str:
         lines.append(f"- **baseline**: trial {reference.trial}, {reference.tokens_per_second:.1f} tokens/s")
     best = store.best_feasible(study)
     if best is not None:
+        assert best.metrics is not None, "a feasible trial is complete, so it has metrics"
         lines.append(
             f"- **best feasible**: trial {best.number}, {best.metrics.tokens_per_second:.1f} tokens/s, "
             f"x{best.metrics.speedup:.2f} over the baseline"
@@ -54,12 +55,13 @@ def study_note(study: optuna.Study, record: StudyRecord) -> str:
 
 def trial_note(record: TrialRecord) -> str:
     lines = [f"**role**: {record.role}"]
-    m = record.metrics
+    metrics = record.metrics
     if record.complete:
+        assert metrics is not None, "a complete trial has metrics"
         verdict = "feasible" if record.feasible else "below the quality floor"
         lines.append(
-            f"{m.tokens_per_second:.1f} tokens/s, x{m.speedup:.2f} over the baseline, "
-            f"acceptance {m.acceptance:.2f}, quality {m.quality:.3f}: {verdict}"
+            f"{metrics.tokens_per_second:.1f} tokens/s, x{metrics.speedup:.2f} over the baseline, "
+            f"acceptance {metrics.acceptance:.2f}, quality {metrics.quality:.3f}: {verdict}"
             + (" (noisy)" if record.spread and record.spread.noisy else "")
         )
     if record.failure:

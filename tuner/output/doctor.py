@@ -124,7 +124,9 @@ def thp_measured(study: str, hosts: list[dict], thp_now: str | None) -> list[str
     its workload): whether huge pages backed the servers' memory, and what would change it."""
     kib = [h["smaps_kib"] for h in hosts if h.get("smaps_kib", {}).get("Rss")]
     if not kib:
-        return [f"study {study}: no trial recorded its server's memory (trials measured before issue 32)"]
+        return [
+            f"study {study}: no trial recorded its server's memory (measured before the tuner recorded it)"
+        ]
     modes = sorted({str(h.get("thp_mode")) for h in hosts if h.get("smaps_kib")})
     huge = [(k.get("AnonHugePages", 0) + k.get("FilePmdMapped", 0)) / k["Rss"] for k in kib]
     best = max(huge)

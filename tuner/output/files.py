@@ -70,11 +70,11 @@ def free_space(path: Path) -> str:
     return f"{human_bytes(free)} free on {folder}"
 
 
-def human_bytes(n: float) -> str:
-    if n < 1000:
-        return f"{int(n)} B"
+def human_bytes(size: float) -> str:
+    if size < 1000:
+        return f"{int(size)} B"
     for unit in ("kB", "MB", "GB"):
-        n /= 1000
-        if n < 1000:
+        size /= 1000
+        if size < 1000:
             break
-    return f"{n:.1f} {unit}"
+    return f"{size:.1f} {unit}"

@@ -144,7 +144,7 @@ def read_section(path: Path, name: str) -> DeployedSection:
     blocks = _blocks(_existing(path))
     raw = next((text for n, text in blocks if n == name), None)
     if raw is None:
-        names = [n for n, _ in blocks[1:] if n != SHARED]
+        names = [n for n, _ in blocks[1:] if n is not None and n != SHARED]  # after the preamble, all named
         raise UserError(
             f"{path}: no section [{name}] (its sections: {', '.join(names) or 'none'}); "
             "pass --section NAME, or --preset the file the study was exported to"
@@ -383,13 +383,13 @@ def history_lines(path: Path, section: str | None = None) -> list[str]:
 
 def rollback_line(path: Path, target: Version, kept: Version | None) -> str:
     """What ``tuner preset rollback`` did, and how to undo it."""
-    s = f"[{target.section}]"
+    header = f"[{target.section}]"
     if kept is None:
-        return f"{path}: {s} already is as version {target.number} kept it; nothing changed"
+        return f"{path}: {header} already is as version {target.number} kept it; nothing changed"
     done = (
-        f"{s} removed (it did not exist before version {target.number})"
+        f"{header} removed (it did not exist before version {target.number})"
         if target.text is None
-        else f"{s} put back as version {target.number} kept it ({target.time})"
+        else f"{header} put back as version {target.number} kept it ({target.time})"
     )
     return (
         f"{path}: {done}; what it replaced is kept as version {kept.number}: "

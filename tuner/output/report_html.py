@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from tuner.decisions.race import RaceResult
 from tuner.machine.bandwidth import SATURATION_SHARE, BandwidthCurve, threads_text
 from tuner.machine.roofline import Roofline
 from tuner.output.analysis import ReportData, break_even, complete, per_type_frame
@@ -83,7 +84,7 @@ def _hover(frame: pd.DataFrame) -> list[str]:
     ]
 
 
-def pareto_figure(data: ReportData, x: str, front: pd.DataFrame, div_id: str) -> str:
+def pareto_figure(data: ReportData, x_column: str, front: pd.DataFrame, div_id: str) -> str:
     done = complete(data.trials)
     fig = go.Figure()
     for ok, name, color, symbol in (
@@ -94,7 +95,7 @@ def pareto_figure(data: ReportData, x: str, front: pd.DataFrame, div_id: str) ->
         if not part.empty:
             fig.add_trace(
                 go.Scatter(
-                    x=part[x],
+                    x=part[x_column],
                     y=part["tokens_per_second"],
                     mode="markers",
                     name=name,
@@ -106,7 +107,7 @@ def pareto_figure(data: ReportData, x: str, front: pd.DataFrame, div_id: str) ->
     if not front.empty:
         fig.add_trace(
             go.Scatter(
-                x=front[x],
+                x=front[x_column],
                 y=front["tokens_per_second"],
                 mode="lines+markers",
                 name="Pareto front",
@@ -120,38 +121,38 @@ def pareto_figure(data: ReportData, x: str, front: pd.DataFrame, div_id: str) ->
     if not base.empty:
         fig.add_trace(
             go.Scatter(
-                x=base[x],
+                x=base[x_column],
                 y=base["tokens_per_second"],
                 mode="markers",
                 name="baseline",
                 marker={"color": "black", "symbol": "star", "size": 14},
             )
         )
-    if x == "quality" and data.floor is not None:
+    if x_column == "quality" and data.floor is not None:
         fig.add_vline(x=data.floor, line_dash="dot", annotation_text="quality floor")
-    fig.update_layout(xaxis_title=x, yaxis_title="decode tokens/s")
+    fig.update_layout(xaxis_title=x_column, yaxis_title="decode tokens/s")
     return _figure_html(fig, div_id)
 
 
 def lines_figure(
     frame: pd.DataFrame,
     group: str,
-    x: str,
-    y: str,
+    x_column: str,
+    y_column: str,
     div_id: str,
     x_title: str,
     y_title: str = "best feasible tokens/s",
 ) -> str:
-    fig = _lines(frame, group, x, y)
+    fig = _lines(frame, group, x_column, y_column)
     fig.update_layout(xaxis_title=x_title, yaxis_title=y_title, legend_title=group)
     return _figure_html(fig, div_id)
 
 
-def _lines(frame: pd.DataFrame, group: str, x: str, y: str) -> go.Figure:
+def _lines(frame: pd.DataFrame, group: str, x_column: str, y_column: str) -> go.Figure:
     fig = go.Figure()
     for name, part in frame.groupby(group, sort=True):
-        part = part.sort_values(x)
-        fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines+markers", name=str(name)))
+        part = part.sort_values(x_column)
+        fig.add_trace(go.Scatter(x=part[x_column], y=part[y_column], mode="lines+markers", name=str(name)))
     return fig
 
 
@@ -207,18 +208,18 @@ def threads_caption(curve: BandwidthCurve | None) -> str:
 
 def temperature_figure(frame: pd.DataFrame, div_id: str) -> str:
     fig = make_subplots(rows=1, cols=3, subplot_titles=("tokens/s (best)", "acceptance", "quality"))
-    for i, (name, part) in enumerate(frame.groupby("method", sort=True)):
+    for index, (name, part) in enumerate(frame.groupby("method", sort=True)):
         part = part.sort_values("temperature")
-        for col, y in enumerate(("best_tokens_per_second", "acceptance", "quality"), start=1):
+        for col, metric in enumerate(("best_tokens_per_second", "acceptance", "quality"), start=1):
             fig.add_trace(
                 go.Scatter(
                     x=part["temperature"],
-                    y=part[y],
+                    y=part[metric],
                     mode="lines+markers",
                     name=str(name),
                     legendgroup=str(name),
                     showlegend=col == 1,
-                    line={"color": _palette(i)},
+                    line={"color": _palette(index)},
                 ),
                 row=1,
                 col=col,
@@ -290,8 +291,7 @@ def drift_figure(data: ReportData, div_id: str) -> str:
     return _figure_html(fig, div_id)
 
 
-def race_table(data: ReportData) -> str:
-    race = data.race
+def race_table(race: RaceResult) -> str:
     rows = pd.DataFrame(
         [
             {
@@ -380,8 +380,8 @@ def per_type_figure(data: ReportData, div_id: str) -> str:
     on its tuning prompts (circle) and its held-out figure (diamond) at its K."""
     fig = go.Figure()
     rows = per_type_frame(data.per_type) if data.per_type is not None else pd.DataFrame()
-    for i, (suite, part) in enumerate(data.k_by_suite.groupby("suite", sort=True)):
-        color = _palette(i)
+    for index, (suite, part) in enumerate(data.k_by_suite.groupby("suite", sort=True)):
+        color = _palette(index)
         part = part.sort_values("K")
         fig.add_trace(
             go.Scatter(
@@ -394,24 +394,24 @@ def per_type_figure(data: ReportData, div_id: str) -> str:
             )
         )
         own = rows[rows["suite"] == suite] if not rows.empty else rows
-        for r in own.itertuples():
+        for row in own.itertuples():
             fig.add_trace(
                 go.Scatter(
-                    x=[r.K],
-                    y=[r.tuning_tokens_per_second],
+                    x=[row.K],
+                    y=[row.tuning_tokens_per_second],
                     mode="markers",
                     legendgroup=str(suite),
-                    name=f"{suite} winner, tuning prompts (trial {r.trial})",
+                    name=f"{suite} winner, tuning prompts (trial {row.trial})",
                     marker={"color": color, "size": 14, "symbol": "circle-open", "line": {"width": 3}},
                 )
             )
             fig.add_trace(
                 go.Scatter(
-                    x=[r.K],
-                    y=[r.held_out_tokens_per_second],
+                    x=[row.K],
+                    y=[row.held_out_tokens_per_second],
                     mode="markers",
                     legendgroup=str(suite),
-                    name=f"{suite} winner, held-out prompts (x{r.gain:.2f} over pooled)",
+                    name=f"{suite} winner, held-out prompts (x{row.gain:.2f} over pooled)",
                     marker={"color": color, "size": 14, "symbol": "diamond"},
                 )
             )
@@ -472,8 +472,8 @@ def per_type_body(data: ReportData) -> str:
 
 def acceptance_model_figure(data: ReportData, div_id: str) -> str:
     fig = go.Figure()
-    for i, (option, part) in enumerate(data.acceptance_model.groupby("option")):
-        color = _palette(i)
+    for index, (option, part) in enumerate(data.acceptance_model.groupby("option")):
+        color = _palette(index)
         fig.add_trace(
             go.Scatter(
                 x=part["k"], y=part["speedup"], mode="markers", name=f"{option} measured", marker_color=color
@@ -495,14 +495,14 @@ def acceptance_model_figure(data: ReportData, div_id: str) -> str:
 def roofline_figure(data: ReportData, div_id: str) -> str:
     done = complete(data.trials).dropna(subset=["roofline_fraction"]).sort_values("trial")
     fig = go.Figure()
-    for i, (name, part) in enumerate(done.groupby("method", sort=True)):
+    for index, (name, part) in enumerate(done.groupby("method", sort=True)):
         fig.add_trace(
             go.Scatter(
                 x=part["trial"],
                 y=part["roofline_fraction"],
                 mode="markers",
                 name=str(name),
-                marker={"size": 10, "color": _palette(i)},
+                marker={"size": 10, "color": _palette(index)},
                 text=_hover(part),
                 hoverinfo="text+y",
             )
@@ -525,9 +525,9 @@ def importance_figure(frame: pd.DataFrame, div_id: str) -> str:
     return _figure_html(fig, div_id)
 
 
-def _palette(i: int) -> str:
+def _palette(index: int) -> str:
     colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
-    return colors[i % len(colors)]
+    return colors[index % len(colors)]
 
 
 def _empty(text: str) -> str:
@@ -594,11 +594,12 @@ def _best_rows(done: pd.DataFrame) -> list[tuple[str, str]]:
     best = done[done["feasible"]].sort_values("tokens_per_second", ascending=False).head(1)
     if best.empty:
         return []
-    b = best.iloc[0]
+    best_row = best.iloc[0]
     return [
         (
             "best feasible",
-            f"trial {b['trial']}: {b['tokens_per_second']:.1f} tokens/s, x{_fmt(b['speedup'])} over the baseline",
+            f"trial {best_row['trial']}: {best_row['tokens_per_second']:.1f} tokens/s, "
+            f"x{_fmt(best_row['speedup'])} over the baseline",
         )
     ]
 
@@ -613,13 +614,13 @@ def _warm_start_row(prior: dict) -> tuple[str, str]:
     return ("warm start", f"from {describe_prior(prior)}: {' and '.join(reused)} tried early")
 
 
-def _roofline_row(r: Roofline) -> tuple[str, str]:
+def _roofline_row(roofline: Roofline) -> tuple[str, str]:
     """The bandwidth ceiling of decode without speculation, to read the speedups against."""
     return (
         "roofline",
-        f"{r.bandwidth.bytes_per_s / 1e9:.1f} GB/s ({r.bandwidth.note}); "
-        f"{r.bytes_per_token(None) / 1e9:.3f} GB read per token ({r.note}): "
-        f"ceiling {r.tokens_per_second(None):.1f} tokens/s without speculation",
+        f"{roofline.bandwidth.bytes_per_s / 1e9:.1f} GB/s ({roofline.bandwidth.note}); "
+        f"{roofline.bytes_per_token(None) / 1e9:.3f} GB read per token ({roofline.note}): "
+        f"ceiling {roofline.tokens_per_second(None):.1f} tokens/s without speculation",
     )
 
 
@@ -660,19 +661,19 @@ def latency_figure(frame: pd.DataFrame, div_id: str) -> str:
     fig = make_subplots(
         rows=1, cols=2, subplot_titles=("time to first token (ms)", "time per output token (ms)")
     )
-    for i, (family, part) in enumerate(frame.groupby("family", sort=True)):
+    for index, (family, part) in enumerate(frame.groupby("family", sort=True)):
         part = part.sort_values("users")
         for col, kind in ((1, "ttft"), (2, "tpot")):
-            for q, dash in (("p50", "solid"), ("p95", "dash")):
+            for quantile, dash in (("p50", "solid"), ("p95", "dash")):
                 fig.add_trace(
                     go.Scatter(
                         x=part["users"],
-                        y=part[f"{q}_{kind}_ms"],
+                        y=part[f"{quantile}_{kind}_ms"],
                         mode="lines+markers",
-                        name=f"{family} {q}",
+                        name=f"{family} {quantile}",
                         legendgroup=str(family),
                         showlegend=col == 1,
-                        line={"color": FAMILY_COLORS[i % len(FAMILY_COLORS)], "dash": dash},
+                        line={"color": FAMILY_COLORS[index % len(FAMILY_COLORS)], "dash": dash},
                     ),
                     row=1,
                     col=col,
@@ -695,9 +696,12 @@ LATENCY_TABLE = {
 
 def load_sections(data: ReportData) -> list[Section]:
     """Several users at once: aggregate tokens/s per family against users, then the same trials' latency."""
-    measured = data.concurrency is not None and not data.concurrency.empty
+    concurrency = data.concurrency
+    curves = (
+        None if concurrency is None or concurrency.empty else concurrency.sort_values(["users", "family"])
+    )
+    measured = curves is not None
     one_user = _empty("one user at a time (workload.concurrency: [1])")
-    curves = data.concurrency.sort_values(["users", "family"]) if measured else None
     return [
         Section(
             "concurrency",
@@ -831,7 +835,7 @@ def _decision_sections(data: ReportData) -> list[Section]:
             "and the baseline once; later rounds the leader and the finalists whose comparison with it is open. "
             "Geometric mean over launches; speedup over the baseline on paired rounds with a 95% interval "
             "simultaneous over the finalists; the verdict says what the deployment may lose (its loss bound).",
-            race_table(data)
+            race_table(data.race)
             if data.race is not None
             else _empty("no race recorded (tuner run --no-race, or nothing to race)"),
         ),
@@ -1030,10 +1034,10 @@ def render(data: ReportData) -> str:
         + "".join(f'<li><a href="#{s.id}">{html.escape(s.title)}</a></li>' for s in secs)
         + "</ul></nav>",
     ]
-    for s in secs:
+    for section in secs:
         parts.append(
-            f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>'
-            f'<p class="caption">{html.escape(s.caption)}</p>{s.body}</section>'
+            f'<section id="{section.id}"><h2>{html.escape(section.title)}</h2>'
+            f'<p class="caption">{html.escape(section.caption)}</p>{section.body}</section>'
         )
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -33,20 +33,20 @@ def turn_table(records: list[TrialRecord]) -> pd.DataFrame:
     """One row per (complete trial, turn) of its conversation requests: the median over repetitions
     of the turn's pooled decode rate, its acceptance, the median prompt time and cached prompt tokens."""
     rows = []
-    for r in records:
-        if not r.complete:
+    for record in records:
+        if not record.complete:
             continue
         by_turn: dict[int, list[dict]] = {}
-        for s in r.samples:
-            if s.get("turn"):
-                by_turn.setdefault(int(s["turn"]), []).append(s)
+        for sample in record.samples:
+            if sample.get("turn"):
+                by_turn.setdefault(int(sample["turn"]), []).append(sample)
         for turn, samples in sorted(by_turn.items()):
             drafted = sum(s.get("draft_n", 0) for s in samples)
             rows.append(
                 {
-                    "trial": r.number,
-                    "role": r.role,
-                    "family": r.config.family,
+                    "trial": record.number,
+                    "role": record.role,
+                    "family": record.config.family,
                     "turn": turn,
                     "tokens_per_second": median_over_repetitions(samples)[0],
                     "acceptance": sum(s.get("draft_n_accepted", 0) for s in samples) / drafted

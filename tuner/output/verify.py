@@ -164,6 +164,7 @@ def read_deployed(study: optuna.Study, record: StudyRecord, section: DeployedSec
         trial = section.origin[1]
     claim = claim_for(race, trial)
     exported = store.read_trial(study.trials[trial])
+    assert exported.command is not None, "an exported trial was launched, so it has its command"
     written = section_options(record.name, exported.command, exported.config.temperature)[1]
     return Deployed(section, trial, claim, edits(written, section.options))
 
@@ -172,11 +173,11 @@ def header_lines(
     deployed: Deployed, record: StudyRecord, this_build: dict, build: str, prompts: str, rounds: int
 ) -> list[str]:
     """What is about to be launched, on which build, and how."""
-    s = deployed.section
+    section = deployed.section
     state = f"edited since: {'; '.join(deployed.edited)}" if deployed.edited else "as exported"
     return [
-        f"verify: [{s.name}] of {s.path}, trial {deployed.trial} of study {record.name} ({state}), against the "
-        f"study's baseline on {build_text(this_build)}",
+        f"verify: [{section.name}] of {section.path}, trial {deployed.trial} of study {record.name} ({state}), "
+        f"against the study's baseline on {build_text(this_build)}",
         *([f"verify: another build: {build}"] if build else []),
         f"verify: {rounds} paired rounds, one fresh launch of each per round, on {prompts}",
     ]
