@@ -159,25 +159,33 @@ def test_every_help_page_prints(capsys):
         assert "usage: tuner" in capsys.readouterr().out, argv
 
 
-# The floors of tuner/, lowest first, as ARCHITECTURE.md draws them: a module imports only from its own
-# floor or those below it. ``tuner`` is the package itself; the synthetic family sits beside the bench.
-FLOORS = [
-    ("tuner", "errors", "paths", "eta", "figures", "knobs"),
-    ("machine",),
-    ("models",),
-    ("measurement",),
-    ("studyfile",),
-    ("storage",),
-    ("decisions",),
-    ("search",),
-    ("context",),
-    ("run",),
-    ("output",),
-    ("traffic", "synthetic", "bundle"),
-    ("bench",),
-    ("commands",),
-    ("cli",),
-]
+def floors_in(text: str) -> list[tuple[str, ...]]:
+    """The floors of tuner/, lowest first, from the numbered list under ARCHITECTURE.md's "## Floors": each
+    item's names in backticks are one floor's stages. A module imports only from its own floor or those below."""
+    section = re.search(r"^## Floors\n(.*?)(?=^## |\Z)", text, flags=re.MULTILINE | re.DOTALL)
+    if section is None:
+        return []
+    return [
+        tuple(re.findall(r"`([^`]+)`", line))
+        for line in section.group(1).splitlines()
+        if re.match(r"\d+\. ", line)
+    ]
+
+
+FLOORS = floors_in((ROOT / "ARCHITECTURE.md").read_text())
+
+
+def test_the_floor_parser_reads_a_planted_list():
+    text = "## Floors\n\nProse with `ignored`.\n\n1. `a`, `b`\n2. `c`\n\n## Modules\n\n1. `d`\n"
+    assert floors_in(text) == [("a", "b"), ("c",)]
+    assert floors_in("## Modules\n\n1. `a`\n") == []
+
+
+def test_architecture_draws_the_floors_once():
+    """The floors are read from ARCHITECTURE.md: found, and every stage on exactly one floor."""
+    stages = [s for floor in FLOORS for s in floor]
+    assert FLOORS and all(FLOORS), "no ## Floors list in ARCHITECTURE.md"
+    assert len(stages) == len(set(stages)), stages
 
 
 def stage_of(module: str) -> str:
