@@ -450,6 +450,7 @@ class SpeedModel:
         lookup: str | None,
         content: str,
         ints: dict[str, np.ndarray],
+        *,
         temperature: float,
         threads: int,
         rel: float,
@@ -529,9 +530,9 @@ class SpeedModel:
                 config.lookup if config.stacked else None,
                 content,
                 ints,
-                config.temperature,
-                config.threads,
-                experts_factor,
+                temperature=config.temperature,
+                threads=config.threads,
+                rel=experts_factor,
             )
             rates[content] = land.base_rate[content] * experts_factor * hw * float(ratio[0])
             accept.append(float(acc[0]))
@@ -597,6 +598,7 @@ class ServingModel:
         ints: dict[str, np.ndarray],
         serv: dict[str, np.ndarray],
         slots: np.ndarray,
+        *,
         temperature: float,
         threads: int,
         hw: float,
@@ -628,8 +630,17 @@ class ServingModel:
         rates, accept, aggregate = {}, [], {}
         for content in sorted(set(land.prompts)):  # a fixed order: sums repeat bit for bit
             args = (config.spec_type, config.draft, content, ints, serv)
-            alone, _ = self.served(*args, np.ones(1), config.temperature, config.threads, hw, cores)
-            _, level = self.served(*args, serv["slots"], config.temperature, config.threads, hw, cores)
+            alone, _ = self.served(
+                *args, np.ones(1), temperature=config.temperature, threads=config.threads, hw=hw, cores=cores
+            )
+            _, level = self.served(
+                *args,
+                serv["slots"],
+                temperature=config.temperature,
+                threads=config.threads,
+                hw=hw,
+                cores=cores,
+            )
             rates[content], aggregate[content] = (
                 land.base_rate[content] * float(alone[0]),
                 land.base_rate[content] * float(level[0]),
@@ -642,9 +653,9 @@ class ServingModel:
                         None,
                         content,
                         ints,
-                        config.temperature,
-                        config.threads,
-                        1.0,
+                        temperature=config.temperature,
+                        threads=config.threads,
+                        rel=1.0,
                     )[1][0]
                 )
             )
@@ -659,6 +670,7 @@ class ServingModel:
         draft: str | None,
         configs: list[TrialConfig],
         ints: dict[str, np.ndarray],
+        *,
         temperature: float,
         threads: int,
         hw: float,
@@ -672,7 +684,18 @@ class ServingModel:
             n
             / (
                 land.base_rate[c]
-                * self.served(spec, draft, c, ints, serv, serv["slots"], temperature, threads, hw, cores)[1]
+                * self.served(
+                    spec,
+                    draft,
+                    c,
+                    ints,
+                    serv,
+                    serv["slots"],
+                    temperature=temperature,
+                    threads=threads,
+                    hw=hw,
+                    cores=cores,
+                )[1]
             )
             for c, n in Counter(land.prompts).items()
         )
@@ -736,10 +759,27 @@ class SpaceSurvey:
                 ints = speed.ints(configs)
                 if land.serving:
                     inverse = speed.batched.inverse(
-                        spec, draft, configs, ints, temperature, threads, hw, cores, quality
+                        spec,
+                        draft,
+                        configs,
+                        ints,
+                        temperature=temperature,
+                        threads=threads,
+                        hw=hw,
+                        cores=cores,
+                        quality=quality,
                     )
                 else:
-                    inverse = self.inverse(spec, draft, lookup, ints, temperature, threads, hw, factor)
+                    inverse = self.inverse(
+                        spec,
+                        draft,
+                        lookup,
+                        ints,
+                        temperature=temperature,
+                        threads=threads,
+                        hw=hw,
+                        factor=factor,
+                    )
                 i = int(np.argmin(inverse))
                 if len(land.prompts) / inverse[i] > best:
                     best = len(land.prompts) / float(inverse[i])
@@ -761,6 +801,7 @@ class SpaceSurvey:
         draft: str | None,
         lookup: str | None,
         ints: dict[str, np.ndarray],
+        *,
         temperature: float,
         threads: int,
         hw: float,
@@ -774,7 +815,9 @@ class SpaceSurvey:
                 land.base_rate[c]
                 * factor
                 * hw
-                * self.speed.speculation(spec, draft, lookup, c, ints, temperature, threads, factor)[0]
+                * self.speed.speculation(
+                    spec, draft, lookup, c, ints, temperature=temperature, threads=threads, rel=factor
+                )[0]
             )
             for c, n in Counter(land.prompts).items()
         )
