@@ -30,14 +30,14 @@ LAUNCH_S = 0.5  # llama-server start, context and graph setup, readiness (0.3-0.
 LOAD_BYTES_PER_S = 1.5e9  # model files read (page cache or disk) while the server loads
 CHARS_PER_TOKEN = 3.5  # prompt length in tokens, without a tokenizer
 # A searched trial of a space that speculates decodes this much faster than the target alone, on average over
-# the ones that pay and the ones that do not (make demo's 20 trials: x1.23 over its baseline's rate) ...
+# the ones that pay and the ones that do not: a search spends some of its trials on configurations that lose ...
 SEARCH_SPEEDUP = 1.2
-# ... and with pruning on, about this share of the trials stops about this far into its passes (make demo: 10 of
-# 23, at 45% of their requests on average).
+# ... and with pruning on, about this share of the trials stops about this far into its passes: a trial stops
+# once it cannot beat the incumbent, which a slow configuration shows partway through its requests.
 PRUNED_SHARE, PRUNED_AT = 0.35, 0.5
 # Launches per round after race.min_rounds: at most the leader, the runner-up, the bound's finalist and the
-# baseline; typically two: the baseline rests once shown slower, the bound's finalist is the runner-up (make demo:
-# 2.2 a round after round 3 in both its races).
+# baseline; typically two: the baseline rests once shown slower, and the bound's finalist is usually the
+# runner-up.
 RACE_OPEN, RACE_TYPICAL = 4, 2
 
 

@@ -380,7 +380,7 @@ def benchmark(
 
 
 def targets(results: dict[str, StrategyResult], size: int, budget: int) -> dict:
-    """The issue's targets: the default within the tolerance in at most half the trials
+    """The targets the default search must meet: within the tolerance in at most half the trials
     random search needs (medians over seeds) and at most a quarter of the grid. When random
     search did not get there in most seeds, its median is taken as the budget, so the
     ratio is an upper bound."""
