@@ -152,12 +152,11 @@ def _run(module, args: argparse.Namespace) -> int:
     except Exception as err:
         from tuner.storage.outage import damaged_storage  # a damaged SQLite file, wherever a command read it
 
-        damaged = damaged_storage(err)
-        if damaged is None and not isinstance(err, UserError):
+        failure = damaged_storage(err) or err
+        if not isinstance(failure, UserError):
             raise
-        err = damaged or err
-        print(f"tuner {args.command}: error: {err}", file=sys.stderr)
-        return err.exit_code
+        print(f"tuner {args.command}: error: {failure}", file=sys.stderr)
+        return failure.exit_code
 
 
 if __name__ == "__main__":

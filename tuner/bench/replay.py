@@ -227,15 +227,10 @@ class ReplayObjective:
             config=config_from_dict(self.landscape.config(key)),
         )
         if entry is None or not entry.ok:  # a study records why; the structured sampler blames it
+            reason = "not_recorded" if entry is None else entry.failure
+            assert reason is not None, "a recorded configuration that is not ok has its failure reason"
             store.write_trial_record(
-                trial,
-                replace(
-                    base,
-                    state="FAIL",
-                    failure=Failure(
-                        "not_recorded" if entry is None else entry.failure, "replayed from the table"
-                    ),
-                ),
+                trial, replace(base, state="FAIL", failure=Failure(reason, "replayed from the table"))
             )
             raise NotRecorded(str(key))
         trial.set_constraint("quality_floor", entry.constraint)
@@ -403,7 +398,13 @@ def targets(results: dict[str, StrategyResult], size: int, budget: int) -> dict:
         "random_censored": random.median_trials is None,
         "default_over_grid_size": vs_grid,
         "no_worse_than_today": vs_today,
-        "met": vs_random is not None and vs_random <= 0.5 and vs_grid <= 0.25 and vs_today is not False,
+        "met": (
+            vs_random is not None
+            and vs_grid is not None  # both None when the default did not get there
+            and vs_random <= 0.5
+            and vs_grid <= 0.25
+            and vs_today is not False
+        ),
     }
 
 

@@ -103,7 +103,7 @@ def race_for_export(
     study: optuna.Study,
     record: StudyRecord,
     candidates: list[TrialRecord] | None,
-    launch_s: float,
+    launch_s: float | None,
     progress=print,
 ) -> RaceResult | None:
     """Race with the study's own workload and settings (``ctx``; ``launch_s``: one launch's expected seconds);

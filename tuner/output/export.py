@@ -443,14 +443,13 @@ def export_study(
             ctx
         ).launch_s  # a launch as the study estimates it, until one is timed
     export = _chosen_export(policy, min_acceptance, trial, study, record, frame, progress, ctx)
-    per_type = (
-        per_type_exports(per_type_wanted, study, record, frame, export, progress, ctx)
-        if wants_per_type(per_type_wanted, no_race, record, suites_of(frame))
-        else None
-    )
-    if per_type is not None:
-        export = replace(export, per_type=per_type[0].to_json() if per_type[0] else None)
-        per_type = [replace(e, per_type=export.per_type) for e in per_type[1]]
+    per_type: list[Export] | None = None
+    if wants_per_type(per_type_wanted, no_race, record, suites_of(frame)):
+        type_race, type_exports = per_type_exports(
+            per_type_wanted, study, record, frame, export, progress, ctx
+        )
+        export = replace(export, per_type=type_race.to_json() if type_race else None)
+        per_type = [replace(e, per_type=export.per_type) for e in type_exports]
     levels = load_levels(frame, concurrency)
     races = None
     if levels and ctx is not None:
@@ -487,9 +486,10 @@ def _chosen_export(
     """The policy's choice, raced (unless --no-race) against the baseline and the other finalists."""
     number, why = choose(record, frame, policy, min_acceptance, trial)
     chosen = store.read_trial(study.trials[number])
+    metrics = chosen.measured_metrics  # the policy chooses among complete trials
     print(
-        f"chosen: trial {number} ({why}): {chosen.metrics.tokens_per_second:.1f} tokens/s, "
-        f"x{chosen.metrics.speedup:.2f} over the baseline (recorded, one measurement)"
+        f"chosen: trial {number} ({why}): {metrics.tokens_per_second:.1f} tokens/s, "
+        f"x{metrics.speedup:.2f} over the baseline (recorded, one measurement)"
     )
     race = None
     if ctx is not None:

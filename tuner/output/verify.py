@@ -82,7 +82,9 @@ def verify_deployed(
     section = section_contender(
         deployed.section.served, server, ctx.launch.numactl, deployed.section.numactl, where
     )
-    baseline = baseline_contender(store.baseline_record(study), server)
+    baseline_record = store.baseline_record(study)
+    assert baseline_record is not None, "a study with a stored race had a baseline to race against"
+    baseline = baseline_contender(baseline_record, server)
     workload, prompts = verification_workload(ctx.workload)
     build = build_change(record.build, ctx.build)
     for line in header_lines(deployed, record, ctx.build, build, prompts, rounds):
