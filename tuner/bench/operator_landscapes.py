@@ -58,11 +58,12 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from tuner.knobs.config import Choices, FloatRange, IntRange, RawSpace, TrialConfig
+from tuner.knobs.config import Choices, Domain, FloatRange, IntRange, RawSpace, TrialConfig
 from tuner.machine.bandwidth import FINGERPRINT_KEY, probe_counts
 from tuner.measurement.failures import FailureReason
 from tuner.measurement.measure import pooled_from_rates
@@ -460,11 +461,12 @@ class SpeedModel:
         land = self.land
         if spec_type == "none":
             return np.ones(np.shape(ints["draft_max"])), np.zeros(np.shape(ints["draft_max"]))
-        fallback = (
-            TARGET_ALONE
-            if spec_type != "draft-simple"
-            else self.draft_rounds(land.drafts[draft], content, ints["draft_max"], temperature, threads, rel)
-        )
+        fallback = TARGET_ALONE
+        if spec_type == "draft-simple":
+            assert draft is not None, "a draft-model configuration names its draft"
+            fallback = self.draft_rounds(
+                land.drafts[draft], content, ints["draft_max"], temperature, threads, rel
+            )
         ngram = lookup or (spec_type if spec_type in land.lookups else None)
         if ngram is None:
             return fallback.tokens / fallback.time, fallback.accepted / fallback.drafted
@@ -500,6 +502,7 @@ class SpeedModel:
         land = self.land
         quality, factor = 1.0 - land.quality_temp * temperature, 1.0
         if experts is not None and land.expert_speed:
+            assert land.expert_quality is not None, "a landscape's expert count costs speed and quality both"
             factor = land.expert_speed(experts)
             quality -= 1.0 - land.expert_quality(experts)
         return round(quality, 6), factor
@@ -507,7 +510,7 @@ class SpeedModel:
     def fails(self, config: TrialConfig) -> bool:
         """A speculative type with nothing to draft with here (no such draft, a lookup that finds nothing)."""
         source = (
-            self.land.drafts.get(config.draft)
+            self.land.drafts.get(config.draft or "")
             if config.spec_type == "draft-simple"
             else self.land.lookups.get(config.spec_type)
         )
@@ -545,6 +548,7 @@ class SpeedModel:
         if not out.ok:
             return 0.0
         if self.land.serving:
+            assert out.aggregate is not None, "a serving landscape's outcome has its aggregate"
             return out.aggregate
         return len(self.land.prompts) / sum(1.0 / out.rates[c] for c in self.land.prompts)
 
@@ -554,6 +558,7 @@ class ServingModel:
     takes every busy slot's tokens, bandwidth-bound until the batch's arithmetic is compute-bound."""
 
     def __init__(self, land: OperatorLandscape, speed: SpeedModel):
+        assert land.serving is not None, "only a landscape with several users at once is served in batches"
         self.land, self.speed, self.serving = land, speed, land.serving
 
     def arrays(self, configs: list[TrialConfig]) -> dict[str, np.ndarray]:
@@ -578,7 +583,7 @@ class ServingModel:
         }
 
     def step(
-        self, tokens: np.ndarray, ubatch: np.ndarray, kv: np.ndarray, hw: float, cores: float
+        self, tokens: np.ndarray, ubatch: np.ndarray, kv: np.ndarray | float, hw: float, cores: float
     ) -> np.ndarray:
         """One decode call over ``tokens`` (all slots' tokens), in single-user steps at the best hardware: each
         micro batch reads the weights once, each token adds a little (verification's cost) and the slots'
@@ -610,6 +615,7 @@ class ServingModel:
         k = ints["draft_max"] if spec_type != "none" else np.zeros(np.shape(ints["draft_max"]))
         accepted, draft_time = np.zeros(np.shape(k)), np.zeros(np.shape(k))
         if spec_type != "none":
+            assert draft is not None, "a serving landscape speculates with draft models only"
             d = self.land.drafts[draft]
             accepted = self.speed.draft_rounds(d, content, k, temperature, threads, 1.0).accepted
             draft_time = d.cost * self.speed.coupling(threads) * k / hw
@@ -791,9 +797,9 @@ class SpaceSurvey:
                         numa_node=node,
                         threads=threads,
                     )
-        return speed.true_rate(
-            best_config
-        ), best_config  # as every trial is scored (the same sums, one order)
+        assert best_config is not None, "every landscape has a feasible configuration"
+        # as every trial is scored (the same sums, one order)
+        return speed.true_rate(best_config), best_config
 
     def inverse(
         self,
@@ -891,6 +897,7 @@ class TrialSimulator:
         """(aggregate tokens/s measured at the level, seconds after it): every prompt once, its users at once;
         the noise of one request averages over the prompts."""
         land = self.land
+        assert out.aggregate is not None, "a serving landscape's outcome has its aggregate"
         aggregate = (
             out.aggregate
             * launch
@@ -940,7 +947,8 @@ class _Walk:
     knobs in ``fixed`` get their first value and do not branch."""
 
     def __init__(self, path: list[int], fixed: tuple[str, ...]):
-        self.path, self.fixed, self.counts = path, fixed, []
+        self.path, self.fixed = path, fixed
+        self.counts: list[int] = []
 
     def _pick(self, name: str, values: list):
         if name in self.fixed:
@@ -1007,7 +1015,7 @@ def operator_space(
     by default: every thread count from 1 to its logical CPUs (SMT siblings above the physical cores), where
     the 96-core landscapes step by 24."""
     topology = hardware or EPYC
-    domains = {
+    domains: dict[str, Domain] = {
         "spec_type": Choices(spec_types),
         "draft_max": IntRange(1, k_high),
         "temperature": Choices(tuple(temperatures)),
@@ -1026,7 +1034,7 @@ def operator_space(
         domains["experts"] = IntRange(1, experts)
     return resolve_space(
         RawSpace(domains, allow_smt=True, concurrent=serving or {}),
-        fields=Fields("operator-landscape", {}),
+        fields=Fields(Path("operator-landscape"), {}),
         concurrency=(1, users),
         draft_names=drafts,
         expert_used_count=experts,
