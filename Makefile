@@ -28,7 +28,7 @@ EXTRAS ?=
 
 help:
 	@echo "make demo      run the main job end to end on the built-in synthetic models"
-	@echo "make test      run the test suite (builds what it needs first)"
+	@echo "make test      lint (ruff), type check (mypy), then the test suite (builds what it needs first)"
 	@echo "make llama     build (or reuse) the pinned llama.cpp"
 	@echo "make models    generate the built-in synthetic model family"
 	@echo "make doctor    print the machine fingerprint, memory bandwidth by threads and measuring advice"
@@ -109,6 +109,7 @@ demo: models
 test: models
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 # One archive for a server without network, under dist/: the project, its wheels for the server's Python
@@ -140,7 +141,7 @@ worker: models
 	@echo "$(TUNER) worker studies/$(STUDY).yaml$(if $(STORAGE), --storage <STORAGE: password not shown>)"
 	@$(TUNER) worker studies/$(STUDY).yaml $(if $(STORAGE),--storage '$(STORAGE)')
 
-# Benchmarks of the tuner itself (issue 7): search efficiency on a recorded grid, overhead
+# Benchmarks of the tuner itself: search efficiency on a recorded grid, overhead
 # and validity against llama-bench, repeatability over two seeds. Results in reports/bench/.
 .PHONY: bench
 bench: models
