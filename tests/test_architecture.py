@@ -162,7 +162,7 @@ def test_every_help_page_prints(capsys):
 # The floors of tuner/, lowest first, as ARCHITECTURE.md draws them: a module imports only from its own
 # floor or those below it. ``tuner`` is the package itself; the synthetic family sits beside the bench.
 FLOORS = [
-    ("tuner", "errors", "paths", "eta", "figures", "knobs"),
+    ("tuner", "errors", "paths", "eta", "progress", "figures", "knobs"),
     ("machine",),
     ("models",),
     ("measurement",),

@@ -378,7 +378,7 @@ def read_load_races(study: optuna.Study) -> dict[int, dict]:
 
 
 def write_progress(study: optuna.Study, progress: dict) -> None:
-    """Where the running command is: its last line, elapsed and remaining seconds (``tuner.eta.Progress``)."""
+    """Where the running command is: its last line, elapsed and remaining seconds (``tuner.progress.Progress``)."""
     study.set_user_attr(PROGRESS, progress)
 
 
