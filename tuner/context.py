@@ -78,7 +78,7 @@ class StudyContext:
             build=self.build,
             target=self.target.to_dict(),
             drafts={name: info.to_dict() for name, info in self.drafts.items()},
-            space=self.space.describe(),
+            space=self.space.as_dict(),
             space_digest=self.space.digest(),
             space_notes=tuple(self.space.notes),
             objectives=tuple(o.metric for o in spec.objectives),
@@ -440,7 +440,7 @@ def _models_lines(ctx: StudyContext) -> list[str]:
 
 def _thread_walk(ctx: StudyContext) -> str:
     """The hardware stage's thread walk on this machine (``tuner.search.stages.hardware``)."""
-    values = KnobValues(ctx.space.describe()).values("threads")
+    values = KnobValues(ctx.space.as_dict()).values("threads")
     cores = baseline_config(ctx.space).threads
     saturation = bandwidth_saturation(ctx.fingerprint, PLANNER_SHARE)
     return walk_text(values, cores, saturation, max(1, len(ctx.launch.topology.nodes)))

@@ -198,11 +198,11 @@ def thread_notes(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame) -
     )
 
 
-def _range_of(described: list | None) -> tuple:
-    """The lowest and highest value of a described domain (``ResolvedSpace.describe``)."""
-    if not described:
+def _range_of(entry: list | None) -> tuple:
+    """The lowest and highest value of a domain as the study record keeps it (``ResolvedSpace.as_dict``)."""
+    if not entry:
         return None, None
-    kind, domain = described
+    kind, domain = entry
     values = domain["values"] if kind == "Choices" else (domain["low"], domain["high"])
     return min(values), max(values)
 

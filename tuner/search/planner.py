@@ -78,12 +78,12 @@ def next_proposal(state: SearchState) -> Proposal | None:
 
 
 def plan(
-    described: dict[str, list],
+    space: dict[str, list],
     trials: list[PastTrial],
     prior: dict | None = None,
     users: int | None = None,
     saturation: int | None = None,
 ) -> Proposal | None:
-    """The next trial for a study with this described space (``ResolvedSpace.describe``) and history;
+    """The next trial for a study with this space (``ResolvedSpace.as_dict``) and history;
     ``saturation``: where the host's memory bandwidth saturates (``tuner.machine.bandwidth``)."""
-    return next_proposal(SearchState(KnobValues(described), trials, prior, users, saturation))
+    return next_proposal(SearchState(KnobValues(space), trials, prior, users, saturation))
