@@ -23,9 +23,9 @@ from tuner.paths import models_dir
 from tuner.progress import Progress
 from tuner.search.space import resolve_space, suggest
 from tuner.storage.records import StudyRecord, TrialRecord, changes
-from tuner.studyfile.space import parse_space
 from tuner.studyfile.spec import load_spec
 from tuner.studyfile.validate import Fields
+from tuner.studyfile.written_space import parse_space
 
 SYNTH = models_dir() / "synthetic"
 
