@@ -221,6 +221,7 @@ def run_study_file(path: Path, trials: int | None = None, **env: str):
     import pytest
 
     from tuner.machine.bandwidth import BandwidthCurve
+    from tuner.progress import Progress
     from tuner.run.study_loop import run_study
     from tuner.storage.store import open_stored_study
     from tuner.studyfile.spec import load_spec
@@ -235,7 +236,7 @@ def run_study_file(path: Path, trials: int | None = None, **env: str):
         patch.setattr(
             "tuner.machine.bandwidth.probe_bandwidth_curve", lambda cores: BandwidthCurve({cores: BANDWIDTH})
         )
-        run_study(spec, trials, progress=lambda line: None)
+        run_study(spec, trials, progress=Progress.quiet())
     return open_stored_study(spec.name, spec.storage)
 
 

@@ -20,6 +20,7 @@ from tuner.bench.table import read_table
 from tuner.cli import main
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, IntRange
+from tuner.progress import Progress
 from tuner.search.sampling import culprits, sampler_for
 from tuner.search.space import ResolvedSpace
 
@@ -328,7 +329,7 @@ def test_overhead_compares_a_trial_with_llama_bench_in_alternating_rounds(
         n_predict=8,
         repetitions=2,
         rounds=2,
-        progress=lambda line: None,
+        progress=Progress.quiet(),
     )
     assert len(result.bench) == len(result.trials) == 2
     assert all(
@@ -366,7 +367,7 @@ measurement: {{repetitions: 2, ctx_size: 256, trial_timeout_s: 60}}
         trials=2,
         rounds=2,
         race=RaceSpec(min_rounds=3, max_rounds=3),
-        progress=lambda line: None,
+        progress=Progress.quiet(),
     )
     assert [r.seed for r in result.runs] == [1, 2]
     for run in result.runs:

@@ -33,6 +33,7 @@ from tuner.decisions.race import (
 from tuner.decisions.race.rounds import add_round
 from tuner.decisions.remeasure import williams_order
 from tuner.errors import UserError
+from tuner.progress import Progress
 from tuner.search.pruning import prune_decision
 from tuner.studyfile.spec import RaceSpec
 
@@ -144,7 +145,7 @@ def test_a_clearly_faster_leader_wins_and_the_others_are_dropped_as_they_go():
         launch_round,
         {"fast": (2, 9), "slow": (1, 0), "base": (1, 0)},
         SPEC,
-        progress=lambda _: None,
+        progress=Progress.quiet(),
     )
     assert outcome.winner == "fast" and outcome.decided and "shown faster" in outcome.verdict
     assert set(race_rounds.dropped) == {"slow", "base"} and len(race_rounds.rates["fast"]) == DECISION_ROUNDS
@@ -156,18 +157,22 @@ def test_resources_decide_only_between_configurations_shown_equivalent():
     mus = {"k8": 200.0, "k6": 199.5, "base": 100.0}
     launch, launch_round, _ = scripted(mus, 0.002)
     resources = {"k8": (2, 100), "k6": (1, 100), "base": (2, 0)}  # k6 uses fewer threads
-    _, outcome = sequential_race(["k8", "k6"], "base", launch_round, resources, SPEC, progress=lambda _: None)
+    _, outcome = sequential_race(
+        ["k8", "k6"], "base", launch_round, resources, SPEC, progress=Progress.quiet()
+    )
     assert outcome.decided and outcome.winner == "k6" and "resource rule" in outcome.verdict
     # 3% apart is not equivalent: the faster one wins although it uses more threads
     launch, launch_round, _ = scripted({"k8": 200.0, "k6": 194.0, "base": 100.0}, 0.002)
-    _, outcome = sequential_race(["k8", "k6"], "base", launch_round, resources, SPEC, progress=lambda _: None)
+    _, outcome = sequential_race(
+        ["k8", "k6"], "base", launch_round, resources, SPEC, progress=Progress.quiet()
+    )
     assert outcome.winner == "k8" and "k6" not in outcome.equivalent
 
 
 def test_a_race_out_of_rounds_says_it_is_undecided_and_deploys_the_higher_estimate():
     launch, launch_round, _ = scripted({"a": 200.0, "b": 199.0, "base": 100.0}, 0.08, seed=3)
     race_rounds, outcome = sequential_race(
-        ["a", "b"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=lambda _: None
+        ["a", "b"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=Progress.quiet()
     )
     assert not outcome.decided and "undecided after 4 rounds" in outcome.verdict
     assert outcome.winner == outcome.leader and outcome.leader in ("a", "b")
@@ -179,7 +184,7 @@ def test_a_race_out_of_rounds_says_it_is_undecided_and_deploys_the_higher_estima
 def test_an_undecided_race_whose_others_are_all_within_race_loss_says_why_it_did_not_decide():
     launch, launch_round, _ = scripted({"a": 480.0, "b": 479.0, "base": 250.0}, 0.002)
     _, outcome = sequential_race(
-        ["a", "b"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=lambda _: None
+        ["a", "b"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=Progress.quiet()
     )
     assert not outcome.decided and outcome.loss < 0.02
     assert outcome.verdict.endswith(
@@ -209,7 +214,7 @@ def test_an_outlier_launch_is_left_out_of_the_race_and_reported():
     mus = {"a": 480.0, "base": 250.0}
     launch, launch_round, log = scripted(mus, 0.02, outliers={("a", 4): 47.7})
     race_rounds, outcome = sequential_race(
-        ["a"], "base", launch_round, {}, RaceSpec(min_rounds=4, max_rounds=6), progress=lambda _: None
+        ["a"], "base", launch_round, {}, RaceSpec(min_rounds=4, max_rounds=6), progress=Progress.quiet()
     )
     assert (
         len(race_rounds.outliers) == 1
@@ -223,7 +228,9 @@ def test_an_outlier_launch_is_left_out_of_the_race_and_reported():
 def test_a_contender_short_of_rounds_for_a_bound_after_an_outlier_is_launched_in_the_next_round():
     mus = {"a": 480.0, "b": 470.0, "c": 300.0, "base": 250.0}  # c far behind: it rests once it has its rounds
     launch, launch_round, log = scripted(mus, 0.02, outliers={("c", 2): 30.0})
-    race_rounds, _ = sequential_race(["a", "b", "c"], "base", launch_round, {}, SPEC, progress=lambda _: None)
+    race_rounds, _ = sequential_race(
+        ["a", "b", "c"], "base", launch_round, {}, SPEC, progress=Progress.quiet()
+    )
     assert race_rounds.rounds["c"] == [0, 2, 3] and race_rounds.rounds["base"] == [0, 1, 2]
 
 
@@ -233,7 +240,7 @@ def test_good_launches_after_two_slow_first_ones_are_kept_and_the_slow_ones_left
     outliers = {("base", 1): 25.0, ("base", 3): 25.0}
     launch, launch_round, log = scripted({"a": 480.0, "base": 250.0}, 0.02, outliers=outliers)
     race_rounds, outcome = sequential_race(
-        ["a"], "base", launch_round, {}, RaceSpec(min_rounds=5, max_rounds=5), progress=lambda _: None
+        ["a"], "base", launch_round, {}, RaceSpec(min_rounds=5, max_rounds=5), progress=Progress.quiet()
     )
     assert race_rounds.rounds["base"] == [1, 3, 4] and min(race_rounds.rates["base"]) > 200
     assert [line[:8] for line in race_rounds.outliers] == ["round 1:", "round 3:"]
@@ -255,7 +262,7 @@ def test_a_race_whose_pick_more_rounds_would_rarely_change_stops_undecided_and_s
     launch, launch_round, log = scripted({"a": 200.0, "b": 190.0, "base": 100.0}, 0.05, seed=1)
     spec = RaceSpec(max_rounds=11, loss=0.005)  # a 0.5% loss bound is out of reach: no decision
     race_rounds, outcome = sequential_race(
-        ["a", "b"], "base", launch_round, {}, spec, progress=lambda _: None
+        ["a", "b"], "base", launch_round, {}, spec, progress=Progress.quiet()
     )
     assert not outcome.decided and outcome.winner == "a" and max(map(len, race_rounds.rates.values())) < 11
     assert "below race.expected_loss (0.2%): more rounds would rarely change the pick" in outcome.verdict
@@ -266,7 +273,7 @@ def test_a_race_whose_pick_more_rounds_would_rarely_change_stops_undecided_and_s
         scripted({"a": 200.0, "b": 190.0, "base": 100.0}, 0.05, seed=1)[1],
         {},
         RaceSpec(max_rounds=11, loss=0.005, expected_loss=0),
-        progress=lines.append,
+        progress=Progress.untimed(lines.append),
     )
     assert "race.max_rounds (11) reached" in on.verdict  # 0: the race goes on to its last round
     assert lines[-1].startswith("race round 11: ") and lines[-1].endswith(on.verdict)  # its line says so
@@ -281,7 +288,9 @@ def test_a_finalist_that_fails_to_launch_twice_leaves_the_race_and_the_others_ro
         return {n: v for n, v in launched.items() if not (n == "b" and r == 3)}  # b's 4th launch fails twice
 
     lines: list[str] = []
-    race_rounds, outcome = sequential_race(["a", "b", "c"], "base", failing, {}, SPEC, progress=lines.append)
+    race_rounds, outcome = sequential_race(
+        ["a", "b", "c"], "base", failing, {}, SPEC, progress=Progress.untimed(lines.append)
+    )
     assert (
         "b" not in race_rounds.candidates and race_rounds.dropped["b"] == "failed to launch twice in round 4"
     )
@@ -300,7 +309,7 @@ def test_a_race_without_its_baseline_or_any_finalist_ends_with_the_failure():
             return {n: v for n, v in launch_round(names, r).items() if n not in gone}
 
         with pytest.raises(UserError, match="failed to launch twice"):
-            sequential_race(["a", "b"], "base", failing, {}, SPEC, progress=lambda _: None)
+            sequential_race(["a", "b"], "base", failing, {}, SPEC, progress=Progress.quiet())
 
 
 def test_no_expected_loss_stop_while_the_baseline_would_be_deployed():
@@ -317,7 +326,7 @@ def test_no_expected_loss_stop_while_the_baseline_would_be_deployed():
         add_round(race_rounds, launch_round(["a", "base"], r), r)
     look = PairedStatistics(race_rounds, race_alpha(spec, 2))
     assert look.expected_loss("a") < math.log1p(spec.expected_loss) and not look.replaces("a", "base")
-    _, outcome = sequential_race(["a"], "base", launch_round, {}, spec, progress=lambda _: None)
+    _, outcome = sequential_race(["a"], "base", launch_round, {}, spec, progress=Progress.quiet())
     assert outcome.winner == "a" and outcome.decided  # raced on until shown faster
 
 
@@ -331,7 +340,7 @@ def test_a_confirmation_round_launches_an_outlier_again():
 def test_an_early_outlier_is_caught_once_there_are_rounds_to_compare_with():
     launch, launch_round, _ = scripted({"a": 480.0, "base": 250.0}, 0.02, outliers={("a", 1): 47.7})
     race_rounds, _ = sequential_race(
-        ["a"], "base", launch_round, {}, RaceSpec(min_rounds=4, max_rounds=6), progress=lambda _: None
+        ["a"], "base", launch_round, {}, RaceSpec(min_rounds=4, max_rounds=6), progress=Progress.quiet()
     )
     assert race_rounds.outliers and race_rounds.outliers[0].startswith("round 1: a measured 47.7")
     assert min(race_rounds.rates["a"]) > 400
@@ -414,7 +423,7 @@ def test_more_race_rounds_buy_fewer_wrong_deployments_at_more_launches():
 @pytest.mark.parametrize("pair", list(itertools.permutations(["x", "y"])))
 def test_a_race_is_symmetric_in_the_order_finalists_are_given(pair):
     launch, launch_round, _ = scripted({"x": 200.0, "y": 150.0, "base": 100.0}, 0.02)
-    _, outcome = sequential_race(list(pair), "base", launch_round, {}, SPEC, progress=lambda _: None)
+    _, outcome = sequential_race(list(pair), "base", launch_round, {}, SPEC, progress=Progress.quiet())
     assert outcome.winner == "x"
 
 
@@ -506,7 +515,7 @@ def test_a_race_that_cannot_show_anything_faster_than_the_baseline_deploys_the_b
     """Issue 31, item 6: the demo's 'undecided: trial-2 deployed, not told apart from trial-0 (the baseline)'."""
     launch, launch_round, _ = scripted({"ngram": 116.0, "base": 100.0}, 0.15, seed=4)
     _, outcome = sequential_race(
-        ["ngram"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=lambda _: None
+        ["ngram"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=Progress.quiet()
     )
     assert outcome.winner == "base" and not outcome.decided
     assert "nothing was shown faster than the baseline" in outcome.verdict and "ngram" in outcome.verdict
@@ -523,7 +532,7 @@ def test_a_finalist_far_behind_rests_after_the_first_rounds_and_the_close_pair_r
         launch_round,
         {},
         RaceSpec(max_rounds=8, expected_loss=0),
-        progress=lambda _: None,
+        progress=Progress.quiet(),
     )
     assert race_rounds.rounds["c"][:3] == [0, 1, 2] and race_rounds.rounds["base"] == [0, 1, 2]
     assert (
@@ -556,7 +565,7 @@ def test_the_forecast_says_how_many_rounds_telling_the_margin_apart_takes():
 def test_what_a_deployment_may_lose_is_said_and_stored_and_an_older_race_still_reads():
     launch, launch_round, _ = scripted({"a": 200.0, "b": 199.0, "base": 100.0}, 0.08, seed=3)
     race_rounds, outcome = sequential_race(
-        ["a", "b"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=lambda _: None
+        ["a", "b"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=Progress.quiet()
     )
     entries = [
         Entry(
@@ -611,7 +620,7 @@ def test_a_baseline_that_leads_names_the_best_other_finalist_beside_it():
     baseline itself; the verdict names the best candidate and its figure instead."""
     launch, launch_round, _ = scripted({"ngram": 96.0, "draft": 92.0, "base": 100.0}, 0.15, seed=4)
     _, outcome = sequential_race(
-        ["ngram", "draft"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=lambda _: None
+        ["ngram", "draft"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=Progress.quiet()
     )
     assert outcome.winner == "base" and "base has the highest estimate" not in outcome.verdict
     assert "[1.00, 1.00]" not in outcome.verdict
@@ -639,7 +648,7 @@ def test_a_race_launch_that_fails_is_launched_once_more_and_a_second_failure_is_
     from tuner.measurement.workload import Workload
 
     lines: list[str] = []
-    remeasure = Remeasure(Workload(()), MeasurementSettings(), tmp_path, lines.append)
+    remeasure = Remeasure(Workload(()), MeasurementSettings(), tmp_path, Progress.untimed(lines.append))
     outcomes = [TrialFailure(FailureReason.IMPOSSIBLE_TIMING, "stalled"), Launch(100.0, 0, 0)]
 
     def once(c):
@@ -707,7 +716,7 @@ def test_an_outlier_left_out_of_a_short_race_gives_no_bound_in_words_not_a_crash
     outliers = {("a", 3): 20.0}
     _, launch_round, _ = scripted({"a": 480.0, "b": 300.0, "base": 250.0}, 0.02, outliers=outliers)
     race_rounds, outcome = sequential_race(
-        ["a", "b"], "base", launch_round, {}, RaceSpec(min_rounds=3, max_rounds=3), progress=lambda _: None
+        ["a", "b"], "base", launch_round, {}, RaceSpec(min_rounds=3, max_rounds=3), progress=Progress.quiet()
     )
     assert race_rounds.rounds["a"] == [0, 1] and race_rounds.outliers[0].startswith(
         "round 3: a measured 20.0"

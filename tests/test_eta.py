@@ -20,6 +20,7 @@ from tuner.context import prepare, study_estimate
 from tuner.errors import UserError
 from tuner.machine.llama_build import _run_logged, build_eta
 from tuner.paths import REPO_ROOT
+from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.storage import store
 from tuner.studyfile.spec import load_spec
@@ -105,27 +106,30 @@ def test_the_estimate_counts_tokens_levels_sentinels_and_the_race_at_its_most():
 def test_progress_lines_count_down_from_the_plan_and_feed_the_sink():
     now = [100.0]
     lines, figures = [], []
-    p = eta.Progress(lines.append, clock=lambda: now[0])
+    p = Progress(lines.append, clock=lambda: now[0])
     p.sink = figures.append
     p("starting")
     assert lines[-1] == "starting | 0s elapsed"  # nothing planned yet: no time left said
-    p.plan(100.0)
+    p.time.plan(100.0)
     now[0] += 30
     p("trial 1")
     assert lines[-1] == "trial 1 | 30s elapsed, ~1m10s left"
     assert figures[-1]["line"] == "trial 1" and figures[-1]["remaining_s"] == 70.0
-    p.unit_s, p.then_units, p.then_s = 2.0, 3, 10.0
-    p.expect(5)  # (5 + 3) launches of 2 s, then 10 s
-    assert p.remaining() == 26.0
+    t = p.time
+    t.unit_s, t.then_units, t.then_s = 2.0, 3, 10.0
+    t.expect(5)  # (5 + 3) launches of 2 s, then 10 s
+    assert t.remaining() == 26.0
     now[0] += 100
-    assert p.remaining() == 0.0  # overdue: never negative, and by how much
-    assert p.suffix() == "2m10s elapsed, ~0s left (1m14s over the estimate)" and SUFFIX.search(
-        " | " + p.suffix()
+    assert t.remaining() == 0.0  # overdue: never negative, and by how much
+    assert t.suffix() == "2m10s elapsed, ~0s left (1m14s over the estimate)" and SUFFIX.search(
+        " | " + t.suffix()
     )
-    assert eta.as_progress(p) is p
-    eta.expect(lines.append, 3)  # a plain printer (the benchmark's simulated race): nothing to plan
-    watch = eta.Stopwatch(p)
-    assert watch.time(2, lambda: now.__setitem__(0, now[0] + 8) or "done") == "done" and p.unit_s == 4.0
+    untimed = Progress.untimed(lines.append)  # the benchmark's simulated race: lines as they are
+    untimed.time.expect(3)  # no launch timed yet: nothing to plan
+    untimed("race round 1: a")
+    assert lines[-1] == "race round 1: a" and untimed.time.remaining() is None
+    watch = eta.Stopwatch(t)
+    assert watch.time(2, lambda: now.__setitem__(0, now[0] + 8) or "done") == "done" and t.unit_s == 4.0
     assert eta.duration(59.6) == "1m00s" and eta.duration(3725) == "1h02m"
 
 
@@ -217,7 +221,7 @@ def test_check_of_every_shipped_study_is_under_sixty_lines_with_an_estimate(stud
 def test_every_progress_line_of_run_race_and_export_says_elapsed_and_left(levels_study, capsys):
     spec = load_spec(levels_study)
     lines: list[str] = []
-    study = run_study(spec, progress=lines.append, race=True)
+    study = run_study(spec, progress=Progress(lines.append), race=True)
     table = next(
         i for i, line in enumerate(lines) if re.match(r"race: \d+ (selection )?rounds, \d+ launches", line)
     )
@@ -250,6 +254,6 @@ def test_every_progress_line_of_run_race_and_export_says_elapsed_and_left(levels
 def test_a_run_without_race_plans_no_race_time(levels_study):
     spec = replace(load_spec(levels_study), budget_trials=1)
     lines: list[str] = []
-    run_study(spec, progress=lines.append, race=False)
+    run_study(spec, progress=Progress(lines.append), race=False)
     last = next(line for line in lines if line.startswith("[1/1] trial"))
     assert SUFFIX.search(last).group(2) == "0s"

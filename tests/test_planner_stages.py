@@ -98,7 +98,7 @@ def test_every_stage_is_a_documented_module_in_the_search_order():
         assert stage.__doc__ and stage.propose.__doc__, stage.__name__
 
 
-def test_plan_reads_a_described_space():
+def test_plan_reads_the_space_as_the_study_record_keeps_it():
     proposal = planner.plan(SPACE, [baseline()])
     assert proposal.stage == "speculation" and proposal.params == DRAFT
 

@@ -29,6 +29,7 @@ from tuner.context import prepare
 from tuner.errors import UserError
 from tuner.measurement.failures import TrialFailure
 from tuner.paths import models_dir
+from tuner.progress import Progress
 from tuner.run.objective import StudyObjective
 from tuner.run.study_loop import open_study, run_study
 from tuner.storage import store
@@ -101,7 +102,7 @@ def test_each_fault_fails_its_trial_with_reason_and_log_tail_and_the_study_goes_
         budget={"trials": len(FAULTS) + 2},
     )
     lines: list[str] = []
-    study = run_study(load_spec(path), progress=lines.append)
+    study = run_study(load_spec(path), progress=Progress(lines.append))
 
     trials = study.get_trials()
     assert [t.state for t in trials] == [COMPLETE] + [FAIL] * len(FAULTS) + [COMPLETE]
@@ -124,7 +125,7 @@ def test_each_fault_fails_its_trial_with_reason_and_log_tail_and_the_study_goes_
     )
     study.enqueue_trial(draft_k(3))
     study.enqueue_trial(draft_k(6))
-    study = run_study(load_spec(path), trials=len(FAULTS) + 4, progress=lines.append)
+    study = run_study(load_spec(path), trials=len(FAULTS) + 4, progress=Progress(lines.append))
     first_oom = next(t for t in trials if t.params.get("draft_max") == 3)
     oom_again, crash_again = study.get_trials()[-2:]
     assert store.read_trial(oom_again).failure.reason == "out_of_memory"
@@ -151,7 +152,7 @@ def test_an_exception_mid_trial_still_stops_the_server(tmp_path, env, monkeypatc
     monkeypatch.setattr("tuner.run.trial_measurement.run_workload", buggy_measurement)
     path = write_study(tmp_path, sqlite(tmp_path))
     with pytest.raises(RuntimeError, match="a bug while measuring"):
-        run_study(load_spec(path), progress=lambda _: None)
+        run_study(load_spec(path), progress=Progress.quiet())
     (launch,) = launches(tmp_path / "launches.jsonl")
     assert not alive(launch["pid"]) and port_is_free(launch["port"])
     assert [t.state for t in stored(tmp_path).trials] == [FAIL]
@@ -236,7 +237,7 @@ def test_sqlite_takes_one_process_and_a_killed_run_resumes(tmp_path, env, capsys
     wait_for(lambda: port_is_free(launch["port"]), 5, "its port to be free")  # its threads end a moment later
     assert [t.state for t in stored(tmp_path).trials] == [RUNNING]
 
-    run_study(load_spec(path), progress=lambda _: None)  # the lock died with the process
+    run_study(load_spec(path), progress=Progress.quiet())  # the lock died with the process
     study = stored(tmp_path)
     assert [t.state for t in study.trials] == [FAIL, COMPLETE, COMPLETE, COMPLETE]
     retry = study.trials[1]
@@ -278,7 +279,7 @@ def test_a_storage_that_cannot_be_opened_is_one_line_from_every_opener():
 
 def test_existing_study_with_another_search_space_is_refused_untouched(tmp_path, env, capsys):
     path = write_study(tmp_path, sqlite(tmp_path), budget={"trials": 1})
-    run_study(load_spec(path), progress=lambda _: None)
+    run_study(load_spec(path), progress=Progress.quiet())
     digest = store.read_study_record(stored(tmp_path)).space_digest
     write_study(
         tmp_path,
@@ -331,7 +332,7 @@ def test_resume_after_a_change_that_breaks_comparability_is_refused_in_one_line(
 ):
     """An edited prompt used to crash a resumed study; a new n_predict made every trial infeasible."""
     path = write_study(tmp_path, sqlite(tmp_path), budget={"trials": 2})
-    run_study(load_spec(path), progress=lambda _: None)
+    run_study(load_spec(path), progress=Progress.quiet())
     edit(tmp_path)
     for command in (["run", str(path), "--trials", "3"], ["export", str(path), "--out", str(tmp_path / "x")]):
         assert main(command) == 2
@@ -430,7 +431,7 @@ def test_truncated_gguf_is_refused_up_front_or_fails_its_trial(tmp_path, env, sy
     ctx.launch.drafts["draft-small"] = (SYNTH / "corrupt.gguf").resolve()  # the file changed under the study
     study.enqueue_trial({"spec_type": "draft-simple", "draft": "draft-small", "draft_max": 2})
     study.enqueue_trial({"spec_type": "none"}, user_attrs={store.ROLE: "baseline"})
-    study.optimize(StudyObjective(ctx, study, progress=lambda _: None), n_trials=2, catch=(TrialFailure,))
+    study.optimize(StudyObjective(ctx, study, progress=Progress.quiet()), n_trials=2, catch=(TrialFailure,))
     broken, after = study.trials
     assert broken.state == FAIL and store.read_trial(broken).failure.reason == "model_load_failed"
     assert "corrupt.gguf" in store.read_trial(broken).log_tail
@@ -462,7 +463,7 @@ def test_real_server_killed_or_stopped_mid_trial_fails_that_trial_and_the_study_
 
     saboteur = threading.Thread(target=sabotage, daemon=True)
     saboteur.start()
-    study = run_study(load_spec(path), progress=lambda _: None)
+    study = run_study(load_spec(path), progress=Progress.quiet())
     saboteur.join(timeout=5)
     assert len(sabotaged) == 2
     states = [(t.state, store.failure_reason(t)) for t in study.get_trials()]

@@ -193,7 +193,7 @@ def test_operator_benchmark_prints_a_row_per_strategy():
 
 
 def test_fitted_models_list_measured_points_against_the_model():
-    from tuner.search.sampler import fitted_models
+    from tuner.search.structured_sampler import fitted_models
 
     study, _ = op.run_study(small_landscape(), "default", seed=0, budget=6, prune=False)
     rows = fitted_models(study)

@@ -10,6 +10,7 @@ import yaml
 from tuner.context import prepare
 from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.paths import models_dir
+from tuner.progress import Progress
 from tuner.run.objective import StudyObjective
 from tuner.run.study_loop import open_study, run_study
 from tuner.storage import store
@@ -56,7 +57,7 @@ def test_short_study_persists_objectives_and_evidence(tmp_path, synthetic_models
             tmp_path, warm_start=[{"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4}]
         )
     )
-    run_study(spec, progress=lines.append)
+    run_study(spec, progress=Progress(lines.append))
     study = optuna.load_study(study_name="t", storage=spec.storage)  # re-read from the SQLite file
     trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(study.trials) == 4 and len(trials) == 4
@@ -82,7 +83,7 @@ def test_short_study_persists_objectives_and_evidence(tmp_path, synthetic_models
     assert any(line.startswith("[4/4]") for line in lines)
 
     # running it again resumes: the budget counts finished trials, nothing is re-run
-    run_study(spec, trials=5, progress=lines.append)
+    run_study(spec, trials=5, progress=Progress(lines.append))
     assert len(optuna.load_study(study_name="t", storage=spec.storage).trials) == 5
 
 
@@ -98,7 +99,7 @@ def test_expert_reduction_changes_speed_and_quality(tmp_path, synthetic_models):
     ctx = prepare(spec)
     study = open_study(ctx)
     assert ctx.space.default_experts and ctx.space.default_experts > 1
-    objective = StudyObjective(ctx, study, progress=lambda _: None)
+    objective = StudyObjective(ctx, study, progress=Progress.quiet())
     study.enqueue_trial(
         {"spec_type": "none", "experts": ctx.space.default_experts, "threads": 1},
         user_attrs={store.ROLE: "baseline"},
@@ -121,7 +122,7 @@ def test_speculation_that_drafts_nothing_fails_with_its_reason(tmp_path, synthet
     study = open_study(ctx)
     # bypass the validation that refuses this draft, to see what llama.cpp does with it
     ctx.launch.drafts["draft-large"] = (SYNTH / "incompatible-draft.gguf").resolve()
-    objective = StudyObjective(ctx, study, progress=lambda _: None)
+    objective = StudyObjective(ctx, study, progress=Progress.quiet())
     study.enqueue_trial({"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4, "threads": 1})
     study.optimize(objective, n_trials=1, catch=(TrialFailure,))
     trial = store.read_trial(study.trials[0])

@@ -26,6 +26,7 @@ from tuner.measurement.server_process import Completion
 from tuner.output.analysis import report_data
 from tuner.output.report_html import summary_table
 from tuner.paths import models_dir
+from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.search.pruning import prune_decision
 from tuner.storage import store
@@ -209,7 +210,7 @@ def test_impossible_numbers_from_a_server_are_failed_trials_with_their_reason(
         workload={"suites": ["suite.yaml"], "n_predict": 64},  # long enough to judge
         warm_start=[{"spec_type": "draft-simple", "draft": "draft", "draft_max": 4}],
     )
-    study = run_study(load_spec(path), progress=lambda _: None)
+    study = run_study(load_spec(path), progress=Progress.quiet())
     base, bad = store.read_trials(study)
     assert base.complete and bad.state == "FAIL" and bad.failure.reason == reason, bad.failure
 
@@ -231,7 +232,7 @@ def test_repetitions_go_on_while_the_spread_is_above_the_noise(tmp_path, env, mo
         },
         objectives=[{"metric": "tokens_per_second"}],
     )
-    study = run_study(load_spec(path), progress=lambda _: None)
+    study = run_study(load_spec(path), progress=Progress.quiet())
     (base,) = store.read_trials(study)
     assert base.spread.repetitions == 2 and base.spread.cv is not None
     # one objective: the running tokens/s reached Optuna after every pass (dashboard plots)
@@ -250,7 +251,7 @@ def test_repetitions_go_on_while_the_spread_is_above_the_noise(tmp_path, env, mo
             "trial_timeout_s": 10,
         },
     )
-    study = run_study(load_spec(path), progress=lambda _: None)
+    study = run_study(load_spec(path), progress=Progress.quiet())
     (base,) = store.read_trials(study)
     assert base.spread.repetitions == 4 and base.spread.cv > 0.001  # not met: the cap stops it
     assert study.trials[0].intermediate_values == {}  # several objectives: Optuna has no intermediate values
@@ -280,7 +281,7 @@ def test_tpe_goes_on_after_a_pruned_trial_in_a_study_of_several_objectives(tmp_p
             {"spec_type": "none", "threads": 1},
         ],
     )
-    study = run_study(load_spec(path), progress=lambda _: None)
+    study = run_study(load_spec(path), progress=Progress.quiet())
     states = [t.state for t in study.trials]
     assert states[2] == optuna.trial.TrialState.PRUNED and study.trials[2].intermediate_values == {}
     assert len(states) == 8 and all(s.is_finished() for s in states)  # TPE proposed the rest
@@ -305,7 +306,7 @@ def test_a_second_study_on_this_host_starts_from_the_first_ones_winner(tmp_path,
                 tmp_path / "a", storage, name="a", search_space=space, sampler=sampler, budget={"trials": 4}
             )
         ),
-        progress=lambda _: None,
+        progress=Progress.quiet(),
     )
     winner = store.best_feasible(first)
     lines: list[str] = []
@@ -315,7 +316,7 @@ def test_a_second_study_on_this_host_starts_from_the_first_ones_winner(tmp_path,
                 tmp_path / "b", storage, name="b", search_space=space, sampler=sampler, budget={"trials": 2}
             )
         ),
-        progress=lines.append,
+        progress=Progress(lines.append),
     )
     prior = store.read_prior(second)
     assert prior["study"] == "a" and prior["trial"] == winner.number and prior["same_workload"]
@@ -343,7 +344,7 @@ def test_a_second_study_on_this_host_starts_from_the_first_ones_winner(tmp_path,
                 budget={"trials": 1},
             )
         ),
-        progress=lambda _: None,
+        progress=Progress.quiet(),
     )
     assert store.read_prior(third) is None
 
@@ -388,7 +389,7 @@ def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path,
     )
     lines: list[str] = []
     spec = load_spec(study_file)
-    study = run_study(spec, progress=lines.append)
+    study = run_study(spec, progress=Progress(lines.append))
     records = store.read_trials(study)
     roles = [r.role for r in records]
     assert roles.count("sentinel") >= 1 and roles[0] == "baseline"
@@ -403,7 +404,7 @@ def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path,
         key=lambda r: r.metrics.tokens_per_second,
         reverse=True,
     )[:2]
-    result = race_study(prepare(spec), study, lines.append, two)
+    result = race_study(prepare(spec), study, Progress(lines.append), two)
     race = store.read_race(study)
     # race.max_rounds 3, or the rounds that fit in their time when the race measures a part of a pass per launch
     sized = re.search(r"at most (\d+) rounds in that time", "\n".join(lines))

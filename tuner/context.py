@@ -40,6 +40,7 @@ from tuner.measurement.workload import (
 from tuner.models.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
 from tuner.models.quantize import Variant, ensure_variant
 from tuner.paths import inside, storage_dir
+from tuner.progress import Progress
 from tuner.search.space import ResolvedSpace, baseline_config, outside, resolve_space
 from tuner.search.stages.configs import KnobValues
 from tuner.search.stages.hardware import walk_text
@@ -77,7 +78,7 @@ class StudyContext:
             build=self.build,
             target=self.target.to_dict(),
             drafts={name: info.to_dict() for name, info in self.drafts.items()},
-            space=self.space.describe(),
+            space=self.space.as_dict(),
             space_digest=self.space.digest(),
             space_notes=tuple(self.space.notes),
             objectives=tuple(o.metric for o in spec.objectives),
@@ -193,7 +194,7 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def make_variants(spec: StudySpec, bin_dir: Path, progress=_to_stderr) -> dict[str, Variant]:
+def make_variants(spec: StudySpec, bin_dir: Path, progress: Progress) -> dict[str, Variant]:
     """Every quantize variant the study asks for, made now or taken from the cache (tuner.models.quantize)."""
     variants = {}
     for request in spec.quantize:
@@ -233,7 +234,7 @@ def check_prompts_fit(
     spec: StudySpec,
     workload: Workload,
     bin_dir: Path,
-    progress=_to_stderr,
+    progress: Progress,
     slots: int = 1,
     template: str | None = None,
 ) -> None:
@@ -285,8 +286,10 @@ def check_prompts_fit(
         )
 
 
-def prepare(spec: StudySpec, progress=_to_stderr) -> StudyContext:
-    """Check everything a study needs before anything is written or launched."""
+def prepare(spec: StudySpec, progress: Progress | None = None) -> StudyContext:
+    """Check everything a study needs before anything is written or launched; its notes to ``progress``
+    (default: stderr, as they are)."""
+    progress = Progress.untimed(_to_stderr) if progress is None else progress
     topo = read_topology()
     numactl = numactl_path()
     bin_dir = resolve_bin_dir(spec.bin_dir)
@@ -437,7 +440,7 @@ def _models_lines(ctx: StudyContext) -> list[str]:
 
 def _thread_walk(ctx: StudyContext) -> str:
     """The hardware stage's thread walk on this machine (``tuner.search.stages.hardware``)."""
-    values = KnobValues(ctx.space.describe()).values("threads")
+    values = KnobValues(ctx.space.as_dict()).values("threads")
     cores = baseline_config(ctx.space).threads
     saturation = bandwidth_saturation(ctx.fingerprint, PLANNER_SHARE)
     return walk_text(values, cores, saturation, max(1, len(ctx.launch.topology.nodes)))

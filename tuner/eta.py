@@ -3,8 +3,8 @@
 Why: a study and its race can run for an hour on a big model, and an operator decides whether to wait
 from the first line. The estimate (``estimate``) is the workload's tokens against the model's size and
 this machine's measured memory bandwidth (the roofline of decode without speculation), plus server
-launches and the race at its most rounds; ``Progress`` ends every line with the time elapsed and an
-estimate of the time left, re-planned from measured trial and launch times as they come in.
+launches and the race at its most rounds; ``TimePlan`` gives every progress line (``tuner.progress``) the time
+elapsed and an estimate of the time left, re-planned from measured trial and launch times as they come in.
 Pure: no import from the rest of the tuner, so every stage (the llama.cpp build too) can print with it.
 """
 
@@ -283,20 +283,17 @@ def duration(seconds: float) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
-class Progress:
-    """A progress printer: every line ends with the time elapsed since it started and, once a phase has
-    been planned, the time left. ``plan`` sets the seconds left now (they count down until the next plan);
-    ``expect(units)`` plans ``units`` + ``then_units`` of ``unit_s`` each (launches of a race, then its
-    confirmation), plus ``then_s`` for what follows the phase. ``sink`` (optional) receives each line
-    with its figures (the study's dashboard attribute)."""
+class TimePlan:
+    """The time elapsed since a command started and the time left of the work in progress. ``plan`` sets the
+    seconds left now (they count down until the next plan); ``expect(units)`` plans ``units`` + ``then_units`` of
+    ``unit_s`` each (launches of a race, then its confirmation), plus ``then_s`` for what follows the phase."""
 
-    def __init__(self, out: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic):
-        self.out, self.clock = out, clock
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
         self.started = clock()
         self.unit_s: float | None = None
         self.then_units = 0
         self.then_s = 0.0
-        self.sink: Callable[[dict], None] | None = None
         self._left: float | None = None
         self._at = self.started
 
@@ -329,49 +326,20 @@ class Progress:
         over = self.clock() - self._at - self._left
         return over if over >= 1.0 else 0.0
 
-    def __call__(self, line: str) -> None:
-        self.out(f"{line} | {self.suffix()}")
-        self.record(line)
-
-    def record(self, line: str) -> None:
-        """The line and its figures to the sink only (where a command stands, once it ends too)."""
-        if self.sink is not None:
-            left = self.remaining()
-            self.sink(
-                {
-                    "line": line,
-                    "elapsed_s": round(self.elapsed(), 1),
-                    "remaining_s": None if left is None else round(left, 1),
-                    "summary": self.suffix(),
-                    "updated_at": time.time(),
-                }
-            )
-
 
 class Stopwatch:
-    """Seconds per unit of the phase in progress, as measured: each timed call updates ``progress.unit_s``."""
+    """Seconds per unit of the phase in progress, as measured: each timed call updates the plan's ``unit_s``."""
 
-    def __init__(self, progress: Progress):
-        self.progress = progress
+    def __init__(self, plan: TimePlan):
+        self.time_plan = plan
         self.spent: list[float] = []
 
     def time(self, units: int, work: Callable[[], T]) -> T:
-        started = self.progress.clock()
+        started = self.time_plan.clock()
         result = work()
-        self.spent += [(self.progress.clock() - started) / max(units, 1)] * max(units, 1)
-        self.progress.unit_s = mean(self.spent)
+        self.spent += [(self.time_plan.clock() - started) / max(units, 1)] * max(units, 1)
+        self.time_plan.unit_s = mean(self.spent)
         return result
-
-
-def as_progress(progress: Callable[[str], None]) -> Progress:
-    """``progress`` itself when it is a Progress (one clock for a whole command), else one around it."""
-    return progress if isinstance(progress, Progress) else Progress(progress)
-
-
-def expect(progress: Callable[[str], None], units: int) -> None:
-    """Plan ``units`` more units on a Progress; nothing on a plain printer (a benchmark's simulated race)."""
-    if isinstance(progress, Progress):
-        progress.expect(units)
 
 
 def mean(values: Sequence[float]) -> float | None:
@@ -379,15 +347,13 @@ def mean(values: Sequence[float]) -> float | None:
 
 
 class RunClock:
-    """The time left in a run, planned on its Progress: the trials not yet counted at the time per trial
+    """The time left in a run, planned on its command's TimePlan: the trials not yet counted at the time per trial
     measured so far in this run (the estimate before the first), then the race, scaled by how far the
     measured trials are off the estimate. The scaled launch time is left for the race (``unit_s``)."""
 
-    def __init__(
-        self, progress: Progress, estimate: Estimate, budget: int, race: bool, deadline: float | None
-    ):
-        self.progress, self.estimate, self.budget, self.race, self.deadline = (
-            progress,
+    def __init__(self, plan: TimePlan, estimate: Estimate, budget: int, race: bool, deadline: float | None):
+        self.time_plan, self.estimate, self.budget, self.race, self.deadline = (
+            plan,
             estimate,
             budget,
             race,
@@ -405,5 +371,5 @@ class RunClock:
         if self.deadline is not None:
             trials_s = min(trials_s, max(0.0, self.deadline - now))
         scale = min(10.0, max(0.1, per_trial / planned)) if planned else 1.0
-        self.progress.unit_s = self.estimate.launch_s * scale
-        self.progress.plan(trials_s + (self.estimate.race_typical_s * scale if self.race else 0.0))
+        self.time_plan.unit_s = self.estimate.launch_s * scale
+        self.time_plan.plan(trials_s + (self.estimate.race_typical_s * scale if self.race else 0.0))

@@ -21,7 +21,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 import pandas as pd
@@ -39,6 +39,7 @@ from tuner.measurement.quality import output_quality
 from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.output.files import write_atomic
 from tuner.paths import reports_dir
+from tuner.progress import Progress
 from tuner.search.space import ResolvedSpace, baseline_config, suggest
 from tuner.studyfile.spec import StudySpec, load_spec
 
@@ -95,7 +96,7 @@ def config_key(config: TrialConfig | dict) -> str:
 class GridRecorder:
     """Measures the planned launches, appending one row per configuration to a JSONL file."""
 
-    def __init__(self, ctx: StudyContext, jsonl: Path, progress: Callable[[str], None] = print):
+    def __init__(self, ctx: StudyContext, jsonl: Path, progress: Progress):
         if ctx.spec.quality.scorer == "perplexity":
             raise UserError(
                 f"{ctx.spec.path}: quality.scorer: record-grid scores agreement or answers; "
@@ -271,7 +272,8 @@ def write_table(rows: list[dict], csv: Path) -> pd.DataFrame:
 def record_grid(
     study: str | Path | StudySpec,
     out: Path | None = None,
-    progress: Callable[[str], None] = print,
+    *,
+    progress: Progress,
     max_launches: int | None = None,
 ) -> Path:
     """Record (or resume) the study's grid (a study file, or a spec already read); returns the CSV table.

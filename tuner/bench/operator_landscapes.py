@@ -287,7 +287,7 @@ class OperatorLandscape:
             fingerprint[FINGERPRINT_KEY] = {str(t): 4e11 * hw.bandwidth(t) for t in probe_counts(hw.cores)}
         return StudyRecord.for_replay(
             self.name,
-            self.space.describe(),
+            self.space.as_dict(),
             objectives,
             fingerprint=fingerprint,
             target={"name": self.target},

@@ -25,7 +25,6 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from tuner.context import StudyContext
 from tuner.errors import UserError
@@ -35,6 +34,7 @@ from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import MeasurementSettings, run_workload, summarize
 from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.measurement.workload import Workload
+from tuner.progress import Progress
 from tuner.search.space import baseline_config
 
 TPS_TOLERANCE = 0.05
@@ -185,12 +185,7 @@ class OverheadResult:
 
 
 def measure_overhead(
-    ctx: StudyContext,
-    *,
-    n_predict: int = 64,
-    repetitions: int = 3,
-    rounds: int = 3,
-    progress: Callable[[str], None] = print,
+    ctx: StudyContext, *, n_predict: int = 64, repetitions: int = 3, rounds: int = 3, progress: Progress
 ) -> OverheadResult:
     """Alternating rounds of llama-bench and a tuner trial of the baseline configuration."""
     config = baseline_config(ctx.space)

@@ -35,6 +35,7 @@ from tuner.bench.table import markdown_table
 from tuner.decisions import evidence
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, allowed_launch_spread
 from tuner.decisions.race import confirm, sequential_race, within_reach
+from tuner.progress import Progress
 from tuner.search.pruning import SIGMA_FLOOR, Z, paired_ratios, should_prune
 from tuner.studyfile.spec import RaceSpec
 
@@ -112,7 +113,7 @@ def new_race(
         launch_round,
         {n: resources[index[n]] for n in names},
         spec,
-        progress=lambda _: None,
+        progress=Progress.quiet(),
     )
     assert outcome.speedup is not None, "sequential_race states the winner's speedup over the baseline"
     ratio, launches = outcome.speedup, race_rounds.launches

@@ -13,7 +13,6 @@ other run's deployment.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from tuner.decisions import evidence
 from tuner.decisions.race import RaceResult
 from tuner.decisions.remeasure import Contender, rounds_of_launches
 from tuner.errors import UserError
+from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.storage import store
 from tuner.storage.records import TrialRecord
@@ -105,7 +105,7 @@ def measure_repeatability(
     trials: int | None = None,
     rounds: int = 3,
     race: RaceSpec | None = None,
-    progress: Callable[[str], None] = print,
+    progress: Progress,
 ) -> RepeatResult:
     """Run the two studies to their races' deployments in a fresh SQLite file, then re-measure both deployments
     and both searches' best recorded trials side by side. ``race`` replaces the study's race settings."""
@@ -156,9 +156,9 @@ def _pick(record: TrialRecord) -> Pick:
     return Pick(record.number, record.config.as_dict(), record.metrics.tokens_per_second, record.argv, [])
 
 
-def _run_to_deployment(spec: StudySpec, seed: int, budget: int, progress: Callable[[str], None]) -> Run:
+def _run_to_deployment(spec: StudySpec, seed: int, budget: int, progress: Progress) -> Run:
     """One seed's study, searched and raced as ``make demo`` does; what it deployed and said it may lose."""
-    study = run_study(spec, progress=progress, race=True)
+    study = run_study(spec, progress=Progress(progress.out), race=True)  # the run's lines timed on its own
     best = store.best_feasible(study)
     if best is None:
         raise UserError(f"study {spec.name}: no feasible trial in {budget} trials; raise --repeat-trials")
@@ -176,9 +176,7 @@ def _stored_race(study: optuna.Study) -> RaceResult | None:
     return RaceResult.from_json(stored) if stored else None
 
 
-def side_by_side(
-    spec: StudySpec, picks: list[Pick], rounds: int, progress: Callable[[str], None]
-) -> list[list[float]]:
+def side_by_side(spec: StudySpec, picks: list[Pick], rounds: int, progress: Progress) -> list[list[float]]:
     """The picks re-measured over rounds of fresh launches (``tuner.decisions.remeasure``), one contender per
     distinct command (a configuration two runs both chose is launched once a round); rates in the picks' order."""
     ctx = prepare(spec)

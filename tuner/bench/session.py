@@ -42,6 +42,7 @@ from tuner.machine import hostlock
 from tuner.measurement.workload import load_workload
 from tuner.output.files import write_atomic
 from tuner.paths import reports_dir
+from tuner.progress import Progress
 from tuner.studyfile.spec import StudySpec, load_spec
 
 
@@ -209,7 +210,7 @@ def _search(session: Session, grid_study: Path, sizes: Sizes) -> None:
         stale.unlink(missing_ok=True)  # a fresh landscape: every figure from this session
 
     def measure() -> dict:
-        record_grid(spec, csv, max_launches=sizes.grid_launches)
+        record_grid(spec, csv, progress=Progress.untimed(), max_launches=sizes.grid_launches)
         search = replay.benchmark(replay.load_landscape(read_table(csv)), seeds=sizes.seeds)
         return {**search, "table": str(csv)}
 
@@ -254,7 +255,10 @@ def _overhead(session: Session, study: Path, sizes: Sizes) -> None:
         f"2/3 overhead and validity against llama-bench ({study})",
         "2. Overhead and validity against llama-bench",
         lambda: overhead.measure_overhead(
-            prepare(study_spec(study, sizes, session.out)), rounds=sizes.rounds, **sizes.overhead
+            prepare(study_spec(study, sizes, session.out)),
+            rounds=sizes.rounds,
+            progress=Progress.untimed(),
+            **sizes.overhead,
         ),
         overhead.markdown,
         lambda found: found.to_dict(),
@@ -282,7 +286,7 @@ def _repeatability(session: Session, study: Path, sizes: Sizes) -> None:
         f"3/3 repeatability: two seeds of {study}, {trials} trials each, each raced to its deployment",
         "3. Repeatability",
         lambda: repeat.measure_repeatability(
-            spec, session.out / "repeat.db", trials=trials, rounds=sizes.rounds
+            spec, session.out / "repeat.db", trials=trials, rounds=sizes.rounds, progress=Progress.untimed()
         ),
         repeat.markdown,
         lambda found: found.to_dict(),

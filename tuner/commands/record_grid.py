@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tuner.bench.grid import record_grid
 from tuner.commands.flags import add_no_wait
+from tuner.progress import Progress
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        csv = record_grid(args.study, args.out)
+        csv = record_grid(args.study, args.out, progress=Progress.untimed())
     except KeyboardInterrupt:
         print("tuner record-grid: interrupted; measured rows are kept, run it again to resume", flush=True)
         return 130

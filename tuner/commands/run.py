@@ -21,7 +21,7 @@ def _check_json(spec: StudySpec) -> dict:
     ctx = prepare(spec)
     return {
         "study": spec.name,
-        "space": ctx.space.describe(),
+        "space": ctx.space.as_dict(),
         "notes": list(ctx.space.notes),
         "drafts": list(ctx.drafts),
         "prompts": len(ctx.workload.prompts),

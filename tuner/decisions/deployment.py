@@ -39,9 +39,9 @@ from tuner.decisions.race import RaceResult, finalists, race_study
 from tuner.decisions.remeasure import StudyInputs
 from tuner.decisions.route import describe_accuracy
 from tuner.errors import UserError
-from tuner.eta import Progress
 from tuner.knobs.registry import NAMES
 from tuner.machine import hostlock
+from tuner.progress import Progress
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord
 
@@ -104,7 +104,7 @@ def race_for_export(
     record: StudyRecord,
     candidates: list[TrialRecord] | None,
     launch_s: float | None,
-    progress=print,
+    progress: Progress,
 ) -> RaceResult | None:
     """Race with the study's own workload and settings (``ctx``; ``launch_s``: one launch's expected seconds);
     ``candidates`` None: the finalists within reach of the leader."""
@@ -198,11 +198,11 @@ def thread_notes(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame) -
     )
 
 
-def _range_of(described: list | None) -> tuple:
-    """The lowest and highest value of a described domain (``ResolvedSpace.describe``)."""
-    if not described:
+def _range_of(entry: list | None) -> tuple:
+    """The lowest and highest value of a domain as the study record keeps it (``ResolvedSpace.as_dict``)."""
+    if not entry:
         return None, None
-    kind, domain = described
+    kind, domain = entry
     values = domain["values"] if kind == "Choices" else (domain["low"], domain["high"])
     return min(values), max(values)
 
@@ -257,10 +257,10 @@ def race_types(
     progress: Progress,
 ) -> PerTypeResult | None:
     """Race the per-type winners on held-out prompts against the pooled winner (trial ``pooled``); the
-    result says which types pay. ``progress.unit_s``: one launch's expected seconds."""
+    result says which types pay. ``progress.time.unit_s``: one launch's expected seconds."""
     # at most the pooled winner, the baseline and one winner per type, each launched once per round
-    assert progress.unit_s is not None, "the caller sets one launch's expected seconds"
-    progress.plan(type_rounds(ctx.spec.race) * (len(ctx.workload.suites) + 2) * progress.unit_s)
+    assert progress.time.unit_s is not None, "the caller sets one launch's expected seconds"
+    progress.time.plan(type_rounds(ctx.spec.race) * (len(ctx.workload.suites) + 2) * progress.time.unit_s)
     with hostlock.measuring(record.name, progress=progress):  # one measurement per host
         result = race_per_type(ctx, study, store.read_trial(study.trials[pooled]), progress)
     if result is None:

@@ -17,7 +17,6 @@ t-interval on their common rounds. Speculation pays at a level when that interva
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
@@ -27,6 +26,7 @@ from tuner.decisions.race import Entry, RaceResult, race_study, race_title, user
 from tuner.decisions.remeasure import StudyInputs
 from tuner.knobs.config import method_of
 from tuner.machine import hostlock
+from tuner.progress import Progress
 from tuner.storage import store
 
 
@@ -34,7 +34,7 @@ def race_levels(
     ctx: StudyInputs,
     study: optuna.Study,
     levels: tuple[int, ...],
-    progress: Callable[[str], None] = print,
+    progress: Progress,
     launch_s: float | None = None,
 ) -> dict[int, RaceResult | None]:
     """Each level's race, fewest users first, stored with the study; None at a level where the baseline is the
@@ -132,7 +132,7 @@ def race_loads(
     name: str,
     levels: tuple[int, ...],
     launch_s: float | None,
-    progress: Callable[[str], None] = print,
+    progress: Progress,
 ) -> dict[int, RaceResult | None]:
     """``tuner export``'s load classes raced under the host's measuring lock (study ``name``), each level's
     verdict printed."""

@@ -23,7 +23,6 @@ The rule:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import optuna
@@ -33,6 +32,7 @@ from tuner.decisions.race import label
 from tuner.decisions.remeasure import StudyInputs, contender, rounds_of_launches
 from tuner.knobs.config import method_of
 from tuner.measurement.workload import HELD_OUT_MIN, Split, restrict, split
+from tuner.progress import Progress
 from tuner.storage import store
 from tuner.storage.records import TrialRecord
 from tuner.studyfile.spec import RaceSpec
@@ -125,11 +125,7 @@ class PerTypeResult:
 
 
 def race_per_type(
-    ctx: StudyInputs,
-    study: optuna.Study,
-    pooled: TrialRecord,
-    progress: Callable[[str], None] = print,
-    rounds: int | None = None,
+    ctx: StudyInputs, study: optuna.Study, pooled: TrialRecord, progress: Progress, rounds: int | None = None
 ) -> PerTypeResult | None:
     """Per-type winners on the tuning prompts, re-measured on the held-out prompts against the
     pooled winner and the baseline; stored with the study. None when there is no baseline."""

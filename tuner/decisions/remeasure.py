@@ -20,7 +20,7 @@ the per-type race and the repeatability benchmark all re-measure through here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -33,6 +33,7 @@ from tuner.measurement.load import run_level
 from tuner.measurement.measure import MeasurementSettings, pooled_rate, run_workload, warm_up
 from tuner.measurement.server_process import LlamaServer, free_port
 from tuner.measurement.workload import Workload
+from tuner.progress import Progress
 from tuner.storage.records import TrialRecord
 from tuner.studyfile.spec import StudySpec
 
@@ -125,7 +126,7 @@ class Remeasure:
         workload: Workload,
         settings: MeasurementSettings,
         log_dir: Path,
-        progress: Callable[[str], None] = print,
+        progress: Progress,
         size: LaunchSize | None = None,
     ):
         self.workload, self.log_dir, self.progress, self.size = workload, log_dir, progress, size
@@ -224,7 +225,7 @@ def rounds_of_launches(
     settings: MeasurementSettings,
     rounds: int,
     log_dir: Path,
-    progress: Callable[[str], None] = print,
+    progress: Progress,
 ) -> dict[str, Rates]:
     """A fixed number of rounds, each launching every contender once (per-type race, repeatability bench)."""
     remeasure = Remeasure(workload, settings, log_dir, progress)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -49,6 +49,7 @@ from tuner.decisions.race import RaceResult
 from tuner.decisions.remeasure import MODEL_FLAGS, Contender, StudyInputs, contender, rounds_of_launches
 from tuner.errors import UserError
 from tuner.measurement.workload import Workload, restrict, split
+from tuner.progress import Progress
 from tuner.storage.records import TrialRecord
 
 HOLDS = "holds"
@@ -251,7 +252,7 @@ def measure(
     baseline: Contender,
     workload: Workload,
     rounds: int,
-    progress: Callable[[str], None] = print,
+    progress: Progress,
 ) -> tuple[list[float], list[float], evidence.Ratio]:
     """Both launched once per round for ``rounds`` rounds: their rates, and the section over the baseline."""
     rates = rounds_of_launches([section, baseline], workload, ctx.settings, rounds, ctx.log_dir, progress)

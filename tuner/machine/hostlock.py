@@ -18,9 +18,10 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from tuner.errors import UserError
+from tuner.progress import Progress
 
 ENV = "TUNER_MEASURE_LOCK"
 DEFAULT_PATH = Path("/tmp/llama-tuner-measure.lock")
@@ -68,11 +69,10 @@ def holder(fd: int) -> str:
 
 
 @contextmanager
-def measuring(
-    study: str, wait: bool | None = None, progress: Callable[[str], None] = print
-) -> Iterator[None]:
+def measuring(study: str, wait: bool | None = None, progress: Progress | None = None) -> Iterator[None]:
     """Hold this host's measurement lock for the block; wait for it (saying who holds it once),
-    or refuse when ``wait`` (default: not ``--no-wait``) is false."""
+    or refuse when ``wait`` (default: not ``--no-wait``) is false. The wait's line goes to ``progress``
+    (default: printed as it is)."""
     global _depth
     if _depth:
         _depth += 1
@@ -94,7 +94,7 @@ def measuring(
                     f"another measurement runs on this host ({who}; lock {path}): two measurements on one "
                     "host measure each other; run again when it is done, or drop --no-wait to wait for it"
                 )
-            progress(
+            (progress or Progress.untimed())(
                 f"waiting for the measurement running on this host to finish ({who}; lock {path}): "
                 "two measurements on one host measure each other"
             )

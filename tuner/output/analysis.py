@@ -35,7 +35,7 @@ from tuner.machine.host import host_was_busy
 from tuner.machine.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
 from tuner.measurement.measure import per_source, prompt_rate
 from tuner.output.turns import speedup_by_turn
-from tuner.search.sampler import fitted_models
+from tuner.search.structured_sampler import fitted_models
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord
 

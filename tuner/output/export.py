@@ -42,7 +42,6 @@ from tuner.decisions.per_type import PerTypeResult
 from tuner.decisions.race import RaceResult, verdict_lines
 from tuner.decisions.route import describe_accuracy
 from tuner.errors import UserError
-from tuner.eta import Progress
 from tuner.knobs.config import method_of
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.measurement.launch import ServerCommand, cpu_mask
@@ -66,6 +65,7 @@ from tuner.output.preset import (
     preset_sections,
 )
 from tuner.paths import inside, reports_dir, writable_file, writable_folder
+from tuner.progress import Progress
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord, changes
 from tuner.studyfile.spec import load_spec
@@ -439,7 +439,7 @@ def export_study(
     frame = trials_frame(records, noise_cv=record.measurement.get("noise_cv", MeasurementSettings.noise_cv))
     ctx = None if no_race else export_context(record)  # once: every race re-measures with it
     if ctx is not None:
-        progress.unit_s = study_estimate(
+        progress.time.unit_s = study_estimate(
             ctx
         ).launch_s  # a launch as the study estimates it, until one is timed
     export = _chosen_export(policy, min_acceptance, trial, study, record, frame, progress, ctx)
@@ -453,7 +453,7 @@ def export_study(
     levels = load_levels(frame, concurrency)
     races = None
     if levels and ctx is not None:
-        races = race_loads(ctx, study, record.name, levels, progress.unit_s, progress)
+        races = race_loads(ctx, study, record.name, levels, progress.time.unit_s, progress)
     by_load = load_exports(study, record, frame, levels, export, races)
     if by_load:
         per_type = per_type or []
@@ -469,7 +469,7 @@ def export_study(
             f"earlier versions of its sections: `tuner preset history {preset}`; "
             f"`tuner preset rollback {preset} SECTION` puts one back"
         )
-    progress.plan(0.0)
+    progress.time.plan(0.0)
     progress.record(f"exported trial {export.trial}")
 
 
@@ -494,7 +494,7 @@ def _chosen_export(
     race = None
     if ctx is not None:
         candidates = None if policy == "max-tps" and trial is None else [chosen]
-        race = race_for_export(ctx, study, record, candidates, progress.unit_s, progress)
+        race = race_for_export(ctx, study, record, candidates, progress.time.unit_s, progress)
         if race is None:
             print("race: the choice is the baseline configuration itself; nothing to race")
         else:

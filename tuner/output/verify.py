@@ -41,6 +41,7 @@ from tuner.machine.llama_build import ENV_BIN_DIR
 from tuner.output.export import export_context, section_name, section_options
 from tuner.output.preset import PRESET_FILE, DeployedSection, read_section
 from tuner.paths import reports_dir
+from tuner.progress import Progress
 from tuner.storage import store
 from tuner.storage.records import StudyRecord
 
@@ -89,8 +90,9 @@ def verify_deployed(
     build = build_change(record.build, ctx.build)
     for line in header_lines(deployed, record, ctx.build, build, prompts, rounds):
         print(line)
-    with hostlock.measuring(record.name, progress=print):  # one measurement per host
-        mine, theirs, ratio = measure(ctx, section, baseline, workload, rounds)
+    printed = Progress.untimed()
+    with hostlock.measuring(record.name, progress=printed):  # one measurement per host
+        mine, theirs, ratio = measure(ctx, section, baseline, workload, rounds, printed)
         host = [
             line for line in compare_fingerprints(record.fingerprint, ctx.fingerprint) if "llama_" not in line
         ]

@@ -15,8 +15,9 @@ import optuna
 
 from tuner.context import StudyContext
 from tuner.decisions.drift import sentinel_due
-from tuner.eta import Progress, RunClock
+from tuner.eta import RunClock
 from tuner.measurement.failures import FailureReason, TrialFailure
+from tuner.progress import Progress
 from tuner.run.trial_measurement import Interrupted, TrialHooks, TrialMeasurement, describe_trial
 from tuner.search.space import baseline_config, suggest
 from tuner.storage import store
@@ -35,11 +36,7 @@ class StudyObjective:
     stored."""
 
     def __init__(
-        self,
-        ctx: StudyContext,
-        study: optuna.Study,
-        progress: Callable[[str], None] = print,
-        journal: Journal | None = None,
+        self, ctx: StudyContext, study: optuna.Study, progress: Progress, journal: Journal | None = None
     ):
         self.ctx = ctx
         self.study = study

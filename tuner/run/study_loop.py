@@ -41,8 +41,9 @@ from optuna.trial import TrialState
 from tuner.context import StudyContext, prepare, study_estimate
 from tuner.decisions.race import race_study, verdict_lines
 from tuner.errors import UserError
-from tuner.eta import Progress, RunClock, as_progress
+from tuner.eta import RunClock
 from tuner.machine import hostlock
+from tuner.progress import Progress
 from tuner.run.objective import ProcessTrials
 from tuner.search.prior import describe_prior, find_prior
 from tuner.search.sampling import sampler_for
@@ -65,7 +66,7 @@ INIT_WAIT_S = 10.0  # how long a joining worker waits for the study's creator to
 
 
 def run_study(
-    spec: StudySpec, trials: int | None = None, progress: Callable[[str], None] = print, race: bool = False
+    spec: StudySpec, trials: int | None = None, progress: Progress | None = None, race: bool = False
 ) -> optuna.Study:
     """Run or resume a study until its budget is spent, alone or as one of its workers; returns the study.
 
@@ -73,8 +74,8 @@ def run_study(
     configuration first (tuner.decisions.drift). With ``race`` the finalists are raced at the end (tuner.decisions.race).
     Measures under the host's measurement lock (``tuner.machine.hostlock``); a storage outage stops
     it in one line with the measured trials kept in the journal (``tuner.storage.journal``), which
-    the next run stores first."""
-    progress = as_progress(progress)
+    the next run stores first. ``progress``: the run's lines (default: printed, timed from now)."""
+    progress = Progress() if progress is None else progress
     ctx = prepare(spec, progress)
     journal = Journal(spec.name, spec.storage)
     with hostlock.measuring(spec.name, progress=progress), outage.guard(spec.storage, journal.pending):
@@ -124,7 +125,7 @@ def _run_locked(
         study = _open_for_run(ctx, journal, progress, lock)
         budget = trials or spec.budget_trials
         deadline = time.monotonic() + spec.budget_minutes * 60 if spec.budget_minutes else None
-        clock = RunClock(progress, study_estimate(ctx), budget, race, deadline)
+        clock = RunClock(progress.time, study_estimate(ctx), budget, race, deadline)
         clock.replan(tally(study).counted)
         _starting_notes(ctx, study, progress)
         process_trials = ProcessTrials(ctx, study, journal, progress, budget, clock, deadline)
@@ -139,7 +140,7 @@ def _run_locked(
                 verdict_lines(result) if result else ["race: no feasible trial besides the baseline to race"]
             ):
                 progress.out(line)  # the result, not progress
-        progress.plan(0.0)
+        progress.time.plan(0.0)
         progress.record(f"finished: {tally(study).counted} of {budget} trials" + (", raced" if race else ""))
     finally:
         optuna.logging.set_verbosity(verbosity)
@@ -241,7 +242,7 @@ def _baseline_failed(study: optuna.Study, ctx: StudyContext) -> UserError:
 
 
 def ensure_baseline(
-    study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None], progress: Callable[[str], None]
+    study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None], progress: Progress
 ) -> None:
     """Return once the study has its reference: run the baseline here, or wait for it.
 
@@ -291,7 +292,7 @@ def worker_gone(worker: str | None) -> bool:
 
 
 def _wait_for_baseline(
-    study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None], progress: Callable[[str], None]
+    study: optuna.Study, ctx: StudyContext, run_one: Callable[[], None], progress: Progress
 ) -> None:
     workers = ctx.spec.workers
     deadline = time.monotonic() + workers.baseline_wait_s
@@ -330,7 +331,7 @@ def run_until_budget(
     budget: int,
     workers: WorkersSpec,
     deadline: float | None,
-    progress: Callable[[str], None],
+    progress: Progress,
 ) -> None:
     """Run trials until ``budget`` of them count, across every worker of the study."""
     said = False

@@ -4,7 +4,7 @@ Why: an operator's space has thousands of configurations and a trial costs minut
 box. Threads and NUMA scale every configuration's decode rate by about the same factor; tokens/s against K
 is unimodal per draft; speculation has an analytic model (``tuner.search.speedup_model``) whose two numbers one
 trial measures. TPE ignores all of it and needs 60-75 trials on such a space; the structured sampler
-(``tuner.search.sampler``) plans each trial from the study's history instead, in stages, each a module of
+(``tuner.search.structured_sampler``) plans each trial from the study's history instead, in stages, each a module of
 ``tuner.search.stages`` asked in this order; the first with something new to measure proposes it:
 
 0. ``warm_start``: the winner of an earlier study of the same target and workload on this host.
@@ -78,12 +78,12 @@ def next_proposal(state: SearchState) -> Proposal | None:
 
 
 def plan(
-    described: dict[str, list],
+    space: dict[str, list],
     trials: list[PastTrial],
     prior: dict | None = None,
     users: int | None = None,
     saturation: int | None = None,
 ) -> Proposal | None:
-    """The next trial for a study with this described space (``ResolvedSpace.describe``) and history;
+    """The next trial for a study with this space (``ResolvedSpace.as_dict``) and history;
     ``saturation``: where the host's memory bandwidth saturates (``tuner.machine.bandwidth``)."""
-    return next_proposal(SearchState(KnobValues(described), trials, prior, users, saturation))
+    return next_proposal(SearchState(KnobValues(space), trials, prior, users, saturation))

@@ -173,7 +173,7 @@ def sampler_for(name: str, seed: int, budget_trials: int) -> optuna.samplers.Bas
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "structured":  # stages and a model of speculation; NoRepeat(TPE) where it has no plan
-        from tuner.search.sampler import StructuredSampler
+        from tuner.search.structured_sampler import StructuredSampler
 
         return StructuredSampler(sampler_for("tpe", seed, budget_trials), seed=seed)
     with warnings.catch_warnings():  # multivariate/group are "experimental" since Optuna 2.x

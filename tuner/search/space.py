@@ -50,7 +50,8 @@ class ResolvedSpace:
         payload = {name: [type(d).__name__, asdict(d)] for name, d in sorted(self.domains.items())}
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
-    def describe(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
+        """Each knob's domain as ``[kind, fields]``: the study record's ``space``, read back by the samplers."""
         return {name: [type(d).__name__, asdict(d)] for name, d in self.domains.items()}
 
 

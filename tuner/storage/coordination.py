@@ -33,13 +33,14 @@ import socket
 import time
 import warnings
 from dataclasses import dataclass, replace
-from typing import IO, Callable
+from typing import IO
 
 import optuna
 from optuna.trial import TrialState
 
 from tuner.errors import UserError
 from tuner.measurement.failures import FailureReason
+from tuner.progress import Progress
 from tuner.storage import store
 from tuner.storage.records import Failure
 from tuner.storage.urls import check_scheme, safe_url, scrub, sqlite_path, with_driver  # noqa: F401 (re-exported)
@@ -221,7 +222,7 @@ def hold_sqlite_study(url: str, name: str) -> IO | None:
     return lock
 
 
-def fail_orphans(study: optuna.Study, workers: WorkersSpec, progress: Callable[[str], None] = print) -> None:
+def fail_orphans(study: optuna.Study, workers: WorkersSpec, progress: Progress) -> None:
     """Under the SQLite lock a running trial can only be a dead process's: fail it now, with
     reason ``orphaned``, and queue it again like a stale one, rather than after the heartbeat grace."""
     retry = retry_callback(workers)

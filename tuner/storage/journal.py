@@ -26,13 +26,13 @@ import os
 import re
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable
 
 import optuna
 from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.paths import storage_dir
+from tuner.progress import Progress
 from tuner.storage import store
 from tuner.storage.records import Failure, Reference, TrialRecord
 from tuner.storage.urls import safe_url
@@ -124,7 +124,7 @@ class Journal:
         except OSError:
             pass  # kept as it is: replay skips what storage already holds
 
-    def replay(self, study: optuna.Study, progress: Callable[[str], None]) -> int:
+    def replay(self, study: optuna.Study, progress: Progress) -> int:
         """Store the journalled trials storage lacks (see the module docstring); returns how many."""
         entries = self.entries()
         if not entries:

@@ -211,7 +211,7 @@ class StudyRecord:
     build: dict  # the llama.cpp build manifest
     target: dict  # tuner.models.gguf_info.ModelInfo.to_dict()
     drafts: dict[str, dict]
-    space: dict  # ResolvedSpace.describe()
+    space: dict  # ResolvedSpace.as_dict()
     space_digest: str
     space_notes: tuple[str, ...]
     objectives: tuple[str, ...]

@@ -208,7 +208,7 @@ def host_fingerprint(study: optuna.Study) -> dict:
 
 
 def search_context(study: optuna.Study) -> tuple[dict, list[str]] | None:
-    """(described space, objectives) for a sampler, from the study record; None before it exists."""
+    """(the space as a dict, objectives) for a sampler, from the study record; None before it exists."""
     data = study.user_attrs.get(STUDY_RECORD)
     return (data["space"], list(data["objectives"])) if data else None
 
@@ -378,7 +378,7 @@ def read_load_races(study: optuna.Study) -> dict[int, dict]:
 
 
 def write_progress(study: optuna.Study, progress: dict) -> None:
-    """Where the running command is: its last line, elapsed and remaining seconds (``tuner.eta.Progress``)."""
+    """Where the running command is: its last line, elapsed and remaining seconds (``tuner.progress.Progress``)."""
     study.set_user_attr(PROGRESS, progress)
 
 

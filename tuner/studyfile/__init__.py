@@ -1,2 +1,2 @@
 """The study file: YAML read with errors that name file and field (``validate``), a search space as written
-(``space``), parsed into a ``StudySpec`` (``spec``)."""
+(``written_space``), parsed into a ``StudySpec`` (``spec``)."""

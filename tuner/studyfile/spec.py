@@ -21,8 +21,8 @@ from tuner.measurement.measure import MeasurementSettings
 from tuner.measurement.workload import BUILTIN_CHAT_TEMPLATES, builtin_chat_template
 from tuner.models.quantize import QuantizeRequest
 from tuner.paths import check_study_name, storage_dir
-from tuner.studyfile.space import parse_space
 from tuner.studyfile.validate import Fields, expand_env, load_yaml_mapping
+from tuner.studyfile.written_space import parse_space
 
 METRICS = {
     "tokens_per_second": "maximize",

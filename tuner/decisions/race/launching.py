@@ -3,7 +3,6 @@ for the time left), confirmation rounds when asked, and the result stored with t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from tuner.decisions.remeasure import Launch, Remeasure, StudyInputs, contender
 from tuner.errors import UserError
 from tuner.measurement.measure import MeasurementSettings
 from tuner.measurement.workload import Workload
+from tuner.progress import Progress
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord
 from tuner.studyfile.spec import RaceSpec
@@ -36,14 +36,14 @@ class _Launcher:
         self,
         records: dict[str, TrialRecord],
         remeasure: Remeasure,
-        progress: eta.Progress,
+        progress: Progress,
         users: int | None = None,
     ):
         self.contenders = {name: contender(name, r, users) for name, r in records.items()}
         self.remeasure = remeasure
         self.drafted = dict.fromkeys(records, 0)
         self.accepted: dict[str, list[int]] = {name: [] for name in records}
-        self.watch = eta.Stopwatch(progress)
+        self.watch = eta.Stopwatch(progress.time)
 
     def _rate(self, name: str, launched: Launch) -> float:
         self.drafted[name] += launched.drafted
@@ -69,7 +69,7 @@ def run_race(
     settings: MeasurementSettings,
     spec: RaceSpec,
     log_dir: Path,
-    progress: Callable[[str], None] = print,
+    progress: Progress,
     launch_sigma: float | None = None,
     users: int | None = None,
     size: launch_size.LaunchSize | None = None,
@@ -79,7 +79,6 @@ def run_race(
     With ``size``, each launch measures what it says (``tuner.decisions.launch_size``), and ``race.max_rounds``
     becomes as many rounds as fit in the time of that many one-pass rounds."""
     records = {label(r): r for r in [*candidates, baseline]}
-    progress = eta.as_progress(progress)
     launcher = _Launcher(records, Remeasure(workload, settings, log_dir, progress, size), progress, users)
     title = race_title(users)
     spec = replace(spec, max_rounds=size.rounds(spec.max_rounds)) if size else spec
@@ -96,7 +95,7 @@ def run_race(
     confirmation = _confirm_winner(
         race_rounds, outcome.winner, label(baseline), launcher, spec, progress, title
     )
-    progress.plan(progress.then_s)  # what follows the race (an export's per-type race)
+    progress.time.plan(progress.time.then_s)  # what follows the race (an export's per-type race)
     return RaceResult(
         rounds=max(max(v, default=-1) for v in race_rounds.rounds.values()) + 1,
         baseline_trial=baseline.number,
@@ -124,15 +123,15 @@ def _confirm_winner(
     baseline: str,
     launcher: _Launcher,
     spec: RaceSpec,
-    progress: eta.Progress,
+    progress: Progress,
     title: str,
 ) -> Confirmation | None:
     """``race.confirm_rounds`` rounds of the winner and the baseline alone (none when the baseline won); their
     launches and outliers count in the race's."""
-    progress.then_units = 0
+    progress.time.then_units = 0
     if winner == baseline or not spec.confirm_rounds:
         return None
-    progress.expect(2 * spec.confirm_rounds)
+    progress.time.expect(2 * spec.confirm_rounds)
     progress(f"{title}: confirming {winner} against the baseline in {spec.confirm_rounds} fresh rounds")
     try:
         confirmation, check = confirm(
@@ -194,7 +193,7 @@ def _entries(
 def race_study(
     ctx: StudyInputs,
     study: optuna.Study,
-    progress: Callable[[str], None] = print,
+    progress: Progress,
     candidates: list[TrialRecord] | None = None,
     launch_s: float | None = None,
     users: int | None = None,
@@ -215,9 +214,8 @@ def race_study(
     pool = [r for r in pool if r.config != base.config]
     if not pool:
         return None
-    progress = eta.as_progress(progress)
-    if progress.unit_s is None:  # no trial measured in this command: a launch as the study estimates it
-        progress.unit_s = launch_s
+    if progress.time.unit_s is None:  # no trial measured in this command: a launch as the study estimates it
+        progress.time.unit_s = launch_s
     sentinels = Sentinels(records, ctx.settings.noise_cv)
     size = (
         launch_size.from_trials(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from tuner import eta, figures
+from tuner import figures
 from tuner.decisions import launch_size
 from tuner.decisions.race.forecasts import forecast_before
 from tuner.decisions.race.paired_statistics import PairedStatistics
@@ -14,6 +14,7 @@ from tuner.decisions.race.results import RaceResult
 from tuner.decisions.race.rounds import RaceRounds
 from tuner.decisions.race.stop_rules import Outcome
 from tuner.decisions.race.wording import bound_text, loss_text, users_text
+from tuner.progress import Progress
 from tuner.storage.records import TrialRecord
 from tuner.studyfile.spec import RaceSpec
 
@@ -21,7 +22,7 @@ from tuner.studyfile.spec import RaceSpec
 def announce(
     records: dict[str, TrialRecord],
     spec: RaceSpec,
-    progress: eta.Progress,
+    progress: Progress,
     launch_sigma: float | None,
     title: str = "race",
     size: launch_size.LaunchSize | None = None,
@@ -31,15 +32,15 @@ def announce(
     if size is not None:
         more = f"; at most {spec.max_rounds} rounds in that time" if size.share != 1 else ""
         progress(f"{title}: {size.text()}{more}")
-    progress.then_units = 2 * spec.confirm_rounds
-    eta.expect(progress, spec.max_rounds * len(records))
+    progress.time.then_units = 2 * spec.confirm_rounds
+    progress.time.expect(spec.max_rounds * len(records))
     progress(
         f"{title}: {len(records)} finalists ({', '.join(records)}), one launch each per round for "
         f"{spec.min_rounds} rounds, then the leader and the finalists whose comparison with it is open, until one "
         f"is within race.loss ({loss_text(spec.loss)}) of every other, at most {spec.max_rounds} rounds"
     )
     if launch_sigma is not None:
-        seconds = progress.unit_s or _trial_seconds(list(records.values()))
+        seconds = progress.time.unit_s or _trial_seconds(list(records.values()))
         progress(f"{title}: {forecast_before(launch_sigma, len(records), spec, seconds).text()}")
 
 

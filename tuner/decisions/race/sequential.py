@@ -7,7 +7,6 @@ import math
 import time
 from collections.abc import Callable
 
-from tuner import eta
 from tuner.decisions import evidence
 from tuner.decisions.race.allocation import next_round
 from tuner.decisions.race.operator_lines import round_line
@@ -16,6 +15,7 @@ from tuner.decisions.race.results import Confirmation
 from tuner.decisions.race.rounds import RaceRounds, add_confirmation_round, add_round, leave_failed
 from tuner.decisions.race.stop_rules import Outcome, decide, out_of_budget, settled_enough
 from tuner.errors import UserError
+from tuner.progress import Progress
 from tuner.studyfile.spec import RaceSpec
 
 
@@ -26,7 +26,7 @@ def sequential_race(
     resources: dict[str, tuple],
     spec: RaceSpec,
     *,
-    progress: Callable[[str], None] = print,
+    progress: Progress,
     clock: Callable[[], float] = time.monotonic,
     title: str = "race",
 ) -> tuple[RaceRounds, Outcome]:
@@ -59,7 +59,7 @@ def sequential_race(
                 or settled_enough(race_rounds, look, baseline, spec, done)
                 or out_of_budget(race_rounds, look, baseline, spec, done, clock() >= deadline)
             )
-        eta.expect(progress, 0 if outcome else (spec.max_rounds - round_index - 1) * len(measured))
+        progress.time.expect(0 if outcome else (spec.max_rounds - round_index - 1) * len(measured))
         progress(round_line(race_rounds, look, measured, round_index, outcome, title))
         if outcome is not None:
             return race_rounds, outcome

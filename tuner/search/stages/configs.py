@@ -26,13 +26,13 @@ CARRIED = (*HW_KNOBS, *SERVING_KNOBS)  # what every plan carries from the config
 
 
 class KnobValues:
-    """The values a stage walks per knob, from the ``space`` study attr (``ResolvedSpace.describe``): a
+    """The values a stage walks per knob, from the ``space`` study attr (``ResolvedSpace.as_dict``): a
     choice's values, an integer range's steps (17 log-spaced points for a wide log range), five points of a
     float range without a step."""
 
-    def __init__(self, described: dict[str, list]):
-        self.kinds = {name: kind for name, (kind, _) in described.items()}
-        self.raw = {name: d for name, (_, d) in described.items()}
+    def __init__(self, space: dict[str, list]):
+        self.kinds = {name: kind for name, (kind, _) in space.items()}
+        self.raw = {name: d for name, (_, d) in space.items()}
 
     def has(self, name: str) -> bool:
         return name in self.raw
