@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import optuna
@@ -108,6 +109,7 @@ class Objective:
             self.log.append(TrialLog(config.as_dict(), state, true, m.seconds, stage or role, reason or ""))
 
         if not out.ok:
+            assert out.failure is not None, "a launch that is not ok says why"
             store.write_trial_record(
                 trial, replace(base, state="FAIL", failure=Failure(out.failure, "simulated"))
             )
@@ -119,11 +121,10 @@ class Objective:
         )
         metrics = Metrics(m.tokens_per_second, m.acceptance, out.quality, 1.0)
         trial.set_constraint("quality_floor", constraint)
-        load = (
-            ()
-            if m.aggregate is None
-            else ({"users": land.serving.users, "aggregate_tokens_per_second": m.aggregate},)
-        )
+        load: tuple[dict, ...] = ()
+        if m.aggregate is not None:
+            assert land.serving is not None, "only a serving landscape measures a level"
+            load = ({"users": land.serving.users, "aggregate_tokens_per_second": m.aggregate},)
         record = replace(
             base,
             state="PRUNED" if m.stopped else "COMPLETE",
@@ -154,6 +155,7 @@ def replay(
     study of ``earlier`` in the same storage; that study's trials are not counted."""
     storage = optuna.storages.InMemoryStorage()
     if strategy == "warm":
+        assert earlier is not None, "run_landscape gives warm replays the earlier study's landscape"
         run_study(
             replace(earlier, name=f"{earlier.name} (earlier)"), "default", seed + 1000, budget, prune, storage
         )
@@ -254,8 +256,9 @@ def run_landscape(
         "best_config": land.optimum[1].as_dict(),
         "best_family": land.optimum[1].family,
         "description": land.description,
-        "strategies": {},
     }
+    rows: dict[str, dict] = {}
+    result["strategies"] = rows
     for strategy in strategies:
         row = {}
         for p in modes[strategy]:
@@ -283,7 +286,7 @@ def run_landscape(
                 "beyond_ladder_max": max(x["beyond_ladder"] for x in sc),
                 "rechecks_max": max(x["rechecks"] for x in sc),
             }
-        result["strategies"][strategy] = row
+        rows[strategy] = row
     return result
 
 
@@ -292,6 +295,7 @@ def benchmark(
     strategies: tuple[str, ...] = STRATEGIES,
     seeds: int = 20,
     budget: int = 40,
+    *,
     baseline_budget: int = 100,
     tolerance: float = TOLERANCE,
     jobs: int = 1,
@@ -302,9 +306,10 @@ def benchmark(
     the others with ``baseline_budget`` (they need more to be measured at all)."""
     lands = lands or landscapes()
     budgets = {s: (budget if s in ("default", "warm") else baseline_budget) for s in strategies}
-    result = {"seeds": seeds, "tolerance": tolerance, "budgets": budgets, "landscapes": {}}
+    replays: dict[str, dict] = {}
+    result: dict[str, Any] = {"seeds": seeds, "tolerance": tolerance, "budgets": budgets, "landscapes": replays}
     for name in names:
-        result["landscapes"][name] = run_landscape(
+        replays[name] = run_landscape(
             lands[name],
             strategies,
             seeds,
@@ -379,7 +384,8 @@ def _trials(r: dict | None) -> tuple[str, str]:
     """(median, worst seed) of a row's trials to the tolerance, as printed."""
     if not r:
         return "-", "-"
-    return tuple("missed" if v is None else f"{v:g}" for v in (r["median_trials"], r["worst_trials"]))
+    median, worst = ("missed" if v is None else f"{v:g}" for v in (r["median_trials"], r["worst_trials"]))
+    return median, worst
 
 
 def summary(result: dict) -> list[str]:
@@ -449,6 +455,7 @@ def _strategy_row(result: dict, strategy: str, row: dict) -> str:
     without pruning (pruning is measured on the default only)."""
     full, pruned = row.get("full"), row.get("pruned")
     r = full or pruned
+    assert r is not None, "every strategy is replayed in at least one mode"
     n = len(r["trials_to_target"])
     median = (
         f"{r['median_trials']:g}" if r["median_trials"] is not None else f"> {result['budgets'][strategy]}"
