@@ -307,7 +307,12 @@ def benchmark(
     lands = lands or landscapes()
     budgets = {s: (budget if s in ("default", "warm") else baseline_budget) for s in strategies}
     replays: dict[str, dict] = {}
-    result: dict[str, Any] = {"seeds": seeds, "tolerance": tolerance, "budgets": budgets, "landscapes": replays}
+    result: dict[str, Any] = {
+        "seeds": seeds,
+        "tolerance": tolerance,
+        "budgets": budgets,
+        "landscapes": replays,
+    }
     for name in names:
         replays[name] = run_landscape(
             lands[name],
