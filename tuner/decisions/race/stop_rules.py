@@ -69,7 +69,6 @@ def decide(
             baseline=baseline,
             spec=spec,
             rounds=rounds,
-            limit="",
         )
     replacing = [c for c in within if look.replaces(c, baseline) and look.decisive(baseline, c)]
     if not replacing:
@@ -83,7 +82,6 @@ def decide(
         baseline=baseline,
         spec=spec,
         rounds=rounds,
-        limit="",
     )
 
 
@@ -96,7 +94,7 @@ def _outcome(
     baseline: str,
     spec: RaceSpec,
     rounds: int,
-    limit: str,
+    limit: str = "",
 ) -> Outcome:
     """The outcome that deploys ``winner``: finalists shown slower than it are marked dropped, the verdict
     written, and when undecided, a forecast of what settling would take."""
