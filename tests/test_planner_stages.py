@@ -339,6 +339,29 @@ def test_flat_near_all_cores_spends_at_most_three_thread_trials_beyond_the_ladde
     assert pick < 96  # level with all cores: fewer threads win
 
 
+def test_the_walk_sees_every_thread_count_where_prompt_threads_follow_threads():
+    """Where the space tunes prompt threads apart (``threads_batch``), each rung's prompt threads follow its
+    threads: the walk compares the rungs, not only the trial whose prompt threads match the incumbent's. On a
+    16-core host it once saw 12 alone and halved to 6, below the 8 it had measured clearly lower."""
+    space = {
+        "spec_type": ["Choices", {"values": ["none", "ngram-simple"]}],
+        "draft_max": ["IntRange", {"low": 2, "high": 16, "step": 1, "log": False}],
+        "temperature": ["Choices", {"values": [0.0]}],
+        "numa": ["Choices", {"values": ["none"]}],
+        "threads": ["IntRange", {"low": 1, "high": 16, "step": 1, "log": False}],
+        "threads_batch": ["IntRange", {"low": 1, "high": 16, "step": 1, "log": False}],
+    }
+    base = {"spec_type": "none", "temperature": 0.0, "numa": "none"}
+    ngram = {**base, "spec_type": "ngram-simple", "draft_max": 4}
+    trials = [past({**base, "threads": 16, "threads_batch": 16}, 897.0, role="baseline")] + [
+        past({**ngram, "threads": t, "threads_batch": t}, rate, 0.6)
+        for t, rate in ((16, 1297.0), (12, 1324.0), (8, 995.0), (4, 541.0))
+    ]
+    proposal = hardware.propose(state_of(*trials, space=space, saturation=12))
+    assert proposal is not None and proposal.params["threads"] == 10, proposal  # between 8 and the best, 12
+    assert proposal.params["threads_batch"] == 10  # prompt threads follow
+
+
 def test_bind_is_walked_within_one_nodes_cores():
     def node(t: int) -> float:  # one node's 24 cores: saturates near 12, oversubscribed above 24
         return (1 - math.exp(-min(t, 24) / 4)) * (1 - 0.5 * max(0, t - 24) / 24)

@@ -46,7 +46,7 @@ def propose(state: SearchState) -> Proposal | None:
     incumbent = incumbent_speculation(state)
     if incumbent is None or walked_another(state, incumbent):
         return None
-    family = state.family(incumbent.params, *HW_KNOBS)
+    family = state.family(incumbent.params, *HW_KNOBS, "threads_batch")  # prompt threads follow the walk
     return (
         prior_pair(state, incumbent)
         or saturation_rung(state, incumbent, family)
