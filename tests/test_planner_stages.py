@@ -8,7 +8,10 @@ sampler on simulated studies is tests/test_search.py's.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
+
+import pytest
 
 from tuner.measurement.failures import FailureReason
 from tuner.search import planner
@@ -494,6 +497,21 @@ def test_ties_widen_to_the_noise_the_baselines_re_measures_show_and_hardware_tri
     assert state_of(*quiet, space=WIDE_SPACE).tie == 0.02  # at least evidence.THREAD_TIE
     assert state_of(*noisy, space=WIDE_SPACE).tie == 0.10  # a 16-core host's re-measures spread 7%: the cap
     assert state_of(quiet[0], space=WIDE_SPACE).tie == 0.02  # fewer than three: the floor
+    # from the first trial on, its passes' disagreement: a standard error of 2.5% within each launch
+    disagreeing = [replace(t, within_error=0.025) for t in quiet]
+    assert state_of(*disagreeing, space=WIDE_SPACE).tie == pytest.approx(2 * math.sqrt(2) * 0.025)
+    assert state_of(disagreeing[0], space=WIDE_SPACE).tie == pytest.approx(2 * math.sqrt(2) * 0.025)
     # a thread walk compares its trials within the tie: a trial stopped on one noisy pass would leave a partial rate
     assert may_prune("search") and not may_prune("search", "hardware")
     assert "never pruned" in should_prune([], [], "search", 10, "hardware").reason
+
+
+def test_a_trials_error_within_its_launch_is_its_passes_cv_over_the_root_of_their_count():
+    from tuner.search.history import within_error
+    from tuner.storage.records import Spread, TrialRecord
+
+    record = TrialRecord(
+        number=1, state="COMPLETE", role="search", config=None, spread=Spread(4, 0.06, False)
+    )
+    assert within_error(record) == pytest.approx(0.03)
+    assert within_error(replace(record, spread=Spread(1, None, None))) is None  # one pass: unknown, not quiet

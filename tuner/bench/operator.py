@@ -32,11 +32,12 @@ import optuna
 from joblib import Parallel, delayed
 
 from tuner.bench.operator_landscapes import LANDSCAPES, REAL_RANGE, REPETITIONS, OperatorLandscape, landscapes
+from tuner.measurement.measure import pooled_from_rates, repetition_cv
 from tuner.search.prior import find_prior
 from tuner.search.pruning import prunes_on, should_prune
 from tuner.search.space import baseline_config, enqueue_params, suggest
 from tuner.storage import store
-from tuner.storage.records import Failure, Metrics, TrialRecord
+from tuner.storage.records import Failure, Metrics, Spread, TrialRecord
 
 STRATEGIES = ("default", "warm", "today", "tpe", "random")
 # The earlier study a ``warm`` replay follows in the same storage, on the same host: the same target on another
@@ -120,6 +121,9 @@ class Objective:
             {k: s[k] for k in ("prompt_id", "suite", "repetition", "tokens_per_second")} for s in m.samples
         )
         metrics = Metrics(m.tokens_per_second, m.acceptance, out.quality, 1.0)
+        passes = sorted({s["repetition"] for s in samples})
+        rates = [pooled_from_rates(s for s in samples if s["repetition"] == p) for p in passes]
+        spread = Spread(len(rates), repetition_cv(rates), None)  # as a study's trial stores it
         trial.set_constraint("quality_floor", constraint)
         load: tuple[dict, ...] = ()
         if m.aggregate is not None:
@@ -130,6 +134,7 @@ class Objective:
             state="PRUNED" if m.stopped else "COMPLETE",
             metrics=metrics,
             samples=samples,
+            spread=spread,
             constraint=constraint,
             load=load,
         )

@@ -288,13 +288,20 @@ def median_over_repetitions(samples: list[Sample] | list[dict]) -> tuple[float, 
     return statistics.median(rates), rates
 
 
+def repetition_cv(rates: list[float]) -> float | None:
+    """How far a trial's per-repetition rates disagree (their coefficient of variation); None with one."""
+    if len(rates) < 2:
+        return None
+    mean = statistics.fmean(rates)
+    return statistics.stdev(rates) / mean if mean > 0 else 0.0
+
+
 def summarize(samples: list[Sample], settings: MeasurementSettings) -> Scores:
     """A trial's scores from its measured samples."""
     if not samples:
         raise ValueError("summarize needs at least one sample")
     median, rates = median_over_repetitions(samples)
-    mean = statistics.fmean(rates)
-    cv = (statistics.stdev(rates) / mean if mean > 0 else 0.0) if len(rates) > 1 else None
+    cv = repetition_cv(rates)
     suites = dict.fromkeys(s.suite for s in samples)
     drafted = sum(s.draft_n for s in samples)
     accepted = sum(s.draft_n_accepted for s in samples)

@@ -10,6 +10,7 @@ blames, the per-suite rates a stack is judged on. A running trial is read at its
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,9 @@ class PastTrial:
     role: str
     suites: dict[str, float] = field(default_factory=dict)  # tokens/s per suite (content type), pooled
     prompt_rate: float | None = None  # prompt tokens/s over its requests (measure.prompt_rate)
+    within_error: float | None = (
+        None  # the figure's relative standard error within its launch (``within_error``)
+    )
 
     @property
     def measured(self) -> bool:
@@ -92,9 +96,20 @@ def read_history(study: optuna.Study) -> list[PastTrial]:
                 record.role,
                 suite_rates(record.samples),
                 prompt_rate(record.samples),
+                within_error(record),
             )
         )
     return trials
+
+
+def within_error(record) -> float | None:
+    """How far a trial's figure could move by its own passes' disagreement: the cv of its per-pass rates over the
+    square root of the passes (a standard error of their mean). It misses what a whole launch shares (placement,
+    clocks), so it bounds a trial's noise from below; None with fewer than two passes."""
+    spread = record.spread
+    if spread is None or spread.cv is None or spread.repetitions < 2:
+        return None
+    return spread.cv / math.sqrt(spread.repetitions)
 
 
 def objective_value(record, objective: str, minimise: bool) -> float | None:

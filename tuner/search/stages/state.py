@@ -267,17 +267,18 @@ class SearchState:
 
 def _tie(baseline: PastTrial | None, trials: list[PastTrial]) -> float:
     """The share within which two trials' rates tie on this host: two standard deviations of the difference of
-    two launches, from the spread (cv) of the baseline configuration's complete measures (the baseline and its
-    sentinels) once there are three, between ``evidence.THREAD_TIE`` and ``MAX_TIE``; ``THREAD_TIE`` before. On
-    a 16-core host the baseline's re-measures spread 7%, where 2% would have told apart thread counts
-    llama-bench puts level."""
-    if baseline is None:
-        return THREAD_TIE
-    same = [r.value for r in trials if r.params == baseline.params and r.state == "complete" and r.value]
-    if len(same) < 3:
-        return THREAD_TIE
-    spread = statistics.stdev(same) / statistics.fmean(same)  # one launch's; a difference of two: sqrt(2) x
-    return min(max(2 * math.sqrt(2) * spread, THREAD_TIE), MAX_TIE)
+    two trials' figures, between ``evidence.THREAD_TIE`` and ``MAX_TIE``. A trial's noise is the larger of two
+    estimates: the spread (cv) of the baseline configuration's complete measures (the baseline and its
+    sentinels: launch to launch), once there are three; and the median of the trials' own standard errors
+    (``PastTrial.within_error``: pass to pass within a launch, known from the first trial on)."""
+    noise = statistics.median(
+        [r.within_error for r in trials if r.state == "complete" and r.within_error is not None] or [0.0]
+    )
+    if baseline is not None:
+        same = [r.value for r in trials if r.params == baseline.params and r.state == "complete" and r.value]
+        if len(same) >= 3:
+            noise = max(noise, statistics.stdev(same) / statistics.fmean(same))
+    return min(max(2 * math.sqrt(2) * noise, THREAD_TIE), MAX_TIE)
 
 
 def _steps(best: int, left: int | None, right: int | None, lo: int, hi: int, grow: float) -> list[int]:
