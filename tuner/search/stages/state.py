@@ -268,9 +268,9 @@ class SearchState:
 def _tie(baseline: PastTrial | None, trials: list[PastTrial]) -> float:
     """The share within which two trials' rates tie on this host: two standard deviations of the difference of
     two launches, from the spread (cv) of the baseline configuration's complete measures (the baseline and its
-    sentinels) once there are three, between ``evidence.THREAD_TIE`` and ``MAX_TIE``; ``THREAD_TIE`` before. On
-    a 16-core host the baseline's re-measures spread 7%, where 2% would have told apart thread counts
-    llama-bench puts level."""
+    sentinels) once there are three, between ``evidence.THREAD_TIE`` and ``MAX_TIE``; ``THREAD_TIE`` before. A
+    fixed tie narrower than the host's own spread tells apart thread counts that are level (evidence:
+    docs/decisions.md#thread-ties)."""
     if baseline is None:
         return THREAD_TIE
     same = [r.value for r in trials if r.params == baseline.params and r.state == "complete" and r.value]
