@@ -18,8 +18,8 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-# Decode reaches about this share of the copy probe's bandwidth (STREAM-counted read + write): the synthetic
-# target (0.08 GB) at 0.85-0.9 of a 31 GB/s probe on a quiet 2-core EPYC VM, Gemma 3 270M at 0.5-0.7 ...
+# Decode reaches about this share of the copy probe's bandwidth (STREAM-counted read + write): between the
+# shares of the models it was calibrated on (evidence: docs/decisions.md#decode-efficiency) ...
 DECODE_EFFICIENCY = 0.75
 # ... and costs at least this much per token whatever the model's size (graph, sampling, HTTP chunking).
 TOKEN_FLOOR_S = 0.001

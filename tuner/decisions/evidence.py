@@ -5,9 +5,9 @@ so the unit of evidence is the launch. A race round launches each contender once
 one pass; two contenders' rates in one round are a pair (same minutes of the machine). The
 figure for "A over B" is the geometric mean of the per-round ratios, and its interval is
 Student's t on the log ratios: with lognormal launch and round noise the interval covers at
-its nominal rate at any number of rounds, where a percentile bootstrap over 2-5 rounds covers
-50-93% of the time. Below ``MIN_ROUNDS`` a figure is printed but marked "too few rounds", and
-nothing (a tie, a per-type entry) is decided on it.
+its nominal rate at any number of rounds, where a percentile bootstrap over a few rounds covers
+far less often (evidence: docs/decisions.md#the-t-interval). Below ``MIN_ROUNDS`` a figure is printed
+but marked "too few rounds", and nothing (a tie, a per-type entry) is decided on it.
 
 Decisions (the sequential race, ``tuner.decisions.race``) use a ``Gap``: log(A/B) from the additive model
 log rate = contender + round fitted to every launch of the race (``pooled_spread``: a round that ran slow
@@ -54,10 +54,10 @@ DECISION_ROUNDS = 5
 THREAD_TIE = 0.02
 OUTLIER_MADS = 5.0
 MAD_FLOOR = (
-    0.1  # log terms: with 5 MADs no launch within a factor 1.65 of the median is an outlier (at 0.05, a
+    0.1  # log terms: with 5 MADs no launch within a factor 1.65 of the median is an outlier (a lower floor
 )
-# 10% launch and 10% round spread relaunched one ordinary launch in 16 against 3 others, trimming the spread the
-# intervals rely on; at 0.1, one in 500)
+# would leave out ordinary launches on a noisy host, trimming the spread the intervals rely on:
+# docs/decisions.md#outlier-floor)
 MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
 
 

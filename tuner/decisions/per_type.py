@@ -37,9 +37,7 @@ from tuner.storage import store
 from tuner.storage.records import TrialRecord
 from tuner.studyfile.spec import RaceSpec
 
-TYPE_ROUNDS = (
-    4  # held-out rounds at least: max(min_rounds, confirm_rounds) was 4 while confirmation rounds were on
-)
+TYPE_ROUNDS = 4  # held-out rounds at least, whatever the race's rounds (docs/decisions.md#per-type-rounds)
 
 
 def type_rounds(race: RaceSpec) -> int:

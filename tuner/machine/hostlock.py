@@ -1,7 +1,7 @@
 """One measurement per host: a lock every measuring command holds while it measures.
 
-Two llama.cpp runs on one machine measure each other (two studies started together on
-an idle 2-core host reported baselines of 2.8 and 2.6 tokens/s instead of ~200), whatever
+Two llama.cpp runs on one machine measure each other, by far more than any difference a
+study looks for (evidence: docs/decisions.md#one-measurement-per-host), whatever
 storage or study they belong to. So ``tuner run``, ``tuner worker``, ``tuner export``'s
 re-measure, ``tuner bench`` and ``tuner record-grid`` hold one exclusive ``flock`` on one
 file per host (``/tmp/llama-tuner-measure.lock``, or ``$TUNER_MEASURE_LOCK``) while they

@@ -127,8 +127,7 @@ class LaunchContext:
 def pinned_cpus(config: TrialConfig, ctx: LaunchContext) -> list[int]:
     """A CPU for every thread of the larger pool: llama.cpp runs prompts and every batch of more than one token
     (a speculative verification) on ``--threads-batch`` threads, so pinning those to ``--threads`` CPUs
-    oversubscribes them (on a 16-core host, 12 decode threads with 16 batch threads on 12 CPUs decoded 5 times
-    slower than llama-bench's 12 threads)."""
+    oversubscribes them, and decode slows by a multiple (evidence: docs/decisions.md#batch-threads-pinned)."""
     node = config.numa_node if config.numa == "bind" else None
     threads = max(config.threads, config.threads_batch or config.threads)
     try:

@@ -17,8 +17,8 @@ from tuner.measurement.server_process import Completion, LlamaServer
 from tuner.measurement.workload import Prompt, Workload, request_key
 
 TIMING_FLOOR_MS = 200.0  # requests shorter than this are not judged against the wall clock
-# ... and this much of a request's wall time may be a stall of the host, not a lie: a busy 2-core machine held a
-# request whose 32 tokens decoded in 101 ms for 400 ms (make test, while other tests ran)
+# ... and this much of a request's wall time may be a stall of the host, not a lie: a busy host holds a short
+# request several times its decode time (evidence: docs/decisions.md#host-stalls)
 TIMING_SLACK_MS = 250.0
 
 

@@ -3,9 +3,10 @@
 Why: an operator's space has thousands of configurations and a trial costs minutes, but it is not a black
 box. Threads and NUMA scale every configuration's decode rate by about the same factor; tokens/s against K
 is unimodal per draft; speculation has an analytic model (``tuner.search.speedup_model``) whose two numbers one
-trial measures. TPE ignores all of it and needs 60-75 trials on such a space; the structured sampler
-(``tuner.search.structured_sampler``) plans each trial from the study's history instead, in stages, each a module of
-``tuner.search.stages`` asked in this order; the first with something new to measure proposes it:
+trial measures. TPE ignores all of it and needs several times the trials on such a space
+(docs/decisions.md#tpe); the structured sampler (``tuner.search.structured_sampler``) plans each trial from
+the study's history instead, in stages, each a module of ``tuner.search.stages`` asked in this order; the
+first with something new to measure proposes it:
 
 0. ``warm_start``: the winner of an earlier study of the same target and workload on this host.
 1. ``probes``: every draft and n-gram type at K=8, at the baseline's hardware and temperature.

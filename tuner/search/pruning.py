@@ -66,9 +66,8 @@ def prunes_on(objectives: Sequence[str]) -> bool:
 def may_prune(role: str | None, stage: str | None = None) -> bool:
     """The baseline is the reference and finalists decide the winner: both always run to the end. So do the
     hardware stage's trials: its thread walk compares them with each other within ``THREAD_TIE`` (ties go to
-    fewer threads), and a trial stopped on one noisy pass leaves a partial rate no tie can be judged on (on a
-    16-core host every thread count below 16 was pruned, and the walk kept all 16 where llama-bench put 10-15
-    level with it)."""
+    fewer threads), and a trial stopped on one noisy pass leaves a partial rate no tie can be judged on, so the
+    walk would keep the most threads (evidence: docs/decisions.md#thread-ties)."""
     return (role or "search") not in NEVER_PRUNED and stage not in NEVER_PRUNED_STAGES
 
 

@@ -6,7 +6,7 @@ trial costs a server launch and a workload. Replaying recorded grids
 (`tuner bench-search`) showed two ways TPE wastes them:
 
 * it exploits by proposing configurations it has measured, its incumbent above all
-  (after its start-up, most of its proposals on a recorded demo grid were repeats);
+  (evidence: docs/decisions.md#tpe);
 * it learns nothing from failed trials (Optuna's TPE models complete trials only), so a
   knob value that cannot work, e.g. a prompt-lookup type that finds nothing to draft in
   this workload, keeps its prior share of the proposals and fails again and again.
@@ -183,7 +183,7 @@ def sampler_for(name: str, seed: int, budget_trials: int) -> optuna.samplers.Bas
             multivariate=True,
             group=True,
             # 5, not TPE's 10: the wrapper's start-up already spreads over unmeasured, unblamed
-            # configurations, and replayed grids found the best 1-4 trials sooner with 5.
+            # configurations, so TPE's model may take over sooner (evidence: docs/decisions.md#tpe).
             n_startup_trials=max(4, min(5, budget_trials // 4)),
         )
     return NoRepeatSampler(tpe, seed=seed)

@@ -270,7 +270,9 @@ def _tie(baseline: PastTrial | None, trials: list[PastTrial]) -> float:
     two trials' figures, between ``evidence.THREAD_TIE`` and ``MAX_TIE``. A trial's noise is the larger of two
     estimates: the spread (cv) of the baseline configuration's complete measures (the baseline and its
     sentinels: launch to launch), once there are three; and the median of the trials' own standard errors
-    (``PastTrial.within_error``: pass to pass within a launch, known from the first trial on)."""
+    (``PastTrial.within_error``: pass to pass within a launch, known from the first trial on). A fixed tie
+    narrower than the host's own spread tells apart thread counts that are level (evidence:
+    docs/decisions.md#thread-ties)."""
     noise = statistics.median(
         [r.within_error for r in trials if r.state == "complete" and r.within_error is not None] or [0.0]
     )
