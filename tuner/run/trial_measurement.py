@@ -36,7 +36,7 @@ from tuner.search.pruning import may_prune, prunes_on, should_prune
 from tuner.search.space import baseline_config
 from tuner.storage import store
 from tuner.storage.coordination import worker_id
-from tuner.storage.records import Failure, Metrics, Reference, Spread, TrialRecord, digest
+from tuner.storage.records import Failure, Metrics, Reference, SearchNote, Spread, TrialRecord, digest
 
 LOG_TAIL_LINES = 40
 
@@ -116,7 +116,7 @@ class TrialMeasurement:
         role: str,
         number: int | None,
         hooks: TrialHooks = TrialHooks(),
-        search: dict | None = None,
+        search: SearchNote | None = None,
     ) -> TrialRecord:
         """One configuration measured into a COMPLETE, PRUNED or FAIL record (``Interrupted`` on Ctrl-C);
         ``search``: the sampler's stage and reason for it (a hardware trial is never pruned)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypedDict
 
 from tuner.knobs.config import TrialConfig
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
@@ -44,6 +44,28 @@ MODEL_IDENTITY_KEYS = (
     "expert_count",
     "expert_used_count",
 )
+
+
+class SearchNote(TypedDict, total=False):
+    """Why the structured sampler chose a trial, as its record keeps it: set together, or empty when the
+    sampler left no note (an enqueued baseline, another sampler)."""
+
+    stage: str  # the planner's stage (tuner.search.stages), e.g. "hardware", "refinement"
+    reason: str | None
+
+
+class WarmStartPrior(TypedDict, total=False):
+    """What an earlier study in the same storage found on this host (``tuner.search.prior`` builds it, the
+    study stores it once at creation). A found prior sets every key; a search without one holds it empty."""
+
+    study: str  # the earlier study's name
+    trial: int  # its winner's number
+    tokens_per_second: float  # its winner's rate
+    same_target: bool
+    same_workload: bool
+    hardware: dict[str, Any]  # its numa, numa_node and threads the new space admits (may be empty)
+    # its whole winner, when the new space admits all of it (same workload only)
+    params: dict[str, Any] | None
 
 
 def digest(value: Any) -> str:
@@ -105,7 +127,7 @@ class TrialRecord:
     constraint: float | None = None  # quality floor - quality: feasible when <= 0
     failure: Failure | None = None
     pruned: str | None = None  # why the trial was stopped early (state PRUNED; its figures are partial)
-    search: dict = field(default_factory=dict)  # the sampler's stage and reason for choosing it
+    search: SearchNote = field(default_factory=SearchNote)  # the sampler's stage and reason for choosing it
     worker: str = ""
     log_tail: str = ""
     duration_s: float | None = None

@@ -41,6 +41,7 @@ from tuner.storage.records import (
     Reference,
     StudyRecord,
     TrialRecord,
+    WarmStartPrior,
     config_from_dict,
 )
 from tuner.storage.urls import check_scheme, safe_url, with_driver
@@ -213,11 +214,11 @@ def search_context(study: optuna.Study) -> tuple[dict, list[str]] | None:
     return (data["space"], list(data["objectives"])) if data else None
 
 
-def write_prior(study: optuna.Study, prior: dict) -> None:
+def write_prior(study: optuna.Study, prior: WarmStartPrior) -> None:
     study.set_user_attr(SEARCH_PRIOR, prior)
 
 
-def read_prior(study: optuna.Study) -> dict | None:
+def read_prior(study: optuna.Study) -> WarmStartPrior | None:
     return study.user_attrs.get(SEARCH_PRIOR)
 
 
