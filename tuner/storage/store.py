@@ -34,6 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UserError
 from tuner.paths import check_study_name
+from tuner.progress import StoredProgress
 from tuner.storage.outage import cannot_open, classify
 from tuner.storage.records import (
     SCHEMA_VERSION,
@@ -378,12 +379,12 @@ def read_load_races(study: optuna.Study) -> dict[int, dict]:
     return dict(sorted(found.items()))
 
 
-def write_progress(study: optuna.Study, progress: dict) -> None:
+def write_progress(study: optuna.Study, progress: StoredProgress) -> None:
     """Where the running command is: its last line, elapsed and remaining seconds (``tuner.progress.Progress``)."""
     study.set_user_attr(PROGRESS, progress)
 
 
-def read_progress(study: optuna.Study) -> dict | None:
+def read_progress(study: optuna.Study) -> StoredProgress | None:
     return study.user_attrs.get(PROGRESS)
 
 
