@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypedDict
 
 from tuner.knobs.config import TrialConfig
-from tuner.machine.fingerprint import COMPARABILITY_KEYS
+from tuner.machine.fingerprint import COMPARABILITY_KEYS, Fingerprint
 from tuner.measurement.launch import ServerCommand
 from tuner.measurement.load import LOAD_METRICS
 
@@ -229,7 +229,7 @@ class StudyRecord:
 
     name: str
     created_by: str
-    fingerprint: dict  # tuner.machine.fingerprint.fingerprint(): machine and build
+    fingerprint: Fingerprint  # machine and build
     build: dict  # the llama.cpp build manifest
     target: dict  # tuner.models.gguf_info.ModelInfo.to_dict()
     drafts: dict[str, dict]
@@ -277,7 +277,7 @@ class StudyRecord:
         name: str,
         space: dict,
         objectives: tuple[str, ...],
-        fingerprint: dict | None = None,
+        fingerprint: Fingerprint | None = None,
         target: dict | None = None,
         workload: dict | None = None,
     ) -> StudyRecord:

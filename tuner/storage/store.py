@@ -28,11 +28,13 @@ shown only through ``tuner.storage.urls.safe_url`` (password as ``***``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UserError
+from tuner.machine.fingerprint import Fingerprint
 from tuner.paths import check_study_name
 from tuner.progress import StoredProgress
 from tuner.storage.outage import cannot_open, classify
@@ -202,11 +204,11 @@ def search_note(trial: FrozenTrial | optuna.Trial) -> tuple[str | None, str | No
     return trial.user_attrs.get(SEARCH_STAGE), trial.user_attrs.get(SEARCH_REASON)
 
 
-def host_fingerprint(study: optuna.Study) -> dict:
+def host_fingerprint(study: optuna.Study) -> Fingerprint:
     """The study record's machine fingerprint (empty before the record exists): the search reads its bandwidth
     probe (``tuner.machine.bandwidth``)."""
     data = study.user_attrs.get(STUDY_RECORD)
-    return dict(data.get("fingerprint") or {}) if data else {}
+    return cast(Fingerprint, dict(data.get("fingerprint") or {})) if data else {}
 
 
 def search_context(study: optuna.Study) -> tuple[dict, list[str]] | None:
