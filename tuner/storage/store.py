@@ -27,8 +27,9 @@ shown only through ``tuner.storage.urls.safe_url`` (password as ``***``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -390,7 +391,7 @@ def read_progress(study: optuna.Study) -> StoredProgress | None:
     return study.user_attrs.get(PROGRESS)
 
 
-def write_per_type(study: optuna.Study, result: dict) -> None:
+def write_per_type(study: optuna.Study, result: Mapping[str, Any]) -> None:
     study.set_user_attr(PER_TYPE, result)
 
 
