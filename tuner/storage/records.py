@@ -22,6 +22,7 @@ from tuner.knobs.config import TrialConfig
 from tuner.machine.fingerprint import COMPARABILITY_KEYS, Fingerprint
 from tuner.measurement.launch import ServerCommand
 from tuner.measurement.load import LOAD_METRICS
+from tuner.measurement.quality import ScorerFigures
 
 SCHEMA_VERSION = 2  # 1: loose user attrs per field (before records); 2: one record per trial and study
 
@@ -136,9 +137,7 @@ class TrialRecord:
     host: dict = field(
         default_factory=dict
     )  # host state during the trial (tuner.machine.host.trial_host_state)
-    scores: dict = field(
-        default_factory=dict
-    )  # a scorer's figures besides quality, e.g. kld: mean_kld, same_top
+    scores: ScorerFigures = field(default_factory=ScorerFigures)  # figures besides quality, e.g. kld's
     load: tuple[dict, ...] = ()  # per concurrency level: tuner.measurement.load.Level.summary()
     constraints: dict = field(default_factory=dict)  # with load bounds: each named constraint (<= 0 feasible)
 

@@ -36,6 +36,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UserError
 from tuner.machine.fingerprint import Fingerprint
+from tuner.measurement.quality import ScorerFigures
 from tuner.paths import check_study_name
 from tuner.progress import StoredProgress
 from tuner.storage.outage import cannot_open, classify
@@ -165,11 +166,11 @@ def write_perplexity_cache(study: optuna.Study, cache: dict[str, float]) -> None
     _write_scorer_cache(study, PERPLEXITY, cache)
 
 
-def kld_cache(study: optuna.Study) -> dict[str, dict]:
+def kld_cache(study: optuna.Study) -> dict[str, ScorerFigures]:
     return _scorer_cache(study, KLD)
 
 
-def write_kld_cache(study: optuna.Study, cache: dict[str, dict]) -> None:
+def write_kld_cache(study: optuna.Study, cache: dict[str, ScorerFigures]) -> None:
     _write_scorer_cache(study, KLD, cache)
 
 
