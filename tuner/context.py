@@ -20,7 +20,7 @@ from tuner.errors import MissingBinaryError, UserError
 from tuner.knobs.config import Choices, Domain, FloatRange, IntRange
 from tuner.knobs.registry import KNOB_TYPES, NAMES
 from tuner.machine.bandwidth import PLANNER_SHARE, bandwidth_saturation, curve_of, fingerprint_bandwidth
-from tuner.machine.fingerprint import fingerprint
+from tuner.machine.fingerprint import Fingerprint, fingerprint
 from tuner.machine.host import numactl_path, read_host_state
 from tuner.machine.llama_build import binary, find_build_info, resolve_bin_dir
 from tuner.machine.roofline import Bandwidth, study_roofline
@@ -59,7 +59,7 @@ class StudyContext:
     space: ResolvedSpace
     launch: LaunchContext
     workload: Workload
-    fingerprint: dict
+    fingerprint: Fingerprint
     build: dict
     log_dir: Path
     quantized: dict[str, Variant] | None = None  # draft name -> variant made by llama-quantize

@@ -10,8 +10,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypedDict
 
 from tuner.eta import TimePlan
+
+
+class ProgressFigures(TypedDict):
+    """One line and where the command stands at it, as the sink receives them."""
+
+    line: str
+    elapsed_s: float
+    remaining_s: float | None  # None while the time plan has no estimate
+    summary: str  # the line's time suffix (``TimePlan.suffix``)
+    updated_at: float  # seconds since the epoch
+
+
+class StoredProgress(ProgressFigures):
+    """The figures as a study stores them for its dashboard, with the command that reported them."""
+
+    command: str  # "tuner run", "tuner export"
 
 
 class Progress:
@@ -27,7 +44,7 @@ class Progress:
     ):
         self.out, self.timed = out, timed
         self.time = TimePlan(clock)
-        self.sink: Callable[[dict], None] | None = None
+        self.sink: Callable[[ProgressFigures], None] | None = None
 
     @classmethod
     def untimed(cls, out: Callable[[str], None] = print) -> Progress:

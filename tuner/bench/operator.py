@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import optuna
@@ -80,6 +80,79 @@ class TrialLog:
     seconds: float
     stage: str
     reason: str
+
+
+class ReplayScores(TypedDict):
+    """One replay's figures (``scores``)."""
+
+    curve: list[float]  # regret after each trial
+    trials: int | None  # trials until the regret is within the tolerance; None: never
+    seconds: float | None  # measured seconds until then
+    pruned: int
+    total_seconds: float
+    beyond_ladder: int  # thread trials past the ladder (``beyond_ladder``)
+    rechecks: int  # refinement's checks of the final configuration's thread neighbours
+
+
+class StrategyFigures(TypedDict):
+    """A strategy's replays over the seeds, in one mode (full or pruned)."""
+
+    trials_to_target: list[int | None]  # per seed
+    median_trials: float | None  # None when more than half missed
+    reached: int
+    reached_by_40: int
+    worst_trials: int | None  # None when a seed missed
+    regret_at: dict[int, float]  # checkpoint -> median regret after that many trials
+    median_seconds: float | None
+    pruned_trials: float  # mean per replay
+    beyond_ladder_max: int
+    rechecks_max: int
+
+
+class LandscapeReplays(TypedDict):
+    """One landscape: what it is, its optimum, and each strategy's figures by mode ("full", "pruned")."""
+
+    configurations: int
+    optimum: float
+    best_config: dict[str, Any]
+    best_family: str
+    description: str
+    strategies: dict[str, dict[str, StrategyFigures]]
+
+
+class LandscapeTargets(TypedDict, total=False):
+    """The default against its targets on one landscape (``targets``): a real-range landscape's keys (with
+    ``real_range``) or another's."""
+
+    met: bool
+    # another landscape's
+    median_le_20: bool
+    all_by_40: bool
+    over_tpe: float | None  # the default's median trials over TPE's
+    tpe_censored: bool
+    # a real-range landscape's
+    real_range: bool
+    median_le_10: bool
+    all_by_25: bool
+    beyond_ladder_max: int
+    rechecks_max: int
+    within_ladder: bool | None  # None where decode is not flat near all cores
+
+
+class OperatorReplays(TypedDict):
+    """Every landscape's replays (``benchmark``), before the targets are judged."""
+
+    seeds: int
+    tolerance: float
+    budgets: dict[str, int]  # strategy -> trials per replay
+    landscapes: dict[str, LandscapeReplays]
+
+
+class OperatorBenchmark(OperatorReplays, total=False):
+    """The benchmark's result (written as JSON, read by ``markdown``): the replays and, once judged, the
+    default's targets by landscape."""
+
+    targets: dict[str, LandscapeTargets]
 
 
 class Objective:
@@ -196,7 +269,7 @@ def run_study(
     return study, objective.log
 
 
-def scores(land: OperatorLandscape, log: list[TrialLog], tolerance: float) -> dict:
+def scores(land: OperatorLandscape, log: list[TrialLog], tolerance: float) -> ReplayScores:
     best = land.optimum[0]
     found, spent, curve, hit, hit_s = 0.0, 0.0, [], None, None
     for t, entry in enumerate(log, start=1):
@@ -245,7 +318,7 @@ def run_landscape(
     jobs: int,
     prune_modes: tuple[bool, ...] = (False, True),
     earlier: OperatorLandscape | None = None,
-) -> dict:
+) -> LandscapeReplays:
     land.optimum  # noqa: B018  (computed once, before the workers copy the landscape)
     # pruning is measured on the default only: the others are there for their trial counts
     if earlier is None:
@@ -255,17 +328,17 @@ def run_landscape(
     logs = Parallel(n_jobs=jobs)(
         delayed(replay)(land, s, seed, budgets.get(s, 40), p, earlier) for s, seed, p in runs
     )
-    result = {
+    rows: dict[str, dict[str, StrategyFigures]] = {}
+    result: LandscapeReplays = {
         "configurations": land.size,
         "optimum": land.optimum[0],
         "best_config": land.optimum[1].as_dict(),
         "best_family": land.optimum[1].family,
         "description": land.description,
+        "strategies": rows,
     }
-    rows: dict[str, dict] = {}
-    result["strategies"] = rows
     for strategy in strategies:
-        row = {}
+        row: dict[str, StrategyFigures] = {}
         for p in modes[strategy]:
             sc = [
                 scores(land, log, tolerance)
@@ -280,7 +353,7 @@ def run_landscape(
                 "reached_by_40": sum(x["trials"] is not None and x["trials"] <= 40 for x in sc),
                 "worst_trials": None
                 if any(x["trials"] is None for x in sc)
-                else max(x["trials"] for x in sc),
+                else max(x["trials"] for x in sc),  # type: ignore[type-var]  # no seed missed: every count is set
                 "regret_at": {
                     n: float(np.median([x["curve"][min(n, len(x["curve"])) - 1] for x in sc]))
                     for n in CHECKPOINTS
@@ -305,14 +378,14 @@ def benchmark(
     tolerance: float = TOLERANCE,
     jobs: int = 1,
     prune_modes: tuple[bool, ...] = (False, True),
-    lands: dict | None = None,
-) -> dict:
+    lands: dict[str, OperatorLandscape] | None = None,
+) -> OperatorBenchmark:
     """Every strategy on every landscape over ``seeds`` seeds; the default with ``budget`` trials,
     the others with ``baseline_budget`` (they need more to be measured at all)."""
     lands = lands or landscapes()
     budgets = {s: (budget if s in ("default", "warm") else baseline_budget) for s in strategies}
-    replays: dict[str, dict] = {}
-    result: dict[str, Any] = {
+    replays: dict[str, LandscapeReplays] = {}
+    result: OperatorBenchmark = {
         "seeds": seeds,
         "tolerance": tolerance,
         "budgets": budgets,
@@ -333,12 +406,12 @@ def benchmark(
     return result
 
 
-def targets(result: dict) -> dict:
+def targets(result: OperatorReplays) -> dict[str, LandscapeTargets]:
     """The targets for the default: median <= 20 trials and every seed by 40 on every landscape, at most a third
     of plain TPE's trials (TPE censored at its budget counts as the budget); on a host's real thread range
     (``REAL_RANGE``), median <= 10 and every seed by 25, and where decode is flat near all cores, at most 3 thread
     trials beyond the ladder."""
-    out = {}
+    out: dict[str, LandscapeTargets] = {}
     for name, land in result["landscapes"].items():
         d = land["strategies"].get("default", {}).get("full")
         if not d:
@@ -353,7 +426,8 @@ def targets(result: dict) -> dict:
             "median_le_20": d["median_trials"] is not None and d["median_trials"] <= 20,
             "all_by_40": d["reached_by_40"] == result["seeds"],
             "over_tpe": ratio,
-            "tpe_censored": bool(tpe) and tpe["median_trials"] is None,  # TPE missed in most seeds: a bound
+            # TPE missed in most seeds: a bound (``bool(tpe)``: a row, not None)
+            "tpe_censored": bool(tpe) and tpe["median_trials"] is None,  # type: ignore[index]
             "met": (
                 d["median_trials"] is not None
                 and d["median_trials"] <= 20
@@ -364,7 +438,7 @@ def targets(result: dict) -> dict:
     return out
 
 
-def real_range_targets(name: str, d: dict) -> dict:
+def real_range_targets(name: str, d: StrategyFigures) -> LandscapeTargets:
     """A real-range landscape's targets (see ``targets``)."""
     median, worst = d["median_trials"], d["worst_trials"]
     flat = name in FLAT_NEAR_ALL_CORES
@@ -390,7 +464,7 @@ def _fmt_s(s: float | None) -> str:
     return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min"
 
 
-def _trials(r: dict | None) -> tuple[str, str]:
+def _trials(r: StrategyFigures | None) -> tuple[str, str]:
     """(median, worst seed) of a row's trials to the tolerance, as printed."""
     if not r:
         return "-", "-"
@@ -398,7 +472,7 @@ def _trials(r: dict | None) -> tuple[str, str]:
     return median, worst
 
 
-def summary(result: dict) -> list[str]:
+def summary(result: OperatorBenchmark) -> list[str]:
     """One row per landscape: what wins it and the default's trials to the tolerance (median, worst seed)."""
     tol = f"{result['tolerance']:.0%}"
     lines = [
@@ -417,7 +491,7 @@ def summary(result: dict) -> list[str]:
     return lines + [""]
 
 
-def markdown(result: dict) -> str:
+def markdown(result: OperatorBenchmark) -> str:
     """The summary, then per landscape: its best configuration, a row per strategy, and the default's targets."""
     lines = summary(result)
     for name, land in result["landscapes"].items():
@@ -425,7 +499,7 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _landscape_section(result: dict, name: str, land: dict) -> list[str]:
+def _landscape_section(result: OperatorBenchmark, name: str, land: LandscapeReplays) -> list[str]:
     """One landscape: what it is and its best, the strategies' table, what ``warm`` followed, the targets."""
     tol = f"{result['tolerance']:.0%}"
     cfg = " ".join(f"{k}={v}" for k, v in land["best_config"].items())
@@ -460,7 +534,7 @@ def _landscape_section(result: dict, name: str, land: dict) -> list[str]:
     return lines
 
 
-def _strategy_row(result: dict, strategy: str, row: dict) -> str:
+def _strategy_row(result: OperatorBenchmark, strategy: str, row: dict[str, StrategyFigures]) -> str:
     """A strategy's trials to the tolerance, seeds that reached it, regret at the checkpoints, time with and
     without pruning (pruning is measured on the default only)."""
     full, pruned = row.get("full"), row.get("pruned")
@@ -483,14 +557,14 @@ def _strategy_row(result: dict, strategy: str, row: dict) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _pruned_time(pruned: dict) -> str:
+def _pruned_time(pruned: StrategyFigures) -> str:
     """Median time to the tolerance with pruning, and its median trials when there is one."""
     return _fmt_s(pruned["median_seconds"]) + (
         f" ({pruned['median_trials']:g} trials)" if pruned["median_trials"] is not None else ""
     )
 
 
-def _targets_line(t: dict) -> str:
+def _targets_line(t: LandscapeTargets) -> str:
     """The default against its targets (see ``targets``); a TPE ratio against a censored TPE is a bound."""
     if t.get("real_range"):
         flat = (

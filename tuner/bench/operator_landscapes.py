@@ -65,6 +65,7 @@ import numpy as np
 
 from tuner.knobs.config import Choices, Domain, FloatRange, IntRange, RawSpace, TrialConfig
 from tuner.machine.bandwidth import FINGERPRINT_KEY, probe_counts
+from tuner.machine.fingerprint import Fingerprint
 from tuner.measurement.failures import FailureReason
 from tuner.measurement.measure import pooled_from_rates
 from tuner.search.space import ResolvedSpace, resolve_space, suggest
@@ -276,7 +277,7 @@ class OperatorLandscape:
     def study_record(self, objectives: tuple[str, ...]) -> StudyRecord:
         """The record a study of this landscape stores: its space, objectives, machine and target."""
         hw = self.hardware
-        fingerprint = {
+        fingerprint: Fingerprint = {
             "cpu_model": self.host,
             "logical_cpus": hw.logical,
             "physical_cores": hw.cores,

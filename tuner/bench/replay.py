@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import optuna
@@ -314,6 +314,50 @@ class StrategyResult:
     median_regret_at: dict[int, float]
 
 
+class StrategyResultJson(TypedDict):
+    """A ``StrategyResult`` as the benchmark's result holds it (``asdict``)."""
+
+    strategy: str
+    trials_to_target: list[int | None]
+    median_trials: float | None
+    reached: int
+    median_regret_at: dict[int, float]
+
+
+class ReplayTargets(TypedDict, total=False):
+    """The default against its targets (``targets``); empty without both the default and random replayed."""
+
+    default_over_random: float | None  # an upper bound when ``random_censored``
+    random_censored: bool
+    default_over_grid_size: float | None
+    no_worse_than_today: bool | None  # None without today's default replayed
+    met: bool
+
+
+class ReplayFigures(TypedDict):
+    """What ``benchmark`` finds: the grid, each strategy, the targets."""
+
+    configurations: int
+    feasible: int
+    within_tolerance: int  # feasible configurations within the tolerance of the best
+    best_tokens_per_second: float
+    best_config: dict[str, Any]
+    params: list[str]
+    objectives: list[str]
+    budget: int
+    seeds: int
+    tolerance: float
+    strategies: dict[str, StrategyResultJson]
+    targets: ReplayTargets
+
+
+class ReplayBenchmark(ReplayFigures, total=False):
+    """The benchmark's result (written as JSON, read by ``markdown``), with the table it replayed once its
+    caller names it."""
+
+    table: str  # the recorded grid's file
+
+
 def summarize_strategy(
     strategy: str, curves: list[list[float]], tolerance: float, checkpoints: list[int]
 ) -> StrategyResult:
@@ -336,7 +380,7 @@ def benchmark(
     budget: int | None = None,
     tolerance: float = TOLERANCE,
     jobs: int = -1,
-) -> dict:
+) -> ReplayBenchmark:
     """Replay every strategy over ``seeds`` seeds; the grid, being deterministic, once."""
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
@@ -369,12 +413,12 @@ def benchmark(
         "budget": budget,
         "seeds": seeds,
         "tolerance": tolerance,
-        "strategies": {name: asdict(r) for name, r in results.items()},
+        "strategies": {name: cast(StrategyResultJson, asdict(r)) for name, r in results.items()},
         "targets": targets(results, size, budget),
     }
 
 
-def targets(results: dict[str, StrategyResult], size: int, budget: int) -> dict:
+def targets(results: dict[str, StrategyResult], size: int, budget: int) -> ReplayTargets:
     """The targets the default search must meet: within the tolerance in at most half the trials
     random search needs (medians over seeds) and at most a quarter of the grid. When random
     search did not get there in most seeds, its median is taken as the budget, so the
@@ -408,7 +452,7 @@ def targets(results: dict[str, StrategyResult], size: int, budget: int) -> dict:
     }
 
 
-def markdown(result: dict) -> str:
+def markdown(result: ReplayBenchmark) -> str:
     """A short table: one row per strategy, then the targets."""
     tol = f"{result['tolerance']:.0%}"
     checkpoints = next(iter(result["strategies"].values()))["median_regret_at"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
+from typing import Any, TypedDict, cast
 
 import optuna
 
@@ -101,6 +102,40 @@ class TypeResult:
     why: str
 
 
+class TypeResultJson(TypedDict):
+    """A ``TypeResult`` as JSON (``asdict``): its fields by name."""
+
+    suite: str
+    tuning_prompts: list[str]
+    held_out_prompts: list[str]
+    winner: int
+    config: dict[str, Any]
+    pooled: int
+    tuning_tokens_per_second: float
+    pooled_tuning_tokens_per_second: float | None
+    held_out_tokens_per_second: float
+    pooled_held_out_tokens_per_second: float
+    baseline_held_out_tokens_per_second: float
+    held_out_rates: list[float]
+    gain: float
+    gain_low: float
+    gain_high: float
+    pays: bool
+    why: str
+
+
+class PerTypeResultJson(TypedDict):
+    """A ``PerTypeResult`` as the study stores it (``store.write_per_type``) and the export carries and writes
+    it (``Export.per_type``, export.json)."""
+
+    rounds: int
+    pooled: int
+    baseline: int
+    types: list[TypeResultJson]
+    unsplit: dict[str, str]
+    rule: str
+
+
 @dataclass(frozen=True)
 class PerTypeResult:
     rounds: int
@@ -114,8 +149,8 @@ class PerTypeResult:
     def paying(self) -> list[TypeResult]:
         return [t for t in self.types if t.pays]
 
-    def to_json(self) -> dict:
-        return asdict(self)
+    def to_json(self) -> PerTypeResultJson:
+        return cast(PerTypeResultJson, asdict(self))
 
     @classmethod
     def from_json(cls, data: dict) -> PerTypeResult:

@@ -14,12 +14,12 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from tuner.errors import UserError
 
 BANDWIDTH_ENV = "TUNER_MEMORY_BANDWIDTH"
-FINGERPRINT_KEY = "bandwidth_by_threads"
+FINGERPRINT_KEY: Final = "bandwidth_by_threads"
 SATURATION_SHARE = 0.9  # "saturated": this share of the peak
 # the thread search starts where the bandwidth is this near its peak: decode still gains a little past 90%
 PLANNER_SHARE = 0.95

@@ -7,6 +7,7 @@ for two results to be compared; every other field is provenance.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypedDict
 
 from tuner.machine.bandwidth import FINGERPRINT_KEY, BandwidthCurve
 from tuner.machine.host import HostState, summarize_governors
@@ -49,13 +50,47 @@ COMPARABILITY_KEYS = (
 )
 
 
+class Fingerprint(TypedDict, total=False):
+    """The machine and build a study measured on, as its record stores it (JSON). ``fingerprint`` sets every
+    key but the host's, which it sets with a host state; an empty one stands for none (a replayed study's, a
+    record not yet stored), and one stored by an older tuner may lack the newer keys."""
+
+    # the comparability keys
+    cpu_model: str
+    logical_cpus: int
+    physical_cores: int
+    numa_nodes: list[str]  # each node's CPU list, e.g. "0-15"
+    memory_gib: int | None
+    llama_commit: str | None
+    llama_build_flags: list[str] | None
+    # provenance
+    threads_per_core: int
+    simd_flags: list[str]
+    mem_available_bytes: int | None
+    numa_mem_free_bytes: list[int | None]
+    llama_source: str | None
+    llama_build_number: int | None
+    llama_compiler: str | None
+    llama_bin_dir: str | None
+    bandwidth_bytes_per_s: float | None
+    # the copy probe's curve by threads (``tuner.machine.bandwidth.FINGERPRINT_KEY``)
+    bandwidth_by_threads: dict[str, float] | None
+    # the host's state, with one
+    hostname: str | None
+    thp_mode: str | None
+    governors: dict[str, str]  # governor -> CPU list
+    load_avg: list[float] | None
+    affinity: str | None
+    numactl: str | None
+
+
 def fingerprint(
     topo: Topology,
     build_manifest: Mapping | None,
     host: HostState | None = None,
     bandwidth_bytes_per_s: float | None = None,
     bandwidth_curve: BandwidthCurve | None = None,
-) -> dict:
+) -> Fingerprint:
     """A JSON-serialisable description of the machine and llama.cpp build.
 
     Fields named in ``COMPARABILITY_KEYS`` decide whether two results may be compared;
@@ -63,7 +98,7 @@ def fingerprint(
     is provenance: a resumed study is never refused for a bandwidth that moved.
     """
     manifest = dict(build_manifest or {})
-    fp: dict = {
+    fp: Fingerprint = {
         "cpu_model": topo.cpu_model,
         "logical_cpus": topo.logical_cpus,
         "physical_cores": topo.physical_cores,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tuner.machine.bandwidth import measure_memory_bandwidth
+from tuner.machine.fingerprint import Fingerprint
 from tuner.machine.topology import read_topology
 
 ABOVE_ROOFLINE_FACTOR = 2.0  # a non-speculative trial this far above the (estimated) ceiling is impossible
@@ -37,7 +38,7 @@ class StudyFacts(Protocol):
     both; the machine floor does not import the storage above it). Read-only: the record is frozen."""
 
     @property
-    def fingerprint(self) -> dict: ...
+    def fingerprint(self) -> Fingerprint: ...
 
     @property
     def target(self) -> dict: ...
@@ -46,9 +47,9 @@ class StudyFacts(Protocol):
 def study_bandwidth(record: StudyFacts, probe: Callable[[], float] | None = None) -> Bandwidth:
     """The fingerprint's bandwidth; without one, measured now (and the report says so)."""
     fp = record.fingerprint
-    if fp.get("bandwidth_bytes_per_s"):
+    if bandwidth := fp.get("bandwidth_bytes_per_s"):
         return Bandwidth(
-            float(fp["bandwidth_bytes_per_s"]),
+            float(bandwidth),
             "fingerprint",
             "measured when the study started (copy probe, one thread per core: an estimate)",
         )

@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TypedDict
 
 from tuner.errors import UserError
 from tuner.machine.llama_build import binary
@@ -87,6 +88,15 @@ def answer_score(outputs: dict[str, str], workload: Workload) -> float:
         for p in graded
     )
     return passed / len(graded)
+
+
+class ScorerFigures(TypedDict, total=False):
+    """A trial's figures besides its quality (``TrialRecord.scores``): the kld scorer's two (``measure_kld``
+    sets both), and the share of its output that repeats itself (``repeated_output``)."""
+
+    mean_kld: float
+    same_top: float  # share of tokens whose top choice is the base model's
+    repeated_output: float
 
 
 REPEAT_NGRAM = 4  # words: a reply that repeats a 4-word run of its own is copying itself
@@ -218,7 +228,7 @@ def measure_kld(
     ctx: int = 128,
     timeout_s: float = 600.0,
     bin_dir: str | Path | None = None,
-) -> dict[str, float]:
+) -> ScorerFigures:
     """``{"mean_kld", "same_top"}`` of a model configuration against the saved base logits
     (the tokens come from the base file). Repeated like perplexity when the log is cut short."""
     argv = [

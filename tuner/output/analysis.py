@@ -37,7 +37,7 @@ from tuner.measurement.measure import per_source, prompt_rate
 from tuner.output.turns import speedup_by_turn
 from tuner.search.structured_sampler import fitted_models
 from tuner.storage import store
-from tuner.storage.records import StudyRecord, TrialRecord
+from tuner.storage.records import StudyRecord, TrialRecord, WarmStartPrior
 
 METRICS = ("tokens_per_second", "acceptance", "quality", "speedup")
 COLUMNS = (
@@ -447,7 +447,7 @@ class ReportData:
     concurrency: pd.DataFrame | None = (
         None  # per family and level: the best aggregate tokens/s (by_concurrency)
     )
-    prior: dict | None = None  # the warm start from an earlier study (tuner.search.prior)
+    prior: WarmStartPrior | None = None  # the warm start from an earlier study (tuner.search.prior)
     launch_spread: float = PRIOR_LAUNCH_SIGMA  # the study's launch-to-launch spread (drift.Sentinels)
     turns: pd.DataFrame | None = None  # conversations: each family's best by turn (output.turns)
     load_races: dict[int, RaceResult] | None = None  # each load class's last race (tuner export), by users

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,9 @@ def _config_key(row: pd.Series) -> str:
     return json.dumps({k: (None if pd.isna(v) else v) for k, v in row.items()}, sort_keys=True, default=str)
 
 
-def _differences(values_a: dict, values_b: dict, keys: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
+def _differences(
+    values_a: Mapping[str, Any], values_b: Mapping[str, Any], keys: tuple[str, ...]
+) -> list[tuple[str, Any, Any]]:
     return [(k, values_a.get(k), values_b.get(k)) for k in keys if values_a.get(k) != values_b.get(k)]
 
 

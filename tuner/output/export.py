@@ -38,7 +38,7 @@ from tuner.decisions.deployment import (
     wants_per_type,
 )
 from tuner.decisions.load_race import race_loads
-from tuner.decisions.per_type import PerTypeResult
+from tuner.decisions.per_type import PerTypeResult, PerTypeResultJson
 from tuner.decisions.race import RaceResult, verdict_lines
 from tuner.decisions.route import describe_accuracy
 from tuner.errors import UserError
@@ -91,9 +91,7 @@ class Export:
     llama_cpp: dict
     machine: dict
     race: RaceResult | None = None
-    per_type: dict | None = (
-        None  # tuner.decisions.per_type.PerTypeResult as JSON (the pooled export's), else None
-    )
+    per_type: PerTypeResultJson | None = None  # the per-type race (the pooled export's), else None
     section_name: str = ""  # the router model name; default the study's (per-type: STUDY-TYPE)
     threads_how: tuple[str, ...] = ()  # how threads and threads-batch were chosen (deployment.thread_notes)
 

@@ -22,6 +22,7 @@ from tuner.machine.bandwidth import SATURATION_SHARE, BandwidthCurve, threads_te
 from tuner.machine.roofline import Roofline
 from tuner.output.analysis import ReportData, break_even, complete, per_type_frame
 from tuner.search.prior import describe_prior
+from tuner.storage.records import WarmStartPrior
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 FEASIBLE_COLOR = "#1f77b4"
@@ -604,7 +605,7 @@ def _best_rows(done: pd.DataFrame) -> list[tuple[str, str]]:
     ]
 
 
-def _warm_start_row(prior: dict) -> tuple[str, str]:
+def _warm_start_row(prior: WarmStartPrior) -> tuple[str, str]:
     """Which earlier study the search started from, and what of it was tried early."""
     reused = [
         k

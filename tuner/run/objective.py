@@ -23,7 +23,7 @@ from tuner.search.space import baseline_config, suggest
 from tuner.storage import store
 from tuner.storage.coordination import failed_elsewhere, tally, worker_id
 from tuner.storage.journal import Journal
-from tuner.storage.records import TrialRecord
+from tuner.storage.records import SearchNote, TrialRecord
 
 
 class FailedElsewhere(Exception):
@@ -53,7 +53,7 @@ class StudyObjective:
             on_pass=self._reporter(trial),
         )
         stage, reason = store.search_note(trial)
-        search = {"stage": stage, "reason": reason} if stage else {}
+        search: SearchNote = {"stage": stage, "reason": reason} if stage else {}
         try:
             record = self.trials.measure(config, store.role_of(trial), trial.number, hooks, search)
         except Interrupted as stop:

@@ -30,13 +30,13 @@ from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_command, model_flags
 from tuner.measurement.load import Level, run_levels
 from tuner.measurement.measure import Sample, Scores, outputs_by_prompt, run_workload, score_trial, summarize
-from tuner.measurement.quality import repeated_output
+from tuner.measurement.quality import ScorerFigures, repeated_output
 from tuner.measurement.server_process import LlamaServer, free_port, read_log_tail
 from tuner.search.pruning import may_prune, prunes_on, should_prune
 from tuner.search.space import baseline_config
 from tuner.storage import store
 from tuner.storage.coordination import worker_id
-from tuner.storage.records import Failure, Metrics, Reference, Spread, TrialRecord, digest
+from tuner.storage.records import Failure, Metrics, Reference, SearchNote, Spread, TrialRecord, digest
 
 LOG_TAIL_LINES = 40
 
@@ -116,7 +116,7 @@ class TrialMeasurement:
         role: str,
         number: int | None,
         hooks: TrialHooks = TrialHooks(),
-        search: dict | None = None,
+        search: SearchNote | None = None,
     ) -> TrialRecord:
         """One configuration measured into a COMPLETE, PRUNED or FAIL record (``Interrupted`` on Ctrl-C);
         ``search``: the sampler's stage and reason for it (a hardware trial is never pruned)."""
@@ -326,7 +326,9 @@ class TrialMeasurement:
             scores=extra_scores,
         )
 
-    def _quality(self, config: TrialConfig, outputs: dict, reference: Reference | None) -> tuple[float, dict]:
+    def _quality(
+        self, config: TrialConfig, outputs: dict, reference: Reference | None
+    ) -> tuple[float, ScorerFigures]:
         """The trial's quality, and the scorer's other figures (kld: mean_kld, same_top)."""
         scorer = self.ctx.spec.quality.scorer
         if scorer == "perplexity":
@@ -341,7 +343,7 @@ class TrialMeasurement:
             scorer, outputs, self.ctx.workload, reference.tokens if reference else {}
         ), {}
 
-    def _constraints(self, quality: float, scores: dict, levels: list) -> dict:
+    def _constraints(self, quality: float, scores: ScorerFigures, levels: list) -> dict:
         """The record's ``constraint`` (feasible when <= 0: every bound met) and, with load bounds, each one
         by name (``quality_floor``, ``p95_ttft_ms_c4``, ...) for Optuna and the report."""
         spec = self.ctx.spec.quality
@@ -392,7 +394,7 @@ class ModelScores:
             write(self.study, cache)
         return cache[key]
 
-    def kld(self, config: TrialConfig) -> dict:
+    def kld(self, config: TrialConfig) -> ScorerFigures:
         """KL divergence from the baseline's logits, saved once per study in its log folder, keyed by the
         baseline's model flags and the text file's digest (a changed text or model makes a new base)."""
         ctx = self.ctx
@@ -401,7 +403,7 @@ class ModelScores:
             return {"mean_kld": 0.0, "same_top": 1.0}  # differs by batch-order rounding only, ~1e-6)
         bin_dir, timeout = ctx.launch.server_binary.parent, ctx.settings.trial_timeout_s
 
-        def compute(flags: list[str]) -> dict:
+        def compute(flags: list[str]) -> ScorerFigures:
             text_file = ctx.spec.quality.text_file
             assert text_file is not None  # the study file requires one for kld
             base_key = digest([base_flags, hashlib.sha256(text_file.read_bytes()).hexdigest()])

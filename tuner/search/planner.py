@@ -52,6 +52,7 @@ from tuner.search.stages import (
 )
 from tuner.search.stages.configs import KnobValues
 from tuner.search.stages.state import Proposal, SearchState
+from tuner.storage.records import WarmStartPrior
 
 STAGES = (
     warm_start,
@@ -81,7 +82,7 @@ def next_proposal(state: SearchState) -> Proposal | None:
 def plan(
     space: dict[str, list],
     trials: list[PastTrial],
-    prior: dict | None = None,
+    prior: WarmStartPrior | None = None,
     users: int | None = None,
     saturation: int | None = None,
 ) -> Proposal | None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from tuner.search.space import ResolvedSpace, outside
 from tuner.storage import store
-from tuner.storage.records import StudyRecord, TrialRecord, model_identity
+from tuner.storage.records import StudyRecord, TrialRecord, WarmStartPrior, model_identity
 
 MACHINE_KEYS = ("cpu_model", "logical_cpus", "physical_cores", "numa_nodes", "memory_gib")
 HW_KNOBS = ("numa", "numa_node", "threads")
@@ -46,7 +46,7 @@ def admitted(params: dict[str, Any], space: ResolvedSpace) -> dict[str, Any]:
 
 def choose(
     record: StudyRecord, space: ResolvedSpace, winners: list[tuple[str, StudyRecord, TrialRecord, dict]]
-) -> dict | None:
+) -> WarmStartPrior | None:
     """The prior for a new study (``record``, ``space``) from earlier studies' winners, as stored."""
     mine = [w for w in winners if same_machine(w[1], record)]
     if not mine:
@@ -77,11 +77,11 @@ def choose(
     }
 
 
-def find_prior(storage, record: StudyRecord, space: ResolvedSpace) -> dict | None:
+def find_prior(storage, record: StudyRecord, space: ResolvedSpace) -> WarmStartPrior | None:
     return choose(record, space, store.stored_winners(storage, exclude=record.name))
 
 
-def describe_prior(prior: dict) -> str:
+def describe_prior(prior: WarmStartPrior) -> str:
     what = (
         "the same target and workload"
         if prior.get("same_workload")

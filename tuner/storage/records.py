@@ -16,12 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypedDict
 
 from tuner.knobs.config import TrialConfig
-from tuner.machine.fingerprint import COMPARABILITY_KEYS
+from tuner.machine.fingerprint import COMPARABILITY_KEYS, Fingerprint
 from tuner.measurement.launch import ServerCommand
 from tuner.measurement.load import LOAD_METRICS
+from tuner.measurement.quality import ScorerFigures
 
 SCHEMA_VERSION = 2  # 1: loose user attrs per field (before records); 2: one record per trial and study
 
@@ -44,6 +45,28 @@ MODEL_IDENTITY_KEYS = (
     "expert_count",
     "expert_used_count",
 )
+
+
+class SearchNote(TypedDict, total=False):
+    """Why the structured sampler chose a trial, as its record keeps it: set together, or empty when the
+    sampler left no note (an enqueued baseline, another sampler)."""
+
+    stage: str  # the planner's stage (tuner.search.stages), e.g. "hardware", "refinement"
+    reason: str | None
+
+
+class WarmStartPrior(TypedDict, total=False):
+    """What an earlier study in the same storage found on this host (``tuner.search.prior`` builds it, the
+    study stores it once at creation). A found prior sets every key; a search without one holds it empty."""
+
+    study: str  # the earlier study's name
+    trial: int  # its winner's number
+    tokens_per_second: float  # its winner's rate
+    same_target: bool
+    same_workload: bool
+    hardware: dict[str, Any]  # its numa, numa_node and threads the new space admits (may be empty)
+    # its whole winner, when the new space admits all of it (same workload only)
+    params: dict[str, Any] | None
 
 
 def digest(value: Any) -> str:
@@ -105,7 +128,7 @@ class TrialRecord:
     constraint: float | None = None  # quality floor - quality: feasible when <= 0
     failure: Failure | None = None
     pruned: str | None = None  # why the trial was stopped early (state PRUNED; its figures are partial)
-    search: dict = field(default_factory=dict)  # the sampler's stage and reason for choosing it
+    search: SearchNote = field(default_factory=SearchNote)  # the sampler's stage and reason for choosing it
     worker: str = ""
     log_tail: str = ""
     duration_s: float | None = None
@@ -114,9 +137,7 @@ class TrialRecord:
     host: dict = field(
         default_factory=dict
     )  # host state during the trial (tuner.machine.host.trial_host_state)
-    scores: dict = field(
-        default_factory=dict
-    )  # a scorer's figures besides quality, e.g. kld: mean_kld, same_top
+    scores: ScorerFigures = field(default_factory=ScorerFigures)  # figures besides quality, e.g. kld's
     load: tuple[dict, ...] = ()  # per concurrency level: tuner.measurement.load.Level.summary()
     constraints: dict = field(default_factory=dict)  # with load bounds: each named constraint (<= 0 feasible)
 
@@ -207,7 +228,7 @@ class StudyRecord:
 
     name: str
     created_by: str
-    fingerprint: dict  # tuner.machine.fingerprint.fingerprint(): machine and build
+    fingerprint: Fingerprint  # machine and build
     build: dict  # the llama.cpp build manifest
     target: dict  # tuner.models.gguf_info.ModelInfo.to_dict()
     drafts: dict[str, dict]
@@ -255,7 +276,7 @@ class StudyRecord:
         name: str,
         space: dict,
         objectives: tuple[str, ...],
-        fingerprint: dict | None = None,
+        fingerprint: Fingerprint | None = None,
         target: dict | None = None,
         workload: dict | None = None,
     ) -> StudyRecord:

@@ -27,13 +27,18 @@ shown only through ``tuner.storage.urls.safe_url`` (password as ``***``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, cast
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UserError
+from tuner.machine.fingerprint import Fingerprint
+from tuner.measurement.quality import ScorerFigures
 from tuner.paths import check_study_name
+from tuner.progress import StoredProgress
 from tuner.storage.outage import cannot_open, classify
 from tuner.storage.records import (
     SCHEMA_VERSION,
@@ -41,6 +46,7 @@ from tuner.storage.records import (
     Reference,
     StudyRecord,
     TrialRecord,
+    WarmStartPrior,
     config_from_dict,
 )
 from tuner.storage.urls import check_scheme, safe_url, with_driver
@@ -160,11 +166,11 @@ def write_perplexity_cache(study: optuna.Study, cache: dict[str, float]) -> None
     _write_scorer_cache(study, PERPLEXITY, cache)
 
 
-def kld_cache(study: optuna.Study) -> dict[str, dict]:
+def kld_cache(study: optuna.Study) -> dict[str, ScorerFigures]:
     return _scorer_cache(study, KLD)
 
 
-def write_kld_cache(study: optuna.Study, cache: dict[str, dict]) -> None:
+def write_kld_cache(study: optuna.Study, cache: dict[str, ScorerFigures]) -> None:
     _write_scorer_cache(study, KLD, cache)
 
 
@@ -200,11 +206,11 @@ def search_note(trial: FrozenTrial | optuna.Trial) -> tuple[str | None, str | No
     return trial.user_attrs.get(SEARCH_STAGE), trial.user_attrs.get(SEARCH_REASON)
 
 
-def host_fingerprint(study: optuna.Study) -> dict:
+def host_fingerprint(study: optuna.Study) -> Fingerprint:
     """The study record's machine fingerprint (empty before the record exists): the search reads its bandwidth
     probe (``tuner.machine.bandwidth``)."""
     data = study.user_attrs.get(STUDY_RECORD)
-    return dict(data.get("fingerprint") or {}) if data else {}
+    return cast(Fingerprint, dict(data.get("fingerprint") or {})) if data else {}
 
 
 def search_context(study: optuna.Study) -> tuple[dict, list[str]] | None:
@@ -213,11 +219,11 @@ def search_context(study: optuna.Study) -> tuple[dict, list[str]] | None:
     return (data["space"], list(data["objectives"])) if data else None
 
 
-def write_prior(study: optuna.Study, prior: dict) -> None:
+def write_prior(study: optuna.Study, prior: WarmStartPrior) -> None:
     study.set_user_attr(SEARCH_PRIOR, prior)
 
 
-def read_prior(study: optuna.Study) -> dict | None:
+def read_prior(study: optuna.Study) -> WarmStartPrior | None:
     return study.user_attrs.get(SEARCH_PRIOR)
 
 
@@ -377,16 +383,16 @@ def read_load_races(study: optuna.Study) -> dict[int, dict]:
     return dict(sorted(found.items()))
 
 
-def write_progress(study: optuna.Study, progress: dict) -> None:
+def write_progress(study: optuna.Study, progress: StoredProgress) -> None:
     """Where the running command is: its last line, elapsed and remaining seconds (``tuner.progress.Progress``)."""
     study.set_user_attr(PROGRESS, progress)
 
 
-def read_progress(study: optuna.Study) -> dict | None:
+def read_progress(study: optuna.Study) -> StoredProgress | None:
     return study.user_attrs.get(PROGRESS)
 
 
-def write_per_type(study: optuna.Study, result: dict) -> None:
+def write_per_type(study: optuna.Study, result: Mapping[str, Any]) -> None:
     study.set_user_attr(PER_TYPE, result)
 
 

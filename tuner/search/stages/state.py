@@ -27,6 +27,7 @@ from tuner.search.stages.configs import (
     nearest,
     option_of,
 )
+from tuner.storage.records import WarmStartPrior
 
 MAX_TIE = (
     0.10  # a tie never spans more than this: a host noisier still needs more repetitions, not a wider tie
@@ -57,7 +58,7 @@ class SearchState:
         self,
         knobs: KnobValues,
         trials: list[PastTrial],
-        prior: dict | None = None,
+        prior: WarmStartPrior | None = None,
         users: int | None = None,
         saturation: int | None = None,
     ):
