@@ -22,6 +22,7 @@ from tuner.measurement.failures import PERMANENT
 from tuner.measurement.load import split_metric_name
 from tuner.measurement.measure import pooled_from_rates, prompt_rate
 from tuner.storage import store
+from tuner.storage.records import TrialRecord
 
 PLAN_ATTR = "search:plan"  # a system attr: the running trial's planned configuration, for other workers
 PERMANENT_REASONS = frozenset(r.value for r in PERMANENT)  # a failure for one of these blames the option
@@ -46,9 +47,8 @@ class PastTrial:
     role: str
     suites: dict[str, float] = field(default_factory=dict)  # tokens/s per suite (content type), pooled
     prompt_rate: float | None = None  # prompt tokens/s over its requests (measure.prompt_rate)
-    within_error: float | None = (
-        None  # the figure's relative standard error within its launch (``within_error``)
-    )
+    # the figure's relative standard error within its launch (``within_error``)
+    within_error: float | None = None
 
     @property
     def measured(self) -> bool:
@@ -102,7 +102,7 @@ def read_history(study: optuna.Study) -> list[PastTrial]:
     return trials
 
 
-def within_error(record) -> float | None:
+def within_error(record: TrialRecord) -> float | None:
     """How far a trial's figure could move by its own passes' disagreement: the cv of its per-pass rates over the
     square root of the passes (a standard error of their mean). It misses what a whole launch shares (placement,
     clocks), so it bounds a trial's noise from below; None with fewer than two passes."""
