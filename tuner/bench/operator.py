@@ -32,7 +32,7 @@ import optuna
 from joblib import Parallel, delayed
 
 from tuner.bench.operator_landscapes import LANDSCAPES, REAL_RANGE, REPETITIONS, OperatorLandscape, landscapes
-from tuner.measurement.measure import pooled_from_rates, repetition_cv
+from tuner.measurement.measure import median_over_repetitions, pooled_from_rates, repetition_cv
 from tuner.search.prior import find_prior
 from tuner.search.pruning import prunes_on, should_prune
 from tuner.search.space import baseline_config, enqueue_params, suggest
@@ -194,8 +194,7 @@ class Objective:
             {k: s[k] for k in ("prompt_id", "suite", "repetition", "tokens_per_second")} for s in m.samples
         )
         metrics = Metrics(m.tokens_per_second, m.acceptance, out.quality, 1.0)
-        passes = sorted({s["repetition"] for s in samples})
-        rates = [pooled_from_rates(s for s in samples if s["repetition"] == p) for p in passes]
+        rates = median_over_repetitions(list(samples), pooled_from_rates)[1]
         spread = Spread(len(rates), repetition_cv(rates), None)  # as a study's trial stores it
         trial.set_constraint("quality_floor", constraint)
         load: tuple[dict, ...] = ()

@@ -280,11 +280,15 @@ def pooled_from_rates(samples: Iterable[dict]) -> float:
     return len(inverse) / sum(inverse) if inverse else 0.0
 
 
-def median_over_repetitions(samples: list[Sample] | list[dict]) -> tuple[float, list[float]]:
+def median_over_repetitions(
+    samples: list[Sample] | list[dict], pool: Callable[[Iterable], float] | None = None
+) -> tuple[float, list[float]]:
     """The median over repetitions of each repetition's pooled rate, and those rates: a trial's figure, from
-    its measured samples or its stored ones."""
+    its measured samples or its stored ones (``pool``: ``pooled_from_rates`` for stored requests without
+    lengths, a simulated replay's)."""
+    pool = pool or pooled_rate
     repetitions = sorted({_field(s, "repetition") for s in samples})
-    rates = [pooled_rate(s for s in samples if _field(s, "repetition") == r) for r in repetitions]
+    rates = [pool(s for s in samples if _field(s, "repetition") == r) for r in repetitions]
     return statistics.median(rates), rates
 
 

@@ -61,19 +61,12 @@ def decide(
 
     within = [c for c in everyone if settled(c)]
     if baseline in within:
-        return _outcome(
-            look,
-            baseline,
-            decided=True,
-            within=[c for c in within if c != baseline],
-            baseline=baseline,
-            spec=spec,
-            rounds=rounds,
-        )
-    replacing = [c for c in within if look.replaces(c, baseline) and look.decisive(baseline, c)]
-    if not replacing:
-        return None
-    winner = min(replacing, key=lambda c: (resources.get(c, ()), -look.estimate(c)))
+        winner = baseline
+    else:
+        replacing = [c for c in within if look.replaces(c, baseline) and look.decisive(baseline, c)]
+        if not replacing:
+            return None
+        winner = min(replacing, key=lambda c: (resources.get(c, ()), -look.estimate(c)))
     return _outcome(
         look,
         winner,
