@@ -16,7 +16,7 @@ from tuner.cli import main
 from tuner.machine import bandwidth as bandwidths
 from tuner.machine.bandwidth import BandwidthCurve, bandwidth_saturation, curve_of, probe_counts
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
-from tuner.output.report_html import threads_caption, threads_figure
+from tuner.output.report_figures import threads_caption, threads_figure
 from tuner.search.prior import same_machine
 from tuner.storage.records import StudyRecord, changes
 

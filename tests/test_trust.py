@@ -24,7 +24,7 @@ from tuner.machine.roofline import Bandwidth, Roofline, impossible
 from tuner.measurement.measure import MeasurementSettings, check_timing
 from tuner.measurement.server_process import Completion
 from tuner.output.analysis import report_data
-from tuner.output.report_html import summary_table
+from tuner.output.report_tables import summary_table
 from tuner.paths import models_dir
 from tuner.progress import Progress
 from tuner.run.study_loop import run_study

@@ -39,7 +39,8 @@ from tuner.machine.llama_build import binary
 from tuner.measurement.workload import Prompt, Workload
 from tuner.output.analysis import report_data
 from tuner.output.preset import DeployedSection, read_section
-from tuner.output.report_html import render, verification_table
+from tuner.output.report_html import render
+from tuner.output.report_tables import verification_table
 from tuner.output.verify import read_deployed
 from tuner.storage import store
 from tuner.storage.records import StudyRecord
