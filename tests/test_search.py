@@ -14,14 +14,9 @@ import optuna
 import pytest
 
 from tuner.bench import operator as op
-from tuner.bench.operator_landscapes import (
-    CODER_DRAFTS,
-    SERVE,
-    Grounding,
-    configurations,
-    landscapes,
-    operator_space,
-)
+from tuner.bench.landscape_model import Grounding
+from tuner.bench.landscape_simulation import configurations
+from tuner.bench.operator_landscapes import CODER_DRAFTS, SERVE, landscapes, operator_space
 from tuner.knobs.config import TrialConfig
 from tuner.search import history
 from tuner.search.prior import admitted, find_prior
