@@ -16,8 +16,8 @@ that will be used. In order:
    cores;
 5. bracketing around the best rung (``bracket``): the wider gap beside it halved, until the gaps are within
    ``thread_step`` (adjacent counts on a big host differ by less than one launch's spread, so the walk never
-   steps by one there) or the rungs beside it tie with it (a flat stretch); SMT siblings once, where all cores
-   lead and still gain (``still_gaining``).
+   steps by one there) or the rungs beside it are within the noise of it (``LEVEL``: a flat stretch); SMT
+   siblings once, where all cores lead and still gain (``still_gaining``).
 
 Ties within the noise (``SearchState.tie``: the spread of the baseline's re-measures, at least
 ``evidence.THREAD_TIE``) go to fewer threads (the resource rule): the walk goes on below the fewest threads that
@@ -38,6 +38,11 @@ from tuner.search.stages.configs import describe_speculation, hardware_of, hardw
 from tuner.search.stages.state import Proposal, SearchState
 
 LADDER = (0.75, 0.5, 0.25)  # shares of the cores walked after all of them
+# A gap beside the best is halved only when its far end is below the best by more than this, or the tie where
+# the host's noise makes that wider: two standard deviations of the difference of two launches on a quiet host.
+# The tie's floor is one, enough to pick (the race checks the pick), not to spend trials: the best of a ladder
+# is the highest of several noisy readings and reads high (docs/decisions.md#thread-ties).
+LEVEL = 2 * THREAD_TIE
 STEP_SHARE = 1 / 16  # the finest step of the bracket, as a share of the cores (6 on 96 cores, 1 on 16)
 
 
@@ -146,17 +151,18 @@ def bracket(points: dict[int, float], low: int, high: int, step: int, tie: float
     """Thread counts to measure next around the best (the wider gap first), then below the tie rule's pick.
 
     ``points``: threads -> rate on one policy (and node), ``low``..``high`` the range walked. A gap beside the best
-    is halved while wider than ``step`` and its other end is clearly below the best (one that ties is a level
-    stretch: a peak hidden in it is within the noise); below the tie rule's pick, likewise, to find where the
-    curve drops. Past an edge of the measured counts: half the lowest, or ``high`` once."""
+    is halved while wider than ``step`` and its other end is clearly below the best (by more than ``LEVEL`` and
+    the tie; one within that is a level stretch: a peak hidden in it is within the noise); below the tie rule's
+    pick, likewise, to find where the curve drops. Past an edge of the measured counts: half the lowest, or ``high`` once."""
     best, pick = max(points, key=lambda t: points[t]), tie_pick(points, tie)
+    clearly_below = (1 - max(tie, LEVEL)) * points[best]
     wanted: list[tuple[float, float]] = []  # (priority: the gap's width, thread count)
     left, right = _neighbours(points, best)
     for side, edge in ((left, low), (right, high)):
-        if side is None or points[side] < (1 - tie) * points[best]:  # a side that ties: level between
+        if side is None or points[side] < clearly_below:  # a side within the noise: level between
             wanted += _gap(side, best, edge, step)
     below = _neighbours(points, pick)[0]
-    if pick != best and (below is None or points[below] < (1 - tie) * points[best]):
+    if pick != best and (below is None or points[below] < clearly_below):
         wanted += _gap(below, pick, low, step)  # fewer threads may tie too: where the curve drops
     return [t for _, t in sorted(wanted, key=lambda w: -w[0])]
 
