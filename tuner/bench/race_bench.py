@@ -561,7 +561,7 @@ def markdown(result: dict) -> str:
         f"Simulated host, {result['runs']} races per cell ({DEFAULT_HOST_RUNS * result['runs']} at the default "
         f"host, {pct(DEFAULT_HOST[0])} launch and {pct(DEFAULT_HOST[1])} round spread); the product's race "
         f"(race.loss {spec['loss']:.0%}, {spec['min_rounds']}-{spec['max_rounds']} rounds) against the previous "
-        f"rules (issue 22: every finalist every round, the leader tested as if named in advance, 4 confirmation "
+        f"rules (every finalist every round, the leader tested as if named in advance, 4 confirmation "
         f"rounds). Finalists: the best, one "
         f"GAP slower with fewer threads, two at 92% and 88%, the baseline at 60%; {pct(OUTLIER_P)} of launches are "
         f"outliers at a tenth of the rate. Modelled minutes: {MINUTES_PER_LAUNCH} min per launch (a 32B-scale "
