@@ -153,7 +153,8 @@ def bracket(points: dict[int, float], low: int, high: int, step: int, tie: float
     ``points``: threads -> rate on one policy (and node), ``low``..``high`` the range walked. A gap beside the best
     is halved while wider than ``step`` and its other end is clearly below the best (by more than ``LEVEL`` and
     the tie; one within that is a level stretch: a peak hidden in it is within the noise); below the tie rule's
-    pick, likewise, to find where the curve drops. Past an edge of the measured counts: half the lowest, or ``high`` once."""
+    pick, likewise, to find where the curve drops. Past an edge of the measured counts: half the lowest, or
+    ``high`` once."""
     best, pick = max(points, key=lambda t: points[t]), tie_pick(points, tie)
     clearly_below = (1 - max(tie, LEVEL)) * points[best]
     wanted: list[tuple[float, float]] = []  # (priority: the gap's width, thread count)
