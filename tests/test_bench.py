@@ -352,7 +352,7 @@ def test_repeatability_races_two_seeds_and_checks_each_deployment_against_the_ot
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     (tmp_path / "one.yaml").write_text('prompts:\n  - id: add\n    text: "def add(a, b):\\n    return"\n')
-    study = tmp_path / "twins.yaml"  # two configurations that decode alike: both finalists, always raced
+    study = tmp_path / "twins.yaml"  # two configurations that decode alike: finalists unless load parts them
     study.write_text(f"""
 name: twins
 target: {models_dir() / "synthetic" / "target.gguf"}
@@ -376,11 +376,13 @@ measurement: {{repetitions: 2, ctx_size: 256, trial_timeout_s: 60}}
             == len(run.searched.remeasured_tokens_per_second)
             == 2
         )
-        assert min(run.deployed.remeasured_tokens_per_second) > 0 and run.loss_text.startswith("deployed")
-    # a 3-round race decides nothing: each states what it may lose, or why it has no bound yet
-    assert all(
-        not r.decided and (r.loss_bound is not None or "no bound yet" in r.loss_text) for r in result.runs
-    )
+        assert min(run.deployed.remeasured_tokens_per_second) > 0
+        if run.loss_text.startswith("deployed"):
+            # a 3-round race decides nothing: it states what it may lose, or why it has no bound yet
+            assert not run.decided and (run.loss_bound is not None or "no bound yet" in run.loss_text)
+        else:  # one launch each: on a busy host the twin can measure out of the finalists' reach
+            assert run.loss_text == "nothing to race besides the baseline" and run.loss_bound is None
+            assert run.deployed.trial == run.searched.trial == 0  # the baseline, deployed as searched
     data = result.to_dict()
     assert data["met"] == result.met and len(data["holds"]) == 2 and 0 < result.search_ratio <= 1
     text = markdown(result)
