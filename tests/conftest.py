@@ -80,6 +80,15 @@ def synthetic_models(llama_bin_dir):
     return ensure_family()
 
 
+@pytest.fixture(scope="session")
+def scale_models(synthetic_models):
+    """The family's scale members (made once, about 20 s and 2.7 GB, cached in models/synthetic/scale):
+    only the tests of the scale studies' files ask for them."""
+    from tuner.synthetic.family import ensure_scale
+
+    return ensure_scale()
+
+
 @pytest.fixture(autouse=True)
 def no_llama_process_left_behind():
     """After every test, none of its llama.cpp servers or stand-ins may still run (a killed

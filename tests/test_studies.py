@@ -32,6 +32,7 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 HOW_TO_GET = {
     "MODELS": "set MODELS to the folder holding it (see the study file's header)",
     "gemma3-270m": "run `tuner models gemma3-270m` (the real-model extra)",
+    "synthetic/scale": "run `tuner synthetic --scale`",
     "synthetic": "run `make models`",
 }
 
@@ -112,7 +113,9 @@ def test_every_field_of_every_study_file_parses_here_or_not_its_models(study, tm
 @pytest.mark.llama
 @pytest.mark.parametrize("study", STUDIES, ids=lambda p: p.stem)
 def test_every_study_file_passes_check_where_its_models_are(study, llama_bin_dir, request, capsys):
-    if any("models/synthetic/" in raw for raw in model_paths(study)):
+    if any("models/synthetic/scale/" in raw for raw in model_paths(study)):
+        request.getfixturevalue("scale_models")  # generated once, like `make study STUDY=scale`
+    elif any("models/synthetic/" in raw for raw in model_paths(study)):
         request.getfixturevalue("synthetic_models")  # generated once, like `make models`
     absent = absent_models(study)
     if absent:

@@ -15,6 +15,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+import yaml
 
 from tuner.errors import UserError
 from tuner.machine.llama_build import binary
@@ -292,3 +293,61 @@ def test_recurrent_member_is_mamba_and_computes_the_small_drafts_text(synthetic_
         for name in ("recurrent", "draft-small")
     )
     assert recurrent.texts == small.texts and all(len(t) > 20 for t in small.texts)
+
+
+# ---------------------------------------------------------------- scale members
+
+
+def test_the_shipped_scale_members_read_over_a_gigabyte_a_token_and_pair_with_the_drafts():
+    spec = family.load_scale_spec()
+    for member in spec.members:
+        hp = member.hp
+        assert hp is not None
+        per_layer = 4 * hp.n_embd**2 + 3 * hp.n_embd * hp.n_ff * max(hp.n_expert, 1)
+        assert hp.n_layer * per_layer * 4 > 1e9  # F32: four bytes a weight
+        assert member.weight_type == "F32" and member.seed_name in ("target", "moe-target")
+    assert set(spec.inherited_pairs) == {
+        (name, draft)
+        for name in ("scale-target", "scale-moe-target")
+        for draft in ("draft-large", "draft-small")
+    }
+
+
+def test_a_scale_member_predicts_what_its_base_target_predicts(synthetic_models, tmp_path):
+    """The shipped dense scale member at a small shape (the same rule, seconds to make): llama.cpp's
+    greedy text from it is the built-in target's, so the scale study keeps the target's landscape."""
+    raw = yaml.safe_load((pinned.DATA_DIR / family.SCALE_SPEC_FILE).read_text())
+    dense = next(m for m in raw["members"] if m["predicts_like"] == "target")
+    small = tmp_path / "scale.yaml"
+    small.write_text(yaml.safe_dump({"members": [{**dense, "n_embd": 1024, "n_layer": 2, "n_ff": 1024}]}))
+    made = family.write_family(tmp_path / "scale", family.load_scale_spec(small), "test")
+    assert set(made.drafts_for(dense["name"])) == {"draft-large", "draft-small"}
+    prompts = landscape.code_prompts()[:2]
+    scale, target = (
+        landscape.measure(landscape.Launch(path), prompts, n_predict=32)[0]
+        for path in (made.path(dense["name"]), synthetic_models.path("target"))
+    )
+    assert scale.texts == target.texts and all(len(t) > 20 for t in target.texts)
+
+
+def test_scale_spec_errors_name_the_member_and_the_field(tmp_path):
+    bad = tmp_path / "scale.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "members": [
+                    {
+                        "name": "big",
+                        "file": "big.gguf",
+                        "role": "target",
+                        "predicts_like": "draft-large",
+                        "n_embd": 1024,
+                        "n_layer": 1,
+                        "n_ff": 1024,
+                    }
+                ]
+            }
+        )
+    )
+    with pytest.raises(UserError, match=r"member 'big': 'predicts_like' must name a target"):
+        family.load_scale_spec(bad)
