@@ -12,6 +12,8 @@
    side, each checked against the other's stated loss bound (and the searches' best trials beside them).
 4. GGUF metadata: today's full parse against the fast, cached read (the Gemma 3 270M file
    when its package is installed, and the study's target).
+5. The research's regime: the scale target's K sweep per content type, recorded fresh, against the K the
+   structured search predicts and its pick within 20 trials (`bench/scale_regime`).
 
 Measurements run one after another (never two measurements at once), the replays,
 CPU-bound, after the grid is recorded. Writes ``bench.json`` (everything), ``bench.md``
@@ -32,7 +34,17 @@ from typing import Any, Callable
 
 import yaml
 
-from tuner.bench import concurrency, gguf_read, launch_sizing, operator, overhead, race_bench, repeat, replay
+from tuner.bench import (
+    concurrency,
+    gguf_read,
+    launch_sizing,
+    operator,
+    overhead,
+    race_bench,
+    repeat,
+    replay,
+    scale_regime,
+)
 from tuner.bench.grid import record_grid
 from tuner.bench.operator_landscapes import LANDSCAPES
 from tuner.bench.table import read_table
@@ -193,6 +205,7 @@ def _run(grid_study: Path, study: Path, gguf: list[Path] | None, out: Path | Non
     _overhead(session, study, sizes)
     _repeatability(session, study, sizes)
     _gguf(session, gguf, study, sizes)
+    _scale(session, sizes)
     session.result["timings"]["total_s"] = time.monotonic() - session.started
     session.write(last=True)
     print(
@@ -304,4 +317,19 @@ def _gguf(session: Session, given: list[Path] | None, study: Path, sizes: Sizes)
         "4. GGUF metadata read",
         lambda: gguf_read.benchmark(files, **sizes.gguf),
         gguf_read.markdown,
+    )
+
+
+def _scale(session: Session, sizes: Sizes) -> None:
+    """5. The scale target's sweep on code and on prose against the structured search."""
+    spec = study_spec(scale_regime.GRID_STUDY, sizes, session.out)
+    session.section(
+        "scale_regime",
+        f"5 the research's regime: the scale target's K sweep ({scale_regime.GRID_STUDY.name}) on "
+        f"{', '.join(scale_regime.SUITES)}, against the structured search",
+        "5. The research's regime: the scale target's K sweep against the search",
+        lambda: scale_regime.measure_regime(
+            session.out, seeds=sizes.seeds, max_launches=sizes.grid_launches, study=spec
+        ),
+        scale_regime.markdown,
     )

@@ -1,0 +1,238 @@
+"""5: the research's regime on real llama.cpp, the scale target's measured K sweep against the search.
+
+Why: the built-in target fits in a big server's L3 and its drafts cost a third of its step, so large K,
+lookup and the K model were never seen where they matter. ``studies/scale-grid.yaml`` names the scale
+target (1.3 GB, memory-bound on any host; its drafts cost a few hundredths of a step) and the sweep:
+every K of each draft model and lookup type, recorded once per content type (code, prose) with
+``tuner record-grid``. On each sweep this section reads:
+
+- each family's best K in the sweep against the K the structured search predicts for it: the model
+  fitted to the probe at K=8 and to the predicted best K measured, as ``search.stages.best_k`` walks it;
+- the structured search's pick within 20 trials, replayed on the sweep with the sweep's own noise,
+  against the sweep's best (``bench.replay``);
+- the scale study's race, when the study has been run in this storage: its deployment's speculation looked
+  up in each sweep, against the sweep's best and the loss bound the race stated.
+
+The sweeps' own bests are measured, never written into the model or a study.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tuner.bench import replay
+from tuner.bench.grid import record_grid
+from tuner.bench.table import markdown_table, read_table
+from tuner.paths import REPO_ROOT
+from tuner.progress import Progress
+from tuner.search.speedup_model import Point, fit
+from tuner.search.stages.best_k import LEADER_STEPS
+from tuner.search.stages.configs import K_PROBE
+from tuner.studyfile.spec import StudySpec
+
+GRID_STUDY = REPO_ROOT / "studies" / "scale-grid.yaml"
+SUITES = ("code", "prose")
+SEARCH_BUDGET = 20  # trials: the issue's bar for the search's pick
+PICK_TOLERANCE = 0.03  # the search's pick within 3% of the sweep's best
+
+
+def suite_spec(spec: StudySpec, suite: str) -> StudySpec:
+    """The sweep on one content type: the study's grid over that suite alone, named after it."""
+    return replace(spec, name=f"{spec.name}-{suite}", suites=(suite,))
+
+
+def family_of(row: pd.Series) -> str | None:
+    """The speculation family a sweep row belongs to (a draft model by name, or a lookup type)."""
+    if row["spec_type"] == "none":
+        return None
+    if row["spec_type"] == "draft-simple":
+        return str(row["draft"])
+    return str(row["spec_type"])
+
+
+def families(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Each family's measured rows, by K."""
+    ok = frame[(frame["status"] == "ok") & frame["feasible"].astype(bool)]
+    named = ok.assign(family=[family_of(row) for _, row in ok.iterrows()]).dropna(subset=["family"])
+    return {name: rows.sort_values("draft_max") for name, rows in named.groupby("family", sort=True)}
+
+
+def predicted_best_k(rows: pd.DataFrame, ks: list[int]) -> int | None:
+    """The structured search's predicted best K from this family's sweep rows: the probe at K=8 fitted,
+    its predicted best K measured and fitted again, ``LEADER_STEPS`` points in all (None: no probe)."""
+    by_k = {
+        int(r.draft_max): Point(int(r.draft_max), float(r.acceptance), float(r.speedup))
+        for r in rows.itertuples()
+    }
+    if K_PROBE not in by_k:
+        return None
+    points = [by_k[K_PROBE]]
+    for _ in range(LEADER_STEPS - 1):
+        model = fit(points)
+        if model is None:
+            return None
+        k = model.best_k(ks)
+        if k not in by_k or by_k[k] in points:
+            break
+        points.append(by_k[k])
+    model = fit(points)
+    return None if model is None else model.best_k(ks)
+
+
+def rung_distance(ks: list[int], a: int, b: int) -> int:
+    """How many rungs of the sweep's K ladder lie between two K values."""
+    return abs(ks.index(a) - ks.index(b))
+
+
+def sweep_figures(frame: pd.DataFrame, seeds: int) -> dict[str, Any]:
+    """One content type's sweep: per family its best K and the predicted one; the best overall; the search's
+    pick within the budget."""
+    ks = sorted(int(k) for k in frame["draft_max"].dropna().unique())
+    baseline = frame[frame["spec_type"] == "none"]["tokens_per_second"]
+    rows: list[dict[str, Any]] = []
+    for name, fam in families(frame).items():
+        best = fam.loc[fam["tokens_per_second"].idxmax()]
+        predicted = predicted_best_k(fam, ks)
+        rows.append(
+            {
+                "family": name,
+                "best_k": int(best["draft_max"]),
+                "best_speedup": float(best["speedup"]),
+                "best_acceptance": float(best["acceptance"]),
+                "predicted_k": predicted,
+                "rungs_off": None
+                if predicted is None
+                else rung_distance(ks, predicted, int(best["draft_max"])),
+                "measured": len(fam),
+            }
+        )
+    leader = max(rows, key=lambda r: r["best_speedup"], default=None)
+    search = None
+    if len(frame) > 2:
+        budget = min(SEARCH_BUDGET, len(frame))
+        found = replay.benchmark(
+            replay.load_landscape(frame),
+            strategies=("default",),
+            seeds=seeds,
+            budget=budget,
+            tolerance=PICK_TOLERANCE,
+            jobs=1,
+        )
+        default = found["strategies"]["default"]
+        search = {
+            "budget": budget,
+            "seeds": seeds,
+            "reached": default["reached"],
+            "median_trials": default["median_trials"],
+            "median_regret": default["median_regret_at"].get(budget),
+        }
+    return {
+        "baseline_tokens_per_second": float(baseline.iloc[0]) if len(baseline) else None,
+        "families": rows,
+        "best": leader,
+        "search": search,
+    }
+
+
+def measure_regime(out: Path, *, seeds: int, max_launches: int | None, study: StudySpec) -> dict[str, Any]:
+    """Record (fresh) and read each content type's sweep of ``study`` (the scale grid)."""
+    found: dict[str, Any] = {"study": str(study.path), "suites": {}}
+    for suite in SUITES:
+        spec = suite_spec(study, suite)
+        csv = out / f"grid-{spec.name}.csv"
+        for stale in (csv.with_suffix(".jsonl"), csv.with_suffix(".reference.json")):
+            stale.unlink(missing_ok=True)  # every figure from this session
+        record_grid(spec, csv, progress=Progress.untimed(), max_launches=max_launches)
+        found["suites"][suite] = {**sweep_figures(read_table(csv), seeds), "table": str(csv)}
+    found["targets"] = targets(found["suites"])
+    return found
+
+
+def targets(suites: dict[str, Any]) -> dict[str, Any]:
+    """The issue's bars, each True, False or None (not measured)."""
+
+    def best(suite: str) -> dict | None:
+        return suites.get(suite, {}).get("best")
+
+    code, prose = best("code"), best("prose")
+    leaders_within_rung: list[int | None] = [
+        next((f["rungs_off"] for f in suites[s]["families"] if b and f["family"] == b["family"]), None)
+        for s, b in (("code", code), ("prose", prose))
+        if s in suites
+    ]
+    searches = [suites[s]["search"] for s in suites if suites[s]["search"]]
+    return {
+        "code_best_k_at_least_12": None if code is None else code["best_k"] >= 12,
+        "code_pays_x2_5": None if code is None else code["best_speedup"] >= 2.5,
+        "prose_best_k_below_code": None
+        if code is None or prose is None
+        else prose["best_k"] < code["best_k"],
+        "predicted_within_one_rung": (
+            None
+            if None in leaders_within_rung or not leaders_within_rung
+            else all(r is not None and r <= 1 for r in leaders_within_rung)
+        ),
+        "search_within_3pct_in_20": (
+            None
+            if not searches
+            else all(s["reached"] == s["seeds"] and s["median_trials"] is not None for s in searches)
+        ),
+    }
+
+
+def _yes(value: bool | None) -> str:
+    return {None: "not measured", True: "yes", False: "NO"}[value]
+
+
+def markdown(found: dict[str, Any]) -> str:
+    """Per content type: the families' best and predicted K; the best; the search's pick; then the targets."""
+    lines: list[str] = []
+    for suite, figures in found["suites"].items():
+        base = figures["baseline_tokens_per_second"]
+        lines.append(
+            f"**{suite}** (baseline {'n/a' if base is None else f'{base:.1f}'} tokens/s, {figures['table']})"
+        )
+        lines.append("")
+        lines += markdown_table(
+            ["family", "sweep's best K", "speedup there", "acceptance", "predicted best K", "rungs apart"],
+            [
+                [
+                    f["family"],
+                    str(f["best_k"]),
+                    f"x{f['best_speedup']:.2f}",
+                    f"{f['best_acceptance']:.2f}",
+                    "no probe at K=8" if f["predicted_k"] is None else str(f["predicted_k"]),
+                    "" if f["rungs_off"] is None else str(f["rungs_off"]),
+                ]
+                for f in figures["families"]
+            ],
+        )
+        search = figures["search"]
+        if search:
+            trials = (
+                "not within 3%"
+                if search["median_trials"] is None
+                else f"median {search['median_trials']:g} trials"
+            )
+            regret = search["median_regret"]
+            lines.append("")
+            lines.append(
+                f"structured search replayed on this sweep ({search['seeds']} seeds, the sweep's own noise): within 3% "
+                f"of the best in {search['reached']}/{search['seeds']} seeds within {search['budget']} trials, {trials}; "
+                f"median regret at {search['budget']}: {'n/a' if regret is None or math.isnan(regret) else f'{regret:.1%}'}"
+            )
+        lines.append("")
+    t = found["targets"]
+    lines.append(
+        "targets: code's best K >= 12: "
+        f"{_yes(t['code_best_k_at_least_12'])}; code pays >= x2.5: {_yes(t['code_pays_x2_5'])}; prose's best K below "
+        f"code's: {_yes(t['prose_best_k_below_code'])}; predicted best K within one rung (the leading family, code and "
+        f"prose): {_yes(t['predicted_within_one_rung'])}; the search within 3% of the sweep's best within 20 trials "
+        f"in every seed: {_yes(t['search_within_3pct_in_20'])}"
+    )
+    return "\n".join(lines) + "\n"
