@@ -8,6 +8,9 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -674,6 +677,113 @@ def test_a_race_launch_that_fails_is_launched_once_more_and_a_second_failure_is_
     launched = remeasure.round([other, contender], 0)
     assert list(launched) == ["trial-2"] and launched["trial-2"].rate == 90.0
     assert remeasure.failed["trial-1"].startswith("re-measuring trial-1 failed twice: ") and "d" in lines[-1]
+
+
+def _tiny_launch(tmp_path, lines: list[str]):
+    """A Remeasure of one short prompt, and the smallest synthetic model's argv (one thread)."""
+    from tuner.decisions.remeasure import Remeasure
+    from tuner.machine.llama_build import binary
+    from tuner.measurement.measure import MeasurementSettings
+    from tuner.measurement.workload import Prompt, Workload
+
+    workload = Workload((Prompt("p0", "code", "def add(a, b):"),))
+    settings = MeasurementSettings(n_predict=16, trial_timeout_s=60.0)
+    remeasure = Remeasure(workload, settings, tmp_path, Progress.untimed(lines.append))
+    return remeasure, [str(binary("llama-server")), "-t", "1", "-c", "512", "-np", "1", "--no-webui"]
+
+
+def test_a_race_launch_beside_cpu_hogs_is_marked_busy(synthetic_models, tmp_path):
+    """A race launch gets the trial's host check: other work taking CPU meanwhile marks it, and says who."""
+    from tuner.decisions.remeasure import Contender
+
+    lines: list[str] = []
+    remeasure, argv = _tiny_launch(tmp_path, lines)
+    contender = Contender("trial-1", [*argv, "-m", str(synthetic_models.path("draft-small"))], 0.0)
+    # three: on two cores beside the server's thread they still take more than BUSY_CORES together
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        launched = remeasure.launch(contender)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert launched.host_busy and launched.rate > 0
+    assert re.match(r"re-measuring trial-1: host busy: \S+\[\d+\]", lines[-1])  # who, by name and pid
+
+
+def test_a_race_launch_whose_speculation_drafted_nothing_fails_as_a_trial_does(synthetic_models, tmp_path):
+    """Speculation asked for that drafted nothing is a failed launch: launched once more, then the contender's."""
+    from tuner.decisions.remeasure import Contender, must_draft
+
+    lines: list[str] = []
+    remeasure, argv = _tiny_launch(tmp_path, lines)
+    without_draft = Contender(
+        "trial-2", [*argv, "-m", str(synthetic_models.path("draft-small"))], 0.0, speculation="draft-simple"
+    )
+    launched = remeasure.round([without_draft], 0)
+    assert launched == {} and "drafted nothing" in remeasure.failed["trial-2"]
+    assert any("launching it once more" in line for line in lines)
+    # a lookup may find nothing to draft in one launch's few requests: it fails only when the log says it was off
+    assert must_draft("ngram-mod", None) == "" and must_draft("ngram-mod", "vocabs differ") == "ngram-mod"
+    assert (
+        must_draft("ngram-mod,draft-simple", None) == "ngram-mod,draft-simple" and must_draft("", None) == ""
+    )
+
+
+def test_a_race_keeps_which_launches_ran_on_a_busy_host_and_its_table_shows_them():
+    from tuner.decisions.race.launching import _Launcher
+    from tuner.decisions.remeasure import Launch
+    from tuner.knobs.config import TrialConfig
+    from tuner.output.report_tables import race_table
+    from tuner.storage.records import TrialRecord
+
+    class Launches:
+        def round(self, contenders, round_index):
+            return {c.label: Launch(100.0, 0, 0, host_busy=round_index == 1) for c in contenders}
+
+    launcher = _Launcher(
+        {"a": TrialRecord(1, "COMPLETE", "search", TrialConfig())}, Launches(), Progress.quiet()
+    )
+    for round_index in range(3):
+        launcher.launch_round(["a"], round_index)
+    assert launcher.host_busy == {"a": [False, True, False]}
+
+    def entry(trial: int, host_busy: list[bool]) -> Entry:
+        return Entry(
+            trial=trial,
+            label=f"trial-{trial}",
+            config={},
+            recorded_tokens_per_second=100.0,
+            rates=[100.0, 100.0, 100.0],
+            mean_tokens_per_second=100.0,
+            speedup=1.0,
+            speedup_low=0.9,
+            speedup_high=1.1,
+            status="",
+            host_busy=host_busy,
+        )
+
+    def race(*entries: Entry) -> RaceResult:
+        return RaceResult(
+            rounds=3,
+            baseline_trial=0,
+            entries=list(entries),
+            winner=0,
+            decided=False,
+            verdict="undecided",
+            rule="",
+            loss=0.02,
+            drafted={},
+            outliers=[],
+            launches=6,
+            confirmation=None,
+        )
+
+    busy = race(entry(1, launcher.host_busy["a"]), entry(0, [False] * 3))
+    assert RaceResult.from_json(busy.to_json()) == busy
+    assert busy.to_json()["entries"][0]["host_busy"] == [False, True, False]
+    assert "launches on a busy host" in race_table(busy) and "<td>1 of 3</td>" in race_table(busy)
+    assert "busy host" not in race_table(race(entry(1, [False] * 3), entry(0, [])))
 
 
 # ------------------------------------------------------------------ figures that are not numbers

@@ -149,7 +149,7 @@ def test_an_exception_mid_trial_still_stops_the_server(tmp_path, env, monkeypatc
         assert server.complete("def f():\n", 4, 0.0, 1).predicted_n == 4  # the server is up and answering
         raise RuntimeError("a bug while measuring")
 
-    monkeypatch.setattr("tuner.run.trial_measurement.run_workload", buggy_measurement)
+    monkeypatch.setattr("tuner.measurement.measured_launch.run_workload", buggy_measurement)
     path = write_study(tmp_path, sqlite(tmp_path))
     with pytest.raises(RuntimeError, match="a bug while measuring"):
         run_study(load_spec(path), progress=Progress.quiet())

@@ -27,8 +27,9 @@ from tuner.errors import UserError
 from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import bench_tool
 from tuner.measurement.launch import build_server_command, model_options
-from tuner.measurement.load import run_level
-from tuner.measurement.server_process import LlamaServer, free_port
+from tuner.measurement.load import Level, run_level
+from tuner.measurement.measured_launch import measured_launch
+from tuner.measurement.server_process import LlamaServer
 from tuner.search.space import baseline_config
 
 LEVELS = (1, 2, 4)
@@ -111,20 +112,22 @@ def load_round(
     the median prompt length of its requests)."""
     config = replace(bench_config(ctx), parallel=max(levels))
     launch = replace(ctx.launch, ctx_size=ctx_size)
-    timeout = ctx.settings.trial_timeout_s
     prompts = ctx.workload.prompts
-    with LlamaServer(
-        build_server_command(config, launch).argv,
-        free_port(),
-        log_path,
-        ready_timeout_s=timeout,
-        request_timeout_s=timeout,
-    ) as server:
+
+    def every_level(server: LlamaServer) -> dict[int, Level]:
         server.complete(prompts[0].text, tg, 0.0, ctx.settings.seed)  # warm-up, as batched-bench warms up
-        found = {
+        return {
             users: run_level(server, prompts, users, tg, 0.0, ctx.settings.seed, rounds=per_client)
             for users in levels
         }
+
+    found = measured_launch(
+        build_server_command(config, launch).argv,
+        log_path,
+        timeout_s=ctx.settings.trial_timeout_s,
+        then=every_level,
+    ).then
+    assert found is not None  # every_level always answers
     prompt_tokens = statistics.median(r.prompt_n for level in found.values() for r in level.requests)
     return {users: level.aggregate_tokens_per_second for users, level in found.items()}, int(prompt_tokens)
 

@@ -35,8 +35,9 @@ from tuner.machine import hostlock
 from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import outputs_by_prompt, run_workload, score_trial
+from tuner.measurement.measured_launch import measured_launch
 from tuner.measurement.quality import output_quality
-from tuner.measurement.server_process import LlamaServer, free_port
+from tuner.measurement.server_process import LlamaServer
 from tuner.output.files import write_atomic
 from tuner.paths import reports_dir
 from tuner.progress import Progress
@@ -156,37 +157,39 @@ class GridRecorder:
         self, number: int, launch: Launch, pending: list[TrialConfig], total: int
     ) -> list[TrialConfig]:
         """One server for the pending configurations; returns those left after a failure."""
-        timeout = self.ctx.spec.measurement.trial_timeout_s
-        server = LlamaServer(
-            list(launch.argv),
-            free_port(),
-            self.ctx.log_dir / f"grid-{number}.log",
-            ready_timeout_s=timeout,
-            request_timeout_s=timeout,
-        )
         started = time.monotonic()
+
+        def measure_pending(server: LlamaServer) -> list[TrialConfig]:
+            launch_s = time.monotonic() - started
+            while pending:
+                config = pending[0]
+                try:
+                    row = self._measure(server, config)
+                except TrialFailure as failure:
+                    if failure.reason in PERMANENT:  # a property of the launch: the rest share it
+                        for other in pending:
+                            self._write(self._failed(other, failure))
+                        return []
+                    self._write(self._failed(config, failure))
+                    return pending[1:]  # the server may be gone: a new one for the rest
+                self._write({**row, "launch_s": launch_s})
+                pending.pop(0)
+                self.progress(f"[{len(self.done)}/{total}] {_describe(row)}")
+            return []
+
         try:
-            with server:
-                launch_s = time.monotonic() - started
-                while pending:
-                    config = pending[0]
-                    try:
-                        row = self._measure(server, config)
-                    except TrialFailure as failure:
-                        if failure.reason in PERMANENT:  # a property of the launch: the rest share it
-                            for other in pending:
-                                self._write(self._failed(other, failure))
-                            return []
-                        self._write(self._failed(config, failure))
-                        return pending[1:]  # the server may be gone: a new one for the rest
-                    self._write({**row, "launch_s": launch_s})
-                    pending.pop(0)
-                    self.progress(f"[{len(self.done)}/{total}] {_describe(row)}")
+            left = measured_launch(
+                launch.argv,
+                self.ctx.log_dir / f"grid-{number}.log",
+                timeout_s=self.ctx.spec.measurement.trial_timeout_s,
+                then=measure_pending,
+            ).then
         except TrialFailure as failure:  # the launch itself failed: so do all its configurations
             for config in pending:
                 self._write(self._failed(config, failure))
             return []
-        return []
+        assert left is not None  # measure_pending always answers
+        return left
 
     def _measure(self, server: LlamaServer, config: TrialConfig) -> dict[str, Any]:
         ctx = self.ctx

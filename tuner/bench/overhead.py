@@ -31,8 +31,8 @@ from tuner.errors import UserError
 from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import binary
 from tuner.measurement.launch import build_server_argv
-from tuner.measurement.measure import MeasurementSettings, run_workload, summarize
-from tuner.measurement.server_process import LlamaServer, free_port
+from tuner.measurement.measure import MeasurementSettings, summarize
+from tuner.measurement.measured_launch import Requests, measured_launch
 from tuner.measurement.workload import Workload
 from tuner.progress import Progress
 from tuner.search.space import baseline_config
@@ -69,32 +69,25 @@ def timed_trial(
 ) -> TrialTiming:
     """What ``StudyObjective`` does for one trial (launch, workload, stop), with a clock per stage;
     then, untimed, one token more to learn the prompt's length from llama.cpp's timings."""
-    timeout = ctx.spec.measurement.trial_timeout_s
-    server = LlamaServer(
+    measured = measured_launch(
         build_server_argv(config, ctx.launch),
-        free_port(),
         log_path,
-        ready_timeout_s=timeout,
-        request_timeout_s=timeout,
+        timeout_s=ctx.spec.measurement.trial_timeout_s,
+        requests=Requests(workload, settings, config.temperature),
+        then=lambda server: (
+            server.complete(workload.prompts[0].text, 1, config.temperature, settings.seed).prompt_n
+        ),
     )
-    started = time.monotonic()
-    with server:
-        ready = time.monotonic()
-        samples = run_workload(server, workload, settings, config.temperature)
-        measured = time.monotonic()
-        prompt_tokens = server.complete(
-            workload.prompts[0].text, 1, config.temperature, settings.seed
-        ).prompt_n
-        probed = time.monotonic()
-    stopped = time.monotonic()
+    samples = measured.samples
     scores = summarize(samples, settings)
+    assert measured.then is not None  # the prompt's length, asked once the workload was measured
     return TrialTiming(
         scores.tokens_per_second,
         sum(s.predicted_n for s in samples),
-        prompt_tokens,
-        ready - started,
-        measured - ready,
-        stopped - probed,
+        measured.then,
+        measured.ready_s,
+        measured.measure_s,
+        measured.stop_s,
     )
 
 

@@ -27,11 +27,12 @@ from typing import Protocol
 
 from tuner.decisions.launch_size import LaunchSize
 from tuner.errors import UserError
+from tuner.knobs.registry import DRAFT_MODEL_TYPES
+from tuner.machine.host import busy_text
 from tuner.machine.placement import evict
 from tuner.measurement.failures import TrialFailure
-from tuner.measurement.load import run_level
-from tuner.measurement.measure import MeasurementSettings, pooled_rate, run_workload, warm_up
-from tuner.measurement.server_process import LlamaServer, free_port
+from tuner.measurement.measure import MeasurementSettings, check_drafted, pooled_rate
+from tuner.measurement.measured_launch import MeasuredLaunch, Requests, measured_launch
 from tuner.measurement.workload import Workload
 from tuner.progress import Progress
 from tuner.storage.records import TrialRecord
@@ -70,6 +71,8 @@ class Contender:
     users: int | None = (
         None  # a load class: this many clients at once on as many slots; None: one user's pass
     )
+    # the speculative types asked for ("" for none): a launch that drafts nothing may fail (``must_draft``)
+    speculation: str = ""
 
 
 def contender(label: str, record: TrialRecord, users: int | None = None) -> Contender:
@@ -81,7 +84,9 @@ def contender(label: str, record: TrialRecord, users: int | None = None) -> Cont
         if record.command is None:
             raise UserError(f"{label}: no stored command to serve {users} users with")
         argv = record.command.with_slots(users).argv
-    return Contender(label, argv, record.config.temperature, record.config.numa, models, users)
+    config = record.config
+    speculation = ",".join(config.spec_types) if config.speculative else ""
+    return Contender(label, argv, config.temperature, config.numa, models, users, speculation)
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class Launch:
     drafted: int
     accepted: int
     per_suite: dict[str, float] = field(default_factory=dict)
+    host_busy: bool = False  # other processes used more than ``machine.host.BUSY_CORES`` during it
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,14 @@ def williams_order(n: int, round_index: int) -> list[int]:
     if n % 2:
         rows += [row[::-1] for row in rows]
     return rows[round_index % len(rows)] if n else []
+
+
+def must_draft(speculation: str, spec_problem: str | None) -> str:
+    """The speculation a launch that drafted nothing fails on, as a trial does: a draft model always drafts, but
+    a lookup may find nothing to draft in one launch's few requests, so it fails only when the log says
+    speculation was off."""
+    drafts = any(t in DRAFT_MODEL_TYPES for t in speculation.split(","))
+    return speculation if drafts or spec_problem else ""
 
 
 class LaunchFailed(UserError):
@@ -143,9 +157,10 @@ class Remeasure:
         return self.size.workload(self.workload, self.round_index) if self.size else self.workload
 
     def launch(self, contender: Contender) -> Launch:
-        """Start ``contender``'s server, warm up, measure one pass (a load class: one level of its users), stop it.
-        A launch that fails is launched once more (a stalled host or a crash must not end a long race); a
-        second failure is the configuration's, one line."""
+        """Start ``contender``'s server, warm up, measure one pass (a load class: one level of its users), stop it;
+        marked when the host was busy meanwhile. A launch that fails (speculation that drafted nothing included)
+        is launched once more (a stalled host or a crash must not end a long race); a second failure is the
+        configuration's, one line."""
         try:
             return self._launch_once(contender)
         except TrialFailure as failure:
@@ -164,44 +179,52 @@ class Remeasure:
         return self.log_dir / f"remeasure-{contender.label}{level}-{self.launches}.log"
 
     def _launch_once(self, contender: Contender) -> Launch:
+        """One launch, checked as a trial is: speculation asked for that drafted nothing fails it (``must_draft``)."""
         if self.placed_under is not None and contender.numa != self.placed_under and contender.models:
             evict([Path(m) for m in contender.models])
         self.placed_under = contender.numa
         self.launches += 1
-        timeout = self.settings.trial_timeout_s
-        with LlamaServer(
+        users = contender.users
+        measured: MeasuredLaunch[None] = measured_launch(
             contender.argv,
-            free_port(),
             self._log(contender),
-            ready_timeout_s=timeout,
-            request_timeout_s=timeout,
-        ) as server:
-            if contender.users is not None:
-                return self._level(server, contender)
-            samples = run_workload(server, self.measured, self.settings, contender.temperature)
+            timeout_s=self.settings.trial_timeout_s,
+            models=[Path(m) for m in contender.models],
+            requests=Requests(
+                self.workload if users is not None else self.measured,
+                self.settings,
+                contender.temperature,
+                passes=users is None,
+                levels=(users,) if users is not None else (),
+            ),
+        )
+        launch = self._measured(measured)
+        problem = measured.spec_problem
+        check_drafted(must_draft(contender.speculation, problem), launch.drafted, problem, measured.log_tail)
+        if launch.host_busy:
+            self.progress(
+                f"re-measuring {contender.label}: {busy_text(measured.busy)} during its launch; "
+                "its rate may read low"
+            )
+        return launch
+
+    def _measured(self, measured: MeasuredLaunch) -> Launch:
+        """A launch's figures: its pass's (pooled tokens/s, per suite), or its one level's aggregate tokens/s."""
+        if measured.levels:
+            level = measured.levels[0]
+            return Launch(
+                level.aggregate_tokens_per_second,
+                sum(r.draft_n for r in level.requests),
+                sum(r.draft_n_accepted for r in level.requests),
+                host_busy=measured.host_busy,
+            )
+        samples = measured.samples
         return Launch(
             pooled_rate(samples),
             sum(s.draft_n for s in samples),
             sum(s.draft_n_accepted for s in samples),
             {suite: pooled_rate(s for s in samples if s.suite == suite) for suite in self.workload.suites},
-        )
-
-    def _level(self, server: LlamaServer, contender: Contender) -> Launch:
-        """Warm up, then one level of ``contender.users`` clients at once: its aggregate tokens/s."""
-        assert contender.users is not None, "a load class's contender is launched for its users"
-        warm_up(server, self.workload, self.settings, contender.temperature)
-        level = run_level(
-            server,
-            self.workload.prompts,
-            contender.users,
-            self.settings.n_predict,
-            contender.temperature,
-            self.settings.seed,
-        )
-        return Launch(
-            level.aggregate_tokens_per_second,
-            sum(r.draft_n for r in level.requests),
-            sum(r.draft_n_accepted for r in level.requests),
+            measured.host_busy,
         )
 
     def round(self, contenders: Sequence[Contender], round_index: int) -> dict[str, Launch]:

@@ -166,7 +166,10 @@ def section_contender(
     except ValueError:
         raise UserError(f"{where}: temp = {options['temp']}: not a number; fix it") from None
     numa = "interleave" if any("interleave" in p for p in policy) else "bind" if policy else "none"
-    return Contender(SECTION, [*prefix, str(server), *argv], temperature, numa, tuple(models))
+    speculation = "" if options.get("spec-type", "none") == "none" else options["spec-type"]
+    return Contender(
+        SECTION, [*prefix, str(server), *argv], temperature, numa, tuple(models), None, speculation
+    )
 
 
 def baseline_contender(record: TrialRecord, server: Path) -> Contender:

@@ -186,6 +186,12 @@ def host_was_busy(host: dict) -> bool:
     return (host.get("busy_processes") or {}).get("all others", 0.0) > BUSY_CORES
 
 
+def busy_text(busy: dict[str, float]) -> str:
+    """``host busy: NAME[PID], ...``: who made a launch's host busy, in words."""
+    others = [name for name in busy if name != "all others"]
+    return f"host busy: {', '.join(others) or 'many small processes'}"
+
+
 def trial_host_state(topo: Topology, busy: dict[str, float]) -> dict:
     """What a trial records about its host: a busy host's figures are flagged, never silently kept."""
     load = read_load_average()

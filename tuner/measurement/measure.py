@@ -342,15 +342,20 @@ def score_trial(
     spec_problem: str | None,
     log_tail: str,
 ) -> Scores:
-    """The trial's scores; a trial that asked for speculation and drafted nothing is a failure
-    (llama.cpp serves without a draft it cannot use), never a fast result. One rule for
-    studies and recorded grids."""
+    """The trial's scores, failed by ``check_drafted``."""
     scores = summarize(samples, settings)
-    if speculative and scores.drafted == 0:
+    check_drafted(spec_type if speculative else "", scores.drafted, spec_problem, log_tail)
+    return scores
+
+
+def check_drafted(spec_type: str, drafted: int, spec_problem: str | None, log_tail: str) -> None:
+    """A launch that asked for speculation (``spec_type``, "" for none) and drafted nothing is a failure
+    (llama.cpp serves without a draft it cannot use), never a fast result. One rule for studies, recorded
+    grids and re-measures."""
+    if spec_type and drafted == 0:
         raise TrialFailure(
             FailureReason.SPECULATION_UNAVAILABLE,
             f"asked for {spec_type} but llama.cpp drafted nothing"
             + (f": {spec_problem}" if spec_problem else ""),
             log_tail,
         )
-    return scores

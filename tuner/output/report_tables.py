@@ -17,6 +17,8 @@ from tuner.storage.records import WarmStartPrior
 
 
 def race_table(race: RaceResult) -> str:
+    """The race's entries; a column of launches on a busy host when there were any."""
+    busy = any(e.busy_launches for e in race.entries)
     rows = pd.DataFrame(
         [
             {
@@ -29,6 +31,7 @@ def race_table(race: RaceResult) -> str:
                 "interval": race.speedup_of(e).text() if e.trial != race.baseline_trial else "baseline",
                 "status": e.status,
                 "config": " ".join(f"{k}={v}" for k, v in e.config.items()),
+                **({"busy": e.busy_launches} if busy else {}),
             }
             for e in race.entries
         ]
@@ -50,6 +53,7 @@ def race_table(race: RaceResult) -> str:
             "interval": "95% interval (simultaneous over the finalists)",
             "status": "status",
             "config": "configuration",
+            **({"busy": "launches on a busy host (rates may read low)"} if busy else {}),
         },
     )
 

@@ -11,7 +11,6 @@ different reasons, and a reader follows one trial here from launch to record.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -22,16 +21,16 @@ import optuna
 from tuner.context import StudyContext
 from tuner.decisions.drift import Sentinels, midpoint
 from tuner.knobs.config import TrialConfig
-from tuner.machine.host import busy_processes, cpu_seconds_by_process, host_was_busy, trial_host_state
-from tuner.machine.placement import contradiction, evict, read_numa_maps, read_smaps_rollup
+from tuner.machine.host import busy_text, host_was_busy, trial_host_state
+from tuner.machine.placement import contradiction, evict
 from tuner.machine.roofline import Bandwidth, impossible, last_level_cache_bytes, study_roofline
 from tuner.measurement import quality as quality_scorers
 from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_command, model_flags
-from tuner.measurement.load import Level, run_levels
-from tuner.measurement.measure import Sample, Scores, outputs_by_prompt, run_workload, score_trial, summarize
+from tuner.measurement.measure import Sample, Scores, outputs_by_prompt, score_trial, summarize
+from tuner.measurement.measured_launch import MeasuredLaunch, Requests, measured_launch
 from tuner.measurement.quality import ScorerFigures, repeated_output
-from tuner.measurement.server_process import LlamaServer, free_port, read_log_tail
+from tuner.measurement.server_process import read_log_tail
 from tuner.search.pruning import may_prune, prunes_on, should_prune
 from tuner.search.space import baseline_config
 from tuner.storage import store
@@ -77,19 +76,6 @@ class References:
     incumbent: TrialRecord | None = None  # None: not pruned
     against: list[dict] = field(default_factory=list)  # the incumbent's samples, drift-corrected
     launch_sigma: float = 0.0  # the spread this host's sentinels show between launches
-
-
-@dataclass(frozen=True)
-class Served:
-    """What one launch measured, and what the host did meanwhile."""
-
-    samples: list[Sample]
-    levels: list[Level]
-    busy: dict
-    pages: dict
-    memory: dict
-    spec_problem: str | None
-    log_tail: str
 
 
 class TrialMeasurement:
@@ -220,48 +206,29 @@ class TrialMeasurement:
 
         return after_request
 
-    def _serve(self, record: TrialRecord, log_path: Path, refs: References, hooks: TrialHooks) -> Served:
+    def _serve(
+        self, record: TrialRecord, log_path: Path, refs: References, hooks: TrialHooks
+    ) -> MeasuredLaunch:
         """One pinned llama-server: the workload, the load levels, and what the host did meanwhile."""
         ctx, config = self.ctx, record.config
         assert record.command is not None  # built before the first step
-        timeout = ctx.settings.trial_timeout_s
-        models = [ctx.launch.target, *ctx.launch.drafts.values()]
-        before, wall = cpu_seconds_by_process(), time.monotonic()
-        with LlamaServer(
-            record.command.argv, free_port(), log_path, ready_timeout_s=timeout, request_timeout_s=timeout
-        ) as server:
-            pid = server.pid
-            assert pid is not None  # the server is up inside the block
-            hooks.on_running(server.port)
-            samples = run_workload(
-                server,
+        return measured_launch(
+            record.command.argv,
+            log_path,
+            timeout_s=ctx.settings.trial_timeout_s,
+            models=[ctx.launch.target, *ctx.launch.drafts.values()],
+            requests=Requests(
                 ctx.workload,
                 ctx.settings,
                 config.temperature,
-                after_request=self._after_request(record, refs, hooks),
+                levels=ctx.spec.load_levels,
                 speculative=config.speculative,
-            )
-            levels = run_levels(
-                server,
-                ctx.workload.prompts,
-                ctx.spec.load_levels,
-                ctx.settings.n_predict,
-                config.temperature,
-                ctx.settings.seed,
-            )
-            return Served(
-                samples=samples,
-                levels=levels,
-                busy=busy_processes(
-                    before, cpu_seconds_by_process(), time.monotonic() - wall, {os.getpid(), pid}
-                ),
-                pages=read_numa_maps(pid, models),
-                memory=read_smaps_rollup(pid),  # which pages were huge (THP), locked
-                spec_problem=server.speculation_log_problem(),
-                log_tail=server.log_tail(),
-            )
+                after_request=self._after_request(record, refs, hooks),
+            ),
+            on_running=hooks.on_running,
+        )
 
-    def _score(self, config: TrialConfig, served: Served) -> Scores:
+    def _score(self, config: TrialConfig, served: MeasuredLaunch) -> Scores:
         """The scores, checked: speculation that drafted nothing and a rate above the roofline fail."""
         scores = score_trial(
             served.samples,
@@ -278,7 +245,7 @@ class TrialMeasurement:
         return scores
 
     def _record(
-        self, record: TrialRecord, served: Served, scores: Scores, refs: References, evicted: bool
+        self, record: TrialRecord, served: MeasuredLaunch, scores: Scores, refs: References, evicted: bool
     ) -> TrialRecord:
         """Quality against the reference (a baseline becomes it), the host's state, the complete record."""
         ctx, config = self.ctx, record.config
@@ -481,8 +448,7 @@ def describe_trial(record: TrialRecord) -> str:
         assert metrics is not None  # complete means measured
         flag = " (noisy)" if record.spread and record.spread.noisy else ""
         if record.host and host_was_busy(record.host):
-            others = {k: v for k, v in record.host["busy_processes"].items() if k != "all others"}
-            flag += f" (host busy: {', '.join(others) or 'many small processes'})"
+            flag += f" ({busy_text(record.host['busy_processes'])})"
         return (
             f"{metrics.tokens_per_second:.1f} t/s{flag}, x{metrics.speedup:.2f}, "
             f"acceptance {metrics.acceptance:.2f}, quality {metrics.quality:.3f} | {knobs}"

@@ -30,7 +30,7 @@ from tuner.studyfile.spec import RaceSpec
 
 class _Launcher:
     """Launches for a race: one finalist alone or a round of several, each timed (the time left is
-    planned on them) and its drafted and accepted tokens kept per finalist."""
+    planned on them) and its drafted and accepted tokens and whether its host was busy kept per finalist."""
 
     def __init__(
         self,
@@ -43,11 +43,13 @@ class _Launcher:
         self.remeasure = remeasure
         self.drafted = dict.fromkeys(records, 0)
         self.accepted: dict[str, list[int]] = {name: [] for name in records}
+        self.host_busy: dict[str, list[bool]] = {name: [] for name in records}
         self.watch = eta.Stopwatch(progress.time)
 
     def _rate(self, name: str, launched: Launch) -> float:
         self.drafted[name] += launched.drafted
         self.accepted[name].append(launched.accepted)
+        self.host_busy[name].append(launched.host_busy)
         return launched.rate
 
     def launch(self, name: str) -> float:
@@ -99,7 +101,7 @@ def run_race(
     return RaceResult(
         rounds=max(max(v, default=-1) for v in race_rounds.rounds.values()) + 1,
         baseline_trial=baseline.number,
-        entries=_entries(race_rounds, outcome, records, launcher.accepted, users),
+        entries=_entries(race_rounds, outcome, records, launcher, users),
         winner=records[outcome.winner].number,
         decided=outcome.decided,
         verdict=outcome.verdict,
@@ -164,7 +166,7 @@ def _entries(
     race_rounds: RaceRounds,
     outcome: Outcome,
     records: dict[str, TrialRecord],
-    accepted: dict[str, list[int]],
+    launcher: _Launcher,
     users: int | None = None,
 ) -> list[Entry]:
     entries = []
@@ -183,7 +185,8 @@ def _entries(
                 speedup_low=ratio.low,
                 speedup_high=ratio.high,
                 status=_status(name, race_rounds, outcome),
-                accepted=accepted[name],
+                accepted=launcher.accepted[name],
+                host_busy=launcher.host_busy[name],
                 rounds=[i + 1 for i in race_rounds.rounds.get(name, [])],
             )
         )

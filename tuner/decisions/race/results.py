@@ -26,6 +26,13 @@ class Entry:
     status: str  # winner, within race.loss, leader, dropped: why, undecided
     accepted: list[int] = field(default_factory=list)  # accepted draft tokens per launch
     rounds: list[int] = field(default_factory=list)  # the round (from 1) of each launch
+    # per launch (as ``accepted``): other processes used more than ``machine.host.BUSY_CORES`` meanwhile
+    host_busy: list[bool] = field(default_factory=list)
+
+    @property
+    def busy_launches(self) -> str:
+        """``2 of 7``: its launches on a busy host; "" when none was."""
+        return f"{sum(self.host_busy)} of {len(self.host_busy)}" if any(self.host_busy) else ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,133 @@
+"""One measured launch: start a pinned argv, wait until it is ready, warm up and run the workload or the load
+levels (or a caller's own requests), watch the host meanwhile, stop it.
+
+Why one owner: every launch the tuner measures (a trial, a race's, verify's, the benches') is then checked the
+same way: which other processes took CPU during it, where the models' pages were placed, which pages were huge,
+and whether the log says speculation was off. A check added here reaches them all.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from tuner.machine.host import busy_processes, cpu_seconds_by_process, host_was_busy
+from tuner.machine.placement import read_numa_maps, read_smaps_rollup
+from tuner.measurement.load import Level, run_levels
+from tuner.measurement.measure import MeasurementSettings, Sample, run_workload, warm_up
+from tuner.measurement.server_process import LlamaServer, free_port
+from tuner.measurement.workload import Workload
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Requests:
+    """What a launch serves: the workload's passes (``passes``; else its warm-up alone), then each of
+    ``levels`` users at once. ``speculative`` and ``after_request`` as ``run_workload`` takes them."""
+
+    workload: Workload
+    settings: MeasurementSettings
+    temperature: float
+    passes: bool = True
+    levels: tuple[int, ...] = ()
+    speculative: bool = False
+    after_request: Callable[[list[Sample], bool, bool], None] | None = None
+
+
+@dataclass(frozen=True)
+class MeasuredLaunch(Generic[T]):
+    """What one launch measured, and what the host did meanwhile."""
+
+    samples: list[Sample]
+    levels: list[Level]
+    busy: dict[str, float]  # cores other processes used during the launch (``machine.host.busy_processes``)
+    pages: dict[str, dict[int, int]]  # model file -> NUMA node -> pages
+    memory: dict[str, int]  # which pages were huge (THP), locked: ``machine.placement.read_smaps_rollup``
+    spec_problem: str | None  # the log lines saying speculation is off
+    log_tail: str
+    ready_s: float  # process start until it answered /health: loading included
+    measure_s: float  # the requests, the caller's own (``then``) left out
+    stop_s: float
+    then: T | None  # what the caller's own requests returned
+
+    @property
+    def host_busy(self) -> bool:
+        return host_was_busy({"busy_processes": self.busy})
+
+
+def measured_launch(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    timeout_s: float = 120.0,
+    ready_timeout_s: float | None = None,
+    models: Sequence[Path] = (),
+    requests: Requests | None = None,
+    then: Callable[[LlamaServer], T] | None = None,
+    on_running: Callable[[int], None] | None = None,
+) -> MeasuredLaunch[T]:
+    """Launch ``argv`` (``timeout_s`` for each request, and for readiness unless ``ready_timeout_s``), serve
+    ``requests``, then ``then(server)`` for requests of the caller's own; ``on_running(port)`` once it is up.
+    A failed launch raises its ``TrialFailure``; the server is stopped on every path."""
+    before, started = cpu_seconds_by_process(), time.monotonic()
+    server = LlamaServer(
+        list(argv),
+        free_port(),
+        log_path,
+        ready_timeout_s=timeout_s if ready_timeout_s is None else ready_timeout_s,
+        request_timeout_s=timeout_s,
+    )
+    with server:
+        ready = time.monotonic()
+        pid = server.pid
+        assert pid is not None  # the server is up inside the block
+        if on_running:
+            on_running(server.port)
+        samples, levels = _serve(server, requests) if requests else ([], [])
+        measured = time.monotonic()
+        extra = then(server) if then else None
+        busy = busy_processes(
+            before, cpu_seconds_by_process(), time.monotonic() - started, {os.getpid(), pid}
+        )
+        pages = read_numa_maps(pid, list(models))
+        memory = read_smaps_rollup(pid)
+        spec_problem, log_tail = server.speculation_log_problem(), server.log_tail()
+        stopping = time.monotonic()
+    return MeasuredLaunch(
+        samples=samples,
+        levels=levels,
+        busy=busy,
+        pages=pages,
+        memory=memory,
+        spec_problem=spec_problem,
+        log_tail=log_tail,
+        ready_s=ready - started,
+        measure_s=measured - ready,
+        stop_s=time.monotonic() - stopping,
+        then=extra,
+    )
+
+
+def _serve(server: LlamaServer, requests: Requests) -> tuple[list[Sample], list[Level]]:
+    workload, settings, temperature = requests.workload, requests.settings, requests.temperature
+    samples = []
+    if requests.passes:
+        samples = run_workload(
+            server,
+            workload,
+            settings,
+            temperature,
+            after_request=requests.after_request,
+            speculative=requests.speculative,
+        )
+    else:
+        warm_up(server, workload, settings, temperature)
+    levels = run_levels(
+        server, workload.prompts, requests.levels, settings.n_predict, temperature, settings.seed
+    )
+    return samples, levels
