@@ -378,8 +378,10 @@ measurement: {{repetitions: 2, ctx_size: 256, trial_timeout_s: 60}}
         )
         assert min(run.deployed.remeasured_tokens_per_second) > 0
         if run.loss_text.startswith("deployed"):
-            # a 3-round race decides nothing: it states what it may lose, or why it has no bound yet
-            assert not run.decided and (run.loss_bound is not None or "no bound yet" in run.loss_text)
+            # decided only when no other finalist may be more than race.loss faster; else it states what it may
+            # lose, or why it has no bound yet
+            assert run.decided == (run.loss_bound is not None and run.loss_bound <= RaceSpec().loss)
+            assert run.loss_bound is not None or "no bound yet" in run.loss_text
         else:  # one launch each: on a busy host the twin can measure out of the finalists' reach
             assert run.loss_text == "nothing to race besides the baseline" and run.loss_bound is None
             assert run.deployed.trial == run.searched.trial == 0  # the baseline, deployed as searched

@@ -21,6 +21,7 @@ from tuner.decisions.race import (
     DECISION_ROUNDS,
     Entry,
     Forecast,
+    Outcome,
     PairedStatistics,
     RaceResult,
     RaceRounds,
@@ -31,6 +32,7 @@ from tuner.decisions.race import (
     reach_z,
     rounds_to_tell,
     sequential_race,
+    verdict_lines,
     within_reach,
 )
 from tuner.decisions.race.rounds import add_round
@@ -139,6 +141,68 @@ def scripted_rounds(mus: dict[str, float], noise: float, rounds: int) -> RaceRou
     return race_rounds
 
 
+def race_result(
+    race_rounds: RaceRounds, outcome: Outcome, spec: RaceSpec, baseline: str = "base"
+) -> RaceResult:
+    """A simulated race's result as ``launching.run_race`` stores it: each label's trial its place, each entry's
+    status the outcome's standing."""
+    trials = {n: i for i, n in enumerate(race_rounds.rates)}
+    entries = [
+        Entry(
+            trial=trials[n],
+            label=n,
+            config={},
+            recorded_tokens_per_second=1.0,
+            rates=race_rounds.rates[n],
+            mean_tokens_per_second=evidence.geometric_mean(race_rounds.rates[n]),
+            speedup=ratio.estimate,
+            speedup_low=ratio.low,
+            speedup_high=ratio.high,
+            status=outcome.standing[n],
+            accepted=[],
+            rounds=[r + 1 for r in race_rounds.rounds[n]],
+        )
+        for n, ratio in outcome.speedups.items()
+    ]
+    return RaceResult(
+        rounds=max(max(v, default=-1) for v in race_rounds.rounds.values()) + 1,
+        baseline_trial=trials[baseline],
+        entries=entries,
+        winner=trials[outcome.winner],
+        decided=outcome.decided,
+        verdict=outcome.verdict,
+        rule="",
+        loss=spec.loss,
+        drafted={},
+        outliers=race_rounds.outliers,
+        launches=race_rounds.launches,
+        confirmation=None,
+        loss_bound=None if outcome.no_bound else outcome.loss,
+        leader=trials[outcome.leader],
+        forecast=outcome.forecast,
+        no_bound=outcome.no_bound,
+    )
+
+
+def assert_one_source(result: RaceResult) -> list[str]:
+    """The verdict, the loss line and the table agree (issue 49): undecided exactly while the table shows another
+    finalist open; with every other dropped (shown slower or out after failures), the loss line says none is
+    faster. The printed lines."""
+    lines = verdict_lines(result)
+    verdict = next(line for line in lines if line.startswith("verdict: "))
+    loss = next(line for line in lines if line.startswith("loss: "))
+    others = [e.status for e in result.entries if e.trial != result.winner]
+    settled = all(s.startswith("dropped: ") or s == "within race.loss" for s in others)
+    assert result.decided == settled and ("undecided" in verdict) <= (not settled)
+    assert any(line.startswith("forecast: ") for line in lines) <= (not settled)
+    if settled:
+        assert "undecided" not in "\n".join(lines) and result.loss_bound is not None
+        assert result.loss_bound <= result.loss
+    if all(s.startswith("dropped: ") for s in others):
+        assert "no other finalist is faster" in loss
+    return lines
+
+
 def test_a_clearly_faster_leader_wins_and_the_others_are_dropped_as_they_go():
     mus = {"fast": 200.0, "slow": 150.0, "base": 100.0}
     launch, launch_round, log = scripted(mus, 0.02)
@@ -184,15 +248,21 @@ def test_a_race_out_of_rounds_says_it_is_undecided_and_deploys_the_higher_estima
     )  # what it may lose, what settling takes
 
 
-def test_an_undecided_race_whose_others_are_all_within_race_loss_says_why_it_did_not_decide():
-    launch, launch_round, _ = scripted({"a": 480.0, "b": 479.0, "base": 250.0}, 0.002)
-    _, outcome = sequential_race(
+def test_a_race_out_of_rounds_whose_others_are_all_within_race_loss_is_decided_and_says_why():
+    launch, launch_round, _ = scripted({"a": 480.0, "b": 480.0, "base": 250.0}, 0.002)
+    race_rounds, outcome = sequential_race(
         ["a", "b"], "base", launch_round, {}, RaceSpec(max_rounds=4), progress=Progress.quiet()
     )
-    assert not outcome.decided and outcome.loss < 0.02
-    assert outcome.verdict.endswith(
-        f"within race.loss (2%) of it, on bounds too few rounds ({DECISION_ROUNDS} paired) or too wide to decide on"
+    assert outcome.decided and outcome.loss < 0.02 and not outcome.forecast
+    assert outcome.verdict.startswith(
+        f"{outcome.winner} is within race.loss (2%) of every other finalist after 4 rounds: none is more than"
     )
+    assert sorted(outcome.standing.values()) == [
+        f"dropped: shown slower than {outcome.winner} after 4 rounds",  # the baseline
+        "winner",
+        "within race.loss",
+    ]
+    assert_one_source(race_result(race_rounds, outcome, RaceSpec(max_rounds=4)))
 
 
 def test_a_forecast_under_a_minute_says_so():
@@ -251,6 +321,62 @@ def test_good_launches_after_two_slow_first_ones_are_kept_and_the_slow_ones_left
     assert outcome.winner == "a"
 
 
+def test_out_of_rounds_with_every_other_finalist_shown_slower_the_race_is_decided():
+    """Issue 49: demo-concurrency's export printed 'verdict: undecided after 4 rounds ... every other finalist is
+    within race.loss (2%) of it', its table 'trial 4 ... dropped: shown slower than trial-8 after 4 rounds' and
+    'loss: ... no other finalist is faster'. Four rounds are too few for the decide rule's bounds (5 paired)."""
+    spec = RaceSpec(max_rounds=4)
+    _, launch_round, _ = scripted({"trial-8": 200.0, "trial-4": 190.0, "trial-0": 100.0}, 0.005)
+    race_rounds, outcome = sequential_race(
+        ["trial-8", "trial-4"], "trial-0", launch_round, {}, spec, progress=Progress.quiet()
+    )
+    assert (
+        outcome.winner == "trial-8"
+        and outcome.verdict == "trial-8 shown faster than every other finalist after 4 rounds"
+    )
+    assert outcome.standing["trial-4"] == "dropped: shown slower than trial-8 after 4 rounds"
+    lines = assert_one_source(race_result(race_rounds, outcome, spec, "trial-0"))
+    assert any(line.endswith("; no other finalist is faster (95%, 4 rounds)") for line in lines)
+
+
+def test_out_of_time_with_every_other_finalist_shown_slower_the_race_is_decided():
+    """b's second launch is left out as an outlier: at round 5 its 4 kept rounds are too few for the decide rule
+    (5 paired), and the time budget is spent."""
+    spec = RaceSpec(max_rounds=10, budget_minutes=1)
+    mus = {"a": 200.0, "b": 190.0, "base": 100.0}
+    _, launch_round, _ = scripted(mus, 0.005, outliers={("b", 2): 15.0})
+    ticks = itertools.count(0, 30.0)  # half a minute a reading of the clock
+    race_rounds, outcome = sequential_race(
+        ["a", "b"], "base", launch_round, {}, spec, progress=Progress.quiet(), clock=lambda: next(ticks)
+    )
+    assert race_rounds.rounds["b"] == [0, 2, 3, 4] and len(race_rounds.rates["a"]) == DECISION_ROUNDS
+    assert outcome.decided and outcome.verdict == "a shown faster than every other finalist after 5 rounds"
+    assert_one_source(race_result(race_rounds, outcome, spec))
+
+
+def test_a_finalist_out_after_failed_launches_leaves_a_decided_race_that_names_it():
+    spec = RaceSpec(max_rounds=4)
+    _, launch_round, _ = scripted({"a": 200.0, "b": 195.0, "c": 190.0, "base": 100.0}, 0.005)
+
+    def failing(names: list[str], r: int) -> dict[str, float]:
+        return {n: v for n, v in launch_round(names, r).items() if not (n == "b" and r == 1)}
+
+    race_rounds, outcome = sequential_race(
+        ["a", "b", "c"], "base", failing, {}, spec, progress=Progress.quiet()
+    )
+    assert outcome.decided and outcome.winner == "a"
+    assert outcome.verdict == (
+        "a shown faster than every other finalist after 4 rounds; b failed to launch twice in round 2"
+    )
+    assert outcome.standing == {
+        "a": "winner",
+        "b": "dropped: failed to launch twice in round 2",
+        "c": "dropped: shown slower than a after 4 rounds",
+        "base": "dropped: shown slower than a after 4 rounds",
+    }
+    assert_one_source(race_result(race_rounds, outcome, spec))
+
+
 def test_the_expected_loss_is_small_only_when_every_other_is_several_standard_errors_behind():
     far = PairedStatistics(scripted_rounds({"a": 200.0, "b": 170.0, "base": 100.0}, 0.02, rounds=5), 0.01)
     close = PairedStatistics(scripted_rounds({"a": 200.0, "b": 198.0, "base": 100.0}, 0.05, rounds=5), 0.01)
@@ -269,6 +395,8 @@ def test_a_race_whose_pick_more_rounds_would_rarely_change_stops_undecided_and_s
     )
     assert not outcome.decided and outcome.winner == "a" and max(map(len, race_rounds.rates.values())) < 11
     assert "below race.expected_loss (0.2%): more rounds would rarely change the pick" in outcome.verdict
+    lines = assert_one_source(race_result(race_rounds, outcome, spec))  # b is still open, in the table too
+    assert any(" | undecided | " in line or " | leader | " in line for line in lines)
     lines: list[str] = []
     _, on = sequential_race(
         ["a", "b"],

@@ -128,6 +128,35 @@ def test_removing_a_section_keeps_the_line_end_of_the_one_before(tmp_path: Path)
     assert path.read_text() == "version = 1\n\n[a]\nmodel = x\n"
 
 
+def test_rolling_back_the_only_export_into_a_file_without_a_header_gives_the_file_back(
+    tmp_path: Path,
+) -> None:
+    """Issue 49: the [demo] section came back byte for byte, the `version = 1` line and the comment the export put
+    above a header-less file stayed."""
+    path = tmp_path / "models-preset.ini"
+    original = "[*]\nc = 8192\n\n[demo]\nmodel = /m/mine.gguf ; hand-tuned\n"  # two sections, no header
+    path.write_text(original)
+    merge_preset(
+        path, "demo", ["[demo]", "; tuner export: study demo, trial 7 (knee)", "model = a"], "demo", 7
+    )
+    exported = path.read_bytes()
+    assert exported.startswith(b"version = 1\n") and b"model = a" in exported
+    target, kept = rollback(path, "demo")
+    assert path.read_bytes() == original.encode() and target.preamble == ""
+    rollback(path, "demo")  # undone: the header comes back with the export's section
+    assert path.read_bytes() == exported
+
+
+def test_the_header_stays_while_another_export_is_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "models-preset.ini"
+    path.write_text("; my presets\n[*]\nc = 8192\n\n[demo]\nmodel = /m/mine.gguf\n")
+    merge_sections(path, {"demo": ["[demo]", "model = a"], "demo-code": ["[demo-code]", "model = c"]})
+    rollback(path, "demo")
+    assert path.read_text().startswith("version = 1\n") and "[demo-code]" in path.read_text()
+    rollback(path, "demo-code")
+    assert path.read_text() == "; my presets\n[*]\nc = 8192\n\n[demo]\nmodel = /m/mine.gguf\n"
+
+
 def test_a_section_removed_by_hand_is_put_back_at_the_end(preset: Path) -> None:
     merge_preset(preset, "other", ["[other]", "model = o"])
     merge_preset(preset, "other", ["[other]", "model = o2"])

@@ -7,7 +7,9 @@ put back (``tuner preset history|rollback``).
 export that replaced it (study and trial) and the section's exact text (header to the next section),
 or a marker that it did not exist. ``tuner preset rollback FILE SECTION [--to N]`` puts a version
 back in place (by default the section's latest) and keeps the text it replaces as a new version, so
-a rollback is undone by another. Every other section and the operator's own lines stay byte for byte.
+a rollback is undone by another. Every other section and the operator's own lines stay byte for byte. An
+export that puts the ``version`` header above a file without one keeps what was there, and a rollback that
+leaves nothing an export wrote takes the header off again: rolling back every export gives the file back.
 
 Writers hold an exclusive lock on the file's folder (not the file: a write replaces it, lock and all)
 around the read, the merge and both writes, so two exports at once each keep the other's section.
@@ -54,6 +56,9 @@ class Version:
     trial: int | None = None
     replaced_by: str = "export"  # or "rollback to N"
     separator: str = ""  # what adding the section appended to the block before it (its blank line)
+    # the file's lines above its first section before the write that kept this version changed them (None: it did
+    # not): an export adding the ``version`` header, a rollback taking it off or putting it back
+    preamble: str | None = None
     number: int = 0  # its place in the history, from 1 (not stored: the line's)
 
     def replacer(self) -> str:
@@ -207,9 +212,7 @@ def _merged(
     blocks: Blocks, new: dict[str, list[str]], origins: dict[str, tuple[str | None, int | None]]
 ) -> tuple[Blocks, list[Version]]:
     """The blocks with ``new``'s sections in place (or appended), and what each changed one was."""
-    preamble = blocks[0][1]
-    if not any(re.match(r"\s*version\s*=", line) for line in preamble.splitlines()):
-        preamble = PREAMBLE + preamble
+    preamble = _with_header(blocks[0][1])
     out: Blocks = [(None, preamble)]
     kept: list[Version] = []
     for name, raw in blocks[1:]:
@@ -227,7 +230,17 @@ def _merged(
             study, trial = origins.get(name, (None, None))
             separator = _append(out, name, _section_text(lines, ""))
             kept.append(Version(name, None, study=study, trial=trial, separator=separator))
+    if kept and preamble != blocks[0][1]:  # so that rolling back every export takes the header off again
+        kept[0] = replace(kept[0], preamble=blocks[0][1])
     return out, kept
+
+
+def _with_header(preamble: str) -> str:
+    """The lines above the first section with llama-server's ``version`` line (``PREAMBLE`` above them where
+    they have none)."""
+    if any(re.match(r"\s*version\s*=", line) for line in preamble.splitlines()):
+        return preamble
+    return PREAMBLE + preamble
 
 
 def _section_text(lines: list[str], replaced: str) -> str:
@@ -302,11 +315,38 @@ def rollback(path: Path, section: str, to: int | None = None) -> tuple[Version, 
     _existing(path)  # before the lock, which would make the folder
     with _locked(path):
         blocks = _blocks(_existing(path))
-        target = _pick(path, read_history(path), section, to)
+        versions = read_history(path)
+        target = _pick(path, versions, section, to)
         kept = _restore(blocks, target)
         if kept is None:
             return target, None
+        preamble = blocks[0][1]
+        blocks[0] = (None, _preamble(blocks, versions))
+        if blocks[0][1] != preamble:
+            kept = replace(kept, preamble=preamble)
         return target, _commit(path, blocks, [replace(kept, replaced_by=f"rollback to {target.number}")])[0]
+
+
+def _preamble(blocks: Blocks, versions: list[Version]) -> str:
+    """The lines above the first section after a rollback. Once every section with kept versions is back as its
+    first version kept it, the file holds nothing an export wrote: the lines an export's header went above come
+    back, so rolling back every export gives the file back byte for byte. Otherwise an export's section is in the
+    file, and it keeps (or gets back, when a rollback is undone) the header an export gives it."""
+    first: dict[str | None, str | None] = {}
+    for version in versions:
+        first.setdefault(version.section, version.text)
+    current: dict[str | None, str] = {}
+    for name, raw in blocks[1:]:
+        current.setdefault(name, raw)
+    before = next((v.preamble for v in versions if v.preamble is not None), None)
+    # an export added the header, the lines stayed as it left them (not edited by hand since), no export is left
+    if (
+        before is not None
+        and blocks[0][1] == _with_header(before)
+        and all(current.get(name) == text for name, text in first.items())
+    ):
+        return before
+    return _with_header(blocks[0][1])
 
 
 def _pick(path: Path, versions: list[Version], section: str, to: int | None) -> Version:

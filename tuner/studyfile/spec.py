@@ -97,7 +97,7 @@ class RaceSpec:
     """The finalist race that declares a winner on fresh, interleaved measurements (see tuner.decisions.race)."""
 
     min_rounds: int = 3  # every finalist launched in each of these rounds (no decision before round 5)
-    max_rounds: int = 11  # rounds at most; then the race says it is undecided (and what it may lose)
+    max_rounds: int = 11  # rounds at most; then what it may lose (undecided while a finalist is open)
     loss: float = (
         0.02  # stop once a finalist is within this of every other (95%): resources decide among those
     )

@@ -28,7 +28,10 @@ launches, not requests, and says how sure it is.
    round 5 once no decision is forecast by race.max_rounds and deploying the leader is expected to lose less than
    ``race.expected_loss`` (``stop_rules.settled_enough``: more rounds would rarely change the pick): the highest
    estimate among the finalists shown faster than the baseline, else the baseline; the verdict says so, with the
-   loss bound and a forecast of what settling would take (``forecasts.Forecast``).
+   loss bound and a forecast of what settling would take (``forecasts.Forecast``). A race stopped so is still
+   decided when no other finalist is open (each shown slower than the deployed one, within race.loss of it, or
+   out after failed launches): the verdict, the loss line and the table's statuses read the same bounds
+   (``stop_rules.Outcome``).
 5. **The baseline is the default**: a finalist replaces it only when shown faster (the whole simultaneous 95%
    interval of its speedup above 1); the printed speedup is that interval, valid whichever finalist was picked.
    ``race.confirm_rounds`` (optional) adds rounds of the winner and the baseline alone for a figure from rounds

@@ -147,21 +147,6 @@ def _confirm_winner(
     return confirmation
 
 
-def _status(name: str, race_rounds: RaceRounds, outcome: Outcome) -> str:
-    """A finalist's standing at the end: winner, within race.loss, dropped and why, leader, or undecided."""
-    return (
-        "winner"
-        if name == outcome.winner
-        else "within race.loss"
-        if name in outcome.equivalent
-        else f"dropped: {race_rounds.dropped[name]}"
-        if name in race_rounds.dropped
-        else "leader"
-        if name == outcome.leader
-        else "undecided"
-    )
-
-
 def _entries(
     race_rounds: RaceRounds,
     outcome: Outcome,
@@ -184,7 +169,7 @@ def _entries(
                 speedup=ratio.estimate,
                 speedup_low=ratio.low,
                 speedup_high=ratio.high,
-                status=_status(name, race_rounds, outcome),
+                status=outcome.standing[name],
                 accepted=launcher.accepted[name],
                 host_busy=launcher.host_busy[name],
                 rounds=[i + 1 for i in race_rounds.rounds.get(name, [])],

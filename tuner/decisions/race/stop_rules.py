@@ -1,6 +1,7 @@
 """When a race stops and what it deploys: decided once some finalist is within race.loss of every other and may
-replace the baseline (the resource rule among those within it, the baseline winning a tie); undecided at
-race.max_rounds or the time budget, or once more rounds would rarely change the pick. Each outcome's verdict."""
+replace the baseline (the resource rule among those within it, the baseline winning a tie); else stopped at
+race.max_rounds or the time budget, or once more rounds would rarely change the pick, the highest estimate
+deployed. Each outcome's verdict and each finalist's standing, from the same bounds."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import math
 from dataclasses import dataclass, field
 
 from tuner.decisions import evidence
-from tuner.decisions.evidence import DECISION_ROUNDS
 from tuner.decisions.race.allocation import decision_in_reach
 from tuner.decisions.race.forecasts import forecast_after
 from tuner.decisions.race.paired_statistics import PairedStatistics
@@ -36,6 +36,8 @@ class Outcome:
     speedup: evidence.Ratio | None = None  # the winner over the baseline, simultaneous 95% interval
     forecast: str = ""  # what settling would take, when undecided
     speedups: dict = field(default_factory=dict)  # per label: its Ratio over the baseline
+    # per label, the table's status: winner, within race.loss, dropped: why, leader, undecided (still open)
+    standing: dict[str, str] = field(default_factory=dict)
 
 
 def decide(
@@ -68,13 +70,7 @@ def decide(
             return None
         winner = min(replacing, key=lambda c: (resources.get(c, ()), -look.estimate(c)))
     return _outcome(
-        look,
-        winner,
-        decided=True,
-        within=[c for c in within if c != winner],
-        baseline=baseline,
-        spec=spec,
-        rounds=rounds,
+        look, winner, within=[c for c in within if c != winner], baseline=baseline, spec=spec, rounds=rounds
     )
 
 
@@ -82,27 +78,32 @@ def _outcome(
     look: PairedStatistics,
     winner: str,
     *,
-    decided: bool,
     within: list[str],
     baseline: str,
     spec: RaceSpec,
     rounds: int,
     limit: str = "",
 ) -> Outcome:
-    """The outcome that deploys ``winner``: finalists shown slower than it are marked dropped, the verdict
-    written, and when undecided, a forecast of what settling would take."""
+    """The outcome that deploys ``winner``: finalists shown slower than it are marked dropped, each finalist's
+    standing and the verdict written, and when undecided, a forecast of what settling would take.
+
+    Decided exactly when no other finalist is open (its bound over ``winner`` above race.loss), whichever rule
+    stopped the race: the verdict, the loss line (the largest of those bounds) and the table's statuses read the
+    same bounds, so a race whose others are all shown slower or within race.loss never reads "undecided"."""
     loss = look.loss(winner)
     leader = look.leader
-    speedups = {n: look.ratio(n, baseline) for n in look.race_rounds.rates}
-    for other in look.race_rounds.candidates:
+    race_rounds = look.race_rounds
+    speedups = {n: look.ratio(n, baseline) for n in race_rounds.rates}
+    for other in race_rounds.candidates:
         if other != winner and look.upper(other, winner) < 0:
-            look.race_rounds.dropped[other] = f"shown slower than {winner} after {rounds} rounds"
+            race_rounds.dropped[other] = f"shown slower than {winner} after {rounds} rounds"
     margin = math.log1p(spec.loss)
-    open_ = [j for j in look.race_rounds.candidates if j != winner and look.upper(j, winner) > margin]
+    open_ = [j for j in race_rounds.candidates if j != winner and not look.upper(j, winner) <= margin]
+    decided = not open_
     best = (
         leader
         if leader != baseline
-        else max((n for n in look.race_rounds.candidates if n != baseline), key=look.estimate)
+        else max((n for n in race_rounds.candidates if n != baseline), key=look.estimate)
     )
     if decided:
         verdict = _decided_verdict(look, winner, within, baseline, spec, rounds, leader)
@@ -112,8 +113,11 @@ def _outcome(
             f"is deployed; {best} has the highest estimate ({speedups[best].text()} over it)"
         )
     else:
-        verdict = _undecided_verdict(winner, leader, open_, spec, rounds, limit)
-    forecast = "" if decided or not open_ else forecast_after(look, winner, open_, spec)
+        verdict = (
+            f"undecided after {rounds} rounds ({limit}): {winner} has the highest estimate"
+            + (" shown faster than the baseline" if winner != leader else "")
+            + f" and is deployed; not told apart from {', '.join(open_)}"
+        )
     return Outcome(
         winner=winner,
         decided=decided,
@@ -123,26 +127,26 @@ def _outcome(
         loss=max(math.expm1(loss), 0.0),
         no_bound=look.no_bound(winner),
         speedup=speedups[winner],
-        forecast=forecast,
+        forecast="" if decided else forecast_after(look, winner, open_, spec),
         speedups=speedups,
+        standing={n: _standing(n, race_rounds, winner, leader, within, open_) for n in race_rounds.rates},
     )
 
 
-def _undecided_verdict(
-    winner: str, leader: str, open_: list[str], spec: RaceSpec, rounds: int, limit: str
+def _standing(
+    name: str, race_rounds: RaceRounds, winner: str, leader: str, within: list[str], open_: list[str]
 ) -> str:
-    """An undecided race's verdict when a finalist, not the baseline, is deployed."""
-    return (
-        f"undecided after {rounds} rounds ({limit}): {winner} has the highest estimate"
-        + (" shown faster than the baseline" if winner != leader else "")
-        + " and is deployed; "
-        + (
-            f"not told apart from {', '.join(open_)}"
-            if open_
-            else f"every other finalist is within race.loss ({loss_text(spec.loss)}) of it, on bounds too few rounds "
-            f"({DECISION_ROUNDS} paired) or too wide to decide on"
-        )
-    )
+    """A finalist's status in the table: winner, within race.loss (of every other, for the resource rule, or of the
+    winner), dropped and why, leader, or undecided (open: its bound over the winner above race.loss)."""
+    if name == winner:
+        return "winner"
+    if name in within:
+        return "within race.loss"
+    if name in race_rounds.dropped:
+        return f"dropped: {race_rounds.dropped[name]}"
+    if name == leader:
+        return "leader"
+    return "undecided" if name in open_ else "within race.loss"
 
 
 def _decided_verdict(
@@ -154,13 +158,19 @@ def _decided_verdict(
     rounds: int,
     leader: str,
 ) -> str:
+    """A decided race's verdict: why no other finalist is open (shown slower than the winner, or within race.loss
+    of it), and the finalists that left the race after failed launches, which were never compared."""
     loss = look.loss(winner)
+    race_rounds = look.race_rounds
+    left = "".join(
+        f"; {n} {why}" for n, why in race_rounds.dropped.items() if n not in race_rounds.candidates
+    )
     if loss < 0:
-        return f"{winner} shown faster than every other finalist after {rounds} rounds"
+        return f"{winner} shown faster than every other finalist after {rounds} rounds{left}"
     if winner == baseline:
         return (
             f"nothing was shown faster than the baseline after {rounds} rounds: no finalist is more than "
-            f"{bound_text(loss)} faster than it (95%), within race.loss ({loss_text(spec.loss)})"
+            f"{bound_text(loss)} faster than it (95%), within race.loss ({loss_text(spec.loss)}){left}"
         )
     verdict = (
         f"{winner} is within race.loss ({loss_text(spec.loss)}) of every other finalist after {rounds} rounds: "
@@ -171,14 +181,15 @@ def _decided_verdict(
             f"; deployed by the resource rule ({RESOURCE_RULE}) among {', '.join([winner, *within])}"
             + (f" ({leader} has the highest estimate)" if leader != winner else "")
         )
-    return verdict
+    return verdict + left
 
 
-def _undecided(
+def _stopped(
     race_rounds: RaceRounds, look: PairedStatistics, baseline: str, spec: RaceSpec, limit: str, rounds: int
 ) -> Outcome:
-    """Out of rounds or time: the highest estimate among the finalists shown faster than the baseline (the leader
-    when it is one), else the baseline."""
+    """Out of rounds or time, or once more rounds would rarely change the pick: the highest estimate among the
+    finalists shown faster than the baseline (the leader when it is one), else the baseline; undecided unless
+    every other finalist is shown slower than it or within race.loss (``_outcome``)."""
     leader = look.leader
     shown = [c for c in race_rounds.candidates if look.replaces(c, baseline)]
     winner = (
@@ -188,9 +199,7 @@ def _undecided(
         if leader in shown
         else max(shown, key=look.estimate)
     )
-    return _outcome(
-        look, winner, decided=False, within=[], baseline=baseline, spec=spec, rounds=rounds, limit=limit
-    )
+    return _outcome(look, winner, within=[], baseline=baseline, spec=spec, rounds=rounds, limit=limit)
 
 
 def settled_enough(
@@ -214,17 +223,18 @@ def settled_enough(
         f"expected loss {shown}, below race.expected_loss ({loss_text(spec.expected_loss)}): "
         "more rounds would rarely change the pick"
     )
-    return _undecided(race_rounds, look, baseline, spec, why, rounds)
+    return _stopped(race_rounds, look, baseline, spec, why, rounds)
 
 
 def out_of_budget(
     race_rounds: RaceRounds, look: PairedStatistics, baseline: str, spec: RaceSpec, rounds: int, late: bool
 ) -> Outcome | None:
-    """An undecided outcome at race.max_rounds, or once race.budget_minutes is spent (``late``)."""
+    """The outcome at race.max_rounds, or once race.budget_minutes is spent (``late``): undecided while some other
+    finalist is open."""
     if rounds >= spec.max_rounds:
         limit = f"race.max_rounds ({spec.max_rounds}) reached"
     elif late:
         limit = f"the time budget ({spec.budget_minutes} min) reached"
     else:
         return None
-    return _undecided(race_rounds, look, baseline, spec, limit, rounds)
+    return _stopped(race_rounds, look, baseline, spec, limit, rounds)
