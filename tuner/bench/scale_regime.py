@@ -37,7 +37,7 @@ from tuner.studyfile.spec import StudySpec
 
 GRID_STUDY = REPO_ROOT / "studies" / "scale-grid.yaml"
 SUITES = ("code", "prose")
-SEARCH_BUDGET = 20  # trials: the issue's bar for the search's pick
+SEARCH_BUDGET = 20  # trials within which the search must come within PICK_TOLERANCE of the sweep's best
 PICK_TOLERANCE = 0.03  # the search's pick within 3% of the sweep's best
 
 
@@ -154,7 +154,7 @@ def measure_regime(out: Path, *, seeds: int, max_launches: int | None, study: St
 
 
 def targets(suites: dict[str, Any]) -> dict[str, Any]:
-    """The issue's bars, each True, False or None (not measured)."""
+    """The regime's targets, each True, False or None (not measured)."""
 
     def best(suite: str) -> dict | None:
         return suites.get(suite, {}).get("best")
