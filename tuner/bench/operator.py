@@ -32,7 +32,7 @@ import optuna
 from joblib import Parallel, delayed
 
 from tuner.bench.landscape_simulation import REPETITIONS, OperatorLandscape
-from tuner.bench.operator_landscapes import LANDSCAPES, REAL_RANGE, landscapes
+from tuner.bench.operator_landscapes import LANDSCAPES, REAL_RANGE_LANDSCAPES, landscapes
 from tuner.measurement.measure import median_over_repetitions, pooled_from_rates, repetition_cv
 from tuner.search.prior import find_prior
 from tuner.search.pruning import prunes_on, should_prune
@@ -409,14 +409,14 @@ def benchmark(
 def targets(result: OperatorReplays) -> dict[str, LandscapeTargets]:
     """The targets for the default: median <= 20 trials and every seed by 40 on every landscape, at most a third
     of plain TPE's trials (TPE censored at its budget counts as the budget); on a host's real thread range
-    (``REAL_RANGE``), median <= 10 and every seed by 25, and where decode is flat near all cores, at most 3 thread
+    (``REAL_RANGE_LANDSCAPES``), median <= 10 and every seed by 25, and where decode is flat near all cores, at most 3 thread
     trials beyond the ladder."""
     out: dict[str, LandscapeTargets] = {}
     for name, land in result["landscapes"].items():
         d = land["strategies"].get("default", {}).get("full")
         if not d:
             continue
-        if name in REAL_RANGE:
+        if name in REAL_RANGE_LANDSCAPES:
             out[name] = real_range_targets(name, d)
             continue
         tpe = land["strategies"].get("tpe", {}).get("full")
