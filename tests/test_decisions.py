@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
 import re
 import subprocess
@@ -827,8 +828,7 @@ def test_a_race_launch_beside_cpu_hogs_is_marked_busy(synthetic_models, tmp_path
     lines: list[str] = []
     remeasure, argv = _tiny_launch(tmp_path, lines)
     contender = Contender("trial-1", [*argv, "-m", str(synthetic_models.path("draft-small"))], 0.0)
-    # three: on two cores beside the server's thread they still take more than BUSY_CORES together
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         launched = remeasure.launch(contender)
     finally:
@@ -837,6 +837,32 @@ def test_a_race_launch_beside_cpu_hogs_is_marked_busy(synthetic_models, tmp_path
             hog.wait()
     assert launched.host_busy and launched.rate > 0
     assert re.match(r"re-measuring trial-1: host busy: \S+\[\d+\]", lines[-1])  # who, by name and pid
+
+
+def test_a_trials_launch_beside_one_cpu_hog_is_busy(synthetic_models, tmp_path):
+    """The trial's own launch (``measured_launch``) beside one other busy process: on a small host one hog is
+    enough to mark it, and a process that starts and ends inside the launch counts too (the host's busy time)."""
+    from tuner.machine.host import busy_processes, cpu_seconds_by_process
+    from tuner.measurement.measured_launch import measured_launch
+
+    _, argv = _tiny_launch(tmp_path, [])
+    argv += ["-m", str(synthetic_models.path("draft-small"))]
+    # a hog for as long as the launch: started before, killed after
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        launched = measured_launch(
+            argv, tmp_path / "server.log", then=lambda server: server.complete("def f(", 64, 0.0, 1)
+        )
+    finally:
+        hog.kill()
+        hog.wait()
+    assert launched.host_busy and launched.busy["all others"] > 0.25
+    before = cpu_seconds_by_process()
+    subprocess.run(
+        [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.0: pass"], check=True
+    )
+    gone = busy_processes(before, cpu_seconds_by_process(), 1.2, {os.getpid()})
+    assert gone["all others"] > 0.5  # the hog's pid is gone; the host's busy time still holds its second
 
 
 def test_a_race_launch_whose_speculation_drafted_nothing_fails_as_a_trial_does(synthetic_models, tmp_path):

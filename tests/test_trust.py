@@ -86,6 +86,34 @@ def test_speedup_divides_by_the_sentinels_interpolated_at_the_trials_time_per_wo
     assert not s.drifted("other:2", 50)
 
 
+def test_a_baseline_its_sentinels_contradict_is_named_and_left_out_of_every_speedup():
+    """The demo beside a model build: trial 0 read 37.6 t/s, its sentinels 362.7, 369.5 and 357.7. The study's
+    reference is then the sentinels' median; the first reading stays, named; a trial before the first sentinel
+    divides by the sentinels, not by 37.6."""
+    from tuner.output.analysis import disturbed_baseline
+
+    records = [
+        record(0, 37.6, role="baseline", at=0),
+        record(1, 524.2, k=8, at=50),
+        record(5, 362.7, role="sentinel", at=100),
+        record(10, 369.5, role="sentinel", at=200),
+        record(15, 357.7, role="sentinel", at=300),
+    ]
+    sentinels = Sentinels(records, noise_cv=0.10)
+    disturbed = sentinels.disturbed_baseline("h:1")
+    assert disturbed is not None and disturbed == disturbed_baseline(records, 0.10)
+    assert (disturbed.first, disturbed.remeasured, disturbed.sentinels) == (37.6, 362.7, 3)
+    assert "first reading (37.6 tokens/s)" in disturbed.text() and "median 362.7" in disturbed.text()
+    assert sentinels.speedup(records[1]) == pytest.approx(524.2 / 362.7)  # not x13.94
+    # two sentinels that disagree with each other say nothing of the first reading; nor does one sentinel
+    assert Sentinels(records[:3], 0.10).disturbed_baseline("h:1") is None
+    shaky = [*records[:3], record(10, 200.0, role="sentinel", at=200)]
+    assert Sentinels(shaky, 0.10).disturbed_baseline("h:1") is None
+    # a quiet baseline within the noise of its sentinels stays the reference
+    quiet = [record(0, 350.0, role="baseline", at=0), *records[2:]]
+    assert Sentinels(quiet, 0.10).disturbed_baseline("h:1") is None
+
+
 def test_the_launch_spread_comes_from_the_sentinels_and_widens_the_pruning_bound():
     steady = Sentinels(
         [record(0, 100.0, role="baseline", at=0), record(5, 101.0, role="sentinel", at=100)], 0.05

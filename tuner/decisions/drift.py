@@ -44,6 +44,22 @@ def midpoint(record: TrialRecord) -> float | None:
     return (record.started_at + record.ended_at) / 2
 
 
+@dataclass(frozen=True)
+class DisturbedBaseline:
+    """A baseline whose first reading its sentinels contradict: the figure kept, the one used, and from how many."""
+
+    first: float  # tokens/s of the first reading
+    remeasured: float  # the sentinels' median
+    sentinels: int
+
+    def text(self) -> str:
+        return (
+            f"the baseline's first reading ({self.first:.1f} tokens/s) disagrees with its {self.sentinels} "
+            f"re-measures (median {self.remeasured:.1f} tokens/s) beyond the noise: the host was disturbed during "
+            "it; speedups use the re-measured baseline"
+        )
+
+
 class Sentinels:
     """The reference rate of each worker over time, from its baseline and sentinel trials."""
 
@@ -60,8 +76,13 @@ class Sentinels:
                         record.spread.cv if record.spread else None,
                     )
                 )
-        for series in self.points.values():
+        self.disturbed: dict[str, DisturbedBaseline] = {}
+        for worker, series in self.points.items():
             series.sort(key=lambda p: p.at)
+            disturbed = _disturbed(series, noise_cv)
+            if disturbed is not None:  # the reference is the sentinels': the first reading is left out
+                self.disturbed[worker] = disturbed
+                del series[0]
 
     def _around(self, worker: str, at: float) -> tuple[Point, Point] | None:
         series = self.points.get(worker)
@@ -121,10 +142,30 @@ class Sentinels:
             > noise
         )
 
+    def disturbed_baseline(self, worker: str) -> DisturbedBaseline | None:
+        """The worker's baseline reading when its sentinels contradicted it (``_disturbed``), else None."""
+        return self.disturbed.get(worker)
+
     def speedup(self, record: TrialRecord) -> float | None:
         at = midpoint(record)
         rate = self.rate_at(record.worker, at) if at is not None and record.complete else None
         return record.measured_metrics.tokens_per_second / rate if rate else None
+
+
+def _disturbed(series: list[Point], noise_cv: float) -> DisturbedBaseline | None:
+    """The first reference reading (the baseline) when the sentinels after it, at least two and agreeing with each
+    other within the noise, all put the configuration elsewhere beyond it: that launch ran beside something."""
+    if len(series) < 3:
+        return None
+    first, later = series[0], series[1:]
+    remeasured = statistics.median(p.tokens_per_second for p in later)
+    if remeasured <= 0:
+        return None
+    noise = 2 * max(max((p.cv or 0.0) for p in series), noise_cv)
+    spread = (max(p.tokens_per_second for p in later) - min(p.tokens_per_second for p in later)) / remeasured
+    if spread > noise or abs(first.tokens_per_second / remeasured - 1) <= noise:
+        return None
+    return DisturbedBaseline(first.tokens_per_second, remeasured, len(later))
 
 
 def allowed_launch_spread(steps: list[float]) -> float:

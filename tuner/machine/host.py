@@ -114,6 +114,7 @@ def read_host_state(topo: Topology, root: Path = LIVE_ROOT) -> HostState:
 # ---------------------------------------------------------------- per-trial hygiene
 
 BUSY_CORES = 1.0  # other processes together using more than this many cores during a trial: a busy host
+BUSY_SHARE = 0.25  # ...or, on a host of fewer than four CPUs, more than this share of them
 LISTED_CORES = 0.25  # ...and those using more than this are named
 BOOST_FILES = (
     Path("sys/devices/system/cpu/cpufreq/boost"),
@@ -150,10 +151,25 @@ def read_temperature_c(root: Path = LIVE_ROOT) -> float | None:
     return max(readings) if readings else None
 
 
+HOST_PID = -1  # the entry holding the whole host's busy CPU seconds (/proc/stat), no process's
+
+
+def host_busy_seconds() -> float | None:
+    """CPU seconds the whole host spent busy so far (all CPUs: /proc/stat's time but idle and iowait)."""
+    text = read_text(LIVE_ROOT, Path("proc/stat"))
+    if not text or not text.startswith("cpu "):
+        return None
+    fields = [int(x) for x in text.splitlines()[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds_by_process() -> dict[int, tuple[str, float]]:
-    """pid -> (name, user + system CPU seconds so far), for every readable process."""
+    """pid -> (name, user + system CPU seconds so far), for every readable process; ``HOST_PID`` -> the host's
+    busy seconds, which also count the processes that start and end between two snapshots (a build's compilers,
+    a model generator's steps), which no pid shows."""
     tick = os.sysconf("SC_CLK_TCK")
-    out = {}
+    host = host_busy_seconds()
+    out = {} if host is None else {HOST_PID: ("host", host)}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
@@ -169,21 +185,36 @@ def busy_processes(
     before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float, ours: set[int]
 ) -> dict[str, float]:
     """CPU cores used between two snapshots by processes other than ``ours``: those above
-    LISTED_CORES by name (``name[pid]``), and ``"all others"``, the total."""
+    LISTED_CORES by name (``name[pid]``), and ``"all others"``, the total: the host's busy time less ours where
+    both snapshots have it (processes that came and went count there), else the sum over the processes seen."""
+    if wall_s <= 0:
+        return {"all others": 0.0}
     busy: dict[str, float] = {}
-    total = 0.0
+    total = mine = 0.0
+
+    def used(pid: int, name: str, seconds: float) -> float:
+        return max(0.0, seconds - before.get(pid, (name, 0.0))[1]) / wall_s
+
     for pid, (name, seconds) in after.items():
-        if pid in ours or wall_s <= 0:
+        if pid == HOST_PID:
             continue
-        cores = max(0.0, seconds - before.get(pid, (name, 0.0))[1]) / wall_s
+        cores = used(pid, name, seconds)
+        if pid in ours:
+            mine += cores
+            continue
         total += cores
         if cores > LISTED_CORES:
             busy[f"{name}[{pid}]"] = round(cores, 2)
+    if HOST_PID in before and HOST_PID in after:
+        total = max(total, used(HOST_PID, *after[HOST_PID]) - mine)
     return {**busy, "all others": round(total, 2)}
 
 
 def host_was_busy(host: dict) -> bool:
-    return (host.get("busy_processes") or {}).get("all others", 0.0) > BUSY_CORES
+    """Other processes took more than ``BUSY_CORES`` (``BUSY_SHARE`` of a small host's CPUs): on two cores one
+    other busy process takes a third of a two-thread trial's time and reads as a slower configuration."""
+    limit = min(BUSY_CORES, BUSY_SHARE * (os.cpu_count() or 4))
+    return (host.get("busy_processes") or {}).get("all others", 0.0) > limit
 
 
 def busy_text(busy: dict[str, float]) -> str:

@@ -23,7 +23,7 @@ import optuna
 import pandas as pd
 
 from tuner.decisions import load_race
-from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, REFERENCE_ROLES, Sentinels, midpoint
+from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, REFERENCE_ROLES, DisturbedBaseline, Sentinels, midpoint
 from tuner.decisions.front import feasible, front_2d, pareto_mask
 from tuner.decisions.per_type import PerTypeResult
 from tuner.decisions.race import RaceResult, users_text
@@ -313,6 +313,12 @@ def by_concurrency(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=CONCURRENCY_COLUMNS)
 
 
+def disturbed_baseline(records: list[TrialRecord], noise_cv: float) -> DisturbedBaseline | None:
+    """The baseline trial's first reading where its worker's sentinels contradicted it (``drift.Sentinels``)."""
+    base = next((r for r in records if r.role == "baseline" and r.complete), None)
+    return Sentinels(records, noise_cv).disturbed_baseline(base.worker) if base else None
+
+
 def launch_spread(records: list[TrialRecord]) -> float:
     """The launch-to-launch spread the study's reference runs allow (the prior until three exist); it comes
     from the reference runs alone (noise_cv only flags drift, so it is not needed here)."""
@@ -453,6 +459,7 @@ class ReportData:
     load_races: dict[int, RaceResult] | None = None  # each load class's last race (tuner export), by users
     bandwidth_curve: BandwidthCurve | None = None  # copy bandwidth by threads when the study started
     verifications: list[dict] | None = None  # every `tuner verify` of a deployed section, oldest first
+    disturbed_baseline: DisturbedBaseline | None = None  # the first reading its sentinels contradicted
 
     @property
     def objectives(self) -> list[str]:
@@ -471,10 +478,14 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
     frame = trials_frame(records, roofline, record.measurement.get("noise_cv", 0.10))
     race = store.read_race(study)
     reference = store.read_reference(study)
+    disturbed = disturbed_baseline(records, record.measurement.get("noise_cv", 0.10))
     return ReportData(
         study_name=study.study_name,
         record=record,
-        baseline_tokens_per_second=reference.tokens_per_second if reference else None,
+        baseline_tokens_per_second=(
+            disturbed.remeasured if disturbed else reference.tokens_per_second if reference else None
+        ),
+        disturbed_baseline=disturbed,
         bandwidth=bandwidth,
         roofline=roofline,
         trials=frame,

@@ -141,8 +141,20 @@ def _setup_rows(data: ReportData, done: pd.DataFrame) -> list[tuple[str, str]]:
             f"{len(data.trials)} finished: {len(done)} complete, {int(done['feasible'].sum())} feasible, "
             f"{len(data.failures)} failed",
         ),
-        ("baseline", f"{cell_text(data.baseline_tokens_per_second, 1)} tokens/s (target alone, greedy)"),
+        ("baseline", _baseline_text(data)),
     ]
+
+
+def _baseline_text(data: ReportData) -> str:
+    """The baseline's rate; where the sentinels contradicted its first reading, theirs, and the first named."""
+    rate = f"{cell_text(data.baseline_tokens_per_second, 1)} tokens/s (target alone, greedy"
+    disturbed = data.disturbed_baseline
+    if disturbed is None:
+        return rate + ")"
+    return (
+        f"{rate}; the median of its {disturbed.sentinels} re-measures: its first reading, {disturbed.first:.1f} "
+        "tokens/s, disagreed with them beyond the noise, the host disturbed, and is left out)"
+    )
 
 
 def _target_text(target: dict) -> str:

@@ -14,7 +14,7 @@ from typing import Callable
 import optuna
 
 from tuner.context import StudyContext
-from tuner.decisions.drift import sentinel_due
+from tuner.decisions.drift import Sentinels, sentinel_due
 from tuner.eta import RunClock
 from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.progress import Progress
@@ -121,6 +121,7 @@ class ProcessTrials:
         self.ctx, self.study, self.journal, self.progress = ctx, study, journal, progress
         self.budget, self.clock, self.deadline = budget, clock, deadline
         self.objective = StudyObjective(ctx, study, progress, journal)
+        self.said_disturbed = False
 
     def report(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """Optuna's callback after each trial: the progress line with the best so far."""
@@ -138,6 +139,16 @@ class ProcessTrials:
             f"[{counted}/{self.budget}] trial {trial.number}{why}: {describe_trial(record)} | {best_text}"
         )
 
+    def say_if_disturbed(self) -> None:
+        """One line, once, when the sentinels first contradict the baseline's first reading."""
+        if self.said_disturbed:
+            return
+        records = store.read_trials(self.study)
+        disturbed = Sentinels(records, self.ctx.settings.noise_cv).disturbed_baseline(worker_id())
+        if disturbed is not None:
+            self.said_disturbed = True
+            self.progress(f"baseline: {disturbed.text()}")
+
     def run_one(self) -> None:
         """A sentinel if one is due, then one trial (a trial another worker failed is said, not raised)."""
         study, objective = self.study, self.objective
@@ -145,6 +156,7 @@ class ProcessTrials:
             sentinel = describe_trial(objective.run_sentinel())
             self.clock.replan(tally(study).counted)
             self.progress(f"sentinel: {sentinel}")
+            self.say_if_disturbed()
         timeout = max(1.0, self.deadline - time.monotonic()) if self.deadline else None
         objective.failed_elsewhere = None
         try:
