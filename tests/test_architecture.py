@@ -141,7 +141,7 @@ def test_the_top_level_shows_stages_not_modules():
 # ---- the house's rules, each a finder over one file's source and a test over tuner/ ----
 
 FUNCTION_LINES = 60
-POSITIONAL_PARAMETERS = 8
+PARAMETERS = 7
 ONE_LETTER_NAMES = 120
 
 
@@ -167,14 +167,21 @@ def long_functions(source: str) -> list[str]:
     ]
 
 
-def positional_heavy(source: str) -> list[str]:
-    """Functions taking more than ``POSITIONAL_PARAMETERS`` positional parameters (``self`` counts; those
-    after ``*`` do not): past that, a call site's arguments are read by counting."""
+def parameter_heavy(source: str) -> list[str]:
+    """Functions taking more than ``PARAMETERS`` named parameters, positional and keyword-only alike (``self``
+    and ``cls`` do not count, nor ``*args`` and ``**kwargs``): past that, the things that travel together
+    belong in one settings object."""
     return [
         f"{node.name} ({count})"
         for node in functions(source)
-        if (count := len(node.args.posonlyargs) + len(node.args.args)) > POSITIONAL_PARAMETERS
+        if (count := len(named_parameters(node))) > PARAMETERS
     ]
+
+
+def named_parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    args = node.args
+    every = args.posonlyargs + args.args + args.kwonlyargs
+    return [a.arg for a in every if a.arg not in ("self", "cls")]
 
 
 SCOPES_NOT_COUNTED = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda)
@@ -237,11 +244,14 @@ def test_the_rule_finders_find_planted_cases():
     assert long_functions(f"def short():\n    pass\n\n\ndef long():\n{long_body}\n") == [
         f"long ({FUNCTION_LINES + 1} lines)"
     ]
-    assert positional_heavy(
-        "def nine(a, b, c, d, e, f, g, h, i): ...\n"
-        "def eight(a, b, c, d, e, f, g, h, *, i): ...\n"
-        "class K:\n    def method(self, b, c, d, e, f, g, h, i): ...\n"
-    ) == ["nine (9)", "method (9)"]
+    assert parameter_heavy(
+        "def eight(a, b, c, d, e, f, g, h): ...\n"
+        "def seven(a, b, c, d, e, f, g, *args, **kwargs): ...\n"
+        "def keywords(a, b, c, d, *, e, f, g, h): ...\n"
+        "def only(a, /, b, c, d, e, f, g): ...\n"
+        "class K:\n    def method(self, b, c, d, e, f, g, h): ...\n"
+        "    @classmethod\n    def make(cls, b, c, d, e, f, g, h, i): ...\n"
+    ) == ["eight (8)", "keywords (8)", "make (8)"]
     planted = (
         "a = 1\nb: int = 2\nc += 3\nfor d in []: pass\nwith open('x') as e: pass\n"
         "try: pass\nexcept OSError as f: pass\nif (g := 4): pass\ndef func(i, *j, k, **m): pass\n"
@@ -267,9 +277,10 @@ def test_no_function_is_over_60_lines():
     assert [f"{path}:{f}" for path, text in sources().items() for f in long_functions(text)] == []
 
 
-def test_no_function_takes_more_than_8_positional_parameters():
-    """Past eight, the trailing parameters are keyword-only (after ``*``)."""
-    heavy = [f"{path}:{f}" for path, text in sources().items() for f in positional_heavy(text)]
+def test_no_function_takes_more_than_7_parameters():
+    """Past seven, positional or keyword-only, what travels together is one settings object (a frozen
+    dataclass)."""
+    heavy = [f"{path}:{f}" for path, text in sources().items() for f in parameter_heavy(text)]
     assert heavy == []
 
 

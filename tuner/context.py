@@ -41,7 +41,7 @@ from tuner.models.gguf_info import ModelInfo, check_draft_compatibility, read_mo
 from tuner.models.quantize import Variant, ensure_variant
 from tuner.paths import inside, storage_dir
 from tuner.progress import Progress
-from tuner.search.space import ResolvedSpace, baseline_config, outside, resolve_space
+from tuner.search.space import ResolvedSpace, SpaceHost, SpaceTarget, baseline_config, outside, resolve_space
 from tuner.search.stages.configs import KnobValues
 from tuner.search.stages.hardware import walk_text
 from tuner.storage.records import StudyRecord
@@ -138,17 +138,21 @@ def check_models_and_space(
     space = resolve_space(
         spec.space,
         fields=Fields(spec.path, {}),
-        draft_names=tuple(drafts),
-        expert_used_count=target.expert_used_count if target.is_moe else None,
-        expert_count=target.expert_count,
-        physical_cores=topo.physical_cores,
-        logical_cpus=topo.logical_cpus,
-        numa_policies=tuple(
-            p for p in meaningful_numa_policies(topo) if numactl or p not in ("interleave", "bind")
+        target=SpaceTarget(
+            name=spec.target.name,
+            drafts=tuple(drafts),
+            expert_used_count=target.expert_used_count if target.is_moe else None,
+            expert_count=target.expert_count,
+            announced=target.speculative_types,
         ),
-        numa_nodes=tuple(n.id for n in topo.nodes),
-        target_name=spec.target.name,
-        announced=target.speculative_types,
+        host=SpaceHost(
+            physical_cores=topo.physical_cores,
+            logical_cpus=topo.logical_cpus,
+            numa_policies=tuple(
+                p for p in meaningful_numa_policies(topo) if numactl or p not in ("interleave", "bind")
+            ),
+            numa_nodes=tuple(n.id for n in topo.nodes),
+        ),
         concurrency=spec.measurement.concurrency,
         long_prompts=long_prompts(spec, workload),
     )
@@ -364,31 +368,33 @@ def study_estimate(ctx: StudyContext) -> eta.Estimate:
     held_out = restrict(ctx.workload, [i for s in splits.values() for i in s.held_out])
     speculative = any(v != "none" for v in getattr(ctx.space.domains.get("spec_type"), "values", ["none"]))
     prompts = request_prompts(ctx.workload)
-    est = eta.estimate(
-        eta.machine(per_token, files, bandwidth),
+    passes = eta.Passes(
         prompts,
         n_predict=settings.n_predict,
         warmup=settings.warmup,
         repetitions=settings.repetitions,
         levels=spec.load_levels,
+    )
+    search = eta.SearchPlan(
         trials=spec.budget_trials,
         sentinel_every=spec.sentinel.every_trials,
         sentinel_minutes=spec.sentinel.every_minutes,
         budget_minutes=spec.budget_minutes,
-        race_rounds=spec.race.max_rounds,
-        finalists=spec.race.max_finalists,
-        confirm_rounds=spec.race.confirm_rounds,
-        race_minutes=spec.race.budget_minutes,
-        min_rounds=spec.race.min_rounds,
         speculative=speculative,
         prune=spec.prune,
     )
+    race = eta.RacePlan(
+        rounds=spec.race.max_rounds,
+        finalists=spec.race.max_finalists,
+        confirm_rounds=spec.race.confirm_rounds,
+        minutes=spec.race.budget_minutes,
+        min_rounds=spec.race.min_rounds,
+    )
+    est = eta.estimate(eta.machine(per_token, files, bandwidth), passes, search, race)
     return eta.with_export(
         est,
-        prompts,
-        settings.n_predict,
-        spec.load_levels,
-        (spec.race.max_rounds, spec.race.min_rounds),
+        passes,
+        race,
         request_prompts(held_out) if len(splits) >= 2 else (),
         len(splits),
         type_rounds(spec.race),

@@ -35,7 +35,7 @@ from tuner.machine import hostlock
 from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import outputs_by_prompt, run_workload, score_trial
-from tuner.measurement.measured_launch import measured_launch
+from tuner.measurement.measured_launch import ServerLaunch, measured_launch
 from tuner.measurement.quality import output_quality
 from tuner.measurement.server_process import LlamaServer
 from tuner.output.files import write_atomic
@@ -179,9 +179,11 @@ class GridRecorder:
 
         try:
             left = measured_launch(
-                launch.argv,
-                self.ctx.log_dir / f"grid-{number}.log",
-                timeout_s=self.ctx.spec.measurement.trial_timeout_s,
+                ServerLaunch(
+                    launch.argv,
+                    self.ctx.log_dir / f"grid-{number}.log",
+                    timeout_s=self.ctx.spec.measurement.trial_timeout_s,
+                ),
                 then=measure_pending,
             ).then
         except TrialFailure as failure:  # the launch itself failed: so do all its configurations

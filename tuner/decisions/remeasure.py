@@ -32,7 +32,7 @@ from tuner.machine.host import busy_text
 from tuner.machine.placement import evict
 from tuner.measurement.failures import TrialFailure
 from tuner.measurement.measure import MeasurementSettings, check_drafted, pooled_rate
-from tuner.measurement.measured_launch import MeasuredLaunch, Requests, measured_launch
+from tuner.measurement.measured_launch import MeasuredLaunch, Requests, ServerLaunch, measured_launch
 from tuner.measurement.workload import Workload
 from tuner.progress import Progress
 from tuner.storage.records import TrialRecord
@@ -186,10 +186,12 @@ class Remeasure:
         self.launches += 1
         users = contender.users
         measured: MeasuredLaunch[None] = measured_launch(
-            contender.argv,
-            self._log(contender),
-            timeout_s=self.settings.trial_timeout_s,
-            models=[Path(m) for m in contender.models],
+            ServerLaunch(
+                contender.argv,
+                self._log(contender),
+                timeout_s=self.settings.trial_timeout_s,
+                models=[Path(m) for m in contender.models],
+            ),
             requests=Requests(
                 self.workload if users is not None else self.measured,
                 self.settings,

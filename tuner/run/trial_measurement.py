@@ -28,7 +28,7 @@ from tuner.measurement import quality as quality_scorers
 from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_command, model_flags
 from tuner.measurement.measure import Sample, Scores, outputs_by_prompt, score_trial, summarize
-from tuner.measurement.measured_launch import MeasuredLaunch, Requests, measured_launch
+from tuner.measurement.measured_launch import MeasuredLaunch, Requests, ServerLaunch, measured_launch
 from tuner.measurement.quality import ScorerFigures, repeated_output
 from tuner.measurement.server_process import read_log_tail
 from tuner.search.pruning import may_prune, prunes_on, should_prune
@@ -213,10 +213,12 @@ class TrialMeasurement:
         ctx, config = self.ctx, record.config
         assert record.command is not None  # built before the first step
         return measured_launch(
-            record.command.argv,
-            log_path,
-            timeout_s=ctx.settings.trial_timeout_s,
-            models=[ctx.launch.target, *ctx.launch.drafts.values()],
+            ServerLaunch(
+                record.command.argv,
+                log_path,
+                timeout_s=ctx.settings.trial_timeout_s,
+                models=[ctx.launch.target, *ctx.launch.drafts.values()],
+            ),
             requests=Requests(
                 ctx.workload,
                 ctx.settings,

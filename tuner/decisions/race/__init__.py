@@ -55,7 +55,7 @@ from tuner.decisions.race.finalist_selection import (
     within_reach,
 )
 from tuner.decisions.race.forecasts import Forecast, forecast_before, rounds_to_tell
-from tuner.decisions.race.launching import race_study, run_race
+from tuner.decisions.race.launching import RaceSetup, race_study, run_race
 from tuner.decisions.race.operator_lines import verdict_lines
 from tuner.decisions.race.paired_statistics import PairedStatistics, first_look, race_alpha
 from tuner.decisions.race.results import Confirmation, Entry, RaceResult
@@ -73,6 +73,7 @@ __all__ = [
     "Outcome",
     "PairedStatistics",
     "RaceResult",
+    "RaceSetup",
     "RaceRounds",
     "confirm",
     "finalists",

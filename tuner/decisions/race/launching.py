@@ -3,7 +3,7 @@ for the time left), confirmation rounds when asked, and the result stored with t
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import optuna
@@ -62,24 +62,34 @@ class _Launcher:
         return {name: self._rate(name, one) for name, one in launched.items()}
 
 
+@dataclass(frozen=True)
+class RaceSetup:
+    """How a race on real launches measures: the workload and settings each launch runs, the race's rules
+    (``spec``) and where the launches' logs go. ``launch_sigma``: the launch spread the forecast before racing
+    assumes. With ``users``, a load class's race: each launch serves that many users at once
+    (``remeasure.Contender``). With ``size``, each launch measures what it says (``tuner.decisions.launch_size``),
+    and ``race.max_rounds`` becomes as many rounds as fit in the time of that many one-pass rounds."""
+
+    workload: Workload
+    settings: MeasurementSettings
+    spec: RaceSpec
+    log_dir: Path
+    launch_sigma: float | None = None
+    users: int | None = None
+    size: launch_size.LaunchSize | None = None
+
+
 def run_race(
     study: StudyRecord,
     candidates: list[TrialRecord],
     baseline: TrialRecord,
-    *,
-    workload: Workload,
-    settings: MeasurementSettings,
-    spec: RaceSpec,
-    log_dir: Path,
+    setup: RaceSetup,
     progress: Progress,
-    launch_sigma: float | None = None,
-    users: int | None = None,
-    size: launch_size.LaunchSize | None = None,
 ) -> RaceResult:
-    """Rounds of launches until decided or out of rounds; confirmation rounds when ``race.confirm_rounds`` asks.
-    With ``users``, a load class's race: each launch serves that many users at once (``remeasure.Contender``).
-    With ``size``, each launch measures what it says (``tuner.decisions.launch_size``), and ``race.max_rounds``
-    becomes as many rounds as fit in the time of that many one-pass rounds."""
+    """Rounds of launches until decided or out of rounds; confirmation rounds when ``race.confirm_rounds`` asks
+    (``setup``: what each launch measures and the race's rules)."""
+    workload, settings, spec, log_dir = setup.workload, setup.settings, setup.spec, setup.log_dir
+    launch_sigma, users, size = setup.launch_sigma, setup.users, setup.size
     records = {label(r): r for r in [*candidates, baseline]}
     launcher = _Launcher(records, Remeasure(workload, settings, log_dir, progress, size), progress, users)
     title = race_title(users)
@@ -212,19 +222,16 @@ def race_study(
         if users is None
         else None
     )
-    result = run_race(
-        store.read_study_record(study),
-        pool,
-        base,
+    setup = RaceSetup(
         workload=ctx.workload,
         settings=ctx.settings,
         spec=ctx.spec.race,
         log_dir=ctx.log_dir,
-        progress=progress,
         launch_sigma=sentinels.launch_estimate(),  # the forecast before racing: a point estimate, not a bound
         users=users,
         size=size,
     )
+    result = run_race(store.read_study_record(study), pool, base, setup, progress)
     if users is None:
         store.write_race(study, result.to_json())
     else:
