@@ -16,10 +16,10 @@ from fake_llama_server import write_study
 
 from tuner import eta
 from tuner.cli import main
-from tuner.context import prepare, study_estimate
 from tuner.errors import UserError
 from tuner.machine.llama_build import _run_logged, build_eta
 from tuner.paths import REPO_ROOT
+from tuner.prepare import prepare, study_estimate
 from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.storage import store

@@ -410,7 +410,7 @@ def test_the_bench_compares_the_load_with_batched_bench_level_by_level(
     tmp_path, synthetic_models, monkeypatch
 ):
     from tuner.bench.concurrency import markdown, measure_concurrency, to_dict
-    from tuner.context import prepare
+    from tuner.prepare import prepare
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     found = measure_concurrency(

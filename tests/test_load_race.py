@@ -12,7 +12,6 @@ import pytest
 import yaml
 from fake_llama_server import write_study
 
-from tuner.context import prepare
 from tuner.decisions.load_race import break_even, level_gain, race_levels, read_races
 from tuner.decisions.race import Entry, RaceResult, RaceSetup, finalists, run_race, verdict_lines
 from tuner.decisions.remeasure import contender
@@ -20,6 +19,7 @@ from tuner.knobs.config import TrialConfig
 from tuner.machine.topology import read_topology
 from tuner.measurement.launch import build_server_command
 from tuner.paths import models_dir
+from tuner.prepare import prepare
 from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.storage import store

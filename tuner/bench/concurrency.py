@@ -22,7 +22,6 @@ import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuner.context import StudyContext
 from tuner.errors import UserError
 from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import bench_tool
@@ -30,6 +29,7 @@ from tuner.measurement.launch import build_server_command, model_options
 from tuner.measurement.load import Level, run_level
 from tuner.measurement.measured_launch import ServerLaunch, measured_launch
 from tuner.measurement.server_process import LlamaServer
+from tuner.prepare import StudyContext
 from tuner.search.space import baseline_config
 
 LEVELS = (1, 2, 4)

@@ -27,7 +27,6 @@ import optuna
 import pandas as pd
 
 from tuner.bench.table import RESULT_COLUMNS
-from tuner.context import StudyContext, prepare
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, TrialConfig
 from tuner.knobs.registry import NAMES as KNOBS
@@ -40,6 +39,7 @@ from tuner.measurement.quality import output_quality
 from tuner.measurement.server_process import LlamaServer
 from tuner.output.files import write_atomic
 from tuner.paths import reports_dir
+from tuner.prepare import StudyContext, prepare
 from tuner.progress import Progress
 from tuner.search.space import ResolvedSpace, baseline_config, suggest
 from tuner.studyfile.spec import StudySpec, load_spec

@@ -26,7 +26,6 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from tuner.context import StudyContext
 from tuner.errors import UserError
 from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import binary
@@ -34,6 +33,7 @@ from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import MeasurementSettings, summarize
 from tuner.measurement.measured_launch import Requests, ServerLaunch, measured_launch
 from tuner.measurement.workload import Workload
+from tuner.prepare import StudyContext
 from tuner.progress import Progress
 from tuner.search.space import baseline_config
 

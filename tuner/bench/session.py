@@ -48,12 +48,12 @@ from tuner.bench import (
 from tuner.bench.grid import record_grid
 from tuner.bench.operator_landscapes import LANDSCAPES
 from tuner.bench.table import read_table
-from tuner.context import prepare
 from tuner.errors import UserError
 from tuner.machine import hostlock
 from tuner.measurement.workload import load_workload
 from tuner.output.files import write_atomic
 from tuner.paths import reports_dir
+from tuner.prepare import prepare
 from tuner.progress import Progress
 from tuner.studyfile.spec import StudySpec, load_spec
 

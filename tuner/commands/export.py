@@ -1,4 +1,4 @@
-"""``tuner export``: race the finalists (``decisions/deployed``) and export the winner (``output/export``)."""
+"""``tuner export``: race the finalists (``decisions/deployed``) and export the winner (``output/export_study``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from tuner.commands.flags import add_no_wait
 from tuner.decisions.deployed import ExportRequest
 from tuner.decisions.deployment import POLICIES
-from tuner.output.export import export_study
+from tuner.output.export_study import export_study
 from tuner.output.preset import PRESET_FILE
 
 

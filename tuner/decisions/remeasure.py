@@ -40,7 +40,7 @@ from tuner.studyfile.spec import StudySpec
 
 
 class StudyInputs(Protocol):
-    """What the decisions read of a prepared study (``tuner.context.StudyContext`` has it all): its
+    """What the decisions read of a prepared study (``tuner.prepare.StudyContext`` has it all): its
     spec (the race settings), how it measures, its workload and where its logs go. Decisions sit
     below the context and take it as this argument, never importing it. Read-only, as the frozen context's
     fields are."""

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import optuna
 
-from tuner.context import StudyContext
 from tuner.decisions.drift import Sentinels, midpoint
 from tuner.knobs.config import TrialConfig
 from tuner.machine.host import busy_text, host_was_busy, trial_host_state
@@ -31,6 +30,7 @@ from tuner.measurement.measure import Sample, Scores, outputs_by_prompt, score_t
 from tuner.measurement.measured_launch import MeasuredLaunch, Requests, ServerLaunch, measured_launch
 from tuner.measurement.quality import ScorerFigures, repeated_output
 from tuner.measurement.server_process import read_log_tail
+from tuner.prepare import StudyContext
 from tuner.search.pruning import may_prune, prunes_on, should_prune
 from tuner.search.space import baseline_config
 from tuner.storage import store
