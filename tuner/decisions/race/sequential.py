@@ -27,6 +27,7 @@ def sequential_race(
     spec: RaceSpec,
     *,
     progress: Progress,
+    clock: Callable[[], float] = time.monotonic,
     title: str = "race",
 ) -> tuple[RaceRounds, Outcome]:
     """Rounds of launches until some finalist is within ``race.loss`` of every other and may replace the baseline.
@@ -40,7 +41,7 @@ def sequential_race(
     )
     first = first_look(spec)
     alpha = race_alpha(spec, len(everyone))
-    started = time.monotonic()
+    started = clock()
     deadline = started + 60 * spec.budget_minutes if spec.budget_minutes else math.inf
     look = None
     for round_index in range(spec.max_rounds):
@@ -48,7 +49,7 @@ def sequential_race(
         launched = launch_round(chosen, round_index)
         measured = leave_failed(race_rounds, chosen, launched, baseline, title, round_index)
         add_round(race_rounds, launched, round_index)
-        race_rounds.elapsed = time.monotonic() - started
+        race_rounds.elapsed = clock() - started
         look = PairedStatistics(race_rounds, alpha)
         outcome = None
         if round_index + 1 >= first:
@@ -56,7 +57,7 @@ def sequential_race(
             outcome = (
                 decide(race_rounds, look, baseline, resources, spec, done)
                 or settled_enough(race_rounds, look, baseline, spec, done)
-                or out_of_budget(race_rounds, look, baseline, spec, done, time.monotonic() >= deadline)
+                or out_of_budget(race_rounds, look, baseline, spec, done, clock() >= deadline)
             )
         progress.time.expect(0 if outcome else (spec.max_rounds - round_index - 1) * len(measured))
         progress(round_line(race_rounds, look, measured, round_index, outcome, title))
