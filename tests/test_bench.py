@@ -320,7 +320,7 @@ def test_overhead_compares_a_trial_with_llama_bench_in_alternating_rounds(
     synthetic_models, tmp_path, monkeypatch
 ):
     from tuner.bench.overhead import markdown, measure_overhead
-    from tuner.context import prepare
+    from tuner.prepare import prepare
     from tuner.studyfile.spec import load_spec
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))

@@ -885,7 +885,7 @@ def test_a_race_launch_whose_speculation_drafted_nothing_fails_as_a_trial_does(s
 
 
 def test_a_race_keeps_which_launches_ran_on_a_busy_host_and_its_table_shows_them():
-    from tuner.decisions.race.launching import _Launcher
+    from tuner.decisions.race.launcher import Launcher
     from tuner.decisions.remeasure import Launch
     from tuner.knobs.config import TrialConfig
     from tuner.output.report_tables import race_table
@@ -895,7 +895,7 @@ def test_a_race_keeps_which_launches_ran_on_a_busy_host_and_its_table_shows_them
         def round(self, contenders, round_index):
             return {c.label: Launch(100.0, 0, 0, host_busy=round_index == 1) for c in contenders}
 
-    launcher = _Launcher(
+    launcher = Launcher(
         {"a": TrialRecord(1, "COMPLETE", "search", TrialConfig())}, Launches(), Progress.quiet()
     )
     for round_index in range(3):

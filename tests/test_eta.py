@@ -16,10 +16,10 @@ from fake_llama_server import write_study
 
 from tuner import eta
 from tuner.cli import main
-from tuner.context import prepare, study_estimate
 from tuner.errors import UserError
 from tuner.machine.llama_build import _run_logged, build_eta
 from tuner.paths import REPO_ROOT
+from tuner.prepare import prepare, study_estimate
 from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.storage import store
@@ -45,21 +45,10 @@ def test_the_estimate_counts_tokens_levels_sentinels_and_the_race_at_its_most():
     m = eta.machine(weights_bytes=6e9, files_bytes=6e9, bandwidth=20e9)
     assert m.decode_bound == "bandwidth" and m.token_s == pytest.approx(6e9 / (20e9 * eta.DECODE_EFFICIENCY))
     assert eta.machine(1e6, 1e6, 20e9).token_s == eta.TOKEN_FLOOR_S  # a tiny model: per-token overhead
-    base = dict(
-        n_predict=64,
-        warmup=1,
-        repetitions=2,
-        levels=(),
-        trials=20,
-        sentinel_every=5,
-        sentinel_minutes=None,
-        budget_minutes=None,
-        race_rounds=8,
-        finalists=4,
-        confirm_rounds=4,
-        min_rounds=3,
-    )
-    one = eta.estimate(m, [50] * 10, **base)
+    passes = eta.Passes([50] * 10, n_predict=64, warmup=1, repetitions=2, levels=())
+    search = eta.SearchPlan(trials=20, sentinel_every=5, sentinel_minutes=None, budget_minutes=None)
+    race = eta.RacePlan(rounds=8, finalists=4, confirm_rounds=4, min_rounds=3)
+    one = eta.estimate(m, passes, search, race)
     # every finalist and the baseline for 3 rounds, then at most 4 (typically 2) a round, then the confirmation
     assert one.sentinels == 4 and one.race_launches == 3 * 5 + 5 * 4 + 2 * 4
     assert one.race_typical == 3 * 5 + 5 * 2 + 2 * 4
@@ -69,12 +58,12 @@ def test_the_estimate_counts_tokens_levels_sentinels_and_the_race_at_its_most():
         and one.expected_s(False) == one.trials_s
     )
     # twice the tokens per request: the decode part of a trial doubles, the launch does not
-    longer = eta.estimate(m, [50] * 10, **{**base, "n_predict": 128})
+    longer = eta.estimate(m, replace(passes, n_predict=128), search, race)
     decode = (2 * 10 + 1) * 64 * m.token_s  # 2 repetitions of 10 prompts, and the warm-up request
     assert longer.trial_s - one.trial_s == pytest.approx(decode)
     # a space that speculates: searched trials decode faster, the baseline and sentinels at the target's rate;
     # pruning takes its share of the searched trials' passes
-    searched = eta.estimate(m, [50] * 10, **{**base, "speculative": True, "prune": True})
+    searched = eta.estimate(m, passes, replace(search, speculative=True, prune=True), race)
     assert (
         searched.reference_s == pytest.approx(one.trial_s)
         and searched.trial_s < one.trial_s / eta.SEARCH_SPEEDUP
@@ -83,23 +72,22 @@ def test_the_estimate_counts_tokens_levels_sentinels_and_the_race_at_its_most():
     assert searched.launch_s < one.launch_s
     # concurrency levels add their requests and export races each load class; a budget in minutes caps the
     # trials; few trials, few finalists
-    loaded = eta.with_export(
-        eta.estimate(m, [50] * 10, **{**base, "levels": (1, 2)}), [50] * 10, 64, (1, 2), (8, 3)
-    )
+    two_levels = replace(passes, levels=(1, 2))
+    loaded = eta.with_export(eta.estimate(m, two_levels, search, race), two_levels, race)
     assert loaded.trial_s > one.trial_s
     (classes,) = loaded.export
     assert classes.what == "load classes" and classes.launches == 2 * (3 * 5 + 5 * 4)
     assert classes.typical == 2 * (3 * 5 + 5 * 2) and loaded.export_typical_s < loaded.export_s
     # several content types with held-out prompts: export's per-type race
-    typed = eta.with_export(one, [50] * 10, 64, (), (8, 3), [50] * 4, 3)
+    typed = eta.with_export(one, passes, race, [50] * 4, 3)
     assert [p.what for p in typed.export] == ["per-type race"] and typed.export[0].launches == 4 * 5
     assert typed.export[0].launch_s < typed.launch_s  # 4 held-out requests, not the 10 of a pass
-    capped = eta.estimate(m, [50] * 10, **{**base, "budget_minutes": 1})
+    capped = eta.estimate(m, passes, replace(search, budget_minutes=1), race)
     assert capped.trials_s == 60
-    few = eta.estimate(m, [50] * 10, **{**base, "trials": 3})
+    few = eta.estimate(m, passes, replace(search, trials=3), race)
     assert few.finalists == 2 and few.race_launches == 8 * 3 + 8
     # sentinels by time when that comes first
-    often = eta.estimate(m, [50] * 10, **{**base, "sentinel_minutes": one.trial_s * 20 / 60 / 10})
+    often = eta.estimate(m, passes, replace(search, sentinel_minutes=one.trial_s * 20 / 60 / 10), race)
     assert often.sentinels == 10
 
 

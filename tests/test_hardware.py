@@ -228,23 +228,23 @@ def test_memory_bandwidth_is_bytes_read_and_written_over_the_best_copy(seconds, 
 def test_a_study_fingerprint_probes_bandwidth_unless_given_a_figure(tmp_path, monkeypatch):
     from fake_llama_server import write_study
 
-    from tuner import context
+    from tuner.prepare import prepare
     from tuner.studyfile.spec import load_spec
 
     spec = load_spec(write_study(tmp_path, f"sqlite:///{tmp_path / 'studies.db'}"))
     curve = bandwidths.BandwidthCurve({1: 6e9, 2: 14e9, 4: 12.5e9})
     monkeypatch.setattr(bandwidths, "probe_bandwidth_curve", lambda cores: curve)
     monkeypatch.delenv(bandwidths.BANDWIDTH_ENV)
-    fp = context.prepare(spec).fingerprint
+    fp = prepare(spec).fingerprint
     assert fp["bandwidth_bytes_per_s"] == 12.5e9  # the curve's figure at all cores: one probe, not two
     assert fp["bandwidth_by_threads"] == {"1": 6e9, "2": 14e9, "4": 12.5e9}
     monkeypatch.setenv(bandwidths.BANDWIDTH_ENV, "3.5e10")  # a figure given: no probe (conftest gives one)
-    fp = context.prepare(spec).fingerprint
+    fp = prepare(spec).fingerprint
     assert fp["bandwidth_bytes_per_s"] == 3.5e10 and fp["bandwidth_by_threads"] is None
     for bad in ("fast", "0", "nan"):
         monkeypatch.setenv(bandwidths.BANDWIDTH_ENV, bad)
         with pytest.raises(UserError, match=f"TUNER_MEMORY_BANDWIDTH='{bad}': expected bytes per second"):
-            context.prepare(spec)
+            prepare(spec)
 
 
 # ---------------------------------------------------------------- fingerprint

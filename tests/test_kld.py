@@ -87,7 +87,7 @@ def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(
 
 @pytest.mark.llama
 def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(tmp_path, synthetic_models):
-    from tuner.context import prepare
+    from tuner.prepare import prepare
     from tuner.run.objective import StudyObjective
     from tuner.run.study_loop import open_study
     from tuner.storage import store

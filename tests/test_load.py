@@ -21,7 +21,7 @@ from tuner.measurement.load import Level, LoadRequest, percentile, plan, run_lev
 from tuner.measurement.workload import Prompt, load_workload
 from tuner.paths import models_dir
 from tuner.progress import Progress
-from tuner.search.space import resolve_space, suggest
+from tuner.search.space import SpaceHost, SpaceTarget, resolve_space, suggest
 from tuner.storage.records import StudyRecord, TrialRecord, changes
 from tuner.studyfile.spec import load_spec
 from tuner.studyfile.validate import Fields
@@ -227,13 +227,8 @@ def resolve(raw: RawSpace, concurrency: tuple[int, ...]):
     return resolve_space(
         raw,
         fields=Fields(Path("s.yaml"), {}),
-        draft_names=(),
-        expert_used_count=None,
-        expert_count=None,
-        physical_cores=2,
-        logical_cpus=2,
-        numa_policies=("none",),
-        numa_nodes=(0,),
+        target=SpaceTarget(),
+        host=SpaceHost(physical_cores=2, logical_cpus=2, numa_policies=("none",), numa_nodes=(0,)),
         concurrency=concurrency,
     )
 
@@ -415,7 +410,7 @@ def test_the_bench_compares_the_load_with_batched_bench_level_by_level(
     tmp_path, synthetic_models, monkeypatch
 ):
     from tuner.bench.concurrency import markdown, measure_concurrency, to_dict
-    from tuner.context import prepare
+    from tuner.prepare import prepare
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     found = measure_concurrency(

@@ -12,14 +12,14 @@ import pytest
 import yaml
 from fake_llama_server import write_study
 
-from tuner.context import prepare
 from tuner.decisions.load_race import break_even, level_gain, race_levels, read_races
-from tuner.decisions.race import Entry, RaceResult, finalists, run_race, verdict_lines
+from tuner.decisions.race import Entry, RaceResult, RaceSetup, finalists, run_race, verdict_lines
 from tuner.decisions.remeasure import contender
 from tuner.knobs.config import TrialConfig
 from tuner.machine.topology import read_topology
 from tuner.measurement.launch import build_server_command
 from tuner.paths import models_dir
+from tuner.prepare import prepare
 from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.storage import store
@@ -218,17 +218,8 @@ def test_a_real_load_class_race_at_two_users_on_the_synthetic_family(synthetic_m
     baseline = TrialRecord(0, "COMPLETE", "baseline", base, build_server_command(base, ctx.launch))
     candidate = TrialRecord(1, "COMPLETE", "search", lookup, build_server_command(lookup, ctx.launch))
     lines: list[str] = []
-    result = run_race(
-        ctx.study_record("h:1"),
-        [candidate],
-        baseline,
-        workload=ctx.workload,
-        settings=ctx.settings,
-        spec=RaceSpec(min_rounds=3, max_rounds=3),
-        log_dir=ctx.log_dir,
-        progress=Progress(lines.append),
-        users=2,
-    )
+    setup = RaceSetup(ctx.workload, ctx.settings, RaceSpec(min_rounds=3, max_rounds=3), ctx.log_dir, users=2)
+    result = run_race(ctx.study_record("h:1"), [candidate], baseline, setup, Progress(lines.append))
     for line in [*lines, *verdict_lines(result)]:
         print(line)
     assert result.users == 2 and result.rounds == 3

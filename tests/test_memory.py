@@ -10,13 +10,13 @@ import pytest
 import yaml
 from fake_llama_server import write_study
 
-from tuner.context import prepare
 from tuner.errors import UserError
 from tuner.machine.host import read_thp_mode
 from tuner.machine.placement import parse_smaps_rollup
 from tuner.measurement.launch import build_server_command
 from tuner.output.doctor import thp_measured
 from tuner.paths import REPO_ROOT, models_dir
+from tuner.prepare import prepare
 from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.search.space import baseline_config, suggest

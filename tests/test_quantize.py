@@ -7,11 +7,11 @@ import pytest
 import yaml
 from gguf_factory import write_gguf
 
-from tuner.context import check_models_and_space
 from tuner.errors import UserError
 from tuner.machine.topology import read_topology
 from tuner.models.gguf_info import read_model_info
 from tuner.models.quantize import QuantizeRequest, ensure_variant, source_digest
+from tuner.prepare.space import check_models_and_space
 from tuner.storage.records import StudyRecord, changes
 from tuner.studyfile.spec import load_spec
 

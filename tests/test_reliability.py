@@ -25,10 +25,10 @@ from fake_llama_server import alive, launches, port_is_free, wait_for, write_stu
 from gguf_factory import write_gguf
 
 from tuner.cli import main
-from tuner.context import prepare
 from tuner.errors import UserError
 from tuner.measurement.failures import TrialFailure
 from tuner.paths import models_dir
+from tuner.prepare import prepare
 from tuner.progress import Progress
 from tuner.run.objective import StudyObjective
 from tuner.run.study_loop import open_study, run_study

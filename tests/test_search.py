@@ -16,7 +16,7 @@ import pytest
 from tuner.bench import operator as op
 from tuner.bench.landscape_model import Grounding
 from tuner.bench.landscape_simulation import configurations
-from tuner.bench.operator_landscapes import CODER_DRAFTS, SERVE, landscapes, operator_space
+from tuner.bench.operator_landscapes import CODER_DRAFTS, SERVE, SpaceOptions, landscapes, operator_space
 from tuner.knobs.config import TrialConfig
 from tuner.search import history
 from tuner.search.prior import admitted, find_prior
@@ -31,7 +31,9 @@ def small_landscape():
     """dense-code on a smaller space: K 1-16, two temperatures, threads 24-96 (1,372 configurations)."""
     land = landscapes()["dense-code"]
     space = operator_space(
-        ("none", "draft-simple"), tuple(CODER_DRAFTS), temperatures=(0.0, 0.5), k_high=16, threads_high=96
+        ("none", "draft-simple"),
+        tuple(CODER_DRAFTS),
+        SpaceOptions(temperatures=(0.0, 0.5), k_high=16, threads_high=96),
     )
     return replace(land, name="small", space=space)
 
@@ -41,10 +43,12 @@ def small_stack(k_high: int = 16, threads_high: int = 96, temperatures=(0.0,), *
     space = operator_space(
         ("none", "draft-simple", "ngram-map-k", "ngram-mod"),
         ("qwen2.5-0.5b-instruct-q8_0",),
-        temperatures=temperatures,
-        k_high=k_high,
-        threads_high=threads_high,
-        lookups=("ngram-map-k", "ngram-mod"),
+        SpaceOptions(
+            temperatures=temperatures,
+            k_high=k_high,
+            threads_high=threads_high,
+            lookups=("ngram-map-k", "ngram-mod"),
+        ),
     )
     return replace(landscapes()["dense-stack"], name="small-stack", space=space, **changes)
 
@@ -166,10 +170,7 @@ def test_pruned_trials_are_recorded_with_what_they_measured_and_save_seconds():
 def test_operator_benchmark_prints_a_row_per_strategy():
     result = op.benchmark(
         names=("small",),
-        strategies=("default", "random"),
-        seeds=2,
-        budget=12,
-        baseline_budget=12,
+        plan=op.ReplayPlan(strategies=("default", "random"), seeds=2, budget=12, baseline_budget=12),
         lands={"small": small_landscape()},
     )
     text = op.markdown(result)
@@ -237,7 +238,9 @@ def test_warm_start_takes_the_hardware_of_the_same_host_and_the_whole_winner_of_
 
 def test_a_prior_keeps_only_the_values_the_new_space_admits():
     space = operator_space(
-        ("none", "draft-simple"), tuple(CODER_DRAFTS), temperatures=(0.0,), k_high=8, threads_high=48
+        ("none", "draft-simple"),
+        tuple(CODER_DRAFTS),
+        SpaceOptions(temperatures=(0.0,), k_high=8, threads_high=48),
     )
     kept = admitted(
         {

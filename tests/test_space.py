@@ -7,7 +7,15 @@ import pytest
 
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, FloatRange, IntRange, RawSpace, TrialConfig
-from tuner.search.space import ResolvedSpace, baseline_config, enqueue_params, resolve_space, suggest
+from tuner.search.space import (
+    ResolvedSpace,
+    SpaceHost,
+    SpaceTarget,
+    baseline_config,
+    enqueue_params,
+    resolve_space,
+    suggest,
+)
 from tuner.studyfile.validate import Fields
 
 
@@ -98,15 +106,8 @@ def resolve(spec_types: tuple[str, ...], *, from_file: bool, announced: tuple[st
     return resolve_space(
         raw,
         fields=Fields(Path("study.yaml"), {}),
-        draft_names=("small",),
-        expert_used_count=None,
-        expert_count=None,
-        physical_cores=2,
-        logical_cpus=2,
-        numa_policies=("none",),
-        numa_nodes=(0,),
-        target_name="target.gguf",
-        announced=announced,
+        target=SpaceTarget(name="target.gguf", drafts=("small",), announced=announced),
+        host=SpaceHost(physical_cores=2, logical_cpus=2, numa_policies=("none",), numa_nodes=(0,)),
     )
 
 
@@ -161,13 +162,8 @@ def test_long_prompts_search_prompt_threads_apart_from_the_baseline_default():
         return resolve_space(
             RawSpace({"threads": IntRange(1, 16), **domains}),
             fields=Fields(Path("study.yaml"), {}),
-            draft_names=(),
-            expert_used_count=None,
-            expert_count=None,
-            physical_cores=16,
-            logical_cpus=32,
-            numa_policies=("none",),
-            numa_nodes=(0,),
+            target=SpaceTarget(),
+            host=SpaceHost(physical_cores=16, logical_cpus=32, numa_policies=("none",), numa_nodes=(0,)),
             long_prompts=long_prompts,
         )
 

@@ -7,10 +7,10 @@ import yaml
 from gguf_factory import bpe_tokens, write_gguf
 
 from tuner.cli import main
-from tuner.context import check_models_and_space
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, IntRange
 from tuner.machine.topology import read_topology
+from tuner.prepare.space import check_models_and_space
 from tuner.studyfile.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent

@@ -124,7 +124,7 @@ def test_every_study_file_passes_check_where_its_models_are(study, llama_bin_dir
     assert load_spec(study).name in capsys.readouterr().out  # the resolved space, named by its study
     if study.stem == "bench-grid":  # `make bench` records its whole space: every knob must be choices
         from tuner.bench.grid import grid_configs
-        from tuner.context import prepare
+        from tuner.prepare import prepare
 
         assert len(grid_configs(prepare(load_spec(study)).space)) > 1
 

@@ -7,9 +7,9 @@ import optuna
 import pytest
 import yaml
 
-from tuner.context import prepare
 from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.paths import models_dir
+from tuner.prepare import prepare
 from tuner.progress import Progress
 from tuner.run.objective import StudyObjective
 from tuner.run.study_loop import open_study, run_study

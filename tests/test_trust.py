@@ -15,7 +15,6 @@ import optuna
 import pytest
 from fake_llama_server import write_study
 
-from tuner.context import prepare
 from tuner.decisions.drift import Sentinels, sentinel_due
 from tuner.decisions.race import finalists, race_study, verdict_lines
 from tuner.knobs.config import TrialConfig
@@ -26,6 +25,7 @@ from tuner.measurement.server_process import Completion
 from tuner.output.analysis import report_data
 from tuner.output.report_tables import summary_table
 from tuner.paths import models_dir
+from tuner.prepare import prepare
 from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.search.pruning import prune_decision

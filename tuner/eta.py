@@ -172,32 +172,61 @@ class Estimate:
         return self.trials_s + (self.race_typical_s + self.export_typical_s if race else 0.0)
 
 
-def estimate(
-    machine: Machine,
-    prompts: Sequence[int],
-    *,
-    n_predict: int,
-    warmup: int,
-    repetitions: int,
-    levels: Sequence[int],
-    trials: int,
-    sentinel_every: int | None,
-    sentinel_minutes: float | None,
-    budget_minutes: float | None,
-    race_rounds: int,
-    finalists: int,
-    confirm_rounds: int,
-    race_minutes: float | None = None,
-    min_rounds: int = 3,
-    speculative: bool = False,
-    prune: bool = False,
-) -> Estimate:
+@dataclass(frozen=True)
+class Passes:
+    """What a trial measures: each request's prompt tokens (``prompts``), the tokens decoded per request, the
+    warm-up requests, the passes over the prompts and the concurrency levels."""
+
+    prompts: Sequence[int]
+    n_predict: int
+    warmup: int = 1
+    repetitions: int = 1
+    levels: Sequence[int] = ()
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """The trials a study runs: how many, a sentinel every ``sentinel_every`` trials or ``sentinel_minutes``
+    (whichever comes first), budget.minutes; whether the space speculates and pruning is on."""
+
+    trials: int
+    sentinel_every: int | None = None
+    sentinel_minutes: float | None = None
+    budget_minutes: float | None = None
+    speculative: bool = False
+    prune: bool = False
+
+
+@dataclass(frozen=True)
+class RacePlan:
+    """A study's race as its settings have it: race.max_rounds (``rounds``), race.max_finalists,
+    race.confirm_rounds, race.budget_minutes and race.min_rounds."""
+
+    rounds: int
+    finalists: int
+    confirm_rounds: int
+    minutes: float | None = None
+    min_rounds: int = 3
+
+
+def estimate(machine: Machine, passes: Passes, search: SearchPlan, race: RacePlan) -> Estimate:
     """Trials x (launch + warm-up + repetitions x the workload + the levels), a sentinel every
     ``sentinel_every`` trials or ``sentinel_minutes`` (whichever comes first), and the race: at most
-    ``race_rounds`` rounds of the finalists and the baseline (``race_launches``), then the confirmation rounds,
-    each launch a warm-up and one pass. ``prompts``: each request's prompt tokens. Searched trials decode
+    ``race.rounds`` rounds of the finalists and the baseline (``race_launches``), then the confirmation rounds,
+    each launch a warm-up and one pass. ``passes.prompts``: each request's prompt tokens. Searched trials decode
     ``SEARCH_SPEEDUP`` faster when the space is ``speculative`` and lose ``PRUNED_SHARE x (1 - PRUNED_AT)`` of
     their passes to pruning when ``prune``. Export's races: ``with_export``."""
+    prompts, n_predict, warmup, repetitions, levels = (
+        passes.prompts,
+        passes.n_predict,
+        passes.warmup,
+        passes.repetitions,
+        passes.levels,
+    )
+    trials, sentinel_every, sentinel_minutes = search.trials, search.sentinel_every, search.sentinel_minutes
+    budget_minutes, speculative, prune = search.budget_minutes, search.speculative, search.prune
+    race_rounds, finalists, confirm_rounds = race.rounds, race.finalists, race.confirm_rounds
+    race_minutes, min_rounds = race.minutes, race.min_rounds
     speedup = SEARCH_SPEEDUP if speculative else 1.0
     saved = PRUNED_SHARE * (1 - PRUNED_AT) if prune else 0.0
     warm = warmup * request_s(machine, prompts[0], n_predict) if prompts else 0.0
@@ -231,19 +260,18 @@ def estimate(
 
 def with_export(
     est: Estimate,
-    prompts: Sequence[int],
-    n_predict: int,
-    levels: Sequence[int],
-    race: tuple[int, int],
+    passes: Passes,
+    race: RacePlan,
     held_out: Sequence[int] = (),
     types: int = 0,
     type_rounds: int = 4,
 ) -> Estimate:
     """``est`` with the races ``tuner export`` runs after the pooled one: ``types`` content types on their
-    ``held_out`` prompts for ``type_rounds`` rounds, and each load class (``levels`` beyond one user) raced like
-    the pooled race (``race``: race.max_rounds, race.min_rounds), each launch one level."""
+    ``held_out`` prompts for ``type_rounds`` rounds, and each load class (``passes.levels`` beyond one user) raced
+    like the pooled race (``race``'s rounds and min_rounds), each launch one level."""
+    prompts, n_predict, levels = passes.prompts, passes.n_predict, passes.levels
     machine, warm, speedup = est.machine, est.warm_s, est.speedup
-    race_shape = (*race, est.finalists + 1)  # max rounds, min rounds, contenders
+    race_shape = (race.rounds, race.min_rounds, est.finalists + 1)  # max rounds, min rounds, contenders
     phases = []
     if types >= 2 and held_out:
         phases.append(

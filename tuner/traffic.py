@@ -354,7 +354,7 @@ def import_traffic(path: Path, out: Path, sample_size: int | None, by_type: bool
     if sample_size is not None and sample_size < 1:
         raise UserError(f"--sample: must be at least 1, got {sample_size}")
     reading = read_traffic(Path(path), safe_id(out.stem))
-    skipped = ", ".join(f"{why} ({count})" for why, count in sorted(reading.skipped.items()))
+    skipped = _skipped(reading)
     if not reading.rows:
         raise UserError(
             f"{path}: no usable rows ({sum(reading.skipped.values())} line(s) skipped: {skipped or 'an empty file'}); "
@@ -375,7 +375,12 @@ def import_traffic(path: Path, out: Path, sample_size: int | None, by_type: bool
     removed = [
         f"removed {old}: a type this import did not find (an earlier import wrote it)" for old in stale
     ]
-    return _summary(path, reading, kept, groups, sample_size, seed, skipped, by_type) + removed
+    return _summary(path, reading, kept, groups, sample_size, seed, by_type) + removed
+
+
+def _skipped(reading: Reading) -> str:
+    """The lines skipped, each reason with its count, for the summary and the error."""
+    return ", ".join(f"{why} ({count})" for why, count in sorted(reading.skipped.items()))
 
 
 IMPORTED = "by `tuner workload import`"  # in every suite file an import writes: what a re-import may replace
@@ -417,9 +422,8 @@ def _description(
     )
 
 
-def _summary(
-    path, reading: Reading, kept, groups, sample_size, seed, skipped: str, by_type: bool
-) -> list[str]:
+def _summary(path, reading: Reading, kept, groups, sample_size, seed, by_type: bool) -> list[str]:
+    skipped = _skipped(reading)
     formats = ", ".join(f"{fmt} {count}" for fmt, count in sorted(reading.formats.items()))
     read, per_type = Counter(row.type for row in reading.rows), Counter(row.type for row in kept)
     lines = [

@@ -22,14 +22,14 @@ import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuner.context import StudyContext
 from tuner.errors import UserError
 from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import bench_tool
 from tuner.measurement.launch import build_server_command, model_options
 from tuner.measurement.load import Level, run_level
-from tuner.measurement.measured_launch import measured_launch
+from tuner.measurement.measured_launch import ServerLaunch, measured_launch
 from tuner.measurement.server_process import LlamaServer
+from tuner.prepare import StudyContext
 from tuner.search.space import baseline_config
 
 LEVELS = (1, 2, 4)
@@ -122,9 +122,9 @@ def load_round(
         }
 
     found = measured_launch(
-        build_server_command(config, launch).argv,
-        log_path,
-        timeout_s=ctx.settings.trial_timeout_s,
+        ServerLaunch(
+            build_server_command(config, launch).argv, log_path, timeout_s=ctx.settings.trial_timeout_s
+        ),
         then=every_level,
     ).then
     assert found is not None  # every_level always answers

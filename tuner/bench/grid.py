@@ -27,7 +27,6 @@ import optuna
 import pandas as pd
 
 from tuner.bench.table import RESULT_COLUMNS
-from tuner.context import StudyContext, prepare
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, TrialConfig
 from tuner.knobs.registry import NAMES as KNOBS
@@ -35,11 +34,12 @@ from tuner.machine import hostlock
 from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import outputs_by_prompt, run_workload, score_trial
-from tuner.measurement.measured_launch import measured_launch
+from tuner.measurement.measured_launch import ServerLaunch, measured_launch
 from tuner.measurement.quality import output_quality
 from tuner.measurement.server_process import LlamaServer
 from tuner.output.files import write_atomic
 from tuner.paths import reports_dir
+from tuner.prepare import StudyContext, prepare
 from tuner.progress import Progress
 from tuner.search.space import ResolvedSpace, baseline_config, suggest
 from tuner.studyfile.spec import StudySpec, load_spec
@@ -179,9 +179,11 @@ class GridRecorder:
 
         try:
             left = measured_launch(
-                launch.argv,
-                self.ctx.log_dir / f"grid-{number}.log",
-                timeout_s=self.ctx.spec.measurement.trial_timeout_s,
+                ServerLaunch(
+                    launch.argv,
+                    self.ctx.log_dir / f"grid-{number}.log",
+                    timeout_s=self.ctx.spec.measurement.trial_timeout_s,
+                ),
                 then=measure_pending,
             ).then
         except TrialFailure as failure:  # the launch itself failed: so do all its configurations

@@ -175,6 +175,26 @@ class Serving:
 
 
 @dataclass(frozen=True)
+class Source:
+    """What a configuration speculates with: its type, its draft model, the lookup stacked before it."""
+
+    spec_type: str
+    draft: str | None = None
+    lookup: str | None = None  # the lookup stacked first on the draft, else None
+
+
+@dataclass(frozen=True)
+class Point:
+    """Where a configuration decodes: its temperature and threads, the hardware factor of its NUMA policy and
+    threads, and the cores it computes on (only batched serving reads them)."""
+
+    temperature: float
+    threads: int
+    hw: float = 1.0
+    cores: float = 1.0
+
+
+@dataclass(frozen=True)
 class Outcome:
     ok: bool
     failure: str | None
@@ -367,9 +387,7 @@ class SpeedModel:
 
     def speculation(
         self,
-        spec_type: str,
-        draft: str | None,
-        lookup: str | None,
+        source: Source,
         content: str,
         ints: dict[str, np.ndarray],
         *,
@@ -380,6 +398,7 @@ class SpeedModel:
         """(rate factor over the target alone, measured acceptance) for one content type, as arrays over the
         integer knobs ``ints``: the lookup (alone, or stacked first) where it finds a key, else the draft model."""
         land = self.land
+        spec_type, draft, lookup = source.spec_type, source.draft, source.lookup
         if spec_type == "none":
             return np.ones(np.shape(ints["draft_max"])), np.zeros(np.shape(ints["draft_max"]))
         fallback = TARGET_ALONE
@@ -449,9 +468,7 @@ class SpeedModel:
         ints = self.ints([config])
         for content in sorted(set(land.prompts)):  # a fixed order: sums repeat bit for bit
             ratio, acc = self.speculation(
-                config.spec_type,
-                config.draft,
-                config.lookup if config.stacked else None,
+                Source(config.spec_type, config.draft, config.lookup if config.stacked else None),
                 content,
                 ints,
                 temperature=config.temperature,
@@ -518,21 +535,18 @@ class ServingModel:
 
     def served(
         self,
-        spec_type: str,
-        draft: str | None,
+        source: Source,
         content: str,
         ints: dict[str, np.ndarray],
         serv: dict[str, np.ndarray],
         slots: np.ndarray,
-        *,
-        temperature: float,
-        threads: int,
-        hw: float,
-        cores: float,
+        at: Point,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(decode rate per request, aggregate rate with prompt processing) at ``slots`` busy slots, in
         single-user steps at the best hardware: one round batches every slot's token and K drafts; drafts run
         slot by slot; a closed loop processes each slot's prompt, then its answer."""
+        spec_type, draft = source.spec_type, source.draft
+        temperature, threads, hw, cores = at.temperature, at.threads, at.hw, at.cores
         k = ints["draft_max"] if spec_type != "none" else np.zeros(np.shape(ints["draft_max"]))
         accepted, draft_time = np.zeros(np.shape(k)), np.zeros(np.shape(k))
         if spec_type != "none":
@@ -556,18 +570,10 @@ class ServingModel:
         quality = round(quality - float(serv["loss"][0]), 6)
         rates, accept, aggregate = {}, [], {}
         for content in sorted(set(land.prompts)):  # a fixed order: sums repeat bit for bit
-            args = (config.spec_type, config.draft, content, ints, serv)
-            alone, _ = self.served(
-                *args, np.ones(1), temperature=config.temperature, threads=config.threads, hw=hw, cores=cores
-            )
-            _, level = self.served(
-                *args,
-                serv["slots"],
-                temperature=config.temperature,
-                threads=config.threads,
-                hw=hw,
-                cores=cores,
-            )
+            source = Source(config.spec_type, config.draft)
+            at = Point(config.temperature, config.threads, hw, cores)
+            alone, _ = self.served(source, content, ints, serv, np.ones(1), at)
+            _, level = self.served(source, content, ints, serv, serv["slots"], at)
             rates[content], aggregate[content] = (
                 land.base_rate[content] * float(alone[0]),
                 land.base_rate[content] * float(level[0]),
@@ -575,14 +581,7 @@ class ServingModel:
             accept.append(
                 float(
                     speed.speculation(
-                        config.spec_type,
-                        config.draft,
-                        None,
-                        content,
-                        ints,
-                        temperature=config.temperature,
-                        threads=config.threads,
-                        rel=1.0,
+                        source, content, ints, temperature=config.temperature, threads=config.threads, rel=1.0
                     )[1][0]
                 )
             )
@@ -593,37 +592,17 @@ class ServingModel:
 
     def inverse(
         self,
-        spec: str,
-        draft: str | None,
+        source: Source,
         configs: list[TrialConfig],
         ints: dict[str, np.ndarray],
-        *,
-        temperature: float,
-        threads: int,
-        hw: float,
-        cores: float,
+        at: Point,
         quality: float,
     ) -> np.ndarray:
         """Seconds per pooled token at the level, as arrays over configurations (infinite below the floor)."""
         land = self.land
         serv = self.arrays(configs)
         inverse = sum(
-            n
-            / (
-                land.base_rate[c]
-                * self.served(
-                    spec,
-                    draft,
-                    c,
-                    ints,
-                    serv,
-                    serv["slots"],
-                    temperature=temperature,
-                    threads=threads,
-                    hw=hw,
-                    cores=cores,
-                )[1]
-            )
+            n / (land.base_rate[c] * self.served(source, c, ints, serv, serv["slots"], at)[1])
             for c, n in Counter(land.prompts).items()
         )
         return np.where(np.round(quality - serv["loss"], 6) >= land.quality_floor, inverse, np.inf)

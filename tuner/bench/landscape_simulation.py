@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from tuner.bench.landscape_model import N_PREDICT, LandscapeModel, Outcome
+from tuner.bench.landscape_model import N_PREDICT, LandscapeModel, Outcome, Point, Source
 from tuner.knobs.config import Choices, FloatRange, IntRange, TrialConfig
 from tuner.measurement.measure import pooled_from_rates
 from tuner.search.space import ResolvedSpace, suggest
@@ -139,26 +139,11 @@ class SpaceSurvey:
                 ints = speed.ints(configs)
                 if land.serving:
                     inverse = speed.batched.inverse(
-                        spec,
-                        draft,
-                        configs,
-                        ints,
-                        temperature=temperature,
-                        threads=threads,
-                        hw=hw,
-                        cores=cores,
-                        quality=quality,
+                        Source(spec, draft), configs, ints, Point(temperature, threads, hw, cores), quality
                     )
                 else:
                     inverse = self.inverse(
-                        spec,
-                        draft,
-                        lookup,
-                        ints,
-                        temperature=temperature,
-                        threads=threads,
-                        hw=hw,
-                        factor=factor,
+                        Source(spec, draft, lookup), ints, Point(temperature, threads, hw), factor
                     )
                 i = int(np.argmin(inverse))
                 if len(land.prompts) / inverse[i] > best:
@@ -175,28 +160,18 @@ class SpaceSurvey:
         # as every trial is scored (the same sums, one order)
         return speed.true_rate(best_config), best_config
 
-    def inverse(
-        self,
-        spec: str,
-        draft: str | None,
-        lookup: str | None,
-        ints: dict[str, np.ndarray],
-        *,
-        temperature: float,
-        threads: int,
-        hw: float,
-        factor: float,
-    ) -> np.ndarray:
-        """Seconds per pooled token one request at a time, as arrays over configurations."""
+    def inverse(self, source: Source, ints: dict[str, np.ndarray], at: Point, factor: float) -> np.ndarray:
+        """Seconds per pooled token one request at a time, as arrays over configurations (``at``: temperature,
+        threads and the hardware factor)."""
         land = self.land
         return sum(
             n
             / (
                 land.base_rate[c]
                 * factor
-                * hw
+                * at.hw
                 * self.speed.speculation(
-                    spec, draft, lookup, c, ints, temperature=temperature, threads=threads, rel=factor
+                    source, c, ints, temperature=at.temperature, threads=at.threads, rel=factor
                 )[0]
             )
             for c, n in Counter(land.prompts).items()

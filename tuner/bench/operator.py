@@ -309,16 +309,33 @@ def _median(values: list) -> float | None:
     return None if math.isinf(m) else m
 
 
+@dataclass(frozen=True)
+class ReplayPlan:
+    """What a benchmark replays on each landscape: the strategies over ``seeds`` seeds, the default (and the
+    warm start) with ``budget`` trials, the others with ``baseline_budget`` (they need more to be measured at
+    all); a seed reaches the target within ``tolerance`` of the best; ``jobs`` replays at once; pruning
+    measured with each of ``prune_modes`` (on the default only)."""
+
+    strategies: tuple[str, ...] = STRATEGIES
+    seeds: int = 20
+    budget: int = 40
+    baseline_budget: int = 100
+    tolerance: float = TOLERANCE
+    jobs: int = 1
+    prune_modes: tuple[bool, ...] = (False, True)
+
+    @property
+    def budgets(self) -> dict[str, int]:
+        return {
+            s: (self.budget if s in ("default", "warm") else self.baseline_budget) for s in self.strategies
+        }
+
+
 def run_landscape(
-    land: OperatorLandscape,
-    strategies: tuple[str, ...],
-    seeds: int,
-    budgets: dict[str, int],
-    tolerance: float,
-    jobs: int,
-    prune_modes: tuple[bool, ...] = (False, True),
-    earlier: OperatorLandscape | None = None,
+    land: OperatorLandscape, plan: ReplayPlan, earlier: OperatorLandscape | None = None
 ) -> LandscapeReplays:
+    strategies, seeds, budgets = plan.strategies, plan.seeds, plan.budgets
+    tolerance, jobs, prune_modes = plan.tolerance, plan.jobs, plan.prune_modes
     land.optimum  # noqa: B018  (computed once, before the workers copy the landscape)
     # pruning is measured on the default only: the others are there for their trial counts
     if earlier is None:
@@ -370,38 +387,20 @@ def run_landscape(
 
 def benchmark(
     names: tuple[str, ...] = LANDSCAPES,
-    strategies: tuple[str, ...] = STRATEGIES,
-    seeds: int = 20,
-    budget: int = 40,
-    *,
-    baseline_budget: int = 100,
-    tolerance: float = TOLERANCE,
-    jobs: int = 1,
-    prune_modes: tuple[bool, ...] = (False, True),
+    plan: ReplayPlan = ReplayPlan(),
     lands: dict[str, OperatorLandscape] | None = None,
 ) -> OperatorBenchmark:
-    """Every strategy on every landscape over ``seeds`` seeds; the default with ``budget`` trials,
-    the others with ``baseline_budget`` (they need more to be measured at all)."""
+    """Every strategy on every landscape as ``plan`` says (its seeds and budgets)."""
     lands = lands or landscapes()
-    budgets = {s: (budget if s in ("default", "warm") else baseline_budget) for s in strategies}
     replays: dict[str, LandscapeReplays] = {}
     result: OperatorBenchmark = {
-        "seeds": seeds,
-        "tolerance": tolerance,
-        "budgets": budgets,
+        "seeds": plan.seeds,
+        "tolerance": plan.tolerance,
+        "budgets": plan.budgets,
         "landscapes": replays,
     }
     for name in names:
-        replays[name] = run_landscape(
-            lands[name],
-            strategies,
-            seeds,
-            budgets,
-            tolerance,
-            jobs,
-            prune_modes,
-            earlier=lands.get(WARM_FROM.get(name, "")),
-        )
+        replays[name] = run_landscape(lands[name], plan, earlier=lands.get(WARM_FROM.get(name, "")))
     result["targets"] = targets(result)
     return result
 

@@ -32,37 +32,52 @@ Variants (``LANDSCAPES``):
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.bench.landscape_model import LOGICAL_CPUS, N_PREDICT, Draft, Grounding, Hardware, Lookup, Serving
 from tuner.bench.landscape_simulation import OperatorLandscape
 from tuner.knobs.config import Choices, Domain, IntRange, RawSpace
-from tuner.search.space import ResolvedSpace, resolve_space
+from tuner.search.space import ResolvedSpace, SpaceHost, SpaceTarget, resolve_space
 from tuner.studyfile.validate import Fields
 
 
-def operator_space(
-    spec_types: tuple[str, ...],
-    drafts: tuple[str, ...],
-    *,
-    temperatures=(0.0, 0.3, 0.5, 0.7),
-    experts: int | None = None,
-    k_high: int = 48,
-    threads_high: int = LOGICAL_CPUS,
-    lookups: tuple[str, ...] = (),
-    serving: dict | None = None,
-    users: int = 1,
-    hardware: Hardware | None = None,
-) -> ResolvedSpace:
-    """The space a study would resolve on the 96-core / 192-thread, 4-node box (SMT allowed); ``lookups``
-    stack on the draft models. N-gram sizes are searched wherever a lookup type is in play (the research's
-    keys were 3-4 tokens, llama.cpp's default 12 finds nothing in short answers: DESIGN.md).
+@dataclass(frozen=True)
+class SpaceOptions:
+    """What an operator landscape's space holds besides its speculative types and drafts: temperatures, the
+    expert count, the lookups stacked on the draft models. ``k_high`` and ``threads_high`` shrink it for tests;
+    ``serving``: the serving knobs' domains, for ``users`` at once (as a study's ``concurrent:`` section). With
+    ``hardware``, the space a study resolves on that host by default: every thread count from 1 to its logical
+    CPUs (SMT siblings above the physical cores), where the 96-core landscapes step by 24."""
 
-    ``k_high`` and ``threads_high`` shrink it for tests; ``serving``: the serving knobs' domains, for ``users``
-    at once (as a study's ``concurrent:`` section). With ``hardware``, the space a study resolves on that host
-    by default: every thread count from 1 to its logical CPUs (SMT siblings above the physical cores), where
-    the 96-core landscapes step by 24."""
+    temperatures: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7)
+    experts: int | None = None
+    k_high: int = 48
+    threads_high: int = LOGICAL_CPUS
+    lookups: tuple[str, ...] = ()
+    serving: dict | None = None
+    users: int = 1
+    hardware: Hardware | None = None
+
+
+def operator_space(
+    spec_types: tuple[str, ...], drafts: tuple[str, ...], options: SpaceOptions = SpaceOptions()
+) -> ResolvedSpace:
+    """The space a study would resolve on the 96-core / 192-thread, 4-node box (SMT allowed), as ``options``
+    shape it. N-gram sizes are searched wherever a lookup type is in play: lookups of 3-4 tokens find keys
+    in short answers where llama.cpp's default of 12 finds nothing."""
+    temperatures, experts, lookups, hardware = (
+        options.temperatures,
+        options.experts,
+        options.lookups,
+        options.hardware,
+    )
+    k_high, threads_high, serving, users = (
+        options.k_high,
+        options.threads_high,
+        options.serving,
+        options.users,
+    )
     topology = hardware or EPYC
     domains: dict[str, Domain] = {
         "spec_type": Choices(spec_types),
@@ -85,13 +100,15 @@ def operator_space(
         RawSpace(domains, allow_smt=True, concurrent=serving or {}),
         fields=Fields(Path("operator-landscape"), {}),
         concurrency=(1, users),
-        draft_names=drafts,
-        expert_used_count=experts,
-        expert_count=experts * 16 if experts else None,
-        physical_cores=topology.cores,
-        logical_cpus=topology.logical,
-        numa_policies=("none", "interleave", "bind", "distribute"),
-        numa_nodes=topology.nodes,
+        target=SpaceTarget(
+            drafts=drafts, expert_used_count=experts, expert_count=experts * 16 if experts else None
+        ),
+        host=SpaceHost(
+            physical_cores=topology.cores,
+            logical_cpus=topology.logical,
+            numa_policies=("none", "interleave", "bind", "distribute"),
+            numa_nodes=topology.nodes,
+        ),
     )
 
 
@@ -219,8 +236,7 @@ def _moe() -> OperatorLandscape:
         space=operator_space(
             ("none", "draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod"),
             ("qwen3-0.6b-q8_0",),
-            experts=8,
-            lookups=tuple(MOE_LOOKUPS),
+            SpaceOptions(experts=8, lookups=tuple(MOE_LOOKUPS)),
         ),
         prompts=("prose", "code", "prose", "code", "prose", "code", "prose", "code", "prose"),
         base_rate={"code": 26.6, "prose": 26.6},
@@ -273,7 +289,9 @@ def _stack() -> OperatorLandscape:
             STACK_DRAFTS,
             EPYC,
         ),
-        space=operator_space(("none", "draft-simple", *lookups), tuple(STACK_DRAFTS), lookups=lookups),
+        space=operator_space(
+            ("none", "draft-simple", *lookups), tuple(STACK_DRAFTS), SpaceOptions(lookups=lookups)
+        ),
         base_rate={"summarize": 3.77, "code": 3.77, "prose": 3.77},
         lookups=LOOKUPS,
         grounding=STACK_GROUNDING,
@@ -318,9 +336,7 @@ def _serve() -> OperatorLandscape:
         space=operator_space(
             ("none", "draft-simple"),
             tuple(CODER_DRAFTS),
-            temperatures=(0.0,),
-            serving=SERVING_DOMAINS,
-            users=SERVE.users,
+            SpaceOptions(temperatures=(0.0,), serving=SERVING_DOMAINS, users=SERVE.users),
         ),
         serving=SERVE,
         prompt_tokens={"code": 300, "prose": 100},
@@ -379,7 +395,9 @@ def _real_range(name: str, drafts: dict[str, Draft] = CODER_DRAFTS) -> OperatorL
         _dense(
             name, f"{what}; threads 1..{hardware.logical}, every integer", ("code",) * 9, drafts, hardware
         ),
-        space=operator_space(("none", "draft-simple"), tuple(drafts), temperatures=(0.0,), hardware=hardware),
+        space=operator_space(
+            ("none", "draft-simple"), tuple(drafts), SpaceOptions(temperatures=(0.0,), hardware=hardware)
+        ),
         host=f"{hardware.cores}-core host ({name})",
         probed=True,
     )

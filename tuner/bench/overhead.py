@@ -26,14 +26,14 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from tuner.context import StudyContext
 from tuner.errors import UserError
 from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import binary
 from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import MeasurementSettings, summarize
-from tuner.measurement.measured_launch import Requests, measured_launch
+from tuner.measurement.measured_launch import Requests, ServerLaunch, measured_launch
 from tuner.measurement.workload import Workload
+from tuner.prepare import StudyContext
 from tuner.progress import Progress
 from tuner.search.space import baseline_config
 
@@ -70,9 +70,9 @@ def timed_trial(
     """What ``StudyObjective`` does for one trial (launch, workload, stop), with a clock per stage;
     then, untimed, one token more to learn the prompt's length from llama.cpp's timings."""
     measured = measured_launch(
-        build_server_argv(config, ctx.launch),
-        log_path,
-        timeout_s=ctx.spec.measurement.trial_timeout_s,
+        ServerLaunch(
+            build_server_argv(config, ctx.launch), log_path, timeout_s=ctx.spec.measurement.trial_timeout_s
+        ),
         requests=Requests(workload, settings, config.temperature),
         then=lambda server: (
             server.complete(workload.prompts[0].text, 1, config.temperature, settings.seed).prompt_n

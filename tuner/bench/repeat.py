@@ -19,11 +19,11 @@ from pathlib import Path
 import optuna
 
 from tuner import figures
-from tuner.context import prepare
 from tuner.decisions import evidence
 from tuner.decisions.race import RaceResult
 from tuner.decisions.remeasure import Contender, rounds_of_launches
 from tuner.errors import UserError
+from tuner.prepare import prepare
 from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.storage import store

@@ -48,12 +48,12 @@ from tuner.bench import (
 from tuner.bench.grid import record_grid
 from tuner.bench.operator_landscapes import LANDSCAPES
 from tuner.bench.table import read_table
-from tuner.context import prepare
 from tuner.errors import UserError
 from tuner.machine import hostlock
 from tuner.measurement.workload import load_workload
 from tuner.output.files import write_atomic
 from tuner.paths import reports_dir
+from tuner.prepare import prepare
 from tuner.progress import Progress
 from tuner.studyfile.spec import StudySpec, load_spec
 
@@ -75,6 +75,18 @@ class Sizes:
 
 
 QUICK_N_PREDICT = 8
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The session's sizes as the command line gives them (``--quick``: the smallest inputs), checked by
+    ``sizes_of`` once the measurement lock is held."""
+
+    seeds: int
+    rounds: int
+    decision_runs: int
+    repeat_trials: int | None
+    quick: bool = False
 
 
 def sizes_of(seeds: int, rounds: int, decision_runs: int, repeat_trials: int | None, quick: bool) -> Sizes:
@@ -179,21 +191,10 @@ class Session:
         )
 
 
-def run_bench(
-    grid_study: Path,
-    study: Path,
-    gguf: list[Path] | None,
-    out: Path | None,
-    *,
-    seeds: int,
-    rounds: int,
-    decision_runs: int,
-    repeat_trials: int | None,
-    quick: bool,
-) -> int:
+def run_bench(grid_study: Path, study: Path, gguf: list[Path] | None, out: Path | None, asked: Asked) -> int:
     """Every section in one session, under this host's measurement lock (the sizes are checked once it is held)."""
     with hostlock.measuring(f"bench ({grid_study.name}, {study.name})"):  # the whole session measures
-        sizes = sizes_of(seeds, rounds, decision_runs, repeat_trials, quick)
+        sizes = sizes_of(asked.seeds, asked.rounds, asked.decision_runs, asked.repeat_trials, asked.quick)
         return _run(grid_study, study, gguf, out, sizes)
 
 
@@ -236,13 +237,21 @@ def _search(session: Session, grid_study: Path, sizes: Sizes) -> None:
     )
 
 
+def _operator(sizes: Sizes) -> operator.OperatorBenchmark:
+    """The operator-scale replays at the session's sizes (``Sizes.operator``: the landscapes' ``names`` and
+    ``operator.ReplayPlan``'s fields)."""
+    options = {"seeds": sizes.seeds, **sizes.operator}
+    names = options.pop("names", operator.LANDSCAPES)
+    return operator.benchmark(names, operator.ReplayPlan(**options))
+
+
 def _simulated(session: Session, sizes: Sizes) -> None:
     """1b and 1c: no measurement, simulated hosts (operator-scale landscapes, launch effects)."""
     session.section(
         "search_operator",
         "1b/3 search efficiency at operator scale (modelled 96-core landscapes; hosts' real thread ranges)",
         "1b. Search efficiency at operator scale",
-        lambda: operator.benchmark(**{"seeds": sizes.seeds, **sizes.operator}),
+        lambda: _operator(sizes),
         operator.markdown,
     )
     session.section(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tuner.bench.session import run_bench
+from tuner.bench.session import Asked, run_bench
 from tuner.commands.flags import add_no_wait
 from tuner.paths import REPO_ROOT
 
@@ -68,14 +68,5 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_bench(
-        args.grid_study,
-        args.study,
-        args.gguf,
-        args.out,
-        seeds=args.seeds,
-        rounds=args.rounds,
-        decision_runs=args.decision_runs,
-        repeat_trials=args.repeat_trials,
-        quick=args.quick,
-    )
+    asked = Asked(args.seeds, args.rounds, args.decision_runs, args.repeat_trials, args.quick)
+    return run_bench(args.grid_study, args.study, args.gguf, args.out, asked)

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tuner.bench.operator import LANDSCAPES, STRATEGIES, benchmark, markdown
+from tuner.bench.operator import LANDSCAPES, STRATEGIES, ReplayPlan, benchmark, markdown
 from tuner.errors import UserError
 
 
@@ -50,14 +50,10 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--strategies: unknown {s!r}; use some of {', '.join(STRATEGIES)}")
     if args.seeds < 1 or args.trials < 1 or args.baseline_trials < 1:
         raise UserError("--seeds, --trials and --baseline-trials must be >= 1")
-    result = benchmark(
-        names,
-        strategies,
-        seeds=args.seeds,
-        budget=args.trials,
-        baseline_budget=args.baseline_trials,
-        jobs=args.jobs,
+    plan = ReplayPlan(
+        strategies, seeds=args.seeds, budget=args.trials, baseline_budget=args.baseline_trials, jobs=args.jobs
     )
+    result = benchmark(names, plan)
     print(markdown(result), end="")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""``tuner export``: race the finalists and export the winner (``output/export``)."""
+"""``tuner export``: race the finalists (``decisions/deployed``) and export the winner (``output/export_study``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 
 from tuner.commands.flags import add_no_wait
+from tuner.decisions.deployed import ExportRequest
 from tuner.decisions.deployment import POLICIES
-from tuner.output.export import export_study
+from tuner.output.export_study import export_study
 from tuner.output.preset import PRESET_FILE
 
 
@@ -73,16 +74,13 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    export_study(
-        args.study,
-        args.storage,
+    request = ExportRequest(
         policy=args.policy,
         min_acceptance=args.min_acceptance,
         trial=args.trial,
         no_race=args.no_race,
-        per_type_wanted=args.per_type,
+        per_type=args.per_type,
         concurrency=args.concurrency,
-        out=args.out,
-        preset_file=args.preset,
     )
+    export_study(args.study, args.storage, request, out=args.out, preset_file=args.preset)
     return 0

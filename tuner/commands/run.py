@@ -8,8 +8,9 @@ import json
 import sys
 
 from tuner.commands.flags import add_no_wait
-from tuner.context import check_lines, prepare
 from tuner.errors import UserError
+from tuner.output.check_text import check_lines
+from tuner.prepare import prepare
 from tuner.run.study_loop import run_study
 from tuner.run.trial_measurement import describe_trial
 from tuner.storage import store

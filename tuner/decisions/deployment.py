@@ -1,4 +1,5 @@
-"""Which trial is deployed, with what verdict and policy (``tuner export`` writes it: ``tuner.output.export``).
+"""Which trial is deployed, with what verdict and policy (``tuner.decisions.deployed`` decides with these rules,
+``tuner.output.export`` writes it).
 
 Selection policy (documented in ``--help``): among complete trials that meet the quality
 floor (``constraint_quality <= 0``), optionally only those with acceptance at least

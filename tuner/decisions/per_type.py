@@ -200,9 +200,7 @@ def race_per_type(
             winner,
             tuning,
             pooled,
-            rates(winner, suite),
-            rates(pooled, suite),
-            rates(baseline, suite),
+            (rates(winner, suite), rates(pooled, suite), rates(baseline, suite)),
         )
         for suite, (winner, tuning) in winners.items()
     ]
@@ -217,11 +215,11 @@ def _type_result(
     winner: TrialRecord,
     tuning: float,
     pooled: TrialRecord,
-    mine: list[float],
-    theirs: list[float],
-    base: list[float],
+    held_out: tuple[list[float], list[float], list[float]],
 ) -> TypeResult:
-    """One type's row: its winner on the tuning prompts, re-measured on the held-out ones."""
+    """One type's row: its winner on the tuning prompts, re-measured on the held-out ones (``held_out``: the
+    winner's, the pooled winner's and the baseline's rates there, launch by launch)."""
+    mine, theirs, base = held_out
     gain, low, high, pays, why = _verdict(winner.config == pooled.config, mine, theirs)
     return TypeResult(
         suite=suite,

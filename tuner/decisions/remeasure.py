@@ -32,7 +32,7 @@ from tuner.machine.host import busy_text
 from tuner.machine.placement import evict
 from tuner.measurement.failures import TrialFailure
 from tuner.measurement.measure import MeasurementSettings, check_drafted, pooled_rate
-from tuner.measurement.measured_launch import MeasuredLaunch, Requests, measured_launch
+from tuner.measurement.measured_launch import MeasuredLaunch, Requests, ServerLaunch, measured_launch
 from tuner.measurement.workload import Workload
 from tuner.progress import Progress
 from tuner.storage.records import TrialRecord
@@ -40,7 +40,7 @@ from tuner.studyfile.spec import StudySpec
 
 
 class StudyInputs(Protocol):
-    """What the decisions read of a prepared study (``tuner.context.StudyContext`` has it all): its
+    """What the decisions read of a prepared study (``tuner.prepare.StudyContext`` has it all): its
     spec (the race settings), how it measures, its workload and where its logs go. Decisions sit
     below the context and take it as this argument, never importing it. Read-only, as the frozen context's
     fields are."""
@@ -186,10 +186,12 @@ class Remeasure:
         self.launches += 1
         users = contender.users
         measured: MeasuredLaunch[None] = measured_launch(
-            contender.argv,
-            self._log(contender),
-            timeout_s=self.settings.trial_timeout_s,
-            models=[Path(m) for m in contender.models],
+            ServerLaunch(
+                contender.argv,
+                self._log(contender),
+                timeout_s=self.settings.trial_timeout_s,
+                models=[Path(m) for m in contender.models],
+            ),
             requests=Requests(
                 self.workload if users is not None else self.measured,
                 self.settings,

@@ -26,6 +26,18 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class ServerLaunch:
+    """What is launched: a pinned ``argv``, its log file, ``timeout_s`` for each request (and for readiness
+    unless ``ready_timeout_s``), and the model files whose page placement is read (``models``)."""
+
+    argv: Sequence[str]
+    log_path: Path
+    timeout_s: float = 120.0
+    ready_timeout_s: float | None = None
+    models: Sequence[Path] = ()
+
+
+@dataclass(frozen=True)
 class Requests:
     """What a launch serves: the workload's passes (``passes``; else its warm-up alone), then each of
     ``levels`` users at once. ``speculative`` and ``after_request`` as ``run_workload`` takes them."""
@@ -61,19 +73,22 @@ class MeasuredLaunch(Generic[T]):
 
 
 def measured_launch(
-    argv: Sequence[str],
-    log_path: Path,
+    launch: ServerLaunch,
     *,
-    timeout_s: float = 120.0,
-    ready_timeout_s: float | None = None,
-    models: Sequence[Path] = (),
     requests: Requests | None = None,
     then: Callable[[LlamaServer], T] | None = None,
     on_running: Callable[[int], None] | None = None,
 ) -> MeasuredLaunch[T]:
-    """Launch ``argv`` (``timeout_s`` for each request, and for readiness unless ``ready_timeout_s``), serve
-    ``requests``, then ``then(server)`` for requests of the caller's own; ``on_running(port)`` once it is up.
-    A failed launch raises its ``TrialFailure``; the server is stopped on every path."""
+    """Launch ``launch.argv``, serve ``requests``, then ``then(server)`` for requests of the caller's own;
+    ``on_running(port)`` once it is up. A failed launch raises its ``TrialFailure``; the server is stopped on
+    every path."""
+    argv, log_path, timeout_s, ready_timeout_s = (
+        launch.argv,
+        launch.log_path,
+        launch.timeout_s,
+        launch.ready_timeout_s,
+    )
+    models = launch.models
     before, started = cpu_seconds_by_process(), time.monotonic()
     server = LlamaServer(
         list(argv),

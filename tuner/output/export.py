@@ -1,8 +1,8 @@
 """Export a study's deployment (`tuner export STUDY`) for production.
 
 Which trial is deployed, with what verdict and policy, per content type and per load class, is
-``tuner.decisions.deployment``'s (the policies, the finalist race, the baseline as the default). This
-module writes it, under ``reports/STUDY/export/``: ``serve.sh`` (the exact command,
+decided first, as one value (``tuner.decisions.deployed.decide``: the policies, the finalist race, the
+baseline as the default). This module writes that value, under ``reports/STUDY/export/``: ``serve.sh`` (the exact command,
 ``shlex``-quoted, host and port from ``LLAMA_ARG_HOST``/``LLAMA_ARG_PORT``, default
 127.0.0.1:8080), ``config.json`` and ``config.yaml``, and the study's section in the
 shared ``reports/models-preset.ini`` for one ``llama-server --models-preset`` router
@@ -18,57 +18,26 @@ import math
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import optuna
 import pandas as pd
 import yaml
 
 from tuner import figures
-from tuner.context import prepare, study_estimate
-from tuner.decisions.deployment import (
-    best_at_load,
-    choose,
-    decision,
-    race_for_export,
-    race_policy,
-    race_types,
-    thread_notes,
-    wants_per_type,
-)
-from tuner.decisions.load_race import race_loads
-from tuner.decisions.per_type import PerTypeResult, PerTypeResultJson
-from tuner.decisions.race import RaceResult, verdict_lines
+from tuner.decisions.deployed import section_name
+from tuner.decisions.deployment import decision, race_policy, thread_notes
+from tuner.decisions.per_type import PerTypeResultJson
+from tuner.decisions.race import RaceResult
 from tuner.decisions.route import describe_accuracy
 from tuner.errors import UserError
 from tuner.knobs.config import method_of
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.measurement.launch import ServerCommand, cpu_mask
-from tuner.measurement.measure import MeasurementSettings
-from tuner.output.analysis import (
-    best_per_suite,
-    break_even,
-    by_concurrency,
-    launch_spread,
-    levels_of,
-    suites_of,
-    trials_frame,
-)
+from tuner.output.analysis import best_per_suite
 from tuner.output.files import write_atomic
-from tuner.output.preset import (
-    NUMACTL_NOTE,
-    PRESET_FILE,
-    history_path,
-    merge_preset,
-    merge_sections,
-    preset_sections,
-)
-from tuner.paths import inside, reports_dir, writable_file, writable_folder
-from tuner.progress import Progress
-from tuner.storage import store
-from tuner.storage.records import StudyRecord, TrialRecord, changes
-from tuner.studyfile.spec import load_spec
+from tuner.output.preset import NUMACTL_NOTE, merge_preset, merge_sections
+from tuner.storage.records import StudyRecord, TrialRecord
 
 INI_UNSAFE = re.compile(r"[;#\r\n]")  # llama.cpp's INI parser ends a value at a comment or newline
 
@@ -111,10 +80,6 @@ class Export:
         return safe
 
 
-def section_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", name)
-
-
 def production_argv(argv: list[str], temperature: float) -> list[str]:
     """The trial's command with the tuned temperature as the server's default."""
     return argv if "--temp" in argv else [*argv, "--temp", f"{temperature:g}"]
@@ -125,12 +90,6 @@ def build_export(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame, p
         "an exported trial is complete: it has metrics and the command it was launched with"
     )
     fp = record.fingerprint
-    suites = best_per_suite(frame)
-    per_suite = (
-        []
-        if len(suites) < 2
-        else [{k: _plain(v) for k, v in row.items()} for row in suites.to_dict(orient="records")]
-    )
     return Export(
         study=record.name,
         trial=trial.number,
@@ -139,11 +98,19 @@ def build_export(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame, p
         metrics=asdict(trial.metrics),
         argv=production_argv(trial.argv, trial.config.temperature),
         command=trial.command,
-        per_content_type=per_suite,
+        per_content_type=per_suite_rows(frame),
         llama_cpp={"commit": fp.get("llama_commit"), "build_flags": fp.get("llama_build_flags")},
         machine={k: fp.get(k) for k in COMPARABILITY_KEYS if not k.startswith("llama_")},
         threads_how=thread_notes(record, trial, frame),
     )
+
+
+def per_suite_rows(frame: pd.DataFrame) -> list[dict]:
+    """Each content type's recorded best (``best_per_suite``) as JSON-ready rows; none for one type."""
+    suites = best_per_suite(frame)
+    if len(suites) < 2:
+        return []
+    return [{k: _plain(v) for k, v in row.items()} for row in suites.to_dict(orient="records")]
 
 
 def _plain(value):
@@ -151,35 +118,6 @@ def _plain(value):
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return None
     return value.item() if hasattr(value, "item") else value
-
-
-# ------------------------------------------------------------------ the study, to race on
-
-
-def export_context(
-    record: StudyRecord,
-    command: str = "export",
-    instead: str = " or pass --no-race",
-    ignore: tuple[str, ...] = ("search space",),
-    bin_dir: Path | None = None,
-):
-    """The study's context from its study file (with ``bin_dir``: on that llama.cpp build), refused if what it
-    measures changed since (``ignore``: the comparability fields that may differ; ``instead``: the way out)."""
-    spec_path = Path(record.spec_path)
-    if not spec_path.is_file():
-        raise UserError(
-            f"study {record.name!r}: its study file {spec_path} is not here, so its workload "
-            f"cannot be re-run; {command} on the study's host{instead}"
-        )
-    spec = load_spec(spec_path)
-    ctx = prepare(spec if bin_dir is None else replace(spec, bin_dir=bin_dir))
-    changed = changes(record, ctx.study_record(record.created_by), ignore=ignore)
-    if changed:
-        raise UserError(
-            f"{spec_path}: {changed[0]}: a re-measure now would not compare with the study's figures; "
-            f"revert the change{instead.replace(' or', ', or', 1)}"
-        )
-    return ctx
 
 
 # ------------------------------------------------------------------ writing
@@ -409,175 +347,6 @@ def write_export(
     return [script, json_path, yaml_path, preset_path, router, note]
 
 
-# ------------------------------------------------------------------ the whole export
-
-
-def export_study(
-    study_name: str,
-    storage: str | None,
-    *,
-    policy: str,
-    min_acceptance: float | None,
-    trial: int | None,
-    no_race: bool,
-    per_type_wanted: bool | None,
-    concurrency: tuple[int, ...] | None,
-    out: Path | None,
-    preset_file: Path | None,
-) -> None:
-    """Choose, race and write the study's deployment: pooled, per content type and per load class."""
-    if out is not None:  # checked before minutes of racing
-        writable_folder(out, "--out")
-    if preset_file is not None:
-        writable_file(preset_file, "--preset")
-    study, record = store.open_stored_study(study_name, storage)
-    progress = Progress(print)  # race rounds with elapsed and remaining time, also in the dashboard
-    progress.sink = lambda figures: store.write_progress(study, {"command": "tuner export", **figures})
-    records = store.read_trials(study)
-    frame = trials_frame(records, noise_cv=record.measurement.get("noise_cv", MeasurementSettings.noise_cv))
-    ctx = None if no_race else export_context(record)  # once: every race re-measures with it
-    if ctx is not None:
-        progress.time.unit_s = study_estimate(
-            ctx
-        ).launch_s  # a launch as the study estimates it, until one is timed
-    export = _chosen_export(policy, min_acceptance, trial, study, record, frame, progress, ctx)
-    per_type: list[Export] | None = None
-    if wants_per_type(per_type_wanted, no_race, record, suites_of(frame)):
-        type_race, type_exports = per_type_exports(
-            per_type_wanted, study, record, frame, export, progress, ctx
-        )
-        export = replace(export, per_type=type_race.to_json() if type_race else None)
-        per_type = [replace(e, per_type=export.per_type) for e in type_exports]
-    levels = load_levels(frame, concurrency)
-    races = None
-    if levels and ctx is not None:
-        races = race_loads(ctx, study, record.name, levels, progress.time.unit_s, progress)
-    by_load = load_exports(study, record, frame, levels, export, races)
-    if by_load:
-        per_type = per_type or []
-    out_dir = out or inside(reports_dir(), study.study_name, "study") / "export"
-    preset = preset_file or reports_dir() / PRESET_FILE
-    raced = {users: race for users, race in (races or {}).items() if race is not None}
-    verdict = break_even(by_concurrency(frame), launch_spread(records), raced) if by_load else ""
-    for path in write_export(export, out_dir, preset, per_type, by_load, verdict):
-        print(f"wrote {path}")
-    _note_kept_sections(export, preset)
-    if history_path(preset).exists():
-        print(
-            f"earlier versions of its sections: `tuner preset history {preset}`; "
-            f"`tuner preset rollback {preset} SECTION` puts one back"
-        )
-    progress.time.plan(0.0)
-    progress.record(f"exported trial {export.trial}")
-
-
-def _chosen_export(
-    policy: str,
-    min_acceptance: float | None,
-    trial: int | None,
-    study,
-    record: StudyRecord,
-    frame,
-    progress: Progress,
-    ctx,
-) -> Export:
-    """The policy's choice, raced (unless --no-race) against the baseline and the other finalists."""
-    number, why = choose(record, frame, policy, min_acceptance, trial)
-    chosen = store.read_trial(study.trials[number])
-    metrics = chosen.measured_metrics  # the policy chooses among complete trials
-    print(
-        f"chosen: trial {number} ({why}): {metrics.tokens_per_second:.1f} tokens/s, "
-        f"x{metrics.speedup:.2f} over the baseline (recorded, one measurement)"
-    )
-    race = None
-    if ctx is not None:
-        candidates = None if policy == "max-tps" and trial is None else [chosen]
-        race = race_for_export(ctx, study, record, candidates, progress.time.unit_s, progress)
-        if race is None:
-            print("race: the choice is the baseline configuration itself; nothing to race")
-        else:
-            for line in verdict_lines(race):
-                print(line)
-            number, why = race.winner, race_policy(race, why)
-            if race.baseline_deployed:
-                print(f"export: {why}")
-    export = replace(build_export(record, store.read_trial(study.trials[number]), frame, why), race=race)
-    if (
-        race is not None
-        and export.config.get("spec_type", "none") != "none"
-        and race.drafted.get(f"trial-{number}") == 0
-    ):
-        print("WARNING: the winner drafted nothing while racing: speculation was off")
-    for row in export.per_content_type:
-        print(
-            f"best on {row['suite']} (recorded, all its prompts): trial {row['trial']}, {row['method']}, "
-            f"K={row['draft_max']}, T={row['temperature']}: {row['tokens_per_second']:.1f} tokens/s"
-        )
-    return export
-
-
-def _note_kept_sections(export: Export, preset: Path) -> None:
-    """A type's section from an earlier export that this one found no gain for stays: say so."""
-    if not export.per_type:
-        return
-    kept = [section_name(f"{export.section}-{t['suite']}") for t in export.per_type["types"] if not t["pays"]]
-    for name in set(kept) & set(preset_sections(preset)):
-        print(
-            f"note: section [{name}] of an earlier export is kept in {preset}, but this export found no "
-            f"gain for it on held-out prompts; remove it by hand to serve that type with [{export.section}]"
-        )
-
-
-def load_levels(frame: pd.DataFrame, asked: tuple[int, ...] | None) -> tuple[int, ...]:
-    """The load classes to export: those asked for, else every level measured when it measured more than one user."""
-    measured = levels_of(frame)
-    return asked if asked is not None else (tuple(measured) if measured and max(measured) > 1 else ())
-
-
-def load_exports(
-    study: optuna.Study,
-    record: StudyRecord,
-    frame: pd.DataFrame,
-    levels: tuple[int, ...],
-    pooled: Export,
-    races: dict[int, RaceResult | None] | None = None,
-) -> list[Export]:
-    """One STUDY-cN export per load class, served with N slots: its race's winner (``races``, by users), else the
-    feasible trial with the best recorded aggregate tokens/s at N users (one launch each: the trial's own)."""
-    measured = levels_of(frame)
-    exports = []
-    for users in levels:
-        best, figure = best_at_load(record, frame, users, measured)
-        race = (races or {}).get(users)
-        trial = race.winner if race is not None else int(best["trial"])
-        chosen = store.read_trial(study.trials[trial])
-        assert chosen.command is not None, "a trial measured at a load was launched, so it has its command"
-        if race is None:
-            policy = f"best recorded aggregate tokens/s at {users} user(s): {figure:.1f}"
-            how = f"{figure:.1f} tokens/s in all at {users} user(s) at once (recorded, one launch)"
-        else:
-            winning = race.winning
-            how = (
-                f"{winning.mean_tokens_per_second:.1f} tokens/s in all at {users} user(s) at once "
-                f"over {len(winning.rates)} launches"
-            )
-            policy = f"{how}, {race.figure()}; " + race_policy(
-                race, f"best aggregate tokens/s at {users} user(s)"
-            )
-        exports.append(
-            replace(
-                build_export(record, chosen, frame, policy),
-                command=chosen.command.with_slots(users),
-                section_name=f"{pooled.section}-c{users}",
-                race=race,
-            )
-        )
-        print(
-            f"load class c{users}: trial {trial}, {method_of(chosen.config.as_dict())}: {how}, served with {users} slot(s)"
-        )
-    return exports
-
-
 def load_note(pooled: Export, by_load: Sequence[Export], verdict: str = "") -> str:
     """``ROUTER.md``'s part on load: which STUDY-cN section to run for how many simultaneous users."""
     if not by_load:
@@ -604,43 +373,3 @@ def load_note(pooled: Export, by_load: Sequence[Export], verdict: str = "") -> s
         for e in by_load
     ]
     return "\n".join([*lines, ""]) + "\n"
-
-
-def per_type_exports(
-    per_type_wanted: bool | None,
-    study: optuna.Study,
-    record: StudyRecord,
-    frame: pd.DataFrame,
-    pooled: Export,
-    progress: Progress,
-    ctx,
-) -> tuple[PerTypeResult | None, list[Export]]:
-    """Race the per-type winners on held-out prompts (``ctx``: the study's context); the exports of the types
-    that pay."""
-    result = race_types(ctx, study, record, pooled.trial, per_type_wanted, progress)
-    if result is None:
-        return None, []
-    exports = [
-        replace(
-            build_export(
-                record,
-                store.read_trial(study.trials[t.winner]),
-                frame,
-                f"fastest on the {t.suite} tuning prompts; {t.why}",
-            ),
-            section_name=f"{pooled.section}-{t.suite}",
-        )
-        for t in result.paying
-    ]
-    if not exports:
-        print(
-            f"per-type: no type's winner beats the pooled winner beyond the noise on held-out prompts; "
-            f"the router serves the pooled winner only, as {pooled.section!r}"
-        )
-    else:
-        print(
-            "per-type sections: "
-            + ", ".join(e.section for e in exports)
-            + f" (and {pooled.section!r}, the pooled winner)"
-        )
-    return result, exports

@@ -38,9 +38,10 @@ from tuner.errors import UserError
 from tuner.machine import hostlock
 from tuner.machine.fingerprint import COMPARABILITY_KEYS, compare_fingerprints
 from tuner.machine.llama_build import ENV_BIN_DIR
-from tuner.output.export import export_context, section_name, section_options
+from tuner.output.export import section_name, section_options
 from tuner.output.preset import PRESET_FILE, DeployedSection, read_section
 from tuner.paths import reports_dir
+from tuner.prepare import prepare_again
 from tuner.progress import Progress
 from tuner.storage import store
 from tuner.storage.records import StudyRecord
@@ -75,7 +76,7 @@ def verify_deployed(
     preset = preset_file or reports_dir() / PRESET_FILE
     deployed = read_deployed(study, record, read_section(preset, section_wanted or section_name(record.name)))
     chosen = bin_dir or os.environ.get(ENV_BIN_DIR)
-    ctx = export_context(
+    ctx = prepare_again(
         record, "verify", "", ("search space", *COMPARABILITY_KEYS), Path(chosen) if chosen else None
     )
     server = ctx.launch.server_binary

@@ -13,10 +13,10 @@ from typing import Callable
 
 import optuna
 
-from tuner.context import StudyContext
 from tuner.decisions.drift import Sentinels, sentinel_due
 from tuner.eta import RunClock
 from tuner.measurement.failures import FailureReason, TrialFailure
+from tuner.prepare import StudyContext
 from tuner.progress import Progress
 from tuner.run.trial_measurement import Interrupted, TrialHooks, TrialMeasurement, describe_trial
 from tuner.search.space import baseline_config, suggest

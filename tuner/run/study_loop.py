@@ -38,11 +38,11 @@ from collections.abc import Callable
 import optuna
 from optuna.trial import TrialState
 
-from tuner.context import StudyContext, prepare, study_estimate
 from tuner.decisions.race import race_study, verdict_lines
 from tuner.errors import UserError
 from tuner.eta import RunClock
 from tuner.machine import hostlock
+from tuner.prepare import StudyContext, prepare, study_estimate
 from tuner.progress import Progress
 from tuner.run.objective import ProcessTrials
 from tuner.search.prior import describe_prior, find_prior

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import optuna
 
-from tuner.context import StudyContext
 from tuner.decisions.drift import Sentinels, midpoint
 from tuner.knobs.config import TrialConfig
 from tuner.machine.host import busy_text, host_was_busy, trial_host_state
@@ -28,9 +27,10 @@ from tuner.measurement import quality as quality_scorers
 from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_command, model_flags
 from tuner.measurement.measure import Sample, Scores, outputs_by_prompt, score_trial, summarize
-from tuner.measurement.measured_launch import MeasuredLaunch, Requests, measured_launch
+from tuner.measurement.measured_launch import MeasuredLaunch, Requests, ServerLaunch, measured_launch
 from tuner.measurement.quality import ScorerFigures, repeated_output
 from tuner.measurement.server_process import read_log_tail
+from tuner.prepare import StudyContext
 from tuner.search.pruning import may_prune, prunes_on, should_prune
 from tuner.search.space import baseline_config
 from tuner.storage import store
@@ -213,10 +213,12 @@ class TrialMeasurement:
         ctx, config = self.ctx, record.config
         assert record.command is not None  # built before the first step
         return measured_launch(
-            record.command.argv,
-            log_path,
-            timeout_s=ctx.settings.trial_timeout_s,
-            models=[ctx.launch.target, *ctx.launch.drafts.values()],
+            ServerLaunch(
+                record.command.argv,
+                log_path,
+                timeout_s=ctx.settings.trial_timeout_s,
+                models=[ctx.launch.target, *ctx.launch.drafts.values()],
+            ),
             requests=Requests(
                 ctx.workload,
                 ctx.settings,

@@ -49,6 +49,16 @@ NEVER_PRUNED_STAGES = frozenset({"hardware"})  # the planner's stages whose tria
 
 
 @dataclass(frozen=True)
+class PruneRule:
+    """The rule's constants: the final look's one-sided boundary ``z``, the log-ratio spread assumed at least
+    and the fewest samples it judges on."""
+
+    z: float = Z
+    sigma_floor: float = SIGMA_FLOOR
+    min_samples: int = MIN_SAMPLES
+
+
+@dataclass(frozen=True)
 class PruneDecision:
     prune: bool
     bound: float  # optimistic final rate / incumbent's
@@ -75,19 +85,18 @@ def prune_decision(
     ratios: Sequence[float],
     unseen: int = 0,
     *,
-    z: float = Z,
-    sigma_floor: float = SIGMA_FLOOR,
-    min_samples: int = MIN_SAMPLES,
+    rule: PruneRule = PruneRule(),
     seen: int | None = None,
     launch_sigma: float = PRIOR_LAUNCH_SIGMA,
     fraction: float = 1.0,
 ) -> PruneDecision:
     """Decide from paired ratios (trial / incumbent, per request) and the number of prompts not yet measured.
 
-    ``z``: the final look's one-sided boundary (``Z``, a normal quantile);
+    ``rule.z``: the final look's one-sided boundary (``Z``, a normal quantile);
     ``seen``: prompts measured at least once (default: one per ratio, capped by the ratios);
     ``fraction``: the share of the trial's requests measured so far (the look's information).
     """
+    z, sigma_floor, min_samples = rule.z, rule.sigma_floor, rule.min_samples
     count = len(ratios)
     if count < min_samples or any(r <= 0 for r in ratios):
         return PruneDecision(False, math.inf, math.nan, f"{count} sample(s): too few to judge")

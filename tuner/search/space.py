@@ -55,29 +55,49 @@ class ResolvedSpace:
         return {name: [type(d).__name__, asdict(d)] for name, d in self.domains.items()}
 
 
+@dataclass(frozen=True)
+class SpaceTarget:
+    """What a space is fitted to on the model's side: the target's name (for messages), its compatible drafts,
+    its experts (``expert_used_count`` None for a dense model) and the speculative types its GGUF announces
+    (``ModelInfo.speculative_types``)."""
+
+    name: str = "the target"
+    drafts: tuple[str, ...] = ()
+    expert_used_count: int | None = None
+    expert_count: int | None = None
+    announced: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SpaceHost:
+    """What a space is fitted to on the machine's side: its cores and logical CPUs, the NUMA policies that mean
+    something on it and its nodes."""
+
+    physical_cores: int
+    logical_cpus: int
+    numa_policies: tuple[str, ...]
+    numa_nodes: tuple[int, ...]
+
+
 def resolve_space(
     raw: RawSpace,
     *,
     fields: Fields,
-    draft_names: tuple[str, ...],
-    expert_used_count: int | None,
-    expert_count: int | None,
-    physical_cores: int,
-    logical_cpus: int,
-    numa_policies: tuple[str, ...],
-    numa_nodes: tuple[int, ...],
-    target_name: str = "the target",
-    announced: tuple[str, ...] = (),
+    target: SpaceTarget,
+    host: SpaceHost,
     concurrency: tuple[int, ...] = (1,),
     long_prompts: str | None = None,
 ) -> ResolvedSpace:
     """Fit the written space to this target and machine (and to the study's concurrency levels:
     the ``concurrent:`` domains only with several users); refuse what cannot work.
 
-    ``announced``: the speculative types the target's GGUF announces (``ModelInfo.speculative_types``);
     ``long_prompts``: why the workload's prompts are long (chat, a TTFT bound), if they are: ``threads_batch``
     is then searched apart from ``threads`` unless the space names it.
     """
+    draft_names, target_name, announced = target.drafts, target.name, target.announced
+    expert_used_count, expert_count = target.expert_used_count, target.expert_count
+    physical_cores, logical_cpus = host.physical_cores, host.logical_cpus
+    numa_policies, numa_nodes = host.numa_policies, host.numa_nodes
     notes: list[str] = []
     domains = _concurrent_domains(raw, concurrency, notes)
     spec_values = _resolve_spec_types(

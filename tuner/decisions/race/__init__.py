@@ -40,8 +40,8 @@ launches, not requests, and says how sure it is.
    of the figures and reported, every launch judged again each round; the rounds go on by doubt
    (``rounds.add_round``).
 
-On real launches the race runs through ``launching.race_study`` / ``launching.run_race``, its result is a
-``results.RaceResult`` (stored as JSON with the study), and ``operator_lines`` words what an operator reads.
+On real launches the race runs through ``study_race.race_study`` / ``launching.run_race`` (its launches:
+``launcher``), its result is a ``results.RaceResult`` (stored as JSON with the study), and ``operator_lines`` words what an operator reads.
 """
 
 from tuner.decisions.evidence import DECISION_ROUNDS
@@ -55,13 +55,15 @@ from tuner.decisions.race.finalist_selection import (
     within_reach,
 )
 from tuner.decisions.race.forecasts import Forecast, forecast_before, rounds_to_tell
-from tuner.decisions.race.launching import race_study, run_race
+from tuner.decisions.race.launcher import RaceSetup
+from tuner.decisions.race.launching import run_race
 from tuner.decisions.race.operator_lines import verdict_lines
 from tuner.decisions.race.paired_statistics import PairedStatistics, first_look, race_alpha
 from tuner.decisions.race.results import Confirmation, Entry, RaceResult
 from tuner.decisions.race.rounds import RaceRounds
 from tuner.decisions.race.sequential import confirm, sequential_race
 from tuner.decisions.race.stop_rules import RESOURCE_RULE, Outcome
+from tuner.decisions.race.study_race import race_study
 from tuner.decisions.race.wording import loss_text, race_title, users_text
 
 __all__ = [
@@ -73,6 +75,7 @@ __all__ = [
     "Outcome",
     "PairedStatistics",
     "RaceResult",
+    "RaceSetup",
     "RaceRounds",
     "confirm",
     "finalists",
