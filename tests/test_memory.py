@@ -3,6 +3,7 @@ the argv; each trial's THP mode and huge pages from its server's smaps_rollup; d
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -151,3 +152,54 @@ def test_mmap_off_reaches_llama_server_and_the_record_says_which_pages_were_huge
     weights = prepare(spec).target.weights_bytes
     assert memory["Anonymous"] * 1024 >= weights  # read into the server's own memory, not mapped
     assert record.host["thp_mode"] == read_thp_mode()
+
+
+def test_a_configuration_that_cannot_fit_is_a_check_line_and_is_never_launched(
+    synthetic_models, tmp_path, env, capsys
+):
+    """The built-in target at 16 million tokens of context (a 262 GB KV cache): `--check` says it does not fit,
+    with the sizes and the memory here, and a run fails its baseline as does_not_fit without a launch."""
+    from tuner.cli import main
+
+    study = write_study(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'studies.db'}",
+        target=str(synthetic_models.path("target")),
+        drafts=[],
+        search_space={"overrides": {"spec_type": ["none"], "threads": 1, "temperature": 0.0}},
+        measurement={"warmup": 0, "repetitions": 1, "ctx_size": 16_000_000, "trial_timeout_s": 5},
+    )
+    assert main(["run", str(study), "--check"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("memory"))
+    assert (
+        "DOES NOT FIT" in line and "KV cache 262.14 GB for 16000000 tokens" in line and "GB available" in line
+    )
+    assert main(["run", str(study), "--trials", "1"]) == 2
+    assert "does_not_fit: does not fit in memory: needs" in capsys.readouterr().err
+    assert not Path(env["FAKE_LLAMA_LAUNCHES"]).exists()  # nothing was launched
+
+
+def test_the_footprint_counts_weights_draft_and_both_kv_caches_and_a_bind_node_alone(synthetic_models):
+    from tuner.machine.topology import NumaNode, read_topology
+    from tuner.models.gguf_info import read_model_info
+    from tuner.models.memory_fit import MARGIN_BYTES, footprint, misfit
+
+    target, draft = (read_model_info(synthetic_models.path(n)) for n in ("target", "draft-large"))
+    size = footprint(target, draft, 4096, "q8_0", "q8_0")
+    kv = (target.kv_elements_per_token + draft.kv_elements_per_token) * 4096 * 34 / 32
+    assert (
+        size.kv_cache == round(kv)
+        and size.weights == target.weights_bytes
+        and size.draft == draft.weights_bytes
+    )
+    assert size.total == size.weights + size.draft + size.kv_cache + MARGIN_BYTES  # the margin's floor here
+    assert footprint(target, None, 4096).kv_cache == target.kv_elements_per_token * 4096 * 2
+    host = read_topology()
+    small = replace(
+        host, mem_available_bytes=size.total - 1, nodes=(NumaNode(0, (0,), size.total * 2, size.total // 2),)
+    )
+    assert (
+        "available on this host" in (misfit(size, small) or "") and misfit(size, small, node=None) is not None
+    )
+    big = replace(small, mem_available_bytes=size.total * 4)
+    assert misfit(size, big) is None and "free on NUMA node 0" in (misfit(size, big, node=0) or "")

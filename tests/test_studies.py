@@ -129,8 +129,8 @@ def test_every_study_file_passes_check_where_its_models_are(study, llama_bin_dir
         assert len(grid_configs(prepare(load_spec(study)).space)) > 1
 
 
-def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, tmp_path, capsys):
-    """`make bench`'s own studies (bench-grid, demo), every section on its smallest input."""
+def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_models, tmp_path, capsys):
+    """`make bench`'s own studies (bench-grid, demo, scale-grid), every section on its smallest input."""
     out = tmp_path / "bench"
     assert main(["bench", "--quick", "--out", str(out)]) == 0
     result = json.loads((out / "bench.json").read_text())
@@ -143,6 +143,7 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, tmp_path
         "concurrency",
         "repeatability",
         "gguf_read",
+        "scale_regime",
     ]
     assert result["quick"] is True and set(sections) <= set(result)
     assert set(result["timings"]) >= {f"{s}_s" for s in sections} | {"total_s"}
@@ -154,5 +155,8 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, tmp_path
     assert len(result["repeatability"]["runs"]) == 2 and len(result["repeatability"]["holds"]) == 2
     assert [Path(f["path"]).name for f in result["gguf_read"]["files"]] == ["target.gguf"]
     assert len(result["launch_size"]["cells"]) == 9  # 1d: every launch and round spread of 1c's grid
+    scale = result["scale_regime"]["suites"]  # 5: the scale target's sweep, per suite, the baseline first
+    assert list(scale) == ["code", "prose"]
+    assert all(Path(s["table"]).read_text().splitlines()[1].startswith("none,") for s in scale.values())
     md = (out / "bench.md").read_text()
-    assert md.startswith("# tuner bench (--quick") and md.count("\n## ") == 8 and "Whole bench:" in md
+    assert md.startswith("# tuner bench (--quick") and md.count("\n## ") == 9 and "Whole bench:" in md

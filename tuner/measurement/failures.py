@@ -26,6 +26,7 @@ class FailureReason(str, enum.Enum):
     SERVER_UNREACHABLE = "server_unreachable"  # process alive but HTTP failed
     INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM to the tuner during the trial
     INVALID_CONFIG = "invalid_config"  # refused before launch (e.g. incompatible draft)
+    DOES_NOT_FIT = "does_not_fit"  # weights, draft and KV cache more than the host's (or bind node's) memory
     BAD_RESPONSE = "bad_response"  # HTTP 200 whose body is an error, or has no timings
     IMPOSSIBLE_TIMING = "impossible_timing"  # decode time that wall-clock time cannot hold
     ABOVE_ROOFLINE = "above_roofline"  # faster than memory bandwidth allows without speculation

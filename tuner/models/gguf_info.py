@@ -119,6 +119,8 @@ class ModelInfo:
     speculative_types: tuple[str, ...]  # the --spec-type values its GGUF announces, e.g. draft-mtp
     chat_template: str | None  # tokenizer.chat_template (Jinja), None when the model has none
     vocab: Vocab = field(repr=False, compare=False)  # token texts as llama.cpp stores them
+    # K and V elements the KV cache holds per token, all layers (0: recurrent, or not said): its memory
+    kv_elements_per_token: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -256,7 +258,26 @@ def read_model_info(path: str | Path) -> ModelInfo:
         if isinstance(template := meta.value("tokenizer.chat_template"), str)
         else None,
         vocab=tok.vocab,
+        kv_elements_per_token=0 if _recurrent_kind(arch, header.keys) else _kv_elements(meta, arch, block_count),
     )
+
+
+def _kv_elements(meta: _Metadata, arch: str, layers: int | None) -> int:
+    """K and V elements per token over all layers, from the attention sizes llama.cpp reads (heads for K/V,
+    their key and value lengths, which default to the embedding over the heads); 0 where a size is not a
+    single number (per-layer arrays) or missing."""
+    try:
+        heads = meta.integer(f"{arch}.attention.head_count")
+        kv_heads = meta.integer(f"{arch}.attention.head_count_kv") or heads
+        embedding = meta.integer(f"{arch}.embedding_length")
+        key = meta.integer(f"{arch}.attention.key_length")
+        value = meta.integer(f"{arch}.attention.value_length")
+    except UserError:
+        return 0
+    if not (layers and heads and kv_heads and (embedding or (key and value))):
+        return 0
+    default = (embedding or 0) // heads
+    return layers * kv_heads * ((key or default) + (value or default))
 
 
 def _architecture(meta: _Metadata) -> str:

@@ -8,7 +8,8 @@ from tuner.decisions.race import DECISION_ROUNDS
 from tuner.knobs.config import Choices, Domain, IntRange
 from tuner.knobs.registry import NAMES
 from tuner.machine.bandwidth import PLANNER_SHARE, bandwidth_saturation, curve_of
-from tuner.prepare import StudyContext, study_estimate
+from tuner.models import memory_fit
+from tuner.prepare import StudyContext, memory, study_estimate
 from tuner.search.space import baseline_config
 from tuner.search.stages.configs import KnobValues
 from tuner.search.stages.hardware import walk_text
@@ -53,8 +54,24 @@ def _models_lines(ctx: StudyContext) -> list[str]:
         f"  machine  {fp.get('physical_cores')} cores, {len(ctx.launch.topology.nodes)} NUMA node(s), "
         + (f"{bandwidth / 1e9:.1f} GB/s memory bandwidth (copy probe)" if bandwidth else "bandwidth unknown"),
         *([f"  {curve.text()}"] if curve else []),
+        _memory_line(ctx),
         f"  search   {_thread_walk(ctx)}",
     ]
+
+
+def _memory_line(ctx: StudyContext) -> str:
+    """The largest configuration's resident size against the memory here: what does not fit is never launched."""
+    size = memory.largest(ctx)
+    available = memory_fit.available_bytes(ctx.launch.topology)
+    misfit = memory_fit.misfit(size, ctx.launch.topology)
+    if misfit:
+        return (
+            f"  memory   DOES NOT FIT: the largest configuration {misfit}; configurations that do not fit are "
+            "never launched (their trials fail as does_not_fit): lower measurement.ctx_size, a smaller draft or "
+            "a quantized KV cache"
+        )
+    room = f", {available / 1e9:.2f} GB available" if available else ""
+    return f"  memory   the largest configuration needs {size.text()}{room}"
 
 
 def _thread_walk(ctx: StudyContext) -> str:

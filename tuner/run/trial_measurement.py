@@ -31,6 +31,7 @@ from tuner.measurement.measured_launch import MeasuredLaunch, Requests, ServerLa
 from tuner.measurement.quality import ScorerFigures, repeated_output
 from tuner.measurement.server_process import read_log_tail
 from tuner.prepare import StudyContext
+from tuner.prepare.memory import config_misfit
 from tuner.search.pruning import may_prune, prunes_on, should_prune
 from tuner.search.space import baseline_config
 from tuner.storage import store
@@ -122,6 +123,9 @@ class TrialMeasurement:
         try:
             self._refuse_known_failure(config)
             record = replace(record, command=build_server_command(config, self.ctx.launch))
+            misfit = config_misfit(self.ctx, config)
+            if misfit:  # never launched: it would swap or be killed, and disturb what is measured after it
+                raise TrialFailure(FailureReason.DOES_NOT_FIT, f"does not fit in memory: {misfit}")
             record = self._steps(record, log_path, hooks)
         except (TrialFailure, KeyboardInterrupt) as err:
             record = _failed(record, err, log_path)

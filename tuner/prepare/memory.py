@@ -1,0 +1,37 @@
+"""A study's configurations against this host's memory (``models.memory_fit``): the largest one for
+``--check``, and each trial's before it is launched (what does not fit fails as ``does_not_fit``)."""
+
+from __future__ import annotations
+
+from tuner.knobs.config import Choices, TrialConfig
+from tuner.models.memory_fit import CACHE_TYPE_BYTES, Footprint, footprint, misfit
+from tuner.prepare.context import StudyContext
+
+
+def config_footprint(ctx: StudyContext, config: TrialConfig) -> Footprint:
+    """What ``config`` keeps resident: the target, its draft model if it drafts with one, the KV cache."""
+    draft = ctx.drafts.get(config.draft) if config.draft else None
+    return footprint(
+        ctx.target, draft, ctx.launch.ctx_size, config.cache_type_k or "f16", config.cache_type_v or "f16"
+    )
+
+
+def config_misfit(ctx: StudyContext, config: TrialConfig) -> str | None:
+    """Why ``config`` cannot be launched on this host (bind: on its node), or None."""
+    node = config.numa_node if config.numa == "bind" else None
+    return misfit(config_footprint(ctx, config), ctx.launch.topology, node)
+
+
+def largest(ctx: StudyContext) -> Footprint:
+    """The space's largest configuration: the target with its largest draft at the widest KV cache type."""
+    draft = max(ctx.drafts.values(), key=lambda d: d.weights_bytes + d.kv_elements_per_token, default=None)
+    widest = max(
+        _cache_types(ctx, "cache_type_k") + _cache_types(ctx, "cache_type_v"),
+        key=lambda t: CACHE_TYPE_BYTES.get(t, 2.0),
+    )
+    return footprint(ctx.target, draft, ctx.launch.ctx_size, widest, widest)
+
+
+def _cache_types(ctx: StudyContext, knob: str) -> list[str]:
+    domain = ctx.space.domains.get(knob)
+    return [str(v) for v in domain.values] if isinstance(domain, Choices) else ["f16"]
