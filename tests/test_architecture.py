@@ -214,14 +214,20 @@ def one_letter_names(source: str) -> list[str]:
     return [n for n in bound_names(ast.parse(source)) if len(n) == 1 and n != "_"]
 
 
-# A comment or docstring that dates itself: an issue number, a section of the benchmarks, a demo's figure.
+# A comment or docstring that dates itself: an issue number, a section of the benchmarks, a demo's figure, a
+# research note by its file number, a design file the repository does not have.
 HISTORY = re.compile(
     r"\bissue #?\d+"
     r"|\b(?:the|this|that) issue\b"
     r"|\bmake (?:bench|demo)(?:'s|:)? \d"
     r"|(?<![\w-])bench (?:section )?\d+[a-d]?\b"
     r"|\bbench(?:mark)? section \d"
-    r"|\bsection \d+[a-d]? of (?:the )?(?:make )?bench",
+    r"|\bsection \d+[a-d]? of (?:the )?(?:make )?bench"
+    r"|\bsection (?-i:\d[a-e])\b"
+    r"|(?-i:(?<![\w.])\d[a-e]'s)\b"
+    r"|(?-i:\(\d[a-e]\))"
+    r"|\bseeds? 0\d\d\b"
+    r"|\bDESIGN\.md\b",
     flags=re.IGNORECASE,
 )
 
@@ -266,13 +272,18 @@ def test_the_rule_finders_find_planted_cases():
         '"""Fixed for issue 12, see make bench 1c."""\n'
         "x = 1  # bench 1b showed it\n"
         "y = 2  # llama-bench 12 threads; Cochran's section 10.6\n"
+        "z = 3  # a 3B's draft, 0.5B's cost; a (2D) array; seed 19 of 20; section 10.6b\n"
+        "w = 4  # as 1c's workload\n"
+        "v = 5  # the rates of section 1b (seed 003, DESIGN.md) and of (1d)\n"
         "def f():\n"
         '    """The issue\'s targets."""\n'
         '    print("rules (issue 22)")  # a printed caption is not a comment\n'
     ) == [
         "line 2: # bench 1b showed it",
+        "line 5: # as 1c's workload",
+        "line 6: # the rates of section 1b (seed 003, DESIGN.md) and of (1d)",
         "line 1 docstring: ...issue 12...",
-        "line 4 docstring: ...The issue...",
+        "line 7 docstring: ...The issue...",
     ]
 
 

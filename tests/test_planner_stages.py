@@ -99,6 +99,10 @@ def test_every_stage_is_a_documented_module_in_the_search_order():
     )
     for stage in planner.STAGES:
         assert stage.__doc__ and stage.propose.__doc__, stage.__name__
+    # each module's docstring opens with its label ("Stage 1b, ..."): one label a stage, in the search order
+    labels = [stage.__doc__.split(",")[0] for stage in planner.STAGES]
+    assert all(label.startswith("Stage ") for label in labels), labels
+    assert labels == sorted(set(labels)), labels
 
 
 def test_plan_reads_the_space_as_the_study_record_keeps_it():

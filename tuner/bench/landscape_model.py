@@ -39,8 +39,8 @@ from tuner.measurement.failures import FailureReason
 from tuner.search.space import ResolvedSpace
 from tuner.storage.records import StudyRecord, digest
 
-N_PREDICT = 128  # tokens per request, as in the research's protocol (seed 000, 3.3)
-PHYSICAL_CORES, LOGICAL_CPUS, NODES = 96, 192, (0, 1, 2, 3)  # EPYC 9655 (seed 002, 1), NPS4
+N_PREDICT = 128  # tokens per request, as the research measured (so its rates apply as they stand)
+PHYSICAL_CORES, LOGICAL_CPUS, NODES = 96, 192, (0, 1, 2, 3)  # the research's EPYC 9655, NPS4
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Lookup:
 
 @dataclass(frozen=True)
 class Grounding:
-    """How a content type's answers copy their context (seed 003, Track 8: summarization > code > chat)."""
+    """How a content type's answers copy their context (summaries copy most, then code edits, then chat)."""
 
     copy: float  # share of answer tokens inside spans copied from the prompt (or the answer so far)
     span: float  # mean copied span, tokens: a key of n tokens is found once n tokens of the span went by
@@ -133,7 +133,7 @@ TARGET_ALONE = Rounds(np.float64(1.0), np.float64(1.0), np.float64(0.0), np.floa
 
 @dataclass(frozen=True)
 class Hardware:
-    """How NUMA policy and thread count scale decode (seed 003, Track A table)."""
+    """How NUMA policy and thread count scale decode (factors as the research measured them on its EPYC)."""
 
     numa: dict[str, float]  # factor at the best thread count
     tau: float  # threads at which bandwidth saturates (1 - e^-t/tau)
@@ -227,7 +227,7 @@ class LandscapeModel:
     lookups: dict[str, Lookup] = field(default_factory=dict)  # by n-gram spec_type, alone or stacked
     grounding: dict[str, Grounding] = field(default_factory=dict)  # per content type (none: nothing to copy)
     prompt_tokens: dict[str, int] = field(default_factory=lambda: {"code": 40, "prose": 60})
-    prefill_rate: float = 69.0  # prompt tokens/s at the best hardware (seed 002, 3.1: 69.05 t/s for 32B)
+    prefill_rate: float = 69.0  # prompt tokens/s at the best hardware (a 32B target: 69.05 t/s)
     launch_s: float = 13.0  # server start and model load from the page cache (19 GB)
     request_overhead_s: float = 0.3
     cv_request: float = 0.03  # spread of one request's rate

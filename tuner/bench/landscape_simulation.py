@@ -25,7 +25,7 @@ from tuner.knobs.config import Choices, FloatRange, IntRange, TrialConfig
 from tuner.measurement.measure import pooled_from_rates
 from tuner.search.space import ResolvedSpace, suggest
 
-REPETITIONS = 3  # passes over the prompts (seed 000, 3.3: "3+ runs per configuration")
+REPETITIONS = 3  # passes over the prompts, as the research's protocol runs each configuration (3 or more)
 # Knobs that do not change what speculation does (they scale it, or are sent per request): not enumerated.
 CONTEXT_KNOBS = ("temperature", "experts", "numa", "numa_node", "threads", "threads_batch")
 

@@ -4,10 +4,10 @@ Why: a launch's rate carries the launch's own effect and its pass's noise, and a
 warm-up) and its passes (``tuner.decisions.launch_size``). Where the launch spread dominates, shorter passes and
 more launches decide sooner; where a pass is noisy and a launch dear, several passes per launch. This section runs
 the product's race (``tuner.decisions.race.sequential_race``, through ``race_bench.new_race``) on the simulated
-host of 1c at the 3% gap, once with a full pass per launch and once with the size ``launch_size.size`` picks from
+host of the decision benchmark (``race_bench``) at the 3% gap, once with a full pass per launch and once with the size ``launch_size.size`` picks from
 what a study would have measured: the launch spread's point estimate from three sentinels (``measured_launch_sigma``) and a pass's
 spread from 8 trials of 2 passes each. A part ``m`` of a pass has ``1 / sqrt(m)`` times a pass's spread. A launch
-costs ``FIXED_MIN + m x PASS_MIN`` minutes (1c's 1.5 min at one pass: a 32B-scale host).
+costs ``FIXED_MIN + m x PASS_MIN`` minutes (``race_bench.MINUTES_PER_LAUNCH`` at one pass: a 32B-scale host).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tuner.studyfile.spec import RaceSpec
 GAP = 0.03
 FIXED_MIN = 0.5  # a launch's start, load and warm-up
 PASS_MIN = 1.0  # one pass of the workload
-SUITES = {"code": 6, "prose": 6}  # 12 entries, as 1c's pruning workload
+SUITES = {"code": 6, "prose": 6}  # 12 entries, as the pruning benchmark's workload (``race_bench.PROMPTS``)
 TRIALS, PASSES = 8, 2  # what a study measured a pass's spread on
 
 

@@ -5,8 +5,8 @@ in 15 trials. An operator's space (three drafts, K 1-48, eight thread counts wit
 four NUMA policies, four temperatures) has tens of thousands, and a trial of a 32B target
 costs minutes. These landscapes are that space as a pure-Python model, so a search
 strategy can be replayed on it in seconds. They are *not* measured on this machine: every
-number comes from the published tables of the research notes (``seeds/`` in the shared folder
-beside the repository; cited where used).
+number comes from the published tables of the research notes (each figure's note and section: docs/decisions.md,
+"The research's figures").
 
 The tables set figures; ``bench/landscape_model`` says what they mean (how a configuration decodes) and
 ``bench/landscape_simulation`` how a replay sees a landscape (its whole space, a noisy trial). The space
@@ -116,9 +116,9 @@ def operator_space(
 
 DENSE_DRAFTS = ("qwen2.5-0.5b-instruct-q8_0", "qwen2.5-coder-1.5b-q4_k_m", "qwen2.5-coder-32b-q2_k")
 
-# seed 003, Track A (Qwen2.5-Coder-32B tg128): interleave -t 96 3.77 t/s = 1.0; membind=0 -t 96 2.05 (0.54);
+# Qwen2.5-Coder-32B tg128 on the EPYC: interleave -t 96 3.77 t/s = 1.0; membind=0 -t 96 2.05 (0.54);
 # cpunodebind=0+membind=0 -t 48 2.10 (0.56); interleave -t 192 1.62 (0.43: SMT hurts). "none" (first touch,
-# the weights on the node that read them) is set so the baseline decodes 2.9 t/s (seed 002, 3.1: 2.89 t/s).
+# the weights on the node that read them) is set so the baseline decodes 2.9 t/s (2.89 t/s measured).
 EPYC = Hardware(
     numa={"interleave": 1.0, "distribute": 0.93, "none": 0.77, "bind": 0.62},
     tau=28.0,
@@ -144,7 +144,7 @@ def _dense(
         description=description,
         space=operator_space(("none", "draft-simple"), tuple(drafts)),
         prompts=prompts,
-        base_rate={"code": 3.77, "prose": 3.77},  # seed 003, Track A: 3.77 t/s at interleave, 96 threads
+        base_rate={"code": 3.77, "prose": 3.77},  # 3.77 t/s at interleave, 96 threads
         drafts=drafts,
         hardware=hardware,
         verify_cost=0.012,
@@ -154,11 +154,11 @@ def _dense(
     )
 
 
-# Acceptance and cost per draft, Qwen2.5-Coder-32B target (seed 002, 3.2-3.3 and appendix D; seed 003, Track C):
+# Acceptance and cost per draft, Qwen2.5-Coder-32B target:
 # 0.5B Q8_0: code K=4 96.8%, K=24 83.3% -> a = 0.985; prose K=8 32.4% -> a = 0.74; speedup 10x at K=24 -> c = 0.046.
 # Coder-1.5B Q4_K_M: same acceptance as the 0.5B (58% vs 58%) at 12.5 vs 22.5 t/s -> c = 0.13.
 # 32B Q2_K self-draft: 60.7% at K=8, 0.63x -> a = 0.89, c = 1.0 (a 12 GB draft; never worth it).
-# Temperature: Coder-32B 26.6 t/s at 0, 19.0 at 0.5, 19.4 at 0.7 (seed 003, Track 1) -> acceptance falls ~0.06/unit.
+# Temperature: Coder-32B 26.6 t/s at 0, 19.0 at 0.5, 19.4 at 0.7 -> acceptance falls ~0.06/unit.
 CODER_DRAFTS = {
     "qwen2.5-0.5b-instruct-q8_0": Draft(
         0.046, {"code": 0.985, "prose": 0.74}, {"code": -0.06, "prose": -0.08}, load_s=0.5
@@ -171,7 +171,7 @@ CODER_DRAFTS = {
     ),
 }
 # Another host and draft builds: the 0.5B draft matches poorly here, the 1.5B is Q2_K (cheaper), temperature
-# *raises* acceptance as for Qwen2.5-VL-7B (28.3 -> 57.1 t/s at 0.7) and Qwen2.5-Math-72B (best at 0.5), seed 003.
+# *raises* acceptance as for Qwen2.5-VL-7B (28.3 -> 57.1 t/s at 0.7) and Qwen2.5-Math-72B (best at 0.5).
 MOVED_DRAFTS = {
     "qwen2.5-0.5b-instruct-q8_0": Draft(
         0.05, {"code": 0.93, "prose": 0.62}, {"code": 0.02, "prose": 0.10}, load_s=0.5
@@ -194,10 +194,10 @@ MOVED_HARDWARE = Hardware(
     bind_node={0: 1.0, 1: 0.98, 2: 1.0, 3: 0.97},
 )
 
-# Qwen3-Coder-30B-A3B (seed 003, Tracks 2 and 8): 26.6 t/s alone, 22.8 at the study's baseline (first touch);
+# Qwen3-Coder-30B-A3B: 26.6 t/s alone, 22.8 at the study's baseline (first touch);
 # 6 experts 30.1, 4 experts ~35, 3 experts ~38 (Qwen3-VL-30B: 37.7, "3 experts safe"); lookup alone 43.2
 # (summarize) / 40.9 (code) with near-100% acceptance of what it drafts; MoE + lookup 47.5 t/s.
-# A 0.6B draft does not help a 3B-active MoE (seed 000, 4.3): c ~ 0.45.
+# A 0.6B draft does not help a 3B-active MoE (its step costs near half the target's): c ~ 0.45.
 MOE_HARDWARE = Hardware(
     numa={"interleave": 1.0, "distribute": 0.95, "none": 0.857, "bind": 0.7},
     tau=22.0,
@@ -212,14 +212,14 @@ MOE_DRAFTS = {
 }
 # The n-gram types: ngram-simple drafts the continuation of the last occurrence, the map types the most frequent
 # one, ngram-mod hashes n-grams into a shared pool (more collisions: chance). Near-100% acceptance of what lookup
-# drafts on the MoE targets (seed 003, Track 8); acceptance falls with temperature as a sample leaves the copy.
+# drafts on the MoE targets; acceptance falls with temperature as a sample leaves the copy.
 LOOKUPS = {
     "ngram-simple": Lookup(fidelity=0.93),
     "ngram-map-k": Lookup(fidelity=0.97, chance=0.8),
     "ngram-mod": Lookup(fidelity=0.95, chance=1.3, key_default=24, length_default=64),
 }
 MOE_LOOKUPS = {**LOOKUPS, "ngram-map-k4v": Lookup(fidelity=0.97, fails=True)}
-# Qwen3-Coder-30B-A3B lookup alone: 43.2 t/s summarizing, 40.9 on code against 26.6 (x1.6, x1.5; seed 003, Track 8):
+# Qwen3-Coder-30B-A3B lookup alone: 43.2 t/s summarizing, 40.9 on code against 26.6 (x1.6, x1.5):
 # short copies (the answers quote names and phrases of long prompts), more of them in summaries.
 MOE_GROUNDING = {
     "prose": Grounding(copy=0.55, span=9.0, chance=0.5, repeated=0.4),
@@ -248,7 +248,7 @@ def _moe() -> OperatorLandscape:
         decay=0.995,
         quality_temp=0.04,
         quality_floor=0.96,
-        # 1/rate = fixed + per expert: 26.6 t/s at 8, 30.1 at 6, 35 at 4 (seed 003, Track 2)
+        # 1/rate = fixed + per expert: 26.6 t/s at 8, 30.1 at 6, 35 at 4
         expert_speed=lambda e: (0.0196 + 0.00225 * 8) / (0.0196 + 0.00225 * e),
         expert_quality=lambda e: _MOE_QUALITY[e],
         prompt_tokens={"code": 60, "prose": 600},  # summarization prompts are long: that is why lookup works
@@ -259,10 +259,9 @@ def _moe() -> OperatorLandscape:
 
 
 # Qwen2.5-Coder-32B on grounded work: summaries copy nearly all of their document in long spans (lookup alone
-# x12.7 on summarization, seed 000 4.4 and seed 004), code edits copy half (lookup x1.7-1.9 on code, seed 003,
-# Track 8; "2-4x" in the literature), chat almost nothing. The drafts as on code and prose, and summaries as
-# predictable for them as for the target. Stacked on the 0.5B draft at K=24, lookup added a fifth on code
-# (39.44 t/s against 33.0: seed 004, seed 003 "Actual Combined Performance").
+# x12.7 on summarization), code edits copy half (lookup x1.7-1.9 on code; "2-4x" in the literature), chat almost
+# nothing. The drafts as on code and prose, and summaries as predictable for them as for the target. Stacked on
+# the 0.5B draft at K=24, lookup added a fifth on code (39.44 t/s against 33.0).
 STACK_GROUNDING = {
     "summarize": Grounding(copy=0.98, span=80.0, chance=0.5, repeated=0.3),
     "code": Grounding(copy=0.5, span=40.0, chance=0.6, repeated=0.5),
@@ -300,11 +299,11 @@ def _stack() -> OperatorLandscape:
 
 
 # Qwen2.5-Coder-32B served to 8 users (an editor plugin's team): code edits and chat. Batched decode: prompt
-# processing runs 69.05 t/s where decode runs 2.89 (seed 002, 3.1), so a batch is compute-bound near 24 tokens per
+# processing runs 69.05 t/s where decode runs 2.89, so a batch is compute-bound near 24 tokens per
 # decode step; below that, a batch costs one pass over the weights plus verification's cost per token (the dense
 # landscapes' verify_cost, fitted to the research's speedups at large K). The KV cache per context token: 64
 # layers x 8 KV heads x 128 dims x (K, V) x 2 bytes = 256 KiB at f16 (the model's config.json) against 19 GB of
-# weights (seed 002, 3.1); without flash attention the f32 scores of 40 query heads are written and read three
+# weights; without flash attention the f32 scores of 40 query heads are written and read three
 # times per context token and layer (64 x 40 x 4 x 3 bytes).
 SERVE = Serving(
     users=8,
@@ -346,7 +345,7 @@ def _serve() -> OperatorLandscape:
 # Hosts as they present threads: every integer from 1 to the logical CPUs. Decode is memory-bound: it gains
 # threads until the memory bandwidth saturates, then loses to contention. llama.cpp users report a 96-core EPYC
 # 9654 topping out near 60 threads (llama.cpp #6434); on a 16-core Xeon llama-bench put 10-14 threads level with
-# 16 (seed material: DESIGN.md). The NUMA factors as on the EPYC (seed 003, Track A).
+# 16 (docs/decisions.md, "Thread ties"). The NUMA factors as on the EPYC.
 PEAK_60 = replace(EPYC, tau=14.0, contention_from=60, contention=0.35, smt_penalty=0.6)
 PEAK_40 = replace(EPYC, tau=9.0, contention_from=40, contention=0.3, smt_penalty=0.6)
 ALL_CORES = replace(EPYC, tau=30.0, contention_from=96, contention=0.0, smt_penalty=0.57)

@@ -422,7 +422,7 @@ def grid() -> list[tuple[float, float, float]]:
 def measure_decisions(
     runs: int = 400, seed: int = 0, spec: RaceSpec = RaceSpec(), budgets: bool = True
 ) -> dict:
-    """Every section of 1c; ``budgets=False`` skips the round-budget curve (a quick run)."""
+    """Every table of the decision benchmark; ``budgets=False`` skips the round-budget curve (a quick run)."""
     races = [
         race_cell(ls, rs, gap, runs * (DEFAULT_HOST_RUNS if (ls, rs) == DEFAULT_HOST else 1), seed + i, spec)
         for i, (ls, rs, gap) in enumerate(grid())

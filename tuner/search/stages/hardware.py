@@ -1,4 +1,4 @@
-"""Stage 2, the hardware: NUMA policy, node and threads with the best speculation so far.
+"""Stage 2a, the hardware: NUMA policy, node and threads with the best speculation so far.
 
 Threads and NUMA scale every configuration's decode rate by about the same factor, so they are tuned on
 the speculative configuration rather than the target alone: the factor is about the same, the trial is

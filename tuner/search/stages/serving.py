@@ -1,4 +1,4 @@
-"""Stage 2b, serving (a study with several users: the space has serving knobs).
+"""Stage 2c, serving (a study with several users: the space has serving knobs).
 
 With the best configuration so far: the slots at the objective's level first (fewer queue users, more only
 hold memory), then a unimodal walk over each serving knob in turn (micro batch, batch, flash attention, K and
