@@ -1,4 +1,4 @@
-"""The decision procedure's error rates, on a simulated host with launch effects: the previous rules side by side.
+"""The decision procedure's error rates, on a simulated host with launch effects, beside a fixed reference.
 
 Why: a race, a pruning rule or a finalist cut is a bet an operator copies to a fleet; its error
 rate must be known, and a real 2-core VM cannot show it in any reasonable time. Here a
@@ -6,16 +6,9 @@ configuration's launch measures ``true rate x exp(launch effect + round noise)``
 a launch spread and a per-round spread as on the research hosts), with a 2% chance of an
 outlier round at a tenth of the rate (a real host's launches occasionally collapse like that). The
 product's own code decides (``tuner.decisions.race.sequential_race`` and ``confirm``,
-``tuner.decisions.race.within_reach``, ``tuner.search.pruning.should_prune``); the previous
-rules are reimplemented below as the reference:
-
-* previous race (before the sequential race): every finalist still racing launched every round; from
-  race.min_rounds on, the leader (highest geometric mean) compared with each other finalist as if named in
-  advance (one-sided t on its own paired rounds at 5% / looks): shown slower dropped, TOST-equivalent within
-  2% settled; undecided at race.max_rounds (the higher estimate); the printed figure from 4 confirmation
-  rounds of the winner and the baseline;
-* old finalists: tokens/s x (1 +- 2 cv) overlapping the leader's, at most 4;
-* old pruning: the launch spread added once (not on both sides), no spending over looks.
+``tuner.decisions.race.within_reach``, ``tuner.search.pruning.should_prune``); the reference is the
+rules that the product's rules replaced (``bench.previous_rules``, printed as "previous" and "old"), so that a
+change to the product's rules is judged against a fixed bar.
 
 Figures, per cell: interval coverage of the printed speedup; how often the loss bound the race states holds
 (the true loss of the deployed configuration is below it) and its median; the probability of deploying a
@@ -31,12 +24,13 @@ import random
 import statistics
 from dataclasses import asdict, dataclass
 
+from tuner.bench import previous_rules
 from tuner.bench.table import markdown_table
 from tuner.decisions import evidence
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, allowed_launch_spread
 from tuner.decisions.race import confirm, sequential_race, within_reach
 from tuner.progress import Progress
-from tuner.search.pruning import SIGMA_FLOOR, Z, paired_ratios, should_prune
+from tuner.search.pruning import should_prune
 from tuner.studyfile.spec import RaceSpec
 
 LAUNCH_SPREADS = (0.03, 0.05, 0.10)
@@ -51,10 +45,6 @@ TARGETS = {"holds": 0.95, "wrong": 0.05, "coverage": 0.93, "pruned": 0.05, "fina
 ENOUGH_DECIDED = 20  # below this many decided races a cell's wrong-when-decided rate is printed, not judged
 DEFAULT_HOST_RUNS = 10  # the default host's cells run this many times the races: at 400 a cell decides 10-40
 # races, too few to tell a wrong-when-decided rate near twice the target from the target itself
-PREVIOUS = RaceSpec(min_rounds=3, max_rounds=10, confirm_rounds=4)  # the previous race's defaults
-PREVIOUS_EQUIVALENCE = 0.02
-PREVIOUS_MAD_FLOOR = 0.05
-PREVIOUS_OUTLIER_CONTEXT = 3
 
 
 def noisy(mu: float, launch_effect: float, round_sigma: float, rng: random.Random) -> float:
@@ -78,7 +68,7 @@ class Race:
     ratio: evidence.Ratio  # the printed speedup over the baseline
     launches: int
     decided: bool
-    loss: float | None  # the stated loss bound (fraction); None for the previous rules (they state none)
+    loss: float | None  # the stated loss bound (fraction); None for the reference rules (they state none)
 
 
 def _launcher(mus: list[float], launch_sigma: float, round_sigma: float, rng: random.Random):
@@ -124,76 +114,17 @@ def new_race(
     return Race(index[outcome.winner], ratio, launches, outcome.decided, outcome.loss)
 
 
-def _previous_outlier(value: float, others: list[float]) -> bool:
-    logs = [math.log(v) for v in others if v > 0 and math.isfinite(v)]
-    if not (value > 0 and math.isfinite(value)):
-        return True
-    if len(logs) < 2:
-        return False
-    centre = statistics.median(logs)
-    mad = max(evidence.MAD_SCALE * statistics.median(abs(x - centre) for x in logs), PREVIOUS_MAD_FLOOR)
-    return abs(math.log(value) - centre) > evidence.OUTLIER_MADS * mad
-
-
-def _previous_round(rates: dict[int, list[float]], launched: list[int], launch, vetted: set) -> int:
-    """Append one launch each, then launch again (once) a launch far from its other rounds; launches used."""
-    used = len(launched)
-    for candidate in launched:
-        rates[candidate].append(launch(candidate))
-    for candidate in launched:
-        for position, value in enumerate(rates[candidate]):
-            if (candidate, position) in vetted or (
-                len(rates[candidate]) - 1 < PREVIOUS_OUTLIER_CONTEXT and value > 0
-            ):
-                continue
-            vetted.add((candidate, position))
-            if _previous_outlier(value, rates[candidate][:position] + rates[candidate][position + 1 :]):
-                rates[candidate][position] = launch(candidate)
-                used += 1
-    return used
-
-
 def previous_race(
     mus: list[float],
     resources: list[tuple],
     launch_sigma: float,
     round_sigma: float,
     rng: random.Random,
-    spec: RaceSpec = PREVIOUS,
+    spec: RaceSpec = previous_rules.SPEC,
 ) -> Race:
-    """The previous race (see the module's docstring), with its own confirmation rounds."""
-    launch = _launcher(mus, launch_sigma, round_sigma, rng)
-    base = len(mus) - 1
-    rates: dict[int, list[float]] = {i: [] for i in range(len(mus))}
-    vetted: set[tuple[int, int]] = set()  # (finalist, round) launches already judged for outliers
-    live, launches = list(rates), 0
-    alpha = evidence.ALPHA / (spec.max_rounds - max(spec.min_rounds, evidence.MIN_ROUNDS) + 1)
-    winner, decided = None, False
-    for round_index in range(spec.max_rounds):
-        launches += _previous_round(rates, list(live), launch, vetted)
-        if round_index + 1 < max(spec.min_rounds, evidence.MIN_ROUNDS):
-            continue
-        leader = max(live, key=lambda i: evidence.geometric_mean(rates[i]))
-        live = [i for i in live if i == leader or not evidence.shown_better(rates[leader], rates[i], alpha)]
-        others = [i for i in live if i != leader]
-        same = [
-            i
-            for i in others
-            if evidence.shown_equivalent(rates[leader], rates[i], PREVIOUS_EQUIVALENCE, alpha)
-        ]
-        if len(same) == len(others):
-            winner, decided = min([leader, *same], key=lambda i: resources[i]), True
-            break
-    if winner is None:
-        winner = max(live, key=lambda i: evidence.geometric_mean(rates[i]))
-        decided = len(live) == 1
-    if winner == base:
-        return Race(winner, evidence.Ratio(1.0, 1.0, 1.0, 0), launches, decided, None)
-    pair: dict[int, list[float]] = {winner: [], base: []}
-    for _ in range(spec.confirm_rounds):
-        launches += _previous_round(pair, [winner, base], launch, set())
-    ratio = evidence.ratio(pair[winner], pair[base])
-    return Race(winner, ratio, launches, decided, None)
+    """The reference race (``previous_rules.race``), with its own confirmation rounds."""
+    outcome = previous_rules.race(_launcher(mus, launch_sigma, round_sigma, rng), resources, spec)
+    return Race(outcome.winner, outcome.ratio, outcome.launches, outcome.decided, None)
 
 
 @dataclass(frozen=True)
@@ -243,12 +174,12 @@ class RaceCell:
     gap: float
     runs: int
     new: Side
-    old: Side | None  # None when the previous rules were not run
+    old: Side | None  # None when the reference rules were not run
 
     @property
     def previous(self) -> Side:
-        """The previous rules' figures, in a cell where they were run."""
-        assert self.old is not None, "the previous rules were not run in this cell"
+        """The reference rules' figures, in a cell where they were run."""
+        assert self.old is not None, "the reference rules were not run in this cell"
         return self.old
 
     @property
@@ -259,7 +190,7 @@ class RaceCell:
 
     @property
     def launch_ratio(self) -> float:
-        """Launches per race, previous rules over the product's (modelled minutes alike: one pass per launch)."""
+        """Launches per race, the reference rules over the product's (modelled minutes alike: one pass per launch)."""
         return self.previous.launches / self.new.launches
 
 
@@ -270,9 +201,9 @@ def race_cell(
     runs: int,
     seed: int,
     spec: RaceSpec,
-    previous: RaceSpec | None = PREVIOUS,
+    previous: RaceSpec | None = previous_rules.SPEC,
 ) -> RaceCell:
-    """``runs`` races of each procedure on one host and field (the previous rules skipped with ``previous=None``)."""
+    """``runs`` races of each procedure on one host and field (the reference skipped with ``previous=None``)."""
     rng = random.Random(seed)
     mus, resources = field_of(gap)
     new = [new_race(mus, resources, launch_sigma, round_sigma, rng, spec) for _ in range(runs)]
@@ -308,20 +239,6 @@ def trial_samples(launch_sigma: float, rng: random.Random, prompt_effect: dict[s
     ]
 
 
-def old_prune(samples: list[dict], incumbent: list[dict], launch: float) -> bool:
-    """Today's rule: the launch spread once, floored at 2%, no spending over looks."""
-    pairing = paired_ratios(samples, incumbent)
-    if pairing.unseen_suites or len(pairing.ratios) < 3:
-        return False
-    logs = [math.log(r) for r in pairing.ratios]
-    n_ratios = len(logs)
-    mean, sd = statistics.fmean(logs), max(statistics.stdev(logs), SIGMA_FLOOR)
-    seen_bound = math.exp(mean + Z * sd / math.sqrt(n_ratios))
-    unseen_bound = math.exp(max(logs) + Z * sd)
-    bound = (pairing.seen * seen_bound + pairing.unseen * unseen_bound) / (pairing.seen + pairing.unseen)
-    return bound * math.exp(Z * max(0.02, launch)) < 1.0
-
-
 def measured_launch_sigma(
     launch_sigma: float, rng: random.Random, sentinels: int = 3, rule=allowed_launch_spread
 ) -> float:
@@ -337,7 +254,7 @@ def pruned(samples: list[dict], incumbent: list[dict], rule, launch: float) -> b
         part = samples[:n_seen]
         if rule == "new" and should_prune(part, incumbent, "search", planned, launch_sigma=launch).prune:
             return True
-        if rule == "old" and old_prune(part, incumbent, launch):
+        if rule == "old" and previous_rules.prune(part, incumbent, launch):
             return True
     return False
 
@@ -377,14 +294,7 @@ def finalist_cell(launch_sigma: float, round_sigma: float, runs: int, seed: int,
         launch = measured_launch_sigma(launch_sigma, rng)
         new = within_reach([(math.log(r), cv) for r, cv in recorded], launch)[:max_new]
         hit_new += 0 in new
-        top = max(range(8), key=lambda i: recorded[i][0])
-        low = recorded[top][0] * (1 - 2 * recorded[top][1])
-        old = sorted(
-            (i for i in range(8) if recorded[i][0] * (1 + 2 * recorded[i][1]) >= low),
-            key=lambda i: recorded[i][0],
-            reverse=True,
-        )[:4]
-        hit_old += 0 in old
+        hit_old += 0 in previous_rules.finalists(recorded)
     return {
         "launch_sigma": launch_sigma,
         "round_sigma": round_sigma,
@@ -403,7 +313,7 @@ def round_budget_cells(runs: int, seed: int, spec: RaceSpec, previous: bool = Tr
     cells = []
     for index, rounds in enumerate(ROUND_BUDGETS):
         new_spec = RaceSpec(**(asdict(spec) | {"max_rounds": rounds}))
-        old_spec = RaceSpec(**(asdict(PREVIOUS) | {"max_rounds": rounds}))
+        old_spec = RaceSpec(**(asdict(previous_rules.SPEC) | {"max_rounds": rounds}))
         cell = race_cell(*DEFAULT_HOST, SLOWER, runs, seed + index, new_spec, old_spec if previous else None)
         cells.append(
             {
@@ -458,7 +368,7 @@ def _wrong_when_decided(cell: RaceCell) -> float:
 
 def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dict:
     """Each target over every cell of its grid; the launches at the default host (previous over new), where the
-    product's race must deploy wrongly no more often than the previous one did."""
+    product's race must deploy wrongly no more often than the reference race does."""
     at_default = [c for c in races if (c.launch_sigma, c.round_sigma) == DEFAULT_HOST]
     worst, cell = _worst_decided(races)
     figures = {

@@ -17,7 +17,8 @@ from tuner.knobs.registry import SERVING_KNOBS
 from tuner.search.prior import HW_KNOBS
 from tuner.search.space import FOLLOWS, ResolvedSpace
 
-K_PROBE = 8  # a middle K, where the research's K tuning starts: speed and acceptance there say which way
+# A middle K, where the research's K tuning starts: speed and acceptance there show which way K should move.
+K_PROBE = 8
 # What a plan leaves open starts here: no lookup stacked; a 4-token n-gram key, the research's prompt lookup's
 # (llama.cpp's 12 finds nothing in short answers), llama.cpp's minimum hits, a stacked lookup's length at K=8.
 PROBES = {"lookup": "none", "ngram_key": 4, "ngram_min_hits": 1, "lookup_max": K_PROBE, "lookup_min": 1}
