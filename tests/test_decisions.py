@@ -843,7 +843,7 @@ def test_a_trials_launch_beside_one_cpu_hog_is_busy(synthetic_models, tmp_path):
     """The trial's own launch (``measured_launch``) beside one other busy process: on a small host one hog is
     enough to mark it, and a process that starts and ends inside the launch counts too (the host's busy time)."""
     from tuner.machine.host import busy_processes, cpu_seconds_by_process
-    from tuner.measurement.measured_launch import measured_launch
+    from tuner.measurement.measured_launch import ServerLaunch, measured_launch
 
     _, argv = _tiny_launch(tmp_path, [])
     argv += ["-m", str(synthetic_models.path("draft-small"))]
@@ -851,7 +851,8 @@ def test_a_trials_launch_beside_one_cpu_hog_is_busy(synthetic_models, tmp_path):
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         launched = measured_launch(
-            argv, tmp_path / "server.log", then=lambda server: server.complete("def f(", 64, 0.0, 1)
+            ServerLaunch(argv, tmp_path / "server.log"),
+            then=lambda server: server.complete("def f(", 64, 0.0, 1),
         )
     finally:
         hog.kill()
