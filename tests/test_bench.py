@@ -442,3 +442,28 @@ def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, mon
 def test_bench_refuses_zero_rounds(capsys):
     assert main(["bench", "--rounds", "0"]) == 2
     assert "--rounds: must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_record_grid_launches_a_busy_launch_once_more_and_marks_its_rows(
+    synthetic_models, tmp_path, monkeypatch, capsys
+):
+    """A launch other processes kept the host busy during is launched once more, as a trial is; its first rows
+    stay in the JSONL marked host_busy, and the table holds the second launch's."""
+    import tuner.measurement.measured_launch as launches
+
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    calls = []
+
+    def first_busy(before, after, wall_s, ours):
+        calls.append(wall_s)
+        return {"hog[1]": 1.5, "all others": 1.5} if len(calls) == 1 else {"all others": 0.0}
+
+    monkeypatch.setattr(launches, "busy_processes", first_busy)
+    study, csv = grid_study(tmp_path), tmp_path / "grid.csv"
+    assert main(["record-grid", str(study), "--out", str(csv)]) == 0
+    assert "launch 0: host busy: hog[1] during it: its rows are marked host_busy" in capsys.readouterr().out
+    rows = [json.loads(line) for line in csv.with_suffix(".jsonl").read_text().splitlines()]
+    assert [bool(r.get("host_busy")) for r in rows] == [False, False, True, True, False, False] and len(
+        calls
+    ) == 2
+    assert len(pd.read_csv(csv)) == 2 and "host_busy" not in pd.read_csv(csv).columns

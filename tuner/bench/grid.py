@@ -31,6 +31,7 @@ from tuner.errors import UserError
 from tuner.knobs.config import Choices, TrialConfig
 from tuner.knobs.registry import NAMES as KNOBS
 from tuner.machine import hostlock
+from tuner.machine.host import busy_text
 from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_argv
 from tuner.measurement.measure import outputs_by_prompt, run_workload, score_trial
@@ -121,9 +122,9 @@ class GridRecorder:
         )
 
     def _resume(self) -> dict[str, dict]:
-        """Rows already recorded (the last per configuration), except failures that may not recur
-        (a crash, a timeout): those are measured again. Refused if measured on another build,
-        space or settings."""
+        """Rows already recorded (the last per configuration), except failures that may not recur (a crash, a
+        timeout) and rows measured beside other busy processes: those are measured again. Refused if measured on
+        another build, space or settings."""
         if not self.jsonl.is_file():
             return {}
         rows = [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
@@ -138,7 +139,8 @@ class GridRecorder:
         return {
             key: row
             for key, row in latest.items()
-            if row["status"] == "ok" or FailureReason(row["status"]) in PERMANENT
+            if (row["status"] == "ok" and not row.get("host_busy"))
+            or (row["status"] != "ok" and FailureReason(row["status"]) in PERMANENT)
         }
 
     def record(self, launches: list[Launch]) -> list[dict]:
@@ -149,15 +151,22 @@ class GridRecorder:
                 for config in pending:
                     self._write(self._failed(config, launch.refused))
                 continue
+            relaunched = False
             while pending:
-                pending = self._launch(number, launch, pending, total)
+                pending, busy = self._launch(number, launch, pending, total)
+                if (
+                    busy and not relaunched
+                ):  # as a trial is: launched once more; a second busy launch is kept, marked
+                    relaunched, pending = True, busy + pending
         return list(self.done.values())
 
     def _launch(
         self, number: int, launch: Launch, pending: list[TrialConfig], total: int
-    ) -> list[TrialConfig]:
-        """One server for the pending configurations; returns those left after a failure."""
+    ) -> tuple[list[TrialConfig], list[TrialConfig]]:
+        """One server for the pending configurations; returns those left after a failure, and those measured
+        while other processes kept the host busy (their rows marked ``host_busy``: measured again on resume)."""
         started = time.monotonic()
+        measured: list[TrialConfig] = []
 
         def measure_pending(server: LlamaServer) -> list[TrialConfig]:
             launch_s = time.monotonic() - started
@@ -173,25 +182,30 @@ class GridRecorder:
                     self._write(self._failed(config, failure))
                     return pending[1:]  # the server may be gone: a new one for the rest
                 self._write({**row, "launch_s": launch_s})
-                pending.pop(0)
+                measured.append(pending.pop(0))
                 self.progress(f"[{len(self.done)}/{total}] {_describe(row)}")
             return []
 
         try:
-            left = measured_launch(
+            launched = measured_launch(
                 ServerLaunch(
                     launch.argv,
                     self.ctx.log_dir / f"grid-{number}.log",
                     timeout_s=self.ctx.spec.measurement.trial_timeout_s,
                 ),
                 then=measure_pending,
-            ).then
+            )
         except TrialFailure as failure:  # the launch itself failed: so do all its configurations
             for config in pending:
                 self._write(self._failed(config, failure))
-            return []
-        assert left is not None  # measure_pending always answers
-        return left
+            return [], []
+        assert launched.then is not None  # measure_pending always answers
+        if not (launched.host_busy and measured):
+            return launched.then, []
+        self.progress(f"launch {number}: {busy_text(launched.busy)} during it: its rows are marked host_busy")
+        for config in measured:
+            self._write({**self.done[config_key(config)], "host_busy": True})
+        return launched.then, measured
 
     def _measure(self, server: LlamaServer, config: TrialConfig) -> dict[str, Any]:
         ctx = self.ctx
@@ -207,16 +221,18 @@ class GridRecorder:
             server.log_tail(),
         )
         outputs = outputs_by_prompt(samples)
-        if self.reference is None:
-            if config != baseline_config(ctx.space):
-                raise UserError(
-                    "record-grid: the baseline must be measured first; delete the table and record again"
-                )
+        baseline = config == baseline_config(ctx.space)
+        if self.reference is None and not baseline:
+            raise UserError(
+                "record-grid: the baseline must be measured first; delete the table and record again"
+            )
+        if baseline:  # the first time, or again after a busy launch: every speedup divides by its latest rate
             self.reference = {
                 "tokens": {pid: list(s.tokens) for pid, s in outputs.items()},
                 "tokens_per_second": scores.tokens_per_second,
             }
             self.reference_path.write_text(json.dumps(self.reference) + "\n")
+        assert self.reference is not None  # the baseline was measured first, checked above
         quality = output_quality(ctx.spec.quality.scorer, outputs, ctx.workload, self.reference["tokens"])
         floor = ctx.spec.quality.floor
         return {
