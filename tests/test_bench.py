@@ -412,6 +412,8 @@ def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, mon
                 "4",
                 "--gguf",
                 str(synthetic_models.path("draft-small")),
+                "--scale-grid-study",  # section 5 on the small grid: its code and prose sweeps, two launches each
+                str(study),
                 "--out",
                 str(out),
             ]
@@ -426,17 +428,22 @@ def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, mon
         "overhead",
         "concurrency",
         "repeatability",
+        "scale_regime",
         "timings",
     } <= set(result)
     assert set(result["search"]["strategies"]) >= {"default", "random", "grid"}
     assert result["overhead"]["rounds"] == 1 and len(result["repeatability"]["runs"]) == 2
     md = (out / "bench.md").read_text()
     assert (
-        md.count("\n## ") == 8 and "Whole bench:" in md
-    )  # 1, 1b (operator scale), 1c (decisions), 1d (launch size), 2, 2b, 3, 4
+        md.count("\n## ") == 9 and "Whole bench:" in md
+    )  # 1, 1b (operator scale), 1c (decisions), 1d (launch size), 2, 2b, 3, 4, 5 (the scale regime)
     assert result["decisions"]["runs"] == 4 and len(result["decisions"]["races"]) == 27
     assert [Path(row["path"]).name for row in result["gguf_read"]["files"]] == ["draft-small.gguf"]
     assert (out / "grid-grid-test.csv").exists()
+    assert [Path(s["table"]).name for s in result["scale_regime"]["suites"].values()] == [
+        "grid-grid-test-code.csv",
+        "grid-grid-test-prose.csv",
+    ]
 
 
 def test_bench_refuses_zero_rounds(capsys):

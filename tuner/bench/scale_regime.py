@@ -28,14 +28,12 @@ import pandas as pd
 from tuner.bench import replay
 from tuner.bench.grid import record_grid
 from tuner.bench.table import markdown_table, read_table
-from tuner.paths import REPO_ROOT
 from tuner.progress import Progress
 from tuner.search.speedup_model import Point, fit
 from tuner.search.stages.best_k import LEADER_STEPS
 from tuner.search.stages.configs import K_PROBE
 from tuner.studyfile.spec import StudySpec
 
-GRID_STUDY = REPO_ROOT / "studies" / "scale-grid.yaml"
 SUITES = ("code", "prose")
 SEARCH_BUDGET = 20  # trials within which the search must come within PICK_TOLERANCE of the sweep's best
 PICK_TOLERANCE = 0.03  # the search's pick within 3% of the sweep's best
@@ -92,6 +90,8 @@ def rung_distance(ks: list[int], a: int, b: int) -> int:
 def sweep_figures(frame: pd.DataFrame, seeds: int) -> dict[str, Any]:
     """One content type's sweep: per family its best K and the predicted one; the best overall; the search's
     pick within the budget."""
+    if "draft_max" not in frame.columns:  # a sweep without speculation (a test's, or --quick's first launch)
+        frame = frame.assign(draft_max=None)
     ks = sorted(int(k) for k in frame["draft_max"].dropna().unique())
     baseline = frame[frame["spec_type"] == "none"]["tokens_per_second"]
     rows: list[dict[str, Any]] = []

@@ -191,14 +191,18 @@ class Session:
         )
 
 
-def run_bench(grid_study: Path, study: Path, gguf: list[Path] | None, out: Path | None, asked: Asked) -> int:
+def run_bench(
+    grid_study: Path, study: Path, gguf: list[Path] | None, out: Path | None, asked: Asked, scale_grid: Path
+) -> int:
     """Every section in one session, under this host's measurement lock (the sizes are checked once it is held)."""
     with hostlock.measuring(f"bench ({grid_study.name}, {study.name})"):  # the whole session measures
         sizes = sizes_of(asked.seeds, asked.rounds, asked.decision_runs, asked.repeat_trials, asked.quick)
-        return _run(grid_study, study, gguf, out, sizes)
+        return _run(grid_study, study, gguf, out, sizes, scale_grid)
 
 
-def _run(grid_study: Path, study: Path, gguf: list[Path] | None, out: Path | None, sizes: Sizes) -> int:
+def _run(
+    grid_study: Path, study: Path, gguf: list[Path] | None, out: Path | None, sizes: Sizes, scale_grid: Path
+) -> int:
     default_out = reports_dir() / "bench" / ("quick" if sizes.quick else "")  # --quick never overwrites
     session = Session(out or default_out, sizes.quick)
     _search(session, grid_study, sizes)
@@ -206,7 +210,7 @@ def _run(grid_study: Path, study: Path, gguf: list[Path] | None, out: Path | Non
     _overhead(session, study, sizes)
     _repeatability(session, study, sizes)
     _gguf(session, gguf, study, sizes)
-    _scale(session, sizes)
+    _scale(session, scale_grid, sizes)
     session.result["timings"]["total_s"] = time.monotonic() - session.started
     session.write(last=True)
     print(
@@ -329,12 +333,12 @@ def _gguf(session: Session, given: list[Path] | None, study: Path, sizes: Sizes)
     )
 
 
-def _scale(session: Session, sizes: Sizes) -> None:
+def _scale(session: Session, scale_grid: Path, sizes: Sizes) -> None:
     """5. The scale target's sweep on code and on prose against the structured search."""
-    spec = study_spec(scale_regime.GRID_STUDY, sizes, session.out)
+    spec = study_spec(scale_grid, sizes, session.out)
     session.section(
         "scale_regime",
-        f"5 the research's regime: the scale target's K sweep ({scale_regime.GRID_STUDY.name}) on "
+        f"5 the research's regime: the scale target's K sweep ({scale_grid.name}) on "
         f"{', '.join(scale_regime.SUITES)}, against the structured search",
         "5. The research's regime: the scale target's K sweep against the search",
         lambda: scale_regime.measure_regime(

@@ -29,6 +29,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=REPO_ROOT / "studies" / "demo.yaml",
         help="study for the overhead and repeatability runs (default: studies/demo.yaml)",
     )
+    parser.add_argument(
+        "--scale-grid-study",
+        type=Path,
+        default=REPO_ROOT / "studies" / "scale-grid.yaml",
+        help="study whose K sweep section 5 records once per content type, code and prose, on the scale target "
+        "(default: studies/scale-grid.yaml; its models: tuner synthetic --scale)",
+    )
     parser.add_argument("--seeds", type=int, default=20, help="seeds per sampler in the replay (default: 20)")
     parser.add_argument(
         "--rounds",
@@ -69,4 +76,4 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     asked = Asked(args.seeds, args.rounds, args.decision_runs, args.repeat_trials, args.quick)
-    return run_bench(args.grid_study, args.study, args.gguf, args.out, asked)
+    return run_bench(args.grid_study, args.study, args.gguf, args.out, asked, args.scale_grid_study)

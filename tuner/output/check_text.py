@@ -54,8 +54,8 @@ def _models_lines(ctx: StudyContext) -> list[str]:
         f"  machine  {fp.get('physical_cores')} cores, {len(ctx.launch.topology.nodes)} NUMA node(s), "
         + (f"{bandwidth / 1e9:.1f} GB/s memory bandwidth (copy probe)" if bandwidth else "bandwidth unknown"),
         *([f"  {curve.text()}"] if curve else []),
-        _memory_line(ctx),
         f"  search   {_thread_walk(ctx)}",
+        _memory_line(ctx),
     ]
 
 
