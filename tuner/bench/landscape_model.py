@@ -36,6 +36,7 @@ from tuner.knobs.config import TrialConfig
 from tuner.machine.bandwidth import FINGERPRINT_KEY, probe_counts
 from tuner.machine.fingerprint import Fingerprint
 from tuner.measurement.failures import FailureReason
+from tuner.models.memory_fit import CACHE_TYPE_BYTES
 from tuner.search.space import ResolvedSpace
 from tuner.storage.records import StudyRecord, digest
 
@@ -99,18 +100,7 @@ class Rounds:
     accepted: np.ndarray
 
 
-# Bytes per KV element of each cache type (ggml's blocks: q8_0 34 bytes per 32 values, q4_0 18, ...).
-KV_BYTES = {
-    "f32": 4.0,
-    "f16": 2.0,
-    "bf16": 2.0,
-    "q8_0": 34 / 32,
-    "q5_1": 24 / 32,
-    "q5_0": 22 / 32,
-    "q4_1": 20 / 32,
-    "q4_0": 18 / 32,
-    "iq4_nl": 18 / 32,
-}
+KV_BYTES = CACHE_TYPE_BYTES  # bytes per KV element of each cache type, as the memory-fit check counts them
 # Quality a quantized KV cache costs (K, V), on the landscapes' agreement scale: in proportion to the KL divergence
 # in llama.cpp PR 7412's table (q8_0 V 0.0007, q8_0 K 0.0009 against 0.0002 for f16; q4 several times q8_0; K more
 # sensitive than V). The scale is an assumption: 8-bit is harmless, a 4-bit K falls below a 0.97 floor.

@@ -14,28 +14,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Benchmark the tuner in one session: (1) trials each sampler needs to come within 3% of the best "
         "configuration of a recorded grid, (2) the tuner's tokens/s and wall time per trial against "
-        "llama-bench's, alternating, (3) two seeds of a study, winners re-measured side by side. "
-        "Writes reports/bench/bench.json and bench.md."
+        "llama-bench's, alternating, (3) two seeds of a study, winners re-measured side by side, "
+        "(5) the scale target's K sweep against the structured search. Writes reports/bench/bench.json and bench.md."
     )
-    parser.add_argument(
-        "--grid-study",
-        type=Path,
-        default=REPO_ROOT / "studies" / "bench-grid.yaml",
-        help="study whose (all-choices) space is recorded as the grid (default: studies/bench-grid.yaml)",
-    )
-    parser.add_argument(
-        "--study",
-        type=Path,
-        default=REPO_ROOT / "studies" / "demo.yaml",
-        help="study for the overhead and repeatability runs (default: studies/demo.yaml)",
-    )
-    parser.add_argument(
-        "--scale-grid-study",
-        type=Path,
-        default=REPO_ROOT / "studies" / "scale-grid.yaml",
-        help="study whose K sweep section 5 records once per content type, code and prose, on the scale target "
-        "(default: studies/scale-grid.yaml; its models: tuner synthetic --scale)",
-    )
+    _studies(parser)
     parser.add_argument("--seeds", type=int, default=20, help="seeds per sampler in the replay (default: 20)")
     parser.add_argument(
         "--rounds",
@@ -72,6 +54,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, help="output folder (default: reports/bench, with --quick reports/bench/quick)"
     )
     add_no_wait(parser)
+
+
+def _studies(parser: argparse.ArgumentParser) -> None:
+    """The studies the sections measure."""
+    parser.add_argument(
+        "--grid-study",
+        type=Path,
+        default=REPO_ROOT / "studies" / "bench-grid.yaml",
+        help="study whose (all-choices) space is recorded as the grid (default: studies/bench-grid.yaml)",
+    )
+    parser.add_argument(
+        "--study",
+        type=Path,
+        default=REPO_ROOT / "studies" / "demo.yaml",
+        help="study for the overhead and repeatability runs (default: studies/demo.yaml)",
+    )
+    parser.add_argument(
+        "--scale-grid-study",
+        type=Path,
+        default=REPO_ROOT / "studies" / "scale-grid.yaml",
+        help="section 5's K sweep, recorded on code and on prose (default: studies/scale-grid.yaml)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
