@@ -797,3 +797,24 @@ def test_the_preset_says_how_threads_and_prompt_threads_were_chosen():
     assert batch.startswith(
         "threads-batch 96: tuned apart on prompt throughput, 410 prompt tokens/s against 300 at 48"
     )
+
+
+def test_the_exported_speedup_is_the_sentinels_not_a_disturbed_baseline_one():
+    """A trial recorded at x13.94 against a disturbed first baseline reading is exported at the sentinels' figure;
+    without a corrected figure the recorded one stands."""
+    from tuner.knobs.config import TrialConfig
+    from tuner.output.export import sentinel_speedup
+    from tuner.storage.records import Metrics, TrialRecord
+
+    trial = TrialRecord(
+        number=1,
+        state="COMPLETE",
+        role="search",
+        config=TrialConfig(spec_type="draft-simple", draft="d", draft_max=8, threads=2),
+        worker="h:1",
+        metrics=Metrics(524.2, 0.5, 1.0, 13.94),
+    )
+    frame = pd.DataFrame({"trial": [0, 1], "speedup": [1.0, 524.2 / 362.7]})
+    assert sentinel_speedup(trial, frame) == pytest.approx(1.445, abs=1e-3)
+    assert sentinel_speedup(trial, frame.assign(speedup=[1.0, None])) == 13.94
+    assert sentinel_speedup(trial, frame[frame["trial"] == 0]) == 13.94
