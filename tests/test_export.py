@@ -802,8 +802,8 @@ def test_the_preset_says_how_threads_and_prompt_threads_were_chosen():
 def test_the_exported_speedup_is_the_sentinels_not_a_disturbed_baseline_one():
     """A trial recorded at x13.94 against a disturbed first baseline reading is exported at the sentinels' figure;
     without a corrected figure the recorded one stands."""
+    from tuner.decisions.deployed import sentinel_speedup
     from tuner.knobs.config import TrialConfig
-    from tuner.output.export import sentinel_speedup
     from tuner.storage.records import Metrics, TrialRecord
 
     trial = TrialRecord(

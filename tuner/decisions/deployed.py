@@ -126,7 +126,7 @@ def _pooled(
     metrics = chosen.measured_metrics  # the policy chooses among complete trials
     print(
         f"chosen: trial {number} ({why}): {metrics.tokens_per_second:.1f} tokens/s, "
-        f"x{metrics.speedup:.2f} over the baseline (recorded, one measurement)"
+        f"x{sentinel_speedup(chosen, recorded.frame):.2f} over the baseline (recorded, one measurement)"
     )
     race = None
     if ctx is not None:
@@ -138,6 +138,8 @@ def _pooled(
             for line in verdict_lines(race):
                 print(line)
             number, why = race.winner, race_policy(race, why)
+            if not race.baseline_deployed:  # every section states the raced speedup, as the -cN sections do
+                why = f"{race.figure()}; {why}"
             if race.baseline_deployed:
                 print(f"export: {why}")
     deployed = store.read_trial(study.trials[number])
@@ -222,3 +224,13 @@ def _by_load(
             f"load class c{users}: trial {trial}, {method_of(chosen.config.as_dict())}: {how}, served with {users} slot(s)"
         )
     return tuple(deployed)
+
+
+def sentinel_speedup(trial: TrialRecord, frame: pd.DataFrame) -> float:
+    """The trial's speedup over the baseline as the sentinels put it around its time (``drift.Sentinels``: a first
+    baseline reading they contradicted left out), else as recorded at the time: a one-launch figure against a
+    disturbed baseline is never what an exported file states."""
+    rows = frame[frame["trial"] == trial.number] if "speedup" in frame.columns else frame.iloc[0:0]
+    corrected = rows["speedup"].iloc[0] if len(rows) else None
+    assert trial.metrics is not None, "an exported trial is complete"
+    return float(corrected) if corrected is not None and not pd.isna(corrected) else trial.metrics.speedup

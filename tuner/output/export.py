@@ -25,7 +25,7 @@ import pandas as pd
 import yaml
 
 from tuner import figures
-from tuner.decisions.deployed import section_name
+from tuner.decisions.deployed import section_name, sentinel_speedup
 from tuner.decisions.deployment import decision, race_policy, thread_notes
 from tuner.decisions.per_type import PerTypeResultJson
 from tuner.decisions.race import RaceResult
@@ -78,16 +78,6 @@ class Export:
         safe = figures.json_safe(out)
         assert isinstance(safe, dict), "json_safe keeps a dict a dict"
         return safe
-
-
-def sentinel_speedup(trial: TrialRecord, frame: pd.DataFrame) -> float:
-    """The trial's speedup over the baseline as the sentinels put it around its time (``drift.Sentinels``: a first
-    baseline reading they contradicted left out), else as recorded at the time: a one-launch figure against a
-    disturbed baseline is never what an exported file states."""
-    rows = frame[frame["trial"] == trial.number] if "speedup" in frame.columns else frame.iloc[0:0]
-    corrected = rows["speedup"].iloc[0] if len(rows) else None
-    assert trial.metrics is not None, "an exported trial is complete"
-    return float(corrected) if corrected is not None and not pd.isna(corrected) else trial.metrics.speedup
 
 
 def production_argv(argv: list[str], temperature: float) -> list[str]:
