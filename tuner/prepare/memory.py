@@ -23,13 +23,17 @@ def config_misfit(ctx: StudyContext, config: TrialConfig) -> str | None:
 
 
 def largest(ctx: StudyContext) -> Footprint:
-    """The space's largest configuration: the target with its largest draft at the widest KV cache type."""
-    draft = max(ctx.drafts.values(), key=lambda d: d.weights_bytes + d.kv_elements_per_token, default=None)
+    """The space's largest configuration: the target with the draft whose footprint is largest, at the widest
+    KV cache type."""
     widest = max(
         _cache_types(ctx, "cache_type_k") + _cache_types(ctx, "cache_type_v"),
         key=lambda t: CACHE_TYPE_BYTES.get(t, 2.0),
     )
-    return footprint(ctx.target, draft, ctx.launch.ctx_size, widest, widest)
+    sizes = [
+        footprint(ctx.target, draft, ctx.launch.ctx_size, widest, widest)
+        for draft in [None, *ctx.drafts.values()]
+    ]
+    return max(sizes, key=lambda size: size.total)
 
 
 def _cache_types(ctx: StudyContext, knob: str) -> list[str]:
