@@ -62,6 +62,7 @@ class TrialConfig:
     ngram_min_hits: int | None = None
     temperature: float = 0.0
     experts: int | None = None
+    target_quant: str | None = None  # None: a study without target variants (the target file as given)
     numa: str = "none"
     numa_node: int | None = None
     threads: int = 1

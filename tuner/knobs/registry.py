@@ -27,6 +27,8 @@ NUMA_POLICIES = ("none", "interleave", "bind", "distribute", "isolate")
 # the KV cache types of the pinned build (-ctk/-ctv).
 FLASH_ATTN = ("auto", "on", "off")
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# The target_quant value of the target file as the study gives it (its highest precision).
+SOURCE_QUANT = "source"
 # Knobs that only mean something with several users at once: a space file's `concurrent:` section.
 CONCURRENT_KNOBS = ("parallel",)
 # How llama-server holds the weights, which decides page faults and swapping under memory pressure: mapped
@@ -96,6 +98,12 @@ KNOBS = (
     ),
     Knob("temperature", float, "sampling temperature, sent per request"),
     Knob("experts", int, "MoE active experts (--override-kv ARCH.expert_used_count=int:N), MoE targets only"),
+    Knob(
+        "target_quant",
+        str,
+        "the target's quantization: 'source' (the file as given) or a llama-quantize type the study's "
+        "target.quantize lists",
+    ),
     Knob(
         "numa", str, f"NUMA policy, one of {', '.join(NUMA_POLICIES)}; collapses to what the machine supports"
     ),

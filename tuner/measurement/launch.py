@@ -16,7 +16,7 @@ the CPUs are pinned by llama.cpp itself (``--cpu-mask`` with ``--cpu-strict 1``)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tuner.errors import UserError
@@ -122,6 +122,12 @@ class LaunchContext:
     slots: int = 1  # --parallel when the configuration does not set it: the study's highest concurrency
     chat: bool = False  # the workload holds conversations: served through the chat template (--jinja)
     chat_template: Path | None = None  # the study's template file; None: the target's own
+    # the target's llama-quantize variants by type (the knob target_quant); "source" and None: ``target``
+    target_variants: dict[str, Path] = field(default_factory=dict)
+
+    def target_file(self, config: TrialConfig) -> Path:
+        """The target file ``config`` runs: its variant's, or the study's target as given."""
+        return self.target_variants.get(config.target_quant or "", self.target)
 
 
 def pinned_cpus(config: TrialConfig, ctx: LaunchContext) -> list[int]:
@@ -237,7 +243,7 @@ def build_server_argv(config: TrialConfig, ctx: LaunchContext) -> list[str]:
 def model_options(config: TrialConfig, ctx: LaunchContext) -> list[tuple[str, str]]:
     """The options that decide what the target computes: shared with llama-perplexity."""
     options = [
-        ("--model", str(ctx.target)),
+        ("--model", str(ctx.target_file(config))),
         ("--threads", str(config.threads)),
         ("--threads-batch", str(config.threads_batch or config.threads)),
     ]

@@ -30,6 +30,7 @@ from tuner.decisions.race import RaceResult, users_text
 from tuner.knobs.config import method_of
 from tuner.knobs.registry import INT_KNOBS
 from tuner.knobs.registry import NAMES as KNOB_NAMES
+from tuner.knobs.registry import SOURCE_QUANT
 from tuner.machine.bandwidth import BandwidthCurve, curve_of
 from tuner.machine.host import host_was_busy
 from tuner.machine.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
@@ -119,7 +120,7 @@ def trials_frame(
         }
         if record.complete and sentinels.speedup(record) is not None:
             row["speedup"] = sentinels.speedup(record)
-        if roofline is not None and metrics is not None:
+        if roofline is not None and metrics is not None and record.config.target_quant in (None, SOURCE_QUANT):
             ceiling = roofline.tokens_per_second(record.config.experts)
             row["roofline_tokens_per_second"] = ceiling
             row["roofline_fraction"] = metrics.tokens_per_second / ceiling
@@ -391,6 +392,33 @@ def effect(frame: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     )
 
 
+VARIANT_COLUMNS = ["target_quant", "family", "best_tokens_per_second", "speedup", "mean_kld", "same_top", "feasible"]
+
+
+def variant_front(frame: pd.DataFrame) -> pd.DataFrame:
+    """A study of target variants: per variant and speculation family, the fastest complete trial, the variant's
+    distance from the source (mean KLD, same top token; the source's own is 0 and 1) and whether it is within the
+    study's quality bounds. Empty for a study without variants."""
+    pool = complete(frame).dropna(subset=["target_quant"])
+    if pool.empty or pool["target_quant"].nunique() < 2:
+        return pd.DataFrame(columns=VARIANT_COLUMNS)
+    rows = []
+    for (variant, family), group in pool.groupby(["target_quant", "family"], sort=False):
+        best = group.loc[group["tokens_per_second"].idxmax()]
+        rows.append(
+            {
+                "target_quant": variant,
+                "family": family,
+                "best_tokens_per_second": best["tokens_per_second"],
+                "speedup": best.get("speedup"),
+                "mean_kld": best.get("score_mean_kld", 0.0) if not pd.isna(best.get("score_mean_kld")) else 0.0,
+                "same_top": best.get("score_same_top", 1.0) if not pd.isna(best.get("score_same_top")) else 1.0,
+                "feasible": bool(best["feasible"]),
+            }
+        )
+    return pd.DataFrame(rows, columns=VARIANT_COLUMNS)
+
+
 def importances(study: optuna.Study, record: StudyRecord) -> pd.DataFrame:
     """Parameter importance per objective (Optuna's default evaluator); empty when too few trials."""
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -442,6 +470,7 @@ class ReportData:
     best_per_suite: pd.DataFrame
     temperature: pd.DataFrame
     experts: pd.DataFrame
+    variants: pd.DataFrame  # the target's quantization: speed against KL divergence by variant and family
     threads_numa: pd.DataFrame
     importances: pd.DataFrame
     failures: pd.DataFrame
@@ -497,6 +526,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         best_per_suite=best_per_suite(frame),
         temperature=effect(frame, ["temperature", "method"]),
         experts=effect(frame, ["experts"]),
+        variants=variant_front(frame),
         threads_numa=effect(frame, ["numa", "threads"]),
         importances=importances(study, record),
         failures=failures(frame),

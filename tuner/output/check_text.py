@@ -50,12 +50,28 @@ def _models_lines(ctx: StudyContext) -> list[str]:
         f"  target   {ctx.spec.target.name}: {target.architecture}, {target.file_type or target.dominant_tensor_type}, "
         f"{target.weights_bytes / 1e9:.2f} GB of weights"
         + (f", {target.expert_used_count} of {target.expert_count} experts" if target.is_moe else ""),
+        *_variant_lines(ctx),
         f"  drafts   {drafts}",
         f"  machine  {fp.get('physical_cores')} cores, {len(ctx.launch.topology.nodes)} NUMA node(s), "
         + (f"{bandwidth / 1e9:.1f} GB/s memory bandwidth (copy probe)" if bandwidth else "bandwidth unknown"),
         *([f"  {curve.text()}"] if curve else []),
         f"  search   {_thread_walk(ctx)}",
         _memory_line(ctx),
+    ]
+
+
+def _variant_lines(ctx: StudyContext) -> list[str]:
+    """The target's llama-quantize variants, their sizes, the KLD ceiling and the order the search walks them."""
+    if not ctx.target_variants:
+        return []
+    sizes = ", ".join(
+        f"{name} ({v.info.file_type or v.info.dominant_tensor_type}, {v.info.weights_bytes / 1e9:.2f} GB)"
+        for name, v in ctx.target_variants.items()
+    )
+    return [
+        f"  variants {sizes}",
+        f"           walked in this order after speculation (stage 1d), each with the source's best configuration; "
+        f"one over quality.max_kld {ctx.spec.quality.max_kld:g} is ruled out; K walked again on the one that leads",
     ]
 
 

@@ -205,6 +205,31 @@ def experts_figure(frame: pd.DataFrame, div_id: str) -> str:
     return _figure_html(fig, div_id)
 
 
+def variants_figure(frame: pd.DataFrame, div_id: str) -> str:
+    """Speed against KL divergence from the source, a point per variant and speculation family (colour);
+    hollow: over the study's quality bounds, never deployed."""
+    fig = go.Figure()
+    for index, (family, group) in enumerate(frame.groupby("family", sort=False)):
+        fig.add_trace(
+            go.Scatter(
+                x=group["mean_kld"],
+                y=group["best_tokens_per_second"],
+                mode="markers+text",
+                text=group["target_quant"],
+                textposition="top center",
+                name=str(family),
+                marker={
+                    "color": _palette(index),
+                    "size": 11,
+                    "symbol": ["circle" if ok else "circle-open" for ok in group["feasible"]],
+                },
+            )
+        )
+    fig.update_xaxes(title_text="mean KL divergence from the source (nats)")
+    fig.update_yaxes(title_text="best tokens/s")
+    return _figure_html(fig, div_id)
+
+
 def speedup_figure(data: ReportData, div_id: str) -> str:
     done = complete(data.trials).sort_values("speedup", ascending=False)
     labels = [

@@ -19,6 +19,7 @@ from tuner.output.report_figures import (
     acceptance_model_figure,
     drift_figure,
     experts_figure,
+    variants_figure,
     importance_figure,
     latency_figure,
     lines_figure,
@@ -259,6 +260,34 @@ def _knob_sections(data: ReportData) -> list[Section]:
             experts_figure(data.experts, "fig-experts")
             if not data.experts.empty
             else empty_note("dense target: no expert knob"),
+        ),
+        *(
+            [
+                Section(
+                    "variants",
+                    "The target's quantization: speed against KL divergence",
+                    "Each variant of the target (target.quantize) at its fastest per speculation family (colour), "
+                    "against its mean KL divergence from the source's logits on quality.text_file. Hollow: over "
+                    "the quality bounds (quality.max_kld, the floor on the same top token), never deployed. "
+                    "Speculation on a variant is lossless with respect to that variant: what it adds is the "
+                    "height above the variant's own target-alone point.",
+                    variants_figure(data.variants, "fig-variants")
+                    + html_table(
+                        data.variants,
+                        {
+                            "target_quant": "variant",
+                            "family": "speculation",
+                            "best_tokens_per_second": "best tokens/s",
+                            "speedup": "speedup (sentinels)",
+                            "mean_kld": "mean KLD from the source",
+                            "same_top": "same top token",
+                            "feasible": "within the bounds",
+                        },
+                    ),
+                )
+            ]
+            if not data.variants.empty
+            else []
         ),
         Section(
             "threads-numa",

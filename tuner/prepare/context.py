@@ -4,10 +4,11 @@ stored (``study_record``: the workload and the scorer as the study record keeps 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.knobs.config import TrialConfig
 from tuner.machine.fingerprint import Fingerprint
 from tuner.measurement.launch import LaunchContext
 from tuner.measurement.measure import MeasurementSettings
@@ -17,6 +18,25 @@ from tuner.models.quantize import Variant
 from tuner.search.space import ResolvedSpace
 from tuner.storage.records import StudyRecord
 from tuner.studyfile.spec import StudySpec
+
+
+@dataclass(frozen=True)
+class TargetVariant:
+    """One llama-quantize variant of the target: how it was made, its header and its file's digest (the export
+    writes it, ``tuner verify`` checks it)."""
+
+    variant: Variant
+    info: ModelInfo
+    sha256: str
+
+    def record(self) -> dict:
+        """As the study record keeps it: provenance, file, digest, size and type."""
+        return {
+            **self.variant.provenance,
+            "path": str(self.variant.path),
+            "sha256": self.sha256,
+            "bytes": self.info.file_size_bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -33,6 +53,12 @@ class StudyContext:
     build: dict
     log_dir: Path
     quantized: dict[str, Variant] | None = None  # draft name -> variant made by llama-quantize
+    target_variants: dict[str, TargetVariant] = field(default_factory=dict)  # by type: the knob target_quant
+
+    def target_for(self, config: TrialConfig) -> ModelInfo:
+        """The header of the target file ``config`` runs (a variant's, or the study's target)."""
+        variant = self.target_variants.get(config.target_quant or "")
+        return variant.info if variant else self.target
 
     @property
     def settings(self) -> MeasurementSettings:
@@ -57,6 +83,7 @@ class StudyContext:
             workload=workload_record(spec, self.workload),
             measurement=self.settings.comparability(),
             quantized_drafts={name: v.provenance for name, v in (self.quantized or {}).items()},
+            target_variants={name: v.record() for name, v in self.target_variants.items()},
         )
 
 

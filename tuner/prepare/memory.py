@@ -12,7 +12,7 @@ def config_footprint(ctx: StudyContext, config: TrialConfig) -> Footprint:
     """What ``config`` keeps resident: the target, its draft model if it drafts with one, the KV cache."""
     draft = ctx.drafts.get(config.draft) if config.draft else None
     return footprint(
-        ctx.target, draft, ctx.launch.ctx_size, config.cache_type_k or "f16", config.cache_type_v or "f16"
+        ctx.target_for(config), draft, ctx.launch.ctx_size, config.cache_type_k or "f16", config.cache_type_v or "f16"
     )
 
 
@@ -23,14 +23,15 @@ def config_misfit(ctx: StudyContext, config: TrialConfig) -> str | None:
 
 
 def largest(ctx: StudyContext) -> Footprint:
-    """The space's largest configuration: the target with the draft whose footprint is largest, at the widest
-    KV cache type."""
+    """The space's largest configuration: the target (of its variants, the largest) with the draft whose
+    footprint is largest, at the widest KV cache type."""
     widest = max(
         _cache_types(ctx, "cache_type_k") + _cache_types(ctx, "cache_type_v"),
         key=lambda t: CACHE_TYPE_BYTES.get(t, 2.0),
     )
     sizes = [
-        footprint(ctx.target, draft, ctx.launch.ctx_size, widest, widest)
+        footprint(target, draft, ctx.launch.ctx_size, widest, widest)
+        for target in [ctx.target, *(v.info for v in ctx.target_variants.values())]
         for draft in [None, *ctx.drafts.values()]
     ]
     return max(sizes, key=lambda size: size.total)

@@ -7,19 +7,34 @@ from pathlib import Path
 
 from tuner.errors import UserError
 from tuner.models.gguf_info import ModelInfo, check_draft_compatibility, read_model_info
-from tuner.models.quantize import Variant, ensure_variant
+from tuner.models.quantize import QuantizeRequest, Variant, default_cache, ensure_variant, source_digest
+from tuner.prepare.context import TargetVariant
 from tuner.progress import Progress
 from tuner.studyfile.spec import StudySpec
 
 
 def make_variants(spec: StudySpec, bin_dir: Path, progress: Progress) -> dict[str, Variant]:
-    """Every quantize variant the study asks for, made now or taken from the cache (tuner.models.quantize)."""
+    """Every quantize variant of a draft the study asks for, made now or taken from the cache
+    (tuner.models.quantize), by draft name."""
+    return {request.name: _variant(request, bin_dir, progress, f"draft {request.name}") for request in spec.quantize}
+
+
+def make_target_variants(spec: StudySpec, bin_dir: Path, progress: Progress) -> dict[str, TargetVariant]:
+    """The target's variants (``target.quantize``) by type, the values of the knob target_quant: made or taken
+    from the cache, each with its header and its file's digest."""
     variants = {}
-    for request in spec.quantize:
-        variant = ensure_variant(request, bin_dir, source_file_type=read_model_info(request.source).file_type)
-        progress(f"draft {request.name}: {'made' if variant.made else 'cached'} {variant.path}")
-        variants[request.name] = variant
+    for request in spec.target_quantize:
+        variant = _variant(request, bin_dir, progress, f"target {request.type}")
+        digest = source_digest(variant.path, default_cache())
+        variants[request.type] = TargetVariant(variant, read_model_info(variant.path), digest)
     return variants
+
+
+def _variant(request: QuantizeRequest, bin_dir: Path, progress: Progress, what: str) -> Variant:
+    variant = ensure_variant(request, bin_dir, source_file_type=read_model_info(request.source).file_type)
+    size = variant.path.stat().st_size / 1e9
+    progress(f"{what}: {'made' if variant.made else 'cached'} {variant.path} ({size:.2f} GB)")
+    return variant
 
 
 def check_models(

@@ -38,6 +38,7 @@ def check_models_and_space(
             expert_used_count=target.expert_used_count if target.is_moe else None,
             expert_count=target.expert_count,
             announced=target.speculative_types,
+            quants=tuple(request.type for request in spec.target_quantize),
         ),
         host=SpaceHost(
             physical_cores=topo.physical_cores,

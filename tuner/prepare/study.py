@@ -15,7 +15,7 @@ from tuner.machine.topology import read_topology
 from tuner.measurement.launch import LaunchContext
 from tuner.paths import inside, storage_dir
 from tuner.prepare.context import StudyContext
-from tuner.prepare.models import make_variants
+from tuner.prepare.models import make_target_variants, make_variants
 from tuner.prepare.space import check_models_and_space, max_slots
 from tuner.prepare.workload import chat_template, check_prompts_fit, study_workload
 from tuner.progress import Progress
@@ -31,6 +31,7 @@ def prepare(spec: StudySpec, progress: Progress | None = None) -> StudyContext:
     numactl = numactl_path()
     bin_dir = resolve_bin_dir(spec.bin_dir)
     quantized = make_variants(spec, bin_dir, progress)
+    variants = make_target_variants(spec, bin_dir, progress)
     workload = study_workload(spec)
     target, drafts, space = check_models_and_space(
         spec, topo, numactl, {name: v.path for name, v in quantized.items()}, workload
@@ -52,6 +53,7 @@ def prepare(spec: StudySpec, progress: Progress | None = None) -> StudyContext:
         slots=max(spec.measurement.concurrency),
         chat_template=spec.chat_template.resolve() if spec.chat_template and workload.chat else None,
         chat=workload.chat,
+        target_variants={name: v.variant.path.resolve() for name, v in variants.items()},
     )
     bandwidth, curve = fingerprint_bandwidth(topo.physical_cores)
     return StudyContext(
@@ -66,6 +68,7 @@ def prepare(spec: StudySpec, progress: Progress | None = None) -> StudyContext:
         build=build,
         log_dir=inside(storage_dir() / "logs", spec.name, "study"),
         quantized=quantized,
+        target_variants=variants,
     )
 
 

@@ -152,7 +152,7 @@ class TrialMeasurement:
         evicted = self.placed_under is not None and config.numa != self.placed_under
         if evicted:
             launch = self.ctx.launch
-            evict([launch.target, *launch.drafts.values()])
+            evict([launch.target_file(config), *launch.drafts.values()])
         self.placed_under = config.numa
         return evicted
 
@@ -221,7 +221,7 @@ class TrialMeasurement:
                 record.command.argv,
                 log_path,
                 timeout_s=ctx.settings.trial_timeout_s,
-                models=[ctx.launch.target, *ctx.launch.drafts.values()],
+                models=[ctx.launch.target_file(config), *ctx.launch.drafts.values()],
             ),
             requests=Requests(
                 ctx.workload,
@@ -245,7 +245,13 @@ class TrialMeasurement:
             served.log_tail,
         )
         if not config.speculative and self.roofline is not None:
-            why = impossible(scores.tokens_per_second, self.roofline, config.experts, self.llc_bytes)
+            target = self.ctx.target_for(config)  # a quantized variant reads fewer bytes: its own ceiling
+            roofline = replace(
+                self.roofline,
+                weights_bytes=target.weights_bytes,
+                expert_bytes=target.expert_weights_bytes if self.roofline.expert_bytes else None,
+            )
+            why = impossible(scores.tokens_per_second, roofline, config.experts, self.llc_bytes)
             if why:
                 raise TrialFailure(FailureReason.ABOVE_ROOFLINE, why, served.log_tail)
         return scores

@@ -12,6 +12,8 @@ first with something new to measure proposes it:
 1. ``probes``: every draft and n-gram type at K=8, at the baseline's hardware and temperature.
    ``best_k``: the speculation model fitted per option, the predicted best K of the leading options.
    ``stacks``: lookup types stacked on the best draft-model configuration, and the stacked length.
+   ``target_quant`` (a target with variants): each variant with the source's best speculation; on the
+   variant that leads, the target alone and K walked again.
 2. ``hardware``: NUMA policies, node and a walk over threads, with the best speculation so far.
    ``prompt_threads``: where prompts are long, ``threads_batch`` apart from ``threads``, on prompt throughput.
    ``serving`` (several users): slots at the objective's level, then each serving knob walked.
@@ -47,6 +49,7 @@ from tuner.search.stages import (
     refinement,
     serving,
     stacks,
+    target_quant,
     temperature,
     warm_start,
 )
@@ -59,6 +62,7 @@ STAGES = (
     probes,
     best_k,
     stacks,
+    target_quant,
     hardware,
     prompt_threads,
     serving,

@@ -28,6 +28,7 @@ from tuner.knobs.registry import (
     MEMORY_KNOBS,
     SERVING_DEFAULTS,
     SIZED_LOOKUP_TYPES,
+    SOURCE_QUANT,
     SPEC_TYPES_WITH_K,
 )
 from tuner.studyfile.validate import Fields
@@ -66,6 +67,7 @@ class SpaceTarget:
     expert_used_count: int | None = None
     expert_count: int | None = None
     announced: tuple[str, ...] = ()
+    quants: tuple[str, ...] = ()  # the target's llama-quantize variants (target.quantize), by type
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ def resolve_space(
     _resolve_drafts(domains, spec_values, fields, draft_names)
     _resolve_lookup(domains, spec_values, notes)
     _resolve_experts(domains, fields, expert_used_count, expert_count, notes)
+    _resolve_target_quant(domains, fields, target.quants, notes)
     _resolve_numa(domains, numa_policies, numa_nodes, notes)
     _resolve_threads(
         domains, fields, physical_cores, logical_cpus if raw.allow_smt else physical_cores, raw.allow_smt
@@ -181,6 +184,28 @@ def _resolve_drafts(
             domains.pop(knob, None)
     elif "draft_max" not in domains:
         domains["draft_max"] = Choices((3,))  # llama.cpp's own default K
+
+
+def _resolve_target_quant(
+    domains: dict[str, Domain], fields: Fields, quants: tuple[str, ...], notes: list[str]
+) -> None:
+    """The target's quantization: the source (the baseline's, always offered) and the study's variants, or
+    the ones the space names among them; none without ``target.quantize``."""
+    offered = (SOURCE_QUANT, *quants)
+    if not quants:
+        if domains.pop("target_quant", None) is not None:
+            notes.append("target_quant: dropped (the study's target has no quantize list)")
+        return
+    written = domains.get("target_quant", Choices(offered))
+    if not isinstance(written, Choices):
+        fields.fail("search_space.target_quant", "expected a list of the target's variants")
+    unknown = [v for v in written.values if v not in offered]
+    if unknown:
+        fields.fail(
+            "search_space.target_quant",
+            f"{unknown[0]!r} is not one of the target's variants ({', '.join(offered)}); add it to target.quantize",
+        )
+    domains["target_quant"] = Choices((SOURCE_QUANT, *(v for v in written.values if v != SOURCE_QUANT)))
 
 
 def _resolve_experts(
@@ -334,7 +359,7 @@ def suggest(trial, space: ResolvedSpace) -> TrialConfig:
     if spec_type in DRAFT_MODEL_TYPES and "lookup" in domains:
         values["lookup"] = _suggest(trial, "lookup", domains["lookup"])
     values.update(_suggest_ngram(trial, domains, spec_type, values.get("lookup")))
-    for knob in ("temperature", "experts", "numa"):
+    for knob in ("temperature", "experts", "target_quant", "numa"):
         if knob in domains:
             values[knob] = _suggest(trial, knob, domains[knob])
     if values.get("numa") == "bind":
@@ -397,6 +422,7 @@ def baseline_config(space: ResolvedSpace) -> TrialConfig:
         spec_type="none",
         temperature=0.0,
         experts=space.default_experts,
+        target_quant=SOURCE_QUANT if "target_quant" in space.domains else None,
         numa="none",
         threads=_baseline_threads(space),
         # searched apart: the baseline keeps llama.cpp's default, prompt threads equal to threads

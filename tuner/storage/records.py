@@ -243,6 +243,8 @@ class StudyRecord:
     schema: int = SCHEMA_VERSION
     # draft name -> provenance of a llama-quantize variant: source, source_sha256, type, command
     quantized_drafts: dict = field(default_factory=dict)
+    # target_quant value -> a llama-quantize variant of the target: provenance, path, sha256, bytes
+    target_variants: dict = field(default_factory=dict)
 
     @property
     def floor(self) -> float | None:
@@ -267,6 +269,9 @@ class StudyRecord:
             "quantized drafts": {
                 name: [q.get("source_sha256"), q.get("type")]
                 for name, q in sorted(self.quantized_drafts.items())
+            },
+            "target variants": {
+                name: [q.get("source_sha256"), q.get("type")] for name, q in sorted(self.target_variants.items())
             },
         }
 

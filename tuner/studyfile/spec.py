@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.knobs.config import RawSpace
+from tuner.knobs.registry import SOURCE_QUANT
 from tuner.measurement.load import LATENCY_METRICS, LOAD_METRICS, metric_name, split_metric_name
 from tuner.measurement.measure import MeasurementSettings
 from tuner.measurement.workload import BUILTIN_CHAT_TEMPLATES, builtin_chat_template
@@ -32,6 +33,10 @@ METRICS = {
 }
 QUALITY_SCORERS = ("agreement", "answers", "perplexity", "kld")
 TEXT_SCORERS = ("perplexity", "kld")  # scorers that run llama-perplexity on quality.text_file
+# A study of target variants excludes a variant whose mean KL divergence from the source exceeds this (nats)
+# unless it sets quality.max_kld: llama.cpp's perplexity tables put Q4_K_M of a 7-8B model near 0.03 and
+# Q3 and Q2 types from about 0.1 up, where answers start to change.
+DEFAULT_TARGET_MAX_KLD = 0.10
 SAMPLERS = ("structured", "tpe", "nsga2", "random")
 
 
@@ -137,6 +142,8 @@ class StudySpec:
     sentinel: SentinelSpec = SentinelSpec()
     race: RaceSpec = RaceSpec()
     quantize: tuple[QuantizeRequest, ...] = ()  # drafts made by llama-quantize (tuner.models.quantize)
+    # the target's variants (``target: {path, quantize: [...]}``), searched as the knob target_quant
+    target_quantize: tuple[QuantizeRequest, ...] = ()
     constraints: tuple[Constraint, ...] = ()  # bounds on load metrics (tuner.measurement.load)
     chat_template: Path | None = (
         None  # a Jinja file for chat suites (llama_cpp.chat_template); None: the model's
@@ -198,23 +205,18 @@ def load_spec(path: str | Path) -> StudySpec:
     base = path.parent.resolve()
 
     name = _study_name(fields, path)
-    target = _model_path(fields, "target", fields.raw("target"), base)
+    target, target_quantize = _target(fields, base)
     drafts, quantize = _drafts(fields, base)
     space, space_file = _search_space_section(fields.section("search_space"), path, base)
     workload = fields.section("workload")
     suites, n_predict = _workload_section(workload)
-    quality = _quality_section(fields.section("quality"), base)
+    quality = _quality_section(fields.section("quality"), base, bool(target_quantize))
     measurement = _measurement_section(fields.section("measurement"), n_predict)
     measurement = replace(measurement, concurrency=_concurrency(workload, measurement))
     workload.done()
     objectives = _objectives(fields, measurement.concurrency)
     constraints = _constraints(fields.section("constraints"), measurement)
-    budget = fields.section("budget")
-    budget_trials, budget_minutes = (
-        budget.int("trials", 20, minimum=1),
-        budget.number("minutes", None, minimum=0.1),
-    )
-    budget.done()
+    budget_trials, budget_minutes = _budget_section(fields.section("budget"))
     storage = fields.str("storage", None) or default_storage_url()
     sampler = _sampler_section(fields.section("sampler"))  # sampler, seed, prune, reuse
     warm_start = _warm_start(fields)
@@ -246,9 +248,17 @@ def load_spec(path: str | Path) -> StudySpec:
         sentinel=sentinel,
         race=race,
         quantize=quantize,
+        target_quantize=target_quantize,
         constraints=constraints,
         **sampler,
     )
+
+
+def _budget_section(section: Fields) -> tuple[int, float | None]:
+    """``budget:``: trials, and minutes if the study also stops on time."""
+    trials, minutes = section.int("trials", 20, minimum=1), section.number("minutes", None, minimum=0.1)
+    section.done()
+    return trials, minutes
 
 
 def _search_space_section(section: Fields, path: Path, base: Path) -> tuple[RawSpace, Path | None]:
@@ -395,9 +405,16 @@ def _constraints(section: Fields, measurement: MeasurementSettings) -> tuple[Con
     return tuple(constraints)
 
 
-def _quality_section(section: Fields, base: Path) -> QualitySpec:
-    """``quality:``: the scorer, its floor; a text file for the scorers that run llama-perplexity; a KLD ceiling."""
+def _quality_section(section: Fields, base: Path, target_variants: bool = False) -> QualitySpec:
+    """``quality:``: the scorer, its floor; a text file for the scorers that run llama-perplexity; a KLD ceiling
+    (for a study of target variants ``DEFAULT_TARGET_MAX_KLD`` unless it sets one)."""
     scorer = section.choice("scorer", QUALITY_SCORERS, "agreement")
+    if target_variants and scorer != "kld":
+        section.fail(
+            "scorer",
+            "a quantized target computes other logits, and its quality is their KL divergence from the "
+            "source's; set quality.scorer: kld (with quality.text_file) or drop target.quantize",
+        )
     floor = section.number("floor", 0.95, minimum=0.0, maximum=1.0)
     text_file = section.str("text_file", None)
     if scorer in TEXT_SCORERS and text_file is None:
@@ -409,6 +426,8 @@ def _quality_section(section: Fields, base: Path) -> QualitySpec:
     if text_path is not None and not text_path.is_file():
         section.fail("text_file", f"{text_path} is not a readable file")
     section.done()
+    if target_variants and max_kld is None:
+        max_kld = DEFAULT_TARGET_MAX_KLD
     return QualitySpec(scorer, floor, text_path, max_kld)
 
 
@@ -535,6 +554,33 @@ def _race_section(section: Fields) -> RaceSpec:
         section.fail("max_rounds", f"must be at least min_rounds ({race.min_rounds})")
     section.done()
     return race
+
+
+def _target(fields: Fields, base: Path) -> tuple[Path, tuple[QuantizeRequest, ...]]:
+    """``target:``: a path, or ``{path, quantize: [TYPE, ...]}``: the file (the highest precision the operator
+    has) and llama-quantize variants of it, each offered as a value of the knob ``target_quant``."""
+    raw = fields.raw("target")
+    if not isinstance(raw, dict):
+        return _model_path(fields, "target", raw, base), ()
+    item = Fields(fields.file, raw, fields.name("target"))
+    source = _model_path(item, "path", item.raw("path"), base)
+    types = item.list("quantize", [])
+    if not types or not all(isinstance(t, str) and t.strip() for t in types):
+        item.fail("quantize", "expected a non-empty list of llama-quantize types, e.g. [Q8_0, Q4_K_M, Q4_0]")
+    item.done()
+    names = [t.strip().upper() for t in types]
+    for name in names:
+        if name.startswith("IQ") or name in ("Q2_K_S",):
+            item.fail(
+                "quantize",
+                f"{name} needs an importance matrix (llama-imatrix), which this tuner does not compute; "
+                "use a type without one, e.g. Q2_K, Q3_K_M, Q4_K_M",
+            )
+        if name == SOURCE_QUANT.upper():
+            item.fail("quantize", f"{name!r} names the source file itself; list llama-quantize types only")
+    if len(set(names)) != len(names):
+        item.fail("quantize", "a type is listed twice; list each once")
+    return source, tuple(QuantizeRequest(source, name) for name in names)
 
 
 def _drafts(fields: Fields, base: Path) -> tuple[tuple[Path, ...], tuple[QuantizeRequest, ...]]:

@@ -23,7 +23,9 @@ K_PROBE = 8
 # (llama.cpp's 12 finds nothing in short answers), llama.cpp's minimum hits, a stacked lookup's length at K=8.
 PROBES = {"lookup": "none", "ngram_key": 4, "ngram_min_hits": 1, "lookup_max": K_PROBE, "lookup_min": 1}
 SIZE_KNOBS = ("lookup", "lookup_max", "lookup_min", "ngram_key", "ngram_min_hits")
-CARRIED = (*HW_KNOBS, *SERVING_KNOBS)  # what every plan carries from the configuration it starts from
+# What every plan carries from the configuration it starts from: the target file it runs (a quantized variant
+# is another target, with its own rate alone), the hardware and the serving knobs.
+CARRIED = ("target_quant", *HW_KNOBS, *SERVING_KNOBS)
 
 
 class KnobValues:
