@@ -26,6 +26,7 @@ from tuner.search.stages import (
     refinement,
     serving,
     stacks,
+    target_quant,
     temperature,
     warm_start,
 )
@@ -90,6 +91,7 @@ def test_every_stage_is_a_documented_module_in_the_search_order():
         probes,
         best_k,
         stacks,
+        target_quant,
         hardware,
         prompt_threads,
         serving,
@@ -534,3 +536,37 @@ def test_a_trials_error_within_its_launch_is_its_passes_cv_over_the_root_of_thei
     )
     assert within_error(record) == pytest.approx(0.03)
     assert within_error(replace(record, spread=Spread(1, None, None))) is None  # one pass: unknown, not quiet
+
+
+# -- the target's quantization -----------------------------------------------------------------
+
+QUANT_SPACE = {**SPACE, "target_quant": ["Choices", {"values": ["source", "Q8_0", "Q4_0", "Q2_K"]}]}
+SOURCE = {"target_quant": "source"}
+
+
+def test_the_variants_are_walked_in_order_with_the_sources_best_speculation():
+    history = [baseline(**SOURCE), drafted(0.8, 0.05, target_quant="source")]
+    proposal = target_quant.propose(state_of(*history, space=QUANT_SPACE))
+    assert proposal.params == {**DRAFT, "target_quant": "Q8_0"} and "Q8_0" in proposal.reason
+    # a variant over the KLD ceiling (infeasible whatever speculates on it) is not walked again
+    history += [
+        drafted(0.7, 0.05, base=14.0, target_quant="Q8_0"),
+        past({**DRAFT, "target_quant": "Q4_0"}, 30.0, 0.5, feasible=False),
+    ]
+    proposal = target_quant.propose(state_of(*history, space=QUANT_SPACE))
+    assert proposal.params == {**DRAFT, "target_quant": "Q2_K"}
+    history.append(past({**DRAFT, "target_quant": "Q2_K"}, 40.0, 0.3, feasible=False))
+    # Q8_0 leads: the target alone on it (its own rate: K's baseline), then K walked again there
+    proposal = target_quant.propose(state_of(*history, space=QUANT_SPACE))
+    assert proposal.params == {**BASE, "target_quant": "Q8_0"} and "alone" in proposal.reason
+    history.append(past({**BASE, "target_quant": "Q8_0"}, 14.0))
+    proposal = target_quant.propose(state_of(*history, space=QUANT_SPACE))
+    assert proposal.params["target_quant"] == "Q8_0" and proposal.params["draft_max"] != 8
+    assert proposal.params["spec_type"] == "draft-simple" and "K=" in proposal.reason
+
+
+def test_no_variant_stage_without_variants_and_plans_carry_the_variant():
+    assert target_quant.propose(state_of(baseline(), drafted(0.8, 0.05))) is None
+    # every plan carries the configuration's variant, as it carries threads: the hardware walk stays on it
+    state = state_of(baseline(**SOURCE), space=QUANT_SPACE)
+    assert state.params_for(("draft-simple", "small"), 8, *state.start())["target_quant"] == "source"

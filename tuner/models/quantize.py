@@ -63,6 +63,15 @@ def allowed_types(quantize_binary: str) -> tuple[str, ...]:
     return tuple(ALLOWED_TYPE.findall(out.stdout + out.stderr))
 
 
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        for block in iter(lambda: source.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def source_digest(path: Path, cache: Path) -> str:
     """SHA-256 of ``path``, hashed once per (path, size, mtime): a second run reads it from a small file."""
     stat = path.stat()
@@ -73,11 +82,7 @@ def source_digest(path: Path, cache: Path) -> str:
     except (OSError, ValueError):
         index = {}
     if key not in index:
-        digest = hashlib.sha256()
-        with path.open("rb") as source:
-            for block in iter(lambda: source.read(1 << 20), b""):
-                digest.update(block)
-        index[key] = digest.hexdigest()
+        index[key] = file_sha256(path)
         cache.mkdir(parents=True, exist_ok=True)
         tmp = index_file.with_name(f"digests.json.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(index, indent=1, sort_keys=True))

@@ -32,6 +32,7 @@ from tuner.decisions.race import RaceResult
 from tuner.decisions.route import describe_accuracy
 from tuner.errors import UserError
 from tuner.knobs.config import method_of
+from tuner.knobs.registry import SOURCE_QUANT
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.measurement.launch import ServerCommand, cpu_mask
 from tuner.output.analysis import best_per_suite
@@ -63,6 +64,7 @@ class Export:
     per_type: PerTypeResultJson | None = None  # the per-type race (the pooled export's), else None
     section_name: str = ""  # the router model name; default the study's (per-type: STUDY-TYPE)
     threads_how: tuple[str, ...] = ()  # how threads and threads-batch were chosen (deployment.thread_notes)
+    target: dict | None = None  # a study of target variants: the file run, its digest, its KLD (``target_of``)
 
     @property
     def section(self) -> str:
@@ -102,7 +104,57 @@ def build_export(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame, p
         llama_cpp={"commit": fp.get("llama_commit"), "build_flags": fp.get("llama_build_flags")},
         machine={k: fp.get(k) for k in COMPARABILITY_KEYS if not k.startswith("llama_")},
         threads_how=thread_notes(record, trial, frame),
+        target=target_of(record, trial, frame),
     )
+
+
+def target_of(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame) -> dict | None:
+    """For a study of target variants: which target file the trial runs (path, sha256, how it was made), how far
+    it is from the source (mean KLD, same top token) and what speculation adds on it (the trial's recorded rate
+    over the best target alone on the same variant, threads and NUMA policy); None for a study without."""
+    if not record.target_variants:
+        return None
+    quant = trial.config.target_quant or SOURCE_QUANT
+    made = record.target_variants.get(quant, {})
+    alone = frame[
+        (frame["family"] == "none")
+        & (frame["target_quant"] == quant)
+        & (frame["threads"] == trial.config.threads)
+        & (frame["numa"] == trial.config.numa)
+        & (frame["state"] == "complete")
+    ]["tokens_per_second"]
+    rate = trial.metrics.tokens_per_second if trial.metrics else None
+    return {
+        "quant": quant,
+        "path": made.get("path", record.target.get("path")),
+        "sha256": made.get("sha256"),
+        "source": made.get("source", record.target.get("path")),
+        "source_sha256": made.get("source_sha256"),
+        "make": shlex.join(made["command"]) if made.get("command") else None,
+        "mean_kld": trial.scores.get("mean_kld", 0.0),
+        "same_top": trial.scores.get("same_top", 1.0),
+        "speculation_adds": rate / alone.max() if trial.config.speculative and rate and not alone.empty else None,
+    }
+
+
+def target_lines(export: Export) -> list[str]:
+    """What serve.sh and the preset say of the target file: the variant, its digest and distance from the source,
+    what speculation adds on it and the llama-quantize command that makes it again."""
+    target = export.target
+    if target is None:
+        return []
+    adds = target.get("speculation_adds")
+    lines = [
+        f"Target: {target['quant']} ({target['path']}"
+        + (f", sha256 {target['sha256']}" if target.get("sha256") else "")
+        + f"): mean KL divergence {target['mean_kld']:.4f} from the source, same top token at "
+        f"{target['same_top']:.1%} of positions (quality.text_file)",
+    ]
+    if adds is not None:
+        lines.append(f"Speculation on it: x{adds:.2f} over this variant alone (recorded, one launch each)")
+    if target.get("make"):
+        lines.append(f"Made with: {target['make']} (the output is the path above)")
+    return lines
 
 
 def per_suite_rows(frame: pd.DataFrame) -> list[dict]:
@@ -138,6 +190,7 @@ def shell_script(export: Export) -> str:
         if export.race.forecast:
             lines.append(f"# To settle it: {export.race.forecast}.")
     lines += [f"# {line}." for line in export.threads_how]
+    lines += [f"# {line}." for line in target_lines(export)]
     lines += [
         f"# Measured on {export.machine.get('cpu_model')} with llama.cpp {export.llama_cpp.get('commit')}.",
         "# --temp sets the tuned temperature as the default; clients may send their own.",
@@ -157,6 +210,7 @@ def preset_lines(export: Export) -> list[str]:
     comments = [
         f"; tuner export: study {export.study}, trial {export.trial} ({export.policy})",
         *(f"; {line}" for line in export.threads_how),
+        *(f"; {line}" for line in target_lines(export)),
         *comments,
     ]
     return [f"[{export.section}]", *comments, *(f"{k} = {v}" for k, v in options.items())]

@@ -1,0 +1,138 @@
+"""Target variants (``target: {path, quantize: [...]}``): the study field, the knob target_quant, the argv,
+memory, and a real study on the synthetic target whose Q2_K is over the KLD ceiling."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from gguf_factory import write_gguf
+
+import tuner.measurement.server_process
+from tuner.errors import UserError
+from tuner.knobs.config import TrialConfig
+from tuner.studyfile.spec import DEFAULT_TARGET_MAX_KLD, load_spec
+
+
+def write_study(tmp_path: Path, target, quality: dict | None = None) -> Path:
+    write_gguf(tmp_path / "t.gguf")
+    (tmp_path / "text.txt").write_text("some text " * 100)
+    path = tmp_path / "study.yaml"
+    quality = quality if quality is not None else {"scorer": "kld", "floor": 0.5, "text_file": "text.txt"}
+    path.write_text(yaml.safe_dump({"name": "tq", "target": target, "quality": quality}))
+    return path
+
+
+def test_a_target_entry_lists_variants_and_the_kld_ceiling_defaults(tmp_path):
+    spec = load_spec(write_study(tmp_path, {"path": "t.gguf", "quantize": ["q8_0", "Q4_K_M"]}))
+    assert spec.target == tmp_path / "t.gguf"
+    assert [(r.source.name, r.type) for r in spec.target_quantize] == [("t.gguf", "Q8_0"), ("t.gguf", "Q4_K_M")]
+    assert spec.quality.max_kld == DEFAULT_TARGET_MAX_KLD
+    assert load_spec(write_study(tmp_path, "t.gguf")).target_quantize == ()  # a plain path: as before
+
+
+@pytest.mark.parametrize(
+    "target, quality, message",
+    [
+        ({"path": "t.gguf", "quantize": ["IQ2_XS"]}, None, "needs an importance matrix"),
+        ({"path": "t.gguf", "quantize": ["Q8_0", "q8_0"]}, None, "listed twice"),
+        ({"path": "t.gguf", "quantize": []}, None, "non-empty list"),
+        ({"path": "t.gguf", "quantize": ["source"]}, None, "names the source file itself"),
+        ({"path": "t.gguf", "quantize": ["Q8_0"]}, {"scorer": "agreement"}, "quality.scorer: kld"),
+    ],
+)
+def test_bad_target_entries_are_one_line_errors(tmp_path, target, quality, message):
+    with pytest.raises(UserError) as err:
+        load_spec(write_study(tmp_path, target, quality))
+    assert message in str(err.value) and "\n" not in str(err.value) and "study.yaml" in str(err.value)
+
+
+def test_the_space_offers_the_source_first_and_the_baseline_runs_it():
+    from tuner.knobs.config import Choices, RawSpace
+    from tuner.search.space import SpaceHost, SpaceTarget, baseline_config, resolve_space
+    from tuner.studyfile.validate import Fields
+
+    host = SpaceHost(physical_cores=2, logical_cpus=2, numa_policies=("none",), numa_nodes=(0,))
+    fields = Fields(Path("s.yaml"), {})
+    space = resolve_space(RawSpace({}), fields=fields, target=SpaceTarget(quants=("Q8_0", "Q4_0")), host=host)
+    assert space.domains["target_quant"].values == ("source", "Q8_0", "Q4_0")
+    assert baseline_config(space).target_quant == "source"
+    plain = resolve_space(RawSpace({}), fields=fields, target=SpaceTarget(), host=host)
+    assert "target_quant" not in plain.domains and baseline_config(plain).target_quant is None
+    with pytest.raises(UserError, match="not one of the target's variants"):
+        resolve_space(
+            RawSpace({"target_quant": Choices(("Q2_K",))}),
+            fields=fields,
+            target=SpaceTarget(quants=("Q8_0",)),
+            host=host,
+        )
+
+
+@pytest.mark.llama
+def test_a_study_of_target_variants_measures_each_kld_and_never_deploys_one_over_the_ceiling(
+    tmp_path, synthetic_models
+):
+    """The synthetic target (F16) with Q8_0 and Q2_K: each variant is a real llama-quantize file, launched as
+    the trial's --model, scored by KLD from the source's logits; Q2_K is over the ceiling, so infeasible."""
+    from tuner.models.quantize import file_sha256
+    from tuner.output.analysis import report_data
+    from tuner.output.export import build_export, target_lines
+    from tuner.prepare import memory, prepare
+    from tuner.progress import Progress
+    from tuner.run.objective import StudyObjective
+    from tuner.run.study_loop import open_study
+    from tuner.storage import store
+
+    text = tmp_path / "text.txt"
+    text.write_text(inspect.getsource(tuner.measurement.server_process))
+    path = tmp_path / "study.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "variants",
+                "target": {"path": str(synthetic_models.path("target")), "quantize": ["Q8_0", "Q2_K"]},
+                "search_space": {"overrides": {"spec_type": "none", "threads": 1, "temperature": 0.0}},
+                "workload": {"suites": ["code"], "n_predict": 16},
+                "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 512, "trial_timeout_s": 120},
+                "quality": {"scorer": "kld", "floor": 0.2, "max_kld": 0.5, "text_file": str(text)},
+                "storage": f"sqlite:///{tmp_path / 'studies.db'}",
+                "sampler": {"name": "tpe", "prune": False},
+            }
+        )
+    )
+    ctx = prepare(load_spec(path), progress=Progress.quiet())
+    q8, q2 = ctx.target_variants["Q8_0"], ctx.target_variants["Q2_K"]
+    assert q8.info.file_size_bytes < ctx.target.file_size_bytes and q2.info.file_size_bytes < q8.info.file_size_bytes
+    assert q8.sha256 == file_sha256(q8.variant.path)
+    # the memory check counts the variant a configuration runs, not the source
+    alone = TrialConfig(threads=1)
+    weights = {q: memory.config_footprint(ctx, replace(alone, target_quant=q)).weights for q in ("source", "Q2_K")}
+    assert weights == {"source": ctx.target.weights_bytes, "Q2_K": q2.info.weights_bytes}
+    study = open_study(ctx)
+    study.enqueue_trial({"spec_type": "none", "target_quant": "source", "threads": 1}, user_attrs={store.ROLE: "baseline"})
+    for variant in ("Q8_0", "Q2_K"):
+        study.enqueue_trial({"spec_type": "none", "target_quant": variant, "threads": 1})
+    study.optimize(StudyObjective(ctx, study, progress=Progress.quiet()), n_trials=3)
+    source, eight, two = store.read_trials(study)
+    assert [r.argv[r.argv.index("--model") + 1] for r in (source, eight, two)] == [
+        str(ctx.spec.target.resolve()),
+        str(q8.variant.path.resolve()),
+        str(q2.variant.path.resolve()),
+    ]
+    assert source.scores["mean_kld"] == 0.0 and source.feasible
+    assert 0.0 < eight.scores["mean_kld"] < two.scores["mean_kld"]  # measured, coarser is further
+    assert two.scores["mean_kld"] > 0.5 and not two.feasible  # over max_kld: never deployed
+    stored = store.read_study_record(study)
+    assert stored.target_variants["Q2_K"]["sha256"] == q2.sha256
+    assert stored.target_variants["Q8_0"]["command"][-1] == "Q8_0"
+    # the report's front and the export's lines state each variant's distance from the source
+    data = report_data(study, stored)
+    front = data.variants.set_index("target_quant")
+    assert list(front.index) == ["source", "Q8_0", "Q2_K"] and not front.loc["Q2_K", "feasible"]
+    assert front.loc["Q8_0", "mean_kld"] == eight.scores["mean_kld"]
+    export = build_export(stored, eight, data.trials, "chosen")
+    assert export.target["sha256"] == q8.sha256 and export.target["quant"] == "Q8_0"
+    assert any("llama-quantize" in line and "Q8_0" in line for line in target_lines(export))
