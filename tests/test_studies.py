@@ -41,7 +41,8 @@ def model_paths(study: Path) -> list[str]:
     """The target and draft paths as the study file writes them (``${VAR}`` unexpanded)."""
     data = yaml.safe_load(study.read_text())
     drafts = [d["path"] if isinstance(d, dict) else d for d in data.get("drafts") or []]
-    return [data["target"], *drafts]
+    target = data["target"]["path"] if isinstance(data["target"], dict) else data["target"]
+    return [target, *drafts]
 
 
 def expanded(raw: str, study: Path, env: dict) -> Path | None:

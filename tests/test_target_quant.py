@@ -73,7 +73,7 @@ def test_the_space_offers_the_source_first_and_the_baseline_runs_it():
 
 @pytest.mark.llama
 def test_a_study_of_target_variants_measures_each_kld_and_never_deploys_one_over_the_ceiling(
-    tmp_path, synthetic_models
+    tmp_path, synthetic_models, capsys
 ):
     """The synthetic target (F16) with Q8_0 and Q2_K: each variant is a real llama-quantize file, launched as
     the trial's --model, scored by KLD from the source's logits; Q2_K is over the ceiling, so infeasible."""
@@ -136,3 +136,10 @@ def test_a_study_of_target_variants_measures_each_kld_and_never_deploys_one_over
     export = build_export(stored, eight, data.trials, "chosen")
     assert export.target["sha256"] == q8.sha256 and export.target["quant"] == "Q8_0"
     assert any("llama-quantize" in line and "Q8_0" in line for line in target_lines(export))
+    # tuner doctor --study: the memory its largest configuration needs (the source, here), from the headers
+    from tuner.output.doctor import print_doctor
+    from tuner.prepare.memory import largest
+
+    capsys.readouterr()
+    print_doctor(Path("/"), False, "variants", ctx.spec.storage, as_json=False)
+    assert f"memory: the largest configuration of study variants needs {largest(ctx).text()}" in capsys.readouterr().out

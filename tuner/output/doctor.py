@@ -144,13 +144,21 @@ def thp_measured(study: str, hosts: list[dict], thp_now: str | None) -> list[str
     ]
 
 
-def _measured_advice(study_name: str, storage: str | None, host: HostState) -> list[str]:
-    """``--study``: THP advice tied to that study's trials."""
+def _measured_advice(study_name: str, storage: str | None, host: HostState, topo: Topology) -> tuple[list[str], str]:
+    """``--study``: THP advice tied to that study's trials, and the memory its largest configuration needs
+    against what this host has."""
+    from tuner.models.memory_fit import available_bytes, misfit
+    from tuner.prepare.memory import stored_largest
     from tuner.storage import store
 
     study, record = store.open_stored_study(study_name, storage)
     hosts = [r.host for r in store.read_trials(study) if r.host]
-    return thp_measured(record.name, hosts, host.thp_mode)
+    size = stored_largest(record)
+    room = available_bytes(topo)
+    memory = f"memory: the largest configuration of study {record.name} needs {size.text()}" + (
+        f"; DOES NOT FIT: {why}" if (why := misfit(size, topo)) else f", {room / 1e9:.2f} GB available" if room else ""
+    )
+    return thp_measured(record.name, hosts, host.thp_mode), memory
 
 
 def _gib(n_bytes: int | None) -> str:
@@ -285,7 +293,7 @@ def print_doctor(
     host = hosts.read_host_state(topo, root)
     build, build_reason = find_build()
     bandwidth, curve = _probe(root, bandwidth_probe, topo)
-    measured = _measured_advice(study, storage, host) if study else []
+    measured, memory = _measured_advice(study, storage, host, topo) if study else ([], "")
     if as_json:
         document = {
             "fingerprint": fingerprints.fingerprint(topo, build, host, bandwidth, curve),
@@ -293,9 +301,11 @@ def print_doctor(
             "topology": asdict(topo),
             "numa_policies": launch.meaningful_numa_policies(topo),
             "advice": advice(topo, host, build, hosts.is_live_root(root)) + measured,
+            **({"memory": memory} if memory else {}),
         }
         print(json.dumps(document, indent=2))
         return
     lines = report(topo, host, build, build_reason, bandwidth, hosts.is_live_root(root), curve)
+    lines += [memory] if memory else []
     lines += [f"ADVICE: {line}" for line in measured]
     print("\n".join(lines))

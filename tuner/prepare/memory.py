@@ -1,11 +1,17 @@
 """A study's configurations against this host's memory (``models.memory_fit``): the largest one for
-``--check``, and each trial's before it is launched (what does not fit fails as ``does_not_fit``)."""
+``--check`` and ``tuner doctor --study``, and each trial's before it is launched (what does not fit fails as
+``does_not_fit``)."""
 
 from __future__ import annotations
 
-from tuner.knobs.config import Choices, TrialConfig
+from pathlib import Path
+
+from tuner.knobs.config import TrialConfig
+from tuner.models.gguf_info import ModelInfo, read_model_info
 from tuner.models.memory_fit import CACHE_TYPE_BYTES, Footprint, footprint, misfit
 from tuner.prepare.context import StudyContext
+from tuner.search.stages.configs import KnobValues
+from tuner.storage.records import StudyRecord
 
 
 def config_footprint(ctx: StudyContext, config: TrialConfig) -> Footprint:
@@ -25,18 +31,35 @@ def config_misfit(ctx: StudyContext, config: TrialConfig) -> str | None:
 def largest(ctx: StudyContext) -> Footprint:
     """The space's largest configuration: the target (of its variants, the largest) with the draft whose
     footprint is largest, at the widest KV cache type."""
-    widest = max(
-        _cache_types(ctx, "cache_type_k") + _cache_types(ctx, "cache_type_v"),
-        key=lambda t: CACHE_TYPE_BYTES.get(t, 2.0),
-    )
+    targets = [ctx.target, *(v.info for v in ctx.target_variants.values())]
+    return largest_of(targets, list(ctx.drafts.values()), ctx.launch.ctx_size, _cache_types(ctx.space.domains))
+
+
+def largest_of(targets: list[ModelInfo], drafts: list[ModelInfo], ctx_size: int, cache_types: list[str]) -> Footprint:
+    """The largest footprint over every target file and draft (or none), at the widest of ``cache_types``."""
+    widest = max(cache_types or ["f16"], key=lambda t: CACHE_TYPE_BYTES.get(t, 2.0))
     sizes = [
-        footprint(target, draft, ctx.launch.ctx_size, widest, widest)
-        for target in [ctx.target, *(v.info for v in ctx.target_variants.values())]
-        for draft in [None, *ctx.drafts.values()]
+        footprint(target, draft, ctx_size, widest, widest) for target in targets for draft in [None, *drafts]
     ]
     return max(sizes, key=lambda size: size.total)
 
 
-def _cache_types(ctx: StudyContext, knob: str) -> list[str]:
-    domain = ctx.space.domains.get(knob)
-    return [str(v) for v in domain.values] if isinstance(domain, Choices) else ["f16"]
+def stored_largest(record: StudyRecord) -> Footprint:
+    """A stored study's largest configuration, from its models' headers as they are on disk now (``tuner
+    doctor --study``)."""
+    targets = [record.target["path"], *(v["path"] for v in record.target_variants.values())]
+    drafts = [d["path"] for d in record.drafts.values()]
+    space = KnobValues(record.space)
+    cache_types = [str(v) for knob in ("cache_type_k", "cache_type_v") for v in space.values(knob)]
+    return largest_of(
+        [read_model_info(Path(p)) for p in targets],
+        [read_model_info(Path(p)) for p in drafts],
+        int(record.measurement.get("ctx_size", 0)),
+        cache_types,
+    )
+
+
+def _cache_types(domains: dict) -> list[str]:
+    return [
+        str(v) for knob in ("cache_type_k", "cache_type_v") for v in getattr(domains.get(knob), "values", ("f16",))
+    ]
