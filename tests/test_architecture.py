@@ -142,9 +142,6 @@ def test_the_top_level_shows_stages_not_modules():
 
 FUNCTION_LINES = 60
 PARAMETERS = 7
-# Functions still over the limit; the list only shrinks. The race's loop takes a clock for its tests besides
-# its title: its keyword-only options belong in one settings object.
-PARAMETERS_OVER_THE_LIMIT = ["tuner/decisions/race/sequential.py:sequential_race (8)"]
 ONE_LETTER_NAMES = 120
 
 
@@ -295,8 +292,7 @@ def test_no_function_takes_more_than_7_parameters():
     """Past seven, positional or keyword-only, what travels together is one settings object (a frozen
     dataclass)."""
     heavy = [f"{path}:{f}" for path, text in sources().items() for f in parameter_heavy(text)]
-    assert [h for h in heavy if h not in PARAMETERS_OVER_THE_LIMIT] == []
-    assert [h for h in PARAMETERS_OVER_THE_LIMIT if h not in heavy] == [], "within the limit now: take it off"
+    assert heavy == []
 
 
 def test_few_one_letter_names():
