@@ -387,7 +387,6 @@ IMPORTS_OVER_THE_LIMIT = {
     "tuner.bench.session",
     "tuner.bench.grid",
     "tuner.run.trial_measurement",
-    "tuner.run.study_loop",
 }
 
 
