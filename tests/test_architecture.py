@@ -142,9 +142,6 @@ def test_the_top_level_shows_stages_not_modules():
 
 FUNCTION_LINES = 60
 PARAMETERS = 7
-# Functions still over the limit; the list only shrinks. The race's loop takes a clock for its tests besides
-# its title: its keyword-only options belong in one settings object.
-PARAMETERS_OVER_THE_LIMIT = ["tuner/decisions/race/sequential.py:sequential_race (8)"]
 ONE_LETTER_NAMES = 120
 
 
@@ -295,8 +292,7 @@ def test_no_function_takes_more_than_7_parameters():
     """Past seven, positional or keyword-only, what travels together is one settings object (a frozen
     dataclass)."""
     heavy = [f"{path}:{f}" for path, text in sources().items() for f in parameter_heavy(text)]
-    assert [h for h in heavy if h not in PARAMETERS_OVER_THE_LIMIT] == []
-    assert [h for h in PARAMETERS_OVER_THE_LIMIT if h not in heavy] == [], "within the limit now: take it off"
+    assert heavy == []
 
 
 def test_few_one_letter_names():
@@ -386,13 +382,6 @@ def test_imports_point_down_the_floors():
 
 
 IMPORTED_MODULES = 15
-# Modules still over the limit, each to be split by concern; the list only shrinks.
-IMPORTS_OVER_THE_LIMIT = {
-    "tuner.bench.session",
-    "tuner.bench.grid",
-    "tuner.run.trial_measurement",
-    "tuner.run.study_loop",
-}
 
 
 def modules_imported(source: str, package: str, known: set[str]) -> set[str]:
@@ -436,10 +425,8 @@ def test_no_module_imports_from_more_than_15_modules():
     for module, path in files.items():
         package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
         count = len(modules_imported(path.read_text(), package, set(files)) - {module})
-        if count > IMPORTED_MODULES and module not in IMPORTS_OVER_THE_LIMIT:
+        if count > IMPORTED_MODULES:
             heavy.append(f"{module} ({count})")
-        if count <= IMPORTED_MODULES and module in IMPORTS_OVER_THE_LIMIT:
-            heavy.append(f"{module} ({count}): within the limit now, take it off IMPORTS_OVER_THE_LIMIT")
     assert heavy == []
 
 

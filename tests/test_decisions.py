@@ -22,6 +22,7 @@ from tuner.decisions.race import (
     DECISION_ROUNDS,
     Entry,
     Forecast,
+    LoopOptions,
     Outcome,
     PairedStatistics,
     RaceResult,
@@ -348,7 +349,13 @@ def test_out_of_time_with_every_other_finalist_shown_slower_the_race_is_decided(
     _, launch_round, _ = scripted(mus, 0.005, outliers={("b", 2): 15.0})
     ticks = itertools.count(0, 30.0)  # half a minute a reading of the clock
     race_rounds, outcome = sequential_race(
-        ["a", "b"], "base", launch_round, {}, spec, progress=Progress.quiet(), clock=lambda: next(ticks)
+        ["a", "b"],
+        "base",
+        launch_round,
+        {},
+        spec,
+        progress=Progress.quiet(),
+        options=LoopOptions(clock=lambda: next(ticks)),
     )
     assert race_rounds.rounds["b"] == [0, 2, 3, 4] and len(race_rounds.rates["a"]) == DECISION_ROUNDS
     assert outcome.decided and outcome.verdict == "a shown faster than every other finalist after 5 rounds"

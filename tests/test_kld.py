@@ -89,7 +89,7 @@ def test_kld_is_zero_at_the_default_expert_count_and_grows_as_experts_drop(
 def test_a_study_scored_by_kld_stores_mean_kld_and_refuses_what_exceeds_max_kld(tmp_path, synthetic_models):
     from tuner.prepare import prepare
     from tuner.run.objective import StudyObjective
-    from tuner.run.study_loop import open_study
+    from tuner.run.study_start import open_study
     from tuner.storage import store
     from tuner.storage.records import changes
 

@@ -31,7 +31,8 @@ from tuner.paths import models_dir
 from tuner.prepare import prepare
 from tuner.progress import Progress
 from tuner.run.objective import StudyObjective
-from tuner.run.study_loop import open_study, run_study
+from tuner.run.study_loop import run_study
+from tuner.run.study_start import open_study
 from tuner.storage import store
 from tuner.storage.coordination import make_storage, tally
 from tuner.studyfile.spec import load_spec

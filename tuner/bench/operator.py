@@ -3,7 +3,7 @@
 Why: the recorded synthetic grid is too small to tell a good search from a lucky one. Here
 each strategy runs a real Optuna study against a modelled 96-core box: parameters are
 asked by ``tuner.search.space.suggest`` (integer ranges for K and threads, categoricals for the
-rest), the baseline is enqueued first as ``tuner.run.study_loop.ensure_baseline`` does, the study
+rest), the baseline is enqueued first as ``tuner.run.study_start.ensure_baseline`` does, the study
 carries the ``space`` and ``objectives`` attrs a real study has, and each trial is
 simulated request by request (``OperatorLandscape.measure``) with its cost in seconds.
 With pruning on, every request is offered to ``tuner.search.pruning.should_prune``
@@ -261,7 +261,7 @@ def run_study(
         record = land.study_record(land.objectives)
         store.write_study_record(study, record)
         prior = find_prior(storage, record, land.space) if strategy in ("default", "warm") else None
-        if prior:  # as tuner.run.study_loop.open_study does
+        if prior:  # as tuner.run.study_start.open_study does
             store.write_prior(study, prior)
         store.enqueue(study, enqueue_params(baseline_config(land.space), land.space), "baseline")
         objective = Objective(land, np.random.default_rng(seed), prune)

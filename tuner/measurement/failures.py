@@ -3,7 +3,7 @@
 ``server_process`` classifies what it saw (exit code, signal, log lines, timeouts) into one of
 these reasons; the study records it and goes on. ``PERMANENT`` reasons will not change
 if the same configuration is tried again, so the study does not launch it again: before
-launching, ``run/trial_measurement`` looks for a failed trial with the same configuration and a
+launching, ``run/trial_references`` looks for a failed trial with the same configuration and a
 permanent reason, and if there is one records the new trial as failed at once with the
 same reason and that trial's log tail (it still counts toward the budget, which bounds a
 sampler that keeps proposing it). Timeouts, crashes, unreachable servers and

@@ -1,5 +1,5 @@
-"""One trial's measurement, in the steps ARCHITECTURE.md draws: place -> references -> serve and
-measure -> score -> check -> record.
+"""One trial's measurement, in the steps ARCHITECTURE.md draws: place -> references (read from the study:
+``run/trial_references``) -> serve and measure -> score -> check -> record.
 
 ``TrialMeasurement.measure(config, role, number, hooks)`` turns one configuration into its
 ``TrialRecord`` (COMPLETE, PRUNED or FAIL; ``Interrupted`` on Ctrl-C). The study's Optuna objective
@@ -10,33 +10,35 @@ different reasons, and a reader follows one trial here from launch to record.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import optuna
 
-from tuner.decisions.drift import Sentinels, midpoint
 from tuner.knobs.config import TrialConfig
 from tuner.machine.host import busy_text, host_was_busy, trial_host_state
 from tuner.machine.placement import contradiction, evict
 from tuner.machine.roofline import Bandwidth, impossible, last_level_cache_bytes, study_roofline
 from tuner.measurement import quality as quality_scorers
-from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
-from tuner.measurement.launch import build_server_command, model_flags
+from tuner.measurement.failures import FailureReason, TrialFailure
+from tuner.measurement.launch import build_server_command
 from tuner.measurement.measure import Sample, Scores, outputs_by_prompt, score_trial, summarize
 from tuner.measurement.measured_launch import MeasuredLaunch, Requests, ServerLaunch, measured_launch
 from tuner.measurement.quality import ScorerFigures, repeated_output
 from tuner.measurement.server_process import read_log_tail
 from tuner.prepare import StudyContext
 from tuner.prepare.memory import config_misfit
-from tuner.search.pruning import may_prune, prunes_on, should_prune
-from tuner.search.space import baseline_config
-from tuner.storage import store
+from tuner.run.trial_references import (
+    ModelScores,
+    References,
+    read_references,
+    refuse_known_failure,
+    sample_record,
+)
 from tuner.storage.coordination import worker_id
-from tuner.storage.records import Failure, Metrics, Reference, SearchNote, Spread, TrialRecord, digest
+from tuner.storage.records import Failure, Metrics, Reference, SearchNote, Spread, TrialRecord
 
 LOG_TAIL_LINES = 40
 
@@ -65,18 +67,6 @@ class TrialHooks:
 
     on_running: Callable[[int], None] = lambda port: None
     on_pass: Callable[[int, float], None] = lambda step, rate: None
-
-
-@dataclass(frozen=True)
-class References:
-    """What a trial is compared with, read before it measures (from then on storage is written only
-    after the journal): the quality reference, the speed reference now, and the incumbent to prune on."""
-
-    reference: Reference | None
-    reference_rate: float | None  # None for a baseline or sentinel: it is its own reference
-    incumbent: TrialRecord | None = None  # None: not pruned
-    against: list[dict] = field(default_factory=list)  # the incumbent's samples, drift-corrected
-    launch_sigma: float = 0.0  # the spread this host's sentinels show between launches
 
 
 class TrialMeasurement:
@@ -121,7 +111,7 @@ class TrialMeasurement:
             search=search or {},
         )
         try:
-            self._refuse_known_failure(config)
+            refuse_known_failure(self.study, config)
             record = replace(record, command=build_server_command(config, self.ctx.launch))
             misfit = config_misfit(self.ctx, config)
             if misfit:  # never launched: it would swap or be killed, and disturb what is measured after it
@@ -139,7 +129,7 @@ class TrialMeasurement:
         """place -> references -> serve and measure -> score and check -> record."""
         self.ctx.log_dir.mkdir(parents=True, exist_ok=True)
         evicted = self._place(record.config)
-        refs = self._references(record)
+        refs = read_references(self.ctx, self.study, record)
         try:
             served = self._serve(record, log_path, refs, hooks)
         except Pruned as pruned:
@@ -156,36 +146,6 @@ class TrialMeasurement:
         self.placed_under = config.numa
         return evicted
 
-    def _references(self, record: TrialRecord) -> References:
-        """The quality reference, this worker's speed reference now (the sentinels interpolated), and
-        the incumbent a prunable trial must be able to beat."""
-        ctx = self.ctx
-        own = record.role in ("baseline", "sentinel")
-        reference = None if record.role == "baseline" else store.read_reference(self.study)
-        records = store.read_trials(self.study)
-        sentinels = Sentinels(records, ctx.settings.noise_cv)
-        rate = None
-        if not own:
-            rate = sentinels.rate_at(worker_id(), time.time()) or (
-                reference.tokens_per_second if reference else None
-            )
-        objectives = [o.metric for o in ctx.spec.objectives]
-        if not (
-            ctx.spec.prune and may_prune(record.role, record.search.get("stage")) and prunes_on(objectives)
-        ):
-            return References(reference, rate)
-        incumbent = store.best_of(records)
-        if incumbent is None:
-            return References(reference, rate)
-        # the incumbent ran in another launch: allow the spread this host's sentinels show between launches
-        return References(
-            reference,
-            rate,
-            incumbent,
-            drift_corrected(incumbent, sentinels),
-            sentinels.launch_spread(worker_id()),
-        )
-
     def _after_request(self, record: TrialRecord, refs: References, hooks: TrialHooks):
         """The workload's hook: the running rate after a pass; before another request, stop once the
         trial cannot beat the incumbent."""
@@ -197,16 +157,9 @@ class TrialMeasurement:
                 hooks.on_pass(
                     len({s.repetition for s in samples}), summarize(samples, settings).tokens_per_second
                 )
-            if refs.incumbent is not None and more:
-                decision = should_prune(
-                    [sample_record(s) for s in samples],
-                    refs.against,
-                    record.role,
-                    planned,
-                    launch_sigma=refs.launch_sigma,
-                )
-                if decision.prune:
-                    raise Pruned(samples, f"against trial {refs.incumbent.number}: {decision.reason}")
+            beaten = refs.beaten(samples, record.role, planned) if more else None
+            if beaten:
+                raise Pruned(samples, beaten)
 
         return after_request
 
@@ -311,10 +264,7 @@ class TrialMeasurement:
         """The trial's quality, and the scorer's other figures (kld: mean_kld, same_top)."""
         scorer = self.ctx.spec.quality.scorer
         if scorer == "perplexity":
-            return quality_scorers.perplexity_ratio(
-                self.model_scores.perplexity(baseline_config(self.ctx.space)),
-                self.model_scores.perplexity(config),
-            ), {}
+            return self.model_scores.perplexity_ratio(config), {}
         if scorer == "kld":
             scores = self.model_scores.kld(config)
             return scores["same_top"], scores
@@ -334,85 +284,6 @@ class TrialMeasurement:
         if not named:
             return {"constraint": floor}
         return {"constraint": max(floor, *named.values()), "constraints": {"quality_floor": floor, **named}}
-
-    def _refuse_known_failure(self, config: TrialConfig) -> None:
-        """A configuration that failed for a reason that will not change is not relaunched."""
-        permanent = {r.value for r in PERMANENT}
-        for past in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
-            known = store.read_trial(past)
-            if known.config == config and known.failure and known.failure.reason in permanent:
-                raise TrialFailure(
-                    FailureReason(known.failure.reason),
-                    f"same configuration already failed permanently in trial {known.number}",
-                    known.log_tail,
-                )
-
-
-class ModelScores:
-    """Text scorers that depend on the model flags alone (experts), not on speculation, temperature or
-    threads: KLD from the baseline's logits and perplexity, each measured once per distinct flags and
-    kept in the study's storage."""
-
-    def __init__(self, ctx: StudyContext, study: optuna.Study):
-        self.ctx, self.study = ctx, study
-
-    def model_flags(self, config: TrialConfig) -> list[str]:
-        """What the model computes (experts), with the baseline's threads: speculation, temperature and
-        threads do not change the logits, so text scorers run once per distinct expert count."""
-        baseline = baseline_config(self.ctx.space)
-        return model_flags(replace(config, threads=baseline.threads, threads_batch=None), self.ctx.launch)
-
-    def _once_per_model(self, config: TrialConfig, read, write, compute):
-        """``compute(model flags)``, measured once per distinct model flags and kept in the study
-        (``read``/``write`` its cache in storage), as text scorers depend on nothing else."""
-        flags = self.model_flags(config)
-        key = " ".join(flags)
-        cache = read(self.study)
-        if key not in cache:
-            cache[key] = compute(flags)
-            write(self.study, cache)
-        return cache[key]
-
-    def kld(self, config: TrialConfig) -> ScorerFigures:
-        """KL divergence from the baseline's logits, saved once per study in its log folder, keyed by the
-        baseline's model flags and the text file's digest (a changed text or model makes a new base)."""
-        ctx = self.ctx
-        base_flags = self.model_flags(baseline_config(ctx.space))
-        if self.model_flags(config) == base_flags:  # the baseline's own model: zero by definition (a rerun
-            return {"mean_kld": 0.0, "same_top": 1.0}  # differs by batch-order rounding only, ~1e-6)
-        bin_dir, timeout = ctx.launch.server_binary.parent, ctx.settings.trial_timeout_s
-
-        def compute(flags: list[str]) -> ScorerFigures:
-            text_file = ctx.spec.quality.text_file
-            assert text_file is not None  # the study file requires one for kld
-            base_key = digest([base_flags, hashlib.sha256(text_file.read_bytes()).hexdigest()])
-            base = quality_scorers.save_kld_base(
-                base_flags,
-                text_file,
-                ctx.log_dir / f"kld-base-{base_key}.bin",
-                bin_dir=bin_dir,
-                timeout_s=timeout,
-            )
-            return quality_scorers.measure_kld(flags, base, bin_dir=bin_dir, timeout_s=timeout)
-
-        return self._once_per_model(config, store.kld_cache, store.write_kld_cache, compute)
-
-    def perplexity(self, config: TrialConfig) -> float:
-        """Perplexity depends only on the model flags (experts), not on speculation, temperature or threads."""
-        ctx = self.ctx
-        text_file = ctx.spec.quality.text_file
-        assert text_file is not None  # the study file requires one for perplexity
-        return self._once_per_model(
-            config,
-            store.perplexity_cache,
-            store.write_perplexity_cache,
-            lambda flags: quality_scorers.measure_perplexity(
-                flags,
-                text_file,
-                bin_dir=ctx.launch.server_binary.parent,
-                timeout_s=ctx.settings.trial_timeout_s,
-            ),
-        )
 
 
 def _failed(record: TrialRecord, err: BaseException, log_path: Path) -> TrialRecord:
@@ -467,21 +338,3 @@ def describe_trial(record: TrialRecord) -> str:
         )
     failure = record.failure or Failure("error", "")
     return f"FAILED ({failure.reason}: {failure.detail}) | {knobs}"
-
-
-def drift_corrected(incumbent: TrialRecord, sentinels: Sentinels) -> list[dict]:
-    """The incumbent's samples as the machine would measure them now: scaled by this worker's
-    reference rate now over the reference rate when the incumbent ran (tuner.decisions.drift), so a
-    machine that slowed down since does not prune everything after it. Reports divide by the
-    sentinels interpolated at each trial's time."""
-    now, then = sentinels.rate_at(worker_id(), time.time()), None
-    incumbent_midpoint = midpoint(incumbent)
-    if incumbent_midpoint is not None:
-        then = sentinels.rate_at(incumbent.worker, incumbent_midpoint)
-    scale = now / then if now and then else 1.0
-    return [{**s, "tokens_per_second": s["tokens_per_second"] * scale} for s in incumbent.samples]
-
-
-def sample_record(sample: Sample) -> dict:
-    """A raw per-request sample for the trial's record (tokens and text left out: see outputs)."""
-    return {k: v for k, v in asdict(sample).items() if k not in ("tokens", "text")}

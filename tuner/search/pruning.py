@@ -136,7 +136,7 @@ def paired_ratios(samples: Iterable[dict], incumbent_samples: Iterable[dict]) ->
     """A running trial's samples against the incumbent's.
 
     Samples are dicts with ``prompt_id`` (and a conversation's ``turn``), ``tokens_per_second`` and ``suite``
-    (as ``tuner.run.trial_measurement.sample_record`` stores them; without a suite, one suite is assumed);
+    (as ``tuner.run.trial_references.sample_record`` stores them; without a suite, one suite is assumed);
     the incumbent's per-prompt reference is its median over repetitions.
     """
     by_prompt: dict[str, list[float]] = {}

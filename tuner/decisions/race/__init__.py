@@ -61,7 +61,7 @@ from tuner.decisions.race.operator_lines import verdict_lines
 from tuner.decisions.race.paired_statistics import PairedStatistics, first_look, race_alpha
 from tuner.decisions.race.results import Confirmation, Entry, RaceResult
 from tuner.decisions.race.rounds import RaceRounds
-from tuner.decisions.race.sequential import confirm, sequential_race
+from tuner.decisions.race.sequential import LoopOptions, confirm, sequential_race
 from tuner.decisions.race.stop_rules import RESOURCE_RULE, Outcome
 from tuner.decisions.race.study_race import race_study
 from tuner.decisions.race.wording import loss_text, race_title, users_text
@@ -72,6 +72,7 @@ __all__ = [
     "Confirmation",
     "Entry",
     "Forecast",
+    "LoopOptions",
     "Outcome",
     "PairedStatistics",
     "RaceResult",

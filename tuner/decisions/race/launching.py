@@ -12,7 +12,7 @@ from tuner.decisions.race.launcher import Launcher, RaceSetup
 from tuner.decisions.race.operator_lines import announce
 from tuner.decisions.race.results import Confirmation, Entry, RaceResult
 from tuner.decisions.race.rounds import RaceRounds
-from tuner.decisions.race.sequential import confirm, sequential_race
+from tuner.decisions.race.sequential import LoopOptions, confirm, sequential_race
 from tuner.decisions.race.stop_rules import RESOURCE_RULE, Outcome
 from tuner.decisions.race.wording import race_title
 from tuner.decisions.remeasure import Remeasure
@@ -45,7 +45,7 @@ def run_race(
         {n: resource_key(r, study) for n, r in records.items()},
         spec,
         progress=progress,
-        title=title,
+        options=LoopOptions(title=title),
     )
     confirmation = _confirm_winner(
         race_rounds, outcome.winner, label(baseline), launcher, spec, progress, title

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tuner.decisions import evidence
 from tuner.decisions.race.allocation import next_round
@@ -19,6 +20,15 @@ from tuner.progress import Progress
 from tuner.studyfile.spec import RaceSpec
 
 
+@dataclass(frozen=True)
+class LoopOptions:
+    """What a race's loop is told besides its contenders and rules, each with a default: the title its lines
+    carry (a load class's race names its users) and the clock its time budget reads (a test's own)."""
+
+    title: str = "race"
+    clock: Callable[[], float] = time.monotonic
+
+
 def sequential_race(
     labels: list[str],
     baseline: str,
@@ -27,14 +37,14 @@ def sequential_race(
     spec: RaceSpec,
     *,
     progress: Progress,
-    clock: Callable[[], float] = time.monotonic,
-    title: str = "race",
+    options: LoopOptions = LoopOptions(),
 ) -> tuple[RaceRounds, Outcome]:
     """Rounds of launches until some finalist is within ``race.loss`` of every other and may replace the baseline.
 
     ``launch_round(labels, round_index)`` launches each once and returns its rate; ``resources[label]`` orders
     equals (smaller first). Pure apart from that call, so ``make bench`` runs this same code on a simulated
     host."""
+    clock, title = options.clock, options.title
     everyone = list(dict.fromkeys([*labels, baseline]))
     race_rounds = RaceRounds(
         rates={n: [] for n in everyone}, candidates=list(everyone), rounds={n: [] for n in everyone}
