@@ -29,7 +29,10 @@ def write_study(tmp_path: Path, target, quality: dict | None = None) -> Path:
 def test_a_target_entry_lists_variants_and_the_kld_ceiling_defaults(tmp_path):
     spec = load_spec(write_study(tmp_path, {"path": "t.gguf", "quantize": ["q8_0", "Q4_K_M"]}))
     assert spec.target == tmp_path / "t.gguf"
-    assert [(r.source.name, r.type) for r in spec.target_quantize] == [("t.gguf", "Q8_0"), ("t.gguf", "Q4_K_M")]
+    assert [(r.source.name, r.type) for r in spec.target_quantize] == [
+        ("t.gguf", "Q8_0"),
+        ("t.gguf", "Q4_K_M"),
+    ]
     assert spec.quality.max_kld == DEFAULT_TARGET_MAX_KLD
     assert load_spec(write_study(tmp_path, "t.gguf")).target_quantize == ()  # a plain path: as before
 
@@ -105,14 +108,21 @@ def test_a_study_of_target_variants_measures_each_kld_and_never_deploys_one_over
     )
     ctx = prepare(load_spec(path), progress=Progress.quiet())
     q8, q2 = ctx.target_variants["Q8_0"], ctx.target_variants["Q2_K"]
-    assert q8.info.file_size_bytes < ctx.target.file_size_bytes and q2.info.file_size_bytes < q8.info.file_size_bytes
+    assert (
+        q8.info.file_size_bytes < ctx.target.file_size_bytes
+        and q2.info.file_size_bytes < q8.info.file_size_bytes
+    )
     assert q8.sha256 == file_sha256(q8.variant.path)
     # the memory check counts the variant a configuration runs, not the source
     alone = TrialConfig(threads=1)
-    weights = {q: memory.config_footprint(ctx, replace(alone, target_quant=q)).weights for q in ("source", "Q2_K")}
+    weights = {
+        q: memory.config_footprint(ctx, replace(alone, target_quant=q)).weights for q in ("source", "Q2_K")
+    }
     assert weights == {"source": ctx.target.weights_bytes, "Q2_K": q2.info.weights_bytes}
     study = open_study(ctx)
-    study.enqueue_trial({"spec_type": "none", "target_quant": "source", "threads": 1}, user_attrs={store.ROLE: "baseline"})
+    study.enqueue_trial(
+        {"spec_type": "none", "target_quant": "source", "threads": 1}, user_attrs={store.ROLE: "baseline"}
+    )
     for variant in ("Q8_0", "Q2_K"):
         study.enqueue_trial({"spec_type": "none", "target_quant": variant, "threads": 1})
     study.optimize(StudyObjective(ctx, study, progress=Progress.quiet()), n_trials=3)
@@ -142,4 +152,7 @@ def test_a_study_of_target_variants_measures_each_kld_and_never_deploys_one_over
 
     capsys.readouterr()
     print_doctor(Path("/"), False, "variants", ctx.spec.storage, as_json=False)
-    assert f"memory: the largest configuration of study variants needs {largest(ctx).text()}" in capsys.readouterr().out
+    assert (
+        f"memory: the largest configuration of study variants needs {largest(ctx).text()}"
+        in capsys.readouterr().out
+    )

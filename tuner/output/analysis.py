@@ -28,9 +28,8 @@ from tuner.decisions.front import feasible, front_2d, pareto_mask
 from tuner.decisions.per_type import PerTypeResult
 from tuner.decisions.race import RaceResult, users_text
 from tuner.knobs.config import method_of
-from tuner.knobs.registry import INT_KNOBS
+from tuner.knobs.registry import INT_KNOBS, SOURCE_QUANT
 from tuner.knobs.registry import NAMES as KNOB_NAMES
-from tuner.knobs.registry import SOURCE_QUANT
 from tuner.machine.bandwidth import BandwidthCurve, curve_of
 from tuner.machine.host import host_was_busy
 from tuner.machine.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
@@ -120,7 +119,11 @@ def trials_frame(
         }
         if record.complete and sentinels.speedup(record) is not None:
             row["speedup"] = sentinels.speedup(record)
-        if roofline is not None and metrics is not None and record.config.target_quant in (None, SOURCE_QUANT):
+        if (
+            roofline is not None
+            and metrics is not None
+            and record.config.target_quant in (None, SOURCE_QUANT)
+        ):
             ceiling = roofline.tokens_per_second(record.config.experts)
             row["roofline_tokens_per_second"] = ceiling
             row["roofline_fraction"] = metrics.tokens_per_second / ceiling
@@ -392,7 +395,15 @@ def effect(frame: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     )
 
 
-VARIANT_COLUMNS = ["target_quant", "family", "best_tokens_per_second", "speedup", "mean_kld", "same_top", "feasible"]
+VARIANT_COLUMNS = [
+    "target_quant",
+    "family",
+    "best_tokens_per_second",
+    "speedup",
+    "mean_kld",
+    "same_top",
+    "feasible",
+]
 
 
 def variant_front(frame: pd.DataFrame) -> pd.DataFrame:
@@ -411,8 +422,12 @@ def variant_front(frame: pd.DataFrame) -> pd.DataFrame:
                 "family": family,
                 "best_tokens_per_second": best["tokens_per_second"],
                 "speedup": best.get("speedup"),
-                "mean_kld": best.get("score_mean_kld", 0.0) if not pd.isna(best.get("score_mean_kld")) else 0.0,
-                "same_top": best.get("score_same_top", 1.0) if not pd.isna(best.get("score_same_top")) else 1.0,
+                "mean_kld": best.get("score_mean_kld", 0.0)
+                if not pd.isna(best.get("score_mean_kld"))
+                else 0.0,
+                "same_top": best.get("score_same_top", 1.0)
+                if not pd.isna(best.get("score_same_top"))
+                else 1.0,
                 "feasible": bool(best["feasible"]),
             }
         )

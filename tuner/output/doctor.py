@@ -144,7 +144,9 @@ def thp_measured(study: str, hosts: list[dict], thp_now: str | None) -> list[str
     ]
 
 
-def _measured_advice(study_name: str, storage: str | None, host: HostState, topo: Topology) -> tuple[list[str], str]:
+def _measured_advice(
+    study_name: str, storage: str | None, host: HostState, topo: Topology
+) -> tuple[list[str], str]:
     """``--study``: THP advice tied to that study's trials, and the memory its largest configuration needs
     against what this host has."""
     from tuner.models.memory_fit import available_bytes, misfit
@@ -156,7 +158,11 @@ def _measured_advice(study_name: str, storage: str | None, host: HostState, topo
     size = stored_largest(record)
     room = available_bytes(topo)
     memory = f"memory: the largest configuration of study {record.name} needs {size.text()}" + (
-        f"; DOES NOT FIT: {why}" if (why := misfit(size, topo)) else f", {room / 1e9:.2f} GB available" if room else ""
+        f"; DOES NOT FIT: {why}"
+        if (why := misfit(size, topo))
+        else f", {room / 1e9:.2f} GB available"
+        if room
+        else ""
     )
     return thp_measured(record.name, hosts, host.thp_mode), memory
 

@@ -64,7 +64,9 @@ class Export:
     per_type: PerTypeResultJson | None = None  # the per-type race (the pooled export's), else None
     section_name: str = ""  # the router model name; default the study's (per-type: STUDY-TYPE)
     threads_how: tuple[str, ...] = ()  # how threads and threads-batch were chosen (deployment.thread_notes)
-    target: dict | None = None  # a study of target variants: the file run, its digest, its KLD (``target_of``)
+    target: dict | None = (
+        None  # a study of target variants: the file run, its digest, its KLD (``target_of``)
+    )
 
     @property
     def section(self) -> str:
@@ -133,7 +135,9 @@ def target_of(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame) -> d
         "make": shlex.join(made["command"]) if made.get("command") else None,
         "mean_kld": trial.scores.get("mean_kld", 0.0),
         "same_top": trial.scores.get("same_top", 1.0),
-        "speculation_adds": rate / alone.max() if trial.config.speculative and rate and not alone.empty else None,
+        "speculation_adds": rate / alone.max()
+        if trial.config.speculative and rate and not alone.empty
+        else None,
     }
 
 
@@ -148,7 +152,7 @@ def target_lines(export: Export) -> list[str]:
         f"Target: {target['quant']} ({target['path']}"
         + (f", sha256 {target['sha256']}" if target.get("sha256") else "")
         + f"): mean KL divergence {target['mean_kld']:.4f} from the source, same top token at "
-        f"{target['same_top']:.1%} of positions (quality.text_file)",
+        f"{target['same_top']:.1%} of positions (quality.text_file)"
     ]
     if adds is not None:
         lines.append(f"Speculation on it: x{adds:.2f} over this variant alone (recorded, one launch each)")

@@ -19,7 +19,6 @@ from tuner.output.report_figures import (
     acceptance_model_figure,
     drift_figure,
     experts_figure,
-    variants_figure,
     importance_figure,
     latency_figure,
     lines_figure,
@@ -30,6 +29,7 @@ from tuner.output.report_figures import (
     temperature_figure,
     threads_caption,
     threads_figure,
+    variants_figure,
 )
 from tuner.output.report_markup import empty_note, html_table
 from tuner.output.report_tables import (

@@ -195,7 +195,9 @@ def check_target_file(study: optuna.Study, record: StudyRecord, deployed: Deploy
             f"{where}: sha256 {digest[:16]}..., not the {config.target_quant} variant the study measured "
             f"({made['sha256'][:16]}...); {again}"
         )
-    print(f"verify: target {config.target_quant} {path}: sha256 {made['sha256'][:16]}... as the study measured it")
+    print(
+        f"verify: target {config.target_quant} {path}: sha256 {made['sha256'][:16]}... as the study measured it"
+    )
 
 
 def header_lines(

@@ -18,7 +18,11 @@ def config_footprint(ctx: StudyContext, config: TrialConfig) -> Footprint:
     """What ``config`` keeps resident: the target, its draft model if it drafts with one, the KV cache."""
     draft = ctx.drafts.get(config.draft) if config.draft else None
     return footprint(
-        ctx.target_for(config), draft, ctx.launch.ctx_size, config.cache_type_k or "f16", config.cache_type_v or "f16"
+        ctx.target_for(config),
+        draft,
+        ctx.launch.ctx_size,
+        config.cache_type_k or "f16",
+        config.cache_type_v or "f16",
     )
 
 
@@ -32,10 +36,14 @@ def largest(ctx: StudyContext) -> Footprint:
     """The space's largest configuration: the target (of its variants, the largest) with the draft whose
     footprint is largest, at the widest KV cache type."""
     targets = [ctx.target, *(v.info for v in ctx.target_variants.values())]
-    return largest_of(targets, list(ctx.drafts.values()), ctx.launch.ctx_size, _cache_types(ctx.space.domains))
+    return largest_of(
+        targets, list(ctx.drafts.values()), ctx.launch.ctx_size, _cache_types(ctx.space.domains)
+    )
 
 
-def largest_of(targets: list[ModelInfo], drafts: list[ModelInfo], ctx_size: int, cache_types: list[str]) -> Footprint:
+def largest_of(
+    targets: list[ModelInfo], drafts: list[ModelInfo], ctx_size: int, cache_types: list[str]
+) -> Footprint:
     """The largest footprint over every target file and draft (or none), at the widest of ``cache_types``."""
     widest = max(cache_types or ["f16"], key=lambda t: CACHE_TYPE_BYTES.get(t, 2.0))
     sizes = [
@@ -61,5 +69,7 @@ def stored_largest(record: StudyRecord) -> Footprint:
 
 def _cache_types(domains: dict) -> list[str]:
     return [
-        str(v) for knob in ("cache_type_k", "cache_type_v") for v in getattr(domains.get(knob), "values", ("f16",))
+        str(v)
+        for knob in ("cache_type_k", "cache_type_v")
+        for v in getattr(domains.get(knob), "values", ("f16",))
     ]

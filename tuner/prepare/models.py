@@ -16,7 +16,10 @@ from tuner.studyfile.spec import StudySpec
 def make_variants(spec: StudySpec, bin_dir: Path, progress: Progress) -> dict[str, Variant]:
     """Every quantize variant of a draft the study asks for, made now or taken from the cache
     (tuner.models.quantize), by draft name."""
-    return {request.name: _variant(request, bin_dir, progress, f"draft {request.name}") for request in spec.quantize}
+    return {
+        request.name: _variant(request, bin_dir, progress, f"draft {request.name}")
+        for request in spec.quantize
+    }
 
 
 def make_target_variants(spec: StudySpec, bin_dir: Path, progress: Progress) -> dict[str, TargetVariant]:

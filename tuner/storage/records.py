@@ -271,7 +271,8 @@ class StudyRecord:
                 for name, q in sorted(self.quantized_drafts.items())
             },
             "target variants": {
-                name: [q.get("source_sha256"), q.get("type")] for name, q in sorted(self.target_variants.items())
+                name: [q.get("source_sha256"), q.get("type")]
+                for name, q in sorted(self.target_variants.items())
             },
         }
 

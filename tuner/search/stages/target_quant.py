@@ -41,7 +41,11 @@ def propose(state: SearchState) -> Proposal | None:
     if leading != SOURCE_QUANT:
         alone = {k: v for k, v in incumbent.params.items() if k not in DRAFT_KNOBS}
         candidates.append(
-            ({**alone, "spec_type": "none"}, "speculation", f"target {leading} alone: its own rate, K's baseline")
+            (
+                {**alone, "spec_type": "none"},
+                "speculation",
+                f"target {leading} alone: its own rate, K's baseline",
+            )
         )
         candidates += k_walk(state, incumbent.params, leading)
     return state.first_new(candidates)
@@ -64,7 +68,9 @@ def k_walk(state: SearchState, params: dict, variant: str) -> list[tuple]:
     """K's next line-search value on the leading variant, while fewer than ``K_STEPS`` were walked there."""
     if option_of(params) is None or not state.k_values or params.get("draft_max") is None:
         return []
-    walked = {r.params.get("draft_max") for r in state.family(params) if r.params.get("draft_max") is not None}
+    walked = {
+        r.params.get("draft_max") for r in state.family(params) if r.params.get("draft_max") is not None
+    }
     k = state.line_step(params, "draft_max")
     if k is None or len(walked) > K_STEPS:
         return []
