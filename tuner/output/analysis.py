@@ -119,15 +119,7 @@ def trials_frame(
         }
         if record.complete and sentinels.speedup(record) is not None:
             row["speedup"] = sentinels.speedup(record)
-        if (
-            roofline is not None
-            and metrics is not None
-            and record.config.target_quant in (None, SOURCE_QUANT)
-        ):
-            ceiling = roofline.tokens_per_second(record.config.experts)
-            row["roofline_tokens_per_second"] = ceiling
-            row["roofline_fraction"] = metrics.tokens_per_second / ceiling
-        rows.append(row)
+        rows.append({**row, **_roofline_columns(roofline, record)})
     frame = pd.DataFrame(rows)
     for column in COLUMNS:  # a study without (complete) trials still has every column
         if column not in frame:
@@ -135,6 +127,18 @@ def trials_frame(
     for knob in INT_KNOBS:
         frame[knob] = frame[knob].astype("Int64")
     return frame
+
+
+def _roofline_columns(roofline: Roofline | None, record: TrialRecord) -> dict:
+    """The trial's decode ceiling and its share of it: for the source target only (the study's roofline is the
+    source's bytes; a quantized variant reads fewer)."""
+    if roofline is None or record.metrics is None or record.config.target_quant not in (None, SOURCE_QUANT):
+        return {}
+    ceiling = roofline.tokens_per_second(record.config.experts)
+    return {
+        "roofline_tokens_per_second": ceiling,
+        "roofline_fraction": record.metrics.tokens_per_second / ceiling,
+    }
 
 
 # The server's memory after its workload (/proc/PID/smaps_rollup), in MiB: which pages were huge.
