@@ -156,3 +156,15 @@ def test_a_study_of_target_variants_measures_each_kld_and_never_deploys_one_over
         f"memory: the largest configuration of study variants needs {largest(ctx).text()}"
         in capsys.readouterr().out
     )
+
+
+def test_a_study_stored_before_target_variants_resumes_and_other_variants_are_refused():
+    from tuner.storage.records import StudyRecord, changes
+
+    base = StudyRecord.for_replay("s", {}, ("tokens_per_second",))
+    old = base.to_json()
+    del old["target_variants"]  # a record written before the field existed
+    assert StudyRecord.from_json(old).target_variants == {} and changes(StudyRecord.from_json(old), base) == []
+    made = {"source": "/m/t.gguf", "source_sha256": "ab" * 32, "type": "Q4_0", "sha256": "ef" * 32}
+    with_variant = replace(base, target_variants={"Q4_0": made})
+    assert changes(base, with_variant) == ["target variants Q4_0 differs (the study has none, this run has it)"]
