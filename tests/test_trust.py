@@ -445,3 +445,85 @@ def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path,
     winner = next(line for line in printed if line.startswith("winner: trial"))
     assert "confirmation rounds" in winner or "the baseline configuration is deployed" in winner
     assert all(r.host.get("busy_processes") is not None for r in records if r.complete)
+
+
+@pytest.mark.llama
+def test_a_study_with_cpu_hogs_beside_its_baseline_names_the_disturbed_reading_and_uses_the_sentinels(
+    tmp_path, synthetic_models
+):
+    """Issue 49's demo beside a model build, on real llama.cpp: two CPU hogs run while the baseline (trial 0,
+    and its relaunch) is measured, then stop. The trial is marked busy, its sentinels agree with each other far
+    above it, so the report's header and the export state the re-measured baseline and name the first reading."""
+    import subprocess
+    import sys
+
+    from tuner.machine.host import host_was_busy
+    from tuner.output.export import build_export, shell_script
+    from tuner.run.study_loop import run_study
+    from tuner.storage import store
+    from tuner.studyfile.spec import load_spec
+
+    path = tmp_path / "study.yaml"
+    path.write_text(
+        json.dumps(
+            {
+                "name": "hogged",
+                "target": str(synthetic_models.path("target")),
+                "drafts": [str(synthetic_models.path("draft-large"))],
+                "search_space": {
+                    "overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4], "threads": 2}
+                },
+                "workload": {"suites": ["code"], "n_predict": 24},
+                "measurement": {
+                    "warmup": 1,
+                    "repetitions": 1,
+                    "ctx_size": 512,
+                    "trial_timeout_s": 120,
+                    "noise_cv": 0.15,
+                },
+                "quality": {"scorer": "agreement", "floor": 0.5},
+                "budget": {"trials": 4},  # the baseline, three trials and a sentinel after each but the last
+                "sentinel": {"every_trials": 1},
+                "storage": f"sqlite:///{tmp_path / 'studies.db'}",
+                "sampler": {"seed": 1, "prune": False, "reuse": False},
+            }
+        )
+    )
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+
+    lines: list[str] = []
+
+    def stop_hogs(line: str) -> None:
+        lines.append(line)
+        if "trial 0:" in line:  # the baseline's line: it is measured, the host quiet from here on
+            for hog in hogs:
+                hog.kill()
+
+    try:
+        study = run_study(load_spec(path), progress=Progress.untimed(stop_hogs))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    records = store.read_trials(study)
+    first = next(r for r in records if r.role == "baseline")
+    assert first.host and host_was_busy(first.host)  # the trial's own host check saw the hogs
+    data = report_data(study, store.read_study_record(study))
+    disturbed = data.disturbed_baseline
+    sentinels = [r.metrics.tokens_per_second for r in records if r.role == "sentinel" and r.complete]
+    if len(sentinels) >= 2 and max(sentinels) > 1.3 * min(sentinels):
+        pytest.skip(f"the host was too busy after the hogs stopped: its sentinels read {sentinels} t/s")
+    assert disturbed is not None, "\n".join(lines)
+    assert disturbed.first == pytest.approx(first.metrics.tokens_per_second)
+    assert disturbed.remeasured > 1.2 * disturbed.first and disturbed.sentinels >= 2
+    header = summary_table(data)
+    assert f"first reading, {disturbed.first:.1f} tokens/s" in header
+    assert f"{disturbed.remeasured:.1f} tokens/s (target alone" in header
+    # the export's figure divides by the re-measured baseline, not the disturbed first reading
+    best = max(
+        (r for r in records if r.role == "search" and r.complete), key=lambda r: r.metrics.tokens_per_second
+    )
+    script = shell_script(build_export(store.read_study_record(study), best, data.trials, "best"))
+    speedup = data.trials.set_index("trial").loc[best.number, "speedup"]  # against the sentinels
+    assert f"x{speedup:.2f} over the baseline" in script
+    assert speedup < 0.8 * best.metrics.tokens_per_second / disturbed.first  # not against the first reading
