@@ -429,14 +429,18 @@ def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, mon
         "concurrency",
         "repeatability",
         "scale_regime",
+        "quantization",
         "timings",
     } <= set(result)
     assert set(result["search"]["strategies"]) >= {"default", "random", "grid"}
     assert result["overhead"]["rounds"] == 1 and len(result["repeatability"]["runs"]) == 2
     md = (out / "bench.md").read_text()
     assert (
-        md.count("\n## ") == 9 and "Whole bench:" in md
-    )  # 1, 1b (operator scale), 1c (decisions), 1d (launch size), 2, 2b, 3, 4, 5 (the scale regime)
+        md.count("\n## ") == 10 and "Whole bench:" in md
+    )  # 1, 1b (operator scale), 1c (decisions), 1d (launch size), 2, 2b, 3, 4, 5 (the scale regime), 6 (quants)
+    quant = result["quantization"]  # the grid study's target stands in for the scale target: its F16 and Q4_0
+    assert len(quant["ratios"]) >= 2 and quant["bytes"]["Q4_0"] < quant["bytes"]["F16"]
+    assert "Q4_0 over F16: x" in md
     assert result["decisions"]["runs"] == 4 and len(result["decisions"]["races"]) == 27
     assert [Path(row["path"]).name for row in result["gguf_read"]["files"]] == ["draft-small.gguf"]
     assert (out / "grid-grid-test.csv").exists()

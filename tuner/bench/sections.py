@@ -14,6 +14,8 @@
    when its package is installed, and the study's target).
 5. The research's regime: the scale target's K sweep per content type, recorded fresh, against the K the
    structured search predicts and its pick within 20 trials (`bench/scale_regime`).
+6. The target's quantization: llama-bench decode of the scale target's Q4_0 variant against its F16 variant,
+   interleaved (`bench/quant_speed`).
 
 Why apart from the session: each section needs its own benchmark's module; the session only runs what they
 describe and keeps the files.
@@ -32,6 +34,7 @@ from tuner.bench import (
     launch_sizing,
     operator,
     overhead,
+    quant_speed,
     race_bench,
     repeat,
     replay,
@@ -42,7 +45,6 @@ from tuner.bench.sizes import Sizes, study_spec
 from tuner.bench.table import read_table
 from tuner.prepare import prepare
 from tuner.progress import Progress
-from tuner.studyfile.spec import load_spec
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,9 @@ def sections(
     yield from _simulated(sizes)
     yield from _overhead(study, sizes, out)
     yield _repeatability(study, sizes, out)
-    yield _gguf(gguf, study, sizes)
+    yield _gguf(gguf, study_spec(study, sizes, out).target, sizes)
     yield _scale(scale_grid, sizes, out)
+    yield _quantization(scale_grid, sizes, out)
 
 
 def _search(grid_study: Path, sizes: Sizes, out: Path) -> Section:
@@ -173,11 +176,11 @@ def _repeatability(study: Path, sizes: Sizes, out: Path) -> Section:
     )
 
 
-def _gguf(given: list[Path] | None, study: Path, sizes: Sizes) -> Section:
+def _gguf(given: list[Path] | None, target: Path, sizes: Sizes) -> Section:
     """4. GGUF metadata reads: the given files, else Gemma 3 270M when installed (not in --quick) and the
     study's target."""
     gemma = None if sizes.quick else gguf_read.gemma_270m()
-    files = given or [p for p in (gemma, load_spec(study).target) if p is not None]
+    files = given or [p for p in (gemma, target) if p is not None]
     return Section(
         "gguf_read",
         f"4 GGUF metadata: today's full parse against the fast, cached read ({', '.join(f.name for f in files)})",
@@ -199,4 +202,17 @@ def _scale(scale_grid: Path, sizes: Sizes, out: Path) -> Section:
             out, seeds=sizes.seeds, max_launches=sizes.grid_launches, study=spec
         ),
         scale_regime.markdown,
+    )
+
+
+def _quantization(scale_grid: Path, sizes: Sizes, out: Path) -> Section:
+    """6. The scale target's Q4_0 variant against its F16 variant, llama-bench decode interleaved."""
+    target = study_spec(scale_grid, sizes, out).target
+    rounds, tokens = (2, 8) if sizes.quick else (5, 32)
+    return Section(
+        "quantization",
+        f"6 the target's quantization: llama-bench decode of {target.name}'s Q4_0 against its F16, {rounds} rounds",
+        "6. The target's quantization: Q4_0 against F16 on the scale target",
+        lambda: quant_speed.measure(target, rounds, tokens),
+        quant_speed.markdown,
     )
