@@ -164,7 +164,11 @@ def test_a_study_stored_before_target_variants_resumes_and_other_variants_are_re
     base = StudyRecord.for_replay("s", {}, ("tokens_per_second",))
     old = base.to_json()
     del old["target_variants"]  # a record written before the field existed
-    assert StudyRecord.from_json(old).target_variants == {} and changes(StudyRecord.from_json(old), base) == []
+    assert (
+        StudyRecord.from_json(old).target_variants == {} and changes(StudyRecord.from_json(old), base) == []
+    )
     made = {"source": "/m/t.gguf", "source_sha256": "ab" * 32, "type": "Q4_0", "sha256": "ef" * 32}
     with_variant = replace(base, target_variants={"Q4_0": made})
-    assert changes(base, with_variant) == ["target variants Q4_0 differs (the study has none, this run has it)"]
+    assert changes(base, with_variant) == [
+        "target variants Q4_0 differs (the study has none, this run has it)"
+    ]

@@ -1,5 +1,5 @@
 """The target's quantization on a memory-bound target: llama-bench decode of its Q4_0 variant against its F16
-variant, the two interleaved round by round (issue 47's bar: at least 1.5x).
+variant, the two interleaved round by round (the bar: at least 1.5x).
 
 Why llama-bench and not a study: the bar is about decode speed alone, which llama-bench measures with the
 least around it; the variants are the study's own (``models.quantize``: made once, cached by the source's
