@@ -23,6 +23,7 @@ from tuner.knobs.config import Choices, IntRange
 from tuner.progress import Progress
 from tuner.search.sampling import culprits, sampler_for
 from tuner.search.space import ResolvedSpace
+from tuner.search.speedup_model import expected_tokens, measured_acceptance, speedup
 
 
 def landscape_table(path: Path) -> Path:
@@ -133,6 +134,62 @@ def test_bench_search_compares_every_strategy(tmp_path, capsys):
     }
     printed = capsys.readouterr().out
     assert "| default |" in printed and "target <= 0.5" in printed
+
+
+def scale_sweep(folder: Path, suite: str, counted: bool) -> None:
+    """A recorded scale sweep (as ``tuner record-grid`` leaves it) from the speculation model itself: a cheap
+    draft whose rounds cost half a step besides their tokens, and an n-gram lookup drafting on one step in
+    ten; 5 prompts of 48 tokens, 2 repetitions. ``counted``: rows carry their generated tokens and requests
+    (else the reference's outputs tell them); the draft's K=8 is recorded twice, busy first."""
+    steps_total, ks = 2 * 5 * 47, [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+    rows = [{"spec_type": "none", "tokens_per_second": 30.0, "acceptance": 0.0, "speedup": 1.0}]
+    for spec, a, c, overhead, share in (
+        ("draft-simple", 0.65, 0.08, 0.5, 1.0),
+        ("ngram-simple", 0.8, 0.11, 0.0, 0.1),
+    ):
+        for k in ks:
+            rate = speedup(a, c, k, overhead=overhead, share=share)
+            per_step = share * (expected_tokens(a, k) - 1)  # accepted per decode step
+            steps = steps_total / (1 + per_step)
+            row = {
+                "spec_type": spec,
+                "draft": "small" if spec == "draft-simple" else None,
+                "draft_max": k,
+                "tokens_per_second": 30.0 * rate,
+                "acceptance": measured_acceptance(a, k),
+                "speedup": rate,
+                "drafted": round(share * k * steps),
+                "accepted": round(per_step * steps),
+            }
+            if spec == "draft-simple" and k == 8:
+                rows.append({**row, "tokens_per_second": 3.0, "speedup": 0.1, "host_busy": True})
+            rows.append(row)
+    for row in rows:
+        row.update(
+            cv=0.01, quality=1.0, quality_floor=0.99, feasible=True, status="ok", repetitions=2, threads=2
+        )
+        if counted:
+            row.update(generated=2 * 5 * 48, requests=2 * 5)
+    name = folder / f"grid-scale-grid-{suite}"
+    name.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reference = {"tokens": {f"p{i}": list(range(48)) for i in range(5)}, "tokens_per_second": 30.0}
+    name.with_suffix(".reference.json").write_text(json.dumps(reference))
+
+
+def test_bench_scale_reads_recorded_sweeps_and_predicts_each_familys_best_k(tmp_path, capsys):
+    scale_sweep(tmp_path, "code", counted=True)
+    scale_sweep(tmp_path, "prose", counted=False)
+    out = tmp_path / "scale.json"
+    assert main(["bench-scale", str(tmp_path), "--seeds", "1", "--json", str(out)]) == 0
+    found = json.loads(out.read_text())
+    for suite in ("code", "prose"):
+        by_family = {f["family"]: f for f in found["suites"][suite]["families"]}
+        assert set(by_family) == {"small", "ngram-simple"}
+        assert by_family["small"]["best_k"] == 4 and by_family["ngram-simple"]["best_k"] == 8
+        assert all(f["rungs_off"] <= 1 for f in by_family.values()), by_family
+    assert found["targets"]["predicted_within_one_rung"] is True
+    assert "| small | 4 |" in capsys.readouterr().out
+    assert main(["bench-scale", str(tmp_path / "none")]) == 2
 
 
 def test_bench_search_names_a_missing_parameter_column(tmp_path, capsys):

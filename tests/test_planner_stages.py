@@ -204,6 +204,18 @@ def test_best_k_measures_the_leaders_predicted_k_and_not_an_option_that_does_not
     assert best_k.propose(state_of(baseline(), slow, no_pay)) is None
 
 
+def test_best_k_reads_a_lookups_counts_as_few_drafting_steps_not_a_dear_token():
+    a, c, share, steps = 0.85, 0.11, 0.1, 400  # a match on one decode step in ten, cheap verified tokens
+    rate = 10.0 * speedup(a, c, 8, share=share)
+    counted = past(NGRAM, rate, measured_acceptance(a, 8), drafted=round(share * 8 * steps), steps=steps)
+    proposal = best_k.propose(state_of(baseline(), counted))
+    best = max(range(1, 33), key=lambda k: speedup(a, c, k, share=share))
+    assert best > 8 and proposal.params == {**NGRAM, "draft_max": best}
+    assert "drafting on 10% of steps" in proposal.reason
+    blind = best_k.propose(state_of(baseline(), past(NGRAM, rate, measured_acceptance(a, 8))))
+    assert blind.params["draft_max"] < 8  # without its counts the same trial reads as every step drafting 8
+
+
 # -- stacks ------------------------------------------------------------------------------------------
 
 SUITES = {"code": 10.0, "prose": 10.0}

@@ -77,6 +77,58 @@ def test_two_points_interpolate_a_decaying_acceptance():
     assert 0.9 < f.a_at(12) < 0.97
 
 
+def walk(curve, ks, probe=8, steps=3):
+    """best_k's walk on a curve K -> Point: the probe, then the predicted best K measured, refitted."""
+    points = [curve(probe)]
+    for _ in range(steps - 1):
+        k = fit(points).best_k(ks)
+        if any(p.k == k for p in points):
+            break
+        points.append(curve(k))
+    return fit(points)
+
+
+KS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+
+
+def test_a_rounds_fixed_cost_is_fitted_from_two_k_and_the_walk_does_not_spiral_down():
+    a, c, o = 0.65, 0.08, 0.5  # a cheap weak draft whose rounds cost half a step besides their tokens
+
+    def curve(k):
+        return Point(k, measured_acceptance(a, k), speedup(a, c, k, overhead=o))
+
+    true_best = max(KS, key=lambda k: speedup(a, c, k, overhead=o))
+    assert fit([curve(8)]).best_k(KS) < true_best  # one point reads the fixed cost as a dearer token
+    two = fit([curve(3), curve(8)])
+    assert two.c == pytest.approx(c, abs=1e-6) and two.overhead == pytest.approx(o, abs=1e-6)
+    assert walk(curve, KS).best_k(KS) == true_best
+    close = fit([curve(6), curve(8)])  # K too close to tell the fixed cost from noise: Leviathan's round
+    assert close.overhead == 0.0
+
+
+def test_a_lookup_drafting_on_few_steps_is_not_read_as_a_dear_token():
+    a, c, share = 0.8, 0.11, 0.1  # an n-gram lookup: cheap tokens, a match on one step in ten
+
+    def curve(k, known=True):
+        return Point(k, measured_acceptance(a, k), speedup(a, c, k, share=share), share if known else None)
+
+    model = fit([curve(8)])
+    assert model.c == pytest.approx(c, abs=1e-6) and model.share_at(16) == pytest.approx(share)
+    best = max(KS, key=lambda k: speedup(a, c, k, share=share))
+    assert model.best_k(KS) == best >= 8
+    blind = fit([curve(8, known=False)])  # the same trial without its counts: every step drafting K
+    assert blind.c > 2 * c and blind.best_k(KS) < best
+
+
+def test_draft_counts_are_read_from_the_requests():
+    samples = [
+        {"predicted_n": 48, "draft_n": 40, "draft_n_accepted": 30},
+        {"predicted_n": 48, "draft_n": 8, "draft_n_accepted": 2},
+    ]
+    assert history.draft_counts(samples) == (48, (47 - 30) + (47 - 2))
+    assert history.draft_counts([{"prompt_id": "p", "tokens_per_second": 10.0}]) == (None, None)
+
+
 # -- the pruning rule -------------------------------------------------------------------------
 
 

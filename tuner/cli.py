@@ -88,6 +88,11 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
         "replay a recorded table: trials each sampler needs to find the best configuration",
     ),
     (
+        "bench-scale",
+        "tuner.commands.bench_scale",
+        "section 5 from the scale target's recorded K sweeps: best against predicted K, measuring nothing",
+    ),
+    (
         "bench-operator",
         "tuner.commands.bench_operator",
         "replay operator-scale landscapes (96 cores, 3 drafts, MoE, lookup stacks): trials and seconds to 3%%",

@@ -73,11 +73,16 @@ def plan(ctx: StudyContext, configs: list[TrialConfig]) -> list[Launch]:
     return [Launch(argv, tuple(cs)) for argv, cs in groups.items()] + refused
 
 
-def write_table(rows: list[dict], csv: Path) -> pd.DataFrame:
-    """The CSV: knob columns that are set anywhere, then the result columns."""
+def table_frame(rows: list[dict]) -> pd.DataFrame:
+    """The table of recorded rows: knob columns that are set anywhere, then the result columns."""
     frame = pd.DataFrame(rows)
     knobs = [k for k in KNOBS if k in frame.columns and frame[k].notna().any()]
-    frame = frame[knobs + [c for c in RESULT_COLUMNS if c in frame.columns]]
+    return frame[knobs + [c for c in RESULT_COLUMNS if c in frame.columns]]
+
+
+def write_table(rows: list[dict], csv: Path) -> pd.DataFrame:
+    """The CSV (``table_frame``)."""
+    frame = table_frame(rows)
     write_atomic(csv, frame.to_csv(index=False))
     return frame
 

@@ -40,6 +40,16 @@ def config_key(config: TrialConfig | dict) -> str:
     return json.dumps(data, sort_keys=True)
 
 
+def recorded_rows(jsonl: Path) -> list[dict]:
+    """Every row a recording appended, in order (a configuration measured again has several)."""
+    return [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+
+
+def latest_rows(rows: list[dict]) -> dict[str, dict]:
+    """The last row of each configuration, by ``config_key``: what the recording's table holds."""
+    return {config_key({k: row[k] for k in KNOBS if row.get(k) is not None}): row for row in rows}
+
+
 class GridRecorder:
     """Measures the planned launches, appending one row per configuration to a JSONL file."""
 
@@ -72,7 +82,7 @@ class GridRecorder:
         another build, space or settings."""
         if not self.jsonl.is_file():
             return {}
-        rows = [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
+        rows = recorded_rows(self.jsonl)
         for row in rows:
             other = {k: row.get(k) for k in self.provenance if row.get(k) != self.provenance[k]}
             if other:
@@ -80,7 +90,7 @@ class GridRecorder:
                     f"{self.jsonl}: recorded with {other}, not { ({k: self.provenance[k] for k in other}) }; "
                     "rows would not be comparable: delete it or pass another --out"
                 )
-        latest = {config_key({k: row[k] for k in KNOBS if row.get(k) is not None}): row for row in rows}
+        latest = latest_rows(rows)
         return {
             key: row
             for key, row in latest.items()
@@ -192,6 +202,8 @@ class GridRecorder:
             "status": "ok",
             "drafted": scores.drafted,
             "accepted": scores.accepted,
+            "generated": sum(s.predicted_n for s in samples),
+            "requests": len(samples),
             "measure_s": measure_s,
             **self.provenance,
         }

@@ -18,6 +18,7 @@ The sweeps' own bests are measured, never written into the model or a study.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -26,8 +27,10 @@ from typing import Any
 import pandas as pd
 
 from tuner.bench import replay
-from tuner.bench.grid import record_grid
+from tuner.bench.grid import record_grid, table_frame
+from tuner.bench.grid_recorder import latest_rows, recorded_rows
 from tuner.bench.table import markdown_table, read_table
+from tuner.errors import UserError
 from tuner.progress import Progress
 from tuner.search.speedup_model import Point, fit
 from tuner.search.stages.best_k import LEADER_STEPS
@@ -60,11 +63,35 @@ def families(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return {name: rows.sort_values("draft_max") for name, rows in named.groupby("family", sort=True)}
 
 
+def decode_steps(frame: pd.DataFrame, reference: dict | None = None) -> pd.Series | None:
+    """Each row's target decode steps after each request's first token (generated - requests - accepted, as
+    ``search.history.draft_counts`` counts a trial's): from the row's own ``generated`` and ``requests``, or,
+    for a sweep recorded before those, from the baseline's reference outputs (``.reference.json``: every
+    feasible row answers as the baseline did, so it generated as many tokens) times the row's repetitions.
+    None where neither is known."""
+    if {"generated", "requests", "accepted"} <= set(frame.columns):
+        return frame["generated"] - frame["requests"] - frame["accepted"]
+    if reference is None or not {"repetitions", "accepted"} <= set(frame.columns):
+        return None
+    outputs = reference.get("tokens", {})
+    generated = sum(len(tokens) for tokens in outputs.values())
+    return frame["repetitions"] * (generated - len(outputs)) - frame["accepted"]
+
+
+def _share(row: Any) -> float | None:
+    """A sweep row's share of decode steps that verified a draft of K (``state.drafting_share``)."""
+    steps, drafted = getattr(row, "steps", None), getattr(row, "drafted", None)
+    if steps is None or drafted is None or not steps > 0 or not drafted > 0:
+        return None
+    return min(float(drafted) / (int(row.draft_max) * float(steps)), 1.0)
+
+
 def predicted_best_k(rows: pd.DataFrame, ks: list[int]) -> int | None:
     """The structured search's predicted best K from this family's sweep rows: the probe at K=8 fitted,
-    its predicted best K measured and fitted again, ``LEADER_STEPS`` points in all (None: no probe)."""
+    its predicted best K measured and fitted again, ``LEADER_STEPS`` points in all (None: no probe). With a
+    ``steps`` column (``decode_steps``) each point knows its share of steps that drafted, as a study's do."""
     by_k = {
-        int(r.draft_max): Point(int(r.draft_max), float(r.acceptance), float(r.speedup))
+        int(r.draft_max): Point(int(r.draft_max), float(r.acceptance), float(r.speedup), _share(r))
         for r in rows.itertuples()
     }
     if K_PROBE not in by_k:
@@ -87,15 +114,18 @@ def rung_distance(ks: list[int], a: int, b: int) -> int:
     return abs(ks.index(a) - ks.index(b))
 
 
-def sweep_figures(frame: pd.DataFrame, seeds: int) -> dict[str, Any]:
+def sweep_figures(frame: pd.DataFrame, seeds: int, reference: dict | None = None) -> dict[str, Any]:
     """One content type's sweep: per family its best K and the predicted one; the best overall; the search's
-    pick within the budget."""
+    pick within the budget. ``reference``: the sweep's ``.reference.json``, for the decode steps of rows
+    recorded without their own counts (``decode_steps``)."""
     if "draft_max" not in frame.columns:  # a sweep without speculation (a test's, or --quick's first launch)
         frame = frame.assign(draft_max=None)
     ks = sorted(int(k) for k in frame["draft_max"].dropna().unique())
     baseline = frame[frame["spec_type"] == "none"]["tokens_per_second"]
+    steps = decode_steps(frame, reference)
+    counted = frame if steps is None else frame.assign(steps=steps)
     rows: list[dict[str, Any]] = []
-    for name, fam in families(frame).items():
+    for name, fam in families(counted).items():
         best = fam.loc[fam["tokens_per_second"].idxmax()]
         predicted = predicted_best_k(fam, ks)
         rows.append(
@@ -148,9 +178,37 @@ def measure_regime(out: Path, *, seeds: int, max_launches: int | None, study: St
         for stale in (csv.with_suffix(".jsonl"), csv.with_suffix(".reference.json")):
             stale.unlink(missing_ok=True)  # every figure from this session
         record_grid(spec, csv, progress=Progress.untimed(), max_launches=max_launches)
-        found["suites"][suite] = {**sweep_figures(read_table(csv), seeds), "table": str(csv)}
+        found["suites"][suite] = {**sweep_figures(read_table(csv), seeds, _reference(csv)), "table": str(csv)}
     found["targets"] = targets(found["suites"])
     return found
+
+
+def recorded_regime(folder: Path, *, seeds: int, name: str = "scale-grid") -> dict[str, Any]:
+    """The same figures from sweeps already recorded in ``folder`` (``grid-NAME-SUITE.jsonl``, its last row per
+    configuration, or the ``.csv`` table; the ``.reference.json`` beside it), measuring nothing
+    (``tuner bench-scale``)."""
+    found: dict[str, Any] = {"study": name, "suites": {}}
+    for suite in SUITES:
+        csv = folder / f"grid-{name}-{suite}.csv"
+        jsonl = csv.with_suffix(".jsonl")
+        if jsonl.is_file():
+            frame = table_frame(list(latest_rows(recorded_rows(jsonl)).values()))
+            table = jsonl
+        elif csv.is_file():
+            frame, table = read_table(csv), csv
+        else:
+            continue
+        found["suites"][suite] = {**sweep_figures(frame, seeds, _reference(csv)), "table": str(table)}
+    if not found["suites"]:
+        raise UserError(f"{folder}: no recorded sweep grid-{name}-{{{','.join(SUITES)}}}.jsonl or .csv")
+    found["targets"] = targets(found["suites"])
+    return found
+
+
+def _reference(csv: Path) -> dict | None:
+    """The sweep's reference outputs (``bench.grid_recorder``), if recorded."""
+    path = csv.with_suffix(".reference.json")
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def targets(suites: dict[str, Any]) -> dict[str, Any]:

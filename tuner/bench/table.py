@@ -25,6 +25,8 @@ RESULT_COLUMNS = (
     "failure_detail",
     "drafted",
     "accepted",
+    "generated",  # tokens the requests generated (llama.cpp's predicted_n, summed)
+    "requests",  # requests measured (every repetition's)
     "launch_s",  # server start until ready, shared by the configurations of one launch
     "measure_s",
     "build_commit",

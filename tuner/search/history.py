@@ -49,6 +49,8 @@ class PastTrial:
     prompt_rate: float | None = None  # prompt tokens/s over its requests (measure.prompt_rate)
     # the figure's relative standard error within its launch (``within_error``)
     within_error: float | None = None
+    drafted: int | None = None  # draft tokens over its requests (llama.cpp's draft_n); None: not recorded
+    steps: int | None = None  # the target's decode steps after each request's first token (``decode_steps``)
 
     @property
     def measured(self) -> bool:
@@ -97,9 +99,22 @@ def read_history(study: optuna.Study) -> list[PastTrial]:
                 suite_rates(record.samples),
                 prompt_rate(record.samples),
                 within_error(record),
+                *draft_counts(record.samples),
             )
         )
     return trials
+
+
+def draft_counts(samples: Sequence[dict]) -> tuple[int | None, int | None]:
+    """(drafted, steps) over a trial's requests: the draft tokens llama.cpp reported and the target's decode
+    steps after each request's first token (each yields one token of its own besides the drafts it accepted:
+    ``predicted_n - 1 - draft_n_accepted``); (None, None) where the samples do not carry them (a replay's)."""
+    keys = ("predicted_n", "draft_n", "draft_n_accepted")
+    if not samples or not all(all(s.get(k) is not None for k in keys) for s in samples):
+        return None, None
+    drafted = sum(int(s["draft_n"]) for s in samples)
+    steps = sum(max(int(s["predicted_n"]) - 1 - int(s["draft_n_accepted"]), 0) for s in samples)
+    return drafted, steps
 
 
 def within_error(record: TrialRecord) -> float | None:

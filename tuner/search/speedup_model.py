@@ -1,10 +1,10 @@
-"""The analytic model of speculative decoding, fitted to one or two measured trials per draft.
+"""The analytic model of speculative decoding, fitted to one or more measured trials per draft.
 
 Why: on a big CPU box a trial costs minutes, and tokens/s against the draft length K is
-a smooth, unimodal curve whose shape follows from two numbers. Leviathan et al. (2023):
+a smooth, unimodal curve whose shape follows from a few numbers. Leviathan et al. (2023):
 if the target accepts each drafted token with probability ``a`` (independently), a round
 that drafts K tokens yields ``(1 - a^(K+1)) / (1 - a)`` tokens, and costs K draft steps
-plus one verification. With ``c`` the cost of a draft step relative to a target step,
+plus one verification. With ``c`` the cost of a drafted token relative to a target step,
 
     speedup(K) = (1 - a^(K+1)) / ((1 - a) (1 + c K))
 
@@ -16,15 +16,35 @@ it is measured. Real acceptance decays slowly with the draft position, so ``a`` 
 at a small K is a little optimistic for a large one: with two measured K the fit
 interpolates ``a`` in log K, which is why the sampler measures the predicted best K and
 fits again rather than trusting one probe.
+
+Two things llama.cpp does that Leviathan's round leaves out (evidence: docs/decisions.md, "The K model"):
+
+- *A round has a fixed cost besides its K tokens* ``o``: the draft catching up on the tokens the round
+  accepted, the target's verification batch beyond its own token, the server's sampling and bookkeeping.
+  One point cannot tell it from ``c`` (it is taken as 0, Leviathan's round); measured at a small K it reads
+  as a dearer token, and a walk that refits on its own smaller K then spirals down. From two K at least a
+  factor 1.5 apart the round's cost ``o + c K`` is fitted as a line (Theil-Sen: the median slope and
+  intercept), where both come out positive.
+- *Not every step drafts*: an n-gram lookup drafts only where its key occurs earlier (``ngram-simple``: at
+  most K tokens, no more than follow the match; ``ngram-mod``: until its hash table has no next token), and
+  a draft model drafts less than K near a request's end. With the share ``q`` of the target's steps that
+  verified a draft (drafted / (K x steps), from the trial's counts), a step drafts on ``q`` of them:
+
+      speedup(K) = (1 + q (E(K) - 1)) / (1 + q (o + c K))
+
+  so a lookup's modest speedup is read as few drafting steps, not as a dear token (which would forbid a
+  long draft). Unknown ``q`` (no counts) is 1: Leviathan's round, every step drafting K.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 A_MAX = 0.9995  # acceptance probabilities are clamped below 1 (the formulas divide by 1 - a)
+SLOPE_SPREAD = 1.5  # two K this far apart (a factor) tell a round's fixed cost from its per-token cost
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -59,13 +79,16 @@ def acceptance_probability(rate: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-def speedup(a: float, c: float, k: int) -> float:
-    """Tokens/s with speculation over tokens/s of the target alone, same hardware."""
-    return expected_tokens(a, k) / (1.0 + c * k)
+def speedup(a: float, c: float, k: int, overhead: float = 0.0, share: float = 1.0) -> float:
+    """Tokens/s with speculation over tokens/s of the target alone, same hardware: a share ``share`` of the
+    target's steps verify a round of K drafts (costing ``overhead + c K`` more than a step), the rest decode
+    one token alone."""
+    return (1.0 + share * (expected_tokens(a, k) - 1.0)) / (1.0 + share * (overhead + c * k))
 
 
 def cost_ratio(a: float, k: int, measured_speedup: float) -> float:
-    """The draft/target cost ratio c that explains a measured speedup at acceptance a."""
+    """The draft/target cost ratio c that explains a measured speedup at acceptance a (every step drafting K,
+    no fixed cost: Leviathan's round)."""
     if measured_speedup <= 0 or k <= 0:
         return math.inf
     return max(0.0, (expected_tokens(a, k) / measured_speedup - 1.0) / k)
@@ -73,11 +96,25 @@ def cost_ratio(a: float, k: int, measured_speedup: float) -> float:
 
 @dataclass(frozen=True)
 class Point:
-    """One measured trial of a draft: its K, measured acceptance, and speedup over the target alone."""
+    """One measured trial of a draft: its K, measured acceptance, speedup over the target alone and the share of
+    the target's steps that drafted."""
 
     k: int
     acceptance: float
     speedup: float | None  # None when no target-alone rate at the same hardware is known
+    share: float | None = None  # drafted / (K x the target's steps), in (0, 1]; None: unknown (taken as 1)
+
+    @property
+    def steps_drafting(self) -> float:
+        return min(max(self.share, 1e-6), 1.0) if self.share is not None else 1.0
+
+    def round_cost(self) -> float | None:
+        """What a drafting round costs beyond a plain step (``o + c K``), in target steps, from this point's
+        speedup; None without one."""
+        if not self.speedup or self.speedup <= 0:
+            return None
+        q = self.steps_drafting
+        return max(0.0, ((1.0 + q * self.acceptance * self.k) / self.speedup - 1.0) / q)
 
 
 @dataclass(frozen=True)
@@ -86,23 +123,21 @@ class DraftFit:
 
     points: tuple[Point, ...]
     c: float
+    overhead: float = 0.0  # a drafting round's fixed cost ``o``, in target steps (0 from one point)
 
     def a_at(self, k: int) -> float:
         """Per-token acceptance at draft length k: interpolated (and extrapolated, gently) in log K."""
         pts = sorted({p.k: acceptance_probability(p.acceptance, p.k) for p in self.points}.items())
-        if len(pts) == 1:
-            return pts[0][1]
-        (k0, a0), (k1, a1) = (pts[0], pts[-1]) if k <= pts[0][0] or k >= pts[-1][0] else _bracket(pts, k)
-        if k0 == k1:
-            return a0
-        slope = (a1 - a0) / (math.log(k1) - math.log(k0))
-        if k < pts[0][0] or k > pts[-1][0]:
-            slope *= 0.5  # beyond the measured range trust the trend half as much
-            k0, a0 = pts[0] if k < pts[0][0] else pts[-1]
-        return min(max(a0 + slope * (math.log(k) - math.log(k0)), 0.0), A_MAX)
+        return min(max(_in_log_k(pts, k), 0.0), A_MAX)
+
+    def share_at(self, k: int) -> float:
+        """The share of the target's steps that draft at length k, as ``a_at`` interpolates; 1 where no point
+        knows it."""
+        pts = sorted({p.k: p.steps_drafting for p in self.points if p.share is not None}.items())
+        return min(max(_in_log_k(pts, k), 1e-6), 1.0) if pts else 1.0
 
     def predict(self, k: int) -> float:
-        return speedup(self.a_at(k), self.c, k)
+        return speedup(self.a_at(k), self.c, k, self.overhead, self.share_at(k))
 
     def best_k(self, ks: Iterable[int]) -> int:
         return max(ks, key=lambda k: (self.predict(k), -k))
@@ -115,7 +150,29 @@ class DraftFit:
 
     def describe(self) -> str:
         pts = ", ".join(f"K={p.k}: {p.acceptance:.2f}" for p in sorted(self.points, key=lambda p: p.k))
-        return f"acceptance {pts} -> a={self.a:.3f}, cost ratio {self.c:.3f}"
+        fixed = f" + {self.overhead:.2f} a round" if self.overhead > 0 else ""
+        top = max(self.points, key=lambda p: p.k)
+        drafts = (
+            f", drafting on {top.steps_drafting:.0%} of steps"
+            if top.share is not None and top.share < 0.95
+            else ""
+        )
+        return f"acceptance {pts} -> a={self.a:.3f}, cost ratio {self.c:.3f}{fixed}{drafts}"
+
+
+def _in_log_k(pts: Sequence[tuple[int, float]], k: int) -> float:
+    """A value known at some K (sorted), interpolated in log K between them; beyond them the nearest
+    segment's trend at half its slope."""
+    if len(pts) == 1:
+        return pts[0][1]
+    (k0, v0), (k1, v1) = (pts[0], pts[-1]) if k <= pts[0][0] or k >= pts[-1][0] else _bracket(pts, k)
+    if k0 == k1:
+        return v0
+    slope = (v1 - v0) / (math.log(k1) - math.log(k0))
+    if k < pts[0][0] or k > pts[-1][0]:
+        slope *= 0.5  # beyond the measured range trust the trend half as much
+        k0, v0 = pts[0] if k < pts[0][0] else pts[-1]
+    return v0 + slope * (math.log(k) - math.log(k0))
 
 
 def _bracket(pts: Sequence[tuple[int, float]], k: int) -> tuple[tuple[int, float], tuple[int, float]]:
@@ -125,16 +182,38 @@ def _bracket(pts: Sequence[tuple[int, float]], k: int) -> tuple[tuple[int, float
     return pts[0], pts[-1]
 
 
+def round_cost_line(costs: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
+    """(c, o): a round's cost ``o + c K`` through measured (K, cost) pairs, Theil-Sen (the median slope over
+    pairs of K at least ``SLOPE_SPREAD`` apart, then the median intercept); None unless both are positive."""
+    slopes = [
+        (r1 - r0) / (k1 - k0)
+        for i, (k0, r0) in enumerate(costs)
+        for k1, r1 in costs[i + 1 :]
+        if max(k0, k1) >= SLOPE_SPREAD * min(k0, k1)
+    ]
+    if not slopes:
+        return None
+    c = statistics.median(slopes)
+    if c <= 0:
+        return None
+    overhead = statistics.median(r - c * k for k, r in costs)
+    return (c, overhead) if overhead > 0 else None
+
+
 def fit(points: Sequence[Point], default_c: float = 0.1) -> DraftFit | None:
-    """Fit a draft from its points; c is the median over points that have a speedup.
+    """Fit a draft from its points: from one K (or where the line does not fit) c is the median of the points'
+    round costs per drafted token, without a fixed cost (Leviathan's round); from K far enough apart, the
+    round's fixed and per-token cost as a line (``round_cost_line``).
 
     None without a point with acceptance > 0 (nothing to model: the draft never helps).
     """
     useful = [p for p in points if p.k > 0 and p.acceptance > 0]
     if not useful:
         return None
-    cs = sorted(
-        cost_ratio(acceptance_probability(p.acceptance, p.k), p.k, p.speedup) for p in useful if p.speedup
-    )
+    costs = [(p.k, cost) for p in useful if (cost := p.round_cost()) is not None]
+    line = round_cost_line(costs)
+    if line is not None:
+        return DraftFit(tuple(useful), line[0], line[1])
+    cs = sorted(cost / k for k, cost in costs)
     c = cs[len(cs) // 2] if cs else default_c
     return DraftFit(tuple(useful), c)

@@ -134,6 +134,8 @@ def fitted_models(study: optuna.Study) -> list[dict]:
                     "model_speedup": model.predict(point.k),
                     "a": model.a_at(point.k),
                     "cost_ratio": model.c,
+                    "round_overhead": model.overhead,
+                    "drafting_share": point.share,
                     "predicted_best_k": best_k,
                     "predicted_best_speedup": model.predict(best_k) if best_k else None,
                 }

@@ -202,11 +202,13 @@ class SearchState:
             ):
                 continue
             base = self.target_alone(hardware_of(trial.params), experts)
+            k = trial.params.get("draft_max") or K_PROBE
             points.append(
                 Point(
-                    trial.params.get("draft_max") or K_PROBE,
+                    k,
                     trial.acceptance,
                     trial.measured_value / base if base else None,
+                    drafting_share(trial, k),
                 )
             )
         return fit(points)
@@ -264,6 +266,14 @@ class SearchState:
             if step not in by_value:
                 return step
         return None
+
+
+def drafting_share(trial: PastTrial, k: int) -> float | None:
+    """The share of the target's steps that verified a draft of K (drafted / (K x steps)): an n-gram lookup
+    drafts only where its key occurred before; None where the trial's counts are not known."""
+    if not trial.drafted or not trial.steps or k <= 0:
+        return None
+    return min(trial.drafted / (k * trial.steps), 1.0)
 
 
 def _tie(baseline: PastTrial | None, trials: list[PastTrial]) -> float:

@@ -1,0 +1,39 @@
+"""``tuner bench-scale``: section 5 of ``tuner bench`` from sweeps already recorded (``bench/scale_regime``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tuner.bench.scale_regime import markdown, recorded_regime
+from tuner.errors import UserError
+from tuner.output.files import write_atomic
+from tuner.paths import reports_dir
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Read the scale target's recorded K sweeps (grid-scale-grid-code and -prose, as `tuner bench` section 5 "
+        "records them) without measuring: each family's best K against the K the structured search's model "
+        "predicts, and the search replayed on each sweep."
+    )
+    parser.add_argument(
+        "folder",
+        nargs="?",
+        type=Path,
+        default=reports_dir() / "bench" / "scale",
+        help="where the sweeps were recorded (default: reports/bench/scale)",
+    )
+    parser.add_argument("--seeds", type=int, default=10, help="seeds of the search's replay (default: 10)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.seeds < 1:
+        raise UserError("--seeds must be >= 1")
+    found = recorded_regime(args.folder, seeds=args.seeds)
+    print(markdown(found), end="")
+    if args.json:
+        write_atomic(args.json, json.dumps(found, indent=2, default=str) + "\n")
+    return 0
