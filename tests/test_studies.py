@@ -145,6 +145,7 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_mo
         "repeatability",
         "gguf_read",
         "scale_regime",
+        "quantization",
     ]
     assert result["quick"] is True and set(sections) <= set(result)
     assert set(result["timings"]) >= {f"{s}_s" for s in sections} | {"total_s"}
@@ -159,5 +160,7 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_mo
     scale = result["scale_regime"]["suites"]  # 5: the scale target's sweep, per suite, the baseline first
     assert list(scale) == ["code", "prose"]
     assert all(Path(s["table"]).read_text().splitlines()[1].startswith("none,") for s in scale.values())
+    quant = result["quantization"]  # 6: the scale target's Q4_0 against its F16, two rounds in --quick
+    assert quant["source"] == "scale-target.gguf" and len(quant["ratios"]) == 2
     md = (out / "bench.md").read_text()
-    assert md.startswith("# tuner bench (--quick") and md.count("\n## ") == 9 and "Whole bench:" in md
+    assert md.startswith("# tuner bench (--quick") and md.count("\n## ") == 10 and "Whole bench:" in md

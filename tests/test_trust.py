@@ -510,9 +510,10 @@ def test_a_study_with_cpu_hogs_beside_its_baseline_names_the_disturbed_reading_a
     assert first.host and host_was_busy(first.host)  # the trial's own host check saw the hogs
     data = report_data(study, store.read_study_record(study))
     disturbed = data.disturbed_baseline
-    sentinels = [r.metrics.tokens_per_second for r in records if r.role == "sentinel" and r.complete]
-    if len(sentinels) >= 2 and max(sentinels) > 1.3 * min(sentinels):
-        pytest.skip(f"the host was too busy after the hogs stopped: its sentinels read {sentinels} t/s")
+    later = [r for r in records if r.role == "sentinel" and r.complete]
+    if any(r.host and host_was_busy(r.host) for r in later):  # the premise: quiet once the hogs stopped
+        rates = [round(r.metrics.tokens_per_second, 1) for r in later]
+        pytest.skip(f"other work kept the host busy after the hogs stopped: its sentinels read {rates} t/s")
     assert disturbed is not None, "\n".join(lines)
     assert disturbed.first == pytest.approx(first.metrics.tokens_per_second)
     assert disturbed.remeasured > 1.2 * disturbed.first and disturbed.sentinels >= 2
