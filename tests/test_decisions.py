@@ -547,6 +547,10 @@ def test_the_decision_benchmark_runs_the_product_code_and_prints_its_targets():
         )  # the previous rules state none
     assert [c["max_rounds"] for c in result["round_budgets"]] == [10, 20, 30, 40]
     assert "| race.max_rounds | deployed >= 3% slower |" in text
+    assert "median stated loss at the cap, new / previous allocation" in text
+    assert all(
+        0 <= c["cap"]["races"] <= c["runs"] for c in result["races"]
+    )  # the same races, both allocations
     assert "launches per race at the default host, previous over new" in text
 
 
@@ -1050,3 +1054,79 @@ def test_siblings_that_differ_in_prompt_threads_race_once_with_the_better_prompt
     assert prompt_pick([at48, at96]) is at96  # prompts want every core here
     assert prompt_pick([at96, trial(3, 48, 396.0)]).number == 3  # within 2%: fewer prompt threads
     assert prompt_pick([at48]) is at48
+
+
+# ------------------------------------------------------------------ the rounds a cap leaves
+
+# a 32B-scale stand-in (issue 49): nine finalists within 7% of each other, 5% launch spread, the baseline far behind
+STAND_IN = {f"t{i}": 100.0 * (1 - 0.07 * i / 8) for i in range(9)} | {"base": 60.0}
+
+
+def stand_in_race(seed: int, foresee_cap: bool, spec: RaceSpec = RaceSpec()):
+    """One simulated race on the stand-in: each label's launch in each round drawn before the race (as make bench
+    1c does), so both allocations race the same host on the same seed."""
+    rng = random.Random(seed)
+    table = {
+        n: [mu * math.exp(rng.gauss(0, 0.05)) for _ in range(spec.max_rounds)] for n, mu in STAND_IN.items()
+    }
+    lines: list[str] = []
+    race_rounds, outcome = sequential_race(
+        list(STAND_IN)[:-1],
+        "base",
+        lambda names, r: {n: table[n][r] for n in names},
+        {},
+        spec,
+        progress=Progress.untimed(lines.append),
+        options=LoopOptions(foresee_cap=foresee_cap),
+    )
+    return race_rounds, outcome, lines
+
+
+def test_a_race_that_foresees_its_cap_gives_the_rounds_left_to_the_finalists_that_set_its_loss_bound():
+    new_rounds, new, lines = stand_in_race(0, foresee_cap=True)
+    old_rounds, old, _ = stand_in_race(0, foresee_cap=False)
+    rested = [n for n in list(STAND_IN)[:-1] if len(old_rounds.measured[n]) == 3]  # the old allocation rested
+    assert rested and any(len(new_rounds.measured[n]) > 3 for n in rested)
+    last = max(max(m) for m in new_rounds.measured.values())
+    assert not new.decided and last + 1 == RaceSpec().max_rounds  # stopped at its cap, undecided
+    assert new.loss < old.loss and new_rounds.launches <= old_rounds.launches  # narrower, no more launches
+    forecast = [line for line in lines if line.startswith("race forecast:")]
+    assert len(forecast) == 1 and "within race.max_rounds (11); the 8 rounds left go to" in forecast[0]
+    assert re.search(
+        r"expected at the cap, no other finalist more than \d+\.\d% faster than t\d", forecast[0]
+    )
+    # the same rule at the same launches each round: the rounds before the cap was foreseen are the same
+    assert all(
+        sorted(n for n in new_rounds.measured if r in new_rounds.measured[n])
+        == sorted(n for n in old_rounds.measured if r in old_rounds.measured[n])
+        for r in range(4)
+    )
+
+
+def test_a_race_that_decides_before_its_cap_is_unchanged_by_the_cap_rule():
+    for seed in range(3):
+        runs = []
+        for foresee in (True, False):
+            _, launch_round, log = scripted({"a": 200.0, "b": 160.0, "c": 150.0, "base": 100.0}, 0.03, seed)
+            lines: list[str] = []
+            race_rounds, outcome = sequential_race(
+                ["a", "b", "c"],
+                "base",
+                launch_round,
+                {},
+                SPEC,
+                progress=Progress.untimed(lines.append),
+                options=LoopOptions(foresee_cap=foresee),
+            )
+            runs.append((lines, log, race_rounds.measured, outcome.verdict))
+        assert runs[0] == runs[1] and "forecast" not in "".join(runs[0][0])
+
+
+def test_the_time_budget_is_a_cap_too():
+    from tuner.decisions.race.allocation import rounds_left
+
+    race_rounds = scripted_rounds({"a": 200.0, "b": 199.0, "base": 100.0}, 0.05, 5)
+    race_rounds.elapsed = 15 * 60.0  # 15 launches in 15 minutes: a round of three takes 3 minutes
+    assert rounds_left(race_rounds, RaceSpec(max_rounds=11), 5) == 6
+    assert rounds_left(race_rounds, RaceSpec(max_rounds=11, budget_minutes=21), 5) == 2
+    assert rounds_left(race_rounds, RaceSpec(max_rounds=11, budget_minutes=10), 5) == 0

@@ -28,7 +28,7 @@ from tuner.bench import previous_rules
 from tuner.bench.table import markdown_table
 from tuner.decisions import evidence
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, allowed_launch_spread
-from tuner.decisions.race import confirm, sequential_race, within_reach
+from tuner.decisions.race import LoopOptions, confirm, sequential_race, within_reach
 from tuner.progress import Progress
 from tuner.search.pruning import should_prune
 from tuner.studyfile.spec import RaceSpec
@@ -41,7 +41,15 @@ OUTLIER_P = 0.02
 SLOWER = 0.03  # deploying a configuration this much slower than the best is a wrong deployment
 MINUTES_PER_LAUNCH = 1.5  # a 32B-scale host: a launch with its warm-up and one pass takes one to two minutes
 ROUND_BUDGETS = (10, 20, 30, 40)  # race.max_rounds tried at the default host and a 3% gap
-TARGETS = {"holds": 0.95, "wrong": 0.05, "coverage": 0.93, "pruned": 0.05, "finalist": 0.95, "launches": 1.5}
+TARGETS = {
+    "holds": 0.95,
+    "wrong": 0.05,
+    "coverage": 0.93,
+    "pruned": 0.05,
+    "finalist": 0.95,
+    "launches": 1.5,
+    "cap": 1.0,  # the median stated loss at the cap, over the previous allocation's (at most)
+}
 ENOUGH_DECIDED = 20  # below this many decided races a cell's wrong-when-decided rate is printed, not judged
 DEFAULT_HOST_RUNS = 10  # the default host's cells run this many times the races: at 400 a cell decides 10-40
 # races, too few to tell a wrong-when-decided rate near twice the target from the target itself
@@ -69,6 +77,7 @@ class Race:
     launches: int
     decided: bool
     loss: float | None  # the stated loss bound (fraction); None for the reference rules (they state none)
+    capped: bool = False  # ran to its cap (race.max_rounds)
 
 
 def _launcher(mus: list[float], launch_sigma: float, round_sigma: float, rng: random.Random):
@@ -78,6 +87,15 @@ def _launcher(mus: list[float], launch_sigma: float, round_sigma: float, rng: ra
     return launch
 
 
+def host_draws(
+    mus: list[float], launch_sigma: float, round_sigma: float, rng: random.Random, rounds: int
+) -> list[list[float]]:
+    """Per configuration, what its launch in each round would measure: drawn before the race, so two allocations
+    raced on them launch the same configuration in the same round to the same rate (the same simulated race)."""
+    draw = _launcher(mus, launch_sigma, round_sigma, rng)
+    return [[draw(i) for _ in range(rounds)] for i in range(len(mus))]
+
+
 def new_race(
     mus: list[float],
     resources: list[tuple],
@@ -85,14 +103,23 @@ def new_race(
     round_sigma: float,
     rng: random.Random,
     spec: RaceSpec,
+    *,
+    host: list[list[float]] | None = None,
+    foresee_cap: bool = True,
 ) -> Race:
-    """The product's race (``sequential_race``, and ``confirm`` when the spec asks for confirmation rounds)."""
+    """The product's race (``sequential_race``, and ``confirm`` when the spec asks for confirmation rounds) on
+    ``host`` (``host_draws``, drawn from ``rng`` when not given); ``foresee_cap=False``: the allocation before the
+    cap was foreseen."""
     names = [f"c{i}" for i in range(len(mus))]
     index = {n: i for i, n in enumerate(names)}
+    draws = host if host is not None else host_draws(mus, launch_sigma, round_sigma, rng, spec.max_rounds)
     draw = _launcher(mus, launch_sigma, round_sigma, rng)
 
     def launch(name: str) -> float:
         return draw(index[name])
+
+    def race_round(labels: list[str], round_index: int) -> dict[str, float]:
+        return {n: draws[index[n]][round_index] for n in labels}
 
     def launch_round(labels: list[str], round_index: int) -> dict[str, float]:
         return {n: launch(n) for n in labels}
@@ -100,18 +127,20 @@ def new_race(
     race_rounds, outcome = sequential_race(
         names[:-1],
         names[-1],
-        launch_round,
+        race_round,
         {n: resources[index[n]] for n in names},
         spec,
         progress=Progress.quiet(),
+        options=LoopOptions(foresee_cap=foresee_cap),
     )
     assert outcome.speedup is not None, "sequential_race states the winner's speedup over the baseline"
     ratio, launches = outcome.speedup, race_rounds.launches
+    capped = max(max(m) for m in race_rounds.measured.values() if m) + 1 >= spec.max_rounds
     if outcome.winner != names[-1] and spec.confirm_rounds:
         confirmation, check = confirm(outcome.winner, names[-1], launch_round, launch, spec.confirm_rounds)
         ratio = evidence.Ratio(confirmation.speedup, confirmation.low, confirmation.high, confirmation.rounds)
         launches += check.launches
-    return Race(index[outcome.winner], ratio, launches, outcome.decided, outcome.loss)
+    return Race(index[outcome.winner], ratio, launches, outcome.decided, outcome.loss, capped)
 
 
 def previous_race(
@@ -168,6 +197,42 @@ def side(races: list[Race], mus: list[float]) -> Side:
 
 
 @dataclass(frozen=True)
+class AtCap:
+    """The product's race against its previous allocation (the cap not foreseen) on the same simulated races,
+    over those the previous allocation ran to its cap: the stated loss bound's median and mean launches."""
+
+    races: int  # races the previous allocation ran to race.max_rounds
+    loss: float | None  # median stated loss bound there, the product's race (fraction)
+    previous_loss: float | None  # the previous allocation's
+    launches: float | None  # mean launches there, the product's race
+    previous_launches: float | None
+    changed: int  # races (of all) that ended differently under the two allocations
+    holds: float  # the product's stated bound holds, over those races
+    wrong: float  # deployed >= SLOWER slower than the best, over all races, the product's race
+    previous_wrong: float
+
+
+def at_cap(new: list[Race], previous: list[Race], mus: list[float]) -> AtCap:
+    best = max(mus[:-1])
+    pairs = [(n, p) for n, p in zip(new, previous) if p.capped]
+    bounds = [(n.loss, p.loss) for n, p in pairs if n.loss is not None and p.loss is not None]
+    assert len(bounds) == len(pairs), "the product's race states a loss bound in every race"
+    return AtCap(
+        races=len(pairs),
+        loss=statistics.median(b for b, _ in bounds) if bounds else None,
+        previous_loss=statistics.median(b for _, b in bounds) if bounds else None,
+        launches=statistics.fmean(n.launches for n, _ in pairs) if pairs else None,
+        previous_launches=statistics.fmean(p.launches for _, p in pairs) if pairs else None,
+        changed=sum(n != p for n, p in zip(new, previous)),
+        holds=statistics.fmean(best / mus[n.winner] - 1 <= b + 1e-12 for (n, _), (b, _) in zip(pairs, bounds))
+        if bounds
+        else 1.0,
+        wrong=side(new, mus).wrong,
+        previous_wrong=side(previous, mus).wrong,
+    )
+
+
+@dataclass(frozen=True)
 class RaceCell:
     launch_sigma: float
     round_sigma: float
@@ -175,6 +240,7 @@ class RaceCell:
     runs: int
     new: Side
     old: Side | None  # None when the reference rules were not run
+    cap: AtCap | None = None  # the product's race against its previous allocation (None: not run)
 
     @property
     def previous(self) -> Side:
@@ -206,13 +272,27 @@ def race_cell(
     """``runs`` races of each procedure on one host and field (the reference skipped with ``previous=None``)."""
     rng = random.Random(seed)
     mus, resources = field_of(gap)
-    new = [new_race(mus, resources, launch_sigma, round_sigma, rng, spec) for _ in range(runs)]
+    new, allocated = [], []
+    for _ in range(runs):
+        host = host_draws(mus, launch_sigma, round_sigma, rng, spec.max_rounds)
+        new.append(new_race(mus, resources, launch_sigma, round_sigma, rng, spec, host=host))
+        allocated.append(
+            new_race(mus, resources, launch_sigma, round_sigma, rng, spec, host=host, foresee_cap=False)
+        )
     old = (
         [previous_race(mus, resources, launch_sigma, round_sigma, rng, previous) for _ in range(runs)]
         if previous
         else []
     )
-    return RaceCell(launch_sigma, round_sigma, gap, runs, side(new, mus), side(old, mus) if old else None)
+    return RaceCell(
+        launch_sigma,
+        round_sigma,
+        gap,
+        runs,
+        side(new, mus),
+        side(old, mus) if old else None,
+        at_cap(new, allocated, mus),
+    )
 
 
 # ------------------------------------------------------------------ pruning
@@ -371,6 +451,7 @@ def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dic
     product's race must deploy wrongly no more often than the reference race does."""
     at_default = [c for c in races if (c.launch_sigma, c.round_sigma) == DEFAULT_HOST]
     worst, cell = _worst_decided(races)
+    capped = [c.cap for c in races if c.cap is not None and c.cap.races]
     figures = {
         "holds": min(c.new_holds for c in races),
         "wrong": worst,
@@ -378,6 +459,7 @@ def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dic
         "pruned": max(p["new_one"] for p in prunes),
         "finalist": min(c["new"] for c in cuts),
         "launches": min(c.launch_ratio for c in at_default),
+        "cap": max((_cap_ratio(c) for c in capped), default=1.0),
     }
     few = [c for c in races if c.new.decided < ENOUGH_DECIDED]
     pooled = (
@@ -394,6 +476,9 @@ def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dic
             else "no cell has enough decided races"
         )
         + pooled,
+        "cap": f"{len(capped)} cells with races at the cap; launches there, the product's race over the previous "
+        f"allocation: at most {max((_cap_launch_ratio(c) for c in capped), default=1.0):.3f}x; the bound holds "
+        f"there in at least {100 * min((c.holds for c in capped), default=1.0):.1f}% of races",
         "launches": "deployed >= 3% slower, new / previous: "
         + ", ".join(f"gap {c.gap:.0%}: {c.new.wrong:.1%} / {c.previous.wrong:.1%}" for c in at_default),
     }
@@ -408,10 +493,23 @@ def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dic
             name == "launches"
         ):  # at equal or lower error: no gap where the new race deploys wrongly more often
             met = met and all(c.new.wrong <= c.previous.wrong + _two_se(c) for c in at_default)
+        if name == "cap":  # and at equal or fewer launches, the bound holding in 95% of those races
+            met = met and all(_cap_launch_ratio(c) <= 1 and c.holds >= TARGETS["holds"] for c in capped)
         if name == "wrong" and cell is None:
             met = None  # nothing to judge on: say so rather than "met"
         out[name] = {"figure": figure, "target": TARGETS[name], "met": met, "note": notes.get(name, "")}
     return out
+
+
+def _cap_ratio(cap: AtCap) -> float:
+    """The product's median stated loss at the cap over the previous allocation's (1: no wider)."""
+    assert cap.loss is not None and cap.previous_loss is not None, "a cell with races at the cap has bounds"
+    return cap.loss / cap.previous_loss if cap.previous_loss > 0 else 1.0
+
+
+def _cap_launch_ratio(cap: AtCap) -> float:
+    assert cap.launches is not None and cap.previous_launches is not None, "a cell with races at the cap"
+    return cap.launches / cap.previous_launches
 
 
 def _two_se(cell: RaceCell) -> float:
@@ -464,6 +562,51 @@ def race_table(result: dict) -> list[str]:
     return markdown_table(header, rows)
 
 
+def _cap_lines(result: dict) -> list[str]:
+    """The product's race against its previous allocation on the same simulated races (the same rate for the same
+    configuration in the same round), over the races the previous allocation ran to race.max_rounds."""
+
+    def both(new: float | None, old: float | None, spec: str = ".1%") -> str:
+        return "-" if new is None or old is None else f"{new:{spec}} / {old:{spec}}"
+
+    rows = []
+    for c in result["races"]:
+        cap = c.get("cap")
+        if cap is None:
+            continue
+        rows.append(
+            (
+                _pct(c["launch_sigma"]),
+                _pct(c["round_sigma"]),
+                _pct(c["gap"]),
+                f"{cap['races']} of {c['runs']} ({cap['changed']} ended differently)",
+                both(cap["loss"], cap["previous_loss"]),
+                both(cap["launches"], cap["previous_launches"], ".1f"),
+                f"{100 * cap['holds']:.1f}%",
+                both(cap["wrong"], cap["previous_wrong"]),
+            )
+        )
+    return [
+        "At the cap: the product's race against its previous allocation (before the cap was foreseen, its last "
+        "rounds went to the leader, the runner-up and the finalist with the largest bound at the pooled spread) "
+        "on the same simulated races, over the races the previous allocation ran to race.max_rounds:",
+        "",
+        *markdown_table(
+            (
+                "launch spread",
+                "round spread",
+                "gap",
+                "races at the cap",
+                "median stated loss at the cap, new / previous allocation",
+                "launches there, new / previous allocation",
+                "bound holds there (new)",
+                "deployed >= 3% slower (all races), new / previous allocation",
+            ),
+            rows,
+        ),
+    ]
+
+
 def markdown(result: dict) -> str:
     pct = _pct
     spec = result["spec"]
@@ -478,6 +621,8 @@ def markdown(result: dict) -> str:
         f"host: load, warm-up, one pass). The previous rules state no loss bound.",
         "",
         *race_table(result),
+        "",
+        *_cap_lines(result),
         "",
         "Pruning an equal configuration (12 prompts x 3 passes, one launch each; the launch spread as three "
         "sentinels measure it), new / old:",
@@ -518,10 +663,13 @@ def _target_lines(result: dict) -> list[str]:
         "pruned": "equal configuration pruned (against one equal trial) <=",
         "finalist": "true best a finalist >=",
         "launches": "launches per race at the default host, previous over new, at equal or lower error >=",
+        "cap": "median stated loss at the cap, over the previous allocation's on the same races, at equal or "
+        "fewer launches, in every cell <=",
     }
     for name, entry in result["verdicts"].items():
-        figure = f"{entry['figure']:.3f}x" if name == "launches" else f"{100 * entry['figure']:.1f}%"
-        target = f"{entry['target']:.1f}x" if name == "launches" else pct(entry["target"])
+        ratio = name in ("launches", "cap")
+        figure = f"{entry['figure']:.3f}x" if ratio else f"{100 * entry['figure']:.1f}%"
+        target = f"{entry['target']:.1f}x" if ratio else pct(entry["target"])
         note = f" ({entry['note']})" if entry.get("note") else ""
         verdict = "not judged" if entry["met"] is None else "met" if entry["met"] else "MISSED"
         lines.append(f"- {names[name]} {target}: {figure}{note}: {verdict}")

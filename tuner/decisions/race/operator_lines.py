@@ -52,6 +52,26 @@ def _trial_seconds(records: list[TrialRecord]) -> float | None:
     return statistics.median(spans) if spans else None
 
 
+def cap_line(
+    look: PairedStatistics, spec: RaceSpec, done: int, left: int, expected: float, title: str = "race"
+) -> str:
+    """The round the race first sees it will stop at its cap: what the cap leaves (the loss bound expected there,
+    ``forecasts.bound_at_cap``) and where the rounds left go."""
+    cap = (
+        f"race.max_rounds ({spec.max_rounds})"
+        if left >= spec.max_rounds - done
+        else f"the time budget ({spec.budget_minutes} min)"
+    )
+    leader = look.leader
+    now = look.loss(leader)
+    return (
+        f"{title} forecast: no decision and no expected-loss stop within {cap}; the {left} round"
+        f"{'s' if left != 1 else ''} left go to the finalists that set the loss bound: expected at the cap, no "
+        f"other finalist more than {bound_text(max(expected, 0.0))} faster than {leader} (95%; "
+        f"{bound_text(max(now, 0.0))} after {done} rounds)"
+    )
+
+
 def round_line(
     race_rounds: RaceRounds,
     look: PairedStatistics,
