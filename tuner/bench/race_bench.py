@@ -96,6 +96,15 @@ def host_draws(
     return [[draw(i) for _ in range(rounds)] for i in range(len(mus))]
 
 
+@dataclass(frozen=True)
+class Host:
+    """A simulated race drawn before it runs (``host_draws``), and the allocation it is raced with:
+    ``foresee_cap=False``, the allocation before the cap was foreseen."""
+
+    draws: list[list[float]]
+    foresee_cap: bool = True
+
+
 def new_race(
     mus: list[float],
     resources: list[tuple],
@@ -103,16 +112,16 @@ def new_race(
     round_sigma: float,
     rng: random.Random,
     spec: RaceSpec,
-    *,
-    host: list[list[float]] | None = None,
-    foresee_cap: bool = True,
+    host: Host | None = None,
 ) -> Race:
     """The product's race (``sequential_race``, and ``confirm`` when the spec asks for confirmation rounds) on
-    ``host`` (``host_draws``, drawn from ``rng`` when not given); ``foresee_cap=False``: the allocation before the
-    cap was foreseen."""
+    ``host`` (drawn from ``rng`` when not given, the cap foreseen)."""
     names = [f"c{i}" for i in range(len(mus))]
     index = {n: i for i, n in enumerate(names)}
-    draws = host if host is not None else host_draws(mus, launch_sigma, round_sigma, rng, spec.max_rounds)
+    foresee_cap = host.foresee_cap if host is not None else True
+    draws = (
+        host.draws if host is not None else host_draws(mus, launch_sigma, round_sigma, rng, spec.max_rounds)
+    )
     draw = _launcher(mus, launch_sigma, round_sigma, rng)
 
     def launch(name: str) -> float:
@@ -274,11 +283,9 @@ def race_cell(
     mus, resources = field_of(gap)
     new, allocated = [], []
     for _ in range(runs):
-        host = host_draws(mus, launch_sigma, round_sigma, rng, spec.max_rounds)
-        new.append(new_race(mus, resources, launch_sigma, round_sigma, rng, spec, host=host))
-        allocated.append(
-            new_race(mus, resources, launch_sigma, round_sigma, rng, spec, host=host, foresee_cap=False)
-        )
+        draws = host_draws(mus, launch_sigma, round_sigma, rng, spec.max_rounds)
+        new.append(new_race(mus, resources, launch_sigma, round_sigma, rng, spec, Host(draws)))
+        allocated.append(new_race(mus, resources, launch_sigma, round_sigma, rng, spec, Host(draws, False)))
     old = (
         [previous_race(mus, resources, launch_sigma, round_sigma, rng, previous) for _ in range(runs)]
         if previous
