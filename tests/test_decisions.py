@@ -37,6 +37,7 @@ from tuner.decisions.race import (
     verdict_lines,
     within_reach,
 )
+from tuner.decisions.race.allocation import next_round
 from tuner.decisions.race.rounds import add_round
 from tuner.decisions.remeasure import williams_order
 from tuner.errors import UserError
@@ -1091,16 +1092,51 @@ def test_a_race_that_foresees_its_cap_gives_the_rounds_left_to_the_finalists_tha
     assert not new.decided and last + 1 == RaceSpec().max_rounds  # stopped at its cap, undecided
     assert new.loss < old.loss and new_rounds.launches <= old_rounds.launches  # narrower, no more launches
     forecast = [line for line in lines if line.startswith("race forecast:")]
-    assert len(forecast) == 1 and "within race.max_rounds (11); the 8 rounds left go to" in forecast[0]
+    assert len(forecast) == 1 and "within race.max_rounds (11); the 8 rounds left launch t" in forecast[0]
     assert re.search(
-        r"expected at the cap, no other finalist more than \d+\.\d% faster than t\d", forecast[0]
+        r"launch t\d and t\d \(the pick\) and, in turn, the finalist that sets the loss bound: expected at the "
+        r"cap from the pick's rounds alone, no other finalist more than \d+\.\d% faster than t\d",
+        forecast[0],
     )
+    # from the round the cap was foreseen, to the end: the leader, the runner-up and at most one turn a round
+    assert new_rounds.cap_from == 3 and old_rounds.cap_from is None
+    for r in range(3, last + 1):
+        assert 2 <= len([n for n, m in new_rounds.measured.items() if r in m and n != "base"]) <= 3
     # the same rule at the same launches each round: the rounds before the cap was foreseen are the same
     assert all(
         sorted(n for n in new_rounds.measured if r in new_rounds.measured[n])
         == sorted(n for n in old_rounds.measured if r in old_rounds.measured[n])
         for r in range(4)
     )
+
+
+def test_once_the_cap_is_foreseen_a_turn_goes_to_the_finalist_that_sets_the_stated_bound():
+    """a and b raced every round; c and d rested after three. d's bound at the pooled spread has passed b's: its
+    turn. c's own spread on its three rounds is wide, so it sets the bound the race would state at its cap: once
+    the cap is foreseen, d's turn goes to c, and d counts the turn as a launch of its own when its next comes."""
+    from tuner.decisions.race.allocation import _pooled_upper
+
+    wiggle = [1.0, 1.01, 0.99, 1.005, 0.995, 1.0, 1.01, 0.99]
+    rates = {
+        "a": [100 * w for w in wiggle],
+        "b": [97 * w for w in reversed(wiggle)],
+        "c": [90.0, 99.0, 84.0],
+        "d": [95.0, 95.5, 94.5],
+        "base": [60.0, 60.5, 59.5],
+    }
+    race_rounds = RaceRounds(rates={n: [] for n in rates}, candidates=list(rates))
+    for r in range(8):
+        add_round(race_rounds, {n: v[r] for n, v in rates.items() if r < len(v)}, r)
+    spec = RaceSpec(
+        loss=0.005
+    )  # no decision in reach: the finalists too wide to decide on are not all launched
+    look = PairedStatistics(race_rounds, race_alpha(spec, len(rates)))
+    assert next_round(race_rounds, look, "base", spec, 8) == ["a", "b", "d"]  # before: d's turn
+    assert look.upper("c", "a") > look.upper("d", "a") > look.upper("b", "a")
+    race_rounds.cap_from = 5
+    assert next_round(race_rounds, look, "base", spec, 8) == ["a", "b", "c"]
+    assert race_rounds.passed == {"d": 1}
+    assert _pooled_upper(look, "d", "a", passed=1) < _pooled_upper(look, "d", "a")
 
 
 def test_a_race_that_decides_before_its_cap_is_unchanged_by_the_cap_rule():

@@ -15,8 +15,9 @@ launches, not requests, and says how sure it is.
    rounds launch the leader (the highest fitted log rate: ``evidence.pooled_spread`` takes out what a round did to
    everyone), the baseline while the leader is not shown faster than it, and the finalists whose bound against
    the leader sets its loss bound; the others rest (``allocation.next_round``). Once the race foresees that it will
-   stop at its cap (race.max_rounds or race.budget_minutes, ``allocation.cap_foreseen``), as many launches a round
-   go to the finalists whose stated bound over the leader is the largest, and a line says the bound expected there
+   stop at its cap (race.max_rounds or race.budget_minutes, ``allocation.foresee``), it keeps launching the leader
+   and the runner-up every round (the pick), and a rested finalist's turn goes to the finalist forecast to set the
+   bound the race will state at its cap (its own spread, not the pooled one); a line says the bound expected there
    (``forecasts.bound_at_cap``).
 3. **The loss bound** (``paired_statistics.PairedStatistics.loss``): how much faster than a finalist the best
    other one may be, the largest one-sided upper bound of the paired per-round log ratios (``evidence.gap``:

@@ -19,14 +19,16 @@ def _forecast_bound(look: PairedStatistics, name: str, leader: str, more_rounds:
     return gap.mean + gap.half(look.alpha, gap.rounds + more_rounds)
 
 
-def _pooled_upper(look: PairedStatistics, name: str, leader: str) -> float:
+def _pooled_upper(look: PairedStatistics, name: str, leader: str, passed: int = 0) -> float:
     """The bound of ``name`` over the leader at the race's pooled spread: which comparison sets the loss bound,
-    without a pair's own spread of a few rounds deciding where the next launch goes."""
+    without a pair's own spread of a few rounds deciding where the next launch goes; ``passed`` turns it gave to
+    another finalist counted as launches of its own (``_at_cap``)."""
     gap = look.gap(name, leader)
     if look.spread is None:
         return gap.upper(look.alpha)
+    worth = look.worth_after(name, leader, passed, 0) if passed else gap.rounds
     pooled = evidence.Gap(
-        mean=gap.mean, sd=math.sqrt(2) * look.spread.sigma, rounds=gap.rounds, df=gap.df, paired=gap.paired
+        mean=gap.mean, sd=math.sqrt(2) * look.spread.sigma, rounds=worth, df=gap.df, paired=gap.paired
     )
     return gap.mean + pooled.half(look.alpha)
 
@@ -92,14 +94,54 @@ def past_first_rounds(spec: RaceSpec, done: int) -> bool:
     return done >= max(spec.min_rounds, evidence.MIN_ROUNDS)
 
 
+def foresee(race_rounds: RaceRounds, look: PairedStatistics, spec: RaceSpec, done: int) -> bool:
+    """Whether round ``done`` is the first in which the race foresees its cap (``cap_foreseen``, past the first
+    rounds), recorded in ``race_rounds.cap_from``: from then on, to the end, the rounds go as ``next_round`` says
+    they go once the cap is foreseen. Why to the end: a forecast that flips back and forth would launch a finalist
+    passed over in one round in the next, as if it had never been."""
+    if (
+        race_rounds.cap_from is not None
+        or not past_first_rounds(spec, done)
+        or not cap_foreseen(look, spec, done)
+    ):
+        return False
+    race_rounds.cap_from = done
+    return True
+
+
+def runner_up(look: PairedStatistics, leader: str) -> str | None:
+    """The finalist with the highest estimate after the leader: which of the two is the best is the pick."""
+    others = [j for j in look.race_rounds.candidates if j != leader]
+    return max(others, key=look.estimate) if others else None
+
+
+def _at_cap(look: PairedStatistics, chosen: set[str], runner: str, spec: RaceSpec, done: int) -> set[str]:
+    """A round once the cap is foreseen: ``chosen`` (the leader, the runner-up, the baseline while the leader is not
+    shown faster than it) and, when the rule before would launch one more finalist (its turn: a rested finalist's
+    bound at the pooled spread above the runner-up's), the finalist whose stated bound is the largest among those
+    forecast to set the stated bound at the cap above the runner-up's; none such, the one whose turn it is. A turn
+    given to another is counted, for the next turn, as a launch of the finalist it was (``RaceRounds.passed``)."""
+    race_rounds = look.race_rounds
+    leader, passed = look.leader, race_rounds.passed
+    pooled = {
+        j: _pooled_upper(look, j, leader, passed.get(j, 0)) for j in race_rounds.candidates if j not in chosen
+    }
+    bar = _pooled_upper(look, runner, leader, passed.get(runner, 0))
+    turns = [j for j in pooled if pooled[j] > bar]
+    if not turns:
+        return chosen
+    turn = max(turns, key=lambda j: pooled[j])
+    left = rounds_left(race_rounds, spec, done)
+    cap = look.upper_after(runner, leader, left, left)
+    setting = [j for j in pooled if look.upper_after(j, leader, 0, left) > cap]
+    chosen_one = max(setting, key=lambda j: look.upper(j, leader)) if setting else turn
+    if chosen_one not in turns:
+        passed[turn] = passed.get(turn, 0) + 1
+    return chosen | {chosen_one}
+
+
 def next_round(
-    race_rounds: RaceRounds,
-    look: PairedStatistics | None,
-    baseline: str,
-    spec: RaceSpec,
-    done: int,
-    *,
-    foresee_cap: bool = True,
+    race_rounds: RaceRounds, look: PairedStatistics | None, baseline: str, spec: RaceSpec, done: int
 ) -> list[str]:
     """Who is launched next: every finalist for the first ``race.min_rounds`` rounds; then the leader, the
     runner-up (which of the two is the best is the pick), the finalist whose bound against the leader is the
@@ -112,31 +154,29 @@ def next_round(
     or OCBA: both spread launches to pick the best behind an indifference zone; the race's answer is a pick and a
     loss bound, and each round goes to the comparisons that set them.
 
-    Once the cap is foreseen (``cap_foreseen``; ``foresee_cap=False`` keeps the allocation before this rule, the
-    reference the bench compares it with), as many finalists besides the leader as that rule names are launched, but
-    those whose stated bound over the leader (``PairedStatistics.upper``: the pair's own spread where it is the
-    larger) is the largest: the race will stop undecided and state the largest of these bounds, so its last launches
-    go where they narrow it most (the expected-opportunity-cost allocations spend their last samples so). Why not
-    the pooled bound the rule above ranks by: a rested finalist whose own spread on its few rounds came out wide
-    sets the stated bound, yet ranks low at the pooled spread, so it rested to the end and the race stated its
-    bound, wide, at the cap. The baseline, while the leader is not shown faster than it, is launched as before."""
+    Once the cap is foreseen (``foresee``), the leader and the runner-up are still launched every round (the pick),
+    and the baseline as before, but a rested finalist's turn goes to the finalist forecast to set the bound the race
+    will state at its cap (``_at_cap``): its own spread on its few rounds (``PairedStatistics.upper``), not the
+    pooled one, is what the race states, so a finalist whose own spread came out wide would otherwise rest to the end
+    and the race state its bound, wide, at the cap (the expected-opportunity-cost allocations spend their last
+    samples where they shrink the reported figure most). Why the pick's comparisons stay: a race that gave their
+    rounds to the bound instead deployed a slower configuration more often."""
     live = race_rounds.candidates
     if look is None or not past_first_rounds(spec, done):
         return list(live)
     leader = look.leader
-    others = [j for j in live if j != leader]
+    runner = runner_up(look, leader)
     chosen = {leader}
-    if others:
-        chosen.add(max(others, key=look.estimate))
+    if baseline in live and not look.replaces(leader, baseline):
+        chosen.add(baseline)
+    if runner is None:
+        return [n for n in live if n in chosen]
+    chosen.add(runner)
+    if race_rounds.cap_from is not None:
+        chosen = _at_cap(look, chosen, runner, spec, done)
+    else:
+        others = [j for j in live if j != leader]
         chosen.add(max(others, key=lambda j: _pooled_upper(look, j, leader)))
         if decision_in_reach(look, spec, done):
             chosen |= {j for j in others if not look.decisive(j, leader)}
-    if baseline in live and not look.replaces(leader, baseline):
-        chosen.add(baseline)
-    if others and foresee_cap and cap_foreseen(look, spec, done):
-        fixed = {leader} | ({baseline} & chosen)
-        setting = sorted(
-            (j for j in others if j not in fixed), key=lambda j: look.upper(j, leader), reverse=True
-        )
-        chosen = fixed | set(setting[: len(chosen - fixed)])
     return [n for n in live if n in chosen]

@@ -107,31 +107,15 @@ def forecast_before(
     )
 
 
-def bound_at_cap(look: PairedStatistics, leader: str, more_rounds: int, slots: int) -> float:
-    """The loss bound of the leader (log) expected at the race's cap: the leader launched in each of the
-    ``more_rounds`` rounds left and ``slots`` other launches a round, each given to the finalist whose forecast
-    bound is then the largest (the allocation once the cap is foreseen: ``allocation.next_round``), at today's
-    estimates and spreads. A pair's precision is read as two counts of launches (the leader's, and the one that
-    gives the pair's paired-round worth beside it), so a rested finalist's bound narrows both with its own launches
-    and with the leader's."""
-    leader_launches = len(look.race_rounds.rates[leader])
-    plan: dict[str, tuple[evidence.Gap, float]] = {}
-    for other in look.race_rounds.candidates:
-        if other == leader:
-            continue
-        gap = look.gap(other, leader)
-        spare = 2 / gap.rounds - 1 / leader_launches if gap.rounds > 0 else 0.0
-        plan[other] = (gap, 1 / spare if spare > 0 else math.inf)
-    given = dict.fromkeys(plan, 0)
-
-    def bound(other: str) -> float:
-        gap, own = plan[other]
-        worth = 2 / (1 / (own + given[other]) + 1 / (leader_launches + more_rounds))
-        return gap.mean + gap.half(look.alpha, worth)
-
-    for _ in range(slots * more_rounds):
-        room = [j for j in plan if given[j] < more_rounds]
-        if not room:
-            break
-        given[max(room, key=bound)] += 1
-    return max((bound(j) for j in plan), default=-math.inf)
+def bound_at_cap(look: PairedStatistics, leader: str, runner: str, more_rounds: int) -> float:
+    """The loss bound of the leader (log) expected at the race's cap from the pick's comparisons alone: the leader
+    and the runner-up launched in each of the ``more_rounds`` rounds left, the others rested, at today's estimates
+    and spreads (``PairedStatistics.upper_after``); a turn a rested finalist is given narrows it further."""
+    return max(
+        (
+            look.upper_after(j, leader, more_rounds if j == runner else 0, more_rounds)
+            for j in look.race_rounds.candidates
+            if j != leader
+        ),
+        default=-math.inf,
+    )

@@ -8,7 +8,8 @@ import statistics
 
 from tuner import figures
 from tuner.decisions import launch_size
-from tuner.decisions.race.forecasts import forecast_before
+from tuner.decisions.race.allocation import rounds_left, runner_up
+from tuner.decisions.race.forecasts import bound_at_cap, forecast_before
 from tuner.decisions.race.paired_statistics import PairedStatistics
 from tuner.decisions.race.results import RaceResult
 from tuner.decisions.race.rounds import RaceRounds
@@ -52,23 +53,24 @@ def _trial_seconds(records: list[TrialRecord]) -> float | None:
     return statistics.median(spans) if spans else None
 
 
-def cap_line(
-    look: PairedStatistics, spec: RaceSpec, done: int, left: int, expected: float, title: str = "race"
-) -> str:
-    """The round the race first sees it will stop at its cap: what the cap leaves (the loss bound expected there,
-    ``forecasts.bound_at_cap``) and where the rounds left go."""
+def cap_line(look: PairedStatistics, spec: RaceSpec, done: int, title: str = "race") -> str:
+    """The round the race first foresees its cap (``allocation.foresee``): what the cap leaves (the loss bound
+    expected there, ``forecasts.bound_at_cap``) and where the rounds left go."""
+    left = rounds_left(look.race_rounds, spec, done)
     cap = (
         f"race.max_rounds ({spec.max_rounds})"
         if left >= spec.max_rounds - done
         else f"the time budget ({spec.budget_minutes} min)"
     )
     leader = look.leader
-    now = look.loss(leader)
+    runner = runner_up(look, leader)
+    expected = bound_at_cap(look, leader, runner, left) if runner is not None else -math.inf
     return (
         f"{title} forecast: no decision and no expected-loss stop within {cap}; the {left} round"
-        f"{'s' if left != 1 else ''} left go to the finalists that set the loss bound: expected at the cap, no "
-        f"other finalist more than {bound_text(max(expected, 0.0))} faster than {leader} (95%; "
-        f"{bound_text(max(now, 0.0))} after {done} rounds)"
+        f"{'s' if left != 1 else ''} left launch {leader} and {runner} (the pick) and, in turn, the finalist that "
+        f"sets the loss bound: expected at the cap from the pick's rounds alone, no other finalist more than "
+        f"{bound_text(max(expected, 0.0))} faster than {leader} (95%; {bound_text(max(look.loss(leader), 0.0))} "
+        f"after {done} rounds)"
     )
 
 

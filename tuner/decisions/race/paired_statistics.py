@@ -75,6 +75,26 @@ class PairedStatistics:
         """``name`` may be at most this much faster than ``other`` (log), at ``share`` of the race's level."""
         return self.gap(name, other).upper(self.alpha * share)
 
+    def worth_after(self, name: str, other: str, more: float, other_more: float) -> float:
+        """The paired rounds the comparison of ``name`` with ``other`` is worth after ``more`` launches of ``name``
+        and ``other_more`` of ``other``. A pair's worth read as two counts of launches (``other``'s, and the one
+        that gives the pair its worth beside it), so that a rested finalist's comparison narrows both with its own
+        launches and with those of the one it is compared with."""
+        gap = self.gap(name, other)
+        theirs = len(self.race_rounds.rates[other])
+        if not gap.rounds > 0 or not theirs:
+            return 0.0
+        spare = 2 / gap.rounds - 1 / theirs
+        own = 1 / spare if spare > 0 else math.inf
+        return 2 / (1 / (own + more) + 1 / (theirs + other_more))
+
+    def upper_after(self, name: str, other: str, more: float, other_more: float) -> float:
+        """The bound of ``name`` over ``other`` (``upper``) forecast after ``more`` and ``other_more`` launches, at
+        today's estimate and spread; infinite while the pair has no bound."""
+        gap = self.gap(name, other)
+        worth = self.worth_after(name, other, more, other_more)
+        return gap.mean + gap.half(self.alpha, worth) if worth > 0 else math.inf
+
     def loss(self, name: str) -> float:
         """The loss bound (log): how much faster than ``name`` the best other finalist still racing may be."""
         return max((self.upper(j, name) for j in self.race_rounds.candidates if j != name), default=-math.inf)

@@ -31,6 +31,9 @@ class RaceRounds:
     measured: dict[str, dict[int, float]] = field(default_factory=dict)
     left_out: dict[tuple[str, int], str] = field(default_factory=dict)
     elapsed: float = 0.0  # seconds since the first launch, after the last round
+    cap_from: int | None = None  # the round the race first foresaw its cap (``allocation.foresee``)
+    # per label, the turns it gave to a finalist that sets the stated bound at the cap, each counted as a launch
+    passed: dict[str, int] = field(default_factory=dict)
 
     def table(self) -> dict[str, dict[int, float]]:
         """Per label, round index -> rate."""

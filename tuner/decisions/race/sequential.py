@@ -9,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.decisions import evidence
-from tuner.decisions.race.allocation import cap_foreseen, next_round, past_first_rounds, rounds_left
-from tuner.decisions.race.forecasts import bound_at_cap
+from tuner.decisions.race.allocation import foresee, next_round
 from tuner.decisions.race.operator_lines import cap_line, round_line
 from tuner.decisions.race.paired_statistics import PairedStatistics, first_look, race_alpha
 from tuner.decisions.race.results import Confirmation
@@ -28,7 +27,7 @@ class LoopOptions:
 
     title: str = "race"
     clock: Callable[[], float] = time.monotonic
-    foresee_cap: bool = True  # False: the allocation before the cap was foreseen (make bench 1c's reference)
+    foresee_cap: bool = True  # False: the allocation before the cap rule (the reference the bench compares)
 
 
 def sequential_race(
@@ -56,21 +55,10 @@ def sequential_race(
     started = clock()
     deadline = started + 60 * spec.budget_minutes if spec.budget_minutes else math.inf
     look = None
-    foreseen = False
     for round_index in range(spec.max_rounds):
-        chosen = next_round(race_rounds, look, baseline, spec, round_index, foresee_cap=options.foresee_cap)
-        if (
-            options.foresee_cap
-            and not foreseen
-            and look is not None
-            and past_first_rounds(spec, round_index)
-            and cap_foreseen(look, spec, round_index)
-        ):
-            foreseen = True
-            left = rounds_left(race_rounds, spec, round_index)
-            slots = len(set(chosen) - {look.leader, baseline})
-            expected = bound_at_cap(look, look.leader, left, slots)
-            progress(cap_line(look, spec, round_index, left, expected, title))
+        if options.foresee_cap and look is not None and foresee(race_rounds, look, spec, round_index):
+            progress(cap_line(look, spec, round_index, title))
+        chosen = next_round(race_rounds, look, baseline, spec, round_index)
         launched = launch_round(chosen, round_index)
         measured = leave_failed(race_rounds, chosen, launched, baseline, title, round_index)
         add_round(race_rounds, launched, round_index)
