@@ -172,3 +172,17 @@ def test_a_study_stored_before_target_variants_resumes_and_other_variants_are_re
     assert changes(base, with_variant) == [
         "target variants Q4_0 differs (the study has none, this run has it)"
     ]
+
+
+def test_doctors_memory_line_names_a_study_whose_models_are_not_here(tmp_path):
+    from tuner.machine.topology import read_topology
+    from tuner.output.doctor import _memory_line
+    from tuner.storage.records import StudyRecord
+
+    record = replace(
+        StudyRecord.for_replay("gone", {}, ("tokens_per_second",)),
+        target={"path": str(tmp_path / "moved.gguf")},
+        measurement={"ctx_size": 512},
+    )
+    line = _memory_line(record, read_topology())
+    assert line.startswith("memory: study gone's models cannot be read here") and "moved.gguf" in line

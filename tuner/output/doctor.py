@@ -13,6 +13,7 @@ import subprocess
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuner.errors import UserError
 from tuner.machine import fingerprint as fingerprints
@@ -22,6 +23,9 @@ from tuner.machine.bandwidth import BANDWIDTH_ENV, BandwidthCurve, fingerprint_b
 from tuner.machine.host import HostState
 from tuner.machine.topology import Topology
 from tuner.measurement import launch
+
+if TYPE_CHECKING:
+    from tuner.storage.records import StudyRecord
 
 NOISY_GOVERNORS = frozenset({"powersave", "ondemand", "conservative", "schedutil"})
 LOAD_ADVICE_FRACTION = 0.10
@@ -149,22 +153,27 @@ def _measured_advice(
 ) -> tuple[list[str], str]:
     """``--study``: THP advice tied to that study's trials, and the memory its largest configuration needs
     against what this host has."""
-    from tuner.models.memory_fit import available_bytes, misfit
-    from tuner.prepare.memory import stored_largest
     from tuner.storage import store
 
     study, record = store.open_stored_study(study_name, storage)
     hosts = [r.host for r in store.read_trials(study) if r.host]
-    size = stored_largest(record)
+    return thp_measured(record.name, hosts, host.thp_mode), _memory_line(record, topo)
+
+
+def _memory_line(record: StudyRecord, topo: Topology) -> str:
+    """The study's largest configuration against this host's memory; its models not here: which one."""
+    from tuner.models.memory_fit import available_bytes, misfit
+    from tuner.prepare.memory import stored_largest
+
+    try:
+        size = stored_largest(record)
+    except UserError as err:
+        return f"memory: study {record.name}'s models cannot be read here ({err}), so its size is unknown"
     room = available_bytes(topo)
-    memory = f"memory: the largest configuration of study {record.name} needs {size.text()}" + (
-        f"; DOES NOT FIT: {why}"
-        if (why := misfit(size, topo))
-        else f", {room / 1e9:.2f} GB available"
-        if room
-        else ""
-    )
-    return thp_measured(record.name, hosts, host.thp_mode), memory
+    text = f"memory: the largest configuration of study {record.name} needs {size.text()}"
+    if why := misfit(size, topo):
+        return f"{text}; DOES NOT FIT: {why}"
+    return text + (f", {room / 1e9:.2f} GB available" if room else "")
 
 
 def _gib(n_bytes: int | None) -> str:
