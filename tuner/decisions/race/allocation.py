@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from tuner.decisions import evidence
-from tuner.decisions.race.paired_statistics import NORMAL, PairedStatistics
+from tuner.decisions.race.paired_statistics import PairedStatistics
 from tuner.decisions.race.rounds import RaceRounds
 from tuner.studyfile.spec import RaceSpec
 
@@ -60,22 +60,6 @@ def rounds_left(race_rounds: RaceRounds, spec: RaceSpec, done: int) -> int:
     return max(left, 0)
 
 
-def _forecast_expected_loss(look: PairedStatistics, leader: str, more_rounds: int) -> float:
-    """The expected loss of deploying the leader (``PairedStatistics.expected_loss``) after ``more_rounds`` more
-    rounds of every comparison, at today's estimates and spread: the soonest the expected-loss stop could come."""
-    total = 0.0
-    for other in look.race_rounds.candidates:
-        if other == leader:
-            continue
-        gap = look.gap(other, leader)
-        if not math.isfinite(gap.half(look.alpha)) or gap.sd <= 0:
-            return math.inf
-        standard_error = gap.sd / math.sqrt(gap.rounds + more_rounds)
-        standardized = gap.mean / standard_error
-        total += standard_error * (NORMAL.pdf(standardized) + standardized * NORMAL.cdf(standardized))
-    return total
-
-
 def cap_foreseen(look: PairedStatistics, spec: RaceSpec, done: int) -> bool:
     """The race can see that it will stop at its cap (race.max_rounds or the rounds race.budget_minutes leaves):
     neither a decision nor the expected-loss stop is forecast by then, even if every comparison got every round
@@ -86,7 +70,7 @@ def cap_foreseen(look: PairedStatistics, spec: RaceSpec, done: int) -> bool:
         return False
     if not spec.expected_loss:
         return True
-    return _forecast_expected_loss(look, look.leader, left) >= math.log1p(spec.expected_loss)
+    return look.expected_loss(look.leader, left) >= math.log1p(spec.expected_loss)
 
 
 def past_first_rounds(spec: RaceSpec, done: int) -> bool:

@@ -116,11 +116,12 @@ class PairedStatistics:
             )
         return "; ".join(why)
 
-    def expected_loss(self, name: str) -> float:
+    def expected_loss(self, name: str, more_rounds: int = 0) -> float:
         """What deploying ``name`` is expected to lose (log): over the others, the normal loss function of each
         gap at its standard error, summed (EOC_Bonf, Branke, Chick and Schmidt 2007: a flat prior on each fitted
         rate). Small when every other is behind by several standard errors, so that further rounds would rarely
-        change the pick; infinite while some comparison has no bound yet."""
+        change the pick; infinite while some comparison has no bound yet. With ``more_rounds``: after that many
+        more rounds of every comparison, at today's estimates and spread (a forecast)."""
         total = 0.0
         for other in self.race_rounds.candidates:
             if other == name:
@@ -128,7 +129,7 @@ class PairedStatistics:
             gap = self.gap(other, name)
             if not math.isfinite(gap.half(self.alpha)) or gap.sd <= 0:
                 return math.inf
-            standard_error = gap.sd / math.sqrt(gap.rounds)
+            standard_error = gap.sd / math.sqrt(gap.rounds + more_rounds)
             standardized = gap.mean / standard_error
             total += standard_error * (NORMAL.pdf(standardized) + standardized * NORMAL.cdf(standardized))
         return total
