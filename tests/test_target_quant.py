@@ -97,7 +97,15 @@ def test_a_study_of_target_variants_measures_each_kld_and_never_deploys_one_over
             {
                 "name": "variants",
                 "target": {"path": str(synthetic_models.path("target")), "quantize": ["Q8_0", "Q2_K"]},
-                "search_space": {"overrides": {"spec_type": "none", "threads": 1, "temperature": 0.0}},
+                "drafts": [str(synthetic_models.path("draft-large"))],
+                "search_space": {
+                    "overrides": {
+                        "spec_type": ["none", "draft-simple"],
+                        "draft_max": [4],
+                        "threads": 1,
+                        "temperature": 0.0,
+                    }
+                },
                 "workload": {"suites": ["code"], "n_predict": 16},
                 "measurement": {"warmup": 0, "repetitions": 1, "ctx_size": 512, "trial_timeout_s": 120},
                 "quality": {"scorer": "kld", "floor": 0.2, "max_kld": 0.5, "text_file": str(text)},
@@ -125,8 +133,10 @@ def test_a_study_of_target_variants_measures_each_kld_and_never_deploys_one_over
     )
     for variant in ("Q8_0", "Q2_K"):
         study.enqueue_trial({"spec_type": "none", "target_quant": variant, "threads": 1})
-    study.optimize(StudyObjective(ctx, study, progress=Progress.quiet()), n_trials=3)
-    source, eight, two = store.read_trials(study)
+    drafting = {"spec_type": "draft-simple", "draft": "draft-large", "draft_max": 4, "target_quant": "Q8_0"}
+    study.enqueue_trial({**drafting, "threads": 1})
+    study.optimize(StudyObjective(ctx, study, progress=Progress.quiet()), n_trials=4)
+    source, eight, two, drafted = store.read_trials(study)
     assert [r.argv[r.argv.index("--model") + 1] for r in (source, eight, two)] == [
         str(ctx.spec.target.resolve()),
         str(q8.variant.path.resolve()),
@@ -140,12 +150,44 @@ def test_a_study_of_target_variants_measures_each_kld_and_never_deploys_one_over
     assert stored.target_variants["Q8_0"]["command"][-1] == "Q8_0"
     # the report's front and the export's lines state each variant's distance from the source
     data = report_data(study, stored)
-    front = data.variants.set_index("target_quant")
-    assert list(front.index) == ["source", "Q8_0", "Q2_K"] and not front.loc["Q2_K", "feasible"]
-    assert front.loc["Q8_0", "mean_kld"] == eight.scores["mean_kld"]
-    export = build_export(stored, eight, data.trials, "chosen")
+    front = data.variants
+    assert list(zip(front["target_quant"], front["family"])) == [
+        ("source", "none"),
+        ("Q8_0", "none"),
+        ("Q2_K", "none"),
+        ("Q8_0", "draft"),
+    ]
+    assert list(front["feasible"]) == [True, True, False, drafted.feasible]
+    assert list(front["mean_kld"])[:3] == [0.0, eight.scores["mean_kld"], two.scores["mean_kld"]]
+    export = build_export(stored, drafted, data.trials, "chosen")
     assert export.target["sha256"] == q8.sha256 and export.target["quant"] == "Q8_0"
-    assert any("llama-quantize" in line and "Q8_0" in line for line in target_lines(export))
+    assert (
+        export.target["mean_kld"] == drafted.scores["mean_kld"] == eight.scores["mean_kld"]
+    )  # one per model
+    # what speculation adds on the variant: over the same variant alone, on the same threads
+    adds = drafted.metrics.tokens_per_second / eight.metrics.tokens_per_second
+    assert export.target["speculation_adds"] == pytest.approx(adds)
+    lines = target_lines(export)
+    assert any("llama-quantize" in line and "Q8_0" in line for line in lines)
+    assert f"Speculation on it: x{adds:.2f} over this variant alone" in "\n".join(lines)
+    # tuner verify checks the deployed file's digest before launching: the file as made passes, a changed one
+    # (or a missing one) is one line with the command that makes it again
+    from tuner.output.preset import DeployedSection
+    from tuner.output.verify import Deployed, check_target_file
+
+    def deployed(model: Path) -> Deployed:
+        section = DeployedSection(tmp_path / "p.ini", "variants", {"model": str(model)}, {}, None, ())
+        return Deployed(section, drafted.number, None, [], drafted.config.target_quant)
+
+    check_target_file(stored, deployed(q8.variant.path))
+    changed = tmp_path / "changed.gguf"
+    data_bytes = bytearray(q8.variant.path.read_bytes())
+    data_bytes[len(data_bytes) // 2] ^= 0xFF  # one byte of the weights flipped
+    changed.write_bytes(bytes(data_bytes))
+    for model in (changed, tmp_path / "missing.gguf"):
+        with pytest.raises(UserError) as err:
+            check_target_file(stored, deployed(model))
+        assert "llama-quantize" in str(err.value) and "\n" not in str(err.value)
     # tuner doctor --study: the memory its largest configuration needs (the source, here), from the headers
     from tuner.output.doctor import print_doctor
     from tuner.prepare.memory import largest

@@ -18,6 +18,7 @@ import re
 import shlex
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 import pandas as pd
@@ -426,16 +427,17 @@ def variant_front(frame: pd.DataFrame) -> pd.DataFrame:
                 "family": family,
                 "best_tokens_per_second": best["tokens_per_second"],
                 "speedup": best.get("speedup"),
-                "mean_kld": best.get("score_mean_kld", 0.0)
-                if not pd.isna(best.get("score_mean_kld"))
-                else 0.0,
-                "same_top": best.get("score_same_top", 1.0)
-                if not pd.isna(best.get("score_same_top"))
-                else 1.0,
+                # the source's own trials carry 0 and 1 (kld scorer); NaN only where a column is absent
+                "mean_kld": _figure_or(best.get("score_mean_kld"), 0.0),
+                "same_top": _figure_or(best.get("score_same_top"), 1.0),
                 "feasible": bool(best["feasible"]),
             }
         )
     return pd.DataFrame(rows, columns=VARIANT_COLUMNS)
+
+
+def _figure_or(value: Any, default: float) -> float:
+    return default if value is None or pd.isna(value) else float(value)
 
 
 def importances(study: optuna.Study, record: StudyRecord) -> pd.DataFrame:

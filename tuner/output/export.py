@@ -35,7 +35,7 @@ from tuner.knobs.config import method_of
 from tuner.knobs.registry import SOURCE_QUANT
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.measurement.launch import ServerCommand, cpu_mask
-from tuner.output.analysis import best_per_suite
+from tuner.output.analysis import best_per_suite, complete
 from tuner.output.files import write_atomic
 from tuner.output.preset import NUMACTL_NOTE, merge_preset, merge_sections
 from tuner.storage.records import StudyRecord, TrialRecord
@@ -118,12 +118,12 @@ def target_of(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame) -> d
         return None
     quant = trial.config.target_quant or SOURCE_QUANT
     made = record.target_variants.get(quant, {})
-    alone = frame[
-        (frame["family"] == "none")
-        & (frame["target_quant"] == quant)
-        & (frame["threads"] == trial.config.threads)
-        & (frame["numa"] == trial.config.numa)
-        & (frame["state"] == "complete")
+    done = complete(frame)
+    alone = done[
+        (done["family"] == "none")
+        & (done["target_quant"] == quant)
+        & (done["threads"] == trial.config.threads)
+        & (done["numa"] == trial.config.numa)
     ]["tokens_per_second"]
     rate = trial.metrics.tokens_per_second if trial.metrics else None
     return {

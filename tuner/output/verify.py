@@ -59,6 +59,7 @@ class Deployed:
     trial: int
     claim: Claim
     edited: list[str]
+    target_quant: str | None  # the exported trial's target file: a variant's type, or None/source
 
 
 def verify_deployed(
@@ -77,7 +78,7 @@ def verify_deployed(
     study, record = store.open_stored_study(study_name, storage)
     preset = preset_file or reports_dir() / PRESET_FILE
     deployed = read_deployed(study, record, read_section(preset, section_wanted or section_name(record.name)))
-    check_target_file(study, record, deployed)
+    check_target_file(record, deployed)
     chosen = bin_dir or os.environ.get(ENV_BIN_DIR)
     ctx = prepare_again(
         record, "verify", "", ("search space", *COMPARABILITY_KEYS), Path(chosen) if chosen else None
@@ -174,30 +175,28 @@ def read_deployed(study: optuna.Study, record: StudyRecord, section: DeployedSec
     exported = store.read_trial(study.trials[trial])
     assert exported.command is not None, "an exported trial was launched, so it has its command"
     written = section_options(record.name, exported.command, exported.config.temperature)[1]
-    return Deployed(section, trial, claim, edits(written, section.options))
+    return Deployed(section, trial, claim, edits(written, section.options), exported.config.target_quant)
 
 
-def check_target_file(study: optuna.Study, record: StudyRecord, deployed: Deployed) -> None:
+def check_target_file(record: StudyRecord, deployed: Deployed) -> None:
     """A deployed target variant must still be the file the study measured: its sha256 is checked (hashed
     afresh) before anything is launched; a missing or changed file is one line with the command that makes it."""
-    config = store.read_trial(study.trials[deployed.trial]).config
-    made = record.target_variants.get(config.target_quant or "")
+    quant = deployed.target_quant
+    made = record.target_variants.get(quant or "")
     if made is None:
         return
     path = Path(deployed.section.options.get("model", made["path"]))
     where = f"{deployed.section.path}: [{deployed.section.name}] model = {path}"
     again = f"make it again with `{shlex.join(made['command'])}`" if made.get("command") else "make it again"
     if not path.is_file():
-        raise UserError(f"{where}: the study's {config.target_quant} variant is not here; {again}")
+        raise UserError(f"{where}: the study's {quant} variant is not here; {again}")
     digest = file_sha256(path)
     if digest != made["sha256"]:
         raise UserError(
-            f"{where}: sha256 {digest[:16]}..., not the {config.target_quant} variant the study measured "
+            f"{where}: sha256 {digest[:16]}..., not the {quant} variant the study measured "
             f"({made['sha256'][:16]}...); {again}"
         )
-    print(
-        f"verify: target {config.target_quant} {path}: sha256 {made['sha256'][:16]}... as the study measured it"
-    )
+    print(f"verify: target {quant} {path}: sha256 {made['sha256'][:16]}... as the study measured it")
 
 
 def header_lines(

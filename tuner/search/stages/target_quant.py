@@ -65,7 +65,8 @@ def ruled_out_variants(state: SearchState) -> set:
 
 
 def k_walk(state: SearchState, params: dict, variant: str) -> list[tuple]:
-    """K's next line-search value on the leading variant, while fewer than ``K_STEPS`` were walked there."""
+    """K's next line-search value on the leading variant, until ``K_STEPS`` values beyond the probe's were
+    measured there."""
     if option_of(params) is None or not state.k_values or params.get("draft_max") is None:
         return []
     walked = {
