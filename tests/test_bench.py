@@ -16,8 +16,11 @@ import pytest
 
 from tuner.bench import replay
 from tuner.bench.grid import grid_configs
+from tuner.bench.scale_regime import markdown as scale_markdown
+from tuner.bench.scale_regime import recorded_regime
 from tuner.bench.table import read_table
 from tuner.cli import main
+from tuner.decisions.race.results import RaceResult
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, IntRange
 from tuner.progress import Progress
@@ -190,6 +193,87 @@ def test_bench_scale_reads_recorded_sweeps_and_predicts_each_familys_best_k(tmp_
     assert found["targets"]["predicted_within_one_rung"] is True
     assert "| small | 4 |" in capsys.readouterr().out
     assert main(["bench-scale", str(tmp_path / "none")]) == 2
+
+
+def scale_race(config: dict, loss_bound: float | None) -> RaceResult:
+    """The scale study's race as stored, deploying ``config`` (trial 3) over the baseline (trial 0)."""
+
+    def entry(trial: int, entry_config: dict, speedup: float) -> dict:
+        return {
+            "trial": trial,
+            "label": f"trial-{trial}",
+            "config": entry_config,
+            "recorded_tokens_per_second": 30.0 * speedup,
+            "rates": [30.0 * speedup] * 3,
+            "mean_tokens_per_second": 30.0 * speedup,
+            "speedup": speedup,
+            "speedup_low": speedup * 0.9,
+            "speedup_high": speedup * 1.1,
+            "status": "winner" if trial else "dropped: shown slower",
+        }
+
+    stored = {
+        "rounds": 3,
+        "baseline_trial": 0,
+        "entries": [entry(3, config, 2.0), entry(0, {"spec_type": "none"}, 1.0)],
+        "winner": 3,
+        "decided": True,
+        "verdict": "trial-3 shown faster than every other finalist after 3 rounds",
+        "rule": "",
+        "loss": 0.02,
+        "drafted": {"trial-3": 100},
+        "outliers": [],
+        "launches": 6,
+        "confirmation": None,
+        "loss_bound": loss_bound,
+    }
+    race = RaceResult.from_json(stored)
+    assert race is not None
+    return race
+
+
+def test_bench_scale_reads_summaries_stacks_and_the_races_deployment_against_each_sweep(tmp_path, capsys):
+    for suite in ("code", "prose", "summarize"):
+        scale_sweep(tmp_path, suite, counted=True)
+    jsonl = tmp_path / "grid-scale-grid-summarize.jsonl"  # on summaries, ngram-mod stacked on the draft leads
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    rows = [{**r, "lookup": "none"} if r["spec_type"] == "draft-simple" else r for r in rows]
+    stacks = [
+        {
+            **r,
+            "lookup": "ngram-mod",
+            "tokens_per_second": 2 * r["tokens_per_second"],
+            "speedup": 2 * r["speedup"],
+        }
+        for r in rows
+        if r["spec_type"] == "draft-simple" and not r.get("host_busy")
+    ]
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows + stacks))
+    draft_k4 = {"spec_type": "draft-simple", "draft": "small", "draft_max": 4, "lookup": "none"}
+    found = recorded_regime(tmp_path, seeds=1, race=scale_race(draft_k4, loss_bound=0.05))
+    summaries = found["suites"]["summarize"]
+    assert summaries["best"]["family"] == "ngram-mod + small" and summaries["best"]["best_k"] == 4
+    assert found["targets"]["summaries_best_lookup_or_stack"] is True
+    code = found["suites"]["code"]["race"]  # the sweep's best on code: the draft at K=4 itself
+    assert code["deployed"] == "small K=4" and code["shortfall"] == pytest.approx(0.0) and code["within"]
+    assert found["suites"]["summarize"]["race"]["shortfall"] == pytest.approx(
+        0.5
+    )  # the stack is twice as fast
+    assert found["targets"]["race_within_stated_loss"] is True  # read on code and prose
+    at_k8 = recorded_regime(tmp_path, seeds=1, race=scale_race({**draft_k4, "draft_max": 8}, loss_bound=0.0))
+    assert (
+        at_k8["suites"]["code"]["race"]["within"] is False
+    )  # K=8 measured below K=4: more than "none faster"
+    assert at_k8["targets"]["race_within_stated_loss"] is False
+    printed = scale_markdown(at_k8)
+    assert "the scale study's race deployed small K=8 (trial 3; stated: no other finalist faster)" in printed
+    assert "MORE than the stated loss" in printed
+    assert "not run in this storage" in scale_markdown(recorded_regime(tmp_path, seeds=1))
+    assert (
+        main(["bench-scale", str(tmp_path), "--seeds", "1", "--storage", f"sqlite:///{tmp_path}/none.db"])
+        == 0
+    )
+    assert "not run in this storage" in capsys.readouterr().out
 
 
 def test_bench_search_names_a_missing_parameter_column(tmp_path, capsys):
@@ -509,6 +593,7 @@ def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, mon
     assert [Path(s["table"]).name for s in result["scale_regime"]["suites"].values()] == [
         "grid-grid-test-code.csv",
         "grid-grid-test-prose.csv",
+        "grid-grid-test-summarize.csv",
     ]
 
 

@@ -158,7 +158,7 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_mo
     assert [Path(f["path"]).name for f in result["gguf_read"]["files"]] == ["target.gguf"]
     assert len(result["launch_size"]["cells"]) == 9  # 1d: every launch and round spread of 1c's grid
     scale = result["scale_regime"]["suites"]  # 5: the scale target's sweep, per suite, the baseline first
-    assert list(scale) == ["code", "prose"]
+    assert list(scale) == ["code", "prose", "summarize"]
     assert all(Path(s["table"]).read_text().splitlines()[1].startswith("none,") for s in scale.values())
     quant = result["quantization"]  # 6: the scale target's Q4_0 against its F16, two rounds in --quick
     assert quant["source"] == "scale-target.gguf" and len(quant["ratios"]) == 2

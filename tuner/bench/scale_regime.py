@@ -3,15 +3,17 @@
 Why: the built-in target fits in a big server's L3 and its drafts cost a third of its step, so large K,
 lookup and the K model were never seen where they matter. ``studies/scale-grid.yaml`` names the scale
 target (1.3 GB, memory-bound on any host; its drafts cost a few hundredths of a step) and the sweep:
-every K of each draft model and lookup type, recorded once per content type (code, prose) with
-``tuner record-grid``. On each sweep this section reads:
+every K of each draft model (alone and with ngram-mod stacked in front) and lookup type, recorded once per
+content type (code, prose, summaries) with ``tuner record-grid``. On each sweep this section reads:
 
 - each family's best K in the sweep against the K the structured search predicts for it: the model
   fitted to the probe at K=8 and to the predicted best K measured, as ``search.stages.best_k`` walks it;
 - the structured search's pick within 20 trials, replayed on the sweep with the sweep's own noise,
   against the sweep's best (``bench.replay``);
 - the scale study's race, when the study has been run in this storage: its deployment's speculation looked
-  up in each sweep, against the sweep's best and the loss bound the race stated.
+  up in each sweep, against the sweep's best and the loss bound the race stated;
+- on summaries, whether prompt lookup (alone or stacked) is the best family, as the research found on
+  documents.
 
 The sweeps' own bests are measured, never written into the model or a study.
 """
@@ -30,16 +32,21 @@ from tuner.bench import replay
 from tuner.bench.grid import record_grid, table_frame
 from tuner.bench.grid_recorder import latest_rows, recorded_rows
 from tuner.bench.table import markdown_table, read_table
+from tuner.decisions.race.results import RaceResult
 from tuner.errors import UserError
+from tuner.knobs.registry import LOOKUP_TYPES
 from tuner.progress import Progress
 from tuner.search.speedup_model import Point, fit
 from tuner.search.stages.best_k import LEADER_STEPS
 from tuner.search.stages.configs import K_PROBE
+from tuner.storage import store
 from tuner.studyfile.spec import StudySpec
 
-SUITES = ("code", "prose")
+SUITES = ("code", "prose", "summarize")
 SEARCH_BUDGET = 20  # trials within which the search must come within PICK_TOLERANCE of the sweep's best
 PICK_TOLERANCE = 0.03  # the search's pick within 3% of the sweep's best
+STUDY = "scale"  # the study whose race is checked against the sweeps (`make study STUDY=scale`)
+RACE_SUITES = ("code", "prose")  # the sweeps the race's target is read on (the issue's K sweep)
 
 
 def suite_spec(spec: StudySpec, suite: str) -> StudySpec:
@@ -47,13 +54,21 @@ def suite_spec(spec: StudySpec, suite: str) -> StudySpec:
     return replace(spec, name=f"{spec.name}-{suite}", suites=(suite,))
 
 
-def family_of(row: pd.Series) -> str | None:
-    """The speculation family a sweep row belongs to (a draft model by name, or a lookup type)."""
+def family_of(row: Any) -> str | None:
+    """The speculation family a sweep row (or a trial's configuration) belongs to: a draft model by name, a
+    lookup type, or a lookup stacked in front of a draft model (``ngram-mod + draft-large``)."""
     if row["spec_type"] == "none":
         return None
     if row["spec_type"] == "draft-simple":
-        return str(row["draft"])
+        lookup = row.get("lookup")
+        stacked = isinstance(lookup, str) and lookup != "none"
+        return f"{lookup} + {row['draft']}" if stacked else str(row["draft"])
     return str(row["spec_type"])
+
+
+def is_lookup(family: str) -> bool:
+    """A family that drafts from the prompt: a lookup type alone or stacked on a draft model."""
+    return family.split(" + ")[0] in LOOKUP_TYPES
 
 
 def families(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -114,10 +129,48 @@ def rung_distance(ks: list[int], a: int, b: int) -> int:
     return abs(ks.index(a) - ks.index(b))
 
 
-def sweep_figures(frame: pd.DataFrame, seeds: int, reference: dict | None = None) -> dict[str, Any]:
+def stored_race(storage: str | None = None) -> RaceResult | None:
+    """The scale study's race (the pooled one), when that study has been run in ``storage`` (None: the
+    default storage); None when it has not."""
+    try:
+        study, _ = store.open_stored_study(STUDY, storage)
+    except UserError:  # no such storage or study here: the scale study has not been run
+        return None
+    data = store.read_race(study)
+    return None if data is None else RaceResult.from_json(data)
+
+
+def race_in_sweep(frame: pd.DataFrame, race: RaceResult, best: dict | None) -> dict[str, Any]:
+    """The race's deployment looked up in one sweep (its family at its K, at the sweep's lookup sizes) against
+    the sweep's best: how far below the best it measured (``shortfall``) and whether that lies within the loss
+    the race stated (no other finalist more than ``loss_bound`` faster)."""
+    config = race.winning.config
+    family, k = family_of(config), config.get("draft_max")
+    found: dict[str, Any] = {
+        "deployed": "the baseline" if family is None else f"{family} K={k}",
+        "trial": race.winner,
+        "stated_bound": race.loss_bound,
+        "in_sweep": 1.0 if family is None else None,
+        "shortfall": None,
+        "within": None,
+    }
+    rows = families(frame).get(family or "")
+    if rows is not None and (rows["draft_max"] == k).any():
+        found["in_sweep"] = float(rows[rows["draft_max"] == k]["speedup"].iloc[0])
+    if found["in_sweep"] is not None and best is not None:
+        found["shortfall"] = max(0.0, 1.0 - found["in_sweep"] / best["best_speedup"])
+        if race.loss_bound is not None:
+            found["within"] = found["shortfall"] <= race.loss_bound
+    return found
+
+
+def sweep_figures(
+    frame: pd.DataFrame, seeds: int, reference: dict | None = None, race: RaceResult | None = None
+) -> dict[str, Any]:
     """One content type's sweep: per family its best K and the predicted one; the best overall; the search's
-    pick within the budget. ``reference``: the sweep's ``.reference.json``, for the decode steps of rows
-    recorded without their own counts (``decode_steps``)."""
+    pick within the budget; the scale study's deployment in it (``race``, when the study was run). ``reference``:
+    the sweep's ``.reference.json``, for the decode steps of rows recorded without their own counts
+    (``decode_steps``)."""
     if "draft_max" not in frame.columns:  # a sweep without speculation (a test's, or --quick's first launch)
         frame = frame.assign(draft_max=None)
     ks = sorted(int(k) for k in frame["draft_max"].dropna().unique())
@@ -166,11 +219,14 @@ def sweep_figures(frame: pd.DataFrame, seeds: int, reference: dict | None = None
         "families": rows,
         "best": leader,
         "search": search,
+        "race": None if race is None else race_in_sweep(frame, race, leader),
     }
 
 
 def measure_regime(out: Path, *, seeds: int, max_launches: int | None, study: StudySpec) -> dict[str, Any]:
-    """Record (fresh) and read each content type's sweep of ``study`` (the scale grid)."""
+    """Record (fresh) and read each content type's sweep of ``study`` (the scale grid), with the scale study's
+    race when it has been run in the default storage."""
+    race = stored_race()
     found: dict[str, Any] = {"study": str(study.path), "suites": {}}
     for suite in SUITES:
         spec = suite_spec(study, suite)
@@ -178,15 +234,18 @@ def measure_regime(out: Path, *, seeds: int, max_launches: int | None, study: St
         for stale in (csv.with_suffix(".jsonl"), csv.with_suffix(".reference.json")):
             stale.unlink(missing_ok=True)  # every figure from this session
         record_grid(spec, csv, progress=Progress.untimed(), max_launches=max_launches)
-        found["suites"][suite] = {**sweep_figures(read_table(csv), seeds, _reference(csv)), "table": str(csv)}
+        figures = sweep_figures(read_table(csv), seeds, _reference(csv), race)
+        found["suites"][suite] = {**figures, "table": str(csv)}
     found["targets"] = targets(found["suites"])
     return found
 
 
-def recorded_regime(folder: Path, *, seeds: int, name: str = "scale-grid") -> dict[str, Any]:
+def recorded_regime(
+    folder: Path, *, seeds: int, name: str = "scale-grid", race: RaceResult | None = None
+) -> dict[str, Any]:
     """The same figures from sweeps already recorded in ``folder`` (``grid-NAME-SUITE.jsonl``, its last row per
     configuration, or the ``.csv`` table; the ``.reference.json`` beside it), measuring nothing
-    (``tuner bench-scale``)."""
+    (``tuner bench-scale``); ``race``: the scale study's, looked up in each sweep."""
     found: dict[str, Any] = {"study": name, "suites": {}}
     for suite in SUITES:
         csv = folder / f"grid-{name}-{suite}.csv"
@@ -198,7 +257,7 @@ def recorded_regime(folder: Path, *, seeds: int, name: str = "scale-grid") -> di
             frame, table = read_table(csv), csv
         else:
             continue
-        found["suites"][suite] = {**sweep_figures(frame, seeds, _reference(csv)), "table": str(table)}
+        found["suites"][suite] = {**sweep_figures(frame, seeds, _reference(csv), race), "table": str(table)}
     if not found["suites"]:
         raise UserError(f"{folder}: no recorded sweep grid-{name}-{{{','.join(SUITES)}}}.jsonl or .csv")
     found["targets"] = targets(found["suites"])
@@ -224,6 +283,8 @@ def targets(suites: dict[str, Any]) -> dict[str, Any]:
         if s in suites
     ]
     searches = [suites[s]["search"] for s in suites if suites[s]["search"]]
+    summaries = best("summarize")
+    races = [suites[s]["race"]["within"] for s in RACE_SUITES if s in suites and suites[s].get("race")]
     return {
         "code_best_k_at_least_12": None if code is None else code["best_k"] >= 12,
         "code_pays_x2_5": None if code is None else code["best_speedup"] >= 2.5,
@@ -240,7 +301,35 @@ def targets(suites: dict[str, Any]) -> dict[str, Any]:
             if not searches
             else all(s["reached"] == s["seeds"] and s["median_trials"] is not None for s in searches)
         ),
+        "summaries_best_lookup_or_stack": None if summaries is None else is_lookup(summaries["family"]),
+        "race_within_stated_loss": None if not races or None in races else all(races),
     }
+
+
+def _race_lines(race: dict | None) -> list[str]:
+    """The scale study's deployment in this sweep, against the sweep's best and the race's stated loss."""
+    if race is None:
+        return ["", f"the scale study's race: not run in this storage (`make study STUDY={STUDY}`)"]
+    bound = race["stated_bound"]
+    stated = (
+        "no bound stated"
+        if bound is None
+        else ("no other finalist faster" if bound <= 0 else f"no other finalist more than {bound:.1%} faster")
+    )
+    if race["in_sweep"] is None:
+        return [
+            "",
+            f"the scale study's race deployed {race['deployed']} (trial {race['trial']}): not in this sweep",
+        ]
+    verdict = {None: "", True: ": within the stated loss", False: ": MORE than the stated loss"}[
+        race["within"]
+    ]
+    shortfall = "n/a" if race["shortfall"] is None else f"{race['shortfall']:.1%}"
+    return [
+        "",
+        f"the scale study's race deployed {race['deployed']} (trial {race['trial']}; stated: {stated}): "
+        f"x{race['in_sweep']:.2f} in this sweep, {shortfall} below the sweep's best{verdict}",
+    ]
 
 
 def _yes(value: bool | None) -> str:
@@ -284,6 +373,7 @@ def markdown(found: dict[str, Any]) -> str:
                 f"of the best in {search['reached']}/{search['seeds']} seeds within {search['budget']} trials, {trials}; "
                 f"median regret at {search['budget']}: {'n/a' if regret is None or math.isnan(regret) else f'{regret:.1%}'}"
             )
+        lines += _race_lines(figures.get("race"))
         lines.append("")
     t = found["targets"]
     lines.append(
@@ -291,6 +381,8 @@ def markdown(found: dict[str, Any]) -> str:
         f"{_yes(t['code_best_k_at_least_12'])}; code pays >= x2.5: {_yes(t['code_pays_x2_5'])}; prose's best K below "
         f"code's: {_yes(t['prose_best_k_below_code'])}; predicted best K within one rung (the leading family, code and "
         f"prose): {_yes(t['predicted_within_one_rung'])}; the search within 3% of the sweep's best within 20 trials "
-        f"in every seed: {_yes(t['search_within_3pct_in_20'])}"
+        f"in every seed: {_yes(t['search_within_3pct_in_20'])}; on summaries a lookup or a stack is the best family: "
+        f"{_yes(t.get('summaries_best_lookup_or_stack'))}; the scale study's deployment within its stated loss of "
+        f"the sweep's best ({' and '.join(RACE_SUITES)}): {_yes(t.get('race_within_stated_loss'))}"
     )
     return "\n".join(lines) + "\n"

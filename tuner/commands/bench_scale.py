@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tuner.bench.scale_regime import markdown, recorded_regime
+from tuner.bench.scale_regime import STUDY, markdown, recorded_regime, stored_race
 from tuner.errors import UserError
 from tuner.output.files import write_atomic
 from tuner.paths import reports_dir
@@ -14,9 +14,10 @@ from tuner.paths import reports_dir
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Read the scale target's recorded K sweeps (grid-scale-grid-code and -prose, as `tuner bench` section 5 "
-        "records them) without measuring: each family's best K against the K the structured search's model "
-        "predicts, and the search replayed on each sweep."
+        "Read the scale target's recorded K sweeps (grid-scale-grid-code, -prose and -summarize, as `tuner bench` "
+        "section 5 records them) without measuring: each family's best K against the K the structured search's "
+        f"model predicts, the search replayed on each sweep, and the `{STUDY}` study's race (when it has been run "
+        "in the storage) against each sweep's best."
     )
     parser.add_argument(
         "folder",
@@ -27,12 +28,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seeds", type=int, default=10, help="seeds of the search's replay (default: 10)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--storage",
+        help=f"where the `{STUDY}` study was run (default: the default storage, storage/studies.db)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         raise UserError("--seeds must be >= 1")
-    found = recorded_regime(args.folder, seeds=args.seeds)
+    found = recorded_regime(args.folder, seeds=args.seeds, race=stored_race(args.storage))
     print(markdown(found), end="")
     if args.json:
         write_atomic(args.json, json.dumps(found, indent=2, default=str) + "\n")
