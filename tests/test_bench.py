@@ -456,6 +456,34 @@ def test_record_grid_shares_one_server_across_temperatures_and_resumes(
     assert csv.with_suffix(".jsonl").read_text() == rows  # resumed: nothing measured twice
 
 
+def test_record_grid_launches_a_long_sweeps_baseline_midway_and_at_its_end_and_divides_by_their_median(
+    synthetic_models, tmp_path, monkeypatch, capsys
+):
+    """A sweep of at least ``CHECKED_SWEEP`` launches launches its baseline again midway and at its end; the
+    reference keeps each launch's rate, and the table's speedups divide by their median."""
+    import tuner.bench.grid_recorder as recorder
+    import tuner.measurement.measured_launch as launches
+
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    monkeypatch.setattr(launches, "busy_processes", lambda *args, **kwargs: {})
+    monkeypatch.setattr(recorder, "CHECKED_SWEEP", 2)  # the test's grid is two launches: 1 and 2 threads
+    study, csv = grid_study(tmp_path, threads="[1, 2]"), tmp_path / "grid.csv"
+    assert main(["record-grid", str(study), "--out", str(csv)]) == 0
+    assert (
+        capsys.readouterr().out.count("the baseline launched again") == 2
+    )  # midway (launch 1) and at the end
+    reference = json.loads(csv.with_suffix(".reference.json").read_text())
+    rates = [r["tokens_per_second"] for r in reference["readings"]]
+    assert len(rates) == 3 and reference["tokens_per_second"] == pytest.approx(sorted(rates)[1])
+    frame = pd.read_csv(csv)
+    assert frame["speedup"].to_numpy() == pytest.approx(
+        frame["tokens_per_second"].to_numpy() / sorted(rates)[1]
+    )
+    rows = [json.loads(line) for line in csv.with_suffix(".jsonl").read_text().splitlines()]
+    knobs = ("spec_type", "temperature", "threads")
+    assert sum(all(r[k] == rows[0][k] for k in knobs) for r in rows) == 3  # the baseline's three launches
+
+
 def test_record_grid_refuses_a_range(synthetic_models, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     assert main(["record-grid", str(grid_study(tmp_path, threads="{low: 1, high: 2}"))]) == 2

@@ -22,7 +22,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
-from tuner.bench.grid_recorder import GridRecorder, Launch, config_key
+from tuner.bench.grid_recorder import GridRecorder, Launch, config_key, rebased
 from tuner.bench.table import RESULT_COLUMNS
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, TrialConfig
@@ -109,5 +109,5 @@ def record_grid(
     )
     with hostlock.measuring(spec.name, progress=progress):  # one measurement per host
         rows = recorder.record(launches)
-    write_table(rows, csv)
+    write_table(rebased(rows, recorder.reference), csv)
     return csv

@@ -7,6 +7,7 @@ and how its rows are measured, resumed and marked change for different reasons.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +25,11 @@ from tuner.measurement.server_process import LlamaServer
 from tuner.prepare import StudyContext
 from tuner.progress import Progress
 from tuner.search.space import baseline_config
+
+BASELINE_LAUNCHES = 3  # a long sweep's baseline: its first launch, one midway and one at its end
+CHECKED_SWEEP = (
+    10  # launches from which a sweep launches its baseline again (a short one ends before it drifts)
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,30 @@ def recorded_rows(jsonl: Path) -> list[dict]:
 def latest_rows(rows: list[dict]) -> dict[str, dict]:
     """The last row of each configuration, by ``config_key``: what the recording's table holds."""
     return {config_key({k: row[k] for k in KNOBS if row.get(k) is not None}): row for row in rows}
+
+
+def quiet_readings(reference: dict | None) -> list[float]:
+    """The baseline's rates from its launches that no other process kept busy (a reference recorded before
+    readings were kept: its one rate)."""
+    if not reference:
+        return []
+    readings = reference.get("readings") or [{"tokens_per_second": reference["tokens_per_second"]}]
+    return [float(r["tokens_per_second"]) for r in readings if not r.get("host_busy")]
+
+
+def reference_rate(readings: list[dict]) -> float:
+    """What every speedup divides by: the median of the baseline's quiet launches (of all, if none was quiet)."""
+    quiet = [r["tokens_per_second"] for r in readings if not r.get("host_busy")]
+    return float(statistics.median(quiet or [r["tokens_per_second"] for r in readings]))
+
+
+def rebased(rows: list[dict], reference: dict | None) -> list[dict]:
+    """The rows with every speedup over the reference's rate as it stands now: a row measured before a later
+    baseline launch divided by the rate known then."""
+    if not reference:
+        return rows
+    rate = float(reference["tokens_per_second"])
+    return [{**r, "speedup": r["tokens_per_second"] / rate} if r.get("status") == "ok" else r for r in rows]
 
 
 class GridRecorder:
@@ -100,20 +130,38 @@ class GridRecorder:
 
     def record(self, launches: list[Launch]) -> list[dict]:
         total = sum(len(launch.configs) for launch in launches)
+        checks = {len(launches) // 2: 2, len(launches) - 1: BASELINE_LAUNCHES}
         for number, launch in enumerate(launches):
-            pending = [c for c in launch.configs if config_key(c) not in self.done]
-            if launch.refused:
-                for config in pending:
-                    self._write(self._failed(config, launch.refused))
-                continue
-            relaunched = False
-            while pending:
-                pending, busy = self._launch(number, launch, pending, total)
-                if (
-                    busy and not relaunched
-                ):  # as a trial is: launched once more; a second busy launch is kept, marked
-                    relaunched, pending = True, busy + pending
+            self._record_launch(number, launch, total)
+            if len(launches) >= CHECKED_SWEEP and number in checks:
+                self._baseline_again(launches[0], number, total, checks[number])
         return list(self.done.values())
+
+    def _record_launch(self, number: int, launch: Launch, total: int) -> None:
+        pending = [c for c in launch.configs if config_key(c) not in self.done]
+        if launch.refused:
+            for config in pending:
+                self._write(self._failed(config, launch.refused))
+            return
+        relaunched = False
+        while pending:
+            pending, busy = self._launch(number, launch, pending, total)
+            if (
+                busy and not relaunched
+            ):  # as a trial is: launched once more; a second busy launch is kept, marked
+                relaunched, pending = True, busy + pending
+
+    def _baseline_again(self, first: Launch, number: int, total: int, wanted: int) -> None:
+        """The baseline launched again until it has ``wanted`` quiet launches (one more launch per one missing).
+        Why: every speedup divides by its rate, and one launch of it can read a quarter low with nothing in the
+        host's counters to show it (the scale target's first launch: 25 tokens/s where later ones read 32)."""
+        base = baseline_config(self.ctx.space)
+        for _ in range(wanted - len(quiet_readings(self.reference))):
+            self.progress(
+                f"launch {number}: the baseline launched again ({len(quiet_readings(self.reference))} quiet "
+                "launch(es) so far): the speedups divide by the median of its launches"
+            )
+            self._launch(number, Launch(first.argv, (base,)), [base], total)
 
     def _launch(
         self, number: int, launch: Launch, pending: list[TrialConfig], total: int
@@ -160,6 +208,8 @@ class GridRecorder:
         self.progress(f"launch {number}: {busy_text(launched.busy)} during it: its rows are marked host_busy")
         for config in measured:
             self._write({**self.done[config_key(config)], "host_busy": True})
+        if baseline_config(self.ctx.space) in measured:
+            self._baseline_busy()
         return launched.then, measured
 
     def _measure(self, server: LlamaServer, config: TrialConfig) -> dict[str, Any]:
@@ -181,12 +231,21 @@ class GridRecorder:
             raise UserError(
                 "record-grid: the baseline must be measured first; delete the table and record again"
             )
-        if baseline:  # the first time, or again after a busy launch: every speedup divides by its latest rate
-            self.reference = {
-                "tokens": {pid: list(s.tokens) for pid, s in outputs.items()},
-                "tokens_per_second": scores.tokens_per_second,
-            }
-            self.reference_path.write_text(json.dumps(self.reference) + "\n")
+        if (
+            baseline
+        ):  # every launch of it is a reading; the speedups divide by their median (``reference_rate``)
+            previous = self.reference or {}
+            kept = previous.get("readings") or (
+                [{"tokens_per_second": previous["tokens_per_second"]}] if previous else []
+            )
+            readings = [*kept, {"tokens_per_second": scores.tokens_per_second, "host_busy": False}]
+            self._write_reference(
+                {
+                    "tokens": {pid: list(s.tokens) for pid, s in outputs.items()},
+                    "readings": readings,
+                    "tokens_per_second": reference_rate(readings),
+                }
+            )
         assert self.reference is not None  # the baseline was measured first, checked above
         quality = output_quality(ctx.spec.quality.scorer, outputs, ctx.workload, self.reference["tokens"])
         floor = ctx.spec.quality.floor
@@ -207,6 +266,18 @@ class GridRecorder:
             "measure_s": measure_s,
             **self.provenance,
         }
+
+    def _baseline_busy(self) -> None:
+        """The baseline's last launch kept busy by other processes: its reading is kept, marked, and left out."""
+        assert self.reference is not None
+        readings = [*self.reference["readings"][:-1], {**self.reference["readings"][-1], "host_busy": True}]
+        self._write_reference(
+            {**self.reference, "readings": readings, "tokens_per_second": reference_rate(readings)}
+        )
+
+    def _write_reference(self, reference: dict) -> None:
+        self.reference = reference
+        self.reference_path.write_text(json.dumps(reference) + "\n")
 
     def _failed(self, config: TrialConfig, failure: TrialFailure) -> dict[str, Any]:
         if self.reference is None:
@@ -233,6 +304,7 @@ class GridRecorder:
 def _describe(row: dict) -> str:
     knobs = " ".join(f"{k}={row[k]}" for k in KNOBS if row.get(k) is not None)
     return (
-        f"{row['tokens_per_second']:.1f} t/s (cv {row['cv']:.0%}), acceptance {row['acceptance']:.2f}, "
+        f"{row['tokens_per_second']:.1f} t/s (cv {'n/a: one pass' if row['cv'] is None else format(row['cv'], '.0%')}), "
+        f"acceptance {row['acceptance']:.2f}, "
         f"quality {row['quality']:.3f} | {knobs}"
     )
