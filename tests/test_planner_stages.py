@@ -316,6 +316,15 @@ def replay_hardware(curve, saturation=None, node_curve=None, policy=None) -> lis
     return trials[2:]
 
 
+def test_the_copy_probes_rung_is_measured_on_a_policy_still_to_probe():
+    """The rung that says where the policies are compared (the probe's point or all cores) is measured on the
+    first policy other than the baseline's, at both, so that policy is probed by it: none at 32 is never asked."""
+    trials = replay_hardware(peaked, saturation=32)
+    first = [(r.params["numa"], r.params["threads"]) for r in trials[:3]]
+    assert first[:2] == [("interleave", 32), ("interleave", 96)] and first[2][0] == "bind", first
+    assert ("none", 32) not in {(r.params["numa"], r.params["threads"]) for r in trials}
+
+
 def test_the_thread_ladder_is_coarse_and_seeded_by_the_bandwidth_probe():
     values = list(range(1, 97))
     assert hardware.thread_ladder(values, 96) == [96, 72, 48, 24]

@@ -294,12 +294,12 @@ RECHECK = "with the final configuration"  # refinement's check of the final conf
 
 def beyond_ladder(reason: str) -> bool:
     """A trial of the thread walk past its ladder: a bracket or the SMT probe (``tuner.search.stages.hardware``;
-    the ladder and the bandwidth probe's rung are not, and refinement's check of the final configuration's
+    the ladder and the copy probe's rungs are not, and refinement's check of the final configuration's
     neighbours is counted apart: ``rechecks``)."""
     return (
         reason.startswith("threads ")
         and RECHECK not in reason
-        and not any(rung in reason for rung in ("the ladder", "memory bandwidth is near its peak"))
+        and not any(rung in reason for rung in ("the ladder", "copy probe"))
     )
 
 

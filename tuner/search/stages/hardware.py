@@ -8,7 +8,9 @@ that will be used. In order:
 1. the pair an earlier study found best on this host (``tuner.search.prior``; when it leads, the policy
    probes are skipped);
 2. each NUMA policy at the baseline's threads (all physical cores), bind at one node's cores: a policy
-   scales decode by up to a third, more than most thread counts do;
+   scales decode by up to a third, more than most thread counts do; with the host's copy probe, the first
+   policy to probe is measured at its point and at all cores (``saturation_rung``) and the others at the
+   better of the two;
 3. the other nodes, when bind is best;
 4. on the best policy, a coarse ladder of thread counts (``thread_ladder``: 3/4, 1/2 and 1/4 of the cores, and
    where the memory bandwidth saturates by the host's copy probe, ``tuner.machine.bandwidth``), nearest the
@@ -234,26 +236,39 @@ def prior_pair(state: SearchState, incumbent: PastTrial) -> Proposal | None:
 
 
 def saturation_rung(state: SearchState, incumbent: PastTrial, family: list[PastTrial]) -> Proposal | None:
-    """The incumbent on the baseline's policy where the host's memory bandwidth saturates (its copy probe):
-    decode of a memory-bound model stops gaining there, so the policies are compared at the better of it and
-    all cores. None without a probe or once the prior's policy leads."""
-    values, start = state.knobs.values("threads"), state.start().hardware
+    """The incumbent where the host's memory bandwidth saturates (its copy probe), then at all cores, on the first
+    policy to probe (``rung_policy``): decode of a memory-bound model stops gaining there, so the other policies
+    are compared at the better of the two. None without a probe or once the prior's policy leads."""
+    values, cores = state.knobs.values("threads"), state.start().hardware.get("threads")
     if not state.saturation or not values or _prior_leads(state, family):
         return None
-    at = nearest(values, state.saturation)
-    hardware = {**start, "threads": at}
-    if at in thread_points(family, hardware):
-        return None
+    hardware = rung_policy(state)
+    measured = thread_points(family, hardware)
     return state.first_new(
-        [
+        (
+            {**_rest(incumbent), **hardware_params({**hardware, "threads": at})},
+            "hardware",
+            f"threads {at}: {why} with NUMA {hardware.get('numa')}, {describe_speculation(incumbent.params)}",
+        )
+        for at, why in (
             (
-                {**_rest(incumbent), **hardware_params(hardware)},
-                "hardware",
-                f"threads {at}: the host's memory bandwidth is near its peak from there (copy probe), with "
-                f"NUMA {start.get('numa')}, {describe_speculation(incumbent.params)}",
-            )
-        ]
+                nearest(values, state.saturation),
+                "the host's memory bandwidth is near its peak from there (copy probe),",
+            ),
+            (cores, "all cores, against the copy probe's point,"),
+        )
+        if at is not None and at not in measured
     )
+
+
+def rung_policy(state: SearchState) -> dict:
+    """The baseline's hardware on the first policy other than its own that spans every node (not bind): the rung
+    is measured on a policy still to probe, which may win, rather than on the baseline's, known at all cores
+    already (measured there, the rung put every other policy one trial later); the baseline's own where the
+    space has no other."""
+    start = state.start().hardware
+    other = next((p for p in state.knobs.values("numa") if p not in (start.get("numa"), "bind")), None)
+    return {**start, "numa": other} if other is not None else start
 
 
 def _prior_leads(state: SearchState, family: list[PastTrial]) -> bool:
@@ -262,16 +277,16 @@ def _prior_leads(state: SearchState, family: list[PastTrial]) -> bool:
 
 
 def policy_probes(state: SearchState, incumbent: PastTrial, family: list[PastTrial]) -> Proposal | None:
-    """Each NUMA policy not measured with the incumbent, at the best thread count measured on the baseline's
-    policy (the tie rule's pick); bind on the first node, at that count's share of one node's cores. None once
-    the prior's policy leads (it carries over; threads are walked after)."""
+    """Each NUMA policy not measured with the incumbent, at the best thread count measured on the rung's policy
+    (the tie rule's pick; without a rung, on the baseline's); bind on the first node, at that count's share of one
+    node's cores. None once the prior's policy leads (it carries over; threads are walked after)."""
     if _prior_leads(state, family):
         return None
     policies = {r.params.get("numa") for r in family}
     nodes, values = state.knobs.values("numa_node"), state.knobs.values("threads")
     start = state.start().hardware
     cores = start.get("threads")
-    measured = thread_points(family, start)
+    measured = thread_points(family, rung_policy(state)) or thread_points(family, start)
     threads = tie_pick(measured, state.tie) if measured else cores
     candidates = []
     for policy in state.knobs.values("numa"):
