@@ -34,6 +34,7 @@ from tuner.bench.grid_recorder import latest_rows, quiet_readings, rebased, reco
 from tuner.bench.table import markdown_table, read_table
 from tuner.decisions.race.results import RaceResult
 from tuner.errors import UserError
+from tuner.figures import percent_up
 from tuner.knobs.registry import LOOKUP_TYPES
 from tuner.progress import Progress
 from tuner.search.speedup_model import Point, fit
@@ -321,7 +322,11 @@ def _race_lines(race: dict | None) -> list[str]:
     stated = (
         "no bound stated"
         if bound is None
-        else ("no other finalist faster" if bound <= 0 else f"no other finalist more than {bound:.1%} faster")
+        else (
+            "no other finalist faster"
+            if bound <= 0
+            else f"no other finalist more than {percent_up(bound)} faster"
+        )
     )
     if race["in_sweep"] is None:
         return [
