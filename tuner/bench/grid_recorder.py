@@ -26,10 +26,10 @@ from tuner.prepare import StudyContext
 from tuner.progress import Progress
 from tuner.search.space import baseline_config
 
-BASELINE_LAUNCHES = 3  # a long sweep's baseline: its first launch, one midway and one at its end
-CHECKED_SWEEP = (
-    10  # launches from which a sweep launches its baseline again (a short one ends before it drifts)
-)
+# A long sweep's baseline: its first launch, one midway and one at its end. A sweep of fewer than
+# CHECKED_SWEEP launches keeps its one launch (a short one ends before the host drifts).
+BASELINE_LAUNCHES = 3
+CHECKED_SWEEP = 10
 
 
 @dataclass(frozen=True)
@@ -56,13 +56,17 @@ def latest_rows(rows: list[dict]) -> dict[str, dict]:
     return {config_key({k: row[k] for k in KNOBS if row.get(k) is not None}): row for row in rows}
 
 
-def quiet_readings(reference: dict | None) -> list[float]:
-    """The baseline's rates from its launches that no other process kept busy (a reference recorded before
-    readings were kept: its one rate)."""
+def readings_of(reference: dict | None) -> list[dict]:
+    """The baseline's launches as the reference keeps them (one recorded before readings were kept: its one
+    rate)."""
     if not reference:
         return []
-    readings = reference.get("readings") or [{"tokens_per_second": reference["tokens_per_second"]}]
-    return [float(r["tokens_per_second"]) for r in readings if not r.get("host_busy")]
+    return reference.get("readings") or [{"tokens_per_second": reference["tokens_per_second"]}]
+
+
+def quiet_readings(reference: dict | None) -> list[float]:
+    """The baseline's rates from its launches that no other process kept busy."""
+    return [float(r["tokens_per_second"]) for r in readings_of(reference) if not r.get("host_busy")]
 
 
 def reference_rate(readings: list[dict]) -> float:
@@ -146,9 +150,8 @@ class GridRecorder:
         relaunched = False
         while pending:
             pending, busy = self._launch(number, launch, pending, total)
-            if (
-                busy and not relaunched
-            ):  # as a trial is: launched once more; a second busy launch is kept, marked
+            if busy and not relaunched:
+                # as a trial is: launched once more; a second busy launch is kept, marked
                 relaunched, pending = True, busy + pending
 
     def _baseline_again(self, first: Launch, number: int, total: int, wanted: int) -> None:
@@ -231,14 +234,12 @@ class GridRecorder:
             raise UserError(
                 "record-grid: the baseline must be measured first; delete the table and record again"
             )
-        if (
-            baseline
-        ):  # every launch of it is a reading; the speedups divide by their median (``reference_rate``)
-            previous = self.reference or {}
-            kept = previous.get("readings") or (
-                [{"tokens_per_second": previous["tokens_per_second"]}] if previous else []
-            )
-            readings = [*kept, {"tokens_per_second": scores.tokens_per_second, "host_busy": False}]
+        if baseline:
+            # every launch of it is a reading; the speedups divide by their median (``reference_rate``)
+            readings = [
+                *readings_of(self.reference),
+                {"tokens_per_second": scores.tokens_per_second, "host_busy": False},
+            ]
             self._write_reference(
                 {
                     "tokens": {pid: list(s.tokens) for pid, s in outputs.items()},
