@@ -37,7 +37,7 @@ from tuner.errors import UserError
 from tuner.figures import percent_up
 from tuner.knobs.registry import LOOKUP_TYPES
 from tuner.progress import Progress
-from tuner.search.speedup_model import Point, fit
+from tuner.search.speedup_model import Point, drafting_share, fit
 from tuner.search.stages.best_k import LEADER_STEPS
 from tuner.search.stages.configs import K_PROBE
 from tuner.storage import store
@@ -94,20 +94,17 @@ def decode_steps(frame: pd.DataFrame, reference: dict | None = None) -> pd.Serie
     return frame["repetitions"] * (generated - len(outputs)) - frame["accepted"]
 
 
-def _share(row: Any) -> float | None:
-    """A sweep row's share of decode steps that verified a draft of K (``state.drafting_share``)."""
-    steps, drafted = getattr(row, "steps", None), getattr(row, "drafted", None)
-    if steps is None or drafted is None or not steps > 0 or not drafted > 0:
-        return None
-    return min(float(drafted) / (int(row.draft_max) * float(steps)), 1.0)
-
-
 def predicted_best_k(rows: pd.DataFrame, ks: list[int]) -> int | None:
     """The structured search's predicted best K from this family's sweep rows: the probe at K=8 fitted,
     its predicted best K measured and fitted again, ``LEADER_STEPS`` points in all (None: no probe). With a
     ``steps`` column (``decode_steps``) each point knows its share of steps that drafted, as a study's do."""
     by_k = {
-        int(r.draft_max): Point(int(r.draft_max), float(r.acceptance), float(r.speedup), _share(r))
+        int(r.draft_max): Point(
+            int(r.draft_max),
+            float(r.acceptance),
+            float(r.speedup),
+            drafting_share(getattr(r, "drafted", None), getattr(r, "steps", None), int(r.draft_max)),
+        )
         for r in rows.itertuples()
     }
     if K_PROBE not in by_k:

@@ -79,6 +79,14 @@ def acceptance_probability(rate: float, k: int) -> float:
     return (lo + hi) / 2
 
 
+def drafting_share(drafted: float | None, steps: float | None, k: int) -> float | None:
+    """The share ``q`` of the target's decode steps that verified a draft of K: drafted / (K x steps), at most 1.
+    None where the counts are unknown (None or NaN) or nothing drafted."""
+    if drafted is None or steps is None or not drafted > 0 or not steps > 0 or k <= 0:
+        return None
+    return min(float(drafted) / (k * float(steps)), 1.0)
+
+
 def speedup(a: float, c: float, k: int, overhead: float = 0.0, share: float = 1.0) -> float:
     """Tokens/s with speculation over tokens/s of the target alone, same hardware: a share ``share`` of the
     target's steps verify a round of K drafts (costing ``overhead + c K`` more than a step), the rest decode

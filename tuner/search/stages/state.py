@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from tuner.decisions.evidence import THREAD_TIE
 from tuner.search.history import PERMANENT_REASONS, PastTrial
 from tuner.search.space import suggest
-from tuner.search.speedup_model import DraftFit, Point, fit
+from tuner.search.speedup_model import DraftFit, Point, drafting_share, fit
 from tuner.search.stages.configs import (
     K_PROBE,
     SIZE_KNOBS,
@@ -208,7 +208,7 @@ class SearchState:
                     k,
                     trial.acceptance,
                     trial.measured_value / base if base else None,
-                    drafting_share(trial, k),
+                    drafting_share(trial.drafted, trial.steps, k),
                 )
             )
         return fit(points)
@@ -266,14 +266,6 @@ class SearchState:
             if step not in by_value:
                 return step
         return None
-
-
-def drafting_share(trial: PastTrial, k: int) -> float | None:
-    """The share of the target's steps that verified a draft of K (drafted / (K x steps)): an n-gram lookup
-    drafts only where its key occurred before; None where the trial's counts are not known."""
-    if not trial.drafted or not trial.steps or k <= 0:
-        return None
-    return min(trial.drafted / (k * trial.steps), 1.0)
 
 
 def _tie(baseline: PastTrial | None, trials: list[PastTrial]) -> float:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 
 from tuner.search.history import PastTrial
-from tuner.search.speedup_model import DraftFit, Point
+from tuner.search.speedup_model import DraftFit, Point, drafting_share
 from tuner.search.stages.configs import is_stacked, option_of
-from tuner.search.stages.state import Proposal, SearchState, drafting_share
+from tuner.search.stages.state import Proposal, SearchState
 
 
 def propose(state: SearchState) -> Proposal | None:
@@ -76,7 +76,9 @@ def best_k_per_temperature(state: SearchState, incumbent: PastTrial) -> Proposal
     for trial in sorted(measured, key=lambda r: -r.measured_value):
         assert trial.acceptance is not None, "measured keeps only trials with an acceptance"
         k_measured = trial.params["draft_max"]
-        point = Point(k_measured, trial.acceptance, None, drafting_share(trial, k_measured))
+        point = Point(
+            k_measured, trial.acceptance, None, drafting_share(trial.drafted, trial.steps, k_measured)
+        )
         model = DraftFit((point,), at_start.c, at_start.overhead)
         best_k = model.best_k(state.k_values)
         gain = model.predict(best_k) / model.predict(k_measured)
