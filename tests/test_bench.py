@@ -402,7 +402,13 @@ def test_grid_enumerates_the_space_as_a_study_asks_it():
 # ------------------------------------------------------------------ record-grid on the real build
 
 
-def grid_study(tmp_path: Path, threads: str = "[1]") -> Path:
+def grid_study(
+    tmp_path: Path,
+    threads: str = "[1]",
+    spec_types: str = "[none]",
+    n_predict: int = 8,
+    suite: str = "one.yaml",
+) -> Path:
     from tuner.paths import models_dir
 
     (tmp_path / "one.yaml").write_text('prompts:\n  - id: add\n    text: "def add(a, b):\\n    return"\n')
@@ -411,8 +417,8 @@ def grid_study(tmp_path: Path, threads: str = "[1]") -> Path:
 name: grid-test
 target: {models_dir() / "synthetic" / "target.gguf"}
 search_space:
-  overrides: {{spec_type: [none], temperature: [0.0, 0.7], threads: {threads}}}
-workload: {{suites: [one.yaml], n_predict: 8}}
+  overrides: {{spec_type: {spec_types}, temperature: [0.0, 0.7], threads: {threads}}}
+workload: {{suites: [{suite}], n_predict: {n_predict}}}
 measurement: {{repetitions: 2, ctx_size: 256, trial_timeout_s: 60}}
 """)
     return study
@@ -454,6 +460,37 @@ def test_record_grid_shares_one_server_across_temperatures_and_resumes(
     assert main(["record-grid", str(study), "--out", str(csv)]) == 0
     assert "0 to measure" in capsys.readouterr().out
     assert csv.with_suffix(".jsonl").read_text() == rows  # resumed: nothing measured twice
+
+
+def test_record_grid_gives_a_lookup_that_remembers_a_server_of_its_own_and_a_launch_per_pass(
+    synthetic_models, tmp_path, monkeypatch, capsys
+):
+    """ngram-mod remembers what a server served: it shares no server across temperatures, and each of its two
+    passes is a launch of its own (``grid-N.log``, ``grid-N-pass2.log``); the baseline's temperatures share one."""
+    import tuner.measurement.measured_launch as launches
+
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    monkeypatch.setattr(launches, "busy_processes", lambda *args, **kwargs: {})
+    study = grid_study(tmp_path, spec_types="[none, ngram-mod], ngram_key: 3", n_predict=48, suite="prose")
+    csv = tmp_path / "grid.csv"
+    assert main(["record-grid", str(study), "--out", str(csv)]) == 0
+    frame = pd.read_csv(csv)
+    assert list(zip(frame["spec_type"], frame["temperature"])) == [
+        ("none", 0.0),
+        ("none", 0.7),
+        ("ngram-mod", 0.0),
+        ("ngram-mod", 0.7),
+    ]
+    assert (frame["status"] == "ok").all() and frame["launch_s"].nunique() == 3
+    logs = sorted(p.name for p in (tmp_path / "storage" / "logs" / "grid-test").iterdir())
+    assert logs == ["grid-0.log", "grid-1-pass2.log", "grid-1.log", "grid-2-pass2.log", "grid-2.log"]
+    # a recording from before the rule (its lookup rows without launch_per_pass): those rows are measured again
+    jsonl = csv.with_suffix(".jsonl")
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    jsonl.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "launch_per_pass"}) + "\n" for r in rows))
+    capsys.readouterr()
+    assert main(["record-grid", str(study), "--out", str(csv)]) == 0
+    assert "2 to measure" in capsys.readouterr().out
 
 
 def test_record_grid_launches_a_long_sweeps_baseline_midway_and_at_its_end_and_divides_by_their_median(

@@ -102,17 +102,15 @@ def test_run_workload_on_a_real_server(synthetic_models, tmp_path):
         "1",
         "--no-webui",
     ]
-    progress, hooked = [], []
+    hooked = []
     with LlamaServer(argv, free_port(), tmp_path / "server.log", ready_timeout_s=60) as server:
         samples = run_workload(
             server,
             workload,
             settings,
             temperature=0.0,
-            progress=lambda done, total: progress.append((done, total)),
             after_request=lambda so_far, *flags: hooked.append((len(so_far), *flags)),
         )
-    assert progress == [(1, 4), (2, 4), (3, 4), (4, 4)]
     # the pruner's hook after every request: a pass's end marked, and whether another request follows
     assert hooked == [(1, False, True), (2, True, True), (3, False, True), (4, True, False)]
     assert [(s.prompt_id, s.repetition) for s in samples] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
@@ -203,3 +201,51 @@ def test_per_source_counts_are_differences_of_the_servers_running_totals():
     assert measured.sources == (("ngram-simple", 10, 8), ("draft-simple", 8, 4))
     assert per_source([measured, measured]) == {"ngram-simple": (20, 16), "draft-simple": (16, 8)}
     assert with_sources([sample, sample, sample], blocks) == [sample] * 3  # totals missing: left unrecorded
+
+
+def test_a_lookup_that_remembers_is_measured_a_launch_per_pass(synthetic_models, tmp_path):
+    """ngram-mod keeps its table across a server's requests: in one server the second pass drafts answers from the
+    first's, and the first prompt's from the warm-up. So each pass gets a launch of its own, warmed up on text no
+    pass measures: the two passes then draft and accept exactly alike."""
+    from tuner.measurement.measure import unseen
+    from tuner.measurement.measured_launch import Requests, ServerLaunch, measured_launch
+    from tuner.measurement.workload import load_workload
+
+    workload = Workload(prompts=load_workload(["prose"], tmp_path).prompts[:3])
+    settings = MeasurementSettings(warmup=1, repetitions=2, n_predict=48, ctx_size=1024)
+    argv = [str(binary("llama-server")), "-m", str(synthetic_models.path("target")), "-t", "2", "-c", "1024"]
+    argv += ["-np", "1", "--no-webui", "--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "3"]
+    argv += ["--spec-ngram-mod-n-max", "8", "--spec-ngram-mod-n-min", "1"]
+    ids = [p.id for p in workload.prompts]
+
+    def measured(remembers: bool, name: str):
+        hooked = []
+        launched = measured_launch(
+            ServerLaunch(argv, tmp_path / f"{name}.log", timeout_s=120),
+            requests=Requests(
+                workload,
+                settings,
+                0.0,
+                remembers=remembers,
+                after_request=lambda so_far, done, more: hooked.append((len(so_far), done, more)),
+            ),
+        )
+        accepted = {(s.prompt_id, s.repetition): s.draft_n_accepted for s in launched.samples}
+        return launched, accepted, hooked
+
+    fresh, fresh_accepted, hooked = measured(True, "fresh")
+    assert [(s.prompt_id, s.repetition) for s in fresh.samples] == [(p, r) for r in (0, 1) for p in ids]
+    assert [(n, done) for n, done, _ in hooked] == [(n, n % 3 == 0) for n in range(1, 7)]
+    assert [more for *_, more in hooked] == [True] * 5 + [
+        False
+    ]  # after the first pass: another launch follows
+    assert (tmp_path / "fresh.log").exists() and (tmp_path / "fresh-pass2.log").exists()
+    for pid in ids:  # a fresh table each pass: the same drafts, the same answer
+        assert fresh_accepted[(pid, 0)] == fresh_accepted[(pid, 1)]
+    assert [s.tokens for s in fresh.samples[:3]] == [s.tokens for s in fresh.samples[3:]]
+    _, one_accepted, _ = measured(False, "one-server")
+    assert not (tmp_path / "one-server-pass2.log").exists()
+    # one server remembers: its second pass accepts more, and the first prompt (the warm-up's) already does
+    assert sum(one_accepted[(p, 1)] for p in ids) > sum(one_accepted[(p, 0)] for p in ids)
+    assert one_accepted[(ids[0], 0)] > fresh_accepted[(ids[0], 0)]
+    assert unseen(Prompt("x", "prose", "The keeper climbed")).text == "climbed keeper The"

@@ -60,17 +60,20 @@ def grid_configs(space: ResolvedSpace, where: str = "search_space") -> list[Tria
 
 def plan(ctx: StudyContext, configs: list[TrialConfig]) -> list[Launch]:
     """Group by launch in first-seen order; the baseline's launch first, the baseline first in it
-    (it is the quality reference, so it is a row even if the choices leave it out)."""
+    (it is the quality reference, so it is a row even if the choices leave it out). A configuration whose
+    speculation remembers requests shares its server with no other (``TrialConfig.remembers_requests``)."""
     base = baseline_config(ctx.space)
     ordered = [base] + [c for c in configs if c != base]
-    groups: dict[tuple[str, ...], list[TrialConfig]] = {}
+    groups: dict[tuple[tuple[str, ...], TrialConfig | None], list[TrialConfig]] = {}
     refused = []
     for config in ordered:
         try:
-            groups.setdefault(tuple(build_server_argv(config, ctx.launch)), []).append(config)
+            argv = tuple(build_server_argv(config, ctx.launch))
         except TrialFailure as failure:
             refused.append(Launch((), (config,), failure))
-    return [Launch(argv, tuple(cs)) for argv, cs in groups.items()] + refused
+            continue
+        groups.setdefault((argv, config if config.remembers_requests else None), []).append(config)
+    return [Launch(argv, tuple(cs)) for (argv, _), cs in groups.items()] + refused
 
 
 def table_frame(rows: list[dict]) -> pd.DataFrame:

@@ -18,8 +18,8 @@ from tuner.knobs.config import TrialConfig
 from tuner.knobs.registry import NAMES as KNOBS
 from tuner.machine.host import busy_text
 from tuner.measurement.failures import PERMANENT, FailureReason, TrialFailure
-from tuner.measurement.measure import outputs_by_prompt, run_workload, score_trial
-from tuner.measurement.measured_launch import ServerLaunch, measured_launch
+from tuner.measurement.measure import Sample, outputs_by_prompt, run_workload, score_trial
+from tuner.measurement.measured_launch import MeasuredLaunch, Requests, ServerLaunch, measured_launch
 from tuner.measurement.quality import output_quality
 from tuner.measurement.server_process import LlamaServer
 from tuner.prepare import StudyContext
@@ -54,6 +54,13 @@ def recorded_rows(jsonl: Path) -> list[dict]:
 def latest_rows(rows: list[dict]) -> dict[str, dict]:
     """The last row of each configuration, by ``config_key``: what the recording's table holds."""
     return {config_key({k: row[k] for k in KNOBS if row.get(k) is not None}): row for row in rows}
+
+
+def _stale_lookup(row: dict) -> bool:
+    """A row of a lookup that remembers requests, measured with its passes in one server (a recording from before
+    ``launch_per_pass``): its later passes drafted from the first's answers."""
+    config = TrialConfig(**{k: row[k] for k in KNOBS if row.get(k) is not None})
+    return config.remembers_requests and not row.get("launch_per_pass")
 
 
 def readings_of(reference: dict | None) -> list[dict]:
@@ -112,8 +119,9 @@ class GridRecorder:
 
     def _resume(self) -> dict[str, dict]:
         """Rows already recorded (the last per configuration), except failures that may not recur (a crash, a
-        timeout) and rows measured beside other busy processes: those are measured again. Refused if measured on
-        another build, space or settings."""
+        timeout), rows measured beside other busy processes, and a remembering lookup's rows measured in one server
+        (before ``launch_per_pass``): those are measured again. Refused if measured on another build, space or
+        settings."""
         if not self.jsonl.is_file():
             return {}
         rows = recorded_rows(self.jsonl)
@@ -128,7 +136,7 @@ class GridRecorder:
         return {
             key: row
             for key, row in latest.items()
-            if (row["status"] == "ok" and not row.get("host_busy"))
+            if (row["status"] == "ok" and not row.get("host_busy") and not _stale_lookup(row))
             or (row["status"] != "ok" and FailureReason(row["status"]) in PERMANENT)
         }
 
@@ -171,6 +179,8 @@ class GridRecorder:
     ) -> tuple[list[TrialConfig], list[TrialConfig]]:
         """One server for the pending configurations; returns those left after a failure, and those measured
         while other processes kept the host busy (their rows marked ``host_busy``: measured again on resume)."""
+        if pending[0].remembers_requests:  # alone in its launch (``grid.plan``)
+            return [], self._launch_per_pass(number, launch, pending[0], total)
         started = time.monotonic()
         measured: list[TrialConfig] = []
 
@@ -206,27 +216,63 @@ class GridRecorder:
                 self._write(self._failed(config, failure))
             return [], []
         assert launched.then is not None  # measure_pending always answers
+        return launched.then, self._marked_busy(number, launched, measured)
+
+    def _launch_per_pass(
+        self, number: int, launch: Launch, config: TrialConfig, total: int
+    ) -> list[TrialConfig]:
+        """A configuration whose speculation remembers requests: each pass a launch (``measured_launch``)."""
+        ctx = self.ctx
+        try:
+            launched: MeasuredLaunch[None] = measured_launch(
+                ServerLaunch(
+                    launch.argv,
+                    ctx.log_dir / f"grid-{number}.log",
+                    timeout_s=ctx.spec.measurement.trial_timeout_s,
+                ),
+                requests=Requests(ctx.workload, ctx.settings, config.temperature, remembers=True),
+            )
+            row = self._row(
+                config, launched.samples, launched.measure_s, launched.spec_problem, launched.log_tail
+            )
+        except TrialFailure as failure:
+            self._write(self._failed(config, failure))
+            return []
+        self._write({**row, "launch_s": launched.ready_s})
+        self.progress(f"[{len(self.done)}/{total}] {_describe(row)}")
+        return self._marked_busy(number, launched, [config])
+
+    def _marked_busy(
+        self, number: int, launched: MeasuredLaunch, measured: list[TrialConfig]
+    ) -> list[TrialConfig]:
+        """The configurations measured while other processes kept the host busy, their rows marked."""
         if not (launched.host_busy and measured):
-            return launched.then, []
+            return []
         self.progress(f"launch {number}: {busy_text(launched.busy)} during it: its rows are marked host_busy")
         for config in measured:
             self._write({**self.done[config_key(config)], "host_busy": True})
         if baseline_config(self.ctx.space) in measured:
             self._baseline_busy()
-        return launched.then, measured
+        return measured
 
     def _measure(self, server: LlamaServer, config: TrialConfig) -> dict[str, Any]:
-        ctx = self.ctx
         started = time.monotonic()
-        samples = run_workload(server, ctx.workload, ctx.settings, config.temperature)
+        samples = run_workload(server, self.ctx.workload, self.ctx.settings, config.temperature)
         measure_s = time.monotonic() - started
+        return self._row(config, samples, measure_s, server.speculation_log_problem(), server.log_tail())
+
+    def _row(
+        self,
+        config: TrialConfig,
+        samples: list[Sample],
+        measure_s: float,
+        spec_problem: str | None,
+        log_tail: str,
+    ) -> dict[str, Any]:
+        """A configuration's row from its samples (the baseline's also a reading of the reference)."""
+        ctx = self.ctx
         scores = score_trial(
-            samples,
-            ctx.settings,
-            config.speculative,
-            config.spec_type,
-            server.speculation_log_problem(),
-            server.log_tail(),
+            samples, ctx.settings, config.speculative, config.spec_type, spec_problem, log_tail
         )
         outputs = outputs_by_prompt(samples)
         baseline = config == baseline_config(ctx.space)
@@ -265,6 +311,7 @@ class GridRecorder:
             "generated": sum(s.predicted_n for s in samples),
             "requests": len(samples),
             "measure_s": measure_s,
+            "launch_per_pass": config.remembers_requests,
             **self.provenance,
         }
 

@@ -73,7 +73,7 @@ def timed_trial(
         ServerLaunch(
             build_server_argv(config, ctx.launch), log_path, timeout_s=ctx.spec.measurement.trial_timeout_s
         ),
-        requests=Requests(workload, settings, config.temperature),
+        requests=Requests(workload, settings, config.temperature, remembers=config.remembers_requests),
         then=lambda server: (
             server.complete(workload.prompts[0].text, 1, config.temperature, settings.seed).prompt_n
         ),

@@ -4,9 +4,9 @@ Why: a server launch lands its threads, pages and allocations somewhere, and the
 of the same configuration runs a few percent faster or slower. Requests within one launch
 are not independent samples of a configuration, so a re-measure round *launches* each
 contender, warms it up (discarded), measures one pass of the workload (or the part or the passes the
-race's launch size says: ``tuner.decisions.launch_size``) and stops it. Stateful
-speculation (ngram-cache remembers earlier requests) starts fresh in every round, and only
-the first pass of a launch counts. Rounds follow a Williams design (every contender equally
+race's launch size says: ``tuner.decisions.launch_size``) and stops it. Speculation that remembers
+earlier requests (ngram-mod, ngram-cache) starts fresh in every round, and each of its passes is a launch of
+its own (``tuner.measurement.measured_launch``). Rounds follow a Williams design (every contender equally
 often first, and right after each other one), and the models' cached pages are evicted when
 consecutive launches use different NUMA policies, as a study does between trials.
 
@@ -27,7 +27,7 @@ from typing import Protocol
 
 from tuner.decisions.launch_size import LaunchSize
 from tuner.errors import UserError
-from tuner.knobs.registry import DRAFT_MODEL_TYPES
+from tuner.knobs.registry import DRAFT_MODEL_TYPES, remembers_requests
 from tuner.machine.host import busy_text
 from tuner.machine.placement import evict
 from tuner.measurement.failures import TrialFailure
@@ -198,6 +198,7 @@ class Remeasure:
                 contender.temperature,
                 passes=users is None,
                 levels=(users,) if users is not None else (),
+                remembers=remembers_requests(contender.speculation.split(",")),
             ),
         )
         launch = self._measured(measured)

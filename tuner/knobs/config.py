@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
-from tuner.knobs.registry import LOOKUP_TYPES
+from tuner.knobs.registry import LOOKUP_TYPES, remembers_requests
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,11 @@ class TrialConfig:
         if self.stacked:
             return "stack"
         return "none" if not self.speculative else ("lookup" if self.spec_type in LOOKUP_TYPES else "draft")
+
+    @property
+    def remembers_requests(self) -> bool:
+        """Its speculation remembers earlier requests (``REMEMBERING_LOOKUP_TYPES``): each pass its own launch."""
+        return self.speculative and remembers_requests(self.spec_types)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}

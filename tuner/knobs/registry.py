@@ -22,6 +22,10 @@ SPEC_TYPES_WITH_K = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k
 # The n-gram types with a key length and draft length (ngram-cache has neither), and those with minimum hits.
 SIZED_LOOKUP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 HITS_LOOKUP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
+# Lookups whose table outlives a request: ngram-mod's hash is shared by every request of a server (reset only when a
+# quarter full), ngram-cache keeps its dynamic cache. A server that has served a prompt's answer drafts it from memory
+# the next time, so a measurement never lets them see a request twice (``tuner.measurement.measured_launch``).
+REMEMBERING_LOOKUP_TYPES = ("ngram-mod", "ngram-cache")
 NUMA_POLICIES = ("none", "interleave", "bind", "distribute", "isolate")
 # Serving knobs, which change how a batch of users' tokens is computed and cached: flash attention modes and
 # the KV cache types of the pinned build (-ctk/-ctv).
@@ -132,3 +136,8 @@ NAMES = tuple(k.name for k in KNOBS)
 INT_KNOBS = tuple(k.name for k in KNOBS if k.type is int)
 # Knobs a study file's search_space may set, with their types.
 KNOB_TYPES: dict[str, type] = {k.name: k.type for k in KNOBS if k.searched}
+
+
+def remembers_requests(spec_types: tuple[str, ...] | list[str]) -> bool:
+    """Whether speculation of these ``--spec-type`` entries remembers earlier requests' tokens."""
+    return any(t in REMEMBERING_LOOKUP_TYPES for t in spec_types)

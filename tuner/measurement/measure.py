@@ -94,9 +94,9 @@ def run_workload(
     workload: Workload,
     settings: MeasurementSettings,
     temperature: float,
-    progress: Callable[[int, int], None] | None = None,
     after_request: Callable[[list[Sample], bool, bool], None] | None = None,
     speculative: bool = False,
+    unseen_warmup: bool = False,
 ) -> list[Sample]:
     """Warm up, then passes over every prompt: ``repetitions`` of them, and more (up to
     ``max_repetitions``) while the per-pass rates spread more than ``noise_cv``.
@@ -108,37 +108,42 @@ def run_workload(
     turn by turn, each turn one request and one sample. ``after_request(samples so far, pass_done,
     more)`` runs after every request: ``pass_done`` when it ended a pass (a running rate to report),
     ``more`` when another request follows (a pruner acts only then: after the last one there is nothing
-    left to save). With ``speculative`` each sample carries what each speculative source drafted.
+    left to save). With ``speculative`` each sample carries what each speculative source drafted. With
+    ``unseen_warmup`` the warm-up serves text no pass measures (``unseen``): a lookup that remembers requests
+    would otherwise draft the first prompt's answer from memory.
     """
-    warm_requests = warm_up(server, workload, settings, temperature)
+    warm_requests = warm_up(server, workload, settings, temperature, unseen_warmup)
     cap = max(settings.repetitions, settings.max_repetitions or settings.repetitions)
     per_pass = workload.requests_per_pass
     samples: list[Sample] = []
     for repetition in range(cap):
-        if repetition and not _another_pass(samples, repetition, cap, settings):
+        if repetition and not another_pass(samples, repetition, cap, settings):
             break
         done_in_pass = 0
         for prompt in workload.prompts:
             for turn, completion in enumerate(_requests(server, prompt, settings, temperature), start=1):
                 samples.append(_sample(prompt, repetition, check_timing(completion, settings), turn))
                 done_in_pass += 1
-                if progress:
-                    progress(len(samples), cap * per_pass)
                 if after_request:
                     pass_done = done_in_pass == per_pass
                     after_request(
                         samples,
                         pass_done,
-                        not pass_done or _another_pass(samples, repetition + 1, cap, settings),
+                        not pass_done or another_pass(samples, repetition + 1, cap, settings),
                     )
     return with_sources(samples, server.source_totals(warm_requests + len(samples)) if speculative else [])
 
 
 def warm_up(
-    server: LlamaServer, workload: Workload, settings: MeasurementSettings, temperature: float
+    server: LlamaServer,
+    workload: Workload,
+    settings: MeasurementSettings,
+    temperature: float,
+    unseen_warmup: bool = False,
 ) -> int:
-    """``settings.warmup`` replays of ``warmup_entries``, discarded; the requests they took."""
-    warm = warmup_entries(workload)
+    """``settings.warmup`` replays of ``warmup_entries`` (each ``unseen`` with ``unseen_warmup``), discarded;
+    the requests they took."""
+    warm = [unseen(p) for p in warmup_entries(workload)] if unseen_warmup else warmup_entries(workload)
     for _ in range(settings.warmup):
         for entry in warm:
             for completion in _requests(server, entry, settings, temperature):
@@ -154,6 +159,22 @@ def warmup_entries(workload: Workload) -> list[Prompt]:
         if first is not None and first not in entries:
             entries.append(first)
     return entries
+
+
+def unseen(prompt: Prompt) -> Prompt:
+    """The entry with the words of every message in reverse order: as long, from the same vocabulary, and
+    touching the same weights, but neither it nor the answer it gets is one a pass measures."""
+
+    def reverse(text: str) -> str:
+        return " ".join(reversed(text.split()))
+
+    return replace(
+        prompt,
+        id=f"{prompt.id}~unseen",
+        text=reverse(prompt.text),
+        messages=tuple((role, reverse(content)) for role, content in prompt.messages),
+        turns=tuple(reverse(turn) for turn in prompt.turns),
+    )
 
 
 def _requests(server: LlamaServer, prompt: Prompt, settings: MeasurementSettings, temperature: float):
@@ -217,7 +238,7 @@ def per_source(samples: Iterable[Sample | dict]) -> dict[str, tuple[int, int]]:
     return totals
 
 
-def _another_pass(samples: list[Sample], passes_done: int, cap: int, settings: MeasurementSettings) -> bool:
+def another_pass(samples: list[Sample], passes_done: int, cap: int, settings: MeasurementSettings) -> bool:
     """Whether ``run_workload`` starts another pass after ``passes_done`` (the one rule its loop follows)."""
     return passes_done < cap and (passes_done < settings.repetitions or _too_noisy(samples, settings))
 

@@ -183,6 +183,7 @@ class TrialMeasurement:
                 levels=ctx.spec.load_levels,
                 speculative=config.speculative,
                 after_request=self._after_request(record, refs, hooks),
+                remembers=config.remembers_requests,
             ),
             on_running=hooks.on_running,
         )
