@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import statistics
 from pathlib import Path
 
 import optuna
@@ -276,6 +277,42 @@ def test_bench_scale_reads_summaries_stacks_and_the_races_deployment_against_eac
     assert "not run in this storage" in capsys.readouterr().out
 
 
+def test_the_sweeps_relaunched_leaders_rank_its_best_and_read_the_races_deployment(tmp_path):
+    """One launch each put the draft's K=4 first; its leaders launched again rank K=3 first: that is the sweep's
+    best, and the race's deployment (K=4) is read at its relaunched speedup."""
+    from tuner.bench.sweep_leaders import leaders, leaders_path
+
+    scale_sweep(tmp_path, "code", counted=True)
+    rows = [json.loads(line) for line in (tmp_path / "grid-scale-grid-code.jsonl").read_text().splitlines()]
+    chosen = leaders(rows, band=0.05, most=3)
+    top = max(r["speedup"] for r in rows if not r.get("host_busy") and r["spec_type"] != "none")
+    assert [r["speedup"] for r in chosen] == sorted((r["speedup"] for r in chosen), reverse=True)
+    assert len(chosen) == 3 and all(r["speedup"] >= 0.95 * top and not r.get("host_busy") for r in chosen)
+    assert leaders([{**r, "feasible": False} for r in rows]) == []
+
+    def relaunched(k: int, speedup: float) -> dict:
+        return {
+            "spec_type": "draft-simple",
+            "draft": "small",
+            "draft_max": k,
+            "speedup": speedup,
+            "low": speedup - 0.1,
+            "high": speedup + 0.1,
+        }
+
+    leaders_path(tmp_path / "grid-scale-grid-code.csv").write_text(
+        json.dumps({"rounds": 3, "leaders": [relaunched(4, 1.50), relaunched(3, 1.60)]})
+    )
+    draft_k4 = {"spec_type": "draft-simple", "draft": "small", "draft_max": 4, "lookup": "none"}
+    found = recorded_regime(tmp_path, seeds=1, race=scale_race(draft_k4, loss_bound=0.05))
+    best = found["suites"]["code"]["best"]
+    assert (best["family"], best["best_k"], best["best_speedup"]) == ("small", 3, 1.60)
+    race = found["suites"]["code"]["race"]
+    assert race["in_sweep"] == 1.50 and race["shortfall"] == pytest.approx(1 - 1.50 / 1.60)
+    assert race["within"] is False  # 6.25% below, more than the 5% it stated
+    assert "small K=3 x1.60 [1.50, 1.70], small K=4 x1.50" in scale_markdown(found)
+
+
 def test_bench_search_names_a_missing_parameter_column(tmp_path, capsys):
     table = landscape_table(tmp_path / "grid.csv")
     assert main(["bench-search", str(table), "--params", "spec_type,K"]) == 2
@@ -487,10 +524,43 @@ def test_record_grid_gives_a_lookup_that_remembers_a_server_of_its_own_and_a_lau
     # a recording from before the rule (its lookup rows without launch_per_pass): those rows are measured again
     jsonl = csv.with_suffix(".jsonl")
     rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
-    jsonl.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "launch_per_pass"}) + "\n" for r in rows))
+    jsonl.write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "launch_per_pass"}) + "\n" for r in rows)
+    )
     capsys.readouterr()
     assert main(["record-grid", str(study), "--out", str(csv)]) == 0
     assert "2 to measure" in capsys.readouterr().out
+
+
+def test_record_grid_launches_its_leaders_again_interleaved_with_the_baseline(
+    synthetic_models, tmp_path, monkeypatch
+):
+    """--leader-rounds 2: the feasible speculative rows within 10% of the best and the baseline launched once a
+    round; each leader's speedup is the median of its rates over the baseline's in the same round."""
+    import tuner.measurement.measured_launch as launches
+    from tuner.bench.sweep_leaders import read_leaders
+
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    monkeypatch.setattr(launches, "busy_processes", lambda *args, **kwargs: {})
+    study = grid_study(tmp_path, spec_types="[none, ngram-mod], ngram_key: 3", n_predict=48, suite="prose")
+    csv = tmp_path / "grid.csv"
+    assert main(["record-grid", str(study), "--out", str(csv), "--leader-rounds", "2"]) == 0
+    found = read_leaders(csv)
+    assert found is not None and found["rounds"] == 2 and len(found["baseline"]) == 2
+    frame = pd.read_csv(csv)
+    fast = frame[(frame["spec_type"] != "none") & frame["feasible"]]
+    assert [r["spec_type"] for r in found["leaders"]] == ["ngram-mod"] * len(fast) and len(fast) >= 1
+    for leader in found["leaders"]:
+        assert len(leader["rates"]) == 2
+        ratios = [r / b for r, b in zip(leader["rates"], found["baseline"])]
+        assert leader["ratios"] == pytest.approx(ratios) and leader["speedup"] == pytest.approx(
+            statistics.median(ratios)
+        )
+    logs = {p.name for p in (tmp_path / "storage" / "logs" / "grid-test").iterdir()}
+    assert len([n for n in logs if n.startswith("remeasure-")]) == 2 * (
+        1 + len(found["leaders"])
+    )  # a launch each
+    assert main(["record-grid", str(study), "--leader-rounds", "-1"]) == 2
 
 
 def test_record_grid_launches_a_long_sweeps_baseline_midway_and_at_its_end_and_divides_by_their_median(

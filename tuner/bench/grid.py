@@ -23,6 +23,7 @@ import optuna
 import pandas as pd
 
 from tuner.bench.grid_recorder import GridRecorder, Launch, config_key, rebased
+from tuner.bench.sweep_leaders import relaunch_leaders
 from tuner.bench.table import RESULT_COLUMNS
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, TrialConfig
@@ -96,9 +97,11 @@ def record_grid(
     *,
     progress: Progress,
     max_launches: int | None = None,
+    leader_rounds: int = 0,
 ) -> Path:
     """Record (or resume) the study's grid (a study file, or a spec already read); returns the CSV table.
-    ``max_launches``: only the first launches of the plan, the baseline's first (``tuner bench --quick``)."""
+    ``max_launches``: only the first launches of the plan, the baseline's first (``tuner bench --quick``);
+    ``leader_rounds``: then the leaders and the baseline launched again that many rounds (``bench/sweep_leaders``)."""
     spec = study if isinstance(study, StudySpec) else load_spec(study)
     ctx = prepare(spec)
     configs = grid_configs(ctx.space, f"{spec.path}: search_space")
@@ -111,6 +114,8 @@ def record_grid(
         f"{len(launches)} launch(es), {todo} to measure; rows in {recorder.jsonl}"
     )
     with hostlock.measuring(spec.name, progress=progress):  # one measurement per host
-        rows = recorder.record(launches)
-    write_table(rebased(rows, recorder.reference), csv)
+        rows = rebased(recorder.record(launches), recorder.reference)
+        write_table(rows, csv)
+        if leader_rounds:
+            relaunch_leaders(ctx, rows, csv, leader_rounds, progress)
     return csv

@@ -31,6 +31,7 @@ import pandas as pd
 from tuner.bench import replay
 from tuner.bench.grid import record_grid, table_frame
 from tuner.bench.grid_recorder import latest_rows, quiet_readings, rebased, recorded_rows
+from tuner.bench.sweep_leaders import LEADER_ROUNDS, leaders_path, read_leaders
 from tuner.bench.table import markdown_table, read_table
 from tuner.decisions.race.results import RaceResult
 from tuner.errors import UserError
@@ -138,10 +139,13 @@ def stored_race(storage: str | None = None) -> RaceResult | None:
     return None if data is None else RaceResult.from_json(data)
 
 
-def race_in_sweep(frame: pd.DataFrame, race: RaceResult, best: dict | None) -> dict[str, Any]:
+def race_in_sweep(
+    frame: pd.DataFrame, race: RaceResult, best: dict | None, relaunched: dict | None = None
+) -> dict[str, Any]:
     """The race's deployment looked up in one sweep (its family at its K, at the sweep's lookup sizes) against
     the sweep's best: how far below the best it measured (``shortfall``) and whether that lies within the loss
-    the race stated (no other finalist more than ``loss_bound`` faster)."""
+    the race stated (no other finalist more than ``loss_bound`` faster). A deployment among the sweep's
+    relaunched leaders (``relaunched``) is read at its relaunched speedup, as the best is."""
     config = race.winning.config
     family, k = family_of(config), config.get("draft_max")
     found: dict[str, Any] = {
@@ -155,6 +159,9 @@ def race_in_sweep(frame: pd.DataFrame, race: RaceResult, best: dict | None) -> d
     rows = families(frame).get(family or "")
     if rows is not None and (rows["draft_max"] == k).any():
         found["in_sweep"] = float(rows[rows["draft_max"] == k]["speedup"].iloc[0])
+    for leader in (relaunched or {}).get("leaders", []):
+        if family is not None and family_of(leader) == family and leader.get("draft_max") == k:
+            found["in_sweep"] = float(leader["speedup"])
     if found["in_sweep"] is not None and best is not None:
         found["shortfall"] = max(0.0, 1.0 - found["in_sweep"] / best["best_speedup"])
         if race.loss_bound is not None:
@@ -163,12 +170,16 @@ def race_in_sweep(frame: pd.DataFrame, race: RaceResult, best: dict | None) -> d
 
 
 def sweep_figures(
-    frame: pd.DataFrame, seeds: int, reference: dict | None = None, race: RaceResult | None = None
+    frame: pd.DataFrame,
+    seeds: int,
+    reference: dict | None = None,
+    race: RaceResult | None = None,
+    relaunched: dict | None = None,
 ) -> dict[str, Any]:
-    """One content type's sweep: per family its best K and the predicted one; the best overall; the search's
-    pick within the budget; the scale study's deployment in it (``race``, when the study was run). ``reference``:
-    the sweep's ``.reference.json``, for the decode steps of rows recorded without their own counts
-    (``decode_steps``)."""
+    """One content type's sweep: per family its best K and the predicted one; the best overall (from the
+    relaunched leaders when ``relaunched``: ``bench/sweep_leaders``); the search's pick within the budget; the
+    scale study's deployment in it (``race``, when the study was run). ``reference``: the sweep's
+    ``.reference.json``, for the decode steps of rows recorded without their own counts (``decode_steps``)."""
     if "draft_max" not in frame.columns:  # a sweep without speculation (a test's, or --quick's first launch)
         frame = frame.assign(draft_max=None)
     ks = sorted(int(k) for k in frame["draft_max"].dropna().unique())
@@ -194,6 +205,8 @@ def sweep_figures(
             }
         )
     leader = max(rows, key=lambda r: r["best_speedup"], default=None)
+    if relaunched and relaunched.get("leaders"):
+        leader = _relaunched_best(rows, relaunched, ks)
     search = _search_figures(frame, seeds) if len(frame) > 2 else None
     return {
         "baseline_tokens_per_second": float(reference["tokens_per_second"])
@@ -203,7 +216,36 @@ def sweep_figures(
         "families": rows,
         "best": leader,
         "search": search,
-        "race": None if race is None else race_in_sweep(frame, race, leader),
+        "race": None if race is None else race_in_sweep(frame, race, leader, relaunched),
+    }
+
+
+def _relaunched_best(rows: list[dict[str, Any]], relaunched: dict, ks: list[int]) -> dict[str, Any]:
+    """The sweep's best as its relaunched leaders rank it: the leader of the highest median speedup, with its
+    family's predicted K, and every leader's speedup and range (``relaunched``)."""
+    top = max(relaunched["leaders"], key=lambda r: r["speedup"])
+    family = family_of(top)
+    predicted = next((r["predicted_k"] for r in rows if r["family"] == family), None)
+    k = int(top["draft_max"])
+    return {
+        "family": family,
+        "best_k": k,
+        "best_speedup": float(top["speedup"]),
+        "best_acceptance": next((r["best_acceptance"] for r in rows if r["family"] == family), None),
+        "predicted_k": predicted,
+        "rungs_off": None if predicted is None else rung_distance(ks, predicted, k),
+        "relaunched": {
+            "rounds": relaunched["rounds"],
+            "leaders": [
+                {
+                    "leader": f"{family_of(r)} K={r.get('draft_max')}",
+                    "speedup": r["speedup"],
+                    "low": r["low"],
+                    "high": r["high"],
+                }
+                for r in sorted(relaunched["leaders"], key=lambda r: -r["speedup"])
+            ],
+        },
     }
 
 
@@ -236,10 +278,16 @@ def measure_regime(out: Path, *, seeds: int, max_launches: int | None, study: St
     for suite in SUITES:
         spec = suite_spec(study, suite)
         csv = out / f"grid-{spec.name}.csv"
-        for stale in (csv.with_suffix(".jsonl"), csv.with_suffix(".reference.json")):
+        for stale in (csv.with_suffix(".jsonl"), csv.with_suffix(".reference.json"), leaders_path(csv)):
             stale.unlink(missing_ok=True)  # every figure from this session
-        record_grid(spec, csv, progress=Progress.untimed(), max_launches=max_launches)
-        figures = sweep_figures(read_table(csv), seeds, _reference(csv), race)
+        record_grid(
+            spec,
+            csv,
+            progress=Progress.untimed(),
+            max_launches=max_launches,
+            leader_rounds=LEADER_ROUNDS if max_launches is None else 0,
+        )
+        figures = sweep_figures(read_table(csv), seeds, _reference(csv), race, read_leaders(csv))
         found["suites"][suite] = {**figures, "table": str(csv)}
     found["targets"] = targets(found["suites"])
     return found
@@ -262,7 +310,8 @@ def recorded_regime(
             frame, table = read_table(csv), csv
         else:
             continue
-        found["suites"][suite] = {**sweep_figures(frame, seeds, _reference(csv), race), "table": str(table)}
+        figures = sweep_figures(frame, seeds, _reference(csv), race, read_leaders(csv))
+        found["suites"][suite] = {**figures, "table": str(table)}
     if not found["suites"]:
         raise UserError(f"{folder}: no recorded sweep grid-{name}-{{{','.join(SUITES)}}}.jsonl or .csv")
     found["targets"] = targets(found["suites"])
@@ -341,6 +390,21 @@ def _race_lines(race: dict | None) -> list[str]:
     ]
 
 
+def _relaunched_lines(best: dict | None) -> list[str]:
+    """The sweep's leaders as their interleaved relaunches ranked them (``bench/sweep_leaders``), when relaunched."""
+    relaunched = (best or {}).get("relaunched")
+    if not best or not relaunched:
+        return []
+    leaders = ", ".join(
+        f"{r['leader']} x{r['speedup']:.2f} [{r['low']:.2f}, {r['high']:.2f}]" for r in relaunched["leaders"]
+    )
+    return [
+        "",
+        f"the sweep's leaders launched again, {relaunched['rounds']} interleaved rounds with the baseline (median of "
+        f"the per-round speedups, their range): {leaders}; the sweep's best: {best['family']} K={best['best_k']}",
+    ]
+
+
 def _yes(value: bool | None) -> str:
     return {None: "not measured", True: "yes", False: "NO"}[value]
 
@@ -374,6 +438,7 @@ def markdown(found: dict[str, Any]) -> str:
                 for f in figures["families"]
             ],
         )
+        lines += _relaunched_lines(figures.get("best"))
         search = figures["search"]
         if search:
             trials = (

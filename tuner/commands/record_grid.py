@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tuner.bench.grid import record_grid
 from tuner.commands.flags import add_no_wait
+from tuner.errors import UserError
 from tuner.progress import Progress
 
 
@@ -21,12 +22,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, help="CSV table (default: reports/bench/grid-NAME.csv; rows in .jsonl beside it)"
     )
+    parser.add_argument(
+        "--leader-rounds",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then launch the rows within 10%% of the best (at most 4) and the baseline again, N interleaved rounds, "
+        "and rank them by their median speedup over the baseline in the same round (NAME.leaders.json; default 0: "
+        "one launch per configuration only)",
+    )
     add_no_wait(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        csv = record_grid(args.study, args.out, progress=Progress.untimed())
+        if args.leader_rounds < 0:
+            raise UserError("tuner record-grid: --leader-rounds must be 0 or more")
+        csv = record_grid(args.study, args.out, progress=Progress.untimed(), leader_rounds=args.leader_rounds)
     except KeyboardInterrupt:
         print("tuner record-grid: interrupted; measured rows are kept, run it again to resume", flush=True)
         return 130
