@@ -400,8 +400,8 @@ def _relaunched_lines(best: dict | None) -> list[str]:
     )
     return [
         "",
-        f"the sweep's leaders launched again, {relaunched['rounds']} interleaved rounds with the baseline (median of "
-        f"the per-round speedups, their range): {leaders}; the sweep's best: {best['family']} K={best['best_k']}",
+        f"the sweep's leaders launched again, {relaunched['rounds']} interleaved rounds with the baseline (median rate "
+        f"over the baseline's, the range of the per-round ratios): {leaders}; the sweep's best: {best['family']} K={best['best_k']}",
     ]
 
 

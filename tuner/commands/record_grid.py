@@ -28,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="then launch the rows within 10%% of the best (at most 4) and the baseline again, N interleaved rounds, "
-        "and rank them by their median speedup over the baseline in the same round (NAME.leaders.json; default 0: "
+        "and rank them by their median rate over the baseline's (NAME.leaders.json; default 0: "
         "one launch per configuration only)",
     )
     add_no_wait(parser)
