@@ -12,8 +12,9 @@
    side, each checked against the other's stated loss bound (and the searches' best trials beside them).
 4. GGUF metadata: today's full parse against the fast, cached read (the Gemma 3 270M file
    when its package is installed, and the study's target).
-5. The research's regime: the scale target's K sweep per content type, recorded fresh, against the K the
-   structured search predicts and its pick within 20 trials (`bench/scale_regime`).
+5. The research's regime: the scale target's K sweep per content type, recorded fresh, its leaders launched
+   again in interleaved rounds (`bench/sweep_leaders`), against the K the structured search predicts, its pick
+   within 20 trials and the scale study's race (`bench/scale_regime`).
 6. The target's quantization: llama-bench decode of the scale target's Q4_0 variant against its F16 variant,
    interleaved (`bench/quant_speed`).
 
