@@ -204,6 +204,10 @@ def test_best_k_measures_the_leaders_predicted_k_and_not_an_option_that_does_not
     assert best_k.propose(state_of(baseline(), slow, no_pay)) is None
 
 
+TWIN_SPACE = {**SPACE, "draft": ["Choices", {"values": ["small", "twin"]}]}
+TWIN = {**DRAFT, "draft": "twin"}
+
+
 def test_best_k_reads_a_lookups_counts_as_few_drafting_steps_not_a_dear_token():
     a, c, share, steps = 0.85, 0.11, 0.1, 400  # a match on one decode step in ten, cheap verified tokens
     rate = 10.0 * speedup(a, c, 8, share=share)
@@ -480,12 +484,28 @@ def test_refinement_checks_threads_then_walks_k_around_the_incumbent():
     assert line.params == {**DRAFT, "draft_max": 12} and "line search around the best K=8" in line.reason
 
 
-def test_refinement_measures_another_option_within_3_percent_at_its_best_k():
+def test_refinement_measures_another_option_within_the_noise_at_its_best_k():
     mine = drafted(0.8, 0.05)
     close = past(NGRAM, mine.value * 0.99, mine.acceptance)  # the same curve, a little slower
     proposals = refinement.other_options(state_of(baseline(), mine, close), mine.params)
     assert len(proposals) == 1 and proposals[0][0]["spec_type"] == "ngram-simple"
-    assert "predicted best K=" in proposals[0][2] and proposals[0][2].endswith("predicted within 3%")
+    assert "predicted best K=" in proposals[0][2] and proposals[0][2].endswith("predicted within 7%")
+
+
+def test_refinement_measures_an_option_within_the_launch_noise_not_only_within_3_percent():
+    """Two options compared at the start on one launch each are within the noise up to one standard deviation of
+    the difference of two launches: at the prior launch spread (5%, before three baseline measures) an option
+    predicted 5% slower is measured at the final configuration; on a host whose baseline re-measures spread 1%,
+    the floor of 3% leaves it out."""
+    mine = drafted(0.8, 0.05)
+    twin = past(TWIN, mine.value * 0.95, mine.acceptance)
+    state = state_of(baseline(), mine, twin, space=TWIN_SPACE)
+    assert state.close == pytest.approx(math.sqrt(2) * 0.05)
+    proposals = refinement.other_options(state, mine.params)
+    assert [p[0]["draft"] for p in proposals] == ["twin"] and proposals[0][2].endswith("within 7%")
+    quiet = [past(BASE, value, role="sentinel") for value in (10.1, 9.9)]
+    state = state_of(baseline(), *quiet, mine, twin, space=TWIN_SPACE)
+    assert state.close == 0.03 and refinement.other_options(state, mine.params) == []
 
 
 def test_from_the_baseline_alone_only_the_walks_on_the_target_itself_propose():
@@ -591,3 +611,18 @@ def test_no_variant_stage_without_variants_and_plans_carry_the_variant():
     # every plan carries the configuration's variant, as it carries threads: the hardware walk stays on it
     state = state_of(baseline(**SOURCE), space=QUANT_SPACE)
     assert state.params_for(("draft-simple", "small"), 8, *state.start())["target_quant"] == "source"
+
+
+def test_refinement_keeps_a_drafts_predicted_k_where_its_pick_was_never_measured():
+    """The measured best K stands in for the model's pick only where the pick was measured and lost (or for a lookup,
+    whose missed keys the model does not know): a draft whose K measured beyond its probe read low has a refit pick
+    not measured yet, and the K that read best so far is the one the refit moved away from."""
+    mine = drafted(0.8, 0.05)
+    probe = past(TWIN, mine.value * 0.97, mine.acceptance)
+    longer = past({**TWIN, "draft_max": 16}, 10 * speedup(0.7, 0.05, 16), measured_acceptance(0.7, 16))
+    state = state_of(baseline(), mine, probe, longer, space=TWIN_SPACE)
+    pick = state.fit_option(("draft-simple", "twin"), 0.0, None).best_k(state.k_values)
+    assert pick not in (8, 16)
+    proposals = refinement.other_options(state, mine.params)
+    assert [(p[0]["draft"], p[0]["draft_max"]) for p in proposals] == [("twin", pick)]
+    assert f"predicted best K={pick}" in proposals[0][2]

@@ -19,7 +19,8 @@ first with something new to measure proposes it:
    ``serving`` (several users): slots at the objective's level, then each serving knob walked.
 3. ``experts`` (a MoE target): the expert count walked down to the quality floor.
    ``temperature``: a walk over temperature from the best, and the best K predicted at each.
-4. ``refinement``: the other options within 3% at their best K, then the incumbent's neighbours.
+4. ``refinement``: the other options within the noise at their best K, at the final configuration, then the
+   incumbent's neighbours.
 
 The value maximised is the study's first objective (tokens/s per request, or with several users e.g.
 ``aggregate_tokens_per_second_c8``; a latency objective as its inverse, ``tuner.search.history``): where

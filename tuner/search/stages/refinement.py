@@ -1,6 +1,6 @@
 """Stage 4, refinement: the other options close to the incumbent, then its unmeasured neighbours.
 
-The other options within 3% of the incumbent's at their best K (predicted, or measured where the model's
+The other options within the noise of the incumbent's (``SearchState.close``) at their best K (predicted, or measured where the model's
 pick lost, as for lookup types, whose missed keys the model does not know); then the neighbours of the
 incumbent: threads (the hardware pair checked again with the final configuration), experts, and line searches
 over K, a stacked lookup's length, the n-gram key and minimum hits. When nothing is left, the fallback
@@ -12,8 +12,6 @@ from __future__ import annotations
 from tuner.search.stages.configs import describe_speculation, option_name, option_of
 from tuner.search.stages.hardware import thread_step, walk_key, walks
 from tuner.search.stages.state import Proposal, SearchState
-
-CLOSE = 0.97  # another option this close to the incumbent's speedup is measured at its best K
 
 
 def propose(state: SearchState) -> Proposal | None:
@@ -73,7 +71,8 @@ def neighbours(state: SearchState, params: dict) -> list[tuple]:
 
 
 def other_options(state: SearchState, params: dict) -> list[tuple]:
-    """The other options within 3% of the incumbent's at the start, with the incumbent's other knobs."""
+    """The other options within the noise of the incumbent's at the start (``SearchState.close``), with the
+    incumbent's other knobs: the final hardware decides between them."""
     option = option_of(params)
     start = state.start()
     incumbent_model = state.fit_option(option, start.temperature, start.experts) if option else None
@@ -86,22 +85,29 @@ def other_options(state: SearchState, params: dict) -> list[tuple]:
         best_k, why = model.best_k(state.k_values), "predicted"
         theirs, ours = state.alone_at_start(other), state.alone_at_start(option)
         top = max(theirs, key=lambda r: r.measured_value)
-        if len({r.params.get("draft_max") for r in theirs}) > 1 and top.params.get("draft_max") != best_k:
+        tried = {r.params.get("draft_max") for r in theirs}
+        if (
+            len(tried) > 1
+            and top.params.get("draft_max") != best_k
+            and (best_k in tried or other[0] != "draft-simple")
+        ):
             best_k, why = (
                 top.params["draft_max"],
                 "measured",
-            )  # the model's pick lost (a lookup misses some keys)
-        if model.predict(best_k) >= CLOSE * incumbent_model.predict(
+            )  # the model's pick lost where measured (a lookup's also unmeasured: it misses some keys the model
+            # does not know); a draft's pick not measured yet stands: its refit saw the one it measured read low
+        close = 1 - state.close
+        if model.predict(best_k) >= close * incumbent_model.predict(
             incumbent_model.best_k(state.k_values)
         ) or (
-            why == "measured" and ours and top.measured_value >= CLOSE * max(r.measured_value for r in ours)
+            why == "measured" and ours and top.measured_value >= close * max(r.measured_value for r in ours)
         ):
             rest = {x: v for x, v in params.items() if x not in ("spec_type", "draft", "draft_max")}
             candidates.append(
                 (
                     {**rest, **state.params_for(other, best_k, {}, None, None)},
                     "refinement",
-                    f"{option_name(other)} at its {why} best K={best_k}: {why} within 3%",
+                    f"{option_name(other)} at its {why} best K={best_k}: {why} within {state.close:.0%}",
                 )
             )
     return candidates

@@ -12,6 +12,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA
 from tuner.decisions.evidence import THREAD_TIE
 from tuner.search.history import PERMANENT_REASONS, PastTrial
 from tuner.search.space import suggest
@@ -32,6 +33,7 @@ from tuner.storage.records import WarmStartPrior
 MAX_TIE = (
     0.10  # a tie never spans more than this: a host noisier still needs more repetitions, not a wider tie
 )
+CLOSE_OPTIONS = 0.03  # another option this close to the incumbent is measured again at least (refinement)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class SearchState:
             (r for r in trials if r.role == "baseline" and r.measured and r.feasible), None
         ) or next((r for r in trials if r.measured and r.params.get("spec_type", "none") == "none"), None)
         self.tie = _tie(self.baseline, trials)  # rates within this share tie: fewer threads win
+        self.close = _close(self.baseline, trials)  # other options this close: measured at the final hardware
 
     def measured_baseline(self) -> PastTrial:
         """The baseline trial: the stages run only once it is measured (``planner.next_proposal`` checks)."""
@@ -268,6 +271,27 @@ class SearchState:
         return None
 
 
+def _close(baseline: PastTrial | None, trials: list[PastTrial]) -> float:
+    """The share within which two options compared at the start are within the noise, so refinement measures the
+    other at the final configuration: one standard deviation of the difference of two launches, from the spread of
+    the baseline configuration's complete measures once there are three, else the study's prior launch spread
+    (``drift.PRIOR_LAUNCH_SIGMA``, as pruning and the race assume), at least ``CLOSE_OPTIONS``. Wider than the thread
+    tie, which picks between neighbours the race sees again: an option left out here is never measured at the final
+    hardware (two drafts within 2% of each other at their best read 9% apart at the start on a launch each:
+    docs/decisions.md, "The budget's end")."""
+    spread = _launch_spread(baseline, trials)
+    return max(math.sqrt(2) * (PRIOR_LAUNCH_SIGMA if spread is None else spread), CLOSE_OPTIONS)
+
+
+def _launch_spread(baseline: PastTrial | None, trials: list[PastTrial]) -> float | None:
+    """The cv of the baseline configuration's complete measures (the baseline and its sentinels: launch to
+    launch), once there are three."""
+    if baseline is None:
+        return None
+    same = [r.value for r in trials if r.params == baseline.params and r.state == "complete" and r.value]
+    return statistics.stdev(same) / statistics.fmean(same) if len(same) >= 3 else None
+
+
 def _tie(baseline: PastTrial | None, trials: list[PastTrial]) -> float:
     """The share within which two trials' rates tie on this host: two standard deviations of the difference of
     two trials' figures, between ``evidence.THREAD_TIE`` and ``MAX_TIE``. A trial's noise is the larger of two
@@ -279,10 +303,9 @@ def _tie(baseline: PastTrial | None, trials: list[PastTrial]) -> float:
     noise = statistics.median(
         [r.within_error for r in trials if r.state == "complete" and r.within_error is not None] or [0.0]
     )
-    if baseline is not None:
-        same = [r.value for r in trials if r.params == baseline.params and r.state == "complete" and r.value]
-        if len(same) >= 3:
-            noise = max(noise, statistics.stdev(same) / statistics.fmean(same))
+    spread = _launch_spread(baseline, trials)
+    if spread is not None:
+        noise = max(noise, spread)
     return min(max(2 * math.sqrt(2) * noise, THREAD_TIE), MAX_TIE)
 
 
