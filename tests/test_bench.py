@@ -549,7 +549,11 @@ def test_record_grid_launches_its_leaders_again_interleaved_with_the_baseline(
     assert found is not None and found["rounds"] == 2 and len(found["baseline"]) == 2
     frame = pd.read_csv(csv)
     fast = frame[(frame["spec_type"] != "none") & frame["feasible"]]
-    assert [r["spec_type"] for r in found["leaders"]] == ["ngram-mod"] * len(fast) and len(fast) >= 1
+    best = fast.loc[fast["speedup"].idxmax()]  # the greedy ngram-mod row at least: it matches the reference
+    within = fast[fast["speedup"] >= 0.9 * best["speedup"]]  # the leaders: within 10% of the best
+    leaders_at = sorted(r["temperature"] for r in found["leaders"])
+    assert leaders_at == sorted(within["temperature"]) and best["temperature"] in leaders_at
+    assert all(r["spec_type"] == "ngram-mod" for r in found["leaders"])
     for leader in found["leaders"]:
         assert len(leader["rates"]) == 2
         ratios = [r / b for r, b in zip(leader["rates"], found["baseline"])]

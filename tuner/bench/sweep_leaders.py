@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from tuner.decisions.remeasure import Contender, rounds_of_launches
+from tuner.decisions.remeasure import config_contender, rounds_of_launches
 from tuner.knobs.config import TrialConfig
 from tuner.knobs.registry import NAMES as KNOBS
 from tuner.measurement.launch import build_server_argv
@@ -59,12 +59,11 @@ def relaunch_leaders(ctx: StudyContext, rows: list[dict], csv: Path, rounds: int
     base = baseline_config(ctx.space)
     labels = {f"leader-{i}": c for i, c in enumerate(configs)} | {"baseline": base}
     contenders = [
-        Contender(
+        config_contender(
             label,
+            config,
             build_server_argv(config, ctx.launch),
-            config.temperature,
-            config.numa,
-            speculation=",".join(config.spec_types) if config.speculative else "",
+            tuple(str(m) for m in ctx.launch.model_files(config)),
         )
         for label, config in labels.items()
     ]

@@ -27,6 +27,7 @@ from typing import Protocol
 
 from tuner.decisions.launch_size import LaunchSize
 from tuner.errors import UserError
+from tuner.knobs.config import TrialConfig
 from tuner.knobs.registry import DRAFT_MODEL_TYPES, remembers_requests
 from tuner.machine.host import busy_text
 from tuner.machine.placement import evict
@@ -84,7 +85,13 @@ def contender(label: str, record: TrialRecord, users: int | None = None) -> Cont
         if record.command is None:
             raise UserError(f"{label}: no stored command to serve {users} users with")
         argv = record.command.with_slots(users).argv
-    config = record.config
+    return config_contender(label, record.config, argv, models, users)
+
+
+def config_contender(
+    label: str, config: TrialConfig, argv: list[str], models: tuple[str, ...] = (), users: int | None = None
+) -> Contender:
+    """A configuration launched as ``argv``: its temperature, NUMA policy and speculation from ``config``."""
     speculation = ",".join(config.spec_types) if config.speculative else ""
     return Contender(label, argv, config.temperature, config.numa, models, users, speculation)
 

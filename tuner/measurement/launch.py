@@ -129,6 +129,10 @@ class LaunchContext:
         """The target file ``config`` runs: its variant's, or the study's target as given."""
         return self.target_variants.get(config.target_quant or "", self.target)
 
+    def model_files(self, config: TrialConfig) -> list[Path]:
+        """The files a launch of ``config`` maps, whose cached pages follow its NUMA policy: its target, the drafts."""
+        return [self.target_file(config), *self.drafts.values()]
+
 
 def pinned_cpus(config: TrialConfig, ctx: LaunchContext) -> list[int]:
     """A CPU for every thread of the larger pool: llama.cpp runs prompts and every batch of more than one token

@@ -142,7 +142,7 @@ class TrialMeasurement:
         evicted = self.placed_under is not None and config.numa != self.placed_under
         if evicted:
             launch = self.ctx.launch
-            evict([launch.target_file(config), *launch.drafts.values()])
+            evict(launch.model_files(config))
         self.placed_under = config.numa
         return evicted
 
@@ -174,7 +174,7 @@ class TrialMeasurement:
                 record.command.argv,
                 log_path,
                 timeout_s=ctx.settings.trial_timeout_s,
-                models=[ctx.launch.target_file(config), *ctx.launch.drafts.values()],
+                models=ctx.launch.model_files(config),
             ),
             requests=Requests(
                 ctx.workload,
