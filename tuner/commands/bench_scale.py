@@ -17,7 +17,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "Read the scale target's recorded K sweeps (grid-scale-grid-code, -prose and -summarize, as `tuner bench` "
         "section 5 records them) without measuring: each family's best K against the K the structured search's "
         f"model predicts, the search replayed on each sweep, and the `{STUDY}` study's race (when it has been run "
-        "in the storage) against each sweep's best."
+        "in the storage) against each sweep's best and against the best of the sweeps pooled as the traffic it "
+        "ranked on (code, prose and summaries, an equal share each)."
     )
     parser.add_argument(
         "folder",
