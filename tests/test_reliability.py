@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -342,6 +343,46 @@ def test_resume_after_a_change_that_breaks_comparability_is_refused_in_one_line(
     assert (
         len(stored(tmp_path).trials) == 2 and not (tmp_path / "x").exists()
     )  # nothing added, nothing written
+
+
+def test_a_study_measured_before_a_remembering_lookup_got_a_launch_per_pass_is_not_resumed(
+    tmp_path, env, capsys
+):
+    """A study whose space holds ngram-mod stores how such a lookup is measured; one stored before the rule (its
+    ngram-mod figures drafted from earlier passes) is not resumed, but is still exported: a race launches every
+    finalist afresh. A space without such a lookup stores nothing new, so its old studies resume."""
+    from tuner.storage.records import REMEMBERING_LOOKUP
+
+    overrides = {"spec_type": ["none", "ngram-mod"], "draft_max": [2, 4], "temperature": 0.0, "threads": 1}
+    path = write_study(
+        tmp_path, sqlite(tmp_path), budget={"trials": 2}, search_space={"overrides": overrides}
+    )
+    run_study(load_spec(path), progress=Progress.quiet())
+    study = stored(tmp_path)
+    record = store.read_study_record(study)
+    assert record.measurement[REMEMBERING_LOOKUP] == "a launch per pass"
+    before = replace(
+        record, measurement={k: v for k, v in record.measurement.items() if k != REMEMBERING_LOOKUP}
+    )
+    store.write_study_record(study, before)  # as a tuner before the rule stored it
+    assert main(["run", str(path), "--trials", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        "\n" not in err
+        and 'measurement of a lookup that remembers differs (the study has null, this run has "a launch per pass")'
+        in err
+    ), err
+    assert len(stored(tmp_path).trials) == 2
+    assert main(["export", str(path), "--no-per-type", "--out", str(tmp_path / "x")]) == 0
+
+    plain = write_study(tmp_path / "plain", sqlite(tmp_path / "plain"), budget={"trials": 1})
+    run_study(load_spec(plain), progress=Progress.quiet())
+    assert (
+        REMEMBERING_LOOKUP
+        not in store.read_study_record(
+            optuna.load_study(study_name="t", storage=sqlite(tmp_path / "plain"))
+        ).measurement
+    )
 
 
 def test_a_study_stored_by_the_old_schema_is_one_line_naming_its_version(tmp_path, env, capsys):

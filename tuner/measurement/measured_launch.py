@@ -28,6 +28,10 @@ from tuner.measurement.workload import Workload
 
 T = TypeVar("T")
 
+# How a study measures a lookup that remembers, stored with a study whose space holds one (``StudyRecord``
+# comparability): a study measured before the rule, one server per measurement, read such lookups high.
+REMEMBERING_LOOKUP_RULE = "a launch per pass"
+
 
 @dataclass(frozen=True)
 class ServerLaunch:

@@ -16,7 +16,7 @@ from tuner.measurement.workload import Workload
 from tuner.models.gguf_info import ModelInfo
 from tuner.models.quantize import Variant
 from tuner.search.space import ResolvedSpace
-from tuner.storage.records import StudyRecord
+from tuner.storage.records import StudyRecord, measurement_record
 from tuner.studyfile.spec import StudySpec
 
 
@@ -81,7 +81,14 @@ class StudyContext:
             quality=quality_record(spec),
             spec_path=str(spec.path.resolve()),
             workload=workload_record(spec, self.workload),
-            measurement=self.settings.comparability(),
+            measurement=measurement_record(
+                self.settings.comparability(),
+                [
+                    str(v)
+                    for knob in ("spec_type", "lookup")
+                    for v in getattr(self.space.domains.get(knob), "values", ())
+                ],
+            ),
             quantized_drafts={name: v.provenance for name, v in (self.quantized or {}).items()},
             target_variants={name: v.record() for name, v in self.target_variants.items()},
         )

@@ -76,12 +76,13 @@ def prepare_again(
     record: StudyRecord,
     command: str = "export",
     instead: str = " or pass --no-race",
-    ignore: tuple[str, ...] = ("search space",),
+    ignore: tuple[str, ...] = ("search space", "measurement of a lookup that remembers"),
     bin_dir: Path | None = None,
 ) -> StudyContext:
     """A stored study prepared again from its study file (with ``bin_dir``: on that llama.cpp build), for a race
     that re-measures it; refused if what it measures changed since (``ignore``: the comparability fields that may
-    differ; ``instead``: the way out, ``command``: who asks)."""
+    differ, by default the space and how a lookup that remembers is measured: a race launches every finalist
+    afresh, the current way; ``instead``: the way out, ``command``: who asks)."""
     spec_path = Path(record.spec_path)
     if not spec_path.is_file():
         raise UserError(

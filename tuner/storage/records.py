@@ -19,9 +19,11 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypedDict
 
 from tuner.knobs.config import TrialConfig
+from tuner.knobs.registry import remembers_requests
 from tuner.machine.fingerprint import COMPARABILITY_KEYS, Fingerprint
 from tuner.measurement.launch import ServerCommand
 from tuner.measurement.load import LOAD_METRICS
+from tuner.measurement.measured_launch import REMEMBERING_LOOKUP_RULE
 from tuner.measurement.quality import ScorerFigures
 
 SCHEMA_VERSION = 2  # 1: loose user attrs per field (before records); 2: one record per trial and study
@@ -261,7 +263,9 @@ class StudyRecord:
             "workload (prompt texts)": self.workload.get("digest"),
             "workload.concurrency": self.workload.get("concurrency", [1]),
             "constraints": self.workload.get("constraints", {}),
-            **{f"measurement.{k}": v for k, v in sorted(self.measurement.items())},
+            **{f"measurement.{k}": v for k, v in sorted(self.measurement.items()) if k != REMEMBERING_LOOKUP},
+            # None in a study stored before the rule, or whose space holds no lookup that remembers
+            "measurement of a lookup that remembers": self.measurement.get(REMEMBERING_LOOKUP),
             "quality.scorer": self.quality.get("scorer"),
             "quality.floor": self.quality.get("floor"),
             "quality.max_kld": self.quality.get("max_kld"),  # kld scorer; None for the others and old records
@@ -322,6 +326,20 @@ class StudyRecord:
                 "objectives": tuple(data.get("objectives") or ()),
             }
         )
+
+
+REMEMBERING_LOOKUP = (
+    "remembering_lookup"  # measurement's key: how a lookup that remembers requests is measured
+)
+
+
+def measurement_record(settings: dict, spec_values: list[str]) -> dict:
+    """The measurement settings as a study stores them (``settings``: ``MeasurementSettings.comparability``) and,
+    when the space's speculation (``spec_values``: its spec_type and lookup values) holds a lookup that remembers
+    requests, how such a lookup is measured (``measured_launch.REMEMBERING_LOOKUP_RULE``)."""
+    if not remembers_requests(spec_values):
+        return settings
+    return {**settings, REMEMBERING_LOOKUP: REMEMBERING_LOOKUP_RULE}
 
 
 def model_identity(info: dict) -> dict:
