@@ -22,8 +22,9 @@ from tuner.search import history
 from tuner.search.prior import admitted, find_prior
 from tuner.search.pruning import prune_decision, prunes_on, should_prune
 from tuner.search.space import baseline_config
-from tuner.search.speedup_model import Point, acceptance_probability, fit, measured_acceptance, speedup
+from tuner.search.speedup_model import Point, acceptance_probability, fit, measured_acceptance, speedup, walk
 from tuner.search.stages import serving as serving_stage
+from tuner.search.stages.best_k import LEADER_STEPS
 from tuner.storage import store
 
 
@@ -77,17 +78,6 @@ def test_two_points_interpolate_a_decaying_acceptance():
     assert 0.9 < f.a_at(12) < 0.97
 
 
-def walk(curve, ks, probe=8, steps=3):
-    """best_k's walk on a curve K -> Point: the probe, then the predicted best K measured, refitted."""
-    points = [curve(probe)]
-    for _ in range(steps - 1):
-        k = fit(points).best_k(ks)
-        if any(p.k == k for p in points):
-            break
-        points.append(curve(k))
-    return fit(points)
-
-
 KS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
 
 
@@ -101,7 +91,7 @@ def test_a_rounds_fixed_cost_is_fitted_from_two_k_and_the_walk_does_not_spiral_d
     assert fit([curve(8)]).best_k(KS) < true_best  # one point reads the fixed cost as a dearer token
     two = fit([curve(3), curve(8)])
     assert two.c == pytest.approx(c, abs=1e-6) and two.overhead == pytest.approx(o, abs=1e-6)
-    assert walk(curve, KS).best_k(KS) == true_best
+    assert walk(curve, KS, probe=8, steps=LEADER_STEPS).best_k(KS) == true_best  # the search's own walk
     close = fit([curve(6), curve(8)])  # K too close to tell the fixed cost from noise: Leviathan's round
     assert close.overhead == 0.0
 

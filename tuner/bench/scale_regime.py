@@ -40,7 +40,7 @@ from tuner.errors import UserError
 from tuner.figures import percent_up
 from tuner.knobs.registry import LOOKUP_TYPES
 from tuner.progress import Progress
-from tuner.search.speedup_model import Point, drafting_share, fit
+from tuner.search.speedup_model import Point, drafting_share, walk
 from tuner.search.stages.best_k import LEADER_STEPS
 from tuner.search.stages.configs import K_PROBE
 from tuner.storage import store
@@ -109,18 +109,7 @@ def predicted_best_k(rows: pd.DataFrame, ks: list[int]) -> int | None:
         )
         for r in rows.itertuples()
     }
-    if K_PROBE not in by_k:
-        return None
-    points = [by_k[K_PROBE]]
-    for _ in range(LEADER_STEPS - 1):
-        model = fit(points)
-        if model is None:
-            return None
-        k = model.best_k(ks)
-        if k not in by_k or by_k[k] in points:
-            break
-        points.append(by_k[k])
-    model = fit(points)
+    model = walk(by_k.get, ks, K_PROBE, LEADER_STEPS)
     return None if model is None else model.best_k(ks)
 
 

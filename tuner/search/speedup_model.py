@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 A_MAX = 0.9995  # acceptance probabilities are clamped below 1 (the formulas divide by 1 - a)
 SLOPE_SPREAD = 1.5  # two K this far apart (a factor) tell a round's fixed cost from its per-token cost
@@ -225,3 +225,26 @@ def fit(points: Sequence[Point], default_c: float = 0.1) -> DraftFit | None:
     cs = sorted(cost / k for k, cost in costs)
     c = cs[len(cs) // 2] if cs else default_c
     return DraftFit(tuple(useful), c)
+
+
+def walk(
+    measure: Callable[[int], Point | None], ks: Sequence[int], probe: int, steps: int
+) -> DraftFit | None:
+    """The structured search's best-K walk (``search.stages.best_k``) on a curve known in advance (a sweep, a
+    test's model): the probe fitted, its predicted best K measured and fitted again, ``steps`` points at most;
+    it stops where the pick is measured already or cannot be (``measure`` gives None). None without a probe or
+    a fit."""
+    first = measure(probe)
+    if first is None:
+        return None
+    points = [first]
+    for _ in range(steps - 1):
+        model = fit(points)
+        if model is None:
+            return None
+        k = model.best_k(ks)
+        point = None if any(p.k == k for p in points) else measure(k)
+        if point is None:
+            break
+        points.append(point)
+    return fit(points)
