@@ -46,6 +46,11 @@ def config_key(config: TrialConfig | dict) -> str:
     return json.dumps(data, sort_keys=True)
 
 
+def row_knobs(row: dict) -> dict[str, Any]:
+    """The configuration a recorded row measured, as its knobs (those it sets)."""
+    return {k: row[k] for k in KNOBS if row.get(k) is not None}
+
+
 def recorded_rows(jsonl: Path) -> list[dict]:
     """Every row a recording appended, in order (a configuration measured again has several)."""
     return [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
@@ -53,14 +58,13 @@ def recorded_rows(jsonl: Path) -> list[dict]:
 
 def latest_rows(rows: list[dict]) -> dict[str, dict]:
     """The last row of each configuration, by ``config_key``: what the recording's table holds."""
-    return {config_key({k: row[k] for k in KNOBS if row.get(k) is not None}): row for row in rows}
+    return {config_key(row_knobs(row)): row for row in rows}
 
 
 def _stale_lookup(row: dict) -> bool:
     """A row of a lookup that remembers requests, measured with its passes in one server (a recording from before
     ``launch_per_pass``): its later passes drafted from the first's answers."""
-    config = TrialConfig(**{k: row[k] for k in KNOBS if row.get(k) is not None})
-    return config.remembers_requests and not row.get("launch_per_pass")
+    return TrialConfig(**row_knobs(row)).remembers_requests and not row.get("launch_per_pass")
 
 
 def readings_of(reference: dict | None) -> list[dict]:
@@ -346,11 +350,11 @@ class GridRecorder:
         with open(self.jsonl, "a") as fh:
             fh.write(json.dumps(row) + "\n")
             fh.flush()
-        self.done[config_key({k: row[k] for k in KNOBS if row.get(k) is not None})] = row
+        self.done[config_key(row_knobs(row))] = row
 
 
 def _describe(row: dict) -> str:
-    knobs = " ".join(f"{k}={row[k]}" for k in KNOBS if row.get(k) is not None)
+    knobs = " ".join(f"{k}={v}" for k, v in row_knobs(row).items())
     return (
         f"{row['tokens_per_second']:.1f} t/s (cv {'n/a: one pass' if row['cv'] is None else format(row['cv'], '.0%')}), "
         f"acceptance {row['acceptance']:.2f}, "

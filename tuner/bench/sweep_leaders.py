@@ -19,9 +19,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from tuner.bench.grid_recorder import row_knobs
 from tuner.decisions.remeasure import config_contender, rounds_of_launches
 from tuner.knobs.config import TrialConfig
-from tuner.knobs.registry import NAMES as KNOBS
 from tuner.measurement.launch import build_server_argv
 from tuner.prepare import StudyContext
 from tuner.progress import Progress
@@ -55,7 +55,7 @@ def leaders_path(csv: Path) -> Path:
 
 def relaunch_leaders(ctx: StudyContext, rows: list[dict], csv: Path, rounds: int, progress: Progress) -> dict:
     """Launch the sweep's leaders and its baseline ``rounds`` times, interleaved; written to ``leaders_path``."""
-    configs = [TrialConfig(**{k: r[k] for k in KNOBS if r.get(k) is not None}) for r in leaders(rows)]
+    configs = [TrialConfig(**row_knobs(r)) for r in leaders(rows)]
     base = baseline_config(ctx.space)
     labels = {f"leader-{i}": c for i, c in enumerate(configs)} | {"baseline": base}
     contenders = [
