@@ -16,7 +16,14 @@ import pytest
 from tuner.measurement.failures import FailureReason
 from tuner.search import planner
 from tuner.search.history import PastTrial
-from tuner.search.speedup_model import Point, fit, measured_acceptance, speedup
+from tuner.search.speedup_model import (
+    Point,
+    byte_ceiling,
+    draft_byte_shares,
+    fit,
+    measured_acceptance,
+    speedup,
+)
 from tuner.search.stages import (
     best_k,
     experts,
@@ -190,6 +197,52 @@ def test_probes_measure_each_option_once_at_k8_at_the_start():
     assert probes.propose(state_of(baseline(), drafted(0.8, 0.05), past(NGRAM, 9.0, 0.1))) is None
 
 
+def test_a_draft_whose_bytes_cap_it_far_below_a_measured_speedup_is_not_probed():
+    space = {**SPACE, "draft": ["Choices", {"values": ["small", "self-q2"]}]}
+    big = {**DRAFT, "draft": "self-q2"}
+    fast = drafted(0.95, 0.03)  # x6.0 at K=8
+    shares = {"small": 0.03, "self-q2": 0.6}  # self-q2: at most x1.7 at any K
+    assert fast.value / 10.0 > 2 * (1 / 0.6)
+
+    # before a speedup is measured, and where none is twice its ceiling, the draft is probed
+    assert probes.propose(state_of(baseline(), space=space, draft_shares=shares)).params == DRAFT
+    slow = drafted(0.6, 0.2)
+    assert slow.value / 10.0 < 2 * (1 / 0.6)
+    assert probes.propose(state_of(baseline(), slow, space=space, draft_shares=shares)).params == big
+
+    state = state_of(baseline(), fast, space=space, draft_shares=shares)
+    assert probes.propose(state).params == NGRAM  # the capped draft is passed over
+    assert (
+        probes.propose(state_of(baseline(), fast, past(NGRAM, 9.0, 0.1), space=space, draft_shares=shares))
+        is None
+    )
+    why = state.beyond_reach(("draft-simple", "self-q2"))
+    assert (
+        why == "draft self-q2 not probed: it reads 60% of the target's weight bytes a token, so no K "
+        "speeds decode past x1.7; draft small K=8 measured x6.0"
+    )
+    # elsewhere than the start a speedup counts no more (the hardware raises it too); without bytes, no cap
+    assert (
+        state_of(baseline(), drafted(0.95, 0.03, threads=32), space=space, draft_shares=shares).beyond_reach(
+            ("draft-simple", "self-q2")
+        )
+        is None
+    )
+    assert probes.propose(state_of(baseline(), fast, space=space)).params == big
+
+
+def test_a_draft_byte_share_is_read_from_dense_models_only():
+    target = {"weights_bytes": 19e9}
+    drafts = {
+        "small": {"weights_bytes": 0.5e9},
+        "moe": {"weights_bytes": 3e9, "expert_count": 64},  # reads its routed experts only
+        "unknown": {},
+    }
+    assert draft_byte_shares(target, drafts) == {"small": 0.5e9 / 19e9}
+    assert draft_byte_shares({}, drafts) == {}
+    assert byte_ceiling(0.5) == 2.0 and byte_ceiling(1.3) == 1.0  # a draft as large as its target: no gain
+
+
 def test_best_k_measures_the_leaders_predicted_k_and_not_an_option_that_does_not_pay():
     probe = drafted(0.9, 0.05)
     no_pay = past(NGRAM, 3.0, 0.01)  # drafts little and costs much
@@ -262,6 +315,21 @@ def test_hardware_probes_the_policies_then_walks_threads_on_the_best():
     walk = hardware.propose(state_of(baseline(), draft, interleaved))
     assert walk.params == {**DRAFT, "numa": "interleave", "threads": 8}
     assert walk.reason.startswith("threads 8: the ladder (16, 8) with NUMA interleave")
+
+
+def test_the_hardware_walks_with_the_fitted_best_k_where_one_reading_outran_it_within_the_noise():
+    probe = drafted(0.9, 0.05)
+    pick = fit([Point(8, probe.acceptance, probe.value / 10.0)]).best_k(range(1, 33))
+    at_pick = drafted(0.9, 0.05, pick)
+
+    def walked_k(high_reading: float) -> int:
+        lucky = past({**DRAFT, "draft_max": 32}, high_reading, drafted(0.9, 0.05, 32).acceptance)
+        return hardware.propose(state_of(baseline(), probe, at_pick, lucky)).params["draft_max"]
+
+    # K=32 read 4% above the model's pick, which the fit through all three ranks first: within the noise of two
+    # launches (``SearchState.close``: 7%)
+    assert walked_k(at_pick.value * 1.04) == pick
+    assert walked_k(at_pick.value * 1.12) == 32  # far above it: the reading stands
 
 
 def test_hardware_tries_the_prior_pair_first_and_trusts_its_policy_when_it_leads():

@@ -243,6 +243,23 @@ def test_fitted_models_list_measured_points_against_the_model():
         assert 1 <= r["predicted_best_k"] <= 16
 
 
+def test_the_self_draft_of_the_target_is_not_probed_once_a_small_draft_beats_its_byte_ceiling():
+    from tuner.search.structured_sampler import unprobed
+
+    land = small_landscape()
+    study, _ = op.run_study(land, "default", seed=0, budget=8, prune=False)
+    drafts = [t.params.get("draft") for t in study.trials]
+    assert "qwen2.5-coder-32b-q2_k" not in drafts and "qwen2.5-coder-1.5b-q4_k_m" in drafts
+    assert store.read_study_record(study).drafts["qwen2.5-coder-32b-q2_k"] == {"weights_bytes": 12e9}
+    (why,) = unprobed(study)
+    assert why.startswith(
+        "draft qwen2.5-coder-32b-q2_k not probed: it reads 63% of the target's weight bytes"
+    )
+    # without the models' bytes in the record, every draft is probed as before
+    bare, _ = op.run_study(replace(land, weights_bytes={}), "default", seed=0, budget=5, prune=False)
+    assert "qwen2.5-coder-32b-q2_k" in [t.params.get("draft") for t in bare.trials] and unprobed(bare) == []
+
+
 # -- warm starts from earlier studies in the same storage --------------------------------------
 
 

@@ -226,6 +226,8 @@ class LandscapeModel:
     target: str = "Qwen2.5-Coder-32B-Instruct Q4_K_M"  # the target model's identity
     serving: Serving | None = None  # several users at once: the objective is their aggregate tokens/s
     probed: bool = False  # the study record carries a bandwidth-by-threads probe of the host
+    # weight bytes of the GGUF files, by model name (the target's under ``target``): the record carries them
+    weights_bytes: dict[str, float] = field(default_factory=dict)
 
     @property
     def objectives(self) -> tuple[str, ...]:
@@ -245,13 +247,15 @@ class LandscapeModel:
         }
         if self.probed:  # what the copy probe would have measured on this host (tuner.machine.bandwidth)
             fingerprint[FINGERPRINT_KEY] = {str(t): 4e11 * hw.bandwidth(t) for t in probe_counts(hw.cores)}
+        sized = {name: {"weights_bytes": self.weights_bytes[name]} for name in self.weights_bytes}
         return StudyRecord.for_replay(
             self.name,
             self.space.as_dict(),
             objectives,
             fingerprint=fingerprint,
-            target={"name": self.target},
+            target={"name": self.target, **sized.get(self.target, {})},
             workload={"digest": digest(self.prompts)},
+            drafts={name: sized[name] for name in self.drafts if name in sized},
         )
 
     # -- its pieces, made once per landscape (a ``replace``d landscape makes its own) -----

@@ -130,6 +130,19 @@ EPYC = Hardware(
 )
 
 
+# Weight bytes of the dense landscapes' GGUF files, as the study record would carry them: the 32B Q4_K_M
+# target 19 GB, its Q2_K self-draft 12 GB and the 0.5B Q8_0 507 MB (the research notes' model table); the 1.5B
+# Q4_K_M and the 0.5B Q4_K_M about 1.1 GB and 0.4 GB (their published files). The probes read a draft's bytes
+# against the target's (``tuner.search.speedup_model.byte_ceiling``).
+CODER_WEIGHTS_BYTES = {
+    "Qwen2.5-Coder-32B-Instruct Q4_K_M": 19e9,
+    "qwen2.5-coder-32b-q2_k": 12e9,
+    "qwen2.5-coder-1.5b-q4_k_m": 1.1e9,
+    "qwen2.5-0.5b-instruct-q8_0": 0.507e9,
+    "qwen2.5-0.5b-instruct-q4_k_m": 0.4e9,
+}
+
+
 def _dense(
     name: str,
     description: str,
@@ -151,6 +164,7 @@ def _dense(
         decay=0.9985,
         quality_temp=quality_temp,
         quality_floor=quality_floor,
+        weights_bytes=CODER_WEIGHTS_BYTES,
     )
 
 

@@ -17,7 +17,7 @@ import math
 import re
 import shlex
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -36,7 +36,7 @@ from tuner.machine.host import host_was_busy
 from tuner.machine.roofline import Bandwidth, Roofline, study_bandwidth, study_roofline
 from tuner.measurement.measure import per_source, prompt_rate
 from tuner.output.turns import speedup_by_turn
-from tuner.search.structured_sampler import fitted_models
+from tuner.search.structured_sampler import fitted_models, unprobed
 from tuner.storage import store
 from tuner.storage.records import StudyRecord, TrialRecord, WarmStartPrior
 
@@ -498,6 +498,9 @@ class ReportData:
     sentinels: pd.DataFrame  # baseline and sentinel trials: time, tokens/s, worker
     race: RaceResult | None
     acceptance_model: pd.DataFrame  # the structured sampler's fitted model against measured points
+    unprobed: list[str] = field(
+        default_factory=list
+    )  # drafts the probes left out, and why (structured_sampler)
     per_type: PerTypeResult | None = None  # the last per-type race (tuner export --per-type)
     families: pd.DataFrame | None = None  # per content type: best draft-only, lookup-only and stacked trial
     concurrency: pd.DataFrame | None = (
@@ -554,6 +557,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         sentinels=sentinel_frame(records),
         race=RaceResult.from_json(race) if race else None,  # None: stored by an older version
         acceptance_model=pd.DataFrame(fitted_models(study)),
+        unprobed=unprobed(study),
         per_type=PerTypeResult.from_json(per_type) if (per_type := store.read_per_type(study)) else None,
         prior=store.read_prior(study),
         families=families_by_suite(frame, records),

@@ -339,9 +339,12 @@ def _decision_sections(data: ReportData) -> list[Section]:
             "Fitted speculation model",
             "The sampler's fit of Leviathan et al.'s model (acceptance and draft/target cost ratio) per draft, "
             "against the measured points; it predicts the best K before it is measured.",
-            acceptance_model_figure(data, "fig-acceptance-model")
-            if not data.acceptance_model.empty
-            else empty_note("no fitted model (another sampler, or too few speculative trials)"),
+            (
+                acceptance_model_figure(data, "fig-acceptance-model")
+                if not data.acceptance_model.empty
+                else empty_note("no fitted model (another sampler, or too few speculative trials)")
+            )
+            + "".join(f"<p>{html.escape(why)}</p>" for why in data.unprobed),
         ),
         Section(
             "speedup",

@@ -9,7 +9,8 @@ the study's history instead, in stages, each a module of ``tuner.search.stages``
 first with something new to measure proposes it:
 
 0. ``warm_start``: the winner of an earlier study of the same target and workload on this host.
-1. ``probes``: every draft and n-gram type at K=8, at the baseline's hardware and temperature.
+1. ``probes``: every draft and n-gram type at K=8, at the baseline's hardware and temperature (but a draft
+   whose weight bytes cap its speedup far below one measured).
    ``best_k``: the speculation model fitted per option, the predicted best K of the leading options.
    ``stacks``: lookup types stacked on the best draft-model configuration, and the stacked length.
    ``target_quant`` (a target with variants): each variant with the source's best speculation; on the
@@ -90,7 +91,9 @@ def plan(
     prior: WarmStartPrior | None = None,
     users: int | None = None,
     saturation: int | None = None,
+    draft_shares: dict[str, float] | None = None,
 ) -> Proposal | None:
     """The next trial for a study with this space (``ResolvedSpace.as_dict``) and history;
-    ``saturation``: where the host's memory bandwidth saturates (``tuner.machine.bandwidth``)."""
-    return next_proposal(SearchState(KnobValues(space), trials, prior, users, saturation))
+    ``saturation``: where the host's memory bandwidth saturates (``tuner.machine.bandwidth``);
+    ``draft_shares``: each dense draft's weight bytes over the target's (``speedup_model.draft_byte_shares``)."""
+    return next_proposal(SearchState(KnobValues(space), trials, prior, users, saturation, draft_shares))

@@ -45,6 +45,31 @@ from typing import Callable, Iterable, Sequence
 
 A_MAX = 0.9995  # acceptance probabilities are clamped below 1 (the formulas divide by 1 - a)
 SLOPE_SPREAD = 1.5  # two K this far apart (a factor) tell a round's fixed cost from its per-token cost
+# A draft is left unprobed only while a measured option beats its byte ceiling by this factor: the factor is
+# for what its bytes do not say (a draft partly served from cache, a quant type cheaper to compute a byte).
+UNPAYABLE_MARGIN = 2.0
+
+
+def byte_ceiling(share: float) -> float:
+    """The most speculation with a draft reading ``share`` of the target's weight bytes a token can speed
+    decode by, on a host where both are memory-bound (each step reads its model's weights once): at any K,
+    even with every draft accepted and verification free, a round gives K + 1 tokens for 1 + K ``share``
+    target steps, which stays below ``1 / share`` (and below 1 for a draft as large as its target)."""
+    return 1.0 / min(share, 1.0)
+
+
+def draft_byte_shares(target: dict, drafts: dict[str, dict]) -> dict[str, float]:
+    """Each dense draft's weight bytes over the target's, from a study record's ``ModelInfo`` dicts (draft name
+    to share). A MoE draft reads only its routed experts a token, so its file says nothing of its cost: none;
+    a MoE target reads fewer bytes than its weights, which only raises the ceiling. None without the bytes."""
+    target_bytes = target.get("weights_bytes")
+    if not target_bytes:
+        return {}
+    return {
+        name: info["weights_bytes"] / target_bytes
+        for name, info in drafts.items()
+        if info.get("weights_bytes") and not info.get("expert_count")
+    }
 
 
 def expected_tokens(a: float, k: int) -> float:

@@ -15,7 +15,8 @@ methods and everything unplanned go to the fallback. A plan is completed by the 
 (``SearchState.complete``), so it holds exactly the knobs a trial of it asks (no n-gram key without a lookup
 in play).
 
-``fitted_models``: for the report, each option's fitted speculation model against its measured points.
+``fitted_models``: for the report, each option's fitted speculation model against its measured points;
+``unprobed``: the drafts the probes left out, and why.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.machine.bandwidth import PLANNER_SHARE, bandwidth_saturation
 from tuner.search.history import PLAN_ATTR, objective_level, read_history
 from tuner.search.planner import plan
-from tuner.search.speedup_model import measured_acceptance
+from tuner.search.speedup_model import draft_byte_shares, measured_acceptance
 from tuner.search.stages.configs import KnobValues, option_name
 from tuner.search.stages.state import SearchState
 from tuner.storage import store
@@ -56,6 +57,7 @@ class StructuredSampler(optuna.samplers.BaseSampler):
                 store.read_prior(study),
                 objective_level(context[1]),
                 bandwidth_saturation(store.host_fingerprint(study), PLANNER_SHARE),
+                draft_byte_shares(*store.study_models(study)),
             )
         if proposal is None:
             self._plans[trial.number] = None
@@ -110,11 +112,8 @@ def fitted_models(study: optuna.Study) -> list[dict]:
     """For the report: each option's fitted model against its measured points, at the baseline's
     temperature and experts (the points the sampler fitted). One row per measured point, with the
     model's acceptance and speedup at that K, and the predicted best K."""
-    context = store.search_context(study)
-    if not context:
-        return []
-    state = SearchState(KnobValues(context[0]), read_history(study))
-    if state.baseline is None:
+    state = _finished_state(study)
+    if state is None:
         return []
     start = state.start()
     rows = []
@@ -141,3 +140,29 @@ def fitted_models(study: optuna.Study) -> list[dict]:
                 }
             )
     return rows
+
+
+def unprobed(study: optuna.Study) -> list[str]:
+    """For the report: one line per draft the probes left out because its weight bytes cap its speedup below
+    one measured (``SearchState.beyond_reach``), as the study's trials read now."""
+    state = _finished_state(study)
+    if state is None:
+        return []
+    return [
+        why
+        for option in state.options()
+        if not state.alone_at_start(option) and (why := state.beyond_reach(option)) is not None
+    ]
+
+
+def _finished_state(study: optuna.Study) -> SearchState | None:
+    """The search's state over every stored trial, as the report reads it; None before a baseline."""
+    context = store.search_context(study)
+    if not context:
+        return None
+    state = SearchState(
+        KnobValues(context[0]),
+        read_history(study),
+        draft_shares=draft_byte_shares(*store.study_models(study)),
+    )
+    return state if state.baseline is not None else None

@@ -213,6 +213,13 @@ def host_fingerprint(study: optuna.Study) -> Fingerprint:
     return cast(Fingerprint, dict(data.get("fingerprint") or {})) if data else {}
 
 
+def study_models(study: optuna.Study) -> tuple[dict, dict[str, dict]]:
+    """The study record's target and drafts (``ModelInfo`` dicts, the drafts by name; empty before the record
+    exists): the search reads their weight bytes (``tuner.search.speedup_model.draft_byte_shares``)."""
+    data = study.user_attrs.get(STUDY_RECORD) or {}
+    return dict(data.get("target") or {}), dict(data.get("drafts") or {})
+
+
 def search_context(study: optuna.Study) -> tuple[dict, list[str]] | None:
     """(the space as a dict, objectives) for a sampler, from the study record; None before it exists."""
     data = study.user_attrs.get(STUDY_RECORD)

@@ -3,7 +3,8 @@
 Threads and NUMA scale every configuration's decode rate by about the same factor, so they are tuned on
 the speculative configuration rather than the target alone: the factor is about the same, the trial is
 several times shorter, and a draft's cost grows with threads, so the pair is right for the configuration
-that will be used. In order:
+that will be used. That configuration is the best reading, but at the K its option's fit ranks first among
+those read within the noise of it (``model_pick``). In order:
 
 1. the pair an earlier study found best on this host (``tuner.search.prior``; when it leads, the policy
    probes are skipped);
@@ -36,7 +37,7 @@ from tuner.decisions.evidence import THREAD_TIE
 from tuner.knobs.registry import SERVING_KNOBS
 from tuner.search.history import PastTrial
 from tuner.search.prior import HW_KNOBS, describe_prior
-from tuner.search.stages.configs import describe_speculation, hardware_of, hardware_params, nearest
+from tuner.search.stages.configs import describe_speculation, hardware_of, hardware_params, nearest, option_of
 from tuner.search.stages.state import Proposal, SearchState
 
 LADDER = (0.75, 0.5, 0.25)  # shares of the cores walked after all of them
@@ -98,7 +99,30 @@ def incumbent_speculation(state: SearchState) -> PastTrial | None:
     _, temperature, experts = state.start()
     match = {k: v for k, v in (("temperature", temperature), ("experts", experts)) if state.knobs.has(k)}
     match.update({k: v for k, v in state.measured_baseline().params.items() if k in SERVING_KNOBS})
-    return state.best(state.measured(**match))
+    best = state.best(state.measured(**match))
+    return model_pick(state, best) if best is not None else None
+
+
+def model_pick(state: SearchState, best: PastTrial) -> PastTrial:
+    """At the start, of the best reading's option at the K measured there, the one its fit ranks first (the fit
+    pools the option's launches), where its reading is within the noise of the best (``SearchState.close``):
+    one launch reading high does not outvote the fit (docs/decisions.md, "The budget's end")."""
+    start = state.start()
+    option = option_of(best.params)
+    if option is None or hardware_of(best.params) != start.hardware:
+        return best
+    model = state.fit_option(option, start.temperature, start.experts)
+    if model is None or len(model.points) < 2:
+        return best
+    close = [
+        r
+        for r in state.family(best.params)
+        if r.state == "complete"
+        and r.feasible
+        and r.params.get("draft_max")
+        and r.measured_value >= (1 - state.close) * best.measured_value
+    ]
+    return max(close, key=lambda r: (model.predict(r.params["draft_max"]), r.measured_value), default=best)
 
 
 # ------------------------------------------------------------------ the thread rules

@@ -84,10 +84,12 @@ def other_options(state: SearchState, params: dict) -> list[tuple]:
         assert option is not None, "the incumbent's model is fitted only where it speculates"
         best_k, why = model.best_k(state.k_values), "predicted"
         theirs, ours = state.alone_at_start(other), state.alone_at_start(option)
-        top = max(theirs, key=lambda r: r.measured_value)
+        # none at the start: fitted from trials elsewhere (a draft the probes left out, sampled later)
+        top = max(theirs, key=lambda r: r.measured_value, default=None)
         tried = {r.params.get("draft_max") for r in theirs}
         if (
-            len(tried) > 1
+            top is not None
+            and len(tried) > 1
             and top.params.get("draft_max") != best_k
             and (best_k in tried or other[0] != "draft-simple")
         ):
@@ -100,7 +102,10 @@ def other_options(state: SearchState, params: dict) -> list[tuple]:
         if model.predict(best_k) >= close * incumbent_model.predict(
             incumbent_model.best_k(state.k_values)
         ) or (
-            why == "measured" and ours and top.measured_value >= close * max(r.measured_value for r in ours)
+            why == "measured"
+            and top
+            and ours
+            and top.measured_value >= close * max(r.measured_value for r in ours)
         ):
             rest = {x: v for x, v in params.items() if x not in ("spec_type", "draft", "draft_max")}
             candidates.append(

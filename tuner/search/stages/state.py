@@ -16,16 +16,18 @@ from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA
 from tuner.decisions.evidence import THREAD_TIE
 from tuner.search.history import PERMANENT_REASONS, PastTrial
 from tuner.search.space import suggest
-from tuner.search.speedup_model import DraftFit, Point, drafting_share, fit
+from tuner.search.speedup_model import UNPAYABLE_MARGIN, DraftFit, Point, byte_ceiling, drafting_share, fit
 from tuner.search.stages.configs import (
     K_PROBE,
     SIZE_KNOBS,
     KnobValues,
     PlannedAnswers,
+    describe_speculation,
     hardware_of,
     hardware_params,
     is_stacked,
     nearest,
+    option_name,
     option_of,
 )
 from tuner.storage.records import WarmStartPrior
@@ -63,11 +65,14 @@ class SearchState:
         prior: WarmStartPrior | None = None,
         users: int | None = None,
         saturation: int | None = None,
+        draft_shares: dict[str, float] | None = None,
     ):
         """``users``: the level the objective measures (``aggregate_tokens_per_second_c8``: 8), if any;
-        ``saturation``: the threads from which the host's memory bandwidth is near its peak (its copy probe)."""
+        ``saturation``: the threads from which the host's memory bandwidth is near its peak (its copy probe);
+        ``draft_shares``: each dense draft's weight bytes over the target's (``speedup_model.draft_byte_shares``)."""
         self.knobs, self.trials, self.prior, self.users = knobs, trials, prior or {}, users
         self.saturation = saturation
+        self.draft_shares = draft_shares or {}
         self.resolved = knobs.resolved()
         self.taken = [
             r.params
@@ -177,6 +182,34 @@ class SearchState:
             for r in self.measured(**self.params_for(option, None, *start))
             if not is_stacked(r.params) and all(r.params.get(k) == v for k, v in sizes.items())
         ]
+
+    def beyond_reach(self, option: tuple) -> str | None:
+        """Why a draft is not worth its probe, or None: a speculation already measured at the start is
+        ``UNPAYABLE_MARGIN`` times faster than the draft's byte ceiling (``speedup_model.byte_ceiling``), so
+        no K makes it the best (a self-draft of the target in a coarser quant reads most of its bytes)."""
+        share = self.draft_shares.get(option[1]) if option[0] == "draft-simple" else None
+        if share is None:
+            return None
+        start = self.start()
+        alone = self.target_alone(start.hardware, start.experts)
+        rivals = [
+            r
+            for r in self.trials
+            if r.measured
+            and r.feasible
+            and r.params.get("spec_type", "none") != "none"
+            and hardware_of(r.params) == start.hardware
+            and r.params.get("experts") == start.experts
+        ]
+        best = max(rivals, key=lambda r: r.measured_value, default=None)
+        ceiling = byte_ceiling(share)
+        if not alone or best is None or best.measured_value / alone < UNPAYABLE_MARGIN * ceiling:
+            return None
+        return (
+            f"{option_name(option)} not probed: it reads {share:.0%} of the target's weight bytes a token, so no K "
+            f"speeds decode past x{ceiling:.1f}; {describe_speculation(best.params)} measured "
+            f"x{best.measured_value / alone:.1f}"
+        )
 
     def target_alone(self, hardware: dict, experts: Any) -> float | None:
         """The best completed rate of the target alone at these hardware knobs and experts."""
