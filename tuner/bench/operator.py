@@ -52,10 +52,8 @@ WARM_FROM = {
 }
 TOLERANCE = 0.03
 CHECKPOINTS = (10, 20, 40)
-REAL_MEDIAN, REAL_WORST = (
-    8,
-    20,
-)  # trials to the tolerance on a host's real thread range: median, every seed (docs/decisions.md, "The budget's end")
+# trials to the tolerance on a host's real thread range: median, every seed (docs/decisions.md, "The budget's end")
+REAL_MEDIAN, REAL_WORST = 8, 20
 FLAT_NEAR_ALL_CORES = ("threads-flat",)
 MAX_BEYOND_LADDER = 3  # thread trials past the ladder where decode is flat near all cores
 

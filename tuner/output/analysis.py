@@ -498,9 +498,8 @@ class ReportData:
     sentinels: pd.DataFrame  # baseline and sentinel trials: time, tokens/s, worker
     race: RaceResult | None
     acceptance_model: pd.DataFrame  # the structured sampler's fitted model against measured points
-    unprobed: list[str] = field(
-        default_factory=list
-    )  # drafts the probes left out, and why (structured_sampler)
+    # the drafts the probes left out, and why (``structured_sampler.unprobed``)
+    unprobed: list[str] = field(default_factory=list)
     per_type: PerTypeResult | None = None  # the last per-type race (tuner export --per-type)
     families: pd.DataFrame | None = None  # per content type: best draft-only, lookup-only and stacked trial
     concurrency: pd.DataFrame | None = (

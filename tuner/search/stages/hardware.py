@@ -37,7 +37,14 @@ from tuner.decisions.evidence import THREAD_TIE
 from tuner.knobs.registry import SERVING_KNOBS
 from tuner.search.history import PastTrial
 from tuner.search.prior import HW_KNOBS, describe_prior
-from tuner.search.stages.configs import describe_speculation, hardware_of, hardware_params, nearest, option_of
+from tuner.search.stages.configs import (
+    describe_speculation,
+    hardware_of,
+    hardware_params,
+    is_stacked,
+    nearest,
+    option_of,
+)
 from tuner.search.stages.state import Proposal, SearchState
 
 LADDER = (0.75, 0.5, 0.25)  # shares of the cores walked after all of them
@@ -109,17 +116,18 @@ def model_pick(state: SearchState, best: PastTrial) -> PastTrial:
     one launch reading high does not outvote the fit (docs/decisions.md, "The budget's end")."""
     start = state.start()
     option = option_of(best.params)
-    if option is None or hardware_of(best.params) != start.hardware:
-        return best
+    if option is None or option[0] != "draft-simple" or is_stacked(best.params):
+        return best  # a lookup's fit does not know the keys it misses (refinement keeps its measured K too)
     model = state.fit_option(option, start.temperature, start.experts)
-    if model is None or len(model.points) < 2:
+    if model is None or len(model.points) < 2 or hardware_of(best.params) != start.hardware:
         return best
+    others = {k: v for k, v in best.params.items() if k != "draft_max"}
     close = [
         r
-        for r in state.family(best.params)
+        for r in state.measured(**others)
         if r.state == "complete"
         and r.feasible
-        and r.params.get("draft_max")
+        and set(r.params) == set(best.params)
         and r.measured_value >= (1 - state.close) * best.measured_value
     ]
     return max(close, key=lambda r: (model.predict(r.params["draft_max"]), r.measured_value), default=best)
