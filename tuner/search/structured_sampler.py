@@ -33,6 +33,7 @@ from tuner.machine.bandwidth import PLANNER_SHARE, bandwidth_saturation
 from tuner.search.history import PLAN_ATTR, objective_level, read_history
 from tuner.search.planner import plan
 from tuner.search.speedup_model import draft_byte_shares, measured_acceptance
+from tuner.search.stages import probes
 from tuner.search.stages.configs import KnobValues, option_name
 from tuner.search.stages.state import SearchState
 from tuner.storage import store
@@ -146,13 +147,7 @@ def unprobed(study: optuna.Study) -> list[str]:
     """For the report: one line per draft the probes left out because its weight bytes cap its speedup below
     one measured (``SearchState.beyond_reach``), as the study's trials read now."""
     state = _finished_state(study)
-    if state is None:
-        return []
-    return [
-        why
-        for option in state.options()
-        if not state.alone_at_start(option) and (why := state.beyond_reach(option)) is not None
-    ]
+    return [] if state is None else probes.passed_over(state)
 
 
 def _finished_state(study: optuna.Study) -> SearchState | None:

@@ -329,9 +329,8 @@ class StudyRecord:
         )
 
 
-REMEMBERING_LOOKUP = (
-    "remembering_lookup"  # measurement's key: how a lookup that remembers requests is measured
-)
+# the measurement record's key: how a lookup that remembers requests is measured
+REMEMBERING_LOOKUP = "remembering_lookup"
 
 
 def measurement_record(settings: dict, spec_values: list[str]) -> dict:

@@ -30,3 +30,12 @@ def propose(state: SearchState) -> Proposal | None:
         for option in options
         if not state.alone_at_start(option) and state.beyond_reach(option) is None
     )
+
+
+def passed_over(state: SearchState) -> list[str]:
+    """Why each option not probed at the start is left out (``SearchState.beyond_reach``), for the report."""
+    return [
+        why
+        for option in state.options()
+        if not state.alone_at_start(option) and (why := state.beyond_reach(option)) is not None
+    ]
