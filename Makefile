@@ -148,9 +148,9 @@ worker: models
 	@echo "$(TUNER) worker studies/$(STUDY).yaml$(if $(STORAGE), --storage <STORAGE: password not shown>)"
 	@$(TUNER) worker studies/$(STUDY).yaml $(if $(STORAGE),--storage '$(STORAGE)')
 
-# Benchmarks of the tuner itself: search efficiency on a recorded grid, overhead
-# and validity against llama-bench, repeatability over two seeds. Results in reports/bench/.
+# Benchmarks of the tuner itself (benchmarks/, outside the installed package): search efficiency on a
+# recorded grid, overhead and validity against llama-bench, repeatability over two seeds. Results in reports/bench/.
 .PHONY: bench
 bench: models
 	$(TUNER) synthetic --scale
-	$(TUNER) bench
+	$(PY) -m benchmarks bench

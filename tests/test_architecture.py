@@ -86,20 +86,19 @@ def test_architecture_names_only_modules_that_exist():
     named = {name.strip("`/ ") for row in rows for name in re.split(r"`, `|`\s*,\s*`", row)}
     assert named, "no module table found"
     for name in named:
-        path = PACKAGE / name
+        path = (ROOT if name.startswith("benchmarks") else PACKAGE) / name
         assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), name
 
 
 def test_only_the_store_touches_user_attrs():
     """Records are written and read through tuner.storage.store only. Exceptions: the heartbeat retry hands
     Optuna the attrs ``store.requeue_attrs`` made, and the journal a trial with ``store.record_attrs``;
-    the outage wrapper names storage methods; the benchmark replay keys its simulated trials."""
+    the outage wrapper names storage methods."""
     allowed = {
         "tuner/storage/store.py",
         "tuner/storage/coordination.py",
         "tuner/storage/journal.py",
         "tuner/storage/outage.py",
-        "tuner/bench/replay.py",
     }
     offenders = [
         str(p.relative_to(ROOT))
@@ -107,6 +106,36 @@ def test_only_the_store_touches_user_attrs():
         if re.search(r"user_attrs|set_user_attr", p.read_text()) and str(p.relative_to(ROOT)) not in allowed
     ]
     assert offenders == []
+
+
+def imports_of(path: Path) -> set[str]:
+    """Top-level names of every module ``path`` imports, at module level or inside functions."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_product_never_imports_its_benchmarks():
+    """benchmarks/ sits outside the installed package: an import of it from tuner/ breaks every installed tuner."""
+    offenders = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if "benchmarks" in imports_of(p)]
+    assert offenders == []
+    assert not (PACKAGE / "bench").exists()
+
+
+def test_every_benchmark_module_is_named():
+    """Each module of benchmarks/ has its line in ARCHITECTURE.md, as tuner/'s do."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    modules = [
+        str(p.relative_to(ROOT).with_suffix(""))
+        for p in (ROOT / "benchmarks").rglob("*.py")
+        if p.stem not in ("__init__", "__main__")
+    ]
+    named = [m for m in modules if f"`{m}`" in text or f"`{m.rsplit('/', 1)[0]}/`" in text]
+    assert modules and sorted(named) == sorted(modules)
 
 
 def stage_modules() -> list[str]:
@@ -146,8 +175,9 @@ ONE_LETTER_NAMES = 120
 
 
 def sources() -> dict[str, str]:
-    """Every module of tuner/ by its path from the repository root."""
-    return {str(p.relative_to(ROOT)): p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
+    """Every module of tuner/ and of its benchmarks by its path from the repository root."""
+    files = sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "benchmarks").rglob("*.py"))
+    return {str(p.relative_to(ROOT)): p.read_text() for p in files}
 
 
 def functions(source: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
@@ -312,13 +342,15 @@ def test_no_comment_cites_history():
 def test_every_help_page_prints(capsys):
     """`tuner --help` and each command's --help exit 0 (a bare % in a help string once made the top page a
     traceback)."""
-    from tuner.cli import SUBCOMMANDS, main
+    from benchmarks.cli import BENCHMARKS
+    from tuner.cli import TUNER, main
 
-    for argv in [["--help"]] + [[name, "--help"] for name, _, _ in SUBCOMMANDS]:
-        with pytest.raises(SystemExit) as done:
-            main(argv)
-        assert done.value.code == 0, argv
-        assert "usage: tuner" in capsys.readouterr().out, argv
+    for line in (TUNER, BENCHMARKS):
+        for argv in [["--help"]] + [[name, "--help"] for name, _, _ in line.subcommands]:
+            with pytest.raises(SystemExit) as done:
+                main(argv, line)
+            assert done.value.code == 0, argv
+            assert f"usage: {line.prog}" in capsys.readouterr().out, argv
 
 
 def floors_in(text: str) -> list[tuple[str, ...]]:

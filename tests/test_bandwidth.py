@@ -12,13 +12,14 @@ import pytest
 from fake_llama_server import write_study
 from plotly.offline import get_plotlyjs
 
+from benchmarks.replay import replay_record
 from tuner.cli import main
 from tuner.machine import bandwidth as bandwidths
 from tuner.machine.bandwidth import BandwidthCurve, bandwidth_saturation, curve_of, probe_counts
 from tuner.machine.fingerprint import COMPARABILITY_KEYS
 from tuner.output.report_figures import threads_caption, threads_figure
 from tuner.search.prior import same_machine
-from tuner.storage.records import StudyRecord, changes
+from tuner.storage.records import changes
 
 GB = 1e9
 # a server's shape: the copy bandwidth rises with threads, then flattens (and dips a little at all cores)
@@ -134,10 +135,8 @@ def test_the_probe_measures_every_count_of_the_ladder():
 def test_a_curve_that_moved_is_no_reason_to_refuse_a_resume():
     assert "bandwidth_by_threads" not in COMPARABILITY_KEYS
     fp = {"cpu_model": "x", "physical_cores": 4, "bandwidth_bytes_per_s": 20 * GB}
-    a = StudyRecord.for_replay(
-        "s", {}, ("tokens_per_second",), {**fp, "bandwidth_by_threads": RISING.to_json()}
-    )
-    b = StudyRecord.for_replay("s", {}, ("tokens_per_second",), {**fp, "bandwidth_by_threads": None})
+    a = replay_record("s", {}, ("tokens_per_second",), {**fp, "bandwidth_by_threads": RISING.to_json()})
+    b = replay_record("s", {}, ("tokens_per_second",), {**fp, "bandwidth_by_threads": None})
     assert changes(a, b) == [] and same_machine(a, b)
 
 

@@ -15,12 +15,12 @@ import optuna
 import pandas as pd
 import pytest
 
-from tuner.bench import replay
-from tuner.bench.grid import grid_configs
-from tuner.bench.scale_regime import markdown as scale_markdown
-from tuner.bench.scale_regime import recorded_regime
-from tuner.bench.table import read_table
-from tuner.cli import main
+from benchmarks import replay
+from benchmarks.grid import grid_configs
+from benchmarks.scale_regime import markdown as scale_markdown
+from benchmarks.scale_regime import recorded_regime
+from benchmarks.table import read_table
+from benchmarks.cli import main
 from tuner.decisions.race.results import RaceResult
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, IntRange
@@ -141,7 +141,7 @@ def test_bench_search_compares_every_strategy(tmp_path, capsys):
 
 
 def scale_sweep(folder: Path, suite: str, counted: bool) -> None:
-    """A recorded scale sweep (as ``tuner record-grid`` leaves it) from the speculation model itself: a cheap
+    """A recorded scale sweep (as ``python -m benchmarks record-grid`` leaves it) from the speculation model itself: a cheap
     draft whose rounds cost half a step besides their tokens, and an n-gram lookup drafting on one step in
     ten; 5 prompts of 48 tokens, 2 repetitions. ``counted``: rows carry their generated tokens and requests
     (else the reference's outputs tell them); the draft's K=8 is recorded twice, busy first."""
@@ -307,7 +307,7 @@ def test_bench_scale_reads_summaries_stacks_and_the_races_deployment_against_eac
 def test_the_sweeps_relaunched_leaders_rank_its_best_and_read_the_races_deployment(tmp_path):
     """One launch each put the draft's K=4 first; its leaders launched again rank K=3 first: that is the sweep's
     best, and the race's deployment (K=4) is read at its relaunched speedup."""
-    from tuner.bench.sweep_leaders import leaders, leaders_path
+    from benchmarks.sweep_leaders import leaders, leaders_path
 
     scale_sweep(tmp_path, "code", counted=True)
     rows = [json.loads(line) for line in (tmp_path / "grid-scale-grid-code.jsonl").read_text().splitlines()]
@@ -565,7 +565,7 @@ def test_record_grid_launches_its_leaders_again_interleaved_with_the_baseline(
     """--leader-rounds 2: the feasible speculative rows within 10% of the best and the baseline launched once a
     round; each leader's speedup is its median rate over the baseline's, its range the per-round ratios."""
     import tuner.measurement.measured_launch as launches
-    from tuner.bench.sweep_leaders import read_leaders
+    from benchmarks.sweep_leaders import read_leaders
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     monkeypatch.setattr(launches, "busy_processes", lambda *args, **kwargs: {})
@@ -599,7 +599,7 @@ def test_record_grid_launches_a_long_sweeps_baseline_midway_and_at_its_end_and_d
 ):
     """A sweep of at least ``CHECKED_SWEEP`` launches launches its baseline again midway and at its end; the
     reference keeps each launch's rate, and the table's speedups divide by their median."""
-    import tuner.bench.grid_recorder as recorder
+    import benchmarks.grid_recorder as recorder
     import tuner.measurement.measured_launch as launches
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
@@ -631,7 +631,7 @@ def test_record_grid_refuses_a_range(synthetic_models, tmp_path, monkeypatch, ca
 def test_overhead_compares_a_trial_with_llama_bench_in_alternating_rounds(
     synthetic_models, tmp_path, monkeypatch
 ):
-    from tuner.bench.overhead import markdown, measure_overhead
+    from benchmarks.overhead import markdown, measure_overhead
     from tuner.prepare import prepare
     from tuner.studyfile.spec import load_spec
 
@@ -658,7 +658,7 @@ def test_overhead_compares_a_trial_with_llama_bench_in_alternating_rounds(
 def test_repeatability_races_two_seeds_and_checks_each_deployment_against_the_others_bound(
     synthetic_models, tmp_path, monkeypatch
 ):
-    from tuner.bench.repeat import markdown, measure_repeatability
+    from benchmarks.repeat import markdown, measure_repeatability
     from tuner.paths import models_dir
     from tuner.studyfile.spec import RaceSpec
 

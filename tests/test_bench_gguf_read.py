@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from gguf_factory import DEFAULT_VOCAB_SIZE, write_gguf
 
-from tuner.bench import gguf_read
+from benchmarks import gguf_read
 from tuner.errors import UserError
 
 

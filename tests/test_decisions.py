@@ -16,6 +16,7 @@ from collections import Counter
 
 import pytest
 
+from benchmarks.previous_rules import never_foresee
 from tuner.decisions import evidence
 from tuner.decisions.drift import MIN_LAUNCH_SIGMA, PRIOR_LAUNCH_SIGMA, allowed_launch_spread, chi2_quantile
 from tuner.decisions.race import (
@@ -529,14 +530,14 @@ def test_pruning_spends_its_error_over_the_looks_and_counts_both_launches():
 
 
 def test_equal_configurations_are_rarely_pruned_on_a_simulated_host():
-    from tuner.bench.race_bench import prune_cell
+    from benchmarks.race_bench import prune_cell
 
     cell = prune_cell(0.05, runs=150, seed=7)
     assert cell["new_one"] <= 0.08 and cell["new_one"] <= cell["old_one"]
 
 
 def test_the_decision_benchmark_runs_the_product_code_and_prints_its_targets():
-    from tuner.bench.race_bench import markdown, measure_decisions
+    from benchmarks.race_bench import markdown, measure_decisions
 
     result = measure_decisions(runs=8, seed=1)
     text = markdown(result)
@@ -557,7 +558,7 @@ def test_the_decision_benchmark_runs_the_product_code_and_prints_its_targets():
 
 def test_more_race_rounds_buy_fewer_wrong_deployments_at_more_launches():
     """The trade the issue-22 bar sits on: at 5% launch and round spread a 3% gap needs many rounds."""
-    from tuner.bench.race_bench import round_budget_cells
+    from benchmarks.race_bench import round_budget_cells
 
     short, _, _, long = round_budget_cells(runs=150, seed=3, spec=SPEC, previous=False)
     assert long["new"]["wrong"] + 0.05 < short["new"]["wrong"]
@@ -1078,7 +1079,7 @@ def stand_in_race(seed: int, foresee_cap: bool, spec: RaceSpec = RaceSpec()):
         {},
         spec,
         progress=Progress.untimed(lines.append),
-        options=LoopOptions(foresee_cap=foresee_cap),
+        options=LoopOptions() if foresee_cap else LoopOptions(foresee=never_foresee),
     )
     return race_rounds, outcome, lines
 
@@ -1152,7 +1153,7 @@ def test_a_race_that_decides_before_its_cap_is_unchanged_by_the_cap_rule():
                 {},
                 SPEC,
                 progress=Progress.untimed(lines.append),
-                options=LoopOptions(foresee_cap=foresee),
+                options=LoopOptions() if foresee else LoopOptions(foresee=never_foresee),
             )
             runs.append((lines, log, race_rounds.measured, outcome.verdict))
         assert runs[0] == runs[1] and "forecast" not in "".join(runs[0][0])

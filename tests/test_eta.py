@@ -17,7 +17,7 @@ from fake_llama_server import write_study
 from tuner import eta
 from tuner.cli import main
 from tuner.errors import UserError
-from tuner.machine.llama_build import _run_logged, build_eta
+from tuner.machine.llama_build import build_eta, run_logged
 from tuner.paths import REPO_ROOT
 from tuner.prepare import prepare, study_estimate
 from tuner.progress import Progress
@@ -125,7 +125,7 @@ def test_the_build_line_says_elapsed_and_what_is_left(tmp_path, capsys):
     assert build_eta(60, 25) == "1m00s elapsed, ~3m00s left" and build_eta(5, 0) == "5s elapsed"
     script = "; ".join(f"print('[ {p:2d}%] Building x')" for p in (5, 10, 50, 100))
     with open(tmp_path / "build.log", "w") as log:
-        _run_logged([sys.executable, "-c", script], log, progress=True)
+        run_logged([sys.executable, "-c", script], log, progress=True)
     printed = capsys.readouterr().out.splitlines()
     assert [line.split(" (")[0] for line in printed] == ["llama.cpp: 5%", "llama.cpp: 50%", "llama.cpp: 100%"]
     assert all(re.search(r"\(\d+s elapsed, ~\d+s left\)$", line) for line in printed)

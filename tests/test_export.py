@@ -29,6 +29,7 @@ from fake_llama_server import (
     write_study,
 )
 
+from benchmarks.replay import replay_record
 from tuner.cli import main
 from tuner.decisions.deployment import choose, race_policy
 from tuner.decisions.race import Entry, RaceResult
@@ -772,13 +773,11 @@ def test_the_preset_says_how_threads_and_prompt_threads_were_chosen():
 
     from tuner.decisions.deployment import thread_notes
     from tuner.knobs.config import TrialConfig
-    from tuner.storage.records import StudyRecord, TrialRecord
+    from tuner.storage.records import TrialRecord
 
     space = {"threads": ["IntRange", {"low": 1, "high": 96, "step": 1, "log": False}]}
     trial = TrialRecord(5, "COMPLETE", "search", TrialConfig(threads=48))
-    threads, batch = thread_notes(
-        StudyRecord.for_replay("s", space, ("tokens_per_second",)), trial, pd.DataFrame()
-    )
+    threads, batch = thread_notes(replay_record("s", space, ("tokens_per_second",)), trial, pd.DataFrame())
     assert threads.startswith("threads 48: searched over 1..96") and batch.startswith(
         "threads-batch 48: not tuned"
     )
@@ -793,7 +792,7 @@ def test_the_preset_says_how_threads_and_prompt_threads_were_chosen():
         }
     )
     tuned = TrialRecord(5, "COMPLETE", "search", TrialConfig(threads=48, threads_batch=96))
-    _, batch = thread_notes(StudyRecord.for_replay("s", searched, ("tokens_per_second",)), tuned, frame)
+    _, batch = thread_notes(replay_record("s", searched, ("tokens_per_second",)), tuned, frame)
     assert batch.startswith(
         "threads-batch 96: tuned apart on prompt throughput, 410 prompt tokens/s against 300 at 48"
     )

@@ -934,7 +934,7 @@ def test_a_storage_other_than_sqlite_or_postgresql_names_its_scheme_and_the_supp
 
 
 def test_bench_search_on_a_bind_table_without_numa_node_is_one_line(tmp_path, capsys):
-    from tuner.cli import main
+    from benchmarks.cli import main
 
     rows = [
         "spec_type,draft_max,numa,threads,tokens_per_second,acceptance,quality,cv,quality_floor,feasible,status",
@@ -949,7 +949,7 @@ def test_bench_search_on_a_bind_table_without_numa_node_is_one_line(tmp_path, ca
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(
-        "tuner bench-search: error: column 'numa_node': not among the table's parameters, and the default "
+        "python -m benchmarks bench-search: error: column 'numa_node': not among the table's parameters, and the default "
         "sampler asks it for rows with numa bind"
     )
     # the same table with the node, and with one thread count throughout (a one-core host): replayed

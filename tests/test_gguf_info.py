@@ -490,7 +490,7 @@ def test_real_llama_cpp_vocabs(llama_bin_dir) -> None:
 
 
 def test_inspect_gemma_3_270m(capsys) -> None:
-    from tuner.bench.gguf_read import gemma_270m
+    from benchmarks.gguf_read import gemma_270m
 
     path = gemma_270m()
     if path is None:

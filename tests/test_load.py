@@ -13,7 +13,8 @@ import optuna
 import pytest
 import yaml
 
-from tuner.bench.concurrency import LevelComparison, parse_batched_bench
+from benchmarks.concurrency import LevelComparison, parse_batched_bench
+from benchmarks.replay import replay_record
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, RawSpace, TrialConfig
 from tuner.measurement.launch import LaunchContext, build_server_command, model_flags
@@ -22,7 +23,7 @@ from tuner.measurement.workload import Prompt, load_workload
 from tuner.paths import models_dir
 from tuner.progress import Progress
 from tuner.search.space import SpaceHost, SpaceTarget, resolve_space, suggest
-from tuner.storage.records import StudyRecord, TrialRecord, changes
+from tuner.storage.records import TrialRecord, changes
 from tuner.studyfile.spec import load_spec
 from tuner.studyfile.validate import Fields
 from tuner.studyfile.written_space import parse_space
@@ -212,10 +213,8 @@ def test_load_objectives_and_bounds_name_their_level(tmp_path, synthetic_models)
 def test_a_study_of_one_user_drives_no_load_and_stores_what_it_always_stored(tmp_path, synthetic_models):
     spec = load_spec(write(tmp_path, workload={"concurrency": [1]}))
     assert spec.load_levels == () and "concurrency" not in spec.measurement.comparability()
-    old = StudyRecord.for_replay("s", {}, ("tokens_per_second",), workload={"digest": "abc"})
-    new = StudyRecord.for_replay(
-        "s", {}, ("tokens_per_second",), workload={"digest": "abc", "concurrency": [1, 2]}
-    )
+    old = replay_record("s", {}, ("tokens_per_second",), workload={"digest": "abc"})
+    new = replay_record("s", {}, ("tokens_per_second",), workload={"digest": "abc", "concurrency": [1, 2]})
     assert old.comparability()["workload.concurrency"] == [1]
     assert any(line.startswith("workload.concurrency differs") for line in changes(old, new))
 
@@ -409,7 +408,7 @@ def test_a_study_of_two_levels_stores_each_level_its_objectives_and_bounds(tmp_p
 def test_the_bench_compares_the_load_with_batched_bench_level_by_level(
     tmp_path, synthetic_models, monkeypatch
 ):
-    from tuner.bench.concurrency import markdown, measure_concurrency, to_dict
+    from benchmarks.concurrency import markdown, measure_concurrency, to_dict
     from tuner.prepare import prepare
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))

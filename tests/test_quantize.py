@@ -7,6 +7,7 @@ import pytest
 import yaml
 from gguf_factory import write_gguf
 
+from benchmarks.replay import replay_record
 from tuner.errors import UserError
 from tuner.machine.topology import read_topology
 from tuner.models.gguf_info import read_model_info
@@ -78,7 +79,7 @@ def test_the_source_digest_is_hashed_once_per_path_size_and_mtime(tmp_path, monk
 
 
 def test_provenance_is_part_of_what_makes_two_studies_comparable():
-    base = StudyRecord.for_replay("s", {}, ("tokens_per_second",))
+    base = replay_record("s", {}, ("tokens_per_second",))
     made = {"source": "/m/t.gguf", "source_sha256": "ab" * 32, "type": "Q8_0", "command": ["llama-quantize"]}
     with_variant = replace(base, quantized_drafts={"t-Q8_0": made})
     assert changes(base, base) == []

@@ -13,10 +13,10 @@ from dataclasses import replace
 import optuna
 import pytest
 
-from tuner.bench import operator as op
-from tuner.bench.landscape_model import Grounding
-from tuner.bench.landscape_simulation import configurations
-from tuner.bench.operator_landscapes import CODER_DRAFTS, SERVE, SpaceOptions, landscapes, operator_space
+from benchmarks import operator_replay as op
+from benchmarks.landscape_model import Grounding
+from benchmarks.landscape_simulation import configurations
+from benchmarks.operator_landscapes import CODER_DRAFTS, SERVE, SpaceOptions, landscapes, operator_space
 from tuner.knobs.config import TrialConfig
 from tuner.search import history
 from tuner.search.prior import admitted, find_prior

@@ -9,7 +9,7 @@ Here every study file is checked three ways:
 - ``tuner run STUDY --check`` (models read, space resolved for this machine, prompts counted
   in the target's tokens) where its models are here; skipped, naming the file and how to get
   it, only where one is absent (``$MODELS`` for the Qwen studies, ``tuner models gemma3-270m``);
-- ``tuner bench --quick``: every section of ``make bench`` on the default studies, each on its
+- ``python -m benchmarks bench --quick``: every section of ``make bench`` on the default studies, each on its
   smallest input (a couple of minutes on two cores).
 """
 
@@ -124,7 +124,7 @@ def test_every_study_file_passes_check_where_its_models_are(study, llama_bin_dir
     assert main(["run", str(study), "--check"]) == 0
     assert load_spec(study).name in capsys.readouterr().out  # the resolved space, named by its study
     if study.stem == "bench-grid":  # `make bench` records its whole space: every knob must be choices
-        from tuner.bench.grid import grid_configs
+        from benchmarks.grid import grid_configs
         from tuner.prepare import prepare
 
         assert len(grid_configs(prepare(load_spec(study)).space)) > 1
@@ -132,8 +132,10 @@ def test_every_study_file_passes_check_where_its_models_are(study, llama_bin_dir
 
 def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_models, tmp_path, capsys):
     """`make bench`'s own studies (bench-grid, demo, scale-grid), every section on its smallest input."""
+    from benchmarks.cli import main as bench_main
+
     out = tmp_path / "bench"
-    assert main(["bench", "--quick", "--out", str(out)]) == 0
+    assert bench_main(["bench", "--quick", "--out", str(out)]) == 0
     result = json.loads((out / "bench.json").read_text())
     sections = [
         "search",
@@ -163,4 +165,8 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_mo
     quant = result["quantization"]  # 6: the scale target's Q4_0 against its F16, two rounds in --quick
     assert quant["source"] == "scale-target.gguf" and len(quant["ratios"]) == 2
     md = (out / "bench.md").read_text()
-    assert md.startswith("# tuner bench (--quick") and md.count("\n## ") == 10 and "Whole bench:" in md
+    assert (
+        md.startswith("# python -m benchmarks bench (--quick")
+        and md.count("\n## ") == 10
+        and "Whole bench:" in md
+    )

@@ -12,6 +12,7 @@ import yaml
 from gguf_factory import write_gguf
 
 import tuner.measurement.server_process
+from benchmarks.replay import replay_record
 from tuner.errors import UserError
 from tuner.knobs.config import TrialConfig
 from tuner.studyfile.spec import DEFAULT_TARGET_MAX_KLD, load_spec
@@ -203,7 +204,7 @@ def test_a_study_of_target_variants_measures_each_kld_and_never_deploys_one_over
 def test_a_study_stored_before_target_variants_resumes_and_other_variants_are_refused():
     from tuner.storage.records import StudyRecord, changes
 
-    base = StudyRecord.for_replay("s", {}, ("tokens_per_second",))
+    base = replay_record("s", {}, ("tokens_per_second",))
     old = base.to_json()
     del old["target_variants"]  # a record written before the field existed
     assert (
@@ -219,10 +220,9 @@ def test_a_study_stored_before_target_variants_resumes_and_other_variants_are_re
 def test_doctors_memory_line_names_a_study_whose_models_are_not_here(tmp_path):
     from tuner.machine.topology import read_topology
     from tuner.output.doctor import _memory_line
-    from tuner.storage.records import StudyRecord
 
     record = replace(
-        StudyRecord.for_replay("gone", {}, ("tokens_per_second",)),
+        replay_record("gone", {}, ("tokens_per_second",)),
         target={"path": str(tmp_path / "moved.gguf")},
         measurement={"ctx_size": 512},
     )

@@ -15,6 +15,7 @@ import optuna
 import pytest
 from fake_llama_server import write_study
 
+from benchmarks.replay import replay_record
 from tuner.decisions.drift import Sentinels, sentinel_due
 from tuner.decisions.race import finalists, race_study, verdict_lines
 from tuner.knobs.config import TrialConfig
@@ -30,7 +31,7 @@ from tuner.progress import Progress
 from tuner.run.study_loop import run_study
 from tuner.search.pruning import prune_decision
 from tuner.storage import store
-from tuner.storage.records import Metrics, Spread, StudyRecord, TrialRecord
+from tuner.storage.records import Metrics, Spread, TrialRecord
 from tuner.studyfile.spec import SentinelSpec, load_spec
 
 DATA = Path(__file__).parent / "data"
@@ -150,7 +151,7 @@ def test_a_sentinel_is_due_after_every_n_trials_or_m_minutes_of_this_worker():
 # ------------------------------------------------------------------ the race
 
 
-STUDY = StudyRecord.for_replay("t", {}, ("tokens_per_second",))
+STUDY = replay_record("t", {}, ("tokens_per_second",))
 
 
 def test_finalists_are_the_leader_and_those_within_reach_on_drift_corrected_rates():

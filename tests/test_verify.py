@@ -17,6 +17,7 @@ import pytest
 import yaml
 from fake_llama_server import run_study_file
 
+from benchmarks.replay import replay_record
 from tuner.cli import main
 from tuner.decisions import evidence
 from tuner.decisions.race import Confirmation, Entry, RaceResult
@@ -43,7 +44,6 @@ from tuner.output.report_html import render
 from tuner.output.report_tables import verification_table
 from tuner.output.verify import read_deployed
 from tuner.storage import store
-from tuner.storage.records import StudyRecord
 
 # ------------------------------------------------------------------ the rule
 
@@ -232,7 +232,7 @@ def test_verifications_are_kept_in_order_and_shown_in_the_report():
 
 
 def test_a_study_without_a_race_or_another_studys_section_is_a_one_line_error(tmp_path):
-    study, record = optuna.create_study(), StudyRecord.for_replay("s", {}, ())
+    study, record = optuna.create_study(), replay_record("s", {}, ())
     section = DeployedSection(tmp_path / "p.ini", "s", {}, {}, ("other", 2), ())
     with pytest.raises(
         UserError, match=r"^study 's' has no stored race, so its export claimed no raced speedup; "

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+from dataclasses import dataclass
 
 from tuner.errors import UserError
 from tuner.measurement.server_process import sigterm_as_interrupt
@@ -77,46 +78,36 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
         "tuner.commands.dashboard",
         "serve optuna-dashboard on the studies' storage (127.0.0.1 by default)",
     ),
-    (
-        "record-grid",
-        "tuner.commands.record_grid",
-        "measure every configuration of a small space into a table for bench-search",
-    ),
-    (
-        "bench-search",
-        "tuner.commands.bench_search",
-        "replay a recorded table: trials each sampler needs to find the best configuration",
-    ),
-    (
-        "bench-scale",
-        "tuner.commands.bench_scale",
-        "section 5 from the scale target's recorded K sweeps: best against predicted K, measuring nothing",
-    ),
-    (
-        "bench-operator",
-        "tuner.commands.bench_operator",
-        "replay operator-scale landscapes (96 cores, 3 drafts, MoE, lookup stacks): trials and seconds to 3%%",
-    ),
-    (
-        "bench",
-        "tuner.commands.bench",
-        "benchmark the tuner: search efficiency, overhead vs llama-bench, repeatability",
-    ),
 ]
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+DESCRIPTION = (
+    "Autotune llama.cpp launch configurations (speculative draft, K, temperature, "
+    "MoE experts, NUMA policy, threads) with Optuna studies on CPU servers."
+)
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    """A program of subcommands: ``tuner`` here, ``python -m benchmarks`` for the bench (outside the package)."""
+
+    prog: str
+    description: str
+    subcommands: list[tuple[str, str, str]]
+
+
+TUNER = CommandLine("tuner", DESCRIPTION, SUBCOMMANDS)
+
+
+def build_parser(command: str | None = None, line: CommandLine = TUNER) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported to declare its options."""
     parser = argparse.ArgumentParser(
-        prog="tuner",
-        description=(
-            "Autotune llama.cpp launch configurations (speculative draft, K, temperature, "
-            "MoE experts, NUMA policy, threads) with Optuna studies on CPU servers."
-        ),
-        epilog="Run `tuner COMMAND --help` for the options of one command.",
+        prog=line.prog,
+        description=line.description,
+        epilog=f"Run `{line.prog} COMMAND --help` for the options of one command.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module_name, help_text in SUBCOMMANDS:
+    for name, module_name, help_text in line.subcommands:
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(_module=module_name)
         if name == command:
@@ -124,11 +115,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, line: CommandLine = TUNER) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    names = {name for name, _, _ in SUBCOMMANDS}
+    names = {name for name, _, _ in line.subcommands}
     command = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(command if command in names else None)
+    parser = build_parser(command if command in names else None, line)
     args = parser.parse_args(argv)
     if not getattr(args, "_module", None):
         parser.print_help()
@@ -137,19 +128,19 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.machine import hostlock
 
     # --no-wait, and the command named to whoever waits for this one
-    hostlock.set_process_defaults(not getattr(args, "no_wait", False), args.command)
+    hostlock.set_process_defaults(not getattr(args, "no_wait", False), f"{line.prog} {args.command}")
     try:
-        return _run(module, args)
+        return _run(module, args, line.prog)
     finally:
         hostlock.set_process_defaults(True, None)  # main() called in-process leaves no --no-wait behind
 
 
-def _run(module, args: argparse.Namespace) -> int:
+def _run(module, args: argparse.Namespace, prog: str) -> int:
     try:
         with sigterm_as_interrupt():  # a stopped tuner stops its servers and records the trial, as on Ctrl-C
             return int(module.run(args) or 0)
     except KeyboardInterrupt:
-        print(f"tuner {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog} {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `tuner inspect --json | head`: the reader left, not an error
         sys.stdout = open(os.devnull, "w")
@@ -160,7 +151,7 @@ def _run(module, args: argparse.Namespace) -> int:
         failure = damaged_storage(err) or err
         if not isinstance(failure, UserError):
             raise
-        print(f"tuner {args.command}: error: {failure}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {failure}", file=sys.stderr)
         return failure.exit_code
 
 

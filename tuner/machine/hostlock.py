@@ -3,12 +3,12 @@
 Two llama.cpp runs on one machine measure each other, by far more than any difference a
 study looks for (evidence: docs/decisions.md#one-measurement-per-host), whatever
 storage or study they belong to. So ``tuner run``, ``tuner worker``, ``tuner export``'s
-re-measure, ``tuner bench`` and ``tuner record-grid`` hold one exclusive ``flock`` on one
+re-measure, the bench (``python -m benchmarks bench``, ``record-grid``) hold one exclusive ``flock`` on one
 file per host (``/tmp/llama-tuner-measure.lock``, or ``$TUNER_MEASURE_LOCK``) while they
 measure. A second one waits, saying once who holds it (pid, command, study), or, with
 ``--no-wait``, refuses in one line. The kernel drops the lock when its holder ends however
-it ends, so a killed run never blocks the next. Re-entrant within a process (``tuner
-bench`` runs studies inside its own hold).
+it ends, so a killed run never blocks the next. Re-entrant within a process (the
+bench runs studies inside its own hold).
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ def lock_path() -> Path:
 
 
 def set_process_defaults(wait: bool, command: str | None) -> None:
-    """Whether this process's holds wait (not ``--no-wait``), and the command named to whoever waits for them."""
+    """Whether this process's holds wait (not ``--no-wait``), and the command (``tuner run``) named to whoever
+    waits for them."""
     global _wait_default, _command
     _wait_default = wait
-    _command = f"tuner {command or ''}".strip()
+    _command = command or "tuner"
 
 
 def _open(path: Path) -> int:

@@ -235,20 +235,20 @@ def build_pinned(force: bool = False, jobs: int | None = None) -> dict:
         if manifest_path.is_file() and not force and all((pinned_bin_dir() / t).is_file() for t in TOOLS):
             return json.loads(manifest_path.read_text())
         manifest_path.unlink(missing_ok=True)
-        _require_build_tools()
+        require_build_tools()
         src = source_dir()
         build = root / "build"
         log_path = root / "build.log"
         started = time.monotonic()
         with open(log_path, "w") as log:
             print(f"llama.cpp: configuring in {build} (log: {log_path})", flush=True)
-            _run_logged(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], log)
+            run_logged(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], log)
             jobs = jobs or os.cpu_count() or 2
             print(
                 f"llama.cpp: building {len(TOOLS)} tools with {jobs} jobs (5-12 min on 2 cores, less with more)",
                 flush=True,
             )
-            _run_logged(
+            run_logged(
                 ["cmake", "--build", str(build), "-j", str(jobs), "--target", *TOOLS], log, progress=True
             )
         version = read_binary_version(pinned_bin_dir() / "llama-server")
@@ -273,30 +273,7 @@ def build_pinned(force: bool = False, jobs: int | None = None) -> dict:
         return manifest
 
 
-# Tools only the benchmarks use: built on demand in the cached build (not in TOOLS, whose list keys the cache).
-BENCH_TOOLS = ("llama-batched-bench",)
-
-
-def bench_tool(name: str, bin_dir: str | os.PathLike | None = None) -> Path:
-    """A benchmark-only tool of the pinned build, compiled into its build folder the first time it is
-    asked for (a minute: the libraries are built already); a user build must have it."""
-    folder = resolve_bin_dir(bin_dir)
-    if name not in BENCH_TOOLS or folder != pinned_bin_dir() or (folder / name).is_file():
-        return binary(name, bin_dir)
-    _require_build_tools()
-    root = pinned_root()
-    with open(root.parent / f"{root.name}.lock", "w") as lock, open(root / "build.log", "a") as log:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / name).is_file():
-            print(f"llama.cpp: building {name} (log: {root / 'build.log'})", flush=True)
-            _run_logged(
-                ["cmake", "--build", str(root / "build"), "-j", str(os.cpu_count() or 2), "--target", name],
-                log,
-            )
-    return binary(name, bin_dir)
-
-
-def _require_build_tools() -> None:
+def require_build_tools() -> None:
     missing = [tool for tool in ("cmake", "c++", "make") if shutil.which(tool) is None]
     if missing:
         raise UserError(
@@ -305,7 +282,7 @@ def _require_build_tools() -> None:
         )
 
 
-def _run_logged(cmd: list[str], log, progress: bool = False) -> None:
+def run_logged(cmd: list[str], log, progress: bool = False) -> None:
     """Run a build step, its output into the log; show coarse progress with the time elapsed and left (the
     time so far scaled by the percent to go); fail with the log tail."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

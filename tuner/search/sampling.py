@@ -3,7 +3,7 @@
 Why: the tuner's knobs are mostly categorical (speculative type, draft, K choices,
 threads), so a study's space is a few dozen to a few hundred configurations, and every
 trial costs a server launch and a workload. Replaying recorded grids
-(`tuner bench-search`) showed two ways TPE wastes them:
+(`python -m benchmarks bench-search`) showed two ways TPE wastes them:
 
 * it exploits by proposing configurations it has measured, its incumbent above all
   (evidence: docs/decisions.md#tpe);
@@ -167,7 +167,7 @@ def sampler_for(name: str, seed: int, budget_trials: int) -> optuna.samplers.Bas
     its startup is short because budgets are;
     it never re-measures a configuration nor proposes a knob value blamed for failed or
     infeasible trials (see tuner.search.sampling). Separate from the spec so
-    `tuner bench-search` replays exactly these settings."""
+    `python -m benchmarks bench-search` replays exactly these settings."""
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(20, budget_trials // 3)))
     if name == "random":

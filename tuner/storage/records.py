@@ -280,36 +280,6 @@ class StudyRecord:
             },
         }
 
-    @classmethod
-    def for_replay(
-        cls,
-        name: str,
-        space: dict,
-        objectives: tuple[str, ...],
-        fingerprint: Fingerprint | None = None,
-        target: dict | None = None,
-        workload: dict | None = None,
-        drafts: dict[str, dict] | None = None,
-    ) -> StudyRecord:
-        """A benchmark replay's record: its space and objectives (and, for a modelled host, the machine,
-        target and workload the warm start matches on, the models' weight bytes the probes read); no build."""
-        return cls(
-            name=name,
-            created_by="replay",
-            fingerprint=fingerprint or {},
-            build={},
-            target=target or {},
-            drafts=drafts or {},
-            space=space,
-            space_digest=digest(space),
-            space_notes=(),
-            objectives=tuple(objectives),
-            quality={},
-            spec_path="",
-            workload=workload or {},
-            measurement={},
-        )
-
     def to_json(self) -> dict:
         data = asdict(self)
         data["space_notes"] = list(self.space_notes)

@@ -23,11 +23,12 @@ from tuner.studyfile.spec import RaceSpec
 @dataclass(frozen=True)
 class LoopOptions:
     """What a race's loop is told besides its contenders and rules, each with a default: the title its lines
-    carry (a load class's race names its users) and the clock its time budget reads (a test's own)."""
+    carry (a load class's race names its users), the clock its time budget reads (a test's own) and the rule
+    that foresees its cap (``allocation.foresee``; a benchmark races its own reference in its place)."""
 
     title: str = "race"
     clock: Callable[[], float] = time.monotonic
-    foresee_cap: bool = True  # False: the allocation before the cap rule (the reference the bench compares)
+    foresee: Callable[[RaceRounds, PairedStatistics, RaceSpec, int], bool] = foresee
 
 
 def sequential_race(
@@ -56,7 +57,7 @@ def sequential_race(
     deadline = started + 60 * spec.budget_minutes if spec.budget_minutes else math.inf
     look = None
     for round_index in range(spec.max_rounds):
-        if options.foresee_cap and look is not None and foresee(race_rounds, look, spec, round_index):
+        if look is not None and options.foresee(race_rounds, look, spec, round_index):
             progress(cap_line(look, spec, round_index, title))
         chosen = next_round(race_rounds, look, baseline, spec, round_index)
         launched = launch_round(chosen, round_index)

@@ -41,7 +41,7 @@ def read_table(path: Path) -> pd.DataFrame:
     """A CSV or JSONL table; a missing or empty file is a UserError."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{path}: no such table; record one with `tuner record-grid STUDY`")
+        raise UserError(f"{path}: no such table; record one with `python -m benchmarks record-grid STUDY`")
     try:
         if path.suffix in (".jsonl", ".json"):
             frame = pd.read_json(path, lines=True)

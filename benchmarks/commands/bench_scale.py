@@ -1,4 +1,4 @@
-"""``tuner bench-scale``: section 5 of ``tuner bench`` from sweeps already recorded (``bench/scale_regime``)."""
+"""``python -m benchmarks bench-scale``: section 5 of ``python -m benchmarks bench`` from sweeps already recorded (``benchmarks/scale_regime``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tuner.bench.scale_regime import STUDY, markdown, recorded_regime, stored_race
+from benchmarks.scale_regime import STUDY, markdown, recorded_regime, stored_race
 from tuner.errors import UserError
 from tuner.output.files import write_atomic
 from tuner.paths import reports_dir
@@ -14,7 +14,7 @@ from tuner.paths import reports_dir
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Read the scale target's recorded K sweeps (grid-scale-grid-code, -prose and -summarize, as `tuner bench` "
+        "Read the scale target's recorded K sweeps (grid-scale-grid-code, -prose and -summarize, as `python -m benchmarks bench` "
         "section 5 records them) without measuring: each family's best K against the K the structured search's "
         f"model predicts, the search replayed on each sweep, and the `{STUDY}` study's race (when it has been run "
         "in the storage) against each sweep's best and against the best of the sweeps pooled as the traffic it "

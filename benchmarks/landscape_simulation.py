@@ -1,6 +1,6 @@
 """The operator landscapes' simulation: a landscape's whole space surveyed, and its trials run with noise.
 
-Why a module of its own: a replay asks a landscape two things besides its true speed (``bench/landscape_model``),
+Why a module of its own: a replay asks a landscape two things besides its true speed (``benchmarks/landscape_model``),
 and these are how a study would see it, not how it decodes. ``OperatorLandscape`` is the landscape a replay
 holds. A configuration is a ``tuner.knobs.config.TrialConfig`` from the real ``suggest`` on the landscape's
 ``ResolvedSpace``; ``SpaceSurvey`` walks every configuration ``suggest`` can return and finds the best feasible
@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from tuner.bench.landscape_model import N_PREDICT, LandscapeModel, Outcome, Point, Source
+from benchmarks.landscape_model import N_PREDICT, LandscapeModel, Outcome, Point, Source
 from tuner.knobs.config import Choices, FloatRange, IntRange, TrialConfig
 from tuner.measurement.measure import pooled_from_rates
 from tuner.search.space import ResolvedSpace, suggest

@@ -1,4 +1,4 @@
-"""``tuner bench-search``: samplers replayed on a recorded table (``bench/replay``)."""
+"""``python -m benchmarks bench-search``: samplers replayed on a recorded table (``benchmarks/replay``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from tuner.bench.replay import DEFAULT_OBJECTIVES, STRATEGIES, TOLERANCE, benchmark, load_landscape, markdown
-from tuner.bench.table import read_table
+from benchmarks.replay import DEFAULT_OBJECTIVES, STRATEGIES, TOLERANCE, benchmark, load_landscape, markdown
+from benchmarks.table import read_table
 from tuner.errors import UserError
 from tuner.output.files import write_atomic
 
@@ -15,7 +15,7 @@ from tuner.output.files import write_atomic
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Replay a recorded grid (CSV or JSONL: parameter columns and metric columns, e.g. from "
-        "`tuner record-grid`) as a tabular benchmark: each sampler's suggestions are looked up, tokens/s "
+        "`python -m benchmarks record-grid`) as a tabular benchmark: each sampler's suggestions are looked up, tokens/s "
         "gets noise of the recorded cv, and the trials each needs to come within the tolerance of the best "
         "feasible tokens/s are compared over seeds."
     )

@@ -7,7 +7,7 @@ a launch spread and a per-round spread as on the research hosts), with a 2% chan
 outlier round at a tenth of the rate (a real host's launches occasionally collapse like that). The
 product's own code decides (``tuner.decisions.race.sequential_race`` and ``confirm``,
 ``tuner.decisions.race.within_reach``, ``tuner.search.pruning.should_prune``); the reference is the
-rules that the product's rules replaced (``bench.previous_rules``, printed as "previous" and "old"), so that a
+rules that the product's rules replaced (``benchmarks.previous_rules``, printed as "previous" and "old"), so that a
 change to the product's rules is judged against a fixed bar.
 
 Figures, per cell: interval coverage of the printed speedup; how often the loss bound the race states holds
@@ -24,8 +24,8 @@ import random
 import statistics
 from dataclasses import asdict, dataclass
 
-from tuner.bench import previous_rules
-from tuner.bench.table import markdown_table
+from benchmarks import previous_rules
+from benchmarks.table import markdown_table
 from tuner.decisions import evidence
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, allowed_launch_spread
 from tuner.decisions.race import LoopOptions, confirm, sequential_race, within_reach
@@ -99,7 +99,7 @@ def host_draws(
 @dataclass(frozen=True)
 class Host:
     """A simulated race drawn before it runs (``host_draws``), and the allocation it is raced with:
-    ``foresee_cap=False``, the allocation before the cap was foreseen."""
+    ``foresee_cap=False``, the allocation before the cap was foreseen (``previous_rules.never_foresee``)."""
 
     draws: list[list[float]]
     foresee_cap: bool = True
@@ -140,7 +140,7 @@ def new_race(
         {n: resources[index[n]] for n in names},
         spec,
         progress=Progress.quiet(),
-        options=LoopOptions(foresee_cap=foresee_cap),
+        options=LoopOptions() if foresee_cap else LoopOptions(foresee=previous_rules.never_foresee),
     )
     assert outcome.speedup is not None, "sequential_race states the winner's speedup over the baseline"
     ratio, launches = outcome.speedup, race_rounds.launches

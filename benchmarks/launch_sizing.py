@@ -17,7 +17,7 @@ import random
 import statistics
 from dataclasses import asdict, dataclass, replace
 
-from tuner.bench.race_bench import (
+from benchmarks.race_bench import (
     LAUNCH_SPREADS,
     ROUND_SPREADS,
     Side,
@@ -26,7 +26,7 @@ from tuner.bench.race_bench import (
     new_race,
     side,
 )
-from tuner.bench.table import markdown_table
+from benchmarks.table import markdown_table
 from tuner.decisions.drift import estimated_launch_spread
 from tuner.decisions.launch_size import size
 from tuner.studyfile.spec import RaceSpec

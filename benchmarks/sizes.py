@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tuner.bench.operator_landscapes import LANDSCAPES
+from benchmarks.operator_landscapes import LANDSCAPES
 from tuner.errors import UserError
 from tuner.measurement.workload import load_workload
 from tuner.output.files import write_atomic

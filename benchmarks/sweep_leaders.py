@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from tuner.bench.grid_recorder import row_knobs
+from benchmarks.grid_recorder import row_knobs
 from tuner.decisions.remeasure import config_contender, rounds_of_launches
 from tuner.knobs.config import TrialConfig
 from tuner.measurement.launch import build_server_argv

@@ -1,11 +1,11 @@
-"""``tuner bench``: every benchmark section in one session (``bench/session``)."""
+"""``python -m benchmarks bench``: every benchmark section in one session (``benchmarks/session``)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from tuner.bench.session import Asked, run_bench
+from benchmarks.session import Asked, run_bench
 from tuner.commands.flags import add_no_wait
 from tuner.paths import REPO_ROOT
 

@@ -1,9 +1,9 @@
-"""The sections of ``tuner bench``, in the order a session runs them (``bench/session`` runs and writes them).
+"""The sections of ``python -m benchmarks bench``, in the order a session runs them (``benchmarks/session`` runs and writes them).
 
 1. Search efficiency: record the grid study's landscape fresh, replay it for every
-   strategy over the seeds (`tuner bench-search`); 1b. the same at operator scale, on
+   strategy over the seeds (`python -m benchmarks bench-search`); 1b. the same at operator scale, on
    modelled 96-core landscapes built from the research tables, and on hosts whose threads are every
-   integer from 1 to their cores, as a host presents them (`tuner bench-operator`);
+   integer from 1 to their cores, as a host presents them (`python -m benchmarks bench-operator`);
    1c. the decision rules' error rates on a simulated host with launch effects.
    1d. how much a race launch measures: one pass against the chosen size, at an equal time budget.
 2. Overhead and validity: alternating rounds against llama-bench on the study's target; 2b. the load
@@ -13,10 +13,10 @@
 4. GGUF metadata: today's full parse against the fast, cached read (the Gemma 3 270M file
    when its package is installed, and the study's target).
 5. The research's regime: the scale target's K sweep per content type, recorded fresh, its leaders launched
-   again in interleaved rounds (`bench/sweep_leaders`), against the K the structured search predicts, its pick
-   within 20 trials and the scale study's race (`bench/scale_regime`).
+   again in interleaved rounds (`benchmarks/sweep_leaders`), against the K the structured search predicts, its pick
+   within 20 trials and the scale study's race (`benchmarks/scale_regime`).
 6. The target's quantization: llama-bench decode of the scale target's Q4_0 variant against its F16 variant,
-   interleaved (`bench/quant_speed`).
+   interleaved (`benchmarks/quant_speed`).
 
 Why apart from the session: each section needs its own benchmark's module; the session only runs what they
 describe and keeps the files.
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.bench import (
+from benchmarks import (
     concurrency,
     gguf_read,
     launch_sizing,
-    operator,
+    operator_replay,
     overhead,
     quant_speed,
     race_bench,
@@ -41,9 +41,9 @@ from tuner.bench import (
     replay,
     scale_regime,
 )
-from tuner.bench.grid import record_grid
-from tuner.bench.sizes import Sizes, study_spec
-from tuner.bench.table import read_table
+from benchmarks.grid import record_grid
+from benchmarks.sizes import Sizes, study_spec
+from benchmarks.table import read_table
 from tuner.prepare import prepare
 from tuner.progress import Progress
 
@@ -95,12 +95,12 @@ def _search(grid_study: Path, sizes: Sizes, out: Path) -> Section:
     )
 
 
-def _operator(sizes: Sizes) -> operator.OperatorBenchmark:
+def _operator(sizes: Sizes) -> operator_replay.OperatorBenchmark:
     """The operator-scale replays at the session's sizes (``Sizes.operator``: the landscapes' ``names`` and
-    ``operator.ReplayPlan``'s fields)."""
+    ``operator_replay.ReplayPlan``'s fields)."""
     options = {"seeds": sizes.seeds, **sizes.operator}
-    names = options.pop("names", operator.LANDSCAPES)
-    return operator.benchmark(names, operator.ReplayPlan(**options))
+    names = options.pop("names", operator_replay.LANDSCAPES)
+    return operator_replay.benchmark(names, operator_replay.ReplayPlan(**options))
 
 
 def _simulated(sizes: Sizes) -> list[Section]:
@@ -111,7 +111,7 @@ def _simulated(sizes: Sizes) -> list[Section]:
             "1b/3 search efficiency at operator scale (modelled 96-core landscapes; hosts' real thread ranges)",
             "1b. Search efficiency at operator scale",
             lambda: _operator(sizes),
-            operator.markdown,
+            operator_replay.markdown,
         ),
         Section(
             "decisions",

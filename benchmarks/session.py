@@ -1,5 +1,5 @@
-"""`tuner bench`: the tuner's benchmarks in one session, results under reports/bench/: every section
-(``bench/sections``) at the sizes asked for (``bench/sizes``; ``--quick``: each on its smallest input).
+"""`python -m benchmarks bench`: the tuner's benchmarks in one session, results under reports/bench/: every section
+(``benchmarks/sections``) at the sizes asked for (``benchmarks/sizes``; ``--quick``: each on its smallest input).
 
 Measurements run one after another (never two measurements at once), the replays,
 CPU-bound, after the grid is recorded. Writes ``bench.json`` (everything), ``bench.md``
@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.bench.sections import Section, sections
-from tuner.bench.sizes import Sizes, sizes_of
+from benchmarks.sections import Section, sections
+from benchmarks.sizes import Sizes, sizes_of
 from tuner.machine import hostlock
 from tuner.output.files import write_atomic
 from tuner.paths import reports_dir
@@ -63,7 +63,8 @@ class Session:
             self.out / "bench.md",
             "\n".join(
                 [
-                    "# tuner bench" + (" (--quick: every section on its smallest input)" * self.quick),
+                    "# python -m benchmarks bench"
+                    + (" (--quick: every section on its smallest input)" * self.quick),
                     "",
                     *self.sections,
                     f"{'Whole bench' if last else 'Bench time so far'}: {total / 60:.1f} min.",

@@ -1,4 +1,4 @@
-"""`tuner bench-search TABLE`: replay a recorded grid as a tabular benchmark of samplers.
+"""`python -m benchmarks bench-search TABLE`: replay a recorded grid as a tabular benchmark of samplers.
 
 Why: a tuner is judged by how few trials it needs to find the best configuration, and
 measuring that on hardware takes hours per seed. A recorded grid answers it in
@@ -13,7 +13,7 @@ with the choices so far is not asked: no draft without speculation), the way
 failed trial: in a study it would have cost a launch too.
 
 Every strategy starts with the table's first row, as every study starts with its
-baseline (``tuner record-grid`` writes the baseline first); the grid goes on in table
+baseline (``python -m benchmarks record-grid`` writes the baseline first); the grid goes on in table
 order. Strategies: ``default`` is the project's sampler (``tuner.search.sampling.sampler_for("structured")``
 with the replay's length as its budget); ``today`` the default before it (the no-repeat
 wrapper around TPE, ``sampler_for("tpe")``), which the default must not do worse than;
@@ -40,11 +40,12 @@ import optuna
 import pandas as pd
 from joblib import Parallel, delayed
 
-from tuner.bench.table import parameter_columns
+from benchmarks.table import parameter_columns
 from tuner.errors import UserError
 from tuner.knobs.registry import SPEC_TYPES_WITH_K
+from tuner.machine.fingerprint import Fingerprint
 from tuner.storage import store
-from tuner.storage.records import Failure, Metrics, StudyRecord, TrialRecord, config_from_dict
+from tuner.storage.records import Failure, Metrics, StudyRecord, TrialRecord, config_from_dict, digest
 
 STRATEGIES = ("default", "today", "tpe", "nsga2", "random", "grid")
 DEFAULT_OBJECTIVES = ("tokens_per_second", "acceptance", "quality")  # a study's default objectives
@@ -88,6 +89,35 @@ class Landscape:
 
     def config(self, key: tuple) -> dict[str, Any]:
         return {p: v for p, v in zip(self.params, key) if v is not None}
+
+
+def replay_record(
+    name: str,
+    space: dict,
+    objectives: tuple[str, ...],
+    fingerprint: Fingerprint | None = None,
+    target: dict | None = None,
+    workload: dict | None = None,
+    drafts: dict[str, dict] | None = None,
+) -> StudyRecord:
+    """A benchmark replay's study record: its space and objectives (and, for a modelled host, the machine,
+    target and workload the warm start matches on, the models' weight bytes the probes read); no build."""
+    return StudyRecord(
+        name=name,
+        created_by="replay",
+        fingerprint=fingerprint or {},
+        build={},
+        target=target or {},
+        drafts=drafts or {},
+        space=space,
+        space_digest=digest(space),
+        space_notes=(),
+        objectives=tuple(objectives),
+        quality={},
+        spec_path="",
+        workload=workload or {},
+        measurement={},
+    )
 
 
 def _column_values(column: pd.Series) -> list[Any]:
@@ -282,7 +312,7 @@ def replay(landscape: Landscape, strategy: str, seed: int, budget: int) -> list[
         )
         # what a study records for its sampler: the space (here the table's choices) and the objectives
         space = {p: ["Choices", {"values": list(landscape.domains[p])}] for p in landscape.params}
-        store.write_study_record(study, StudyRecord.for_replay("replay", space, tuple(landscape.objectives)))
+        store.write_study_record(study, replay_record("replay", space, tuple(landscape.objectives)))
         store.enqueue(study, landscape.config(landscape.order[0]), "baseline")  # as in a study
         study.optimize(
             ReplayObjective(landscape, np.random.default_rng(seed)), n_trials=budget, catch=(NotRecorded,)

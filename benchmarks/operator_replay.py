@@ -31,8 +31,8 @@ import numpy as np
 import optuna
 from joblib import Parallel, delayed
 
-from tuner.bench.landscape_simulation import REPETITIONS, OperatorLandscape
-from tuner.bench.operator_landscapes import LANDSCAPES, REAL_RANGE_LANDSCAPES, landscapes
+from benchmarks.landscape_simulation import REPETITIONS, OperatorLandscape
+from benchmarks.operator_landscapes import LANDSCAPES, REAL_RANGE_LANDSCAPES, landscapes
 from tuner.measurement.measure import median_over_repetitions, pooled_from_rates, repetition_cv
 from tuner.search.prior import find_prior
 from tuner.search.pruning import prunes_on, should_prune

@@ -9,7 +9,8 @@ judged against a fixed bar, not against itself. They decide with the product's s
   race.max_rounds (the higher estimate); the printed figure from 4 confirmation rounds of the winner and the
   baseline; a launch far from its finalist's other rounds launched again, once;
 * the finalists: tokens/s x (1 +- 2 cv) overlapping the leader's, at most 4;
-* pruning: the launch spread added once (not on both sides), floored at 2%, no spending over looks.
+* pruning: the launch spread added once (not on both sides), floored at 2%, no spending over looks;
+* the allocation before the cap rule (``never_foresee``): the product's race whose rounds never foresee the cap.
 
 They state no loss bound.
 """
@@ -22,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.decisions import evidence
+from tuner.decisions.race.paired_statistics import PairedStatistics
+from tuner.decisions.race.rounds import RaceRounds
 from tuner.search.pruning import SIGMA_FLOOR, Z, paired_ratios
 from tuner.studyfile.spec import RaceSpec
 
@@ -123,3 +126,9 @@ def prune(samples: list[dict], incumbent: list[dict], launch: float) -> bool:
     unseen_bound = math.exp(max(logs) + Z * sd)
     bound = (pairing.seen * seen_bound + pairing.unseen * unseen_bound) / (pairing.seen + pairing.unseen)
     return bound * math.exp(Z * max(0.02, launch)) < 1.0
+
+
+def never_foresee(race_rounds: RaceRounds, look: PairedStatistics, spec: RaceSpec, done: int) -> bool:
+    """The allocation before the cap rule, in ``LoopOptions.foresee``'s place: the race never foresees its cap, so a
+    rested finalist's turn never goes to the one forecast to set the bound stated at the cap."""
+    return False

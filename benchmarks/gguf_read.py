@@ -113,10 +113,11 @@ def _summary(samples: list[float]) -> dict:
 def _child(mode: str, path: Path, cache_home: str | None = None) -> dict:
     env = {**os.environ, **({"XDG_CACHE_HOME": cache_home} if cache_home else {})}
     proc = subprocess.run(
-        [sys.executable, "-m", "tuner.bench.gguf_read", mode, str(path)],
+        [sys.executable, "-m", "benchmarks.gguf_read", mode, str(path)],
         capture_output=True,
         text=True,
         env=env,
+        cwd=Path(__file__).resolve().parent.parent,  # benchmarks/ is importable from the repository root
     )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]

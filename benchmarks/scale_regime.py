@@ -4,7 +4,7 @@ Why: the built-in target fits in a big server's L3 and its drafts cost a third o
 lookup and the K model were never seen where they matter. ``studies/scale-grid.yaml`` names the scale
 target (1.3 GB, memory-bound on any host; its drafts cost a few hundredths of a step) and the sweep:
 every K of each draft model (alone and with ngram-mod stacked in front) and lookup type, recorded once per
-content type (code, prose, summaries) with ``tuner record-grid``. On each sweep this section reads:
+content type (code, prose, summaries) with ``python -m benchmarks record-grid``. On each sweep this section reads:
 
 - each family's best K in the sweep against the K the structured search predicts for it: the model
   fitted to the probe at K=8 and to the predicted best K measured, as ``search.stages.best_k`` walks it;
@@ -30,11 +30,11 @@ from typing import Any
 
 import pandas as pd
 
-from tuner.bench import replay
-from tuner.bench.grid import record_grid, table_frame
-from tuner.bench.grid_recorder import latest_rows, quiet_readings, rebased, recorded_rows
-from tuner.bench.sweep_leaders import LEADER_ROUNDS, leaders_path, read_leaders
-from tuner.bench.table import markdown_table, read_table
+from benchmarks import replay
+from benchmarks.grid import record_grid, table_frame
+from benchmarks.grid_recorder import latest_rows, quiet_readings, rebased, recorded_rows
+from benchmarks.sweep_leaders import LEADER_ROUNDS, leaders_path, read_leaders
+from benchmarks.table import markdown_table, read_table
 from tuner.decisions.race.results import RaceResult
 from tuner.errors import UserError
 from tuner.figures import percent_up
@@ -212,7 +212,7 @@ def sweep_figures(
     relaunched: dict | None = None,
 ) -> dict[str, Any]:
     """One content type's sweep: per family its best K and the predicted one; the best overall (from the
-    relaunched leaders when ``relaunched``: ``bench/sweep_leaders``); the search's pick within the budget; the
+    relaunched leaders when ``relaunched``: ``benchmarks/sweep_leaders``); the search's pick within the budget; the
     scale study's deployment in it (``race``, when the study was run). ``reference``: the sweep's
     ``.reference.json``, for the decode steps of rows recorded without their own counts (``decode_steps``)."""
     if "draft_max" not in frame.columns:  # a sweep without speculation (a test's, or --quick's first launch)
@@ -330,7 +330,7 @@ def recorded_regime(
 ) -> dict[str, Any]:
     """The same figures from sweeps already recorded in ``folder`` (``grid-NAME-SUITE.jsonl``, its last row per
     configuration, or the ``.csv`` table; the ``.reference.json`` beside it), measuring nothing
-    (``tuner bench-scale``); ``race``: the scale study's, looked up in each sweep."""
+    (``python -m benchmarks bench-scale``); ``race``: the scale study's, looked up in each sweep."""
     sweeps: dict[str, tuple[pd.DataFrame, Path, Path]] = {}
     for suite in SUITES:
         csv = folder / f"grid-{name}-{suite}.csv"
@@ -448,7 +448,7 @@ def _pooled_lines(pooled: dict | None) -> list[str]:
 
 
 def _relaunched_lines(best: dict | None) -> list[str]:
-    """The sweep's leaders as their interleaved relaunches ranked them (``bench/sweep_leaders``), when relaunched."""
+    """The sweep's leaders as their interleaved relaunches ranked them (``benchmarks/sweep_leaders``), when relaunched."""
     relaunched = (best or {}).get("relaunched")
     if not best or not relaunched:
         return []

@@ -8,8 +8,8 @@ strategy can be replayed on it in seconds. They are *not* measured on this machi
 number comes from the published tables of the research notes (each figure's note and section: docs/decisions.md,
 "The research's figures").
 
-The tables set figures; ``bench/landscape_model`` says what they mean (how a configuration decodes) and
-``bench/landscape_simulation`` how a replay sees a landscape (its whole space, a noisy trial). The space
+The tables set figures; ``benchmarks/landscape_model`` says what they mean (how a configuration decodes) and
+``benchmarks/landscape_simulation`` how a replay sees a landscape (its whole space, a noisy trial). The space
 here is the one a study would resolve for a 96-core / 192-thread, 4-node topology (``operator_space``).
 
 Variants (``LANDSCAPES``):
@@ -35,8 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuner.bench.landscape_model import LOGICAL_CPUS, N_PREDICT, Draft, Grounding, Hardware, Lookup, Serving
-from tuner.bench.landscape_simulation import OperatorLandscape
+from benchmarks.landscape_model import LOGICAL_CPUS, N_PREDICT, Draft, Grounding, Hardware, Lookup, Serving
+from benchmarks.landscape_simulation import OperatorLandscape
 from tuner.knobs.config import Choices, Domain, IntRange, RawSpace
 from tuner.search.space import ResolvedSpace, SpaceHost, SpaceTarget, resolve_space
 from tuner.studyfile.validate import Fields

@@ -1,4 +1,4 @@
-"""``tuner bench-operator``: operator-scale landscapes replayed (``bench/operator``)."""
+"""``python -m benchmarks bench-operator``: operator-scale landscapes replayed (``benchmarks/operator_replay``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tuner.bench.operator import LANDSCAPES, STRATEGIES, ReplayPlan, benchmark, markdown
+from benchmarks.operator_replay import LANDSCAPES, STRATEGIES, ReplayPlan, benchmark, markdown
 from tuner.errors import UserError
 
 

@@ -1,6 +1,6 @@
 """The operator landscapes' model: how a configuration decodes on a modelled box, without noise.
 
-Why a module of its own: the landscapes' tables (``bench/operator_landscapes``) only set figures; this is
+Why a module of its own: the landscapes' tables (``benchmarks/operator_landscapes``) only set figures; this is
 what those figures mean. ``LandscapeModel`` holds one box, target and workload; ``SpeedModel`` gives a
 configuration's true per-content rates, acceptance, quality and feasibility (hardware, experts and
 speculation as factors over the target alone), ``ServingModel`` the same for several users in one batch.
@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from benchmarks.replay import replay_record
 from tuner.knobs.config import TrialConfig
 from tuner.machine.bandwidth import FINGERPRINT_KEY, probe_counts
 from tuner.machine.fingerprint import Fingerprint
@@ -248,7 +249,7 @@ class LandscapeModel:
         if self.probed:  # what the copy probe would have measured on this host (tuner.machine.bandwidth)
             fingerprint[FINGERPRINT_KEY] = {str(t): 4e11 * hw.bandwidth(t) for t in probe_counts(hw.cores)}
         sized = {name: {"weights_bytes": self.weights_bytes[name]} for name in self.weights_bytes}
-        return StudyRecord.for_replay(
+        return replay_record(
             self.name,
             self.space.as_dict(),
             objectives,

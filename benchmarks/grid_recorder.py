@@ -1,4 +1,4 @@
-"""The grid's launches measured (``bench/grid`` plans them): one server per launch, one row per configuration
+"""The grid's launches measured (``benchmarks/grid`` plans them): one server per launch, one row per configuration
 appended to ``NAME.jsonl`` and flushed as soon as it is measured, so an interrupted recording resumes where it
 stopped. Why a module of its own: what a grid is (every combination, grouped by launch, the table it ends as)
 and how its rows are measured, resumed and marked change for different reasons.

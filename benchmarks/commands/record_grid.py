@@ -1,11 +1,11 @@
-"""``tuner record-grid``: a small space measured whole into a table (``bench/grid``)."""
+"""``python -m benchmarks record-grid``: a small space measured whole into a table (``benchmarks/grid``)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from tuner.bench.grid import record_grid
+from benchmarks.grid import record_grid
 from tuner.commands.flags import add_no_wait
 from tuner.errors import UserError
 from tuner.progress import Progress
@@ -16,7 +16,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "Measure every configuration of a study's search space (all combinations of its choices; ranges "
         "need explicit choices) on this host, llama-bench style: one server per launch setting, temperatures "
         "as requests to it, rows flushed to JSONL as measured (rerun to resume), then a CSV table for "
-        "`tuner bench-search`."
+        "`python -m benchmarks bench-search`."
     )
     parser.add_argument("study", help="study file, e.g. studies/bench-grid.yaml")
     parser.add_argument(
@@ -37,10 +37,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         if args.leader_rounds < 0:
-            raise UserError("tuner record-grid: --leader-rounds must be 0 or more")
+            raise UserError("python -m benchmarks record-grid: --leader-rounds must be 0 or more")
         csv = record_grid(args.study, args.out, progress=Progress.untimed(), leader_rounds=args.leader_rounds)
     except KeyboardInterrupt:
-        print("tuner record-grid: interrupted; measured rows are kept, run it again to resume", flush=True)
+        print(
+            "python -m benchmarks record-grid: interrupted; measured rows are kept, run it again to resume",
+            flush=True,
+        )
         return 130
     print(f"wrote {csv}")
     return 0

@@ -16,7 +16,9 @@ first, so a change in load hits both; the median of the per-round ratios is prin
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import statistics
 import subprocess
 from dataclasses import dataclass, replace
@@ -24,7 +26,14 @@ from pathlib import Path
 
 from tuner.errors import UserError
 from tuner.knobs.config import TrialConfig
-from tuner.machine.llama_build import bench_tool
+from tuner.machine.llama_build import (
+    binary,
+    pinned_bin_dir,
+    pinned_root,
+    require_build_tools,
+    resolve_bin_dir,
+    run_logged,
+)
 from tuner.measurement.launch import build_server_command, model_options
 from tuner.measurement.load import Level, run_level
 from tuner.measurement.measured_launch import ServerLaunch, measured_launch
@@ -36,6 +45,27 @@ LEVELS = (1, 2, 4)
 TOLERANCE = 0.10
 SLOT_CTX = 512  # tokens per slot: a suite prompt and tg tokens fit
 PINNING_FLAGS = ("--cpu-mask", "--cpu-strict", "--numa")
+
+
+def batched_bench_binary(bin_dir: str | os.PathLike | None = None) -> Path:
+    """llama-batched-bench of the pinned build, compiled into its build folder the first time it is asked for (a
+    minute: the libraries are built already; not in the build's TOOLS, whose list keys the cache); a user build must
+    have it."""
+    name = "llama-batched-bench"
+    folder = resolve_bin_dir(bin_dir)
+    if folder != pinned_bin_dir() or (folder / name).is_file():
+        return binary(name, bin_dir)
+    require_build_tools()
+    root = pinned_root()
+    with open(root.parent / f"{root.name}.lock", "w") as lock, open(root / "build.log", "a") as log:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / name).is_file():
+            print(f"llama.cpp: building {name} (log: {root / 'build.log'})", flush=True)
+            run_logged(
+                ["cmake", "--build", str(root / "build"), "-j", str(os.cpu_count() or 2), "--target", name],
+                log,
+            )
+    return binary(name, bin_dir)
 
 
 @dataclass(frozen=True)
@@ -83,7 +113,7 @@ def batched_bench(
     model = [item for pair in model_options(config, ctx.launch) for item in pair]
     argv = [
         *command.prefix,
-        str(bench_tool("llama-batched-bench", ctx.spec.bin_dir)),
+        str(batched_bench_binary(ctx.spec.bin_dir)),
         *model,
         *pinning,
         "-c",

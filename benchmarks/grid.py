@@ -1,7 +1,7 @@
-"""`tuner record-grid STUDY`: measure every configuration of a small space into a table.
+"""`python -m benchmarks record-grid STUDY`: measure every configuration of a small space into a table.
 
 Why: comparing search strategies needs the whole landscape, measured once on the real
-build; `tuner bench-search` then replays it as often as it likes. The space is the
+build; `python -m benchmarks bench-search` then replays it as often as it likes. The space is the
 study's resolved space, every combination of its choices, asked the way a study asks
 (no draft without speculation); a range has no finite grid, so it is refused.
 
@@ -10,7 +10,7 @@ configurations that differ only in per-request fields (temperature) share one se
 and launches follow the knobs in order (speculative type, then draft model, then K,
 ...), so each draft model is loaded in one stretch. The baseline (the quality
 reference) is measured first. Each row is appended to ``NAME.jsonl`` as soon as it is
-measured (``bench/grid_recorder``), so an interrupted recording resumes where it stopped;
+measured (``benchmarks/grid_recorder``), so an interrupted recording resumes where it stopped;
 the CSV table is written from it at the end.
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
-from tuner.bench.grid_recorder import GridRecorder, Launch, config_key, rebased
-from tuner.bench.sweep_leaders import relaunch_leaders
-from tuner.bench.table import RESULT_COLUMNS
+from benchmarks.grid_recorder import GridRecorder, Launch, config_key, rebased
+from benchmarks.sweep_leaders import relaunch_leaders
+from benchmarks.table import RESULT_COLUMNS
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, TrialConfig
 from tuner.knobs.registry import NAMES as KNOBS
@@ -100,8 +100,8 @@ def record_grid(
     leader_rounds: int = 0,
 ) -> Path:
     """Record (or resume) the study's grid (a study file, or a spec already read); returns the CSV table.
-    ``max_launches``: only the first launches of the plan, the baseline's first (``tuner bench --quick``);
-    ``leader_rounds``: then the leaders and the baseline launched again that many rounds (``bench/sweep_leaders``)."""
+    ``max_launches``: only the first launches of the plan, the baseline's first (``python -m benchmarks bench --quick``);
+    ``leader_rounds``: then the leaders and the baseline launched again that many rounds (``benchmarks/sweep_leaders``)."""
     spec = study if isinstance(study, StudySpec) else load_spec(study)
     ctx = prepare(spec)
     configs = grid_configs(ctx.space, f"{spec.path}: search_space")

@@ -1,0 +1,1 @@
+"""The bench's subcommands (``python -m benchmarks COMMAND``): each parses its flags and calls one benchmark."""
