@@ -36,6 +36,11 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
         "replay operator-scale landscapes (96 cores, 3 drafts, MoE, lookup stacks): trials and seconds to 3%%",
     ),
     (
+        "bench-serve",
+        "benchmarks.commands.bench_serve",
+        "section 7 alone: tuner serve's added latency at 1 and 64 streaming clients; the classifier held out",
+    ),
+    (
         "bench",
         "benchmarks.commands.bench",
         "benchmark the tuner: search efficiency, overhead vs llama-bench, repeatability",

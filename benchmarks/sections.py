@@ -17,6 +17,8 @@
    within 20 trials and the scale study's race (`benchmarks/scale_regime`).
 6. The target's quantization: llama-bench decode of the scale target's Q4_0 variant against its F16 variant,
    interleaved (`benchmarks/quant_speed`).
+7. `tuner serve`: the proxy's added latency against calling its upstream directly at 1 and 64 streaming clients,
+   and the classifier's accuracy on every built-in suite's held-out prompts (`benchmarks/serve_overhead`).
 
 Why apart from the session: each section needs its own benchmark's module; the session only runs what they
 describe and keeps the files.
@@ -40,6 +42,7 @@ from benchmarks import (
     repeat,
     replay,
     scale_regime,
+    serve_overhead,
 )
 from benchmarks.grid import record_grid
 from benchmarks.sizes import Sizes, study_spec
@@ -72,6 +75,7 @@ def sections(
     yield _gguf(gguf, study_spec(study, sizes, out).target, sizes)
     yield _scale(scale_grid, sizes, out)
     yield _quantization(scale_grid, sizes, out)
+    yield _serve(sizes)
 
 
 def _search(grid_study: Path, sizes: Sizes, out: Path) -> Section:
@@ -216,4 +220,18 @@ def _quantization(scale_grid: Path, sizes: Sizes, out: Path) -> Section:
         "6. The target's quantization: Q4_0 against F16 on the scale target",
         lambda: quant_speed.measure(target, rounds, tokens),
         quant_speed.markdown,
+    )
+
+
+def _serve(sizes: Sizes) -> Section:
+    """7. The proxy's own overhead (a fake fast upstream) and the classifier on held-out prompts."""
+    rounds, requests = (2, 2) if sizes.quick else (6, 8)
+    clients = " and ".join(map(str, serve_overhead.CONCURRENCY))
+    return Section(
+        "serve",
+        f"7 tuner serve: added latency at {clients} streaming clients, {rounds} rounds; the classifier held out",
+        "7. tuner serve: the proxy's added latency and the classifier's accuracy",
+        lambda: serve_overhead.benchmark(rounds, requests),
+        serve_overhead.markdown,
+        lambda found: found.to_dict(),
     )

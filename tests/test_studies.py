@@ -148,6 +148,7 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_mo
         "gguf_read",
         "scale_regime",
         "quantization",
+        "serve",
     ]
     assert result["quick"] is True and set(sections) <= set(result)
     assert set(result["timings"]) >= {f"{s}_s" for s in sections} | {"total_s"}
@@ -164,9 +165,11 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_mo
     assert all(Path(s["table"]).read_text().splitlines()[1].startswith("none,") for s in scale.values())
     quant = result["quantization"]  # 6: the scale target's Q4_0 against its F16, two rounds in --quick
     assert quant["source"] == "scale-target.gguf" and len(quant["ratios"]) == 2
+    serve = result["serve"]  # 7: the proxy at 1 and 64 streaming clients, the classifier on every built-in suite
+    assert [x["clients"] for x in serve["latency"]] == [1, 64] and len(serve["accuracy"]) == 8
     md = (out / "bench.md").read_text()
     assert (
         md.startswith("# python -m benchmarks bench (--quick")
-        and md.count("\n## ") == 10
+        and md.count("\n## ") == 11
         and "Whole bench:" in md
     )

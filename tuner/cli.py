@@ -74,6 +74,11 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
         "launch a deployed preset section against the baseline: does the exported speedup still hold here?",
     ),
     (
+        "serve",
+        "tuner.commands.serve",
+        "one OpenAI-compatible endpoint: each request sent to its content type's exported section",
+    ),
+    (
         "dashboard",
         "tuner.commands.dashboard",
         "serve optuna-dashboard on the studies' storage (127.0.0.1 by default)",

@@ -102,6 +102,17 @@ def preset_sections(path: Path) -> list[str]:
     return [m.group(1) for line in path.read_text().splitlines() if (m := _HEADER.fullmatch(line))]
 
 
+def preset_origins(path: Path) -> dict[str, str | None]:
+    """Each section's name and the study whose export wrote it (its ``; tuner export: study`` comment; None: not
+    from an export), the first copy of a name as a merge keeps it."""
+    origins: dict[str, str | None] = {}
+    for name, text in _blocks(path.read_text())[1:]:
+        if name is not None and name not in origins:
+            origin = _ORIGIN.search(text)
+            origins[name] = origin[1] if origin else None
+    return origins
+
+
 def _blocks(text: str) -> Blocks:
     """The file as the preamble, then one block per section header: each block's lines as they are."""
     blocks: Blocks = []
