@@ -83,7 +83,7 @@ def _fake_upstream(port: int, events: int, interval_s: float) -> None:
 def _proxy(port: int, upstream: str, log: str) -> None:
     routing = Routing("bench", "bench", frozenset({"bench", "bench-code"}))
     with open(log, "a", buffering=1) as out:
-        proxy = Proxy(routing, upstream, lambda line: out.write(line + "\n"))
+        proxy = Proxy(routing, upstream, lambda line: print(line, file=out))
         asyncio.run(run_proxy(proxy, "127.0.0.1", port))
 
 
@@ -100,7 +100,9 @@ def _wait_listening(port: int, timeout_s: float = 30.0) -> None:
 # ------------------------------------------------------------------ the clients
 
 
-async def _client(session: aiohttp.ClientSession, url: str, requests: int, out: list[tuple[float, float]]) -> None:
+async def _client(
+    session: aiohttp.ClientSession, url: str, requests: int, out: list[tuple[float, float]]
+) -> None:
     body = {"model": "any", "prompt": "def add(a, b):\n    return", "stream": True, "max_tokens": 16}
     for _ in range(requests):
         started = time.perf_counter()
@@ -118,7 +120,9 @@ async def _rounds(urls: dict[str, str], clients: int, requests: int, rounds: int
         for index in range(rounds):
             order = list(urls) if index % 2 == 0 else list(reversed(urls))
             for name in order:
-                await asyncio.gather(*(_client(session, urls[name], requests, times[name]) for _ in range(clients)))
+                await asyncio.gather(
+                    *(_client(session, urls[name], requests, times[name]) for _ in range(clients))
+                )
     return times
 
 
@@ -127,7 +131,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000.0
 
 
-def measure_latency(rounds: int = 6, requests: int = 8, events: int = 16, interval_s: float = 0.01) -> list[Latency]:
+def measure_latency(
+    rounds: int = 6, requests: int = 8, events: int = 16, interval_s: float = 0.01
+) -> list[Latency]:
     """The proxy's added latency at each of ``CONCURRENCY``, in one run (fake upstream and proxy in processes of
     their own, the clients here)."""
     spawn = multiprocessing.get_context("spawn")
@@ -135,7 +141,9 @@ def measure_latency(rounds: int = 6, requests: int = 8, events: int = 16, interv
     log = Path(tempfile.mkdtemp(prefix="serve-bench-")) / "access.log"
     processes = [
         spawn.Process(target=_fake_upstream, args=(upstream_port, events, interval_s), daemon=True),
-        spawn.Process(target=_proxy, args=(proxy_port, f"http://127.0.0.1:{upstream_port}", str(log)), daemon=True),
+        spawn.Process(
+            target=_proxy, args=(proxy_port, f"http://127.0.0.1:{upstream_port}", str(log)), daemon=True
+        ),
     ]
     for process in processes:
         process.start()
@@ -195,7 +203,9 @@ class ServeBench:
 
     def to_dict(self) -> dict:
         return {
-            "latency": [{**asdict(x), "added_p50": x.added_p50, "added_p99": x.added_p99} for x in self.latency],
+            "latency": [
+                {**asdict(x), "added_p50": x.added_p50, "added_p99": x.added_p99} for x in self.latency
+            ],
             "accuracy": {s: {"correct": c, "total": n} for s, (c, n) in self.accuracy.items()},
         }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from tuner.errors import UserError
 from tuner.measurement.server_process import free_port
 from tuner.output.serve_metrics import ResponseReader
 from tuner.output.serve_proxy import Proxy, run_proxy
-from tuner.output.serve_routing import Routing, study_routing
+from tuner.output.serve_routing import study_routing
 
 # a preset as `tuner export --per-type` writes it, with another study's sections beside it
 PRESET = """version = 1
@@ -81,7 +82,9 @@ def test_a_request_goes_to_its_type_s_section_else_the_pooled_one_and_a_named_se
 def test_a_missing_preset_or_study_is_one_line_naming_the_fix(tmp_path):
     with pytest.raises(UserError, match=r"no such preset file; run `tuner export demo` first"):
         study_routing(tmp_path / "none.ini", "demo")
-    with pytest.raises(UserError, match=r"no section \[other\] exported from study other \(studies exported "):
+    with pytest.raises(
+        UserError, match=r"no section \[other\] exported from study other \(studies exported "
+    ):
         study_routing(write_preset(tmp_path / "p.ini"), "other")
     assert main(["serve", "other", "--preset", str(tmp_path / "p.ini"), "--upstream", "http://x"]) == 2
 
@@ -92,7 +95,10 @@ def test_a_stream_s_counts_are_read_from_its_last_events_across_chunk_boundaries
     events += b'data: {"timings": {"predicted_n": 7, "predicted_ms": 70.0}}\n\ndata: [DONE]\n\n'
     for i in range(0, len(events), 5):
         reader.feed(events[i : i + 5])
-    assert reader.answer() == {"usage": {"completion_tokens": 7}, "timings": {"predicted_n": 7, "predicted_ms": 70.0}}
+    assert reader.answer() == {
+        "usage": {"completion_tokens": 7},
+        "timings": {"predicted_n": 7, "predicted_ms": 70.0},
+    }
 
 
 # ------------------------------------------------------------------ against a fake upstream
@@ -128,7 +134,9 @@ class FakeUpstream:
         await response.prepare(request)
         await response.write(b'data: {"choices": [{"text": "x"}]}\n\n')
         await asyncio.wait_for(self.release.wait(), 10)
-        await response.write(b'data: {"timings": {"predicted_n": 4, "predicted_ms": 20.0}}\n\ndata: [DONE]\n\n')
+        await response.write(
+            b'data: {"timings": {"predicted_n": 4, "predicted_ms": 20.0}}\n\ndata: [DONE]\n\n'
+        )
         return response
 
     async def slow_answer(self, request: web.Request) -> web.Response:
@@ -282,3 +290,75 @@ def test_a_client_that_goes_away_cancels_its_upstream_request(tmp_path):
             assert answer.status == 200
 
     through_proxy(tmp_path, check)
+
+
+# ------------------------------------------------------------------ the real router, the official client
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_the_openai_client_through_the_exported_proxy_lands_each_type_on_its_section(
+    synthetic_models, tmp_path
+):
+    """The export's serve-proxy.sh (tuner serve, which starts the real router on the preset) under the official
+    OpenAI client: chat and completions, streamed and not; code lands on synth-code, prose on synth."""
+    import os
+    import subprocess
+
+    from conftest import running_llama_processes
+    from fake_llama_server import get_json, stop_group, wait_for, wait_for_json
+    from openai import OpenAI
+    from test_per_type import served_export
+
+    from tuner.output.export import write_export
+
+    out, preset = tmp_path / "export", tmp_path / "models-preset.ini"
+    write_export(served_export("synth", 3, 2), out, preset, [served_export("synth", 5, 4, "synth-code")])
+    unit = (out / "llama-tuner-synth.service").read_text()
+    assert (
+        f"ExecStart={(out / 'serve-proxy.sh').resolve()}" in unit
+        and "./serve-proxy.sh" in (out / "ROUTER.md").read_text()
+    )
+    port = free_port()
+    with open(tmp_path / "serve.log", "wb") as log:
+        proc = subprocess.Popen(
+            [str(out / "serve-proxy.sh")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "TUNER_SERVE_PORT": str(port)},
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_json(proc, f"{base}/health", 90, "tuner serve and its router")
+        client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        landed = {}
+        for kind, text in (("code", CODE), ("prose", PROSE)):
+            chat = [{"role": "user", "content": text}]
+            answer = client.chat.completions.create(model="any", messages=chat, max_tokens=8, temperature=0)
+            landed[("chat", kind)] = {answer.model}
+            chunks = client.chat.completions.create(
+                model="any", messages=chat, max_tokens=8, temperature=0, stream=True
+            )
+            landed[("chat-stream", kind)] = {c.model for c in chunks}
+            completion = client.completions.create(model="any", prompt=text, max_tokens=8, temperature=0)
+            assert completion.choices[0].text or completion.usage.completion_tokens > 0
+            landed[("completion", kind)] = {completion.model}
+            streamed = client.completions.create(
+                model="any", prompt=text, max_tokens=8, temperature=0, stream=True
+            )
+            landed[("completion-stream", kind)] = {c.model for c in streamed}
+        want = {"code": {"synth-code"}, "prose": {"synth"}}
+        assert landed == {key: want[key[1]] for key in landed}, landed
+        loaded = {m["id"]: m["status"]["value"] for m in get_json(f"{base}/models")["data"]}  # passed through
+        assert loaded["synth"] == "loaded" and loaded["synth-code"] == "loaded", loaded
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as page:
+            metrics = page.read().decode()
+        assert 'tuner_serve_requests_total{section="synth-code",type="code"} 4' in metrics
+        assert 'tuner_serve_requests_total{section="synth",type="prose"} 4' in metrics
+    finally:
+        stop_group(proc)  # SIGTERM to tuner serve: it stops the router it started
+    wait_for(lambda: not running_llama_processes(), 30, "the router and its children to stop")
+    access = (tmp_path / "serve.log").read_text()
+    assert access.count("POST /v1/chat/completions 200 type=code section=synth-code") == 2, access

@@ -165,7 +165,9 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_mo
     assert all(Path(s["table"]).read_text().splitlines()[1].startswith("none,") for s in scale.values())
     quant = result["quantization"]  # 6: the scale target's Q4_0 against its F16, two rounds in --quick
     assert quant["source"] == "scale-target.gguf" and len(quant["ratios"]) == 2
-    serve = result["serve"]  # 7: the proxy at 1 and 64 streaming clients, the classifier on every built-in suite
+    serve = result[
+        "serve"
+    ]  # 7: the proxy at 1 and 64 streaming clients, the classifier on every built-in suite
     assert [x["clients"] for x in serve["latency"]] == [1, 64] and len(serve["accuracy"]) == 8
     md = (out / "bench.md").read_text()
     assert (

@@ -20,7 +20,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rounds", type=int, default=6, help="rounds of each side (default: 6)")
     parser.add_argument(
-        "--requests", type=int, default=8, help="requests per client per round at 64 clients (x4 at 1; default: 8)"
+        "--requests",
+        type=int,
+        default=8,
+        help="requests per client per round at 64 clients (x4 at 1; default: 8)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
 

@@ -308,7 +308,13 @@ def router_script(pooled: Export, per_type: list[Export], preset_path: Path) -> 
 def proxy_script(pooled: Export, preset_path: Path) -> str:
     """``serve-proxy.sh``: ``tuner serve`` in front of the router it starts, one endpoint for mixed traffic."""
     tuner = Path(sys.executable).parent / "tuner"
-    argv = [str(tuner) if tuner.is_file() else "tuner", "serve", pooled.study, "--preset", str(preset_path.resolve())]
+    argv = [
+        str(tuner) if tuner.is_file() else "tuner",
+        "serve",
+        pooled.study,
+        "--preset",
+        str(preset_path.resolve()),
+    ]
     if pooled.command is not None and Path(pooled.command.binary).is_absolute():
         argv += ["--bin-dir", str(Path(pooled.command.binary).parent)]
     lines = [

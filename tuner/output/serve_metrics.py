@@ -25,8 +25,9 @@ class Tally:
 
     def add(self, answer: dict) -> None:
         """A response's (or a stream's last event's) llama.cpp figures added."""
-        timings = answer.get("timings") if isinstance(answer.get("timings"), dict) else {}
-        usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
+        timings, usage = answer.get("timings"), answer.get("usage")
+        timings = timings if isinstance(timings, dict) else {}
+        usage = usage if isinstance(usage, dict) else {}
         predicted_n, predicted_ms = timings.get("predicted_n"), timings.get("predicted_ms")
         tokens = usage.get("completion_tokens", answer.get("tokens_predicted", predicted_n))
         if isinstance(tokens, int):

@@ -239,7 +239,9 @@ def start_router(preset: Path, sections: int, server: Path, log: Path) -> Router
         except OSError:
             time.sleep(0.2)
     router.stop()
-    raise UserError(f"{server}: the router was not ready in {ROUTER_READY_S:.0f} s on {preset}; its log: {log}")
+    raise UserError(
+        f"{server}: the router was not ready in {ROUTER_READY_S:.0f} s on {preset}; its log: {log}"
+    )
 
 
 async def run_proxy(proxy: Proxy, host: str, port: int, ready: Callable[[str], None] | None = None) -> None:
