@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -362,3 +363,7 @@ def test_the_openai_client_through_the_exported_proxy_lands_each_type_on_its_sec
     wait_for(lambda: not running_llama_processes(), 30, "the router and its children to stop")
     access = (tmp_path / "serve.log").read_text()
     assert access.count("POST /v1/chat/completions 200 type=code section=synth-code") == 2, access
+    # the router's own word on where each request went (tuner serve keeps its log beside the preset)
+    router_log = (tmp_path / "synth.router.log").read_text(errors="replace")
+    proxied = re.findall(r"proxying request to model (\S+) on port", router_log)
+    assert sorted(proxied) == ["synth"] * 4 + ["synth-code"] * 4, proxied

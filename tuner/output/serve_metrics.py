@@ -52,7 +52,11 @@ class ResponseReader:
         if not self.streamed:
             self._body.append(chunk)
             return
-        lines = (self._rest + chunk).split(b"\n")
+        data = self._rest + chunk
+        if not any(mark in data for mark in _COUNTED):  # most of a stream: tokens, no counts
+            self._rest = data[data.rfind(b"\n") + 1 :]
+            return
+        lines = data.split(b"\n")
         self._rest = lines.pop()
         for line in lines:
             if line.startswith(b"data:") and any(mark in line for mark in _COUNTED):
