@@ -2,11 +2,17 @@
 concurrent streaming clients, and the classifier's accuracy on the built-in suites' held-out prompts.
 
 The latency half measures the proxy's own overhead, so its upstream is a fake, fast one (an aiohttp app in a
-process of its own) that streams a completion as llama-server does, one SSE event per token at a fixed
-interval: a real router's decode time would only add the same seconds to both sides. Direct and proxied
-rounds alternate, at each concurrency, in one run; each request's time to its last byte (and to its first) is
-recorded, and the added latency is the proxied percentile less the direct one (p50, p99), with their ratio.
-The proxy runs in its own process as ``tuner serve`` does, logging its access lines to a file.
+process of its own) that streams a completion as llama-server does, one SSE event per token, at a set
+interval: a real router's decode time would only add the same seconds to both sides. What the proxy does per
+request is fixed (read, classify, forward), but what it does per second grows with the tokens streamed through
+it in all, so each load names both: the clients at once and the tokens/s the upstream streams in all
+(``LOADS``): 1 client at 100 tokens/s (the synthetic target's single-stream rate); 64 clients sharing
+1,000 tokens/s (more than a CPU router serves 64 users at once); and 64 clients at 100 tokens/s each
+(6,400 tokens/s, the proxy's ceiling, no CPU router's load). Direct and proxied rounds alternate at each
+load, in one run, the clients' first requests spread evenly over one answer's time (users arrive apart); each
+request's time to its last byte (and to its first) is recorded, and the added latency
+is the proxied percentile less the direct one (p50, p99), with their ratio. The proxy runs in its own
+process as ``tuner serve`` does, writing its access lines to a file.
 
 The accuracy half classifies each built-in suite's held-out prompts (``measurement/workload.split``: the last
 third, not the tuning prompts) the way the proxy does (``output/serve_routing``: a raw prompt as a completion's
@@ -32,7 +38,10 @@ from tuner.measurement.workload import BUILTIN_SUITES, load_workload, split
 from tuner.output.serve_proxy import Proxy, run_proxy
 from tuner.output.serve_routing import Routing
 
-CONCURRENCY = (1, 64)
+EVENTS = 16  # tokens per streamed answer
+# (clients at once, tokens/s streamed in all): one user; 64 users on a router's aggregate; the proxy's ceiling
+LOADS = ((1, 100.0), (64, 1000.0), (64, 6400.0))
+CONCURRENCY = tuple(sorted({clients for clients, _ in LOADS}))
 EVENT = b'data: {"choices": [{"text": "x", "index": 0}]}\n\n'
 LAST = b'data: {"timings": {"predicted_n": 16, "predicted_ms": 160.0}}\n\ndata: [DONE]\n\n'
 
@@ -43,6 +52,7 @@ class Latency:
     first."""
 
     clients: int
+    tokens_per_second: float  # streamed in all, by every client's answer together
     requests: int
     direct_p50: float
     direct_p99: float
@@ -62,14 +72,15 @@ class Latency:
 # ------------------------------------------------------------------ the processes
 
 
-def _fake_upstream(port: int, events: int, interval_s: float) -> None:
-    """A fast stand-in for the router: ``events`` SSE events ``interval_s`` apart, then llama.cpp's timings."""
+def _fake_upstream(port: int) -> None:
+    """A fast stand-in for the router: ``EVENTS`` SSE events ``?interval_ms=`` apart, then llama.cpp's timings."""
 
     async def stream(request: web.Request) -> web.StreamResponse:
         await request.read()
+        interval_s = float(request.query.get("interval_ms", "10")) / 1000.0
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for _ in range(events):
+        for _ in range(EVENTS):
             await response.write(EVENT)
             await asyncio.sleep(interval_s)
         await response.write(LAST)
@@ -101,27 +112,34 @@ def _wait_listening(port: int, timeout_s: float = 30.0) -> None:
 
 
 async def _client(
-    session: aiohttp.ClientSession, url: str, requests: int, out: list[tuple[float, float]]
+    session: aiohttp.ClientSession, url: str, requests: int, out: list[tuple[float, float]], delay_s: float
 ) -> None:
-    body = {"model": "any", "prompt": "def add(a, b):\n    return", "stream": True, "max_tokens": 16}
+    body = {"model": "any", "prompt": "def add(a, b):\n    return", "stream": True, "max_tokens": EVENTS}
+    await asyncio.sleep(delay_s)
     for _ in range(requests):
         started = time.perf_counter()
         first = None
-        async with session.post(url + "/v1/completions", json=body) as answer:
+        async with session.post(url, json=body) as answer:
             async for _chunk in answer.content.iter_any():
                 first = first or time.perf_counter()
         out.append(((first or time.perf_counter()) - started, time.perf_counter() - started))
 
 
-async def _rounds(urls: dict[str, str], clients: int, requests: int, rounds: int) -> dict[str, list]:
-    """Direct and proxied rounds alternating: each round ``clients`` streams at once, ``requests`` each."""
+async def _rounds(
+    urls: dict[str, str], clients: int, requests: int, rounds: int, spread_s: float = 0.0
+) -> dict[str, list]:
+    """Direct and proxied rounds alternating: each round ``clients`` streams at once, ``requests`` each, the
+    clients' first requests spread evenly over ``spread_s`` (users arrive apart, not in the same millisecond)."""
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in urls}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for index in range(rounds):
             order = list(urls) if index % 2 == 0 else list(reversed(urls))
             for name in order:
                 await asyncio.gather(
-                    *(_client(session, urls[name], requests, times[name]) for _ in range(clients))
+                    *(
+                        _client(session, urls[name], requests, times[name], spread_s * i / clients)
+                        for i in range(clients)
+                    )
                 )
     return times
 
@@ -131,16 +149,29 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000.0
 
 
-def measure_latency(
-    rounds: int = 6, requests: int = 8, events: int = 16, interval_s: float = 0.01
-) -> list[Latency]:
-    """The proxy's added latency at each of ``CONCURRENCY``, in one run (fake upstream and proxy in processes of
-    their own, the clients here)."""
+def _latency(clients: int, rate: float, times: dict[str, list[tuple[float, float]]]) -> Latency:
+    total = {name: [t for _, t in values] for name, values in times.items()}
+    first = {name: [f for f, _ in values] for name, values in times.items()}
+    return Latency(
+        clients,
+        rate,
+        len(total["proxied"]),
+        _percentile(total["direct"], 0.5),
+        _percentile(total["direct"], 0.99),
+        _percentile(total["proxied"], 0.5),
+        _percentile(total["proxied"], 0.99),
+        _percentile(first["proxied"], 0.5) - _percentile(first["direct"], 0.5),
+    )
+
+
+def measure_latency(rounds: int = 6, requests: int = 2) -> list[Latency]:
+    """The proxy's added latency at each of ``LOADS``, in one run (fake upstream and proxy in processes of their
+    own, the clients here); ``requests`` per client per round (x4 for one client)."""
     spawn = multiprocessing.get_context("spawn")
     upstream_port, proxy_port = free_port(), free_port()
     log = Path(tempfile.mkdtemp(prefix="serve-bench-")) / "access.log"
     processes = [
-        spawn.Process(target=_fake_upstream, args=(upstream_port, events, interval_s), daemon=True),
+        spawn.Process(target=_fake_upstream, args=(upstream_port,), daemon=True),
         spawn.Process(
             target=_proxy, args=(proxy_port, f"http://127.0.0.1:{upstream_port}", str(log)), daemon=True
         ),
@@ -150,24 +181,18 @@ def measure_latency(
     try:
         _wait_listening(upstream_port)
         _wait_listening(proxy_port)
-        urls = {"direct": f"http://127.0.0.1:{upstream_port}", "proxied": f"http://127.0.0.1:{proxy_port}"}
-        asyncio.run(_rounds(urls, 4, 2, 1))  # warm-up: connections and imports on both sides
         found = []
-        for clients in CONCURRENCY:
-            times = asyncio.run(_rounds(urls, clients, requests if clients > 1 else requests * 4, rounds))
-            total = {name: [t for _, t in values] for name, values in times.items()}
-            first = {name: [f for f, _ in values] for name, values in times.items()}
-            found.append(
-                Latency(
-                    clients,
-                    len(total["proxied"]),
-                    _percentile(total["direct"], 0.5),
-                    _percentile(total["direct"], 0.99),
-                    _percentile(total["proxied"], 0.5),
-                    _percentile(total["proxied"], 0.99),
-                    _percentile(first["proxied"], 0.5) - _percentile(first["direct"], 0.5),
-                )
-            )
+        for clients, rate in LOADS:
+            interval_ms = 1000.0 * clients / rate
+            query = f"/v1/completions?interval_ms={interval_ms:g}"
+            urls = {
+                "direct": f"http://127.0.0.1:{upstream_port}{query}",
+                "proxied": f"http://127.0.0.1:{proxy_port}{query}",
+            }
+            asyncio.run(_rounds(urls, min(clients, 4), 1, 1))  # warm-up: connections on both sides
+            count = requests * 4 if clients == 1 else requests
+            times = asyncio.run(_rounds(urls, clients, count, rounds, EVENTS * interval_ms / 1000.0))
+            found.append(_latency(clients, rate, times))
         return found
     finally:
         for process in processes:
@@ -210,18 +235,18 @@ class ServeBench:
         }
 
 
-def benchmark(rounds: int = 6, requests: int = 8) -> ServeBench:
+def benchmark(rounds: int = 6, requests: int = 2) -> ServeBench:
     return ServeBench(measure_latency(rounds, requests), measure_accuracy())
 
 
 def markdown(found: ServeBench) -> str:
     rows = [
-        "| clients | requests | direct p50 ms | proxied p50 ms | added p50 ms | ratio p50 | direct p99 ms | "
+        "| clients | tokens/s in all | requests | direct p50 ms | proxied p50 ms | added p50 ms | ratio p50 | direct p99 ms | "
         "proxied p99 ms | added p99 ms | ratio p99 | added to first byte p50 ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rows += [
-        f"| {x.clients} | {x.requests} | {x.direct_p50:.2f} | {x.proxied_p50:.2f} | {x.added_p50:.2f} | "
+        f"| {x.clients} | {x.tokens_per_second:g} | {x.requests} | {x.direct_p50:.2f} | {x.proxied_p50:.2f} | {x.added_p50:.2f} | "
         f"x{x.proxied_p50 / x.direct_p50:.3f} | {x.direct_p99:.2f} | {x.proxied_p99:.2f} | {x.added_p99:.2f} | "
         f"x{x.proxied_p99 / x.direct_p99:.3f} | {x.first_byte_added_p50:.2f} |"
         for x in found.latency
@@ -230,8 +255,9 @@ def markdown(found: ServeBench) -> str:
     total = sum(n for _, n in found.accuracy.values())
     rows += [
         "",
-        "Each request streams 16 SSE events 10 ms apart from a fake, fast upstream (the proxy's own overhead; a "
-        "real router's decode adds the same time to both sides); direct and proxied rounds alternate.",
+        f"Each request streams {EVENTS} SSE events from a fake, fast upstream (the proxy's own overhead; a real "
+        "router's decode adds the same time to both sides), the events of all clients together at the tokens/s "
+        "shown; direct and proxied rounds alternate. The last row is the proxy's ceiling, not a CPU router's load.",
         "",
         f"Classifier (`tuner.decisions.route.request_type`) on the built-in suites' held-out prompts: "
         f"{correct} of {total} ({100.0 * correct / max(total, 1):.0f}%): "

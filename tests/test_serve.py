@@ -90,6 +90,19 @@ def test_a_missing_preset_or_study_is_one_line_naming_the_fix(tmp_path):
     assert main(["serve", "other", "--preset", str(tmp_path / "p.ini"), "--upstream", "http://x"]) == 2
 
 
+def test_a_port_already_taken_is_one_line(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["serve", "demo", "--preset", str(write_preset(tmp_path / "p.ini")), "--port", str(port)]
+        assert main([*argv, "--upstream", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert f"--host 127.0.0.1 --port {port}: cannot listen there" in err and "Traceback" not in err
+
+
 def test_a_stream_s_counts_are_read_from_its_last_events_across_chunk_boundaries():
     reader = ResponseReader(streamed=True)
     events = b'data: {"choices": [{"text": "a"}]}\n\ndata: {"usage": {"completion_tokens": 7}}\n\n'

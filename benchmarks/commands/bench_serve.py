@@ -15,15 +15,15 @@ from tuner.output.files import write_atomic
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "tuner serve's own overhead: direct and proxied rounds alternating against a fake, fast streaming "
-        "upstream at 1 and 64 clients (p50 and p99 added ms and their ratios), and the content classifier's "
+        "upstream at 1 and 64 clients (serve_overhead.LOADS; p50 and p99 added ms and their ratios), and the content classifier's "
         "accuracy on every built-in suite's held-out prompts."
     )
     parser.add_argument("--rounds", type=int, default=6, help="rounds of each side (default: 6)")
     parser.add_argument(
         "--requests",
         type=int,
-        default=8,
-        help="requests per client per round at 64 clients (x4 at 1; default: 8)",
+        default=2,
+        help="requests per client per round at 64 clients (x4 at 1; default: 2)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
 

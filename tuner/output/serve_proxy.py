@@ -265,6 +265,8 @@ def serve(
 ) -> int:
     """``tuner serve``: the study's sections read, the router started (unless ``upstream``), the proxy served
     until Ctrl-C or SIGTERM, the router stopped."""
+    if upstream is not None and not upstream.startswith(("http://", "https://")):
+        raise UserError(f"--upstream {upstream}: not an http:// URL; name the router as http://HOST:PORT")
     routing = study_routing(preset, study)
     router = None
     if upstream is None:
