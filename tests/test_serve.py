@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -175,6 +176,13 @@ class FakeUpstream:
         return response
 
 
+async def logged(lines: list[str], count: int, timeout_s: float = 5.0) -> None:
+    """Wait for the proxy's access lines: it writes one once a response's last byte is sent."""
+    deadline = time.monotonic() + timeout_s
+    while len(lines) < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
 async def serving(app: web.Application, port: int) -> web.AppRunner:
     runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
@@ -218,6 +226,7 @@ def test_each_request_is_routed_by_type_logged_in_one_line_and_counted(tmp_path)
             assert (await answer.json())["model"] == "demo"
         forwarded = json.loads(fake.seen[0][2])
         assert forwarded == {**chat, "model": "demo-code"}  # every other field as sent
+        await logged(lines, 2)  # a request's line and counts follow its last byte
         assert lines[0].startswith("POST /v1/chat/completions 200 type=code section=demo-code ")
         assert lines[1].startswith("POST /completion 200 type=prose section=demo ") and len(lines) == 2
         async with client.get(url + "/metrics") as answer:
@@ -238,6 +247,7 @@ def test_other_paths_and_bodies_pass_through_unchanged(tmp_path):
             assert answer.status == 200
         assert fake.seen[0][:2] == ("GET", "/v1/models?model=demo&x=%2F")
         assert fake.seen[1] == ("POST", "/tokenize", raw)
+        await logged(lines, 2)
         assert lines[0].startswith("GET /v1/models 200 ") and "type=" not in lines[0]
 
     through_proxy(tmp_path, check)
@@ -253,6 +263,7 @@ def test_a_stream_passes_chunk_by_chunk_and_its_counts_are_read(tmp_path):
             fake.release.set()
             rest = await answer.content.read()
         assert rest.endswith(b"data: [DONE]\n\n")
+        await logged(lines, 1)
         tally = proxy.metrics.tallies[("demo-code", "code")]
         assert (tally.requests, tally.output_tokens, tally.decode_tokens) == (1, 4, 4)
 
@@ -295,6 +306,7 @@ def test_a_client_that_goes_away_cancels_its_upstream_request(tmp_path):
         assert (await answer.content.readline()).startswith(b"data: ")
         answer.close()  # the client goes away mid-stream
         await asyncio.wait_for(fake.gone.wait(), 5)  # the upstream saw its connection close
+        await logged(lines, 1)
         assert any("client went away" in line for line in lines)
         fake.gone.clear()
         with pytest.raises(asyncio.TimeoutError):  # a client that gives up waiting for a whole answer
@@ -317,11 +329,11 @@ def test_the_openai_client_through_the_exported_proxy_lands_each_type_on_its_sec
     """The export's serve-proxy.sh (tuner serve, which starts the real router on the preset) under the official
     OpenAI client: chat and completions, streamed and not; code lands on synth-code, prose on synth."""
     import os
-    import subprocess
 
     from conftest import running_llama_processes
     from fake_llama_server import get_json, stop_group, wait_for, wait_for_json
     from openai import OpenAI
+    from test_export import start
     from test_per_type import served_export
 
     from tuner.output.export import write_export
@@ -334,15 +346,8 @@ def test_the_openai_client_through_the_exported_proxy_lands_each_type_on_its_sec
         and "./serve-proxy.sh" in (out / "ROUTER.md").read_text()
     )
     port = free_port()
-    with open(tmp_path / "serve.log", "wb") as log:
-        proc = subprocess.Popen(
-            [str(out / "serve-proxy.sh")],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, "TUNER_SERVE_PORT": str(port)},
-        )
+    env = {**os.environ, "TUNER_SERVE_PORT": str(port)}
+    proc = start([str(out / "serve-proxy.sh")], tmp_path / "serve.log", env)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for_json(proc, f"{base}/health", 90, "tuner serve and its router")
@@ -367,10 +372,17 @@ def test_the_openai_client_through_the_exported_proxy_lands_each_type_on_its_sec
         assert landed == {key: want[key[1]] for key in landed}, landed
         loaded = {m["id"]: m["status"]["value"] for m in get_json(f"{base}/models")["data"]}  # passed through
         assert loaded["synth"] == "loaded" and loaded["synth-code"] == "loaded", loaded
-        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as page:
-            metrics = page.read().decode()
-        assert 'tuner_serve_requests_total{section="synth-code",type="code"} 4' in metrics
-        assert 'tuner_serve_requests_total{section="synth",type="prose"} 4' in metrics
+        counted = (
+            'tuner_serve_requests_total{section="synth-code",type="code"} 4',
+            'tuner_serve_requests_total{section="synth",type="prose"} 4',
+        )
+
+        def metrics() -> bool:  # a stream is counted once its upstream ends, a moment after its [DONE]
+            with urllib.request.urlopen(f"{base}/metrics", timeout=5) as page:
+                text = page.read().decode()
+            return all(line in text for line in counted)
+
+        wait_for(metrics, 10, "every request counted in /metrics")
     finally:
         stop_group(proc)  # SIGTERM to tuner serve: it stops the router it started
     wait_for(lambda: not running_llama_processes(), 30, "the router and its children to stop")
