@@ -112,6 +112,7 @@ class Proxy:
         cancellation (the client went away)."""
         started = time.perf_counter()
         where = f"{request.method} {request.path}"
+        relayed = False  # from there on, _relay writes the access line
         try:
             body = await request.read()
             kind = section = None
@@ -121,9 +122,11 @@ class Proxy:
                     return self._refuse(where, 400, why, "invalid_request_error")
                 kind, section = self.routing.pick(parsed)
                 body = json.dumps({**parsed, "model": section}).encode()
+            relayed = True
             return await self._relay(request, body, where, (kind, section), started)
         except asyncio.CancelledError:
-            self.log(f"{where} client went away after {_ms(started)}: its upstream request cancelled")
+            if not relayed:
+                self.log(f"{where} the client went away after {_ms(started)}, before it was sent upstream")
             raise
         except Exception as err:  # a proxy fault answers this request only; the process keeps serving
             return self._refuse(where, 500, f"internal error: {type(err).__name__}: {err}", "server_error")
@@ -136,6 +139,8 @@ class Proxy:
         routed: tuple[str | None, str | None],
         started: float,
     ) -> web.StreamResponse:
+        """The request sent upstream and its answer copied back as it comes; its access line and counts once it
+        ends, however it ends (a client that closes after the last event it wanted is still counted)."""
         assert self._session is not None, "the session opens with the app"
         kind, section = routed
         url = URL(self.upstream + request.raw_path, encoded=True)
@@ -145,34 +150,51 @@ class Proxy:
             )
         except aiohttp.ClientError as err:
             return self._refuse(where, 502, f"upstream {self.upstream} did not answer: {err}", "server_error")
-        async with upstream:
-            reader = ResponseReader("text/event-stream" in upstream.headers.get("Content-Type", ""))
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            response.headers.update(_headers(upstream.headers))
-            if upstream.content_length is not None:
-                response.content_length = upstream.content_length
-            await response.prepare(request)
-            cut = ""
-            try:
-                async for chunk in upstream.content.iter_any():
-                    if kind is not None:
-                        reader.feed(chunk)
-                    await response.write(chunk)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-                cut = f"; upstream broke off: {type(err).__name__}: {err}"
-                response.force_close()
-            except ConnectionResetError:
-                cut = "; client went away"
-        if kind is not None and section is not None:
-            self.metrics.routed(section, kind, reader.answer())
-        routed_text = "" if kind is None else f" type={kind} section={section}"
-        self.log(f"{where} {upstream.status}{routed_text} {_ms(started)}{cut}")
-        return response
+        except asyncio.CancelledError:
+            self.log(f"{where} the client went away after {_ms(started)}: its upstream request cancelled")
+            raise
+        reader = ResponseReader("text/event-stream" in upstream.headers.get("Content-Type", ""))
+        cut = ""
+        try:
+            async with upstream:
+                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                response.headers.update(_headers(upstream.headers))
+                if upstream.content_length is not None:
+                    response.content_length = upstream.content_length
+                await response.prepare(request)
+                cut = await _copy(upstream, response, reader if kind is not None else None)
+            return response
+        except asyncio.CancelledError:
+            cut = "; the client went away: its upstream request cancelled"
+            raise
+        finally:
+            if kind is not None and section is not None:
+                self.metrics.routed(section, kind, reader.answer())
+            routed_text = "" if kind is None else f" type={kind} section={section}"
+            self.log(f"{where} {upstream.status}{routed_text} {_ms(started)}{cut}")
 
     def _refuse(self, where: str, status: int, message: str, kind: str) -> web.Response:
         self.metrics.refuse(str(status))
         self.log(f"{where} {status} {message}")
         return web.json_response(error_body(status, message, kind), status=status)
+
+
+async def _copy(
+    upstream: aiohttp.ClientResponse, response: web.StreamResponse, reader: ResponseReader | None
+) -> str:
+    """The upstream's body written to the client chunk by chunk as it comes; how it broke off ("" if it did
+    not)."""
+    try:
+        async for chunk in upstream.content.iter_any():
+            if reader is not None:
+                reader.feed(chunk)
+            await response.write(chunk)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+        response.force_close()
+        return f"; the upstream broke off: {type(err).__name__}: {err}"
+    except ConnectionResetError:
+        return "; the client went away"
+    return ""
 
 
 def _json_object(body: bytes) -> tuple[dict | None, str]:
