@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 
 from benchmarks import replay
+from benchmarks.cli import main
 from benchmarks.grid import grid_configs
 from benchmarks.scale_regime import markdown as scale_markdown
 from benchmarks.scale_regime import recorded_regime
 from benchmarks.table import read_table
-from benchmarks.cli import main
 from tuner.decisions.race.results import RaceResult
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, IntRange
