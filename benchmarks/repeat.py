@@ -18,7 +18,7 @@ from pathlib import Path
 
 import optuna
 
-from tuner import figures
+from tuner import figure_text
 from tuner.decisions import evidence
 from tuner.decisions.race import RaceResult
 from tuner.decisions.remeasure import Contender, rounds_of_launches
@@ -220,7 +220,7 @@ def markdown(result: RepeatResult) -> str:
             + (
                 f"none stated ({run.loss_text})"
                 if holds is None
-                else f"the other deployment may be at most {figures.percent_up(run.loss_bound)} faster; re-measured "
+                else f"the other deployment may be at most {figure_text.percent_up(run.loss_bound)} faster; re-measured "
                 f"seed {other.seed}'s at x{over:.3f} of it (the bound allows x{1 + (run.loss_bound or 0):.3f}): "
                 + ("holds" if holds else "DOES NOT HOLD")
             )

@@ -37,7 +37,7 @@ from benchmarks.sweep_leaders import LEADER_ROUNDS, leaders_path, read_leaders
 from benchmarks.table import markdown_table, read_table
 from tuner.decisions.race.results import RaceResult
 from tuner.errors import UserError
-from tuner.figures import percent_up
+from tuner.figure_text import percent_up
 from tuner.knobs.registry import LOOKUP_TYPES
 from tuner.progress import Progress
 from tuner.search.speedup_model import Point, drafting_share, walk

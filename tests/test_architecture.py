@@ -138,6 +138,29 @@ def test_every_benchmark_module_is_named():
     assert modules and sorted(named) == sorted(modules)
 
 
+def same_in_form(a: str, b: str) -> bool:
+    """Two module names that differ only in form (deployed/deployment, launcher/launching): one word twice."""
+    stem = lambda name: re.sub(r"(ment|ing|er|ed|ion|s)$", "", name)  # noqa: E731
+    return a != b and stem(a) == stem(b)
+
+
+def test_module_names_tell_rooms_apart():
+    """One module per name: outside commands/ (named after their subcommands) no name twice in tuner/, no two names
+    in one folder that differ only in form, and nothing named like a standard-library module."""
+    import sys
+
+    modules = [p for p in PACKAGE.rglob("*.py") if p.stem not in ("__init__", "__main__")]
+    modules += [p for p in (ROOT / "benchmarks").rglob("*.py") if p.stem not in ("__init__", "__main__")]
+    assert [str(p) for p in modules if p.stem in sys.stdlib_module_names] == []
+    stems = [p.stem for p in modules if p.parent.name != "commands" and PACKAGE in p.parents]
+    assert sorted({s for s in stems if stems.count(s) > 1}) == []
+    for folder in {p.parent for p in modules}:
+        names = sorted(p.stem for p in folder.glob("*.py"))
+        assert [(a, b) for a in names for b in names if a < b and same_in_form(a, b)] == [], folder
+    assert same_in_form("deployed", "deployment") and same_in_form("launcher", "launching")
+    assert not same_in_form("export", "export_study")
+
+
 def stage_modules() -> list[str]:
     """Every module of ``tuner/`` and its stage subpackages (the synthetic family is named as a whole), as paths."""
     folders = [PACKAGE] + [

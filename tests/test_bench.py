@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 
 from benchmarks import replay
+from benchmarks.cli import main
 from benchmarks.grid import grid_configs
 from benchmarks.scale_regime import markdown as scale_markdown
 from benchmarks.scale_regime import recorded_regime
 from benchmarks.table import read_table
-from benchmarks.cli import main
 from tuner.decisions.race.results import RaceResult
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, IntRange
@@ -793,9 +793,9 @@ def test_record_grid_launches_a_busy_launch_once_more_and_marks_its_rows(
     assert len(pd.read_csv(csv)) == 2 and "host_busy" not in pd.read_csv(csv).columns
 
 
-def test_the_recorded_scale_regime_reads_as_the_readme_says(capsys):
-    """The scale sweeps kept in docs/evidence/scale (section 5's, 2026-11-27) read again: the README's targets, its
-    pooled best and the leaders' figures come from these rows, not from a copy of them."""
+def test_the_recorded_scale_regime_reads_as_docs_scale_says(capsys):
+    """The scale sweeps kept in docs/evidence/scale (section 5's, 2026-11-27) read again: docs/scale.md's targets,
+    its pooled best and the leaders' figures come from these rows, not from a copy of them."""
     from tuner.paths import REPO_ROOT
 
     evidence = REPO_ROOT / "docs" / "evidence" / "scale"
@@ -809,8 +809,8 @@ def test_the_recorded_scale_regime_reads_as_the_readme_says(capsys):
     assert targets["predicted_within_one_rung"] and targets["search_within_3pct_in_20"]
     assert (
         targets["summaries_best_lookup_or_stack"] is False
-    )  # the README says so: the synthetic models do not copy
-    readme = (REPO_ROOT / "README.md").read_text()
+    )  # docs/scale.md says so: the synthetic models do not copy
+    readme = (REPO_ROOT / "docs" / "scale.md").read_text()
     pooled = found["pooled"]
     assert f"the pooled best is {pooled['best']} (x{pooled['best_speedup']:.2f}" in readme
     for suite in ("code", "prose", "summarize"):

@@ -777,7 +777,7 @@ def test_a_baseline_that_leads_names_the_best_other_finalist_beside_it():
 
 def test_a_loss_bound_is_printed_rounded_up():
     """demo-concurrency's c2 printed 'none is more than 0.0% faster' of a bound just above zero."""
-    from tuner.figures import percent_up as upper_percent
+    from tuner.figure_text import percent_up as upper_percent
 
     assert (
         upper_percent(0.0004) == "0.1%" and upper_percent(0.061) == "6.1%" and upper_percent(0.0611) == "6.2%"
@@ -899,7 +899,7 @@ def test_a_race_launch_whose_speculation_drafted_nothing_fails_as_a_trial_does(s
 
 
 def test_a_race_keeps_which_launches_ran_on_a_busy_host_and_its_table_shows_them():
-    from tuner.decisions.race.launcher import Launcher
+    from tuner.decisions.race.finalist_launches import Launcher
     from tuner.decisions.remeasure import Launch
     from tuner.knobs.config import TrialConfig
     from tuner.output.report_tables import race_table
@@ -958,16 +958,22 @@ def test_a_race_keeps_which_launches_ran_on_a_busy_host_and_its_table_shows_them
 
 
 def test_a_figure_that_is_not_a_number_is_said_in_words():
-    from tuner import figures
+    from tuner import figure_text
 
-    assert figures.figure(math.inf) == figures.figure(math.nan) == figures.figure(None) == "no figure"
     assert (
-        figures.percent_up(math.inf, missing="none yet") == "none yet" and figures.percent_up(0.061) == "6.1%"
+        figure_text.figure(math.inf)
+        == figure_text.figure(math.nan)
+        == figure_text.figure(None)
+        == "no figure"
     )
     assert (
-        figures.or_none(math.inf) is None
-        and figures.or_none(math.nan) is None
-        and figures.or_none(0.5) == 0.5
+        figure_text.percent_up(math.inf, missing="none yet") == "none yet"
+        and figure_text.percent_up(0.061) == "6.1%"
+    )
+    assert (
+        figure_text.or_none(math.inf) is None
+        and figure_text.or_none(math.nan) is None
+        and figure_text.or_none(0.5) == 0.5
     )
     assert evidence.Ratio(1.2, 0.0, math.inf, 2).text() == "x1.20 (2 rounds: no interval)"
     assert evidence.Ratio(math.nan, math.nan, math.nan, 0).text() == "no speedup figure (0 paired rounds)"

@@ -31,8 +31,8 @@ from fake_llama_server import (
 
 from benchmarks.replay import replay_record
 from tuner.cli import main
-from tuner.decisions.deployment import choose, race_policy
 from tuner.decisions.race import Entry, RaceResult
+from tuner.decisions.trial_selection import choose, race_policy
 from tuner.errors import UserError
 from tuner.machine.llama_build import binary
 from tuner.machine.topology import read_topology
@@ -771,7 +771,7 @@ def test_a_load_class_section_serves_its_users_at_once_with_the_real_router(
 def test_the_preset_says_how_threads_and_prompt_threads_were_chosen():
     import pandas as pd
 
-    from tuner.decisions.deployment import thread_notes
+    from tuner.decisions.trial_selection import thread_notes
     from tuner.knobs.config import TrialConfig
     from tuner.storage.records import TrialRecord
 
@@ -801,7 +801,7 @@ def test_the_preset_says_how_threads_and_prompt_threads_were_chosen():
 def test_the_exported_speedup_is_the_sentinels_not_a_disturbed_baseline_one():
     """A trial recorded at x13.94 against a disturbed first baseline reading is exported at the sentinels' figure;
     without a corrected figure the recorded one stands."""
-    from tuner.decisions.deployed import sentinel_speedup
+    from tuner.decisions.export_choice import sentinel_speedup
     from tuner.knobs.config import TrialConfig
     from tuner.storage.records import Metrics, TrialRecord
 

@@ -12,7 +12,7 @@ from tuner.errors import UserError
 from tuner.machine.topology import read_topology
 from tuner.models.gguf_info import read_model_info
 from tuner.models.quantize import QuantizeRequest, ensure_variant, source_digest
-from tuner.prepare.space import check_models_and_space
+from tuner.prepare.fitted_space import check_models_and_space
 from tuner.storage.records import StudyRecord, changes
 from tuner.studyfile.spec import load_spec
 

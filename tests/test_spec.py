@@ -10,7 +10,7 @@ from tuner.cli import main
 from tuner.errors import UserError
 from tuner.knobs.config import Choices, IntRange
 from tuner.machine.topology import read_topology
-from tuner.prepare.space import check_models_and_space
+from tuner.prepare.fitted_space import check_models_and_space
 from tuner.studyfile.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent

@@ -174,7 +174,7 @@ def test_a_study_of_target_variants_measures_each_kld_and_never_deploys_one_over
     # tuner verify checks the deployed file's digest before launching: the file as made passes, a changed one
     # (or a missing one) is one line with the command that makes it again
     from tuner.output.preset import DeployedSection
-    from tuner.output.verify import Deployed, check_target_file
+    from tuner.output.verify_run import Deployed, check_target_file
 
     def deployed(model: Path) -> Deployed:
         section = DeployedSection(tmp_path / "p.ini", "variants", {"model": str(model)}, {}, None, ())

@@ -14,7 +14,7 @@ import yaml
 from tuner.cli import main
 from tuner.errors import UserError
 from tuner.measurement.workload import SPLIT_MIN_PROMPTS, parse_suite
-from tuner.traffic import allocate
+from tuner.workload_import import allocate
 
 SECRET = "TOP-SECRET-PAYROLL " + "the quarterly salary of every engineer is listed below " * 20
 SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")

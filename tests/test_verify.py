@@ -21,7 +21,7 @@ from benchmarks.replay import replay_record
 from tuner.cli import main
 from tuner.decisions import evidence
 from tuner.decisions.race import Confirmation, Entry, RaceResult
-from tuner.decisions.verify import (
+from tuner.decisions.verify_rule import (
     HOLDS,
     NOT_FASTER,
     SMALLER,
@@ -42,7 +42,7 @@ from tuner.output.analysis import report_data
 from tuner.output.preset import DeployedSection, read_section
 from tuner.output.report_html import render
 from tuner.output.report_tables import verification_table
-from tuner.output.verify import read_deployed
+from tuner.output.verify_run import read_deployed
 from tuner.storage import store
 
 # ------------------------------------------------------------------ the rule

@@ -21,7 +21,7 @@ from tuner.measurement.server_process import sigterm_as_interrupt
 SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("llama", "tuner.commands.llama", "build (or locate) the pinned llama.cpp and print its manifest"),
     ("doctor", "tuner.commands.doctor", "print the machine fingerprint and advice before measuring"),
-    ("inspect", "tuner.commands.inspect", "read GGUF metadata and check draft/target compatibility"),
+    ("inspect", "tuner.commands.inspect_models", "read GGUF metadata and check draft/target compatibility"),
     ("synthetic", "tuner.commands.synthetic", "generate the built-in synthetic model family"),
     (
         "models",

@@ -1,4 +1,4 @@
-"""``tuner export``: race the finalists (``decisions/deployed``) and export the winner (``output/export_study``)."""
+"""``tuner export``: race the finalists (``decisions/export_choice``) and export the winner (``output/export_study``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from tuner.commands.flags import add_no_wait
-from tuner.decisions.deployed import ExportRequest
-from tuner.decisions.deployment import POLICIES
+from tuner.decisions.export_choice import ExportRequest
+from tuner.decisions.trial_selection import POLICIES
 from tuner.output.export_study import export_study
 from tuner.output.preset import PRESET_FILE
 

@@ -1,4 +1,4 @@
-"""``tuner verify``: a deployed preset section launched against the study's baseline (``output/verify``)."""
+"""``tuner verify``: a deployed preset section launched against the study's baseline (``output/verify_run``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from tuner.commands.flags import add_no_wait
 from tuner.decisions import evidence
 from tuner.machine.llama_build import ENV_BIN_DIR
 from tuner.output.preset import PRESET_FILE
-from tuner.output.verify import DEFAULT_ROUNDS, verify_deployed
+from tuner.output.verify_run import DEFAULT_ROUNDS, verify_deployed
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

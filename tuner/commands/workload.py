@@ -1,4 +1,4 @@
-"""``tuner workload import``: prompt suites from a server's request log (``traffic``)."""
+"""``tuner workload import``: prompt suites from a server's request log (``workload_import``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from tuner.measurement.workload import SPLIT_MIN_PROMPTS
-from tuner.traffic import import_traffic
+from tuner.workload_import import import_traffic
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

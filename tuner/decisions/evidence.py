@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tuner import figures
+from tuner import figure_text
 
 CONFIDENCE = 0.95
 ALPHA = 0.05  # one-sided, per comparison and look, in the sequential race
@@ -130,10 +130,10 @@ class Ratio:
     def text(self) -> str:
         """``x1.31 [1.25, 1.38]``, or the estimate marked when the rounds are too few for an interval (an
         infinite bound), and words where there is no estimate (no paired rounds, a rate of zero)."""
-        if not figures.finite(self.estimate) or self.estimate <= 0:
+        if not figure_text.finite(self.estimate) or self.estimate <= 0:
             return f"no speedup figure ({self.rounds} paired round{'s' if self.rounds != 1 else ''})"
         estimate = f"x{self.estimate:.2f}"
-        if self.rounds < 2 or not (figures.finite(self.high) and self.low > 0):
+        if self.rounds < 2 or not (figure_text.finite(self.high) and self.low > 0):
             return f"{estimate} ({self.rounds} round{'s' if self.rounds != 1 else ''}: no interval)"
         figure = f"{estimate} [{self.low:.2f}, {self.high:.2f}]"
         return figure if self.enough else f"{figure} (too few rounds: {self.rounds} < {MIN_ROUNDS})"

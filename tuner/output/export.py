@@ -1,7 +1,7 @@
 """Export a study's deployment (`tuner export STUDY`) for production.
 
 Which trial is deployed, with what verdict and policy, per content type and per load class, is
-decided first, as one value (``tuner.decisions.deployed.decide``: the policies, the finalist race, the
+decided first, as one value (``tuner.decisions.export_choice.decide``: the policies, the finalist race, the
 baseline as the default). This module writes that value, under ``reports/STUDY/export/``: ``serve.sh`` (the exact command,
 ``shlex``-quoted, host and port from ``LLAMA_ARG_HOST``/``LLAMA_ARG_PORT``, default
 127.0.0.1:8080), ``config.json`` and ``config.yaml``, and the study's section in the
@@ -26,12 +26,12 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from tuner import figures
-from tuner.decisions.deployed import section_name, sentinel_speedup
-from tuner.decisions.deployment import decision, race_policy, thread_notes
+from tuner import figure_text
+from tuner.decisions.export_choice import section_name, sentinel_speedup
 from tuner.decisions.per_type import PerTypeResultJson
 from tuner.decisions.race import RaceResult
 from tuner.decisions.route import describe_accuracy
+from tuner.decisions.trial_selection import decision, race_policy, thread_notes
 from tuner.errors import UserError
 from tuner.knobs.config import method_of
 from tuner.knobs.registry import SOURCE_QUANT
@@ -81,7 +81,7 @@ class Export:
         out["command"] = shlex.join(self.argv)
         out["preset_section"] = self.section
         out["decision"] = decision(self.race)
-        safe = figures.json_safe(out)
+        safe = figure_text.json_safe(out)
         assert isinstance(safe, dict), "json_safe keeps a dict a dict"
         return safe
 

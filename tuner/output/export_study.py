@@ -1,5 +1,5 @@
 """``tuner export`` from end to end: the study's records read, its deployment decided as one value
-(``tuner.decisions.deployed.decide``: the pooled race, per content type, per load class), then that value
+(``tuner.decisions.export_choice.decide``: the pooled race, per content type, per load class), then that value
 written (``tuner.output.export``) and the preset's notes printed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import optuna
 
-from tuner.decisions.deployed import Deployed, Deployment, ExportRequest, Recorded, decide, section_name
+from tuner.decisions.export_choice import Deployed, Deployment, ExportRequest, Recorded, decide, section_name
 from tuner.decisions.per_type import PerTypeResultJson
 from tuner.measurement.measure import MeasurementSettings
 from tuner.output.analysis import (
@@ -32,7 +32,7 @@ from tuner.storage.records import StudyRecord
 def export_study(
     study_name: str, storage: str | None, request: ExportRequest, out: Path | None, preset_file: Path | None
 ) -> None:
-    """Decide the study's deployment (``decisions.deployed.decide``: pooled, per content type and per load
+    """Decide the study's deployment (``decisions.export_choice.decide``: pooled, per content type and per load
     class, raced) and write it."""
     if out is not None:  # checked before minutes of racing
         writable_folder(out, "--out")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.decisions.deployed import section_name
+from tuner.decisions.export_choice import section_name
 from tuner.decisions.route import request_type
 from tuner.errors import UserError
 from tuner.output.preset import preset_origins

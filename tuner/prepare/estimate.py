@@ -8,7 +8,7 @@ from tuner.decisions.per_type import type_rounds
 from tuner.machine.roofline import Bandwidth, study_roofline
 from tuner.measurement.workload import restrict, split
 from tuner.prepare.context import StudyContext
-from tuner.prepare.workload import request_prompts
+from tuner.prepare.loaded_workload import request_prompts
 
 
 def study_estimate(ctx: StudyContext) -> eta.Estimate:

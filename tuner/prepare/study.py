@@ -15,9 +15,9 @@ from tuner.machine.topology import read_topology
 from tuner.measurement.launch import LaunchContext
 from tuner.paths import inside, storage_dir
 from tuner.prepare.context import StudyContext
+from tuner.prepare.fitted_space import check_models_and_space, max_slots
+from tuner.prepare.loaded_workload import chat_template, check_prompts_fit, study_workload
 from tuner.prepare.models import make_target_variants, make_variants
-from tuner.prepare.space import check_models_and_space, max_slots
-from tuner.prepare.workload import chat_template, check_prompts_fit, study_workload
 from tuner.progress import Progress
 from tuner.storage.records import StudyRecord, changes
 from tuner.studyfile.spec import StudySpec, load_spec

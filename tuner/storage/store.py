@@ -66,7 +66,7 @@ RACE = "race"  # the last finalist race (tuner.decisions.race.RaceResult as JSON
 LOAD_RACE = "race_c"  # + N: the last race of the load class of N users (a RaceResult with users=N, as JSON)
 PER_TYPE = "per_type"  # the last per-type race (tuner.decisions.per_type.PerTypeResult as JSON)
 VERIFICATIONS = (
-    "verifications"  # every `tuner verify`, oldest first (tuner.decisions.verify.Verification as JSON)
+    "verifications"  # every `tuner verify`, oldest first (tuner.decisions.verify_rule.Verification as JSON)
 )
 # the running command's last progress line, elapsed and estimated remaining time (optuna-dashboard shows it)
 PROGRESS = "progress"

@@ -45,10 +45,11 @@ launches, not requests, and says how sure it is.
    (``rounds.add_round``).
 
 On real launches the race runs through ``study_race.race_study`` / ``launching.run_race`` (its launches:
-``launcher``), its result is a ``results.RaceResult`` (stored as JSON with the study), and ``operator_lines`` words what an operator reads.
+``finalist_launches``), its result is a ``results.RaceResult`` (stored as JSON with the study), and ``operator_lines`` words what an operator reads.
 """
 
 from tuner.decisions.evidence import DECISION_ROUNDS
+from tuner.decisions.race.finalist_launches import RaceSetup
 from tuner.decisions.race.finalist_selection import (
     finalists,
     label,
@@ -59,10 +60,9 @@ from tuner.decisions.race.finalist_selection import (
     within_reach,
 )
 from tuner.decisions.race.forecasts import Forecast, forecast_before, rounds_to_tell
-from tuner.decisions.race.launcher import RaceSetup
-from tuner.decisions.race.launching import run_race
 from tuner.decisions.race.operator_lines import verdict_lines
 from tuner.decisions.race.paired_statistics import PairedStatistics, first_look, race_alpha
+from tuner.decisions.race.real_race import run_race
 from tuner.decisions.race.results import Confirmation, Entry, RaceResult
 from tuner.decisions.race.rounds import RaceRounds
 from tuner.decisions.race.sequential import LoopOptions, confirm, sequential_race

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tuner import figures
+from tuner import figure_text
 from tuner.decisions import evidence
 from tuner.decisions.race.paired_statistics import PairedStatistics, race_alpha
 from tuner.decisions.race.wording import loss_text
@@ -29,7 +29,7 @@ class Forecast:
     level_rounds: float | None = None
 
     def text(self) -> str:
-        if not (figures.finite(self.rounds) and figures.finite(self.spread)):
+        if not (figure_text.finite(self.rounds) and figure_text.finite(self.spread)):
             return (
                 f"to tell {loss_text(self.margin)} apart: no forecast yet (the per-round spread is not known)"
             )
@@ -37,7 +37,7 @@ class Forecast:
         if self.rival:
             side = f"{self.behind:.1%} behind" if self.behind >= 0 else f"{-self.behind:.1%} ahead"
             where = f", with {self.rival} {side} as estimated" + (
-                f"; about {figures.figure(self.level_rounds, '.0f')} if the two are level"
+                f"; about {figure_text.figure(self.level_rounds, '.0f')} if the two are level"
                 if self.level_rounds
                 else ""
             )
@@ -60,7 +60,7 @@ def rounds_to_tell(sd: float, margin: float, mean: float, t_value: float) -> flo
     Student's t at the race's level. Infinite where the spread is not known (``Forecast`` then says so)."""
     room = max(margin - mean, mean, margin / 2)
     rounds = (t_value * sd / room) ** 2 if room > 0 else math.inf
-    return float(math.ceil(rounds)) if figures.finite(rounds) else math.inf
+    return float(math.ceil(rounds)) if figure_text.finite(rounds) else math.inf
 
 
 def forecast_after(look: PairedStatistics, winner: str, open_: list[str], spec: RaceSpec) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from tuner import figures
+from tuner import figure_text
 from tuner.decisions import launch_size
 from tuner.decisions.race.allocation import rounds_left, runner_up
 from tuner.decisions.race.forecasts import bound_at_cap, forecast_before
@@ -125,8 +125,8 @@ def verdict_lines(result: RaceResult) -> list[str]:
         mark = "*" if entry.trial == result.winner else " "
         figure = "baseline" if entry.trial == result.baseline_trial else result.speedup_of(entry).text()
         lines.append(
-            f" {mark} trial {entry.trial:>3}: {figures.figure(entry.mean_tokens_per_second, '8.1f')} t/s over "
-            f"{len(entry.rates)} launches (recorded {figures.figure(entry.recorded_tokens_per_second, '.1f')}), "
+            f" {mark} trial {entry.trial:>3}: {figure_text.figure(entry.mean_tokens_per_second, '8.1f')} t/s over "
+            f"{len(entry.rates)} launches (recorded {figure_text.figure(entry.recorded_tokens_per_second, '.1f')}), "
             f"{figure} | {entry.status} | " + " ".join(f"{k}={v}" for k, v in entry.config.items())
         )
     lines.append(f"{tag}verdict: {result.verdict}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from tuner import figures
+from tuner import figure_text
 from tuner.decisions import evidence
 from tuner.decisions.evidence import DECISION_ROUNDS
 from tuner.decisions.race.rounds import RaceRounds
@@ -104,7 +104,7 @@ class PairedStatistics:
         comparison with it has too few paired rounds (an outlier left out of a short race) or no spread yet."""
         why = []
         for other in self.race_rounds.candidates:
-            if other == name or figures.finite(self.upper(other, name)):
+            if other == name or figure_text.finite(self.upper(other, name)):
                 continue
             gap = self.gap(other, name)
             paired = round(gap.paired if gap.paired >= 0 else gap.rounds)

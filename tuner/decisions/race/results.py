@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from tuner import figures
+from tuner import figure_text
 from tuner.decisions import evidence
 from tuner.decisions.race.wording import race_title
 
@@ -132,7 +132,7 @@ class RaceResult:
         if self.loss_bound <= 0:
             return f"{deployed} {self.winner}; no other finalist is faster (95%, {rounds} rounds)"
         return (
-            f"{deployed} {self.winner}; no other finalist is more than {figures.percent_up(self.loss_bound)} "
+            f"{deployed} {self.winner}; no other finalist is more than {figure_text.percent_up(self.loss_bound)} "
             f"faster (95%, {rounds} rounds)"
         )
 

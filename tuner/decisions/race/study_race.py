@@ -7,9 +7,9 @@ import optuna
 
 from tuner.decisions import launch_size
 from tuner.decisions.drift import Sentinels
+from tuner.decisions.race.finalist_launches import RaceSetup
 from tuner.decisions.race.finalist_selection import finalists
-from tuner.decisions.race.launcher import RaceSetup
-from tuner.decisions.race.launching import run_race
+from tuner.decisions.race.real_race import run_race
 from tuner.decisions.race.results import RaceResult
 from tuner.decisions.remeasure import StudyInputs
 from tuner.progress import Progress

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from tuner import figures
+from tuner import figure_text
 
 
 def loss_text(fraction: float) -> str:
@@ -16,7 +16,7 @@ def loss_text(fraction: float) -> str:
 
 def bound_text(log_bound: float) -> str:
     """A bound on a log ratio as the percentage faster it allows."""
-    return figures.percent_up(math.expm1(log_bound))
+    return figure_text.percent_up(math.expm1(log_bound))
 
 
 def users_text(users: int) -> str:

@@ -3,7 +3,7 @@
 Prompt processing is compute-bound and usually wants every physical core, where decode saturates earlier (the
 memory bandwidth). llama.cpp runs prompts on as many threads as decode by default, so a host tuned to 60 decode
 threads of 96 would process prompts on 60 cores. Where the space searches ``threads_batch`` (the study's long
-prompts add it: ``tuner.prepare.space.long_prompts``), every plan leaves it to follow ``threads`` (llama.cpp's default,
+prompts add it: ``tuner.prepare.fitted_space.long_prompts``), every plan leaves it to follow ``threads`` (llama.cpp's default,
 ``space.FOLLOWS``), and this stage measures the incumbent at every core too. llama.cpp also runs speculative
 verification batches on the batch threads, so the sibling is a whole trial, decode included: the race keeps, of
 siblings within reach of the leader on decode, the one with the better prompt tokens/s

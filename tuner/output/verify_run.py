@@ -1,6 +1,6 @@
 """`tuner verify STUDY`: the deployed preset section launched against the study's baseline, on this host and build.
 
-The rule, the verdicts and the exit codes are ``tuner.decisions.verify``'s. This module reads what is deployed
+The rule, the verdicts and the exit codes are ``tuner.decisions.verify_rule``'s. This module reads what is deployed
 (the study's section of ``reports/models-preset.ini``, or ``--preset`` / ``--section``), the claim (the study's
 stored race), the study's context on the build in use (``--bin-dir``, else ``$LLAMA_CPP_BIN``, else the study
 file's ``llama_cpp.bin_dir``, else the pinned build), prints the figures and records one line in the study.
@@ -19,7 +19,7 @@ import optuna
 
 from tuner.decisions import evidence
 from tuner.decisions.race import RaceResult
-from tuner.decisions.verify import (
+from tuner.decisions.verify_rule import (
     EXIT,
     Claim,
     Verification,

@@ -16,7 +16,11 @@ from dataclasses import dataclass
 import optuna
 import pandas as pd
 
-from tuner.decisions.deployment import (
+from tuner.decisions.load_race import race_loads
+from tuner.decisions.per_type import PerTypeResult
+from tuner.decisions.race import RaceResult, verdict_lines
+from tuner.decisions.remeasure import StudyInputs
+from tuner.decisions.trial_selection import (
     best_at_load,
     choose,
     race_for_export,
@@ -24,10 +28,6 @@ from tuner.decisions.deployment import (
     race_types,
     wants_per_type,
 )
-from tuner.decisions.load_race import race_loads
-from tuner.decisions.per_type import PerTypeResult
-from tuner.decisions.race import RaceResult, verdict_lines
-from tuner.decisions.remeasure import StudyInputs
 from tuner.knobs.config import method_of
 from tuner.progress import Progress
 from tuner.storage import store

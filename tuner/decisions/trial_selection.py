@@ -1,4 +1,4 @@
-"""Which trial is deployed, with what verdict and policy (``tuner.decisions.deployed`` decides with these rules,
+"""Which trial is deployed, with what verdict and policy (``tuner.decisions.export_choice`` decides with these rules,
 ``tuner.output.export`` writes it).
 
 Selection policy (documented in ``--help``): among complete trials that meet the quality
@@ -32,7 +32,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
-from tuner import figures
+from tuner import figure_text
 from tuner.decisions.evidence import THREAD_TIE
 from tuner.decisions.front import feasible, front_2d, knee
 from tuner.decisions.per_type import PerTypeResult, race_per_type, type_rounds, winner_lines
@@ -145,9 +145,9 @@ def decision(race: RaceResult | None) -> dict | None:
         if best is None
         else {
             "trial": best.trial,
-            "speedup": figures.or_none(best.speedup),
-            "speedup_low": figures.or_none(best.speedup_low),
-            "speedup_high": figures.or_none(best.speedup_high),
+            "speedup": figure_text.or_none(best.speedup),
+            "speedup_low": figure_text.or_none(best.speedup_low),
+            "speedup_high": figure_text.or_none(best.speedup_high),
             "config": best.config,
         },
     }

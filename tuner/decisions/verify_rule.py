@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from tuner import figures
+from tuner import figure_text
 from tuner.decisions import evidence
 from tuner.decisions.race import RaceResult
 from tuner.decisions.remeasure import MODEL_FLAGS, Contender, StudyInputs, contender, rounds_of_launches
@@ -83,11 +83,11 @@ class Claim:
     @property
     def floor(self) -> float:
         """The bottom of the claim's interval (its estimate where it has none): ``verdict`` compares with it."""
-        return self.low if figures.finite(self.low) and self.low > 0 else self.speedup
+        return self.low if figure_text.finite(self.low) and self.low > 0 else self.speedup
 
     def text(self) -> str:
         """``x1.76 [1.70, 1.82] (the export's race, 5 paired rounds)``."""
-        bounds = figures.finite(self.high) and figures.finite(self.low) and self.low > 0
+        bounds = figure_text.finite(self.high) and figure_text.finite(self.low) and self.low > 0
         interval = f"[{self.low:.2f}, {self.high:.2f}]" if bounds else "(no interval)"
         return f"x{self.speedup:.2f} {interval} ({self.source})"
 
@@ -246,7 +246,7 @@ class Verification:
         return Claim(self.claim, self.claim_low, self.claim_high, self.claim_source)
 
     def to_json(self) -> dict:
-        return figures.json_safe(asdict(self))
+        return figure_text.json_safe(asdict(self))
 
 
 def measure(
@@ -319,7 +319,7 @@ def result_lines(verification: Verification, mean_section: float, mean_baseline:
         if verification.verdict == NOT_FASTER
         else math.inf
     )
-    if figures.finite(more):
+    if figure_text.finite(more):
         lines.append(
             f"forecast: at this spread, about {more:.0f} paired rounds would show x{verification.speedup:.2f} faster "
             f"(`--rounds {more:.0f}`)"

@@ -1,14 +1,14 @@
 """A race on real launches: finalists launched against the baseline round by round (each launch timed for the time
-left, ``launcher``), confirmation rounds when asked, and what the race leaves (``RaceResult``)."""
+left, ``finalist_launches``), confirmation rounds when asked, and what the race leaves (``RaceResult``)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from tuner import figures
+from tuner import figure_text
 from tuner.decisions import evidence
+from tuner.decisions.race.finalist_launches import Launcher, RaceSetup
 from tuner.decisions.race.finalist_selection import label, recorded_rate, resource_key
-from tuner.decisions.race.launcher import Launcher, RaceSetup
 from tuner.decisions.race.operator_lines import announce
 from tuner.decisions.race.results import Confirmation, Entry, RaceResult
 from tuner.decisions.race.rounds import RaceRounds
@@ -64,7 +64,7 @@ def run_race(
         outliers=race_rounds.outliers,
         launches=race_rounds.launches,
         confirmation=confirmation,
-        loss_bound=figures.or_none(outcome.loss),
+        loss_bound=figure_text.or_none(outcome.loss),
         leader=records[outcome.leader].number,
         forecast=outcome.forecast,
         users=users,
