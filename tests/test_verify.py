@@ -150,8 +150,17 @@ def test_what_changed_is_named_and_a_lone_build_change_takes_the_blame():
     assert build_change(study, {**study, "bin_dir": "/copy"}) == ""  # the same build, elsewhere
     build = build_change(study, {**study, "commit": "deadbee", "build_number": 2, "bin_dir": "/new"})
     assert build == (
-        "the study measured llama.cpp 0c1e570 (build 1, /pinned); this run uses llama.cpp deadbee (build 2, /new)"
+        "the study measured llama.cpp 0c1e570 (build 1, /pinned); this run uses llama.cpp deadbee (build 2, /new) "
+        "(commit 0c1e570 -> deadbee; build_number 1 -> 2)"
     )
+    # the flags each llama-server lists, where both manifests hold them: a build that speculates by default says so
+    flags = {**study, "server_flags": ["--spec-type", "--threads"]}
+    newer = {**flags, "server_flags": ["--no-spec-type", "--spec-type", "--threads"]}
+    assert build_change(flags, newer).endswith("(its llama-server adds --no-spec-type)")
+    assert build_change(flags, {**study, "server_flags": ["--threads"]}).endswith(
+        "(its llama-server drops --spec-type)"
+    )
+    assert build_change(study, newer) == ""  # a study stored before the flags were: only what both hold
     assert why_lines(NOT_FASTER, build, [], []) == [
         f"the build changed: {build}; the only change since the export, so the difference is put down to it"
     ]

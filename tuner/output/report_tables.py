@@ -17,8 +17,10 @@ from tuner.storage.records import WarmStartPrior
 
 
 def race_table(race: RaceResult) -> str:
-    """The race's entries; a column of launches on a busy host when there were any."""
+    """The race's entries; a column of launches on a busy host, and one of launches not pinned as asked, when there
+    were any."""
     busy = any(e.busy_launches for e in race.entries)
+    unpinned = any(e.unpinned_launches for e in race.entries)
     rows = pd.DataFrame(
         [
             {
@@ -32,6 +34,7 @@ def race_table(race: RaceResult) -> str:
                 "status": e.status,
                 "config": " ".join(f"{k}={v}" for k, v in e.config.items()),
                 **({"busy": e.busy_launches} if busy else {}),
+                **({"unpinned": e.unpinned_launches} if unpinned else {}),
             }
             for e in race.entries
         ]
@@ -54,6 +57,7 @@ def race_table(race: RaceResult) -> str:
             "status": "status",
             "config": "configuration",
             **({"busy": "launches on a busy host (rates may read low)"} if busy else {}),
+            **({"unpinned": "launches whose threads left the asked CPUs"} if unpinned else {}),
         },
     )
 

@@ -232,6 +232,7 @@ class TrialMeasurement:
             evicted_pages=evicted,
             numa_pages={Path(f).name: n for f, n in served.pages.items()},
             smaps_kib=served.memory,
+            unpinned=served.unpinned,
             placement_problem=contradiction(
                 config.numa, config.numa_node, served.pages, len(ctx.launch.topology.nodes)
             ),
@@ -333,6 +334,8 @@ def describe_trial(record: TrialRecord) -> str:
         flag = " (noisy)" if record.spread and record.spread.noisy else ""
         if record.host and host_was_busy(record.host):
             flag += f" ({busy_text(record.host['busy_processes'])})"
+        if record.host and record.host.get("unpinned"):
+            flag += f" (not pinned as asked: {record.host['unpinned']})"
         return (
             f"{metrics.tokens_per_second:.1f} t/s{flag}, x{metrics.speedup:.2f}, "
             f"acceptance {metrics.acceptance:.2f}, quality {metrics.quality:.3f} | {knobs}"
