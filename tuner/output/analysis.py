@@ -514,6 +514,7 @@ class ReportData:
     bandwidth_curve: BandwidthCurve | None = None  # copy bandwidth by threads when the study started
     verifications: list[dict] | None = None  # every `tuner verify` of a deployed section, oldest first
     disturbed_baseline: DisturbedBaseline | None = None  # the first reading its sentinels contradicted
+    reference_trial: int | None = None  # the trial whose reading the baseline rate is, when it is one trial's
 
     @property
     def objectives(self) -> list[str]:
@@ -540,6 +541,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
             disturbed.remeasured if disturbed else reference.tokens_per_second if reference else None
         ),
         disturbed_baseline=disturbed,
+        reference_trial=reference.trial if reference and not disturbed else None,
         bandwidth=bandwidth,
         roofline=roofline,
         trials=frame,
