@@ -4,6 +4,7 @@ CPUs its argv asked for is flagged (stand-in builds for the faults, the pinned b
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,10 @@ def test_the_pinned_build_lists_every_flag_we_launch_with(llama_bin_dir):
     for config in configs():  # none raises: every flag of ours is the pinned build's
         build_server_argv(config, context(flags))
         build_server_argv(config, context(flags, "/usr/bin/numactl"))
+    # every flag the argv builder can write, but the switch a build that speculates by default adds
+    builder = Path(__file__).parents[1] / "tuner" / "measurement" / "launch.py"
+    written = set(re.findall(r'"(--[a-z0-9-]+)"', builder.read_text()))
+    assert written - flags == {"--no-spec-type"}
     assert set(PINNED_HELP.read_text().split()) >= {"--spec-type", "--cpu-strict"}  # the stand-in's copy
 
 
