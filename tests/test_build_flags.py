@@ -164,6 +164,27 @@ def test_a_launch_whose_threads_leave_the_asked_cpus_is_flagged(tmp_path, env, m
     )
 
 
+def test_a_race_or_verify_launch_whose_threads_leave_the_asked_cpus_says_so(tmp_path, env, monkeypatch):
+    """Race and verify launches re-measure through ``Remeasure``: the launch carries the flag, a line says it."""
+    from tuner.decisions.remeasure import Contender, Remeasure
+    from tuner.measurement.measure import MeasurementSettings
+    from tuner.measurement.workload import Prompt, Workload
+    from tuner.progress import Progress
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: every thread is on the asked CPU")
+    monkeypatch.setenv("FAKE_LLAMA_FAULTS", json.dumps({"--cpu-mask": "unpinned"}))
+    lines: list[str] = []
+    workload = Workload((Prompt("p0", "code", "def add(a, b):"),))
+    remeasure = Remeasure(
+        workload, MeasurementSettings(n_predict=8, trial_timeout_s=30.0), tmp_path, Progress(lines.append)
+    )
+    argv = stand_in_launch(tmp_path, hex(1 << min(os.sched_getaffinity(0))))
+    launched = remeasure.launch(Contender("trial-1", argv, 0.0))
+    assert launched.unpinned and launched.rate > 0
+    assert any(line.startswith("re-measuring trial-1: not pinned as asked (") for line in lines), lines
+
+
 def test_a_trial_whose_threads_leave_the_asked_cpus_is_flagged_with_the_trial(tmp_path, env, monkeypatch):
     """Without numactl llama.cpp pins its own threads (--cpu-mask, --cpu-strict 1); a build that ignores the mask
     leaves its trials flagged: stored with the trial and said in its progress line."""
