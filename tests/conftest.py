@@ -113,6 +113,7 @@ def env(tmp_path, monkeypatch) -> dict:
         "FAKE_LLAMA_COMMIT",
         "FAKE_LLAMA_SPEED",
         "FAKE_LLAMA_JITTER",
+        "FAKE_LLAMA_HELP",
     ):
         monkeypatch.delenv(var, raising=False)
     return dict(os.environ)

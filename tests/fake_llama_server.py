@@ -10,6 +10,7 @@ active MoE experts, so greedy trials agree with the baseline. Everything around 
 
 Environment (inherited through the tuner, which passes its environment on):
   FAKE_LLAMA_COMMIT    commit printed by ``--version`` (default: the pinned 0c1e570)
+  FAKE_LLAMA_HELP      file whose text ``--help`` prints (a build's usage text); unset: none, so nothing is checked
   FAKE_LLAMA_DELAY_S   seconds to sleep in each /completion before decoding (reported as prompt time)
   FAKE_LLAMA_JITTER    each request's rate varies by up to +- this fraction (a noisy machine)
   FAKE_LLAMA_SPEED     factor on every speed (default 1: another build, or a busier machine)
@@ -19,7 +20,10 @@ Environment (inherited through the tuner, which passes its environment on):
   FAKE_LLAMA_FAULTS    JSON {argv substring: fault}; a launch whose argv (joined by
                        spaces, plus a trailing space) contains the substring shows the
                        fault: launch, exit137, crash, hang, crash_mid_run, http500, nodraft,
-                       http200error (an error body with HTTP 200), liar (decode time claimed 10x short)
+                       http200error (an error body with HTTP 200), liar (decode time claimed 10x short),
+                       unpinned (--cpu-mask ignored, as upstream once did: threads on every CPU)
+
+``--cpu-mask M --cpu-strict 1`` pins the process to M's CPUs before any thread starts, as llama.cpp pins its own.
 
 Install it as a bin folder's ``llama-server`` with ``install`` below. The process then runs
 as ``python .../fake_llama_server.py ARGS``; conftest's leftover check knows it by this
@@ -42,7 +46,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 PINNED_COMMIT = "0c1e570"
-FAULTS = ("launch", "exit137", "crash", "hang", "crash_mid_run", "http500", "nodraft", "http200error", "liar")
+FAULTS = (
+    "launch",
+    "exit137",
+    "crash",
+    "hang",
+    "crash_mid_run",
+    "http500",
+    "nodraft",
+    "http200error",
+    "liar",
+    "unpinned",
+)
 DEFAULT_EXPERTS = 4  # a MoE target's expert_used_count, as write_moe_study writes it
 
 
@@ -229,7 +244,13 @@ def run_study_file(path: Path, trials: int | None = None, **env: str):
     spec = load_spec(path)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TUNER_STORAGE_DIR", str(path.parent / "storage"))
-        for var in ("FAKE_LLAMA_COMMIT", "FAKE_LLAMA_DELAY_S", "FAKE_LLAMA_FAULTS", "FAKE_LLAMA_SPEED"):
+        for var in (
+            "FAKE_LLAMA_COMMIT",
+            "FAKE_LLAMA_DELAY_S",
+            "FAKE_LLAMA_FAULTS",
+            "FAKE_LLAMA_SPEED",
+            "FAKE_LLAMA_HELP",
+        ):
             patch.delenv(var, raising=False)
         for var, value in env.items():
             patch.setenv(var, value)
@@ -374,7 +395,18 @@ def main(argv: list[str]) -> int:
         print(f"version: 0.5.0-dev (build 1, commit {commit})", file=sys.stderr)
         print("built with cc (fake) for x86_64-linux-gnu", file=sys.stderr)
         return 0
+    if "--help" in argv:
+        usage = os.environ.get("FAKE_LLAMA_HELP")
+        print(Path(usage).read_text() if usage else "")
+        return 0
     fault = fault_for(argv)
+    mask = flag(argv, "--cpu-mask")
+    if mask and flag(argv, "--cpu-strict") == "1" and fault != "unpinned":
+        bits = int(mask, 16)
+        try:
+            os.sched_setaffinity(0, {cpu for cpu in range(bits.bit_length()) if bits >> cpu & 1})
+        except OSError:  # a CPU this host does not have: llama.cpp warns and runs on
+            pass
     log(f"build: 1 ({os.environ.get('FAKE_LLAMA_COMMIT', PINNED_COMMIT)}) with cc (fake)")
     log(f"llama_model_load: loading model from {flag(argv, '--model')}")
     if fault == "launch":

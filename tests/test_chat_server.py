@@ -9,8 +9,6 @@ import statistics
 import sys
 import types
 
-import pytest
-
 from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import binary, source_dir
 from tuner.machine.topology import read_topology
@@ -81,8 +79,10 @@ def load_speed_bench(monkeypatch):
 
 def test_the_tuners_figures_agree_with_llama_cpps_speed_bench(synthetic_models, tmp_path, monkeypatch):
     """Same server, same conversations (user turns only, as speed_bench sends them), interleaved passes:
-    the drafted and accepted counts are identical (greedy decoding), and the per-category decode rate
-    agrees within 10% (the best of three passes each, which a busy host disturbs least)."""
+    each conversation's decoded tokens and the drafted and accepted counts are identical (greedy decoding), and
+    the per-category decode rate, the same figure of llama.cpp's timings taken by each side, agrees within a
+    factor a unit or a counting mistake would break (a second, milliseconds, prompt tokens) and a busy host's
+    noise between two passes does not (the best of three passes each)."""
     bench = load_speed_bench(monkeypatch)
     workload = load_workload(["chat-summarize"], tmp_path)  # user turns only: speed_bench's shape
     assert all(role == "user" for p in workload.prompts for role, _ in p.messages)
@@ -91,7 +91,7 @@ def test_the_tuners_figures_agree_with_llama_cpps_speed_bench(synthetic_models, 
     ]
     settings = MeasurementSettings(warmup=0, repetitions=1, n_predict=N_PREDICT)
     extra = {"temperature": 0.0, "seed": settings.seed, "cache_prompt": True}
-    ours, theirs = [], []
+    ours, theirs, decoded = [], [], []
     with LlamaServer(
         server_argv(synthetic_models), free_port(), tmp_path / "s.log", ready_timeout_s=90
     ) as server:
@@ -104,6 +104,7 @@ def test_the_tuners_figures_agree_with_llama_cpps_speed_bench(synthetic_models, 
                 results = [bench.run_one(s, endpoint, None, N_PREDICT, extra, 120.0) for s in samples_sb]
                 assert all(r.ok for r in results), [r.error for r in results]
                 theirs.append(bench.summarize_group("chat-summarize", results))
+                decoded.append({r.id: r.completion_tokens for r in results})
     # speed_bench's figure: the mean over conversations of each one's tokens over its decode time
     tuner_rates = [
         statistics.fmean(
@@ -114,9 +115,12 @@ def test_the_tuners_figures_agree_with_llama_cpps_speed_bench(synthetic_models, 
         )
         for run in ours
     ]
-    for run, summary in zip(ours, theirs):
+    for run, summary, tokens in zip(ours, theirs, decoded):
         assert sum(s.draft_n for s in run) == summary["draft_n"] > 0
         assert sum(s.draft_n_accepted for s in run) == summary["accepted"]
+        assert {
+            p.id: sum(s.predicted_n for s in run if s.prompt_id == p.id) for p in workload.prompts
+        } == tokens
     ratio = max(tuner_rates) / max(t["avg_pred_t_s"] for t in theirs)
     print(
         "tuner",
@@ -125,4 +129,4 @@ def test_the_tuners_figures_agree_with_llama_cpps_speed_bench(synthetic_models, 
         [round(t["avg_pred_t_s"], 1) for t in theirs],
     )
     print("acceptance", [round(t["accept_rate"], 3) for t in theirs])
-    assert ratio == pytest.approx(1.0, abs=0.10)
+    assert 1 / 1.5 < ratio < 1.5

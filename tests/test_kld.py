@@ -9,7 +9,7 @@ from gguf_factory import write_gguf
 
 import tuner.measurement.server_process
 from tuner.errors import UserError
-from tuner.measurement.quality import MEAN_KLD, SAME_TOP, measure_kld, save_kld_base
+from tuner.measurement.quality import MEAN_KLD, SAME_TOP, builtin_text, measure_kld, save_kld_base
 from tuner.progress import Progress
 from tuner.studyfile.spec import load_spec
 
@@ -39,13 +39,16 @@ def write_study(tmp_path: Path, quality: dict) -> Path:
     return path
 
 
-def test_kld_needs_a_text_file_and_max_kld_needs_kld(tmp_path):
+def test_kld_runs_on_the_built_in_text_by_default_and_max_kld_needs_kld(tmp_path):
     spec = load_spec(
         write_study(tmp_path, {"scorer": "kld", "floor": 0.9, "text_file": "text.txt", "max_kld": 0.05})
     )
     assert (spec.quality.scorer, spec.quality.floor, spec.quality.max_kld) == ("kld", 0.9, 0.05)
+    assert (
+        load_spec(write_study(tmp_path, {"scorer": "kld"})).quality.text_file == builtin_text()
+    )  # the default
     for quality, message in [
-        ({"scorer": "kld"}, "quality.text_file: the kld scorer needs a text file"),
+        ({"scorer": "perplexity"}, "quality.text_file: the perplexity scorer needs a text file"),
         ({"scorer": "agreement", "max_kld": 0.1}, "quality.max_kld: only the kld scorer"),
     ]:
         with pytest.raises(UserError, match=message):

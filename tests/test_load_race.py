@@ -222,11 +222,16 @@ def test_a_real_load_class_race_at_two_users_on_the_synthetic_family(synthetic_m
     result = run_race(ctx.study_record("h:1"), [candidate], baseline, setup, Progress(lines.append))
     for line in [*lines, *verdict_lines(result)]:
         print(line)
-    assert result.users == 2 and result.rounds == 3
-    assert all(len(e.rates) == 3 and min(e.rates) > 0 for e in result.entries)
+    # what the race decided from what it measured, whatever the host's other work made of the rates: a round
+    # line per round it ran, each entry launched in the rounds it is stored with, one short only when dropped
+    assert result.users == 2 and 1 <= result.rounds <= 3
     assert [line.split(":")[0] for line in lines if line.startswith("race c2 round")] == [
-        f"race c2 round {r}" for r in (1, 2, 3)
+        f"race c2 round {r}" for r in range(1, result.rounds + 1)
     ]
+    for entry in result.entries:
+        assert len(entry.rates) == len(entry.rounds) and min(entry.rates) > 0
+        assert len(entry.rates) == result.rounds or entry.status.startswith("dropped: "), entry
+    assert result.winner in {e.trial for e in result.entries}
     assert any(line.startswith("c2 verdict: ") for line in verdict_lines(result))
     assert (ctx.log_dir / "remeasure-trial-1-c2-1.log").exists() or any(
         ctx.log_dir.glob("remeasure-trial-*-c2-*.log")

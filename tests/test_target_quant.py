@@ -38,6 +38,53 @@ def test_a_target_entry_lists_variants_and_the_kld_ceiling_defaults(tmp_path):
     assert load_spec(write_study(tmp_path, "t.gguf")).target_quantize == ()  # a plain path: as before
 
 
+def test_a_study_of_target_variants_without_quality_is_scored_by_kld_on_the_built_in_text(tmp_path):
+    from tuner.measurement.quality import builtin_text
+    from tuner.output.check_text import _quality_text
+
+    path = tmp_path / "study.yaml"
+    write_study(tmp_path, "t.gguf")
+    path.write_text(yaml.safe_dump({"name": "tq", "target": {"path": "t.gguf", "quantize": ["Q8_0"]}}))
+    quality = load_spec(path).quality
+    assert (quality.scorer, quality.text_file, quality.max_kld) == (
+        "kld",
+        builtin_text(),
+        DEFAULT_TARGET_MAX_KLD,
+    )
+    assert _quality_text(quality) == f"kld >= 0.95 (mean KLD <= 0.1) on the built-in text ({builtin_text()})"
+    assert (
+        builtin_text().is_file() and len(builtin_text().read_text().split()) > 1200
+    )  # 8 windows of 128 tokens
+    # a study that names its own text keeps it; a plain target keeps agreement
+    assert load_spec(write_study(tmp_path, {"path": "t.gguf", "quantize": ["Q8_0"]})).quality.text_file == (
+        tmp_path / "text.txt"
+    )
+    assert load_spec(write_study(tmp_path, "t.gguf", {})).quality.scorer == "agreement"
+
+
+@pytest.mark.llama
+def test_run_check_of_target_variants_without_quality_says_kld(
+    synthetic_models, tmp_path, capsys, monkeypatch
+):
+    """`tuner run --check` of a study of target variants with no quality section: kld on the built-in text, which
+    fills the scorer's windows on the synthetic target's tokenizer too."""
+    from tuner.cli import main
+    from tuner.machine.llama_build import binary
+    from tuner.measurement.quality import builtin_text
+    from tuner.measurement.workload import llama_tokenize_count
+
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    target = synthetic_models.path("target")
+    path = tmp_path / "study.yaml"
+    study = {"name": "tqcheck", "target": {"path": str(target), "quantize": ["Q8_0"]}, "drafts": []}
+    path.write_text(yaml.safe_dump({**study, "storage": f"sqlite:///{tmp_path / 's.db'}"}))
+    assert main(["run", str(path), "--check"]) == 0
+    printed = capsys.readouterr().out
+    assert f"quality kld >= 0.95 (mean KLD <= 0.1) on the built-in text ({builtin_text()})" in printed
+    tokens = llama_tokenize_count(binary("llama-tokenize"), target, builtin_text().read_text())
+    assert tokens >= 2 * 128 * 8
+
+
 @pytest.mark.parametrize(
     "target, quality, message",
     [

@@ -10,6 +10,12 @@ worker (each host drifts on its own). The baseline trial is the first sentinel.
 
 A trial is flagged ``drifted`` when the two sentinels around it differ by more than the
 noise: twice the larger of their spreads (cv) and the study's noise_cv.
+
+A reference reading on a busy host (``machine.host.host_was_busy``: other processes took CPU during it) is left
+out of its worker's series once the worker has a quiet one: a busy reading never divides a speedup, and a busy
+baseline is named, not shown (``DisturbedBaseline``). The baseline trial launches again at once when its launch
+ran on a busy host (``run/trial_measurement.BUSY_RELAUNCHES``); the busy launches it set aside
+(``host["busy_readings"]``) are readings of the series too, before the trial's own.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from tuner.machine.host import busy_text, host_was_busy
 from tuner.storage.records import TrialRecord
 from tuner.studyfile.spec import SentinelSpec
 
@@ -36,6 +43,20 @@ class Point:
     at: float  # the measurement's midpoint, seconds since the epoch
     tokens_per_second: float
     cv: float | None
+    busy: str = ""  # ``host busy: NAME[PID]`` when other processes took CPU during it (``busy_of``)
+
+
+def set_aside(record: TrialRecord) -> list[Point]:
+    """The launches a reference trial set aside because its host was busy (``host["busy_readings"]``), as readings
+    just before its own."""
+    start = record.started_at or 0.0
+    readings = (record.host or {}).get("busy_readings") or []
+    return [Point(start + i * 1e-3, r["tokens_per_second"], None, r["busy"]) for i, r in enumerate(readings)]
+
+
+def busy_of(record: TrialRecord) -> str:
+    """``host busy: NAME[PID], ...`` when the record's host was busy while it measured, else ""."""
+    return busy_text(record.host["busy_processes"]) if record.host and host_was_busy(record.host) else ""
 
 
 def midpoint(record: TrialRecord) -> float | None:
@@ -51,8 +72,16 @@ class DisturbedBaseline:
     first: float  # tokens/s of the first reading
     remeasured: float  # the sentinels' median
     sentinels: int
+    busy: str = (
+        ""  # ``host busy: ...``: left out because its host was busy; "": because the sentinels disagree
+    )
 
     def text(self) -> str:
+        if self.busy:
+            return (
+                f"the baseline's first reading ({self.first:.1f} tokens/s) ran on a busy host ({self.busy}); "
+                f"speedups use its {self.sentinels} quiet re-measure(s) (median {self.remeasured:.1f} tokens/s)"
+            )
         return (
             f"the baseline's first reading ({self.first:.1f} tokens/s) disagrees with its {self.sentinels} "
             f"re-measures (median {self.remeasured:.1f} tokens/s) beyond the noise: the host was disturbed during "
@@ -69,20 +98,22 @@ class Sentinels:
         for record in records:
             at = midpoint(record)
             if record.role in REFERENCE_ROLES and record.complete and at is not None:
+                self.points.setdefault(record.worker, []).extend(set_aside(record))
                 self.points.setdefault(record.worker, []).append(
                     Point(
                         at,
                         record.measured_metrics.tokens_per_second,
                         record.spread.cv if record.spread else None,
+                        busy_of(record),
                     )
                 )
         self.disturbed: dict[str, DisturbedBaseline] = {}
         for worker, series in self.points.items():
             series.sort(key=lambda p: p.at)
-            disturbed = _disturbed(series, noise_cv)
+            disturbed = _busy(series) or _disturbed(series, noise_cv)
             if disturbed is not None:  # the reference is the sentinels': the first reading is left out
                 self.disturbed[worker] = disturbed
-                del series[0]
+            self.points[worker] = _kept(series, disturbed is not None)
 
     def _around(self, worker: str, at: float) -> tuple[Point, Point] | None:
         series = self.points.get(worker)
@@ -150,6 +181,25 @@ class Sentinels:
         at = midpoint(record)
         rate = self.rate_at(record.worker, at) if at is not None and record.complete else None
         return record.measured_metrics.tokens_per_second / rate if rate else None
+
+
+def _busy(series: list[Point]) -> DisturbedBaseline | None:
+    """The first reference reading (the baseline) when its host was busy and a later one was quiet: the quiet
+    ones' median stands for it."""
+    quiet = [p.tokens_per_second for p in series[1:] if not p.busy]
+    if not series or not series[0].busy or not quiet:
+        return None
+    return DisturbedBaseline(
+        series[0].tokens_per_second, statistics.median(quiet), len(quiet), series[0].busy
+    )
+
+
+def _kept(series: list[Point], first_out: bool) -> list[Point]:
+    """The readings a worker's reference rate is drawn from: the first left out when it was disturbed, and every
+    reading on a busy host once a quiet one exists."""
+    kept = series[1:] if first_out else series
+    quiet = [p for p in kept if not p.busy]
+    return quiet or kept
 
 
 def _disturbed(series: list[Point], noise_cv: float) -> DisturbedBaseline | None:

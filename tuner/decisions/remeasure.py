@@ -105,6 +105,9 @@ class Launch:
     accepted: int
     per_suite: dict[str, float] = field(default_factory=dict)
     host_busy: bool = False  # other processes used more than ``machine.host.BUSY_CORES`` during it
+    unpinned: str | None = (
+        None  # its server's threads not held to the asked CPUs (``MeasuredLaunch.unpinned``)
+    )
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,7 @@ class Remeasure:
 
     def launch(self, contender: Contender) -> Launch:
         """Start ``contender``'s server, warm up, measure one pass (a load class: one level of its users), stop it;
-        marked when the host was busy meanwhile. A launch that fails (speculation that drafted nothing included)
+        marked when the host was busy meanwhile or its threads were not on the asked CPUs. A launch that fails (speculation that drafted nothing included)
         is launched once more (a stalled host or a crash must not end a long race); a second failure is the
         configuration's, one line."""
         try:
@@ -216,6 +219,11 @@ class Remeasure:
                 f"re-measuring {contender.label}: {busy_text(measured.busy)} during its launch; "
                 "its rate may read low"
             )
+        if launch.unpinned:
+            self.progress(
+                f"re-measuring {contender.label}: not pinned as asked ({launch.unpinned}); its rate measures "
+                "another placement"
+            )
         return launch
 
     def _measured(self, measured: MeasuredLaunch) -> Launch:
@@ -227,6 +235,7 @@ class Remeasure:
                 sum(r.draft_n for r in level.requests),
                 sum(r.draft_n_accepted for r in level.requests),
                 host_busy=measured.host_busy,
+                unpinned=measured.unpinned,
             )
         samples = measured.samples
         return Launch(
@@ -235,6 +244,7 @@ class Remeasure:
             sum(s.draft_n_accepted for s in samples),
             {suite: pooled_rate(s for s in samples if s.suite == suite) for suite in self.workload.suites},
             measured.host_busy,
+            measured.unpinned,
         )
 
     def round(self, contenders: Sequence[Contender], round_index: int) -> dict[str, Launch]:

@@ -30,7 +30,7 @@ verification whose interval meets the claim's does not contradict it, wherever t
 line), as every command.
 
 **What changed** (``why_lines``): the build in use against the study's build manifest (commit, build number,
-cmake flags), the section against what the export wrote for its trial (``edits``), and the machine against the
+cmake flags, the flags its llama-server lists: ``build_differences``), the section against what the export wrote for its trial (``edits``), and the machine against the
 study's fingerprint. When only the build differs, a change is the build's; when several differ, verify says it
 cannot tell them apart and how to.
 """
@@ -48,6 +48,8 @@ from tuner.decisions import evidence
 from tuner.decisions.race import RaceResult
 from tuner.decisions.remeasure import MODEL_FLAGS, Contender, StudyInputs, contender, rounds_of_launches
 from tuner.errors import UserError
+from tuner.machine.llama_build import build_label
+from tuner.measurement.launch import NO_SPECULATION
 from tuner.measurement.workload import Workload, restrict, split
 from tuner.progress import Progress
 from tuner.storage.records import TrialRecord
@@ -172,13 +174,18 @@ def section_contender(
     )
 
 
-def baseline_contender(record: TrialRecord, server: Path) -> Contender:
-    """The study's baseline configuration as stored, launched on ``server`` (the build in use)."""
+def baseline_contender(record: TrialRecord, server: Path, flags: frozenset[str] = frozenset()) -> Contender:
+    """The study's baseline configuration as stored, launched on ``server`` (the build in use): without
+    speculation on any build, so ``--no-spec-type`` where ``flags`` (that build's ``--help``) lists it and the
+    stored command does not say it (a build that speculates by default would otherwise speculate here)."""
     if record.command is None:
         raise UserError(f"the baseline, trial {record.number}, has no stored command to launch")
     base = contender(BASELINE, record)
     at = base.argv.index(record.command.binary)
-    return replace(base, argv=[*base.argv[:at], str(server), *base.argv[at + 1 :]])
+    argv = [*base.argv[:at], str(server), *base.argv[at + 1 :]]
+    if NO_SPECULATION in flags and not {NO_SPECULATION, "--spec-type"} & set(argv):
+        argv.append(NO_SPECULATION)
+    return replace(base, argv=argv)
 
 
 def edits(exported: Mapping[str, str], deployed: Mapping[str, str]) -> list[str]:
@@ -199,14 +206,37 @@ def edits(exported: Mapping[str, str], deployed: Mapping[str, str]) -> list[str]
 
 
 def build_text(build: Mapping) -> str:
-    return f"llama.cpp {build.get('commit')} (build {build.get('build_number')}, {build.get('bin_dir')})"
+    return build_label(build)
 
 
 def build_change(study_build: Mapping, this_build: Mapping) -> str:
-    """ "" when this run uses the study's build (same commit, build number and flags), else both, in words."""
-    if all(study_build.get(k) == this_build.get(k) for k in BUILD_KEYS):
+    """ "" when this run uses the study's build (same commit, build number and flags, and the same llama-server
+    flags where both list theirs), else both and what differs between them, in words."""
+    differs = build_differences(study_build, this_build)
+    if not differs:
         return ""
-    return f"the study measured {build_text(study_build)}; this run uses {build_text(this_build)}"
+    return (
+        f"the study measured {build_text(study_build)}; this run uses {build_text(this_build)} "
+        f"({'; '.join(differs)})"
+    )
+
+
+def build_differences(study_build: Mapping, this_build: Mapping) -> list[str]:
+    """What differs between two build manifests, one phrase each: the keys that make a build (``BUILD_KEYS``), then
+    the flags each llama-server's ``--help`` lists (a new default such as speculation comes with new flags: a
+    build that speculates by default adds ``--no-spec-type``), where both manifests hold them."""
+    differs = [
+        f"{key} {study_build.get(key)} -> {this_build.get(key)}"
+        for key in BUILD_KEYS
+        if study_build.get(key) != this_build.get(key)
+    ]
+    if "server_flags" in study_build and "server_flags" in this_build:
+        was, now = set(study_build["server_flags"]), set(this_build["server_flags"])
+        if now - was:
+            differs.append(f"its llama-server adds {' '.join(sorted(now - was))}")
+        if was - now:
+            differs.append(f"its llama-server drops {' '.join(sorted(was - now))}")
+    return differs
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from tuner.errors import MissingBinaryError, UserError
@@ -225,6 +227,35 @@ def read_binary_version(binary_path: Path) -> BinaryVersion:
     )
 
 
+# A flag in llama.cpp's usage text: ``-t,    --threads N``, ``--no-webui``, ``-fa, --flash-attn [on|off|auto]``.
+HELP_FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*")
+
+
+def server_flags(server: Path) -> frozenset[str]:
+    """The long flags ``SERVER --help`` lists: what this build accepts, read from the build itself, once per binary
+    (path, size and mtime). Why: llama.cpp changes its flags and their defaults between builds (one turns
+    ``ngram-mod`` speculation on by default and adds ``--no-spec-type``), and an argv is built for the build in use.
+    Empty when the binary lists none (a stand-in that has no usage text): nothing can be checked then."""
+    stat = server.stat()
+    return _server_flags(str(server.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _server_flags(server: str, size: int, mtime_ns: int) -> frozenset[str]:
+    try:
+        proc = subprocess.run([server, "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise MissingBinaryError(
+            f"{server}: `--help` did not answer ({err}); is it a llama.cpp tool?"
+        ) from err
+    return frozenset(HELP_FLAG.findall(proc.stdout + proc.stderr))
+
+
+def build_label(build: Mapping) -> str:
+    """A build in words, for one-line errors: ``llama.cpp 0c1e570 (build 1, /path/bin)``."""
+    return f"llama.cpp {build.get('commit')} (build {build.get('build_number')}, {build.get('bin_dir')})"
+
+
 def build_pinned(force: bool = False, jobs: int | None = None) -> dict:
     """Build the pinned tools unless a finished build is cached; return its manifest."""
     root = pinned_root()
@@ -344,8 +375,9 @@ def find_build_info(bin_dir: str | os.PathLike | None = None) -> dict:
     """Provenance of the build in use: the pinned manifest, or what a user build says of itself."""
     folder = resolve_bin_dir(bin_dir)
     manifest_path = folder.parent.parent / "manifest.json"
+    flags = {"server_flags": sorted(server_flags(binary("llama-server", folder)))}
     if folder == pinned_bin_dir() and manifest_path.is_file():
-        return json.loads(manifest_path.read_text())
+        return {**json.loads(manifest_path.read_text()), **flags}
     version = read_binary_version(binary("llama-server", folder))
     return {
         "source": "user build",
@@ -356,4 +388,5 @@ def find_build_info(bin_dir: str | os.PathLike | None = None) -> dict:
         "target": version.target,
         "cmake_flags": "unknown (user build)",
         "bin_dir": str(folder),
+        **flags,
     }

@@ -26,7 +26,10 @@ import ctypes
 import mmap
 import os
 import re
+from collections.abc import Set
 from pathlib import Path
+
+from tuner.machine.topology import format_cpu_list, parse_cpu_list
 
 PAGE = mmap.PAGESIZE
 NODE_FIELD = re.compile(r"\bN(\d+)=(\d+)")
@@ -136,3 +139,38 @@ def contradiction(
         if top / count > INTERLEAVE_MAX_SHARE:
             return f"interleaved but {top / count:.0%} of the model's pages sit on node {top_node}"
     return None
+
+
+def read_thread_cpus(pid: int) -> dict[int, frozenset[int]]:
+    """Each thread of process ``pid`` and the CPUs the kernel lets it run on (``/proc/PID/task/TID/status``,
+    ``Cpus_allowed_list``); empty when the process has gone, a thread that ended meanwhile left out."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return {}
+    found = {}
+    for task in tasks:
+        try:
+            text = (task / "status").read_text()
+        except OSError:
+            continue
+        match = re.search(r"^Cpus_allowed_list:\s*(\S+)", text, flags=re.MULTILINE)
+        if match and task.name.isdigit():
+            found[int(task.name)] = frozenset(parse_cpu_list(match.group(1)))
+    return found
+
+
+def pinning_problem(asked: Set[int], threads: dict[int, frozenset[int]], compute: int) -> str | None:
+    """Why a server's threads are not held to the CPUs its configuration asked for, or None: fewer of its threads
+    held to them than it computes on (``compute``). llama.cpp pins only the threads that compute (with
+    ``--cpu-mask``; numactl holds every thread), so its HTTP and logging threads may run anywhere; a build that
+    ignores the mask (upstream once did, silently), or one compute thread it leaves unpinned, shows as fewer held
+    threads, and its rate measures another placement than the one recorded."""
+    held = sum(1 for cpus in threads.values() if cpus <= asked)
+    if not asked or not threads or held >= compute:
+        return None
+    outside = frozenset().union(*(cpus - asked for cpus in threads.values()))
+    return (
+        f"{held} of {len(threads)} server threads held to the asked CPUs {format_cpu_list(asked)}, fewer than "
+        f"its {compute} compute threads; the others may run on {format_cpu_list(outside)}"
+    )

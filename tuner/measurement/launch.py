@@ -16,13 +16,14 @@ the CPUs are pinned by llama.cpp itself (``--cpu-mask`` with ``--cpu-strict 1``)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tuner.errors import UserError
 from tuner.knobs.config import TrialConfig
 from tuner.knobs.registry import NUMA_POLICIES
-from tuner.machine.topology import Topology, format_cpu_list
+from tuner.machine.topology import Topology, format_cpu_list, parse_cpu_list
 from tuner.measurement.failures import FailureReason, TrialFailure
 
 # Which flag carries the draft length K for each speculative type of the pinned build.
@@ -124,6 +125,10 @@ class LaunchContext:
     chat_template: Path | None = None  # the study's template file; None: the target's own
     # the target's llama-quantize variants by type (the knob target_quant); "source" and None: ``target``
     target_variants: dict[str, Path] = field(default_factory=dict)
+    # the long flags the build's llama-server lists (``machine.llama_build.server_flags``); empty: not read, and
+    # nothing checked. ``build``: that build in words, for the error naming a flag it lacks
+    server_flags: frozenset[str] = frozenset()
+    build: str = ""
 
     def target_file(self, config: TrialConfig) -> Path:
         """The target file ``config`` runs: its variant's, or the study's target as given."""
@@ -148,6 +153,31 @@ def pinned_cpus(config: TrialConfig, ctx: LaunchContext) -> list[int]:
 
 def cpu_mask(cpus: list[int]) -> str:
     return hex(sum(1 << cpu for cpu in cpus))
+
+
+def asked_cpus(argv: Sequence[str]) -> frozenset[int]:
+    """The CPUs an argv pins its server to, read back as ``build_server_command`` writes them (numactl's
+    ``--physcpubind=``, else llama.cpp's ``--cpu-mask``), or a preset section's; empty when it pins nothing."""
+    for at, item in enumerate(argv):
+        if item.startswith("--physcpubind="):
+            return frozenset(parse_cpu_list(item.partition("=")[2]))
+        if item == "--cpu-mask" and at + 1 < len(argv):
+            try:
+                mask = int(argv[at + 1], 16)
+            except ValueError:
+                return frozenset()
+            return frozenset(cpu for cpu in range(mask.bit_length()) if mask >> cpu & 1)
+    return frozenset()
+
+
+def compute_threads(argv: Sequence[str]) -> int:
+    """How many threads an argv's server computes on: the larger of ``--threads`` and ``--threads-batch`` (1 when
+    neither is given or readable)."""
+    counts = [1]
+    for at, item in enumerate(argv[:-1]):
+        if item in ("--threads", "--threads-batch", "-t", "-tb") and argv[at + 1].isdigit():
+            counts.append(int(argv[at + 1]))
+    return max(counts)
 
 
 @dataclass(frozen=True)
@@ -225,9 +255,35 @@ def build_server_command(config: TrialConfig, ctx: LaunchContext) -> ServerComma
         *pinning,
         *speculative_options(config, ctx),
     ]
+    options += for_build(options, config, ctx)
     return ServerCommand(
         tuple(prefix), str(ctx.server_binary), tuple(options), tuple(ctx.extra_args), tuple(cpus)
     )
+
+
+NO_SPECULATION = "--no-spec-type"
+
+
+def for_build(
+    options: list[tuple[str, str | None]], config: TrialConfig, ctx: LaunchContext
+) -> list[tuple[str, str | None]]:
+    """What the build in use needs beyond ``options``, read from its own ``--help`` (``ctx.server_flags``): a
+    configuration without speculation says so (``--no-spec-type``) where the build has the switch, since such a
+    build may speculate by default (an upstream change turns ngram-mod on by default); a flag of ours that
+    the build does not list is one line naming the build and the flag, never a launch that fails or, worse, one
+    that ignores it. Nothing without the build's flags."""
+    if not ctx.server_flags:
+        return []
+    added: list[tuple[str, str | None]] = []
+    if not config.speculative and NO_SPECULATION in ctx.server_flags:
+        added.append((NO_SPECULATION, None))
+    for flag, _ in options:
+        if flag.startswith("--") and flag not in ctx.server_flags:
+            raise UserError(
+                f"{ctx.build or ctx.server_binary.parent}: its llama-server does not list {flag} in --help; "
+                "use the pinned build (`make llama`, LLAMA_CPP_BIN unset) or a build that has it"
+            )
+    return added
 
 
 def chat_options(ctx: LaunchContext) -> list[tuple[str, str | None]]:

@@ -2,8 +2,8 @@
 levels (or a caller's own requests), watch the host meanwhile, stop it.
 
 Why one owner: every launch the tuner measures (a trial, a race's, verify's, the benches') is then checked the
-same way: which other processes took CPU during it, where the models' pages were placed, which pages were huge,
-and whether the log says speculation was off. A check added here reaches them all.
+same way: which other processes took CPU during it, whether its threads stayed on the CPUs its argv asked for,
+where the models' pages were placed, which pages were huge, and whether the log says speculation was off. A check added here reaches them all.
 
 A lookup that remembers requests (``knobs.registry.REMEMBERING_LOOKUP_TYPES``) is measured one pass per launch,
 warmed up on text no pass measures: in one server its second pass would draft every answer from the first's
@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from tuner.machine.host import busy_processes, cpu_seconds_by_process, host_was_busy
-from tuner.machine.placement import read_numa_maps, read_smaps_rollup
+from tuner.machine.placement import pinning_problem, read_numa_maps, read_smaps_rollup, read_thread_cpus
+from tuner.measurement.launch import asked_cpus, compute_threads
 from tuner.measurement.load import Level, run_levels
 from tuner.measurement.measure import MeasurementSettings, Sample, another_pass, run_workload, warm_up
 from tuner.measurement.server_process import LlamaServer, free_port
@@ -77,6 +78,8 @@ class MeasuredLaunch(Generic[T]):
     measure_s: float  # the requests, the caller's own (``then``) left out
     stop_s: float
     then: T | None  # what the caller's own requests returned
+    # the server's threads not held to the CPUs its argv asked for (``machine.placement.pinning_problem``)
+    unpinned: str | None = None
 
     @property
     def host_busy(self) -> bool:
@@ -126,6 +129,7 @@ def _launch_once(
         if on_running:
             on_running(server.port)
         samples, levels = _serve(server, requests) if requests else ([], [])
+        unpinned = pinning_problem(asked_cpus(argv), read_thread_cpus(pid), compute_threads(argv))
         measured = time.monotonic()
         extra = then(server) if then else None
         busy = busy_processes(
@@ -147,6 +151,7 @@ def _launch_once(
         measure_s=measured - ready,
         stop_s=time.monotonic() - stopping,
         then=extra,
+        unpinned=unpinned,
     )
 
 
@@ -191,6 +196,7 @@ def _launch_per_pass(
         samples=samples,
         busy=busy,
         spec_problem=next((one.spec_problem for one in launched if one.spec_problem), None),
+        unpinned=next((one.unpinned for one in launched if one.unpinned), None),
         log_tail=last.log_tail,
         ready_s=sum(one.ready_s for one in launched),
         measure_s=sum(one.measure_s for one in launched),

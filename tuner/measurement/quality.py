@@ -23,6 +23,7 @@ import re
 import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import TypedDict
 
@@ -131,6 +132,13 @@ def output_quality(
         {pid: tuple(s.tokens) for pid, s in outputs.items()},
         {pid: tuple(tokens) for pid, tokens in reference_tokens.items()},
     )
+
+
+def builtin_text() -> Path:
+    """The text the kld scorer runs on when the study file names none (``tuner/data/quality/kld.txt``): prose,
+    instructions, arithmetic answers, code, SQL, JSON lines and a summary, about 2,000 tokens of a typical
+    tokenizer, so the default 8 windows of 128 tokens are all filled."""
+    return Path(str(resources.files("tuner") / "data" / "quality" / "kld.txt"))
 
 
 def _perplexity_argv(

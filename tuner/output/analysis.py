@@ -53,6 +53,7 @@ COLUMNS = (
     "recorded_speedup",
     "drifted",
     "host_busy",
+    "unpinned",
     "placement_problem",
     "pruned",
     "search_stage",
@@ -98,6 +99,7 @@ def trials_frame(
             "recorded_speedup": metrics.speedup if metrics else None,
             "drifted": sentinels.drifted(record.worker, at) if at is not None else None,
             "host_busy": host_was_busy(record.host) if record.host else None,
+            "unpinned": record.host.get("unpinned") if record.host else None,
             "placement_problem": record.host.get("placement_problem") if record.host else None,
             "thp_mode": record.host.get("thp_mode") if record.host else None,
             **memory_mib(record.host),
@@ -512,6 +514,7 @@ class ReportData:
     bandwidth_curve: BandwidthCurve | None = None  # copy bandwidth by threads when the study started
     verifications: list[dict] | None = None  # every `tuner verify` of a deployed section, oldest first
     disturbed_baseline: DisturbedBaseline | None = None  # the first reading its sentinels contradicted
+    reference_trial: int | None = None  # the trial whose reading the baseline rate is, when it is one trial's
 
     @property
     def objectives(self) -> list[str]:
@@ -538,6 +541,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
             disturbed.remeasured if disturbed else reference.tokens_per_second if reference else None
         ),
         disturbed_baseline=disturbed,
+        reference_trial=reference.trial if reference and not disturbed else None,
         bandwidth=bandwidth,
         roofline=roofline,
         trials=frame,

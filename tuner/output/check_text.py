@@ -8,11 +8,13 @@ from tuner.decisions.race import DECISION_ROUNDS
 from tuner.knobs.config import Choices, Domain, IntRange
 from tuner.knobs.registry import NAMES
 from tuner.machine.bandwidth import PLANNER_SHARE, bandwidth_saturation, curve_of
+from tuner.measurement.quality import builtin_text
 from tuner.models import memory_fit
 from tuner.prepare import StudyContext, memory, study_estimate
 from tuner.search.space import baseline_config
 from tuner.search.stages.configs import KnobValues
 from tuner.search.stages.hardware import walk_text
+from tuner.studyfile.spec import QualitySpec
 
 
 def describe_domain(domain: Domain) -> str:
@@ -110,11 +112,21 @@ def _workload_lines(ctx: StudyContext) -> list[str]:
         + (
             f"{', '.join(map(str, levels))} at once, each level in every trial" if levels else "one at a time"
         ),
-        f"objectives   {', '.join(o.metric for o in spec.objectives)}; quality {spec.quality.scorer} "
-        f">= {spec.quality.floor:g}" + (f"; bounds {bounds}" if bounds else ""),
+        f"objectives   {', '.join(o.metric for o in spec.objectives)}; quality {_quality_text(spec.quality)}"
+        + (f"; bounds {bounds}" if bounds else ""),
         f"budget       {spec.budget_trials} trials"
         + (f" or {spec.budget_minutes:g} min" if spec.budget_minutes else ""),
     ]
+
+
+def _quality_text(quality: QualitySpec) -> str:
+    """``kld >= 0.95 (mean KLD <= 0.1) on the built-in text (PATH)``: the scorer, its floor and ceiling, its text."""
+    text = quality.text_file
+    where = (
+        "" if text is None else f" on the built-in text ({text})" if text == builtin_text() else f" on {text}"
+    )
+    ceiling = f" (mean KLD <= {quality.max_kld:g})" if quality.max_kld is not None else ""
+    return f"{quality.scorer} >= {quality.floor:g}{ceiling}{where}"
 
 
 def estimate_lines(est: eta.Estimate, ctx: StudyContext, race: bool = True) -> list[str]:

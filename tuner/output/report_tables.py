@@ -17,8 +17,10 @@ from tuner.storage.records import WarmStartPrior
 
 
 def race_table(race: RaceResult) -> str:
-    """The race's entries; a column of launches on a busy host when there were any."""
+    """The race's entries; a column of launches on a busy host, and one of launches not pinned as asked, when there
+    were any."""
     busy = any(e.busy_launches for e in race.entries)
+    unpinned = any(e.unpinned_launches for e in race.entries)
     rows = pd.DataFrame(
         [
             {
@@ -32,6 +34,7 @@ def race_table(race: RaceResult) -> str:
                 "status": e.status,
                 "config": " ".join(f"{k}={v}" for k, v in e.config.items()),
                 **({"busy": e.busy_launches} if busy else {}),
+                **({"unpinned": e.unpinned_launches} if unpinned else {}),
             }
             for e in race.entries
         ]
@@ -54,6 +57,7 @@ def race_table(race: RaceResult) -> str:
             "status": "status",
             "config": "configuration",
             **({"busy": "launches on a busy host (rates may read low)"} if busy else {}),
+            **({"unpinned": "launches whose threads left the asked CPUs"} if unpinned else {}),
         },
     )
 
@@ -146,11 +150,18 @@ def _setup_rows(data: ReportData, done: pd.DataFrame) -> list[tuple[str, str]]:
 
 
 def _baseline_text(data: ReportData) -> str:
-    """The baseline's rate; where the sentinels contradicted its first reading, theirs, and the first named."""
+    """The baseline's rate and which reading it is: the baseline trial's, or, where that reading ran on a busy host
+    or the sentinels contradicted it, their median, the first reading named and why it is left out."""
     rate = f"{cell_text(data.baseline_tokens_per_second, 1)} tokens/s (target alone, greedy"
     disturbed = data.disturbed_baseline
     if disturbed is None:
-        return rate + ")"
+        reference = data.reference_trial
+        return rate + (f"; trial {reference}'s reading)" if reference is not None else ")")
+    if disturbed.busy:
+        return (
+            f"{rate}; the median of its {disturbed.sentinels} quiet re-measure(s): its first reading, "
+            f"{disturbed.first:.1f} tokens/s, ran on a busy host ({disturbed.busy}) and is left out)"
+        )
     return (
         f"{rate}; the median of its {disturbed.sentinels} re-measures: its first reading, {disturbed.first:.1f} "
         "tokens/s, disagreed with them beyond the noise, the host disturbed, and is left out)"

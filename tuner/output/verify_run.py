@@ -90,7 +90,7 @@ def verify_deployed(
     )
     baseline_record = store.baseline_record(study)
     assert baseline_record is not None, "a study with a stored race had a baseline to race against"
-    baseline = baseline_contender(baseline_record, server)
+    baseline = baseline_contender(baseline_record, server, ctx.launch.server_flags)
     workload, prompts = verification_workload(ctx.workload)
     build = build_change(record.build, ctx.build)
     for line in header_lines(deployed, record, ctx.build, build, prompts, rounds):

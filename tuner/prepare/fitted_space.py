@@ -9,11 +9,11 @@ from tuner.errors import UserError
 from tuner.knobs.config import Choices, FloatRange
 from tuner.knobs.registry import KNOB_TYPES
 from tuner.machine.topology import Topology
-from tuner.measurement.launch import meaningful_numa_policies
+from tuner.measurement.launch import LaunchContext, build_server_command, meaningful_numa_policies
 from tuner.measurement.workload import Workload
 from tuner.models.gguf_info import ModelInfo
 from tuner.prepare.models import check_models
-from tuner.search.space import ResolvedSpace, SpaceHost, SpaceTarget, outside, resolve_space
+from tuner.search.space import ResolvedSpace, SpaceHost, SpaceTarget, baseline_config, outside, resolve_space
 from tuner.studyfile.spec import StudySpec
 from tuner.studyfile.validate import Fields
 
@@ -95,3 +95,9 @@ def max_slots(spec: StudySpec, space: ResolvedSpace) -> int:
     assert not isinstance(parallel, FloatRange), "slots are counted in whole numbers"
     top = (max(parallel.values) if isinstance(parallel, Choices) else parallel.high) if parallel else 1
     return max(top, *spec.measurement.concurrency)
+
+
+def check_launchable(space: ResolvedSpace, launch: LaunchContext) -> None:
+    """The baseline's command built on this build before anything runs: a flag of ours the build's ``--help`` does
+    not list is one line now (``measurement.launch.for_build``), not mid-study."""
+    build_server_command(baseline_config(space), launch)

@@ -10,12 +10,12 @@ from tuner.errors import UserError
 from tuner.machine.bandwidth import fingerprint_bandwidth
 from tuner.machine.fingerprint import fingerprint
 from tuner.machine.host import numactl_path, read_host_state
-from tuner.machine.llama_build import binary, find_build_info, resolve_bin_dir
+from tuner.machine.llama_build import binary, build_label, find_build_info, resolve_bin_dir
 from tuner.machine.topology import read_topology
 from tuner.measurement.launch import LaunchContext
 from tuner.paths import inside, storage_dir
 from tuner.prepare.context import StudyContext
-from tuner.prepare.fitted_space import check_models_and_space, max_slots
+from tuner.prepare.fitted_space import check_launchable, check_models_and_space, max_slots
 from tuner.prepare.loaded_workload import chat_template, check_prompts_fit, study_workload
 from tuner.prepare.models import make_target_variants, make_variants
 from tuner.progress import Progress
@@ -54,7 +54,10 @@ def prepare(spec: StudySpec, progress: Progress | None = None) -> StudyContext:
         chat_template=spec.chat_template.resolve() if spec.chat_template and workload.chat else None,
         chat=workload.chat,
         target_variants={name: v.variant.path.resolve() for name, v in variants.items()},
+        server_flags=frozenset(build["server_flags"]),
+        build=build_label(build),
     )
+    check_launchable(space, launch)
     bandwidth, curve = fingerprint_bandwidth(topo.physical_cores)
     return StudyContext(
         spec=spec,

@@ -41,6 +41,9 @@ from tuner.storage.coordination import worker_id
 from tuner.storage.records import Failure, Metrics, Reference, SearchNote, Spread, TrialRecord
 
 LOG_TAIL_LINES = 40
+# The baseline is every speedup's reference: a launch of it on a busy host is launched again at once, this many
+# times at most (a host busy for good is measured as it is, the reading flagged, and the sentinels replace it).
+BUSY_RELAUNCHES = 1
 
 
 class Interrupted(KeyboardInterrupt):
@@ -126,16 +129,30 @@ class TrialMeasurement:
         return replace(record, duration_s=time.monotonic() - started, ended_at=time.time())
 
     def _steps(self, record: TrialRecord, log_path: Path, hooks: TrialHooks) -> TrialRecord:
-        """place -> references -> serve and measure -> score and check -> record."""
+        """place -> references -> serve and measure -> score and check -> record. The baseline, every speedup's
+        reference, is launched again at once when its host was busy (``BUSY_RELAUNCHES`` times at most); the
+        readings set aside are kept with it (``host["busy_readings"]``), and ``drift.Sentinels`` reads them."""
         self.ctx.log_dir.mkdir(parents=True, exist_ok=True)
         evicted = self._place(record.config)
         refs = read_references(self.ctx, self.study, record)
+        busy: list[dict] = []  # the baseline's launches set aside on a busy host
         try:
             served = self._serve(record, log_path, refs, hooks)
+            while record.role == "baseline" and served.host_busy and len(busy) < BUSY_RELAUNCHES:
+                busy.append(
+                    {
+                        "tokens_per_second": summarize(served.samples, self.ctx.settings).tokens_per_second,
+                        "busy": busy_text(served.busy),
+                    }
+                )
+                served = self._serve(
+                    record, log_path.with_name(f"{log_path.stem}-relaunch{len(busy)}.log"), refs, hooks
+                )
         except Pruned as pruned:
             return _pruned(record, pruned, self.ctx, log_path)
         scores = self._score(record.config, served)
-        return self._record(record, served, scores, refs, evicted)
+        recorded = self._record(record, served, scores, refs, evicted)
+        return replace(recorded, host={**(recorded.host or {}), "busy_readings": busy}) if busy else recorded
 
     def _place(self, config: TrialConfig) -> bool:
         """Evict the models' cached pages when the NUMA policy changes (see tuner.machine.placement)."""
@@ -232,6 +249,7 @@ class TrialMeasurement:
             evicted_pages=evicted,
             numa_pages={Path(f).name: n for f, n in served.pages.items()},
             smaps_kib=served.memory,
+            unpinned=served.unpinned,
             placement_problem=contradiction(
                 config.numa, config.numa_node, served.pages, len(ctx.launch.topology.nodes)
             ),
@@ -333,6 +351,11 @@ def describe_trial(record: TrialRecord) -> str:
         flag = " (noisy)" if record.spread and record.spread.noisy else ""
         if record.host and host_was_busy(record.host):
             flag += f" ({busy_text(record.host['busy_processes'])})"
+        if record.host and record.host.get("busy_readings"):
+            first = record.host["busy_readings"][0]
+            flag += f" (launched again: {first['tokens_per_second']:.1f} t/s with {first['busy']})"
+        if record.host and record.host.get("unpinned"):
+            flag += f" (not pinned as asked: {record.host['unpinned']})"
         return (
             f"{metrics.tokens_per_second:.1f} t/s{flag}, x{metrics.speedup:.2f}, "
             f"acceptance {metrics.acceptance:.2f}, quality {metrics.quality:.3f} | {knobs}"

@@ -19,6 +19,7 @@ from tuner.knobs.config import RawSpace
 from tuner.knobs.registry import SOURCE_QUANT
 from tuner.measurement.load import LATENCY_METRICS, LOAD_METRICS, metric_name, split_metric_name
 from tuner.measurement.measure import MeasurementSettings
+from tuner.measurement.quality import builtin_text
 from tuner.measurement.workload import BUILTIN_CHAT_TEMPLATES, builtin_chat_template
 from tuner.models.quantize import QuantizeRequest
 from tuner.paths import check_study_name, storage_dir
@@ -407,16 +408,20 @@ def _constraints(section: Fields, measurement: MeasurementSettings) -> tuple[Con
 
 def _quality_section(section: Fields, base: Path, target_variants: bool = False) -> QualitySpec:
     """``quality:``: the scorer, its floor; a text file for the scorers that run llama-perplexity; a KLD ceiling
-    (for a study of target variants ``DEFAULT_TARGET_MAX_KLD`` unless it sets one)."""
-    scorer = section.choice("scorer", QUALITY_SCORERS, "agreement")
+    (for a study of target variants ``DEFAULT_TARGET_MAX_KLD`` unless it sets one). A study of target variants is
+    scored by kld, its only scorer, by default; kld runs on the built-in text (``quality.builtin_text``) unless
+    the study names one."""
+    scorer = section.choice("scorer", QUALITY_SCORERS, "kld" if target_variants else "agreement")
     if target_variants and scorer != "kld":
         section.fail(
             "scorer",
             "a quantized target computes other logits, and its quality is their KL divergence from the "
-            "source's; set quality.scorer: kld (with quality.text_file) or drop target.quantize",
+            "source's; set quality.scorer: kld (or leave it out) or drop target.quantize",
         )
     floor = section.number("floor", 0.95, minimum=0.0, maximum=1.0)
     text_file = section.str("text_file", None)
+    if scorer == "kld" and text_file is None:
+        text_file = str(builtin_text())
     if scorer in TEXT_SCORERS and text_file is None:
         section.fail("text_file", f"the {scorer} scorer needs a text file to score; add quality.text_file")
     max_kld = section.number("max_kld", None, minimum=0.0)

@@ -36,7 +36,7 @@ class RaceSetup:
 
 class Launcher:
     """Launches for a race: one finalist alone or a round of several, each timed (the time left is
-    planned on them) and its drafted and accepted tokens and whether its host was busy kept per finalist."""
+    planned on them) and its drafted and accepted tokens whether its host was busy and whether its threads were pinned as asked kept per finalist."""
 
     def __init__(
         self,
@@ -50,12 +50,14 @@ class Launcher:
         self.drafted = dict.fromkeys(records, 0)
         self.accepted: dict[str, list[int]] = {name: [] for name in records}
         self.host_busy: dict[str, list[bool]] = {name: [] for name in records}
+        self.unpinned: dict[str, list[bool]] = {name: [] for name in records}
         self.watch = eta.Stopwatch(progress.time)
 
     def _rate(self, name: str, launched: Launch) -> float:
         self.drafted[name] += launched.drafted
         self.accepted[name].append(launched.accepted)
         self.host_busy[name].append(launched.host_busy)
+        self.unpinned[name].append(launched.unpinned is not None)
         return launched.rate
 
     def launch(self, name: str) -> float:

@@ -125,6 +125,7 @@ def _entries(
                 status=outcome.standing[name],
                 accepted=launcher.accepted[name],
                 host_busy=launcher.host_busy[name],
+                unpinned=launcher.unpinned[name],
                 rounds=[i + 1 for i in race_rounds.rounds.get(name, [])],
             )
         )

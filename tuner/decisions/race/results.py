@@ -28,11 +28,18 @@ class Entry:
     rounds: list[int] = field(default_factory=list)  # the round (from 1) of each launch
     # per launch (as ``accepted``): other processes used more than ``machine.host.BUSY_CORES`` meanwhile
     host_busy: list[bool] = field(default_factory=list)
+    # per launch: its server's threads were not held to the CPUs asked for (``MeasuredLaunch.unpinned``)
+    unpinned: list[bool] = field(default_factory=list)
 
     @property
     def busy_launches(self) -> str:
         """``2 of 7``: its launches on a busy host; "" when none was."""
         return f"{sum(self.host_busy)} of {len(self.host_busy)}" if any(self.host_busy) else ""
+
+    @property
+    def unpinned_launches(self) -> str:
+        """``1 of 7``: its launches whose threads were not on the asked CPUs; "" when none was."""
+        return f"{sum(self.unpinned)} of {len(self.unpinned)}" if any(self.unpinned) else ""
 
 
 @dataclass(frozen=True, kw_only=True)
