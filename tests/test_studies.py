@@ -140,6 +140,7 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_mo
     sections = [
         "search",
         "search_operator",
+        "search_held_out",
         "decisions",
         "launch_size",
         "overhead",
@@ -167,6 +168,6 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_mo
     md = (out / "bench.md").read_text()
     assert (
         md.startswith("# python -m benchmarks bench (--quick")
-        and md.count("\n## ") == 10
+        and md.count("\n## ") == 11
         and "Whole bench:" in md
     )
