@@ -6,7 +6,8 @@ development range (``DEVELOPMENT_SEEDS``) for inspecting why a search stalls. Ea
 (``operator_replay.replay``, without pruning) over ``seeds`` seeds and scored as the named landscapes are
 (``operator_replay.scores``). The figures, pooled over every draw and seed: the median trials to the tolerance
 (a miss counts as infinite), the share of draws where every seed is within it by ``budget`` trials, and the 90th
-percentile of the regret after 20 and after 40 trials. The bars are the issue's (``BARS``).
+percentile of the regret after 20 and after 40 trials. The bars: ``MEDIAN_BAR``, ``SHARE_BAR``, ``P90_BAR``
+(docs/decisions.md, "Held-out draws").
 """
 
 from __future__ import annotations
@@ -116,32 +117,37 @@ def benchmark(plan: DrawPlan = DrawPlan()) -> DrawBenchmark:
     }
 
 
-def _worst_first(d: DrawReplays) -> tuple[int, float]:
-    misses = sum(t is None for t in d["trials"])
-    return -misses, -max(d["regret"][max(d["regret"])])
+def _worst_first(replays: DrawReplays) -> tuple[int, float]:
+    misses = sum(t is None for t in replays["trials"])
+    return -misses, -_end_regret(replays)
+
+
+def _end_regret(replays: DrawReplays) -> float:
+    """The worst seed's regret at the last checkpoint."""
+    return max(replays["regret"][max(replays["regret"])])
 
 
 def markdown(result: DrawBenchmark) -> str:
     """The figures against the bars, then the draws where a seed missed (worst first)."""
-    f, tol = result["figures"], f"{result['tolerance']:.0%}"
+    figs, tol = result["figures"], f"{result['tolerance']:.0%}"
     first, last = result["draws"]
-    n, budget = len(result["replays"]), result["budget"]
-    median = "missed" if f["median_trials"] is None else f"{f['median_trials']:g}"
+    count, budget = len(result["replays"]), result["budget"]
+    median = "missed" if figs["median_trials"] is None else f"{figs['median_trials']:g}"
     yes = lambda ok: "yes" if ok else "NO"  # noqa: E731
     lines = [
-        f"The default on {n} drawn landscapes (draws {first}-{last}), {result['seeds']} seeds each, "
+        f"The default on {count} drawn landscapes (draws {first}-{last}), {result['seeds']} seeds each, "
         f"{budget} trials, no pruning (`benchmarks/landscape_draws`).",
         "",
         "| figure | value | bar | met |",
         "|---|---|---|---|",
         f"| median trials to {tol} | {median} | <= {MEDIAN_BAR} | "
-        f"{yes(f['median_trials'] is not None and f['median_trials'] <= MEDIAN_BAR)} |",
-        f"| draws with every seed within {tol} by {budget} trials | {f['all_seeds_share']:.0%} | "
-        f">= {SHARE_BAR:.0%} | {yes(f['all_seeds_share'] >= SHARE_BAR)} |",
+        f"{yes(figs['median_trials'] is not None and figs['median_trials'] <= MEDIAN_BAR)} |",
+        f"| draws with every seed within {tol} by {budget} trials | {figs['all_seeds_share']:.0%} | "
+        f">= {SHARE_BAR:.0%} | {yes(figs['all_seeds_share'] >= SHARE_BAR)} |",
         *(
             f"| 90th percentile of regret at {c} trials | {v:.1%} | "
             + (f"<= {P90_BAR:.0%} | {yes(v <= P90_BAR)} |" if c == 40 else "- | - |")
-            for c, v in sorted(f["p90_regret"].items())
+            for c, v in sorted(figs["p90_regret"].items())
         ),
         "",
     ]
@@ -153,9 +159,8 @@ def markdown(result: DrawBenchmark) -> str:
             "| draw | trials per seed | worst regret at the end | what it is |",
             "|---|---|---|---|",
         ]
-        for d in missed[:SHOWN]:
-            trials = ", ".join("-" if t is None else str(t) for t in d["trials"])
-            end = max(d["regret"][max(d["regret"])])
-            lines.append(f"| {d['draw']} | {trials} | {end:.1%} | {d['description']} |")
+        for row in missed[:SHOWN]:
+            trials = ", ".join("-" if t is None else str(t) for t in row["trials"])
+            lines.append(f"| {row['draw']} | {trials} | {_end_regret(row):.1%} | {row['description']} |")
         lines.append("")
     return "\n".join(lines)

@@ -33,7 +33,7 @@ The ranges, and where the research (``/work/shared/seeds``, docs/decisions.md "T
   types: each type copies 40-98% of its answer in spans of 8-80 tokens (summaries copy nearly all: lookup x12.7)
   or 0-8% in spans of 4-8 (chat) with even odds (``GROUNDED``, ``UNGROUNDED``), at least one type paying;
 - workload: nine prompts over one to three content types of code, prose and summaries;
-- noise: a launch spreads 2-5% (``NOISE``; the issue's tables 3%, the twins' host 3%), a request 3%.
+- noise: a launch spreads 2-5% (``NOISE``; 3% on the twins' host of ``operator_landscapes``), a request 3%.
 """
 
 from __future__ import annotations
@@ -149,17 +149,17 @@ def draw_drafts(
 ) -> tuple[dict[str, Draft], list[tuple[str, str, str, float]]]:
     """(drafts by name, twin pairs as (draft, twin, content type, drawn gap)): 1-4 drafts, one or two of the
     pairs twins of one size."""
-    n = int(rng.integers(DRAFTS[0], DRAFTS[1] + 1))
-    pairs = int(rng.integers(1, n // 2 + 1)) if n >= 2 else 0
-    sizes = [str(s) for s in rng.choice(list(DRAFT_SIZES), size=n - pairs, replace=False)]
+    count = int(rng.integers(DRAFTS[0], DRAFTS[1] + 1))
+    pairs = int(rng.integers(1, count // 2 + 1)) if count >= 2 else 0
+    sizes = [str(s) for s in rng.choice(list(DRAFT_SIZES), size=count - pairs, replace=False)]
     slopes = {c: _u(rng, TEMP_SLOPE) for c in types}
     drafts: dict[str, Draft] = {}
     twins: list[tuple[str, str, str, float]] = []
-    for i, size in enumerate(sizes):
+    for index, size in enumerate(sizes):
         quants = [QUANTS[int(q)] for q in sorted(rng.choice(len(QUANTS), size=2, replace=False))]
         name = f"draft-{size}-{quants[0]}"
         drafts[name] = draw_draft(rng, slopes, size)
-        if i < pairs:
+        if index < pairs:
             content = str(rng.choice(types))
             gap = _u(rng, TWIN_GAP) * float(rng.choice([-1.0, 1.0]))
             twin = f"draft-{size}-{quants[1]}"
@@ -283,14 +283,14 @@ def _whole_host_policy(hw: Hardware) -> str:
 def _draft_rows(land: OperatorLandscape) -> list[str]:
     """A row per draft and content type: acceptance, temperature slope, best K and rate factor at the peak."""
     rows = []
-    for name, d in land.drafts.items():
-        for c in sorted(d.accept):
-            rounds = land.speed.draft_rounds(d, c, K_RANGE, 0.0, land.hardware.contention_from, 1.0)
+    for name, draft in land.drafts.items():
+        for content in sorted(draft.accept):
+            rounds = land.speed.draft_rounds(draft, content, K_RANGE, 0.0, land.hardware.contention_from, 1.0)
             factor = rounds.tokens / rounds.time
-            k = int(np.argmax(factor)) + 1
+            best_k = int(np.argmax(factor)) + 1
             rows.append(
-                f"| {name} on {c} | cost {d.cost:.3f}, acceptance {d.accept[c]:.4f}, "
-                f"slope {d.temp_slope[c]:+.3f}/unit, best K {k} at x{float(np.max(factor)):.2f} |"
+                f"| {name} on {content} | cost {draft.cost:.3f}, acceptance {draft.accept[content]:.4f}, "
+                f"slope {draft.temp_slope[content]:+.3f}/unit, best K {best_k} at x{float(np.max(factor)):.2f} |"
             )
     return rows
 

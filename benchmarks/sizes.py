@@ -33,7 +33,7 @@ class Sizes:
     quick: bool = False
     grid_launches: int | None = None  # None: the whole grid
     operator: dict[str, Any] = field(default_factory=lambda: {"jobs": -1})
-    # 1b's held-out draws: all 100 (landscape_draws.HELD_OUT_SEEDS), 5 replays each
+    # the held-out draws: all 100 (landscape_draws.HELD_OUT_SEEDS), 5 replays each
     held_out: dict[str, Any] = field(
         default_factory=lambda: {"draws": HELD_OUT_SEEDS, "seeds": 5, "jobs": -1}
     )
