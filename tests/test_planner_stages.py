@@ -33,6 +33,7 @@ from tuner.search.stages import (
     refinement,
     serving,
     stacks,
+    tail,
     target_quant,
     temperature,
     warm_start,
@@ -105,6 +106,7 @@ def test_every_stage_is_a_documented_module_in_the_search_order():
         experts,
         temperature,
         refinement,
+        tail,
     )
     for stage in planner.STAGES:
         assert stage.__doc__ and stage.propose.__doc__, stage.__name__
@@ -700,8 +702,6 @@ FINE_SPACE = {**SPACE, "threads": ["IntRange", {"low": 1, "high": 32, "step": 1,
 
 
 def test_the_tail_measures_the_incumbents_neighbours_first_temperature_then_k_then_threads():
-    from tuner.search.stages import tail
-
     trials = [baseline(threads=32), drafted(0.9, 0.05, threads=16), drafted(0.9, 0.05, threads=32, base=9.0)]
     state = state_of(*trials, space=FINE_SPACE)
     first = tail.propose(state)
@@ -716,8 +716,6 @@ def test_the_tail_measures_the_incumbents_neighbours_first_temperature_then_k_th
 
 
 def test_the_tail_leaves_narrow_thread_gaps_and_ends_when_every_neighbour_is_measured():
-    from tuner.search.stages import tail
-
     incumbent = {**DRAFT, "threads": 16}
     measured = [
         baseline(threads=16),

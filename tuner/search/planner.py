@@ -45,6 +45,9 @@ from __future__ import annotations
 
 from tuner.search.history import PastTrial
 from tuner.search.stages import (
+    KnobValues,
+    Proposal,
+    SearchState,
     best_k,
     experts,
     hardware,
@@ -58,8 +61,6 @@ from tuner.search.stages import (
     temperature,
     warm_start,
 )
-from tuner.search.stages.configs import KnobValues
-from tuner.search.stages.state import Proposal, SearchState
 from tuner.storage.records import WarmStartPrior
 
 STAGES = (

@@ -59,7 +59,7 @@ def thread_halves(state: SearchState, params: dict) -> list[tuple]:
     the host's first or last count when none is measured that side), within the physical cores unless it is
     above, where the gap is at least ``MIN_THREAD_GAP`` threads and ``THREAD_GAP_SHARE`` of its own."""
     threads, own = state.knobs.values("threads"), params.get("threads")
-    if not threads or own not in threads:
+    if own is None or own not in threads:
         return []
     rest = {k: v for k, v in params.items() if k not in ("threads", "threads_batch")}
     measured = {r.params["threads"] for r in state.measured(**rest) if r.params.get("threads") is not None}
