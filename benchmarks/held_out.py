@@ -42,6 +42,11 @@ class DrawPlan:
     jobs: int = 1
     regret_at: tuple[int, ...] = field(default=REGRET_AT)
 
+    @property
+    def checkpoints(self) -> tuple[int, ...]:
+        """The regret checkpoints within the budget, and the budget itself (a shorter replay's last trial)."""
+        return tuple(sorted({n for n in self.regret_at if n <= self.budget} | {self.budget}))
+
 
 class DrawReplays(TypedDict):
     """One draw: what it is, and each seed's trials to the tolerance and regret at the checkpoints."""
@@ -83,7 +88,7 @@ def replay_draw(seed: int, plan: DrawPlan) -> DrawReplays:
         "optimum": land.optimum[0],
         "best_config": land.optimum[1].as_dict(),
         "trials": [r["trials"] for r in runs],
-        "regret": {n: [r["curve"][min(n, len(r["curve"])) - 1] for r in runs] for n in plan.regret_at},
+        "regret": {n: [r["curve"][min(n, len(r["curve"])) - 1] for r in runs] for n in plan.checkpoints},
     }
 
 
@@ -92,7 +97,9 @@ def figures(replays: list[DrawReplays], plan: DrawPlan) -> DrawFigures:
     trials = [math.inf if t is None else t for d in replays for t in d["trials"]]
     median = float(np.median(trials))
     share = float(np.mean([all(t is not None and t <= plan.budget for t in d["trials"]) for d in replays]))
-    p90 = {n: float(np.percentile([r for d in replays for r in d["regret"][n]], 90)) for n in plan.regret_at}
+    p90 = {
+        n: float(np.percentile([r for d in replays for r in d["regret"][n]], 90)) for n in plan.checkpoints
+    }
     return {
         "median_trials": None if math.isinf(median) else median,
         "all_seeds_share": share,
@@ -113,7 +120,7 @@ def benchmark(plan: DrawPlan = DrawPlan()) -> DrawBenchmark:
         "budget": plan.budget,
         "tolerance": plan.tolerance,
         "replays": replays,
-        "figures": figures(replays, DrawPlan(plan.draws, plan.seeds, plan.budget, plan.tolerance)),
+        "figures": figures(replays, plan),
     }
 
 
