@@ -7,33 +7,39 @@ below, seeded: ``draw(seed)`` is the same landscape on every machine. Developmen
 may be inspected while a rule is written; a rule is judged on held-out draws (``HELD_OUT_SEEDS``) that nobody
 inspects (docs/decisions.md says which draws each rule was developed on).
 
-The ranges, and where the research (``/work/shared/seeds``, docs/decisions.md "The research's figures") puts them:
+The ranges, and where the research notes (docs/decisions.md, "The research's figures") or the named landscapes
+put them:
 
-- host: 16-128 physical cores, at least 8 per node, SMT (twice the logical CPUs), every thread count from 1 to the logical CPUs (the
-  EPYC 9655's 96 cores; a 16-core Xeon and a 64-core 2-socket host in docs/decisions.md, "Thread ties");
+- host: 16-128 physical cores, at least 8 per node, SMT (twice the logical CPUs), every thread count from 1 to
+  the logical CPUs (``CORES``; the EPYC 9655's 96 cores; 16- and 64-core hosts in docs/decisions.md, "Thread
+  ties");
 - threads: decode peaks at 25-95% of the cores (``PEAK_SHARE``; llama.cpp #6434: a 96-core EPYC tops out near
-  60), bandwidth saturating at a fifth to two fifths of the peak (``TAU_SHARE``), and falls 0-30% from the peak
-  to all cores (``FALL``); SMT siblings lose 40-70% per host's worth (``SMT_PENALTY``; -t 192 at 0.43 of -t 96);
+  60), with a saturation constant of a fifth to two fifths of the peak's threads (``TAU_SHARE``), and falls 0-30%
+  from the peak to all cores (``FALL``); SMT siblings lose 40-70% per host's worth (``SMT_PENALTY``; -t 192 at
+  0.43 of -t 96);
 - NUMA: 1-4 nodes (``NODES``; NPS4 on the EPYC, 2 on a 2-socket host); with one node every policy is "none"
   (``tuner.measurement.launch.meaningful_numa_policies``), with more the four policies in random order, each
   0-15% below the one before it (``NUMA_STEP``; interleave 1.0, distribute 0.93, none 0.77 on the EPYC), bind's
-  nodes within 3% of each other (``BIND_NODE``);
+  nodes within 3% of each other (``BIND_NODE``); bind's thread curve is the host's on one node
+  (``Hardware.node_scaled``): it peaks at the peak's share of a node's cores;
 - drafts: 1-4 (``DRAFTS``), of sizes 0.5B-7B, a draft step costing 3-40% of the target's (``DRAFT_SIZES``; the
-  0.5B Q8_0 0.046, the 1.5B Q4_K_M 0.13 against the 32B) and growing with threads by 0-90% per host's worth
-  (``COUPLING``); per-token acceptance per content type (``ACCEPT``: code 0.93-0.99, prose 0.62-0.86, summaries
-  0.68-0.92: the research's 0.985 and 0.74 for the 0.5B on code and prose) decaying 0.1-0.5% per position along
-  a draft (``DECAY``): so code's best K is long and prose's short. With two drafts or more, one or two pairs are
-  twins: the same size in a smaller quantization, 10-30% cheaper (``TWIN_CHEAPER``), whose best rate on one
-  content type is 0-8% from its sibling's (``TWIN_GAP``; the 0.5B Q8_0 and Q4_K_M builds within 2%), set by
-  solving its acceptance there;
+  0.5B Q8_0 0.046, the 1.5B Q4_K_M 0.13 against the 32B), its weight bytes that share of the target's, its cost
+  growing with threads by 0-90% per host's worth (``COUPLING``); per-token acceptance per content type
+  (``ACCEPT``: code 0.93-0.99, prose 0.62-0.86, summaries 0.68-0.92: the research's 0.985 and 0.74 for the 0.5B
+  on code and prose) decaying 0.1-0.5% per position along a draft (``DECAY``), so code's best K is long and
+  prose's short. With two drafts or more, one or two pairs are twins: the same size in a smaller quantization,
+  10-30% cheaper (``TWIN_CHEAPER``), whose best rate on one content type is 0-8% from its sibling's, either way
+  (``TWIN_GAP``; ``operator_landscapes.TWIN_DRAFTS``: two 0.5B builds within 2%), set by solving its acceptance
+  there at the peak's threads;
 - temperature: acceptance changes by -0.10 to +0.16 per unit temperature, drawn per content type (so it may help
-  one type and hurt another), each draft's at 0.5-1.5 times its type's (``TEMP_SLOPE``, ``DRAFT_SLOPE``; Coder-32B falls 0.06, Qwen2.5-VL-7B rises 28.3 -> 57.1
-  t/s at 0.7); quality falls 0.03-0.06 per unit (``QUALITY_TEMP``) against a 0.97 floor;
-- prompt lookup: in half the draws (``LOOKUP_SHARE``) one to three n-gram types alone, paying on some content
+  one type and hurt another), each draft's at 0.5-1.5 times its type's (``TEMP_SLOPE``, ``DRAFT_SLOPE``;
+  Coder-32B falls 0.06, Qwen2.5-VL-7B rises 28.3 -> 57.1 t/s at 0.7); quality falls 0.03-0.06 per unit
+  (``QUALITY_TEMP``) against a 0.97 floor; temperatures 0, 0.3, 0.5 and 0.7;
+- prompt lookup: in half the draws (``LOOKUP_SHARE``) one to three n-gram types, alone, paying on some content
   types: each type copies 40-98% of its answer in spans of 8-80 tokens (summaries copy nearly all: lookup x12.7)
-  or 0-8% in spans of 4-8 (chat) with even odds (``GROUNDED``, ``UNGROUNDED``), at least one type paying;
+  or 0-8% in spans of 4-8 (chat), with even odds (``GROUNDED``, ``UNGROUNDED``), at least one type paying;
 - workload: nine prompts over one to three content types of code, prose and summaries;
-- noise: a launch spreads 2-5% (``NOISE``; 3% on the twins' host of ``operator_landscapes``), a request 3%.
+- noise: a launch spreads 2-5% (``NOISE``; 3% on ``threads-40-twins``), a request 3% (the model's default).
 """
 
 from __future__ import annotations
