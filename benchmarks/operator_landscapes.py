@@ -79,11 +79,13 @@ def operator_space(
         options.users,
     )
     topology = hardware or EPYC
+    # one node: every policy is the default allocation (tuner.measurement.launch.meaningful_numa_policies)
+    policies = ("none", "interleave", "bind", "distribute") if len(topology.nodes) > 1 else ("none",)
     domains: dict[str, Domain] = {
         "spec_type": Choices(spec_types),
         "draft_max": IntRange(1, k_high),
         "temperature": Choices(tuple(temperatures)),
-        "numa": Choices(("none", "interleave", "bind", "distribute")),
+        "numa": Choices(policies),
         # as a host presents it (every integer), or 8 thread counts with SMT above 96
         "threads": IntRange(1, topology.logical) if hardware else IntRange(24, threads_high, step=24),
         "ngram_key": IntRange(1, 8),
@@ -106,7 +108,7 @@ def operator_space(
         host=SpaceHost(
             physical_cores=topology.cores,
             logical_cpus=topology.logical,
-            numa_policies=("none", "interleave", "bind", "distribute"),
+            numa_policies=policies,
             numa_nodes=topology.nodes,
         ),
     )

@@ -3,7 +3,8 @@
 1. Search efficiency: record the grid study's landscape fresh, replay it for every
    strategy over the seeds (`python -m benchmarks bench-search`); 1b. the same at operator scale, on
    modelled 96-core landscapes built from the research tables, and on hosts whose threads are every
-   integer from 1 to their cores, as a host presents them (`python -m benchmarks bench-operator`);
+   integer from 1 to their cores, as a host presents them (`python -m benchmarks bench-operator`), and on
+   landscapes drawn from the research's ranges, held out from every rule's development (`--draws held-out`);
    1c. the decision rules' error rates on a simulated host with launch effects.
    1d. how much a race launch measures: one pass against the chosen size, at an equal time budget.
 2. Overhead and validity: alternating rounds against llama-bench on the study's target; 2b. the load
@@ -34,6 +35,7 @@ from typing import Any
 from benchmarks import (
     concurrency,
     gguf_read,
+    held_out,
     launch_sizing,
     operator_replay,
     overhead,
@@ -107,8 +109,14 @@ def _operator(sizes: Sizes) -> operator_replay.OperatorBenchmark:
     return operator_replay.benchmark(names, operator_replay.ReplayPlan(**options))
 
 
+def _held_out(sizes: Sizes) -> held_out.DrawBenchmark:
+    """The default over the held-out draws at the session's sizes (``Sizes.held_out``: ``held_out.DrawPlan``'s
+    fields)."""
+    return held_out.benchmark(held_out.DrawPlan(**sizes.held_out))
+
+
 def _simulated(sizes: Sizes) -> list[Section]:
-    """1b and 1c: no measurement, simulated hosts (operator-scale landscapes, launch effects)."""
+    """1b and 1c: no measurement, simulated hosts (operator-scale landscapes, drawn ones, launch effects)."""
     return [
         Section(
             "search_operator",
@@ -116,6 +124,13 @@ def _simulated(sizes: Sizes) -> list[Section]:
             "1b. Search efficiency at operator scale",
             lambda: _operator(sizes),
             operator_replay.markdown,
+        ),
+        Section(
+            "search_held_out",
+            "1b search efficiency on held-out drawn landscapes (the research's ranges, no rule developed on them)",
+            "1b. Search efficiency on held-out drawn landscapes",
+            lambda: _held_out(sizes),
+            held_out.markdown,
         ),
         Section(
             "decisions",

@@ -2,7 +2,7 @@
 and a study file as ``--quick`` shrinks it.
 
 ``--quick`` runs every section on its smallest input (one prompt of the studies' first suite, 8
-tokens, the grid's first two launches, one seed, one round, one operator landscape): its figures mean nothing, it
+tokens, the grid's first two launches, one seed, one round, one operator landscape, one drawn landscape): its figures mean nothing, it
 shows in a few minutes that each section of ``make bench`` starts and finishes (tests/test_studies.py).
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks.landscape_draws import HELD_OUT_SEEDS
 from benchmarks.operator_landscapes import LANDSCAPES
 from tuner.errors import UserError
 from tuner.measurement.workload import load_workload
@@ -32,6 +33,10 @@ class Sizes:
     quick: bool = False
     grid_launches: int | None = None  # None: the whole grid
     operator: dict[str, Any] = field(default_factory=lambda: {"jobs": -1})
+    # the held-out draws: all 100 (landscape_draws.HELD_OUT_SEEDS), 5 replays each
+    held_out: dict[str, Any] = field(
+        default_factory=lambda: {"draws": HELD_OUT_SEEDS, "seeds": 5, "jobs": -1}
+    )
     overhead: dict[str, Any] = field(default_factory=dict)
     concurrency: dict[str, Any] = field(default_factory=dict)
     gguf: dict[str, Any] = field(default_factory=dict)
@@ -61,6 +66,7 @@ def sizes_of(seeds: int, rounds: int, decision_runs: int, repeat_trials: int | N
         quick=True,
         grid_launches=2,
         operator={"names": LANDSCAPES[:1], "seeds": 1, "budget": 5, "baseline_budget": 5, "jobs": 1},
+        held_out={"draws": HELD_OUT_SEEDS[:1], "seeds": 1, "budget": 5, "jobs": 1},
         overhead={"n_predict": QUICK_N_PREDICT, "repetitions": 1},
         concurrency={"tg": QUICK_N_PREDICT, "per_client": 1},
         gguf={"repeats": 1, "reference_repeats": 1},

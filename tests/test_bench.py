@@ -704,7 +704,10 @@ measurement: {{repetitions: 2, ctx_size: 256, trial_timeout_s: 60}}
 
 
 def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, monkeypatch, capsys):
+    import benchmarks.sizes
+
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    monkeypatch.setattr(benchmarks.sizes, "HELD_OUT_SEEDS", range(10000, 10002))  # 1b's draws: two, not 100
     study, out = grid_study(tmp_path), tmp_path / "bench"
     assert (
         main(
@@ -745,11 +748,12 @@ def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, mon
         "timings",
     } <= set(result)
     assert set(result["search"]["strategies"]) >= {"default", "random", "grid"}
+    assert [d["draw"] for d in result["search_held_out"]["replays"]] == [10000, 10001]
     assert result["overhead"]["rounds"] == 1 and len(result["repeatability"]["runs"]) == 2
     md = (out / "bench.md").read_text()
     assert (
-        md.count("\n## ") == 10 and "Whole bench:" in md
-    )  # 1, 1b (operator scale), 1c (decisions), 1d (launch size), 2, 2b, 3, 4, 5 (the scale regime), 6 (quants)
+        md.count("\n## ") == 11 and "Whole bench:" in md
+    )  # 1, 1b (operator scale; held-out draws), 1c (decisions), 1d (launch size), 2, 2b, 3, 4, 5, 6 (quants)
     quant = result["quantization"]  # the grid study's target stands in for the scale target: its F16 and Q4_0
     assert len(quant["ratios"]) >= 2 and quant["bytes"]["Q4_0"] < quant["bytes"]["F16"]
     assert "Q4_0 over F16: x" in md

@@ -33,6 +33,7 @@ from tuner.search.stages import (
     refinement,
     serving,
     stacks,
+    tail,
     target_quant,
     temperature,
     warm_start,
@@ -105,6 +106,7 @@ def test_every_stage_is_a_documented_module_in_the_search_order():
         experts,
         temperature,
         refinement,
+        tail,
     )
     for stage in planner.STAGES:
         assert stage.__doc__ and stage.propose.__doc__, stage.__name__
@@ -694,3 +696,34 @@ def test_refinement_keeps_a_drafts_predicted_k_where_its_pick_was_never_measured
     proposals = refinement.other_options(state, mine.params)
     assert [(p[0]["draft"], p[0]["draft_max"]) for p in proposals] == [("twin", pick)]
     assert f"predicted best K={pick}" in proposals[0][2]
+
+
+FINE_SPACE = {**SPACE, "threads": ["IntRange", {"low": 1, "high": 32, "step": 1, "log": False}]}
+
+
+def test_the_tail_measures_the_incumbents_neighbours_first_temperature_then_k_then_threads():
+    trials = [baseline(threads=32), drafted(0.9, 0.05, threads=16), drafted(0.9, 0.05, threads=32, base=9.0)]
+    state = state_of(*trials, space=FINE_SPACE)
+    first = tail.propose(state)
+    assert first is not None and first.stage == "tail" and first.params["temperature"] == 0.5
+    hot = past({**DRAFT, "threads": 16, "temperature": 0.5}, 20.0, feasible=False)  # below the quality floor
+    cold_k = [past({**DRAFT, "threads": 16, "draft_max": k}, 5.0) for k in (7, 9)]
+    proposal = tail.propose(state_of(*trials, hot, *cold_k, space=FINE_SPACE))
+    assert proposal is not None and proposal.params["threads"] == 8  # none measured below: halfway to 1
+    low = past({**DRAFT, "threads": 8}, 12.0)
+    proposal = tail.propose(state_of(*trials, hot, *cold_k, low, space=FINE_SPACE))
+    assert proposal is not None and proposal.params["threads"] == 12 and "halfway to 8" in proposal.reason
+
+
+def test_the_tail_leaves_narrow_thread_gaps_and_ends_when_every_neighbour_is_measured():
+    incumbent = {**DRAFT, "threads": 16}
+    measured = [
+        baseline(threads=16),
+        past(incumbent, 20.0),
+        *(past({**incumbent, "threads": t}, 17.0) for t in (14, 18)),  # gaps of 2: level within the noise
+        *(past({**incumbent, "draft_max": k}, 17.0) for k in (7, 9)),
+        past({**incumbent, "temperature": 0.5}, 17.0),
+        past({**incumbent, "numa": "interleave"}, 17.0),
+    ]
+    assert tail.thread_halves(state_of(*measured, space=FINE_SPACE), incumbent) == []
+    assert tail.propose(state_of(*measured, space=FINE_SPACE)) is None  # the fallback proposes

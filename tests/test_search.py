@@ -504,3 +504,86 @@ def test_the_sampler_maximises_the_first_objective_and_inverts_a_latency():
         history.objective_level(["aggregate_tokens_per_second_c8"]) == 8
         and history.objective_level(["tokens_per_second"]) is None
     )
+
+
+# -- drawn landscapes (benchmarks/landscape_draws) and the default judged on them (benchmarks/held_out) -----
+
+
+def test_a_seeded_draw_is_the_same_landscape_every_time():
+    from benchmarks.landscape_draws import draw, draw_table
+
+    first, again = draw_table(draw(7)), draw_table(draw(7))
+    assert first == again and "| thread curve | peak at " in first and "| optimum | " in first
+    assert draw(7).description != draw(8).description  # another seed, another host
+
+
+def test_every_draw_is_within_the_stated_ranges():
+    from benchmarks import landscape_draws as ld
+
+    for seed in ld.DEVELOPMENT_SEEDS[:40]:
+        land = ld.draw(seed)
+        hw = land.hardware
+        assert 1 <= len(hw.nodes) <= 4 and hw.cores in ld.CORES and hw.cores // len(hw.nodes) >= ld.NODE_CORES
+        assert ld.PEAK_SHARE[0] - 0.05 <= hw.contention_from / hw.cores <= ld.PEAK_SHARE[1] + 0.05
+        policy = max((p for p in hw.numa if p != "bind"), key=lambda p: hw.numa[p])
+        at = lambda t: land.hardware_factor(TrialConfig(numa=policy, threads=t))  # noqa: E731
+        assert ld.FALL[0] - 1e-9 <= 1 - at(hw.cores) / at(hw.contention_from) <= ld.FALL[1] + 1e-9
+        assert at(hw.contention_from) >= max(at(t) for t in range(1, hw.logical + 1)) - 1e-12  # the peak
+        factors = sorted(hw.numa.values(), reverse=True)
+        assert factors[0] == 1.0 and all(
+            1 - b / a <= ld.NUMA_STEP[1] + 1e-3 for a, b in zip(factors, factors[1:])
+        )
+        assert (len(hw.numa) == 1) == (len(hw.nodes) == 1)
+        assert 1 <= len(land.drafts) <= 4 and ld.NOISE[0] <= land.cv_launch <= ld.NOISE[1]
+        for content in set(land.prompts):  # temperature: one sign per content type, every draft's
+            slopes = [d.temp_slope[content] for d in land.drafts.values()]
+            assert all(s * slopes[0] >= 0 for s in slopes)
+            assert all(ld.TEMP_SLOPE[0] * 1.5 <= s <= ld.TEMP_SLOPE[1] * 1.5 for s in slopes)
+        by_size: dict[str, list] = {}
+        for name, d in land.drafts.items():
+            by_size.setdefault(name.split("-")[1], []).append(d)
+        for twins in (v for v in by_size.values() if len(v) == 2):  # a twin pair: within 8% on one type
+            gaps = [
+                abs(ld.best_k_rate(land, twins[1], c) / ld.best_k_rate(land, twins[0], c) - 1)
+                for c in twins[0].accept
+            ]
+            assert min(gaps) <= ld.TWIN_GAP[1] + 1e-3 and twins[1].cost < twins[0].cost
+        if land.lookups:  # lookup pays on some content type
+            assert any(g.copy >= ld.GROUNDED["copy"][0] for g in land.grounding.values())
+
+
+def test_a_draw_prints_as_a_table_and_a_bad_range_is_one_line(capsys):
+    from benchmarks.cli import main as bench_main
+
+    assert bench_main(["bench-operator", "--print-draw", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("**draw-3**: ") and "| NUMA policies | " in out and "| configurations | " in out
+    assert bench_main(["bench-operator", "--draws", "5-x"]) == 2
+    assert "--draws: '5-x' is not held-out, development" in capsys.readouterr().err
+
+
+def test_held_out_figures_pool_every_seed_and_count_misses_as_infinite():
+    from benchmarks import held_out
+
+    def replays(draw: int, trials: list, end: list) -> held_out.DrawReplays:
+        return {
+            "draw": draw,
+            "description": "",
+            "optimum": 1.0,
+            "best_config": {},
+            "trials": trials,
+            "regret": {20: end, 40: end},
+        }
+
+    plan = held_out.DrawPlan(range(2), seeds=2)
+    f = held_out.figures([replays(0, [4, 6], [0.0, 0.01]), replays(1, [None, 30], [0.05, 0.0])], plan)
+    assert f["median_trials"] == 18.0 and f["all_seeds_share"] == 0.5 and not f["met"]
+    assert f["p90_regret"][40] == pytest.approx(0.05 * 0.7 + 0.01 * 0.3)
+    f = held_out.figures([replays(0, [None, None], [0.1, 0.1]), replays(1, [None, 3], [0.1, 0.0])], plan)
+    assert f["median_trials"] is None  # more than half missed
+    result = held_out.benchmark(held_out.DrawPlan(range(3, 4), seeds=1, budget=6))
+    text = held_out.markdown(result)
+    assert "| median trials to 3% | " in text and "| 90th percentile of regret at 6 trials | " in text
+    replays = result["replays"][0]  # its regret only at checkpoints within the budget: the budget itself
+    assert replays["draw"] == 3 and list(replays["regret"]) == [6]
+    assert not result["figures"]["met"]  # no regret at 40 trials: no bar met

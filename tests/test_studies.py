@@ -140,6 +140,7 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_mo
     sections = [
         "search",
         "search_operator",
+        "search_held_out",
         "decisions",
         "launch_size",
         "overhead",

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks import held_out
+from benchmarks.landscape_draws import draw, draw_seeds, draw_table
 from benchmarks.operator_replay import LANDSCAPES, STRATEGIES, ReplayPlan, benchmark, markdown
 from tuner.errors import UserError
 
@@ -37,9 +39,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--jobs", type=int, default=1, help="parallel replays (default: 1)")
     parser.add_argument("--json", help="also write the full result here")
+    parser.add_argument(
+        "--draws",
+        help="instead of the named landscapes, the default over drawn ones (benchmarks/landscape_draws): "
+        "held-out (seeds 10000-10099: judge rules here), development (0-99: inspect these), or A-B; "
+        "--seeds replays per draw",
+    )
+    parser.add_argument(
+        "--print-draw", type=int, metavar="SEED", help="print the drawn landscape of SEED and exit"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.print_draw is not None:
+        print(draw_table(draw(args.print_draw)), end="")
+        return 0
+    if args.draws:
+        return run_draws(args)
     names = tuple(s.strip() for s in args.landscapes.split(",") if s.strip())
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     for name in names:
@@ -60,3 +76,24 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
         print(f"wrote {args.json}")
     return 0 if all(t["met"] for t in result["targets"].values()) or "default" not in strategies else 1
+
+
+def run_draws(args: argparse.Namespace) -> int:
+    """The default over drawn landscapes: the figures against the bars (``benchmarks/held_out``)."""
+    try:
+        draws = draw_seeds(args.draws)
+    except ValueError:
+        raise UserError(f"--draws: {args.draws!r} is not held-out, development, A or A-B (seeds)") from None
+    if not draws or args.seeds < 1 or args.trials < 1:
+        raise UserError(
+            "--draws must name at least one seed (A-B with A <= B); --seeds and --trials must be >= 1"
+        )
+    result = held_out.benchmark(
+        held_out.DrawPlan(draws, seeds=args.seeds, budget=args.trials, jobs=args.jobs)
+    )
+    print(held_out.markdown(result), end="")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if result["figures"]["met"] else 1

@@ -22,6 +22,8 @@ first with something new to measure proposes it:
    ``temperature``: a walk over temperature from the best, and the best K predicted at each.
 4. ``refinement``: the other options within the noise at their best K, at the final configuration, then the
    incumbent's neighbours.
+5. ``tail``: with every stage ended, the one-step neighbours of the incumbent and of the contenders within the
+   noise of it (threads halfway to the measured ones, temperature, K, NUMA policy, the other drafts).
 
 The value maximised is the study's first objective (tokens/s per request, or with several users e.g.
 ``aggregate_tokens_per_second_c8``; a latency objective as its inverse, ``tuner.search.history``): where
@@ -43,6 +45,9 @@ from __future__ import annotations
 
 from tuner.search.history import PastTrial
 from tuner.search.stages import (
+    KnobValues,
+    Proposal,
+    SearchState,
     best_k,
     experts,
     hardware,
@@ -51,12 +56,11 @@ from tuner.search.stages import (
     refinement,
     serving,
     stacks,
+    tail,
     target_quant,
     temperature,
     warm_start,
 )
-from tuner.search.stages.configs import KnobValues
-from tuner.search.stages.state import Proposal, SearchState
 from tuner.storage.records import WarmStartPrior
 
 STAGES = (
@@ -71,6 +75,7 @@ STAGES = (
     experts,
     temperature,
     refinement,
+    tail,
 )
 
 

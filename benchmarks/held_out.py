@@ -1,0 +1,173 @@
+"""The default search judged on drawn landscapes (``benchmarks/landscape_draws``): hosts no rule was developed on.
+
+Why: the named landscapes are where the rules were developed, so they stay as regression checks; whether a rule
+holds on the next host is judged here, on draws from a fixed held-out seed range (``HELD_OUT_SEEDS``), with the
+development range (``DEVELOPMENT_SEEDS``) for inspecting why a search stalls. Each draw is replayed by the default
+(``operator_replay.replay``, without pruning) over ``seeds`` seeds and scored as the named landscapes are
+(``operator_replay.scores``). The figures, pooled over every draw and seed: the median trials to the tolerance
+(a miss counts as infinite), the share of draws where every seed is within it by ``budget`` trials, and the 90th
+percentile of the regret after 20 and after 40 trials. The bars: ``MEDIAN_BAR``, ``SHARE_BAR``, ``P90_BAR``
+(docs/decisions.md, "Held-out draws").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+import numpy as np
+from joblib import Parallel, delayed
+
+from benchmarks.landscape_draws import HELD_OUT_SEEDS, draw
+from benchmarks.operator_replay import TOLERANCE, replay, scores
+
+REGRET_AT = (20, 40)
+MEDIAN_BAR, SHARE_BAR, P90_BAR = (
+    10,
+    0.95,
+    0.02,
+)  # median trials to 3%; draws with every seed by 40; p90 regret at 40
+SHOWN = 10  # the worst draws listed under the figures
+
+
+@dataclass(frozen=True)
+class DrawPlan:
+    """Which draws (seeds of ``landscape_draws.draw``), how many replays of each (``seeds``), their trials."""
+
+    draws: range = HELD_OUT_SEEDS
+    seeds: int = 5
+    budget: int = 40
+    tolerance: float = TOLERANCE
+    jobs: int = 1
+    regret_at: tuple[int, ...] = field(default=REGRET_AT)
+
+    @property
+    def checkpoints(self) -> tuple[int, ...]:
+        """The regret checkpoints within the budget, and the budget itself (a shorter replay's last trial)."""
+        return tuple(sorted({n for n in self.regret_at if n <= self.budget} | {self.budget}))
+
+
+class DrawReplays(TypedDict):
+    """One draw: what it is, and each seed's trials to the tolerance and regret at the checkpoints."""
+
+    draw: int
+    description: str
+    optimum: float
+    best_config: dict
+    trials: list[int | None]
+    regret: dict[int, list[float]]  # checkpoint -> per seed
+
+
+class DrawFigures(TypedDict):
+    median_trials: float | None  # None when more than half the replays missed
+    all_seeds_share: float  # draws where every seed reached the tolerance by the budget
+    p90_regret: dict[int, float]  # checkpoint -> 90th percentile over every replay
+    met: bool
+
+
+class DrawBenchmark(TypedDict):
+    draws: list[int]  # first and last seed
+    seeds: int
+    budget: int
+    tolerance: float
+    replays: list[DrawReplays]
+    figures: DrawFigures
+
+
+def replay_draw(seed: int, plan: DrawPlan) -> DrawReplays:
+    """The default on the draw of ``seed``, once per replay seed."""
+    land = draw(seed)
+    runs = [
+        scores(land, replay(land, "default", s, plan.budget, False), plan.tolerance)
+        for s in range(plan.seeds)
+    ]
+    return {
+        "draw": seed,
+        "description": land.description,
+        "optimum": land.optimum[0],
+        "best_config": land.optimum[1].as_dict(),
+        "trials": [r["trials"] for r in runs],
+        "regret": {n: [r["curve"][min(n, len(r["curve"])) - 1] for r in runs] for n in plan.checkpoints},
+    }
+
+
+def figures(replays: list[DrawReplays], plan: DrawPlan) -> DrawFigures:
+    """The pooled figures against the bars."""
+    trials = [math.inf if t is None else t for d in replays for t in d["trials"]]
+    median = float(np.median(trials))
+    share = float(np.mean([all(t is not None and t <= plan.budget for t in d["trials"]) for d in replays]))
+    p90 = {
+        n: float(np.percentile([r for d in replays for r in d["regret"][n]], 90)) for n in plan.checkpoints
+    }
+    return {
+        "median_trials": None if math.isinf(median) else median,
+        "all_seeds_share": share,
+        "p90_regret": p90,
+        "met": not math.isinf(median)
+        and median <= MEDIAN_BAR
+        and share >= SHARE_BAR
+        and p90.get(40, math.inf) <= P90_BAR,
+    }
+
+
+def benchmark(plan: DrawPlan = DrawPlan()) -> DrawBenchmark:
+    """Every draw of the plan replayed (``jobs`` draws at once), and the figures."""
+    replays = Parallel(n_jobs=plan.jobs)(delayed(replay_draw)(seed, plan) for seed in plan.draws)
+    return {
+        "draws": [plan.draws[0], plan.draws[-1]],
+        "seeds": plan.seeds,
+        "budget": plan.budget,
+        "tolerance": plan.tolerance,
+        "replays": replays,
+        "figures": figures(replays, plan),
+    }
+
+
+def _worst_first(replays: DrawReplays) -> tuple[int, float]:
+    misses = sum(t is None for t in replays["trials"])
+    return -misses, -_end_regret(replays)
+
+
+def _end_regret(replays: DrawReplays) -> float:
+    """The worst seed's regret at the last checkpoint."""
+    return max(replays["regret"][max(replays["regret"])])
+
+
+def markdown(result: DrawBenchmark) -> str:
+    """The figures against the bars, then the draws where a seed missed (worst first)."""
+    figs, tol = result["figures"], f"{result['tolerance']:.0%}"
+    first, last = result["draws"]
+    count, budget = len(result["replays"]), result["budget"]
+    median = "missed" if figs["median_trials"] is None else f"{figs['median_trials']:g}"
+    yes = lambda ok: "yes" if ok else "NO"  # noqa: E731
+    lines = [
+        f"The default on {count} drawn landscapes (draws {first}-{last}), {result['seeds']} seeds each, "
+        f"{budget} trials, no pruning (`benchmarks/landscape_draws`).",
+        "",
+        "| figure | value | bar | met |",
+        "|---|---|---|---|",
+        f"| median trials to {tol} | {median} | <= {MEDIAN_BAR} | "
+        f"{yes(figs['median_trials'] is not None and figs['median_trials'] <= MEDIAN_BAR)} |",
+        f"| draws with every seed within {tol} by {budget} trials | {figs['all_seeds_share']:.0%} | "
+        f">= {SHARE_BAR:.0%} | {yes(figs['all_seeds_share'] >= SHARE_BAR)} |",
+        *(
+            f"| 90th percentile of regret at {c} trials | {v:.1%} | "
+            + (f"<= {P90_BAR:.0%} | {yes(v <= P90_BAR)} |" if c == 40 else "- | - |")
+            for c, v in sorted(figs["p90_regret"].items())
+        ),
+        "",
+    ]
+    missed = sorted((d for d in result["replays"] if None in d["trials"]), key=_worst_first)
+    if missed:
+        lines += [
+            f"Draws where a seed missed ({len(missed)}; the worst {min(SHOWN, len(missed))}):",
+            "",
+            "| draw | trials per seed | worst regret at the end | what it is |",
+            "|---|---|---|---|",
+        ]
+        for row in missed[:SHOWN]:
+            trials = ", ".join("-" if t is None else str(t) for t in row["trials"])
+            lines.append(f"| {row['draw']} | {trials} | {_end_regret(row):.1%} | {row['description']} |")
+        lines.append("")
+    return "\n".join(lines)

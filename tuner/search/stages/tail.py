@@ -1,0 +1,149 @@
+"""Stage 5, the tail: once every structured stage has ended, the trials left go to what can still change the answer.
+
+Why: a study's budget rarely ends with its structured stages, and the fallback sampler proposes far from the
+incumbent (TPE's proposals measured at a third to half of it), where a few percent are still to be had next to
+it: a thread count between two measured ones, the temperature one step away, K one rung either way, the other
+NUMA policies, the other draft models at the incumbent's settings. So the tail measures, for the incumbent and
+then each contender measured within the noise of it (``SearchState.close``), best first, its one-step neighbours
+not measured yet; a neighbour that reads higher becomes the incumbent and its own neighbours come next. Only when
+none is left does the fallback propose.
+"""
+
+from __future__ import annotations
+
+from tuner.search.history import PastTrial
+from tuner.search.stages.configs import nearest, option_of
+from tuner.search.stages.state import Proposal, SearchState
+
+STAGE = "tail"
+# thread gaps narrower than this are left: decode is level within the noise across a few threads
+MIN_THREAD_GAP, THREAD_GAP_SHARE = 4, 0.1
+
+
+def propose(state: SearchState) -> Proposal | None:
+    """The first unmeasured one-step neighbour of the incumbent, then of each contender within the noise."""
+    best = state.overall_best()
+    if best is None:
+        return None
+    floor = (1 - state.close) * best.measured_value
+    contenders = sorted(
+        (
+            r
+            for r in state.trials
+            if r.measured and r.feasible and r.state == "complete" and r.measured_value >= floor
+        ),
+        key=lambda r: -r.measured_value,
+    )
+    candidates: list[tuple] = []
+    for trial in [best, *(r for r in contenders if r is not best)]:
+        candidates += one_step(state, trial)
+    return state.first_new(candidates)
+
+
+def one_step(state: SearchState, trial: PastTrial) -> list[tuple]:
+    """A trial's neighbours: the temperature one step either way (below the first infeasible one), K one rung
+    either way, threads halfway to the nearest measured count either side, the other NUMA policies at its
+    threads, the other draft models at its K."""
+    params = trial.params
+    return [
+        *temperature_steps(state, params),
+        *k_steps(state, params),
+        *thread_halves(state, params),
+        *numa_steps(state, params),
+        *draft_steps(state, params),
+    ]
+
+
+def thread_halves(state: SearchState, params: dict) -> list[tuple]:
+    """Halfway from the trial's thread count to the nearest measured one either side at its other knobs (to
+    the host's first or last count when none is measured that side), within the physical cores unless it is
+    above, where the gap is at least ``MIN_THREAD_GAP`` threads and ``THREAD_GAP_SHARE`` of its own."""
+    threads, own = state.knobs.values("threads"), params.get("threads")
+    if own is None or own not in threads:
+        return []
+    rest = {k: v for k, v in params.items() if k not in ("threads", "threads_batch")}
+    measured = {r.params["threads"] for r in state.measured(**rest) if r.params.get("threads") is not None}
+    cores = state.start().hardware.get("threads") or max(threads)
+    top = max(threads) if own > cores else cores
+    lower = max((t for t in measured if t < own), default=min(threads))
+    upper = min((t for t in measured if t > own), default=top)
+    steps = []
+    for other in (lower, upper):
+        half = nearest(threads, (own + other) / 2)
+        if abs(other - own) >= max(MIN_THREAD_GAP, own * THREAD_GAP_SHARE) and half != own and half <= top:
+            steps.append(
+                (
+                    {**rest, "threads": half},
+                    STAGE,
+                    f"threads {half}: halfway to {other} from the best's {own}",
+                )
+            )
+    return steps
+
+
+def temperature_steps(state: SearchState, params: dict) -> list[tuple]:
+    """The temperatures next to the trial's, below the first one measured below the quality floor."""
+    temperatures = sorted(state.knobs.values("temperature"))
+    own = params.get("temperature")
+    if own not in temperatures or len(temperatures) < 2:
+        return []
+    hot = min(
+        (r.params["temperature"] for r in state.lossless(params, "temperature") if not r.feasible),
+        default=None,
+    )
+    at = temperatures.index(own)
+    return [
+        ({**params, "temperature": t}, STAGE, f"temperature {t} next to the best's {own}")
+        for t in temperatures[max(0, at - 1) : at + 2]
+        if t != own and (hot is None or t < hot)
+    ]
+
+
+def k_steps(state: SearchState, params: dict) -> list[tuple]:
+    """K one rung either way of the trial's."""
+    own, values = params.get("draft_max"), state.k_values
+    if own is None or own not in values:
+        return []
+    at = values.index(own)
+    return [
+        ({**params, "draft_max": k}, STAGE, f"K={k} one rung from the best's K={own}")
+        for k in values[max(0, at - 1) : at + 2]
+        if k != own
+    ]
+
+
+def numa_steps(state: SearchState, params: dict) -> list[tuple]:
+    """The other NUMA policies that spread over the host, at the trial's threads (under bind: the other
+    nodes)."""
+    own = params.get("numa")
+    if own is None:
+        return []
+    if own == "bind":
+        return [
+            (
+                {**params, "numa_node": node},
+                STAGE,
+                f"NUMA node {node} next to the best's {params.get('numa_node')}",
+            )
+            for node in state.knobs.values("numa_node")
+            if node != params.get("numa_node")
+        ]
+    rest = {k: v for k, v in params.items() if k != "numa_node"}
+    return [
+        ({**rest, "numa": policy}, STAGE, f"NUMA {policy} at the best's threads")
+        for policy in state.knobs.values("numa")
+        if policy not in (own, "bind")
+    ]
+
+
+def draft_steps(state: SearchState, params: dict) -> list[tuple]:
+    """The other draft models at the trial's settings and K (a draft of one size in another quantization reads
+    within a few percent of it)."""
+    option = option_of(params)
+    if option is None or option[0] != "draft-simple":
+        return []
+    return [
+        ({**params, "draft": draft}, STAGE, f"draft {draft} at the best's settings and K")
+        for draft in state.knobs.values("draft")
+        if draft != params.get("draft")
+    ]
