@@ -752,8 +752,8 @@ def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, mon
     assert result["overhead"]["rounds"] == 1 and len(result["repeatability"]["runs"]) == 2
     md = (out / "bench.md").read_text()
     assert (
-        md.count("\n## ") == 11 and "Whole bench:" in md
-    )  # 1, 1b (operator scale; held-out draws), 1c (decisions), 1d (launch size), 2, 2b, 3, 4, 5, 6 (quants)
+        md.count("\n## ") == 12 and "Whole bench:" in md
+    )  # 1, 1b (operator scale; held-out draws), 1c (decisions), 1d (launch size), 2, 2b, 3, 4, 5, 6 (quants), 7 (serve)
     quant = result["quantization"]  # the grid study's target stands in for the scale target: its F16 and Q4_0
     assert len(quant["ratios"]) >= 2 and quant["bytes"]["Q4_0"] < quant["bytes"]["F16"]
     assert "Q4_0 over F16: x" in md

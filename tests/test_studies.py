@@ -173,6 +173,6 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_mo
     md = (out / "bench.md").read_text()
     assert (
         md.startswith("# python -m benchmarks bench (--quick")
-        and md.count("\n## ") == 11
+        and md.count("\n## ") == 12
         and "Whole bench:" in md
     )
