@@ -91,7 +91,7 @@ def test_spec_errors_name_the_member_and_the_field(tmp_path):
     bad.write_text(text.replace("targets: [target, moe-target]", "targets: [draft-small]", 1))
     with pytest.raises(UserError, match=r"'targets' entry 'draft-small' is not a target"):
         family.load_spec(bad)
-    bad.write_text(text.replace("copy: {strength: 3.0, width: 16", "copy: {strength: 3.0, width: 40", 1))
+    bad.write_text(text.replace("copy: {strength: 7.0, width: 16", "copy: {strength: 7.0, width: 40", 1))
     with pytest.raises(
         UserError, match=r"member 'draft-large': noise/moe/copy: copy: width must be in 1..32"
     ):
