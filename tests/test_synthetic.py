@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -169,7 +168,7 @@ def test_llama_cpp_computes_what_the_draft_is_defined_to_compute(synthetic_model
     quoting = [p.text or "" for p in load_workload(["summarize"], Path(".")).prompts[:2]]
     with LlamaServer(argv, free_port(), tmp_path / "server.log", ready_timeout_s=60) as server:
         for prompt in landscape.code_prompts()[:3] + quoting:
-            prompt_ids = _tokenize(server.url, prompt)
+            prompt_ids = copying.tokenize(server.url, prompt, add_special=True)
             got = server.complete(prompt, 24, 0.0, 1).tokens
             context = list(prompt_ids)
             for token in got:
@@ -183,17 +182,6 @@ def test_llama_cpp_computes_what_the_draft_is_defined_to_compute(synthetic_model
                 context.append(token)
                 compared += 1
     assert compared >= 60 and copied >= 3, (compared, copied)
-
-
-def _tokenize(url: str, text: str) -> list[int]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    request = urllib.request.Request(
-        f"{url}/tokenize",
-        data=json.dumps({"content": text, "add_special": True}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with opener.open(request, timeout=30) as resp:
-        return json.load(resp)["tokens"]
 
 
 def test_the_target_quotes_its_prompt_and_the_drafts_quote_less(synthetic_models):

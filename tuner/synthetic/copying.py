@@ -78,12 +78,12 @@ def measure_shares(
     return shares
 
 
-def tokenize(url: str, text: str) -> list[int]:
-    """The server's own tokens of ``text`` (no BOS: the output never copies it)."""
+def tokenize(url: str, text: str, add_special: bool = False) -> list[int]:
+    """The server's own tokens of ``text`` (by default without BOS: the output never copies it)."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     request = urllib.request.Request(
         f"{url}/tokenize",
-        data=json.dumps({"content": text, "add_special": False}).encode(),
+        data=json.dumps({"content": text, "add_special": add_special}).encode(),
         headers={"Content-Type": "application/json"},
     )
     with opener.open(request, timeout=60) as resp:
