@@ -240,7 +240,9 @@ def _quantization(scale_grid: Path, sizes: Sizes, out: Path) -> Section:
 
 def _serve(sizes: Sizes) -> Section:
     """7. The proxy's own overhead (a fake fast upstream) and the classifier on held-out prompts."""
-    rounds, requests = (1, 1) if sizes.quick else (sizes.rounds, 2)  # --rounds: alternating rounds, as section 2
+    rounds, requests = (
+        (1, 1) if sizes.quick else (sizes.rounds, 2)
+    )  # --rounds: alternating rounds, as section 2
     clients = " and ".join(map(str, serve_overhead.CONCURRENCY))
     return Section(
         "serve",

@@ -77,9 +77,13 @@ def test_a_tuning_rate_pools_the_tuning_prompts_samples_only():
 
 def test_content_type_names_the_built_in_suites_prompts():
     correct, total, misses = accuracy()
-    assert total == 22 and correct >= 20, misses
+    assert total == 34 and correct >= 32, misses
     assert content_type('{"name": "Ada", "age":') == "json"
     assert content_type("def f(x):\n    return x\n") == "code"
+    assert content_type("def f(x):\n    return x\n\nRename x to value.\n\ndef f(value):\n") == "code-edit"
+    passage = "The module reads files.\n" * 6
+    assert content_type(passage + "\nQuestion: What does it read?\nAnswer:") == "docqa"
+    assert content_type(passage + "\nSummary of the passage above:") == "summarize"
     assert content_type("Once upon a time there was") == "prose"
     assert content_type("Q: What is 3 + 4?\nA:") == "math"
 

@@ -169,7 +169,7 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, scale_mo
     serve = result[
         "serve"
     ]  # 7: the proxy at 1 and 64 streaming clients, the classifier on every built-in suite
-    assert [x["clients"] for x in serve["latency"]] == [1, 64, 64] and len(serve["accuracy"]) == 8
+    assert [x["clients"] for x in serve["latency"]] == [1, 64, 64] and len(serve["accuracy"]) == 10
     md = (out / "bench.md").read_text()
     assert (
         md.startswith("# python -m benchmarks bench (--quick")

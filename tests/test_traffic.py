@@ -193,6 +193,21 @@ def test_a_re_import_by_type_removes_the_types_it_no_longer_finds_and_nothing_el
     assert (tmp_path / "sb-coding.yaml").exists() and mine.read_text().endswith("my own suite\n")
 
 
+def test_by_type_writes_the_quoting_types_docqa_and_code_edit(tmp_path, capsys):
+    """A question about a passage and an instruction to edit a function land in suites of their own."""
+    passage = "The cache keeps the last hundred answers of the service.\n" * 6
+    rows = [
+        chat(("user", passage + "\nQuestion: How many answers does the cache keep?\nAnswer:")),
+        chat(("user", "def area(w, h):\n    return w * h\n\nRename w to width. Write the whole function.\n")),
+        chat(("user", "def area(w, h):\n")),
+    ]
+    code, _, _ = run(capsys, jsonl(tmp_path / "log.jsonl", rows), "--out", tmp_path / "t.yaml", "--by-type")
+    assert code == 0
+    written = {path.name for path in tmp_path.glob("t-*.yaml")}
+    assert written == {"t-docqa.yaml", "t-code-edit.yaml", "t-code.yaml"}
+    assert [p["messages"][0]["content"][:4] for p in check_suite(tmp_path / "t-code-edit.yaml")] == ["def "]
+
+
 def test_texts_survive_the_yaml_round_trip(tmp_path, capsys):
     """Literal blocks for multi-line texts, quoting where YAML needs it: every text reads back as logged."""
     texts = [

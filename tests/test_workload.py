@@ -17,7 +17,8 @@ def test_builtin_suites_load_with_unique_ids_and_a_handful_of_prompts(tmp_path):
         prompts = [p for p in workload.prompts if p.suite == suite]
         # raw suites: a handful of prompts; chat suites: three conversations (nine requests)
         assert (3 if suite.startswith("chat-") else 4) <= len(prompts) <= 6, suite
-        assert all(len(p.text) < 1600 for p in prompts), suite  # well under 400 tokens each
+        # well under 400 tokens each; docqa's passages 300-800 tokens (its limit: 800 tokens of English)
+        assert all(len(p.text) < (3400 if suite == "docqa" else 1600) for p in prompts), suite
     assert all(p.expected for p in workload.prompts if p.suite in ("math", "json"))
     assert any(e.kind == "regex" for p in workload.prompts if p.suite == "json" for e in p.expected)
 

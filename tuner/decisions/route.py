@@ -13,9 +13,13 @@ The rules, first match wins (each name is a built-in suite of ``tuner.measuremen
   with a quoted key (``{"name":``), or a text ending in an open ``{`` or ``[``;
 - ``math``: a ``Q:`` with digits and an arithmetic word or sign, or a Python ``>>>``
   expression (an evaluation, not a program);
+- ``code-edit``: code marks (as ``code``) and an unindented line that asks to change it,
+  starting with an editing verb (``Change``, ``Edit``, ``Modify``, ``Rename``, ``Rewrite``,
+  ``Update``, ``Refactor``, ``Fix``, ``Replace``) and a word;
 - ``code``: code marks: a line starting ``def``/``class``/``import``/``from .. import``/
   ``#include``, a docstring quote, several indented lines ending in ``:`` or ``)``, or
   braces together with semicolons;
+- ``docqa``: a long passage (as ``summarize``) with a line starting ``Question:``;
 - ``summarize``: an ask to summarize, or a long passage (at least 5 lines or 350 characters);
 - ``prose``: everything else.
 
@@ -37,10 +41,12 @@ _MATH_WORDS = re.compile(
 )
 _CODE_LINE = re.compile(r"^\s*(def |class |import |from \S+ import |#include|async def |@\w+)", re.MULTILINE)
 _SUMMARIZE = re.compile(r"\bsummar(y|ize|ise)\b|\btl;?dr\b", re.IGNORECASE)
+_EDIT = re.compile(r"^(Change|Edit|Modify|Rename|Rewrite|Update|Refactor|Fix|Replace) \w", re.MULTILINE)
+_QUESTION = re.compile(r"^\s*Question:", re.MULTILINE)
 
 
 def content_type(text: str) -> str:
-    """One of the built-in suite names: json, math, code, summarize or prose."""
+    """One of the built-in suite names: json, math, code-edit, code, docqa, summarize or prose."""
     stripped = text.strip()
     if _JSON.search(text) or stripped.endswith(("{", "[")):
         return "json"
@@ -58,8 +64,11 @@ def content_type(text: str) -> str:
         or indented_code >= 2
         or ("{" in text and "}" in text and text.count(";") >= 2)
     ):
-        return "code"
-    if _SUMMARIZE.search(text) or len([line for line in lines if line.strip()]) >= 5 or len(stripped) >= 350:
+        return "code-edit" if _EDIT.search(text) else "code"
+    long_passage = len([line for line in lines if line.strip()]) >= 5 or len(stripped) >= 350
+    if long_passage and _QUESTION.search(text):
+        return "docqa"
+    if _SUMMARIZE.search(text) or long_passage:
         return "summarize"
     return "prose"
 

@@ -49,7 +49,8 @@ import yaml
 
 from tuner.errors import UserError
 
-RAW_SUITES = ("code", "summarize", "prose", "math", "json")  # raw prompts to /completion
+# raw prompts to /completion
+RAW_SUITES = ("code", "summarize", "prose", "math", "json", "docqa", "code-edit")
 CHAT_SUITES = ("chat-code", "chat-summarize", "chat-agent")  # multi-turn conversations
 BUILTIN_SUITES = RAW_SUITES + CHAT_SUITES
 ROLES = ("system", "user", "assistant")
