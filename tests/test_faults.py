@@ -59,9 +59,12 @@ def fenv(env, tmp_path, monkeypatch) -> dict:
     return dict(os.environ)
 
 
-def tuner(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+def tuner(
+    *args: str, env: dict, timeout: float = 120, module: str = "tuner.cli"
+) -> subprocess.CompletedProcess:
+    """A ``tuner`` command (``module="benchmarks"``: ``python -m benchmarks``) as its own process."""
     return subprocess.run(
-        [sys.executable, "-m", "tuner.cli", *map(str, args)],
+        [sys.executable, "-m", module, *map(str, args)],
         env=env,
         capture_output=True,
         text=True,
@@ -180,10 +183,12 @@ def test_every_measuring_command_takes_the_host_lock(fenv, tmp_path):
             ("record-grid", [study, "--out", tmp_path / "grid.csv"]),
             ("bench", ["--grid-study", study, "--study", study, "--out", tmp_path / "bench"]),
         ]:
-            proc = tuner(command, *args, "--no-wait", env=fenv)
+            bench = command in ("record-grid", "bench")  # the benchmarks' commands, outside the package
+            proc = tuner(command, *args, "--no-wait", env=fenv, module="benchmarks" if bench else "tuner.cli")
             assert proc.returncode == 75, (command, proc.stderr)
+            prog = "python -m benchmarks" if bench else "tuner"
             assert error_line(proc).startswith(
-                f"tuner {command}: error: another measurement runs on this host "
+                f"{prog} {command}: error: another measurement runs on this host "
                 f"(pid {holder.pid}, tuner, study other;"
             ), (command, proc.stderr)
     finally:

@@ -150,18 +150,3 @@ def test_a_quantized_self_draft_is_made_once_and_reused(gemma, tmp_path, llama_b
     variant = read_model_info(made.path)
     assert variant.file_type == "Q4_0"
     assert check_draft_compatibility(read_model_info(gemma), variant).ok  # same vocabulary: a valid draft
-
-
-def test_the_synthetic_target_quotes_its_prompt_as_gemma_does(gemma, synthetic_models):
-    """The family's calibration (`tuner synthetic --calibrate`): on summarize and prose the synthetic target's
-    copy share (greedy, deterministic) lies within copying.TOLERANCE of Gemma 3 270M's. On code it quotes more
-    (0.55 against 0.40 when calibrated: two of the five code prompts loop on a prompt line at every strength that
-    quotes summaries; docs/decisions.md, "The family's copy head"): the open gap is held, not hidden."""
-    from tuner.synthetic import copying
-
-    calibration = copying.calibrate(gemma, synthetic_models.path("target"))
-    table = calibration.table("gemma3-270m", "target")
-    gaps = calibration.gaps()
-    assert abs(gaps["summarize"]) <= copying.TOLERANCE and abs(gaps["prose"]) <= copying.TOLERANCE, table
-    assert 0.0 <= gaps["code"] <= 0.2, table
-    assert calibration.real["summarize"].share > 0.3 and calibration.synthetic["summarize"].share > 0.3, table
