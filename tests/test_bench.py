@@ -704,10 +704,13 @@ measurement: {{repetitions: 2, ctx_size: 256, trial_timeout_s: 60}}
 
 
 def test_bench_command_writes_all_three_sections(synthetic_models, tmp_path, monkeypatch, capsys):
+    import benchmarks.operator_replay
     import benchmarks.sizes
 
     monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
     monkeypatch.setattr(benchmarks.sizes, "HELD_OUT_SEEDS", range(10000, 10002))  # 1b's draws: two, not 100
+    # 1b's named landscapes: two of the twelve (all twelve took 3.5 of this test's 6 minutes; --quick runs one)
+    monkeypatch.setattr(benchmarks.operator_replay, "LANDSCAPES", benchmarks.operator_replay.LANDSCAPES[:2])
     study, out = grid_study(tmp_path), tmp_path / "bench"
     assert (
         main(

@@ -24,6 +24,7 @@ from tuner.machine.placement import contradiction, evict, parse_numa_maps, resid
 from tuner.machine.roofline import Bandwidth, Roofline, impossible
 from tuner.measurement.measure import MeasurementSettings, check_timing
 from tuner.measurement.server_process import Completion
+from tuner.measurement.workload import load_workload
 from tuner.output.analysis import report_data
 from tuner.output.report_tables import summary_table
 from tuner.paths import models_dir
@@ -529,6 +530,9 @@ def test_a_study_with_cpu_hogs_beside_its_baseline_names_the_disturbed_reading_a
     from tuner.storage import store
     from tuner.studyfile.spec import load_spec
 
+    suite = tmp_path / "one-code-prompt.yaml"
+    first = load_workload(["code"], tmp_path).prompts[0]
+    suite.write_text(json.dumps({"prompts": [{"id": first.id, "text": first.text}]}))
     path = tmp_path / "study.yaml"
     path.write_text(
         json.dumps(
@@ -539,7 +543,7 @@ def test_a_study_with_cpu_hogs_beside_its_baseline_names_the_disturbed_reading_a
                 "search_space": {
                     "overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4], "threads": 2}
                 },
-                "workload": {"suites": ["code"], "n_predict": 24},
+                "workload": {"suites": [str(suite)], "n_predict": 16},  # one prompt: the hogs' phase is slow
                 "measurement": {
                     "warmup": 1,
                     "repetitions": 1,
