@@ -21,7 +21,7 @@ from fake_llama_server import get_json, stop_group, wait_for, wait_for_json, wri
 
 from tuner.cli import main
 from tuner.decisions.per_type import PerTypeResult, tuning_rate
-from tuner.decisions.route import accuracy, content_type
+from tuner.decisions.route import accuracy, content_type, request_type
 from tuner.knobs.config import TrialConfig
 from tuner.machine.llama_build import binary
 from tuner.machine.roofline import Bandwidth
@@ -86,6 +86,21 @@ def test_content_type_names_the_built_in_suites_prompts():
     assert content_type(passage + "\nSummary of the passage above:") == "summarize"
     assert content_type("Once upon a time there was") == "prose"
     assert content_type("Q: What is 3 + 4?\nA:") == "math"
+
+
+def test_a_tool_s_output_handed_back_is_agent_traffic_in_text_or_in_the_openai_tool_shape():
+    tool_output = "Tool read_file('a.py') returned:\n\ndef f(x):\n    return x\n\nTask: rename x."
+    assert content_type(tool_output) == "agent"
+    assert content_type("Thought: look it up\nAction: search[gc]\nObservation: gc frees cycles.") == "agent"
+    assert content_type("def f(x):\n    return x\n") == "code"  # code alone stays code
+    calls = [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]
+    chat = [
+        {"role": "user", "content": "Once upon a time there was"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c1", "content": "def f(x): ..."},
+    ]
+    assert request_type({"messages": chat}) == "agent"
+    assert request_type({"messages": chat[:1]}) == "prose"
 
 
 # ------------------------------------------------------------------ merging the preset

@@ -81,6 +81,18 @@ def test_a_request_goes_to_its_type_s_section_else_the_pooled_one_and_a_named_se
     assert routing.pick({"prompt": PROSE, "model": "demo-json"}) == ("prose", "demo")
 
 
+def test_a_chat_request_goes_to_its_chat_suite_s_section_first(tmp_path):
+    """The export names a section by its suite: a chat about code was measured as ``chat-code``."""
+    preset = write_preset(tmp_path / "p.ini")
+    preset.write_text(preset.read_text() + "\n[demo-chat-code]\n; tuner export: study demo, trial 9 (per-type)\n")
+    routing = study_routing(preset, "demo")
+    chat = {"messages": [{"role": "user", "content": CODE}]}
+    assert routing.pick(chat) == ("code", "demo-chat-code")
+    assert routing.pick({"prompt": CODE}) == ("code", "demo-code")  # a completion is not a chat
+    prose_chat = {"messages": [{"role": "user", "content": PROSE}]}
+    assert routing.pick(prose_chat) == ("prose", "demo")
+
+
 def test_a_missing_preset_or_study_is_one_line_naming_the_fix(tmp_path):
     with pytest.raises(UserError, match=r"no such preset file; run `tuner export demo` first"):
         study_routing(tmp_path / "none.ini", "demo")

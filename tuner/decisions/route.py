@@ -7,8 +7,12 @@ arithmetic, long passages, prose. This is that pick as a small, pure function (n
 proxy server): call it on the prompt, then send the request to ``STUDY-TYPE`` if that
 section exists, else to ``STUDY`` (the pooled winner).
 
-The rules, first match wins (each name is a built-in suite of ``tuner.measurement.workload``):
+The rules, first match wins (each name is a built-in suite of ``tuner.measurement.workload``, ``agent``
+that of ``chat-agent``):
 
+- ``agent``: a tool's output handed back to the model: a line starting ``Tool NAME(...) returned:``,
+  ``Observation:`` (ReAct) or ``<tool_response>``; in a chat request, also any message of role ``tool``
+  or an assistant message carrying ``tool_calls`` (the OpenAI tool-call shape);
 - ``json``: JSON asked for or shown: ``JSON:``/``as a JSON``/``json.dumps``, an object
   with a quoted key (``{"name":``), or a text ending in an open ``{`` or ``[``;
 - ``math``: a ``Q:`` with digits and an arithmetic word or sign, or a Python ``>>>``
@@ -43,10 +47,14 @@ _CODE_LINE = re.compile(r"^\s*(def |class |import |from \S+ import |#include|asy
 _SUMMARIZE = re.compile(r"\bsummar(y|ize|ise)\b|\btl;?dr\b", re.IGNORECASE)
 _EDIT = re.compile(r"^(Change|Edit|Modify|Rename|Rewrite|Update|Refactor|Fix|Replace) \w", re.MULTILINE)
 _QUESTION = re.compile(r"^\s*Question:", re.MULTILINE)
+_TOOL_OUTPUT = re.compile(r"^\s*(Tool \w+\(.*\) returned:|Observation:|<tool_response>)", re.MULTILINE)
 
 
 def content_type(text: str) -> str:
-    """One of the built-in suite names: json, math, code-edit, code, docqa, summarize or prose."""
+    """One of the built-in suite names (``agent`` for ``chat-agent``): agent, json, math, code-edit, code, docqa,
+    summarize or prose."""
+    if _TOOL_OUTPUT.search(text):
+        return "agent"
     stripped = text.strip()
     if _JSON.search(text) or stripped.endswith(("{", "[")):
         return "json"
@@ -75,9 +83,12 @@ def content_type(text: str) -> str:
 
 def request_type(body: dict) -> str:
     """The content type of a request body: ``/completion``'s ``prompt``, or an OpenAI chat request's
-    last user message (what this turn asks for; the earlier turns are context)."""
+    last user message (what this turn asks for; the earlier turns are context); a chat that hands a tool's result
+    back (a ``tool`` message, an assistant's ``tool_calls``) is ``agent`` whatever its last message says."""
     messages = body.get("messages")
     if isinstance(messages, list):
+        if any(isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages):
+            return "agent"
         users = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
         text = users[-1] if users and isinstance(users[-1], str) else ""
     else:

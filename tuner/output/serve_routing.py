@@ -9,7 +9,9 @@ accuracy with; this module never classifies on its own.
 A study's sections are those ``tuner export`` wrote for it (their ``; tuner export: study NAME`` comment):
 ``STUDY`` (the pooled winner), ``STUDY-TYPE`` (a content type whose own winner paid) and ``STUDY-cN`` (a load
 class). A request naming one of them keeps it; any other is sent to ``STUDY-TYPE`` for its type when the
-study has that section, else to ``STUDY``.
+study has that section, else to ``STUDY``. A chat request goes first to ``STUDY-chat-TYPE`` (a chat suite's own
+winner: the export names a section by its suite, and ``chat-code`` is measured through the chat template, turn
+by turn), then to ``STUDY-TYPE``.
 """
 
 from __future__ import annotations
@@ -39,8 +41,12 @@ class Routing:
         named = body.get("model")
         if isinstance(named, str) and named in self.sections:
             return kind, named
-        own = section_name(f"{self.pooled}-{kind}")
-        return kind, own if own in self.sections else self.pooled
+        chat = isinstance(body.get("messages"), list)
+        for suite in (f"chat-{kind}", kind) if chat else (kind,):
+            own = section_name(f"{self.pooled}-{suite}")
+            if own in self.sections:
+                return kind, own
+        return kind, self.pooled
 
 
 def study_routing(preset: Path, study: str) -> Routing:
