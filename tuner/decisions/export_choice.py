@@ -10,7 +10,6 @@ writes the value as files.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import optuna
@@ -20,6 +19,7 @@ from tuner.decisions.load_race import race_loads
 from tuner.decisions.per_type import PerTypeResult
 from tuner.decisions.race import RaceResult, verdict_lines
 from tuner.decisions.remeasure import StudyInputs
+from tuner.decisions.route import section_name
 from tuner.decisions.trial_selection import (
     best_at_load,
     choose,
@@ -88,11 +88,6 @@ class Deployment:
     def load_races(self) -> dict[int, RaceResult]:
         """The load classes that were raced, by users."""
         return {d.slots: d.race for d in self.by_load if d.slots is not None and d.race is not None}
-
-
-def section_name(name: str) -> str:
-    """A preset section (router model) name: ``name`` with what an INI section cannot hold replaced."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", name)
 
 
 def decide(

@@ -81,6 +81,12 @@ def content_type(text: str) -> str:
     return "prose"
 
 
+def section_name(name: str) -> str:
+    """A preset section (router model) name: ``name`` with what an INI section cannot hold replaced; here, with
+    the classifier, because a type's section is ``section_name(STUDY-TYPE)``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+
+
 def request_type(body: dict) -> str:
     """The content type of a request body: ``/completion``'s ``prompt``, or an OpenAI chat request's
     last user message (what this turn asks for; the earlier turns are context); a chat that hands a tool's result

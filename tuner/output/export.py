@@ -27,10 +27,10 @@ import pandas as pd
 import yaml
 
 from tuner import figure_text
-from tuner.decisions.export_choice import section_name, sentinel_speedup
+from tuner.decisions.export_choice import sentinel_speedup
 from tuner.decisions.per_type import PerTypeResultJson
 from tuner.decisions.race import RaceResult
-from tuner.decisions.route import describe_accuracy
+from tuner.decisions.route import describe_accuracy, section_name
 from tuner.decisions.trial_selection import decision, race_policy, thread_notes
 from tuner.errors import UserError
 from tuner.knobs.config import method_of

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import optuna
 
-from tuner.decisions.export_choice import Deployed, Deployment, ExportRequest, Recorded, decide, section_name
+from tuner.decisions.export_choice import Deployed, Deployment, ExportRequest, Recorded, decide
 from tuner.decisions.per_type import PerTypeResultJson
+from tuner.decisions.route import section_name
 from tuner.measurement.measure import MeasurementSettings
 from tuner.output.analysis import (
     break_even,

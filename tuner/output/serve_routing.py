@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.decisions.export_choice import section_name
-from tuner.decisions.route import request_type
+from tuner.decisions.route import request_type, section_name
 from tuner.errors import UserError
 from tuner.output.preset import preset_origins
 
