@@ -31,7 +31,7 @@ def race_alpha(spec: RaceSpec, contenders: int, done: int | None = None) -> floa
     >= 95%), a race that says one finalist is faster than every other is right, and every loss bound holds,
     whatever was selected, whichever finalists rested and whenever the race stopped (Hsu's multiple comparisons
     with the best). Why a larger share at the cap: a race that does not decide stops there and states its loss
-    bound from that look (two thirds of the races at the default host, docs/decisions.md#the-cap-buys-its-bound),
+    bound from that look (41-66% of the races at the default host, docs/decisions.md#the-cap-buys-its-bound),
     so spreading the level evenly over looks that rarely state one widened the bound a deployment carries."""
     comparisons = max(contenders - 1, 1)
     looks = spec.max_rounds - first_look(spec) + 1
