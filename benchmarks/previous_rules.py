@@ -8,9 +8,12 @@ judged against a fixed bar, not against itself. They decide with the product's s
   rounds at 5% / looks): shown slower dropped, TOST-equivalent within 2% settled; undecided at
   race.max_rounds (the higher estimate); the printed figure from 4 confirmation rounds of the winner and the
   baseline; a launch far from its finalist's other rounds launched again, once;
-* the finalists: tokens/s x (1 +- 2 cv) overlapping the leader's, at most 4;
+* the finalists: tokens/s x (1 +- 2 cv) overlapping the leader's, at most 4; and the product's cut before a
+  configuration's readings were pooled (``each_reading``): every reading within reach of the best one on its own;
 * pruning: the launch spread added once (not on both sides), floored at 2%, no spending over looks;
-* the allocation before the cap rule (``never_foresee``): the product's race whose rounds never foresee the cap.
+* the allocation before the cap rule (``never_foresee``): the product's race whose rounds never foresee the cap;
+* the error level before the cap's share (``equal_looks``): the race's 5% over its comparisons with the best and
+  its looks in equal shares, the look at the cap no different from those before it.
 
 They state no loss bound.
 """
@@ -23,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.decisions import evidence
-from tuner.decisions.race.paired_statistics import PairedStatistics
+from tuner.decisions.race.finalist_selection import within_reach
+from tuner.decisions.race.paired_statistics import PairedStatistics, first_look
 from tuner.decisions.race.rounds import RaceRounds
 from tuner.search.pruning import SIGMA_FLOOR, Z, paired_ratios
 from tuner.studyfile.spec import RaceSpec
@@ -114,6 +118,15 @@ def finalists(recorded: list[tuple[float, float]]) -> list[int]:
     )[:MAX_FINALISTS]
 
 
+def each_reading(readings: list[list[tuple[float, float]]], launch: float) -> list[int]:
+    """The product's finalist cut before a configuration's recorded readings were pooled: ``readings[i]``, the
+    (log rate, cv) of each launch of configuration i; every launch judged on its own against the highest one
+    (``within_reach``), a configuration a finalist when any of its launches is in reach, closest first."""
+    flat = [(log, cv, i) for i, launches in enumerate(readings) for log, cv in launches]
+    kept = within_reach([(log, cv) for log, cv, _ in flat], launch)
+    return list(dict.fromkeys(flat[k][2] for k in kept))
+
+
 def prune(samples: list[dict], incumbent: list[dict], launch: float) -> bool:
     """Whether the pruning rule stops a trial that measured ``samples`` against the incumbent's."""
     pairing = paired_ratios(samples, incumbent)
@@ -132,3 +145,10 @@ def never_foresee(race_rounds: RaceRounds, look: PairedStatistics, spec: RaceSpe
     """The allocation before the cap rule, in ``LoopOptions.foresee``'s place: the race never foresees its cap, so a
     rested finalist's turn never goes to the one forecast to set the bound stated at the cap."""
     return False
+
+
+def equal_looks(spec: RaceSpec, contenders: int, done: int | None = None) -> float:
+    """The error level before the cap's share, in ``LoopOptions.level``'s place: 5% over the comparisons with the
+    best and over the looks in equal shares, whichever look ``done`` is."""
+    looks = spec.max_rounds - first_look(spec) + 1
+    return evidence.ALPHA / (max(contenders - 1, 1) * looks)

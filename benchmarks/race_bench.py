@@ -28,7 +28,7 @@ from benchmarks import previous_rules
 from benchmarks.table import markdown_table
 from tuner.decisions import evidence
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, allowed_launch_spread
-from tuner.decisions.race import LoopOptions, confirm, sequential_race, within_reach
+from tuner.decisions.race import LoopOptions, confirm, race_alpha, sequential_race, within_reach
 from tuner.progress import Progress
 from tuner.search.pruning import should_prune
 from tuner.studyfile.spec import RaceSpec
@@ -98,11 +98,20 @@ def host_draws(
 
 @dataclass(frozen=True)
 class Host:
-    """A simulated race drawn before it runs (``host_draws``), and the allocation it is raced with:
-    ``foresee_cap=False``, the allocation before the cap was foreseen (``previous_rules.never_foresee``)."""
+    """A simulated race drawn before it runs (``host_draws``), and the rules it is raced with:
+    ``foresee_cap=False``, the allocation before the cap was foreseen (``previous_rules.never_foresee``);
+    ``equal_looks=True``, the error level before the cap's share (``previous_rules.equal_looks``)."""
 
     draws: list[list[float]]
     foresee_cap: bool = True
+    equal_looks: bool = False
+
+    def options(self) -> LoopOptions:
+        """The race's loop options for these rules (the product's by default)."""
+        level = previous_rules.equal_looks if self.equal_looks else race_alpha
+        if self.foresee_cap:
+            return LoopOptions(level=level)
+        return LoopOptions(foresee=previous_rules.never_foresee, level=level)
 
 
 def new_race(
@@ -118,7 +127,6 @@ def new_race(
     ``host`` (drawn from ``rng`` when not given, the cap foreseen)."""
     names = [f"c{i}" for i in range(len(mus))]
     index = {n: i for i, n in enumerate(names)}
-    foresee_cap = host.foresee_cap if host is not None else True
     draws = (
         host.draws if host is not None else host_draws(mus, launch_sigma, round_sigma, rng, spec.max_rounds)
     )
@@ -140,7 +148,7 @@ def new_race(
         {n: resources[index[n]] for n in names},
         spec,
         progress=Progress.quiet(),
-        options=LoopOptions() if foresee_cap else LoopOptions(foresee=previous_rules.never_foresee),
+        options=host.options() if host is not None else LoopOptions(),
     )
     assert outcome.speedup is not None, "sequential_race states the winner's speedup over the baseline"
     ratio, launches = outcome.speedup, race_rounds.launches
@@ -242,6 +250,66 @@ def at_cap(new: list[Race], previous: list[Race], mus: list[float]) -> AtCap:
 
 
 @dataclass(frozen=True)
+class CapShare:
+    """The product's race against the same race with the error level before the cap's share (equal shares over
+    the looks: ``previous_rules.equal_looks``) on the same simulated races: the bound stated at the cap (over the
+    races both ran to race.max_rounds), how often each bound held (all races), launches and wrong deployments."""
+
+    races: int
+    at_cap: int  # races both ran to race.max_rounds
+    loss: float | None  # median stated loss bound at the cap, the product's race (fraction)
+    before_loss: float | None  # the same races with equal shares
+    holds: float  # the stated bound is at least the true loss, all races
+    before_holds: float
+    launches: float  # mean per race
+    before_launches: float
+    wrong: float  # deployed >= SLOWER slower than the best, all races
+    before_wrong: float
+    wrong_decided: str  # wrong / decided, "w/d"
+    before_wrong_decided: str
+
+
+def _true_loss(race: Race, mus: list[float]) -> float:
+    return max(mus[:-1]) / mus[race.winner] - 1
+
+
+def cap_share(new: list[Race], before: list[Race], fields: list[list[float]]) -> CapShare:
+    """``new`` and ``before`` raced on the same draws; ``fields[i]``: race i's true rates (baseline last)."""
+
+    def holds(races: list[Race]) -> float:
+        return statistics.fmean(
+            r.loss is not None and _true_loss(r, mus) <= r.loss + 1e-12 for r, mus in zip(races, fields)
+        )
+
+    def wrong(races: list[Race]) -> list[bool]:
+        return [mus[r.winner] <= max(mus[:-1]) * (1 - SLOWER) + 1e-12 for r, mus in zip(races, fields)]
+
+    def decided(races: list[Race]) -> str:
+        bad = wrong(races)
+        return f"{sum(r.decided and b for r, b in zip(races, bad))}/{sum(r.decided for r in races)}"
+
+    capped = [
+        (n.loss, b.loss)
+        for n, b in zip(new, before)
+        if n.capped and b.capped and n.loss is not None and b.loss is not None
+    ]
+    return CapShare(
+        races=len(new),
+        at_cap=len(capped),
+        loss=statistics.median(n for n, _ in capped) if capped else None,
+        before_loss=statistics.median(b for _, b in capped) if capped else None,
+        holds=holds(new),
+        before_holds=holds(before),
+        launches=statistics.fmean(r.launches for r in new),
+        before_launches=statistics.fmean(r.launches for r in before),
+        wrong=statistics.fmean(wrong(new)),
+        before_wrong=statistics.fmean(wrong(before)),
+        wrong_decided=decided(new),
+        before_wrong_decided=decided(before),
+    )
+
+
+@dataclass(frozen=True)
 class RaceCell:
     launch_sigma: float
     round_sigma: float
@@ -250,6 +318,7 @@ class RaceCell:
     new: Side
     old: Side | None  # None when the reference rules were not run
     cap: AtCap | None = None  # the product's race against its previous allocation (None: not run)
+    share: CapShare | None = None  # the product's race against the error level before the cap's share
 
     @property
     def previous(self) -> Side:
@@ -281,11 +350,14 @@ def race_cell(
     """``runs`` races of each procedure on one host and field (the reference skipped with ``previous=None``)."""
     rng = random.Random(seed)
     mus, resources = field_of(gap)
-    new, allocated = [], []
+    new, allocated, before = [], [], []
     for _ in range(runs):
         draws = host_draws(mus, launch_sigma, round_sigma, rng, spec.max_rounds)
         new.append(new_race(mus, resources, launch_sigma, round_sigma, rng, spec, Host(draws)))
         allocated.append(new_race(mus, resources, launch_sigma, round_sigma, rng, spec, Host(draws, False)))
+        before.append(
+            new_race(mus, resources, launch_sigma, round_sigma, rng, spec, Host(draws, equal_looks=True))
+        )
     old = (
         [previous_race(mus, resources, launch_sigma, round_sigma, rng, previous) for _ in range(runs)]
         if previous
@@ -299,6 +371,7 @@ def race_cell(
         side(new, mus),
         side(old, mus) if old else None,
         at_cap(new, allocated, mus),
+        cap_share(new, before, [mus] * runs),
     )
 
 
@@ -390,6 +463,108 @@ def finalist_cell(launch_sigma: float, round_sigma: float, runs: int, seed: int,
     }
 
 
+READINGS_SPAN = 0.25  # the pooled-readings cut's field: 8 configurations up to this share below the best
+READINGS = 3  # launches each configuration was recorded in (a trial and two re-measures)
+
+
+def readings_cell(launch_sigma: float, round_sigma: float, runs: int, seed: int, max_new: int) -> dict:
+    """8 configurations 0-25% below the best, each recorded in ``READINGS`` launches of 3 passes: the finalists
+    when a configuration is judged on its readings together (the product's ``within_reach`` with counts) against
+    every reading judged on its own (``previous_rules.each_reading``): how many, and is the best one of them?"""
+    rng = random.Random(seed)
+    mus = [1.0 - READINGS_SPAN * j / 7 for j in range(8)]
+    new_hits = old_hits = 0
+    new_count = old_count = 0
+    for _ in range(runs):
+        readings = []
+        for mu in mus:
+            launches = []
+            for _ in range(READINGS):
+                effect = rng.gauss(0, launch_sigma)
+                passes = [mu * math.exp(effect + rng.gauss(0, round_sigma)) for _ in range(3)]
+                launches.append(
+                    (math.log(statistics.median(passes)), statistics.stdev(passes) / statistics.fmean(passes))
+                )
+            readings.append(launches)
+        launch = measured_launch_sigma(launch_sigma, rng)
+        pooled = [
+            (
+                statistics.fmean(log for log, _ in r),
+                math.sqrt(statistics.fmean(cv * cv for _, cv in r)),
+                len(r),
+            )
+            for r in readings
+        ]
+        new = within_reach(pooled, launch)[:max_new]
+        old = previous_rules.each_reading(readings, launch)[:max_new]
+        new_hits += 0 in new
+        old_hits += 0 in old
+        new_count += len(new)
+        old_count += len(old)
+    return {
+        "launch_sigma": launch_sigma,
+        "round_sigma": round_sigma,
+        "new": new_hits / runs,
+        "old": old_hits / runs,
+        "new_finalists": new_count / runs,
+        "old_finalists": old_count / runs,
+    }
+
+
+# ------------------------------------------------------------------ the 32B-scale stand-in
+
+# The 32B-scale stand-in: nine finalists within 7% at a 5% launch spread, the baseline far behind; the bar there
+# (STAND_IN_BAR): a median stated loss at the cap of at most 5% within 45 launches, the bound holding in 95%.
+STAND_IN = [1.0 - 0.07 * i / 8 for i in range(9)] + [0.6]
+STAND_IN_LAUNCH = 0.05
+DRAWN_SPAN = 0.10  # a drawn stand-in's eight other finalists lie uniformly within this share below the best
+DEVELOPMENT_SEEDS = range(0, 200)  # the races the cap's share was developed on (the stand-in's field)
+HELD_OUT_SEEDS = range(10_000, 10_200)  # fixed before it was judged: the same field, and drawn fields
+STAND_IN_BAR = {"loss": 0.05, "launches": 45.0, "holds": 0.95}
+
+
+def drawn_stand_in(rng: random.Random) -> list[float]:
+    """A held-out stand-in: the best, eight finalists uniformly within ``DRAWN_SPAN`` below it, the baseline at
+    60%."""
+    return [1.0, *sorted((1 - rng.uniform(0, DRAWN_SPAN) for _ in range(8)), reverse=True), 0.6]
+
+
+def stand_in_cell(name: str, seeds: range, drawn: bool, spec: RaceSpec) -> dict:
+    """The product's race and the same race with equal shares of the error level over its looks, on the same
+    draws, one race per seed: the stand-in's field, or with ``drawn`` a field drawn from each seed."""
+    new, before, fields = [], [], []
+    for seed in seeds:
+        rng = random.Random(seed)
+        mus = drawn_stand_in(rng) if drawn else STAND_IN
+        resources = [(1, 1)] * (len(mus) - 1) + [(1, 0)]
+        draws = host_draws(mus, STAND_IN_LAUNCH, 0.0, rng, spec.max_rounds)
+        new.append(new_race(mus, resources, STAND_IN_LAUNCH, 0.0, rng, spec, Host(draws)))
+        before.append(
+            new_race(mus, resources, STAND_IN_LAUNCH, 0.0, rng, spec, Host(draws, equal_looks=True))
+        )
+        fields.append(mus)
+    return {
+        "name": name,
+        "seeds": f"{seeds.start}-{seeds.stop - 1}",
+        **asdict(cap_share(new, before, fields)),
+    }
+
+
+def stand_in_cells(runs: int, spec: RaceSpec) -> list[dict]:
+    """The stand-in on its development seeds and on the held-out ones (its field, and drawn fields), at most
+    ``runs`` races each."""
+    dev, held = DEVELOPMENT_SEEDS, HELD_OUT_SEEDS
+    dev = range(dev.start, dev.start + min(runs, len(dev)))
+    held = range(held.start, held.start + min(runs, len(held)))
+    return [
+        stand_in_cell("stand-in, development seeds", dev, False, spec),
+        stand_in_cell("stand-in, held-out seeds", held, False, spec),
+        stand_in_cell(
+            f"drawn stand-ins (eight within {DRAWN_SPAN:.0%} of the best), held-out seeds", held, True, spec
+        ),
+    ]
+
+
 # ------------------------------------------------------------------ the section
 
 
@@ -436,6 +611,11 @@ def measure_decisions(
         "pruning": prunes,
         "finalists": cuts,
         "round_budgets": round_budget_cells(runs, seed + 300, spec) if budgets else [],
+        "stand_in": stand_in_cells(runs, spec),
+        "readings": [
+            readings_cell(ls, rs, runs, seed + 400 + i, spec.max_finalists)
+            for i, (ls, rs) in enumerate((ls, rs) for ls in LAUNCH_SPREADS for rs in ROUND_SPREADS)
+        ],
         "verdicts": verdicts(races, prunes, cuts),
     }
 
@@ -458,7 +638,8 @@ def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dic
     product's race must deploy wrongly no more often than the reference race does."""
     at_default = [c for c in races if (c.launch_sigma, c.round_sigma) == DEFAULT_HOST]
     worst, cell = _worst_decided(races)
-    capped = [c.cap for c in races if c.cap is not None and c.cap.races]
+    at_cap_cells = [c.cap for c in races if c.cap is not None and c.cap.races]
+    capped = [c for c in at_cap_cells if c.races >= ENOUGH_DECIDED]  # a median of a few races is not judged
     figures = {
         "holds": min(c.new_holds for c in races),
         "wrong": worst,
@@ -483,9 +664,10 @@ def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dic
             else "no cell has enough decided races"
         )
         + pooled,
-        "cap": f"{len(capped)} cells with races at the cap; launches there, the product's race over the previous "
-        f"allocation: at most {max((_cap_launch_ratio(c) for c in capped), default=1.0):.3f}x; the bound holds "
-        f"there in at least {100 * min((c.holds for c in capped), default=1.0):.1f}% of races",
+        "cap": f"{len(capped)} cells with {ENOUGH_DECIDED}+ races at the cap{_unjudged_caps(races)}; launches "
+        f"there, the product's race over the previous allocation: at most "
+        f"{max((_cap_launch_ratio(c) for c in capped), default=1.0):.3f}x; the bound holds there in at least "
+        f"{100 * min((c.holds for c in capped), default=1.0):.1f}% of races",
         "launches": "deployed >= 3% slower, new / previous: "
         + ", ".join(f"gap {c.gap:.0%}: {c.new.wrong:.1%} / {c.previous.wrong:.1%}" for c in at_default),
     }
@@ -506,6 +688,17 @@ def verdicts(races: list[RaceCell], prunes: list[dict], cuts: list[dict]) -> dic
             met = None  # nothing to judge on: say so rather than "met"
         out[name] = {"figure": figure, "target": TARGETS[name], "met": met, "note": notes.get(name, "")}
     return out
+
+
+def _unjudged_caps(races: list[RaceCell]) -> str:
+    """The cells with races at the cap but fewer than ``ENOUGH_DECIDED``: printed, not judged."""
+    few = [c for c in races if c.cap is not None and 0 < c.cap.races < ENOUGH_DECIDED]
+    return "".join(
+        f"; not judged: launch {c.launch_sigma:.0%}, round {c.round_sigma:.0%}, gap {c.gap:.0%}, {c.cap.races} "
+        f"races at the cap ({100 * (c.cap.loss or 0):.1f}% / {100 * (c.cap.previous_loss or 0):.1f}%)"
+        for c in few
+        if c.cap is not None
+    )
 
 
 def _cap_ratio(cap: AtCap) -> float:
@@ -614,6 +807,78 @@ def _cap_lines(result: dict) -> list[str]:
     ]
 
 
+def _share_row(share: dict) -> tuple[str, ...]:
+    """One row of the cap's share against equal shares: at the cap, held, wrong, decided, launches."""
+
+    def both(new: float | None, old: float | None, spec: str = ".1%") -> str:
+        return "-" if new is None or old is None else f"{new:{spec}} / {old:{spec}}"
+
+    return (
+        f"{share['at_cap']} of {share['races']}",
+        both(share["loss"], share["before_loss"]),
+        both(share["holds"], share["before_holds"]),
+        both(share["wrong"], share["before_wrong"]),
+        f"{share['wrong_decided']} / {share['before_wrong_decided']}",
+        both(share["launches"], share["before_launches"], ".1f"),
+    )
+
+
+SHARE_HEADER = (
+    "races both ran to the cap",
+    "median stated loss at the cap, new / before",
+    "loss bound holds (all races), new / before",
+    "deployed >= 3% slower, new / before",
+    "wrong / decided, new / before",
+    "launches per race, new / before",
+)
+
+
+def _share_lines(result: dict) -> list[str]:
+    """The product's race (half the error level at the cap's look) against the same race with the level in equal
+    shares over its looks (before), on the same simulated races: the grid, then the 32B-scale stand-in."""
+    grid_rows = [
+        (_pct(c["launch_sigma"]), _pct(c["round_sigma"]), _pct(c["gap"]), *_share_row(c["share"]))
+        for c in result["races"]
+        if c.get("share")
+    ]
+    lines = [
+        "The cap's share of the error level: the product's race (half of the 5% at the look at race.max_rounds, the "
+        "rest in equal shares over the looks before it) against the same race with equal shares over every look "
+        "(before, `previous_rules.equal_looks`), on the same simulated races:",
+        "",
+        *markdown_table(("launch spread", "round spread", "gap", *SHARE_HEADER), grid_rows),
+    ]
+    if not result.get("stand_in"):
+        return lines
+    bar = STAND_IN_BAR
+    lines += [
+        "",
+        f"The 32B-scale stand-in (nine finalists from 100% down to 93%, {STAND_IN_LAUNCH:.0%} launch spread, no "
+        "round spread, the baseline at 60%; one race per seed), and drawn stand-ins, the same comparison. The bar "
+        f"(issue 58): the median stated loss at the cap at most {bar['loss']:.0%} within {bar['launches']:.0f} "
+        f"launches, the bound holding in {bar['holds']:.0%} of races:",
+        "",
+        *markdown_table(
+            ("stand-in", "seeds", *SHARE_HEADER, "bar"),
+            (
+                (c["name"], c["seeds"], *_share_row(c), "met" if _stand_in_met(c) else "MISSED")
+                for c in result["stand_in"]
+            ),
+        ),
+    ]
+    return lines
+
+
+def _stand_in_met(cell: dict) -> bool:
+    bar = STAND_IN_BAR
+    return (
+        cell["loss"] is not None
+        and cell["loss"] <= bar["loss"]
+        and cell["launches"] <= bar["launches"]
+        and cell["holds"] >= bar["holds"]
+    )
+
+
 def markdown(result: dict) -> str:
     pct = _pct
     spec = result["spec"]
@@ -630,6 +895,8 @@ def markdown(result: dict) -> str:
         *race_table(result),
         "",
         *_cap_lines(result),
+        "",
+        *_share_lines(result),
         "",
         "Pruning an equal configuration (12 prompts x 3 passes, one launch each; the launch spread as three "
         "sentinels measure it), new / old:",
@@ -655,8 +922,33 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {pct(cut['launch_sigma'])} | {pct(cut['round_sigma'])} | {pct(cut['new'])} / {pct(cut['old'])} |"
         )
+    lines += _readings_lines(result)
     lines += _target_lines(result) + _round_budget_lines(result)
     return "\n".join(lines) + "\n"
+
+
+def _readings_lines(result: dict) -> list[str]:
+    """The finalist cut on a configuration's readings together against each reading on its own."""
+    if not result.get("readings"):
+        return []
+    return [
+        "",
+        f"A configuration recorded in {READINGS} launches (8 configurations 0-{READINGS_SPAN:.0%} below the best): "
+        "judged on its readings together against each reading on its own (the cut before), new / before:",
+        "",
+        *markdown_table(
+            ("launch spread", "round spread", "true best a finalist", "finalists per race"),
+            (
+                (
+                    _pct(c["launch_sigma"]),
+                    _pct(c["round_sigma"]),
+                    f"{_pct(c['new'])} / {_pct(c['old'])}",
+                    f"{c['new_finalists']:.1f} / {c['old_finalists']:.1f}",
+                )
+                for c in result["readings"]
+            ),
+        ),
+    ]
 
 
 def _target_lines(result: dict) -> list[str]:
@@ -670,8 +962,8 @@ def _target_lines(result: dict) -> list[str]:
         "pruned": "equal configuration pruned (against one equal trial) <=",
         "finalist": "true best a finalist >=",
         "launches": "launches per race at the default host, previous over new, at equal or lower error >=",
-        "cap": "median stated loss at the cap, over the previous allocation's on the same races, at equal or "
-        "fewer launches, in every cell <=",
+        "cap": f"median stated loss at the cap, over the previous allocation's on the same races, at equal or "
+        f"fewer launches, in every cell with {ENOUGH_DECIDED}+ races at the cap <=",
     }
     for name, entry in result["verdicts"].items():
         ratio = name in ("launches", "cap")

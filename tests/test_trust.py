@@ -233,6 +233,21 @@ def test_finalists_are_the_leader_and_those_within_reach_on_drift_corrected_rate
     assert [r.number for r in finalists(records, noise_cv=0.05, max_finalists=1)] == [2]
 
 
+def test_a_configuration_measured_in_several_trials_is_a_finalist_on_its_readings_together():
+    base = record(0, 100.0, role="baseline", at=0)
+    sentinels = [
+        record(10 + i, 100.0 * (1.03 if i % 2 else 0.97), role="sentinel", at=10 * i) for i in range(12)
+    ]
+    leader = [record(1, 200.0, k=4, at=5), record(2, 198.0, k=4, at=15), record(3, 202.0, k=4, at=25)]
+    behind = [record(4, 180.0, k=8, at=35), record(5, 176.0, k=8, at=45), record(6, 178.0, k=8, at=55)]
+    # one launch each: trial 4 at 90% of the leader is within reach of a launch spread of about 2%
+    once = finalists([base, *sentinels, leader[0], behind[0]], noise_cv=0.05, max_finalists=5)
+    assert [r.number for r in once] == [1, 4]
+    # three launches of each, each configuration judged on its readings together: 11% below is beyond reach
+    thrice = finalists([base, *sentinels, *leader, *behind], noise_cv=0.05, max_finalists=5)
+    assert [r.number for r in thrice] == [3]  # one finalist per configuration: its best reading's trial
+
+
 # ------------------------------------------------------------------ placement
 
 

@@ -6,9 +6,10 @@ the last. An operator copies the winner to a fleet of fresh launches, so the rac
 launches, not requests, and says how sure it is.
 
 1. **Finalists** (``finalist_selection.finalists``): the leader on drift-corrected rates (tokens/s over the
-   sentinel rate at the trial's time, ``tuner.decisions.drift``) and every trial within reach of
+   sentinel rate at the trial's time, ``tuner.decisions.drift``) and every configuration within reach of
    it: the gap is below z x sqrt(cv_a^2 + cv_b^2 + 2 launch^2), the launch spread from the
-   study's sentinels (``drift.Sentinels.launch_spread``: a conservative prior until three exist). One per
+   study's sentinels (``drift.Sentinels.launch_spread``: a conservative prior until three exist); a configuration
+   measured in several trials judged on its readings together (its mean, each variance over its count). One per
    configuration, the closest first, at most ``race.max_finalists``.
 2. **Rounds** (``sequential.sequential_race``, kept in ``rounds.RaceRounds``): the first ``race.min_rounds``
    rounds launch every finalist and the baseline once each (``tuner.decisions.remeasure``, Williams order); later
@@ -22,8 +23,9 @@ launches, not requests, and says how sure it is.
 3. **The loss bound** (``paired_statistics.PairedStatistics.loss``): how much faster than a finalist the best
    other one may be, the largest one-sided upper bound of the paired per-round log ratios (``evidence.gap``:
    Student's t at the race's pooled degrees of freedom), each at ``race_alpha``: 5% over the comparisons with the
-   unknown best and over the looks (Bonferroni), so the bound of whichever finalist is deployed holds with 95%
-   whenever the race stops (multiple comparisons with the best).
+   unknown best and over the looks (Bonferroni; half of it at the look at the cap, where a race that does not
+   decide states its bound), so the bound of whichever finalist is deployed holds with 95% whenever the race
+   stops (multiple comparisons with the best).
 4. **Decided** (``stop_rules.decide``): from round ``DECISION_ROUNDS`` (5), once some finalist is within
    ``race.loss`` of every other (its loss bound below it, on bounds narrow enough to decide on:
    ``PairedStatistics.decisive``) and may replace the baseline; the resource rule (fewer threads, then the smaller

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import replace
 
 from tuner.decisions import evidence
@@ -27,18 +28,29 @@ def reach_z(trials: int) -> float:
     return max(MIN_REACH_Z, statistics.NormalDist().inv_cdf(1 - evidence.ALPHA / max(trials - 1, 1)))
 
 
-def within_reach(scored: list[tuple[float, float]], launch: float) -> list[int]:
-    """Indexes of (log rate, cv) pairs within reach of the best, closest first: the gap is below
-    ``reach_z(n) * sqrt(cv_best^2 + cv^2 + 2 launch^2)`` (each was measured in one launch of its own)."""
+def within_reach(
+    scored: Sequence[tuple[float, float] | tuple[float, float, int]], launch: float
+) -> list[int]:
+    """Indexes of (log rate, cv[, readings]) entries within reach of the best, closest first.
+
+    An entry is a configuration's recorded readings: the mean log rate of its ``readings`` launches (1 when not
+    given) and their within-launch cv. Its mean varies by ``(cv^2 + launch^2) / readings``, so the gap to the best
+    is within reach below ``reach_z(n) * sqrt(var_best + var)``: ``sqrt(cv_best^2 + cv^2 + 2 launch^2)`` where each
+    was measured in one launch of its own, narrower where the study measured a configuration again. Why: a
+    finalist whose readings lie below the leader's by more than the launch spread explains is not the best (at
+    the cut's level), and a race launch spent on it is one its bound does not need."""
     if not scored:
         return []
-    order = sorted(range(len(scored)), key=lambda i: scored[i][0], reverse=True)
-    top, top_cv = scored[order[0]]
-    reach = reach_z(len(scored))
+    entries = [(entry[0], entry[1], entry[2] if len(entry) > 2 else 1) for entry in scored]
+    order = sorted(range(len(entries)), key=lambda i: entries[i][0], reverse=True)
+    top = entries[order[0]]
+    reach = reach_z(len(entries))
+
+    def variance(entry: tuple[float, float, int]) -> float:
+        return (entry[1] ** 2 + launch**2) / max(entry[2], 1)
+
     return [
-        i
-        for i in order
-        if top - scored[i][0] <= reach * math.sqrt(top_cv**2 + scored[i][1] ** 2 + 2 * launch**2)
+        i for i in order if top[0] - entries[i][0] <= reach * math.sqrt(variance(top) + variance(entries[i]))
     ]
 
 
@@ -54,7 +66,8 @@ def finalists(
     records: list[TrialRecord], noise_cv: float, max_finalists: int, users: int | None = None
 ) -> list[TrialRecord]:
     """The leader on drift-corrected rates and the feasible trials within reach of it, closest first,
-    one per configuration (raw rates when a trial has no sentinel to divide by).
+    one per configuration (raw rates when a trial has no sentinel to divide by): a configuration measured in
+    several trials is judged on its readings together (``within_reach``), its best trial standing for it.
 
     With ``users``, a load class's finalists: on the aggregate tokens/s at that level, over the same sentinel
     rate (drift moves every level of a trial alike), each with the study's noise_cv (a level is one pass)."""
@@ -67,16 +80,30 @@ def finalists(
     corrected = [1.0 if r.role == "baseline" else sentinels.speedup(r) for r in pool]
     known = [speedup for speedup in corrected if speedup]
     rates = known if len(known) == len(corrected) else [recorded_rate(r) for r in pool]
-    scored = [
+    logs = [
         (
             math.log(rate * recorded_rate(r, users) / recorded_rate(r)),
             r.spread.cv if users is None and r.spread and r.spread.cv is not None else noise_cv,
+            r,
         )
         for rate, r in zip(rates, pool)
     ]
+    readings: dict = {}  # per configuration, its recorded readings (log rate, cv, its trial), the best first
+    for reading in sorted(logs, key=lambda entry: -entry[0]):
+        readings.setdefault(reading[2].config, []).append(reading)
+    configurations = list(readings.values())
+    scored = [
+        (
+            statistics.fmean(log for log, _, _ in group),
+            math.sqrt(statistics.fmean(cv * cv for _, cv, _ in group)),
+            len(group),
+        )
+        for group in configurations
+    ]
     chosen: dict = {}  # within reach of the leader, configurations that differ at most in prompt threads: one
     for index in within_reach(scored, sentinels.launch_spread()):  # finalist, the better prompt throughput
-        chosen.setdefault(replace(pool[index].config, threads_batch=None), []).append(pool[index])
+        best_trial = configurations[index][0][2]  # a configuration measured again: its best reading's trial
+        chosen.setdefault(replace(best_trial.config, threads_batch=None), []).append(best_trial)
     return [prompt_pick(group) for group in chosen.values()][:max_finalists]
 
 

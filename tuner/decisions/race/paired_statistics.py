@@ -18,16 +18,27 @@ DECISION_WIDTH = (
 NORMAL = statistics.NormalDist()
 
 
-def race_alpha(spec: RaceSpec, contenders: int) -> float:
-    """The one-sided error of each comparison at each look: ``evidence.ALPHA`` over the comparisons with the
-    (unknown) best finalist (contenders - 1) and over the looks the race may take (Bonferroni, both).
+CAP_SHARE = 0.5  # the share of the race's error level spent at the look at its cap (``race_alpha``)
+
+
+def race_alpha(spec: RaceSpec, contenders: int, done: int | None = None) -> float:
+    """The one-sided error of each comparison at the look after round ``done`` (None: a look before the cap):
+    ``evidence.ALPHA`` over the comparisons with the (unknown) best finalist (contenders - 1, Bonferroni), and over
+    the looks the race may take: ``CAP_SHARE`` of it at the look at race.max_rounds, the rest in equal shares over
+    the looks before it (Bonferroni with unequal shares: they still sum to ``evidence.ALPHA``).
 
     Why the comparisons with the best only: if every bound on the best finalist holds at every look (probability
     >= 95%), a race that says one finalist is faster than every other is right, and every loss bound holds,
     whatever was selected, whichever finalists rested and whenever the race stopped (Hsu's multiple comparisons
-    with the best)."""
+    with the best). Why a larger share at the cap: a race that does not decide stops there and states its loss
+    bound from that look (41-66% of the races at the default host, docs/decisions.md#the-cap-buys-its-bound),
+    so spreading the level evenly over looks that rarely state one widened the bound a deployment carries."""
+    comparisons = max(contenders - 1, 1)
     looks = spec.max_rounds - first_look(spec) + 1
-    return evidence.ALPHA / (max(contenders - 1, 1) * looks)
+    if looks == 1:
+        return evidence.ALPHA / comparisons
+    share = CAP_SHARE if done is not None and done >= spec.max_rounds else (1 - CAP_SHARE) / (looks - 1)
+    return evidence.ALPHA * share / comparisons
 
 
 def first_look(spec: RaceSpec) -> int:
@@ -38,11 +49,13 @@ def first_look(spec: RaceSpec) -> int:
 
 class PairedStatistics:
     """The paired statistics at one look: what the rounds so far show at the race's error level
-    (``race_alpha``): the leader, each pair's gap, each loss bound."""
+    (``race_alpha``): the leader, each pair's gap, each loss bound. ``cap_alpha``: the level at the look at the
+    race's cap, which every forecast of what the race will state or decide there uses (default: ``alpha``)."""
 
-    def __init__(self, race_rounds: RaceRounds, alpha: float):
+    def __init__(self, race_rounds: RaceRounds, alpha: float, cap_alpha: float | None = None):
         self.race_rounds = race_rounds
         self.alpha = alpha
+        self.cap_alpha = alpha if cap_alpha is None else cap_alpha
         self.table = race_rounds.table()
         self.spread = evidence.pooled_spread(self.table)
         self._gaps: dict[tuple[str, str], evidence.Gap] = {}
@@ -89,11 +102,12 @@ class PairedStatistics:
         return 2 / (1 / (own + more) + 1 / (theirs + other_more))
 
     def upper_after(self, name: str, other: str, more: float, other_more: float) -> float:
-        """The bound of ``name`` over ``other`` (``upper``) forecast after ``more`` and ``other_more`` launches, at
-        today's estimate and spread; infinite while the pair has no bound."""
+        """The bound of ``name`` over ``other`` (``upper``) forecast at the race's cap after ``more`` and
+        ``other_more`` launches, at today's estimate and spread and the cap's level; infinite while the pair has no
+        bound."""
         gap = self.gap(name, other)
         worth = self.worth_after(name, other, more, other_more)
-        return gap.mean + gap.half(self.alpha, worth) if worth > 0 else math.inf
+        return gap.mean + gap.half(self.cap_alpha, worth) if worth > 0 else math.inf
 
     def loss(self, name: str) -> float:
         """The loss bound (log): how much faster than ``name`` the best other finalist still racing may be."""

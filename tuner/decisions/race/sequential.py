@@ -24,11 +24,13 @@ from tuner.studyfile.spec import RaceSpec
 class LoopOptions:
     """What a race's loop is told besides its contenders and rules, each with a default: the title its lines
     carry (a load class's race names its users), the clock its time budget reads (a test's own) and the rule
-    that foresees its cap (``allocation.foresee``; a benchmark races its own reference in its place)."""
+    that foresees its cap (``allocation.foresee``) and the error level of each look (``race_alpha``: spec,
+    contenders, rounds done); a benchmark races its own references in their place."""
 
     title: str = "race"
     clock: Callable[[], float] = time.monotonic
     foresee: Callable[[RaceRounds, PairedStatistics, RaceSpec, int], bool] = foresee
+    level: Callable[[RaceSpec, int, int | None], float] = race_alpha
 
 
 def sequential_race(
@@ -52,7 +54,7 @@ def sequential_race(
         rates={n: [] for n in everyone}, candidates=list(everyone), rounds={n: [] for n in everyone}
     )
     first = first_look(spec)
-    alpha = race_alpha(spec, len(everyone))
+    cap_alpha = options.level(spec, len(everyone), spec.max_rounds)
     started = clock()
     deadline = started + 60 * spec.budget_minutes if spec.budget_minutes else math.inf
     look = None
@@ -64,7 +66,7 @@ def sequential_race(
         measured = leave_failed(race_rounds, chosen, launched, baseline, title, round_index)
         add_round(race_rounds, launched, round_index)
         race_rounds.elapsed = clock() - started
-        look = PairedStatistics(race_rounds, alpha)
+        look = PairedStatistics(race_rounds, options.level(spec, len(everyone), round_index + 1), cap_alpha)
         outcome = None
         if round_index + 1 >= first:
             done = round_index + 1
