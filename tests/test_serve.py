@@ -84,7 +84,9 @@ def test_a_request_goes_to_its_type_s_section_else_the_pooled_one_and_a_named_se
 def test_a_chat_request_goes_to_its_chat_suite_s_section_first(tmp_path):
     """The export names a section by its suite: a chat about code was measured as ``chat-code``."""
     preset = write_preset(tmp_path / "p.ini")
-    preset.write_text(preset.read_text() + "\n[demo-chat-code]\n; tuner export: study demo, trial 9 (per-type)\n")
+    preset.write_text(
+        preset.read_text() + "\n[demo-chat-code]\n; tuner export: study demo, trial 9 (per-type)\n"
+    )
     routing = study_routing(preset, "demo")
     chat = {"messages": [{"role": "user", "content": CODE}]}
     assert routing.pick(chat) == ("code", "demo-chat-code")
