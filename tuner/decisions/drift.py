@@ -30,7 +30,6 @@ from tuner.storage.records import TrialRecord
 from tuner.studyfile.spec import SentinelSpec
 
 REFERENCE_ROLES = ("baseline", "sentinel")
-BUSY_REMEASURES = 3  # reference readings, all on a busy host, after which sentinels keep their own schedule
 PRIOR_LAUNCH_SIGMA = (
     0.05  # launch-to-launch spread assumed until three reference runs of a worker measured it
 )
@@ -252,19 +251,13 @@ def chi2_quantile(p: float, df: int) -> float:
 
 
 def sentinel_due(records: list[TrialRecord], worker: str, spec: SentinelSpec, now: float) -> bool:
-    """Whether this worker should re-measure the baseline before its next trial: every ``every_trials`` trials
-    or ``every_minutes``, and after each trial while every reference reading it has ran on a busy host (at most
-    ``BUSY_REMEASURES`` of them): until a quiet one exists, every speedup divides by a disturbed reading (a
-    10-trial study beside two CPU hogs divided its first five trials by a baseline read at 19% of its quiet rate)."""
+    """Whether this worker should re-measure the baseline before its next trial."""
     mine = [(r, r.ended_at) for r in records if r.worker == worker and r.ended_at is not None]
-    references = [(r, ended) for r, ended in mine if r.role in REFERENCE_ROLES and r.complete]
+    references = [ended for r, ended in mine if r.role in REFERENCE_ROLES and r.complete]
     if not references:
         return False  # no baseline measured here yet: the baseline comes first anyway
-    last = max(ended for _, ended in references)
+    last = max(references)
     since = [r for r, ended in mine if r.role not in REFERENCE_ROLES and ended > last]
     if len(since) >= spec.every_trials:
-        return True
-    all_busy = all(r.host and host_was_busy(r.host) for r, _ in references)
-    if since and all_busy and len(references) <= BUSY_REMEASURES:
         return True
     return bool(since) and spec.every_minutes is not None and now - last >= 60 * spec.every_minutes
