@@ -406,3 +406,13 @@ def test_the_openai_client_through_the_exported_proxy_lands_each_type_on_its_sec
     router_log = (tmp_path / "synth.router.log").read_text(errors="replace")
     proxied = re.findall(r"proxying request to model (\S+) on port", router_log)
     assert sorted(proxied) == ["synth"] * 4 + ["synth-code"] * 4, proxied
+
+
+def test_the_proxy_s_process_imports_neither_pandas_nor_optuna():
+    """A full collection over their objects (50-70 ms) stalled every stream in flight: it was the proxy's p99."""
+    import subprocess
+    import sys
+
+    probe = "import sys, tuner.commands.serve; print(sorted({'pandas', 'optuna'} & set(sys.modules)))"
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "[]", found.stdout + found.stderr
