@@ -113,7 +113,7 @@ def write_study(folder: Path, storage: str, name: str = "t", **fields) -> Path:
         "budget": {"trials": 4},
         "storage": storage,
         "sampler": {"name": "tpe", "seed": 1, "prune": False},
-        "sentinel": {"every_trials": 1000},
+        "sentinel": {"every_trials": 1000, "after_busy": 0},  # no reference trials: counts stay the budget's
         "llama_cpp": {"bin_dir": "bin"},
         **fields,
     }

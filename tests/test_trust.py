@@ -10,6 +10,7 @@ import json
 import os
 import re
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -210,6 +211,30 @@ def test_a_sentinel_is_due_after_every_n_trials_or_m_minutes_of_this_worker():
     assert sentinel_due(base + [record(1, 90.0, at=5), record(2, 90.0, at=8)], "h:1", spec, now=10)
     assert sentinel_due(base + [record(1, 90.0, at=5)], "h:1", spec, now=601)  # ten minutes on
     assert not sentinel_due(base + [record(1, 90.0, at=5), record(2, 90.0, at=8)], "other:2", spec, now=10)
+
+
+def test_a_sentinel_is_due_after_each_trial_while_every_reference_ran_on_a_busy_host_at_most_three_times():
+    """Until a quiet reference exists every speedup divides by a disturbed one: re-measure at once, not after
+    ``every_trials``; a host busy for good gets ``sentinel.after_busy`` tries (3), then the usual schedule; a study
+    that sets it to 0 keeps its own schedule."""
+    spec = SentinelSpec(every_trials=5, every_minutes=None)
+    busy = {"busy_processes": {"all others": 2.0, "sh[1]": 1.0}}
+
+    def reference(number: int, at: float, host: dict | None, role: str = "sentinel") -> TrialRecord:
+        return replace(record(number, 25.0, role=role, at=at), host=host)
+
+    base = [reference(0, 0, busy, role="baseline")]
+    assert not sentinel_due(base, "h:1", spec, now=10)  # nothing measured since: the next trial first
+    assert sentinel_due(base + [record(1, 200.0, at=5)], "h:1", spec, now=10)
+    quiet_after = base + [record(1, 200.0, at=5), reference(2, 8, None), record(3, 200.0, at=10)]
+    assert not sentinel_due(quiet_after, "h:1", spec, now=12)  # a quiet one exists: every five trials again
+    busy_for_good = base + [record(1, 200.0, at=5), reference(2, 8, busy), record(3, 200.0, at=10)]
+    assert sentinel_due(busy_for_good, "h:1", spec, now=12)
+    busy_for_good += [reference(4, 14, busy), record(5, 200.0, at=16), reference(6, 18, busy)]
+    assert not sentinel_due(
+        busy_for_good + [record(7, 200.0, at=20)], "h:1", spec, now=22
+    )  # three busy: done
+    assert not sentinel_due(base + [record(1, 200.0, at=5)], "h:1", replace(spec, after_busy=0), now=10)
 
 
 # ------------------------------------------------------------------ the race

@@ -251,13 +251,19 @@ def chi2_quantile(p: float, df: int) -> float:
 
 
 def sentinel_due(records: list[TrialRecord], worker: str, spec: SentinelSpec, now: float) -> bool:
-    """Whether this worker should re-measure the baseline before its next trial."""
+    """Whether this worker should re-measure the baseline before its next trial: every ``every_trials`` trials
+    or ``every_minutes``, and after each trial while every reference reading it has ran on a busy host (at most
+    ``after_busy`` such readings): until a quiet one exists, every speedup divides by a disturbed reading (a
+    10-trial study beside two CPU hogs divided its first five trials by a baseline read at 19% of its quiet rate)."""
     mine = [(r, r.ended_at) for r in records if r.worker == worker and r.ended_at is not None]
-    references = [ended for r, ended in mine if r.role in REFERENCE_ROLES and r.complete]
+    references = [(r, ended) for r, ended in mine if r.role in REFERENCE_ROLES and r.complete]
     if not references:
         return False  # no baseline measured here yet: the baseline comes first anyway
-    last = max(references)
+    last = max(ended for _, ended in references)
     since = [r for r, ended in mine if r.role not in REFERENCE_ROLES and ended > last]
     if len(since) >= spec.every_trials:
+        return True
+    all_busy = all(r.host and host_was_busy(r.host) for r, _ in references)
+    if since and all_busy and len(references) <= spec.after_busy:
         return True
     return bool(since) and spec.every_minutes is not None and now - last >= 60 * spec.every_minutes

@@ -96,6 +96,9 @@ class SentinelSpec:
 
     every_trials: int = 5  # a sentinel after this many measured trials...
     every_minutes: float | None = 15.0  # ...or this long since the last one, whichever comes first
+    after_busy: int = (
+        3  # while every reference reading ran on a busy host: one after each trial, this many at most
+    )
 
 
 @dataclass(frozen=True)
@@ -529,6 +532,7 @@ def _sentinel_section(se: Fields) -> SentinelSpec:
     sentinel = SentinelSpec(
         every_trials=se.int("every_trials", 5, minimum=1),
         every_minutes=se.number("every_minutes", 15.0, minimum=0.1),
+        after_busy=se.int("after_busy", 3, minimum=0),
     )
     se.done()
     return sentinel
