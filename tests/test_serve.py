@@ -138,6 +138,7 @@ class FakeUpstream:
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, bytes]] = []  # method, path with query, body
+        self.cookies: list[str] = []  # each request's Cookie header ("" without one)
         self.release = asyncio.Event()  # the streamed answer's last event waits for it
         self.gone = asyncio.Event()  # a slow stream's handler ended early: its client went away
 
@@ -151,8 +152,10 @@ class FakeUpstream:
     async def answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         self.seen.append((request.method, request.raw_path, body))
+        self.cookies.append(request.headers.get("Cookie", ""))
         if request.path == "/v1/models":
-            return web.json_response({"data": [{"id": "demo"}]}, headers={"X-Upstream": "yes"})
+            headers = {"X-Upstream": "yes", "Set-Cookie": "session=first-client; Path=/"}
+            return web.json_response({"data": [{"id": "demo"}]}, headers=headers)
         parsed = json.loads(body) if request.path.startswith(("/v1/", "/completion")) else {}
         if not parsed.get("stream"):
             timings = {"predicted_n": 10, "predicted_ms": 100.0}
@@ -207,14 +210,16 @@ async def serving(app: web.Application, port: int) -> web.AppRunner:
 Check = Callable[[aiohttp.ClientSession, str, FakeUpstream, list[str], Proxy], Awaitable[None]]
 
 
-def through_proxy(tmp_path: Path, check: Check, upstream_up: bool = True) -> None:
+def through_proxy(
+    tmp_path: Path, check: Check, upstream_up: bool = True, upstream_host: str = "127.0.0.1"
+) -> None:
     """Run ``check(client, proxy_url, fake, log_lines, proxy)`` with the proxy in front of the fake upstream."""
 
     async def scenario() -> None:
         fake, lines = FakeUpstream(), []
         upstream_port, proxy_port = free_port(), free_port()
         routing = study_routing(write_preset(tmp_path / "p.ini"), "demo")
-        proxy = Proxy(routing, f"http://127.0.0.1:{upstream_port}", lines.append)
+        proxy = Proxy(routing, f"http://{upstream_host}:{upstream_port}", lines.append)
         upstream = await serving(fake.app(), upstream_port) if upstream_up else None
         ready = asyncio.Event()
         task = asyncio.create_task(run_proxy(proxy, "127.0.0.1", proxy_port, lambda _url: ready.set()))
@@ -265,6 +270,21 @@ def test_other_paths_and_bodies_pass_through_unchanged(tmp_path):
         assert lines[0].startswith("GET /v1/models 200 ") and "type=" not in lines[0]
 
     through_proxy(tmp_path, check)
+
+
+def test_a_cookie_the_upstream_sets_reaches_its_client_and_no_other_request(tmp_path):
+    """The proxy's one upstream session is shared by every client: it must keep no cookie jar of its own (aiohttp's
+    default jar keeps a named host's cookies, not an IP address's: the upstream is named here)."""
+
+    async def check(client, url, fake, lines, proxy):
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as first:
+            async with first.get(url + "/v1/models") as answer:
+                assert answer.headers["Set-Cookie"].startswith("session=first-client")
+        async with client.post(url + "/tokenize", data=b"x") as answer:
+            assert answer.status == 200
+        assert fake.cookies == ["", ""]
+
+    through_proxy(tmp_path, check, upstream_host="localhost")
 
 
 def test_a_stream_passes_chunk_by_chunk_and_its_counts_are_read(tmp_path):

@@ -99,6 +99,7 @@ class Proxy:
             connector=aiohttp.TCPConnector(limit=0),  # no pool cap: every client's stream at once
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
             auto_decompress=False,  # bytes pass as the router sent them
+            cookie_jar=aiohttp.DummyCookieJar(),  # one client's cookies are never sent with another's requests
         )
 
     async def _close(self, _app: web.Application) -> None:
