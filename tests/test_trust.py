@@ -18,7 +18,7 @@ import pytest
 from fake_llama_server import write_study
 
 from benchmarks.replay import replay_record
-from tuner.decisions.drift import Sentinels, sentinel_due
+from tuner.decisions.drift import Sentinels, busy_of, sentinel_due
 from tuner.decisions.race import finalists, race_study, verdict_lines
 from tuner.knobs.config import TrialConfig
 from tuner.machine.placement import contradiction, evict, parse_numa_maps, resident_fraction
@@ -177,6 +177,44 @@ def test_a_baseline_launch_on_a_busy_host_is_launched_again_at_once_and_the_head
     assert (
         f"first reading, {set_aside['tokens_per_second']:.1f} tokens/s, ran on a busy host (host busy: hog[7])"
         in header
+    )
+
+
+def test_a_baseline_busy_in_both_launches_is_re_measured_after_the_next_trial_whose_line_says_so(
+    tmp_path, env, monkeypatch
+):
+    """Both baseline launches read busy, every later one quiet: the trial after it says its speedup divides by a
+    busy reading, a sentinel follows it at once (not after ``every_trials``), and the trial after that divides by
+    the quiet sentinel."""
+    from fake_llama_server import run_study_file
+
+    import tuner.measurement.measured_launch as launches
+    from tuner.run.trial_measurement import describe_trial
+    from tuner.storage import store
+
+    calls: list[float] = []
+
+    def baseline_busy(before, after, wall_s, ours):
+        calls.append(wall_s)
+        return {"hog[7]": 1.5, "all others": 1.5} if len(calls) <= 2 else {"all others": 0.0}
+
+    monkeypatch.setattr(launches, "busy_processes", baseline_busy)
+    path = write_study(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'studies.db'}",
+        budget={"trials": 3},
+        sentinel={"every_trials": 1000},
+    )
+    study, _ = run_study_file(path, 3)
+    records = store.read_trials(study)
+    roles = [r.role for r in records]
+    assert roles[0] == "baseline" and roles[2] == "sentinel" and roles.count("sentinel") == 1, roles
+    first, sentinel, later = records[1], records[2], records[3]
+    assert "against a baseline read on a busy host, host busy: hog[7]" in describe_trial(first)
+    assert sentinel.role == "sentinel" and not busy_of(sentinel)
+    assert "against a baseline" not in describe_trial(later)
+    assert later.metrics.speedup == pytest.approx(
+        later.metrics.tokens_per_second / sentinel.metrics.tokens_per_second
     )
 
 

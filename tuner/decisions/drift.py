@@ -173,6 +173,12 @@ class Sentinels:
             > noise
         )
 
+    def busy_reference(self, worker: str) -> str:
+        """``host busy: ...`` of the worker's latest reference reading while every one of them ran on a busy host
+        (a speedup divided now divides by a disturbed reading), else ""."""
+        series = self.points.get(worker) or []
+        return series[-1].busy if series and all(p.busy for p in series) else ""
+
     def disturbed_baseline(self, worker: str) -> DisturbedBaseline | None:
         """The worker's baseline reading when its sentinels contradicted it (``_disturbed``), else None."""
         return self.disturbed.get(worker)

@@ -250,6 +250,7 @@ class TrialMeasurement:
             numa_pages={Path(f).name: n for f, n in served.pages.items()},
             smaps_kib=served.memory,
             unpinned=served.unpinned,
+            reference_busy=refs.reference_busy,
             placement_problem=contradiction(
                 config.numa, config.numa_node, served.pages, len(ctx.launch.topology.nodes)
             ),
@@ -356,8 +357,11 @@ def describe_trial(record: TrialRecord) -> str:
             flag += f" (launched again: {first['tokens_per_second']:.1f} t/s with {first['busy']})"
         if record.host and record.host.get("unpinned"):
             flag += f" (not pinned as asked: {record.host['unpinned']})"
+        against = ""
+        if record.host and record.host.get("reference_busy"):
+            against = f" (against a baseline read on a busy host, {record.host['reference_busy']})"
         return (
-            f"{metrics.tokens_per_second:.1f} t/s{flag}, x{metrics.speedup:.2f}, "
+            f"{metrics.tokens_per_second:.1f} t/s{flag}, x{metrics.speedup:.2f}{against}, "
             f"acceptance {metrics.acceptance:.2f}, quality {metrics.quality:.3f} | {knobs}"
         )
     failure = record.failure or Failure("error", "")

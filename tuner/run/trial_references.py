@@ -38,6 +38,9 @@ class References:
     incumbent: TrialRecord | None = None  # None: not pruned
     against: list[dict] = field(default_factory=list)  # the incumbent's samples, drift-corrected
     launch_sigma: float = 0.0  # the spread this host's sentinels show between launches
+    reference_busy: str = (
+        ""  # ``host busy: ...`` while every reference reading of this worker ran on a busy host
+    )
 
     def beaten(self, samples: list[Sample], role: str, planned: int) -> str | None:
         """Why the trial so far cannot beat the incumbent (None: it goes on, or there is none to prune on)."""
@@ -56,17 +59,18 @@ def read_references(ctx: StudyContext, study: optuna.Study, record: TrialRecord)
     reference = None if record.role == "baseline" else store.read_reference(study)
     records = store.read_trials(study)
     sentinels = Sentinels(records, ctx.settings.noise_cv)
-    rate = None
+    rate, busy = None, ""
     if not own:
         rate = sentinels.rate_at(worker_id(), time.time()) or (
             reference.tokens_per_second if reference else None
         )
+        busy = sentinels.busy_reference(worker_id())
     objectives = [o.metric for o in ctx.spec.objectives]
     if not (ctx.spec.prune and may_prune(record.role, record.search.get("stage")) and prunes_on(objectives)):
-        return References(reference, rate)
+        return References(reference, rate, reference_busy=busy)
     incumbent = store.best_of(records)
     if incumbent is None:
-        return References(reference, rate)
+        return References(reference, rate, reference_busy=busy)
     # the incumbent ran in another launch: allow the spread this host's sentinels show between launches
     return References(
         reference,
@@ -74,6 +78,7 @@ def read_references(ctx: StudyContext, study: optuna.Study, record: TrialRecord)
         incumbent,
         drift_corrected(incumbent, sentinels),
         sentinels.launch_spread(worker_id()),
+        busy,
     )
 
 
