@@ -11,8 +11,11 @@ it in all, so each load names both: the clients at once and the tokens/s the ups
 (6,400 tokens/s, the proxy's ceiling, no CPU router's load). Direct and proxied rounds alternate at each
 load, in one run, the clients' first requests spread evenly over one answer's time (users arrive apart); each
 request's time to its last byte (and to its first) is recorded, and the added latency
-is the proxied percentile less the direct one (p50, p99), with their ratio. The proxy runs in its own
-process as ``tuner serve`` does, writing its access lines to a file.
+is the proxied percentile less the direct one (p50, p99), with their ratio. The requests of one round share its
+conditions (the clients run together), so a run holds about as many independent readings of the added p50 as it
+has rounds: each round pair's own added p50 (proxied less direct, the two rounds next to each other) is reported
+too, their median and range, which is the figure's spread within the run. The proxy runs in its own process as
+``tuner serve`` does, writing its access lines to a file.
 
 The accuracy half classifies each built-in suite's held-out prompts (``measurement/workload.split``: the last
 third, not the tuning prompts) the way the proxy does (``output/serve_routing``: a raw prompt as a completion's
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import socket
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -59,6 +63,7 @@ class Latency:
     proxied_p50: float
     proxied_p99: float
     first_byte_added_p50: float
+    round_added_p50: tuple[float, ...]  # each round pair's proxied p50 less its direct p50
 
     @property
     def added_p50(self) -> float:
@@ -111,6 +116,9 @@ def _wait_listening(port: int, timeout_s: float = 30.0) -> None:
 # ------------------------------------------------------------------ the clients
 
 
+Times = dict[str, list[list[tuple[float, float]]]]  # side -> round -> (to first byte, to last byte), seconds
+
+
 async def _client(
     session: aiohttp.ClientSession, url: str, requests: int, out: list[tuple[float, float]], delay_s: float
 ) -> None:
@@ -127,17 +135,18 @@ async def _client(
 
 async def _rounds(
     urls: dict[str, str], clients: int, requests: int, rounds: int, spread_s: float = 0.0
-) -> dict[str, list]:
+) -> Times:
     """Direct and proxied rounds alternating: each round ``clients`` streams at once, ``requests`` each, the
     clients' first requests spread evenly over ``spread_s`` (users arrive apart, not in the same millisecond)."""
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in urls}
+    times: Times = {name: [] for name in urls}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for index in range(rounds):
             order = list(urls) if index % 2 == 0 else list(reversed(urls))
             for name in order:
+                times[name].append([])
                 await asyncio.gather(
                     *(
-                        _client(session, urls[name], requests, times[name], spread_s * i / clients)
+                        _client(session, urls[name], requests, times[name][-1], spread_s * i / clients)
                         for i in range(clients)
                     )
                 )
@@ -149,9 +158,14 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000.0
 
 
-def _latency(clients: int, rate: float, times: dict[str, list[tuple[float, float]]]) -> Latency:
-    total = {name: [t for _, t in values] for name, values in times.items()}
-    first = {name: [f for f, _ in values] for name, values in times.items()}
+def _latency(clients: int, rate: float, times: Times) -> Latency:
+    total = {name: [t for one in rounds for _, t in one] for name, rounds in times.items()}
+    first = {name: [f for one in rounds for f, _ in one] for name, rounds in times.items()}
+    pairs = zip(times["direct"], times["proxied"])
+    round_added = tuple(
+        _percentile([t for _, t in proxied], 0.5) - _percentile([t for _, t in direct], 0.5)
+        for direct, proxied in pairs
+    )
     return Latency(
         clients,
         rate,
@@ -161,6 +175,7 @@ def _latency(clients: int, rate: float, times: dict[str, list[tuple[float, float
         _percentile(total["proxied"], 0.5),
         _percentile(total["proxied"], 0.99),
         _percentile(first["proxied"], 0.5) - _percentile(first["direct"], 0.5),
+        round_added,
     )
 
 
@@ -239,16 +254,20 @@ def benchmark(rounds: int = 6, requests: int = 2) -> ServeBench:
     return ServeBench(measure_latency(rounds, requests), measure_accuracy())
 
 
+def _by_round(added: tuple[float, ...]) -> str:
+    return f"{statistics.median(added):.2f} [{min(added):.2f}, {max(added):.2f}] ({len(added)} rounds)"
+
+
 def markdown(found: ServeBench) -> str:
     rows = [
         "| clients | tokens/s in all | requests | direct p50 ms | proxied p50 ms | added p50 ms | ratio p50 | direct p99 ms | "
-        "proxied p99 ms | added p99 ms | ratio p99 | added to first byte p50 ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "proxied p99 ms | added p99 ms | ratio p99 | added to first byte p50 ms | added p50 by round: median [range] |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rows += [
         f"| {x.clients} | {x.tokens_per_second:g} | {x.requests} | {x.direct_p50:.2f} | {x.proxied_p50:.2f} | {x.added_p50:.2f} | "
         f"x{x.proxied_p50 / x.direct_p50:.3f} | {x.direct_p99:.2f} | {x.proxied_p99:.2f} | {x.added_p99:.2f} | "
-        f"x{x.proxied_p99 / x.direct_p99:.3f} | {x.first_byte_added_p50:.2f} |"
+        f"x{x.proxied_p99 / x.direct_p99:.3f} | {x.first_byte_added_p50:.2f} | {_by_round(x.round_added_p50)} |"
         for x in found.latency
     ]
     correct = sum(c for c, _ in found.accuracy.values())
@@ -257,7 +276,9 @@ def markdown(found: ServeBench) -> str:
         "",
         f"Each request streams {EVENTS} SSE events from a fake, fast upstream (the proxy's own overhead; a real "
         "router's decode adds the same time to both sides), the events of all clients together at the tokens/s "
-        "shown; direct and proxied rounds alternate. The last row is the proxy's ceiling, not a CPU router's load.",
+        "shown; direct and proxied rounds alternate. The last row is the proxy's ceiling, not a CPU router's load. "
+        "The last column is each pair of neighbouring rounds' own added p50 (proxied less direct): a round's requests "
+        "share its conditions, so these, not the requests, are the run's independent readings.",
         "",
         f"Classifier (`tuner.decisions.route.request_type`) on the built-in suites' held-out prompts: "
         f"{correct} of {total} ({100.0 * correct / max(total, 1):.0f}%): "
