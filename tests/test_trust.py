@@ -167,8 +167,10 @@ def test_a_baseline_launch_on_a_busy_host_is_launched_again_at_once_and_the_head
     assert baseline.role == "baseline" and after.role != "sentinel" and after.number == 1
     (set_aside,) = baseline.host["busy_readings"]
     assert set_aside["busy"] == "host busy: hog[7]" and len(calls) == 3  # the baseline twice, then trial 1
-    assert "(launched again: " in describe_trial(baseline) and "with host busy: hog[7])" in describe_trial(
-        baseline
+    line = describe_trial(baseline)
+    assert (
+        f"(its first launch, {set_aside['tokens_per_second']:.1f} t/s with host busy: hog[7], set aside)"
+        in line
     )
     data = report_data(study, record)
     assert data.disturbed_baseline is not None and data.disturbed_baseline.busy == "host busy: hog[7]"

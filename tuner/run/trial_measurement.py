@@ -354,7 +354,9 @@ def describe_trial(record: TrialRecord) -> str:
             flag += f" ({busy_text(record.host['busy_processes'])})"
         if record.host and record.host.get("busy_readings"):
             first = record.host["busy_readings"][0]
-            flag += f" (launched again: {first['tokens_per_second']:.1f} t/s with {first['busy']})"
+            flag += (
+                f" (its first launch, {first['tokens_per_second']:.1f} t/s with {first['busy']}, set aside)"
+            )
         if record.host and record.host.get("unpinned"):
             flag += f" (not pinned as asked: {record.host['unpinned']})"
         against = ""
