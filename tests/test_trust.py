@@ -589,7 +589,12 @@ def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path,
     assert any(line.startswith("verdict: ") for line in printed)
     winner = next(line for line in printed if line.startswith("winner: trial"))
     assert "confirmation rounds" in winner or "the baseline configuration is deployed" in winner
-    assert all(r.host.get("busy_processes") is not None for r in records if r.complete)
+    # a pruned trial keeps what the host did while it was measured, and its line says when that was busy
+    assert all(r.host.get("busy_processes") is not None for r in records if r.complete or r.state == "PRUNED")
+    from tuner.machine.host import host_was_busy
+    from tuner.run.trial_measurement import describe_trial
+
+    assert ("(host busy: " in describe_trial(small)) == host_was_busy(small.host)
 
 
 @pytest.mark.llama

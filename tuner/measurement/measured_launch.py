@@ -34,6 +34,14 @@ T = TypeVar("T")
 REMEMBERING_LOOKUP_RULE = "a launch per pass"
 
 
+class StoppedEarly(Exception):
+    """A request hook's way to end a launch before its workload did (a trial that cannot beat the incumbent);
+    the launch sets ``busy`` (what other processes took meanwhile, as ``MeasuredLaunch.busy``) before it passes
+    on, so a decision made on a busy host can say so."""
+
+    busy: dict[str, float] = {}
+
+
 @dataclass(frozen=True)
 class ServerLaunch:
     """What is launched: a pinned ``argv``, its log file, ``timeout_s`` for each request (and for readiness
@@ -128,7 +136,13 @@ def _launch_once(
         assert pid is not None  # the server is up inside the block
         if on_running:
             on_running(server.port)
-        samples, levels = _serve(server, requests) if requests else ([], [])
+        try:
+            samples, levels = _serve(server, requests) if requests else ([], [])
+        except StoppedEarly as stopped:
+            stopped.busy = busy_processes(
+                before, cpu_seconds_by_process(), time.monotonic() - started, {os.getpid(), pid}
+            )
+            raise
         unpinned = pinning_problem(asked_cpus(argv), read_thread_cpus(pid), compute_threads(argv))
         measured = time.monotonic()
         extra = then(server) if then else None
@@ -173,28 +187,28 @@ def _launch_per_pass(
         if repetition and not another_pass(samples, repetition, cap, settings):
             break
         first = not launched
-        one = _launch_once(
-            replace(launch, log_path=_pass_log(launch.log_path, repetition)),
-            replace(
-                requests,
-                settings=one_pass,
-                levels=requests.levels if first else (),
-                after_request=_numbered_hook(requests, samples, repetition, cap),
-            ),
-            then if first else None,
-            on_running,
-        )
+        try:
+            one = _launch_once(
+                replace(launch, log_path=_pass_log(launch.log_path, repetition)),
+                replace(
+                    requests,
+                    settings=one_pass,
+                    levels=requests.levels if first else (),
+                    after_request=_numbered_hook(requests, samples, repetition, cap),
+                ),
+                then if first else None,
+                on_running,
+            )
+        except StoppedEarly as stopped:
+            stopped.busy = _most_busy([one.busy for one in launched] + [stopped.busy])
+            raise
         samples = samples + _numbered(one.samples, repetition)
         launched.append(one)
-    busy: dict[str, float] = {}
-    for one in launched:
-        for name, cores in one.busy.items():
-            busy[name] = max(busy.get(name, 0.0), cores)
     head, last = launched[0], launched[-1]
     return replace(
         head,
         samples=samples,
-        busy=busy,
+        busy=_most_busy([one.busy for one in launched]),
         spec_problem=next((one.spec_problem for one in launched if one.spec_problem), None),
         unpinned=next((one.unpinned for one in launched if one.unpinned), None),
         log_tail=last.log_tail,
@@ -202,6 +216,15 @@ def _launch_per_pass(
         measure_s=sum(one.measure_s for one in launched),
         stop_s=sum(one.stop_s for one in launched),
     )
+
+
+def _most_busy(readings: list[dict[str, float]]) -> dict[str, float]:
+    """Several launches' ``busy`` as one: each name's most."""
+    busy: dict[str, float] = {}
+    for reading in readings:
+        for name, cores in reading.items():
+            busy[name] = max(busy.get(name, 0.0), cores)
+    return busy
 
 
 def _pass_log(log_path: Path, repetition: int) -> Path:

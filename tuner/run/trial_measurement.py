@@ -25,7 +25,13 @@ from tuner.measurement import quality as quality_scorers
 from tuner.measurement.failures import FailureReason, TrialFailure
 from tuner.measurement.launch import build_server_command
 from tuner.measurement.measure import Sample, Scores, outputs_by_prompt, score_trial, summarize
-from tuner.measurement.measured_launch import MeasuredLaunch, Requests, ServerLaunch, measured_launch
+from tuner.measurement.measured_launch import (
+    MeasuredLaunch,
+    Requests,
+    ServerLaunch,
+    StoppedEarly,
+    measured_launch,
+)
 from tuner.measurement.quality import ScorerFigures, repeated_output
 from tuner.measurement.server_process import read_log_tail
 from tuner.prepare import StudyContext
@@ -54,8 +60,8 @@ class Interrupted(KeyboardInterrupt):
         self.record = record
 
 
-class Pruned(Exception):
-    """The incumbent cannot be beaten: the samples so far and why."""
+class Pruned(StoppedEarly):
+    """The incumbent cannot be beaten: the samples so far and why (and the host's state meanwhile: ``busy``)."""
 
     def __init__(self, samples: list[Sample], reason: str):
         super().__init__(reason)
@@ -338,6 +344,7 @@ def _pruned(record: TrialRecord, pruned: Pruned, ctx: StudyContext, log_path: Pa
         accepted=scores.accepted,
         samples=tuple(sample_record(s) for s in pruned.samples),
         log_tail=read_log_tail(log_path, LOG_TAIL_LINES),
+        host=trial_host_state(ctx.launch.topology, pruned.busy),
     )
 
 
@@ -345,7 +352,12 @@ def describe_trial(record: TrialRecord) -> str:
     knobs = " ".join(f"{k}={v}" for k, v in record.config.as_dict().items())
     if record.state == "PRUNED":
         assert record.metrics is not None  # a pruned record has the figures measured before it stopped
-        return f"PRUNED at {record.metrics.tokens_per_second:.1f} t/s ({record.pruned}) | {knobs}"
+        busy = (
+            f" ({busy_text(record.host['busy_processes'])})"
+            if record.host and host_was_busy(record.host)
+            else ""
+        )
+        return f"PRUNED at {record.metrics.tokens_per_second:.1f} t/s{busy} ({record.pruned}) | {knobs}"
     if record.complete:
         metrics = record.metrics
         assert metrics is not None  # complete means measured
