@@ -21,6 +21,7 @@ from benchmarks.replay import replay_record
 from tuner.decisions.drift import Sentinels, busy_of, sentinel_due
 from tuner.decisions.race import finalists, race_study, verdict_lines
 from tuner.knobs.config import TrialConfig
+from tuner.machine.host import host_was_busy
 from tuner.machine.placement import contradiction, evict, parse_numa_maps, resident_fraction
 from tuner.machine.roofline import Bandwidth, Roofline, impossible
 from tuner.measurement.measure import MeasurementSettings, check_timing
@@ -458,6 +459,54 @@ def test_tpe_goes_on_after_a_pruned_trial_in_a_study_of_several_objectives(tmp_p
     states = [t.state for t in study.trials]
     assert states[2] == optuna.trial.TrialState.PRUNED and study.trials[2].intermediate_values == {}
     assert len(states) == 8 and all(s.is_finished() for s in states)  # TPE proposed the rest
+
+
+def test_a_trial_pruned_on_a_busy_host_is_launched_again_at_once_and_its_line_says_so(
+    tmp_path, env, monkeypatch
+):
+    """A pruning decision read on a busy host compares a disturbed rate with a quiet incumbent: the trial launches
+    again at once (once), keeps the busy launch's reading beside it and says so; pruned on a quiet host, it is not
+    launched again."""
+    import tuner.measurement.measured_launch as launches
+    from tuner.run.trial_measurement import describe_trial
+
+    def run(busy_call: int) -> tuple[TrialRecord, int]:
+        calls: list[float] = []
+
+        def third_busy(before, after, wall_s, ours):
+            calls.append(wall_s)
+            return {"hog[7]": 1.5, "all others": 1.5} if len(calls) == busy_call else {"all others": 0.0}
+
+        monkeypatch.setattr(launches, "busy_processes", third_busy)
+        folder = tmp_path / str(busy_call)
+        path = write_study(
+            folder,
+            f"sqlite:///{folder / 's.db'}",
+            search_space={
+                "overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4], "threads": [1, 2]}
+            },
+            budget={"trials": 3},
+            measurement={"warmup": 0, "repetitions": 3, "ctx_size": 256, "trial_timeout_s": 10},
+            sampler={"name": "tpe", "seed": 1, "prune": True},
+            # a fast incumbent, then the target alone on one thread: far below it, pruned
+            warm_start=[
+                {"spec_type": "draft-simple", "draft": "draft", "draft_max": 4, "threads": 2},
+                {"spec_type": "none", "threads": 1},
+            ],
+        )
+        study = run_study(load_spec(path), progress=Progress.quiet())
+        return store.read_trials(study)[2], len(calls)
+
+    pruned, launched = run(busy_call=0)  # never busy
+    assert pruned.state == "PRUNED" and launched == 3 and not pruned.host.get("busy_readings")
+    pruned, launched = run(busy_call=3)  # the pruned trial's first launch
+    assert pruned.state == "PRUNED" and launched == 4
+    (set_aside,) = pruned.host["busy_readings"]
+    assert set_aside["busy"] == "host busy: hog[7]" and not host_was_busy(pruned.host)
+    assert (
+        f"(its first launch, {set_aside['tokens_per_second']:.1f} t/s with host busy: hog[7], set aside)"
+        in (describe_trial(pruned))
+    )
 
 
 def test_a_second_study_on_this_host_starts_from_the_first_ones_winner(tmp_path, env):

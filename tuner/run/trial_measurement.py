@@ -47,8 +47,9 @@ from tuner.storage.coordination import worker_id
 from tuner.storage.records import Failure, Metrics, Reference, SearchNote, Spread, TrialRecord
 
 LOG_TAIL_LINES = 40
-# The baseline is every speedup's reference: a launch of it on a busy host is launched again at once, this many
-# times at most (a host busy for good is measured as it is, the reading flagged, and the sentinels replace it).
+# A launch on a busy host whose reading decides something (the baseline's, every speedup's reference; a pruned
+# trial's) is launched again at once, this many times at most (a host busy for good is measured as it is, the
+# reading flagged, and the sentinels replace a busy baseline).
 BUSY_RELAUNCHES = 1
 
 
@@ -135,30 +136,31 @@ class TrialMeasurement:
         return replace(record, duration_s=time.monotonic() - started, ended_at=time.time())
 
     def _steps(self, record: TrialRecord, log_path: Path, hooks: TrialHooks) -> TrialRecord:
-        """place -> references -> serve and measure -> score and check -> record. The baseline, every speedup's
-        reference, is launched again at once when its host was busy (``BUSY_RELAUNCHES`` times at most); the
-        readings set aside are kept with it (``host["busy_readings"]``), and ``drift.Sentinels`` reads them."""
+        """place -> references -> serve and measure -> score and check -> record. A launch whose host was busy
+        is launched again at once (``BUSY_RELAUNCHES`` times at most) where what it read would decide something:
+        the baseline's (every speedup's reference) and a pruned trial's (stopped against a quiet incumbent). The
+        readings set aside are kept with the trial (``host["busy_readings"]``); ``drift.Sentinels`` reads a
+        reference trial's."""
         self.ctx.log_dir.mkdir(parents=True, exist_ok=True)
         evicted = self._place(record.config)
         refs = read_references(self.ctx, self.study, record)
-        busy: list[dict] = []  # the baseline's launches set aside on a busy host
-        try:
-            served = self._serve(record, log_path, refs, hooks)
-            while record.role == "baseline" and served.host_busy and len(busy) < BUSY_RELAUNCHES:
-                busy.append(
-                    {
-                        "tokens_per_second": summarize(served.samples, self.ctx.settings).tokens_per_second,
-                        "busy": busy_text(served.busy),
-                    }
-                )
-                served = self._serve(
-                    record, log_path.with_name(f"{log_path.stem}-relaunch{len(busy)}.log"), refs, hooks
-                )
-        except Pruned as pruned:
-            return _pruned(record, pruned, self.ctx, log_path)
+        busy: list[dict] = []  # the launches set aside on a busy host
+        while True:
+            launch_log = log_path.with_name(f"{log_path.stem}-relaunch{len(busy)}.log") if busy else log_path
+            again = len(busy) < BUSY_RELAUNCHES
+            try:
+                served = self._serve(record, launch_log, refs, hooks)
+            except Pruned as pruned:
+                if again and host_was_busy({"busy_processes": pruned.busy}):
+                    busy.append(_set_aside(pruned.samples, pruned.busy, self.ctx))
+                    continue
+                return _kept_aside(_pruned(record, pruned, self.ctx, launch_log), busy)
+            if again and record.role == "baseline" and served.host_busy:
+                busy.append(_set_aside(served.samples, served.busy, self.ctx))
+                continue
+            break
         scores = self._score(record.config, served)
-        recorded = self._record(record, served, scores, refs, evicted)
-        return replace(recorded, host={**(recorded.host or {}), "busy_readings": busy}) if busy else recorded
+        return _kept_aside(self._record(record, served, scores, refs, evicted), busy)
 
     def _place(self, config: TrialConfig) -> bool:
         """Evict the models' cached pages when the NUMA policy changes (see tuner.machine.placement)."""
@@ -331,6 +333,28 @@ def _failed(record: TrialRecord, err: BaseException, log_path: Path) -> TrialRec
     )
 
 
+def _host_flags(record: TrialRecord) -> str:
+    """What the host did to a measured trial: busy, a launch set aside on a busy host, threads not pinned."""
+    host, flag = record.host or {}, ""
+    if host and host_was_busy(host):
+        flag += f" ({busy_text(host['busy_processes'])})"
+    if host.get("busy_readings"):
+        first = host["busy_readings"][0]
+        flag += f" (its first launch, {first['tokens_per_second']:.1f} t/s with {first['busy']}, set aside)"
+    if host.get("unpinned"):
+        flag += f" (not pinned as asked: {host['unpinned']})"
+    return flag
+
+
+def _set_aside(samples: list[Sample], busy: dict[str, float], ctx: StudyContext) -> dict:
+    """A launch set aside because its host was busy, as ``host["busy_readings"]`` keeps it."""
+    return {"tokens_per_second": summarize(samples, ctx.settings).tokens_per_second, "busy": busy_text(busy)}
+
+
+def _kept_aside(record: TrialRecord, busy: list[dict]) -> TrialRecord:
+    return replace(record, host={**(record.host or {}), "busy_readings": busy}) if busy else record
+
+
 def _pruned(record: TrialRecord, pruned: Pruned, ctx: StudyContext, log_path: Path) -> TrialRecord:
     """A PRUNED record: the figures of the requests measured before it was stopped."""
     scores = summarize(pruned.samples, ctx.settings)
@@ -352,25 +376,11 @@ def describe_trial(record: TrialRecord) -> str:
     knobs = " ".join(f"{k}={v}" for k, v in record.config.as_dict().items())
     if record.state == "PRUNED":
         assert record.metrics is not None  # a pruned record has the figures measured before it stopped
-        busy = (
-            f" ({busy_text(record.host['busy_processes'])})"
-            if record.host and host_was_busy(record.host)
-            else ""
-        )
-        return f"PRUNED at {record.metrics.tokens_per_second:.1f} t/s{busy} ({record.pruned}) | {knobs}"
+        return f"PRUNED at {record.metrics.tokens_per_second:.1f} t/s{_host_flags(record)} ({record.pruned}) | {knobs}"
     if record.complete:
         metrics = record.metrics
         assert metrics is not None  # complete means measured
-        flag = " (noisy)" if record.spread and record.spread.noisy else ""
-        if record.host and host_was_busy(record.host):
-            flag += f" ({busy_text(record.host['busy_processes'])})"
-        if record.host and record.host.get("busy_readings"):
-            first = record.host["busy_readings"][0]
-            flag += (
-                f" (its first launch, {first['tokens_per_second']:.1f} t/s with {first['busy']}, set aside)"
-            )
-        if record.host and record.host.get("unpinned"):
-            flag += f" (not pinned as asked: {record.host['unpinned']})"
+        flag = (" (noisy)" if record.spread and record.spread.noisy else "") + _host_flags(record)
         against = ""
         if record.host and record.host.get("reference_busy"):
             against = f" (against a baseline read on a busy host, {record.host['reference_busy']})"
