@@ -79,6 +79,18 @@ def state_of(*trials: PastTrial, space: dict | None = None, **kwargs) -> SearchS
     return SearchState(KnobValues(space or SPACE), list(trials), **kwargs)
 
 
+def test_a_baseline_read_on_a_busy_host_gives_way_to_its_first_quiet_re_measure():
+    """The stages compare with the target alone: a busy baseline (a fifth of its rate beside CPU hogs) would make
+    every lookup pay on every suite; its first quiet sentinel stands for it, and a busy one never does."""
+    busy = past(BASE, 2.0, role="baseline", busy=True)
+    lookup = past(NGRAM, 11.0)
+    late_busy = past(BASE, 3.0, role="sentinel", busy=True)
+    quiet = past(BASE, 10.0, role="sentinel")
+    assert state_of(busy, lookup, late_busy, quiet).measured_baseline() is quiet
+    assert state_of(busy, lookup, late_busy).measured_baseline() is busy  # no quiet reading yet: as measured
+    assert state_of(past(BASE, 10.0, role="baseline"), lookup, quiet).measured_baseline().role == "baseline"
+
+
 # -- the planner -------------------------------------------------------------------------------
 
 

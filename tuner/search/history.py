@@ -18,6 +18,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from tuner.machine.host import host_was_busy
 from tuner.measurement.failures import PERMANENT
 from tuner.measurement.load import split_metric_name
 from tuner.measurement.measure import pooled_from_rates, prompt_rate
@@ -51,6 +52,7 @@ class PastTrial:
     within_error: float | None = None
     drafted: int | None = None  # draft tokens over its requests (llama.cpp's draft_n); None: not recorded
     steps: int | None = None  # the target's decode steps after each request's first token (``decode_steps``)
+    busy: bool = False  # measured while other processes took CPU (``machine.host.host_was_busy``)
 
     @property
     def measured(self) -> bool:
@@ -100,6 +102,7 @@ def read_history(study: optuna.Study) -> list[PastTrial]:
                 prompt_rate(record.samples),
                 within_error(record),
                 *draft_counts(record.samples),
+                busy=bool(record.host and host_was_busy(record.host)),
             )
         )
     return trials

@@ -80,9 +80,7 @@ class SearchState:
             if r.state != "failed" or r.failure in PERMANENT_REASONS or r.failure is None
         ]
         self.k_values = knobs.values("draft_max")
-        self.baseline = next(
-            (r for r in trials if r.role == "baseline" and r.measured and r.feasible), None
-        ) or next((r for r in trials if r.measured and r.params.get("spec_type", "none") == "none"), None)
+        self.baseline = _reference(trials)
         self.tie = _tie(self.baseline, trials)  # rates within this share tie: fewer threads win
         self.close = _close(self.baseline, trials)  # other options this close: measured at the final hardware
 
@@ -304,6 +302,20 @@ class SearchState:
         return None
 
 
+def _reference(trials: list[PastTrial]) -> PastTrial | None:
+    """The target alone as the stages compare with it: the baseline trial, or its first quiet re-measure (a
+    sentinel) where the baseline ran on a busy host (as ``drift.Sentinels`` divides speedups: a disturbed baseline
+    made every lookup look as if it paid on every suite in a study beside CPU hogs); else the first measured trial
+    without speculation."""
+    baseline = next((r for r in trials if r.role == "baseline" and r.measured and r.feasible), None)
+    if baseline is not None and baseline.busy:
+        quiet = (r for r in trials if r.role == "sentinel" and r.measured and r.feasible and not r.busy)
+        return next(quiet, baseline)
+    return baseline or next(
+        (r for r in trials if r.measured and r.params.get("spec_type", "none") == "none"), None
+    )
+
+
 def _close(baseline: PastTrial | None, trials: list[PastTrial]) -> float:
     """The share within which two options compared at the start are within the noise, so refinement measures the
     other at the final configuration: one standard deviation of the difference of two launches, from the spread of
@@ -321,8 +333,12 @@ def _launch_spread(baseline: PastTrial | None, trials: list[PastTrial]) -> float
     launch), once there are three."""
     if baseline is None:
         return None
-    same = [r.value for r in trials if r.params == baseline.params and r.state == "complete" and r.value]
-    return statistics.stdev(same) / statistics.fmean(same) if len(same) >= 3 else None
+    same = [r for r in trials if r.params == baseline.params and r.state == "complete" and r.value]
+    same = (
+        [r for r in same if not r.busy] if any(not r.busy for r in same) else same
+    )  # a busy one is no spread
+    values = [r.measured_value for r in same]
+    return statistics.stdev(values) / statistics.fmean(values) if len(values) >= 3 else None
 
 
 def _tie(baseline: PastTrial | None, trials: list[PastTrial]) -> float:
