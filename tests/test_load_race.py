@@ -230,7 +230,10 @@ def test_a_real_load_class_race_at_two_users_on_the_synthetic_family(synthetic_m
     ]
     for entry in result.entries:
         assert len(entry.rates) == len(entry.rounds) and min(entry.rates) > 0
-        assert len(entry.rates) == result.rounds or entry.status.startswith("dropped: "), entry
+        # a round short only where the entry was dropped, or its launch was left out as an outlier (and said so)
+        left_out = [r for r in range(1, result.rounds + 1) if r not in entry.rounds]
+        named = [line for line in result.outliers if f"{entry.label} measured" in line]
+        assert len(left_out) <= len(named) or entry.status.startswith("dropped: "), (entry, result.outliers)
     assert result.winner in {e.trial for e in result.entries}
     assert any(line.startswith("c2 verdict: ") for line in verdict_lines(result))
     assert (ctx.log_dir / "remeasure-trial-1-c2-1.log").exists() or any(

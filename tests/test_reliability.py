@@ -433,6 +433,8 @@ def real_study(tmp_path: Path, **fields) -> Path:
         "measurement": {"warmup": 0, "repetitions": 2, "ctx_size": 512, "trial_timeout_s": 10},
         "budget": {"trials": 4},
         "sampler": {"prune": False},  # every trial measured whole
+        # the sabotage names trials by number: no re-measure of a busy baseline between them (sentinel.after_busy)
+        "sentinel": {"every_trials": 1000, "after_busy": 0},
         "storage": sqlite(tmp_path),
         **fields,
     }
