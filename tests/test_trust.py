@@ -431,6 +431,22 @@ def test_repetitions_go_on_while_the_spread_is_above_the_noise(tmp_path, env, mo
     assert study.trials[0].intermediate_values == {}  # several objectives: Optuna has no intermediate values
 
 
+def pruning_study(folder: Path, space: dict, trials: int) -> Path:
+    """A stand-in study that prunes: a fast incumbent first, then the target alone on one thread, far below it."""
+    return write_study(
+        folder,
+        f"sqlite:///{folder / 's.db'}",
+        search_space=space,
+        budget={"trials": trials},
+        measurement={"warmup": 0, "repetitions": 3, "ctx_size": 256, "trial_timeout_s": 10},
+        sampler={"name": "tpe", "seed": 1, "prune": True},
+        warm_start=[
+            {"spec_type": "draft-simple", "draft": "draft", "draft_max": 4, "threads": 2},
+            {"spec_type": "none", "threads": 1},
+        ],
+    )
+
+
 def test_tpe_goes_on_after_a_pruned_trial_in_a_study_of_several_objectives(tmp_path, env):
     """A pruned trial of a multi-objective study carries no intermediate values (Optuna has none there:
     TPE failed on them in `make demo`); the study goes on with TPE's proposals after it."""
@@ -442,20 +458,7 @@ def test_tpe_goes_on_after_a_pruned_trial_in_a_study_of_several_objectives(tmp_p
             "threads": [1, 2],
         }
     }
-    path = write_study(
-        tmp_path,
-        f"sqlite:///{tmp_path / 's.db'}",
-        search_space=space,
-        budget={"trials": 8},
-        measurement={"warmup": 0, "repetitions": 3, "ctx_size": 256, "trial_timeout_s": 10},
-        sampler={"name": "tpe", "seed": 1, "prune": True},
-        # a fast incumbent, then the target alone on one thread: far below it, pruned
-        warm_start=[
-            {"spec_type": "draft-simple", "draft": "draft", "draft_max": 4, "threads": 2},
-            {"spec_type": "none", "threads": 1},
-        ],
-    )
-    study = run_study(load_spec(path), progress=Progress.quiet())
+    study = run_study(load_spec(pruning_study(tmp_path, space, 8)), progress=Progress.quiet())
     states = [t.state for t in study.trials]
     assert states[2] == optuna.trial.TrialState.PRUNED and study.trials[2].intermediate_values == {}
     assert len(states) == 8 and all(s.is_finished() for s in states)  # TPE proposed the rest
@@ -479,22 +482,8 @@ def test_a_trial_pruned_on_a_busy_host_is_launched_again_at_once_and_its_line_sa
 
         monkeypatch.setattr(launches, "busy_processes", third_busy)
         folder = tmp_path / str(busy_call)
-        path = write_study(
-            folder,
-            f"sqlite:///{folder / 's.db'}",
-            search_space={
-                "overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4], "threads": [1, 2]}
-            },
-            budget={"trials": 3},
-            measurement={"warmup": 0, "repetitions": 3, "ctx_size": 256, "trial_timeout_s": 10},
-            sampler={"name": "tpe", "seed": 1, "prune": True},
-            # a fast incumbent, then the target alone on one thread: far below it, pruned
-            warm_start=[
-                {"spec_type": "draft-simple", "draft": "draft", "draft_max": 4, "threads": 2},
-                {"spec_type": "none", "threads": 1},
-            ],
-        )
-        study = run_study(load_spec(path), progress=Progress.quiet())
+        space = {"overrides": {"spec_type": ["none", "draft-simple"], "draft_max": [4], "threads": [1, 2]}}
+        study = run_study(load_spec(pruning_study(folder, space, 3)), progress=Progress.quiet())
         return store.read_trials(study)[2], len(calls)
 
     pruned, launched = run(busy_call=0)  # never busy
