@@ -38,9 +38,7 @@ class References:
     incumbent: TrialRecord | None = None  # None: not pruned
     against: list[dict] = field(default_factory=list)  # the incumbent's samples, drift-corrected
     launch_sigma: float = 0.0  # the spread this host's sentinels show between launches
-    reference_busy: str = (
-        ""  # ``host busy: ...`` while every reference reading of this worker ran on a busy host
-    )
+    reference_busy: str = ""  # ``host busy: ...`` while every reference of this worker ran on a busy host
 
     def beaten(self, samples: list[Sample], role: str, planned: int) -> str | None:
         """Why the trial so far cannot beat the incumbent (None: it goes on, or there is none to prune on)."""

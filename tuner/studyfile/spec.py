@@ -96,9 +96,7 @@ class SentinelSpec:
 
     every_trials: int = 5  # a sentinel after this many measured trials...
     every_minutes: float | None = 15.0  # ...or this long since the last one, whichever comes first
-    after_busy: int = (
-        3  # while every reference reading ran on a busy host: one after each trial, this many at most
-    )
+    after_busy: int = 3  # while every reference ran on a busy host: one after each trial, this many at most
 
 
 @dataclass(frozen=True)

@@ -334,10 +334,8 @@ def _launch_spread(baseline: PastTrial | None, trials: list[PastTrial]) -> float
     if baseline is None:
         return None
     same = [r for r in trials if r.params == baseline.params and r.state == "complete" and r.value]
-    same = (
-        [r for r in same if not r.busy] if any(not r.busy for r in same) else same
-    )  # a busy one is no spread
-    values = [r.measured_value for r in same]
+    quiet = [r for r in same if not r.busy]  # a busy reading is the host's, not the launch spread
+    values = [r.measured_value for r in (quiet or same)]
     return statistics.stdev(values) / statistics.fmean(values) if len(values) >= 3 else None
 
 
