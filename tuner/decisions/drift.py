@@ -23,7 +23,9 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tuner.machine.host import busy_text, host_was_busy
 from tuner.storage.records import TrialRecord
@@ -36,6 +38,8 @@ PRIOR_LAUNCH_SIGMA = (
 PRIOR_WEIGHT = 2  # the prior counts as this many measured steps: two steps barely measure a spread
 MIN_LAUNCH_SIGMA = 0.02
 SPREAD_LEVEL = 0.9  # the launch spread decisions allow: this upper quantile of what the reference runs show
+
+Reading = TypeVar("Reading")
 
 
 @dataclass(frozen=True)
@@ -200,12 +204,18 @@ def _busy(series: list[Point]) -> DisturbedBaseline | None:
     )
 
 
+def quiet_or_all(readings: Sequence[Reading], busy: Callable[[Reading], bool]) -> list[Reading]:
+    """The readings a reference is drawn from, in order: the quiet ones once one exists, else all of them. Why: a
+    reading on a busy host measures the host, not the configuration; the one place for this rule (the series here,
+    the search's reference and launch spread in ``search/stages/state``)."""
+    quiet = [r for r in readings if not busy(r)]
+    return quiet or list(readings)
+
+
 def _kept(series: list[Point], first_out: bool) -> list[Point]:
     """The readings a worker's reference rate is drawn from: the first left out when it was disturbed, and every
     reading on a busy host once a quiet one exists."""
-    kept = series[1:] if first_out else series
-    quiet = [p for p in kept if not p.busy]
-    return quiet or kept
+    return quiet_or_all(series[1:] if first_out else series, lambda p: bool(p.busy))
 
 
 def _disturbed(series: list[Point], noise_cv: float) -> DisturbedBaseline | None:

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA
+from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, quiet_or_all
 from tuner.decisions.evidence import THREAD_TIE
 from tuner.search.history import PERMANENT_REASONS, PastTrial
 from tuner.search.space import suggest
@@ -308,12 +308,10 @@ def _reference(trials: list[PastTrial]) -> PastTrial | None:
     made every lookup look as if it paid on every suite in a study beside CPU hogs); else the first measured trial
     without speculation."""
     baseline = next((r for r in trials if r.role == "baseline" and r.measured and r.feasible), None)
-    if baseline is not None and baseline.busy:
-        quiet = (r for r in trials if r.role == "sentinel" and r.measured and r.feasible and not r.busy)
-        return next(quiet, baseline)
-    return baseline or next(
-        (r for r in trials if r.measured and r.params.get("spec_type", "none") == "none"), None
-    )
+    if baseline is not None:
+        sentinels = [r for r in trials if r.role == "sentinel" and r.measured and r.feasible]
+        return quiet_or_all([baseline, *sentinels], lambda r: r.busy)[0]
+    return next((r for r in trials if r.measured and r.params.get("spec_type", "none") == "none"), None)
 
 
 def _close(baseline: PastTrial | None, trials: list[PastTrial]) -> float:
@@ -334,8 +332,7 @@ def _launch_spread(baseline: PastTrial | None, trials: list[PastTrial]) -> float
     if baseline is None:
         return None
     same = [r for r in trials if r.params == baseline.params and r.state == "complete" and r.value]
-    quiet = [r for r in same if not r.busy]  # a busy reading is the host's, not the launch spread
-    values = [r.measured_value for r in (quiet or same)]
+    values = [r.measured_value for r in quiet_or_all(same, lambda r: r.busy)]
     return statistics.stdev(values) / statistics.fmean(values) if len(values) >= 3 else None
 
 
