@@ -13,7 +13,9 @@ judged against a fixed bar, not against itself. They decide with the product's s
 * pruning: the launch spread added once (not on both sides), floored at 2%, no spending over looks;
 * the allocation before the cap rule (``never_foresee``): the product's race whose rounds never foresee the cap;
 * the error level before the cap's share (``equal_looks``): the race's 5% over its comparisons with the best and
-  its looks in equal shares, the look at the cap no different from those before it.
+  its looks in equal shares, the look at the cap no different from those before it;
+* a pair's spread before the test (``LARGER_SPREAD``, in ``LoopOptions.own_level``'s place): the larger of the
+  pair's own spread and the race's pooled one, whenever the pair's own is wider.
 
 They state no loss bound.
 """
@@ -152,3 +154,6 @@ def equal_looks(spec: RaceSpec, contenders: int, done: int | None = None) -> flo
     best and over the looks in equal shares, whichever look ``done`` is."""
     looks = spec.max_rounds - first_look(spec) + 1
     return evidence.ALPHA / (max(contenders - 1, 1) * looks)
+
+
+LARGER_SPREAD = None  # LoopOptions.own_level before the test: a pair's own spread whenever it is the wider

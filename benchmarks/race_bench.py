@@ -100,18 +100,21 @@ def host_draws(
 class Host:
     """A simulated race drawn before it runs (``host_draws``), and the rules it is raced with:
     ``foresee_cap=False``, the allocation before the cap was foreseen (``previous_rules.never_foresee``);
-    ``equal_looks=True``, the error level before the cap's share (``previous_rules.equal_looks``)."""
+    ``equal_looks=True``, the error level before the cap's share (``previous_rules.equal_looks``);
+    ``larger_spread=True``, a pair's own spread whenever it is the wider (``previous_rules.LARGER_SPREAD``)."""
 
     draws: list[list[float]]
     foresee_cap: bool = True
     equal_looks: bool = False
+    larger_spread: bool = False
 
     def options(self) -> LoopOptions:
         """The race's loop options for these rules (the product's by default)."""
         level = previous_rules.equal_looks if self.equal_looks else race_alpha
+        own = previous_rules.LARGER_SPREAD if self.larger_spread else evidence.OWN_SPREAD_LEVEL
         if self.foresee_cap:
-            return LoopOptions(level=level)
-        return LoopOptions(foresee=previous_rules.never_foresee, level=level)
+            return LoopOptions(level=level, own_level=own)
+        return LoopOptions(foresee=previous_rules.never_foresee, level=level, own_level=own)
 
 
 def new_race(
@@ -518,8 +521,9 @@ def readings_cell(launch_sigma: float, round_sigma: float, runs: int, seed: int,
 STAND_IN = [1.0 - 0.07 * i / 8 for i in range(9)] + [0.6]
 STAND_IN_LAUNCH = 0.05
 DRAWN_SPAN = 0.10  # a drawn stand-in's eight other finalists lie uniformly within this share below the best
-DEVELOPMENT_SEEDS = range(0, 200)  # the races the cap's share was developed on (the stand-in's field)
+DEVELOPMENT_SEEDS = range(0, 200)  # the cap's share and the spread test were developed on these (the field)
 HELD_OUT_SEEDS = range(10_000, 10_200)  # fixed before it was judged: the same field, and drawn fields
+NOISIER = 0.15  # the noisier-finalist check: one finalist of each drawn field launches with this spread
 STAND_IN_BAR = {"loss": 0.05, "launches": 45.0, "holds": 0.95}
 
 
@@ -529,18 +533,32 @@ def drawn_stand_in(rng: random.Random) -> list[float]:
     return [1.0, *sorted((1 - rng.uniform(0, DRAWN_SPAN) for _ in range(8)), reverse=True), 0.6]
 
 
-def stand_in_cell(name: str, seeds: range, drawn: bool, spec: RaceSpec) -> dict:
-    """The product's race and the same race with equal shares of the error level over its looks, on the same
-    draws, one race per seed: the stand-in's field, or with ``drawn`` a field drawn from each seed."""
+def noisier_draws(mus: list[float], rng: random.Random, rounds: int) -> list[list[float]]:
+    """``host_draws`` at the stand-in's launch spread, but the second finalist launches with ``NOISIER``: a
+    configuration whose launches spread more than the others' (the case a pair's own spread is tested for)."""
+    spreads = [NOISIER if i == 1 else STAND_IN_LAUNCH for i in range(len(mus))]
+    return [
+        [noisy(mu, rng.gauss(0, sigma), 0.0, rng) for _ in range(rounds)] for mu, sigma in zip(mus, spreads)
+    ]
+
+
+def stand_in_cell(name: str, seeds: range, drawn: bool, spec: RaceSpec, noisier: bool = False) -> dict:
+    """The product's race and the same race with a pair's own spread whenever it is the wider (the rule before the
+    spread test), on the same draws, one race per seed: the stand-in's field, or with ``drawn`` a field drawn from
+    each seed, and with ``noisier`` one finalist launching with a wider spread (``noisier_draws``)."""
     new, before, fields = [], [], []
     for seed in seeds:
         rng = random.Random(seed)
         mus = drawn_stand_in(rng) if drawn else STAND_IN
         resources = [(1, 1)] * (len(mus) - 1) + [(1, 0)]
-        draws = host_draws(mus, STAND_IN_LAUNCH, 0.0, rng, spec.max_rounds)
+        draws = (
+            noisier_draws(mus, rng, spec.max_rounds)
+            if noisier
+            else host_draws(mus, STAND_IN_LAUNCH, 0.0, rng, spec.max_rounds)
+        )
         new.append(new_race(mus, resources, STAND_IN_LAUNCH, 0.0, rng, spec, Host(draws)))
         before.append(
-            new_race(mus, resources, STAND_IN_LAUNCH, 0.0, rng, spec, Host(draws, equal_looks=True))
+            new_race(mus, resources, STAND_IN_LAUNCH, 0.0, rng, spec, Host(draws, larger_spread=True))
         )
         fields.append(mus)
     return {
@@ -561,6 +579,13 @@ def stand_in_cells(runs: int, spec: RaceSpec) -> list[dict]:
         stand_in_cell("stand-in, held-out seeds", held, False, spec),
         stand_in_cell(
             f"drawn stand-ins (eight within {DRAWN_SPAN:.0%} of the best), held-out seeds", held, True, spec
+        ),
+        stand_in_cell(
+            f"drawn stand-ins, the second finalist at a {NOISIER:.0%} launch spread, held-out seeds",
+            held,
+            True,
+            spec,
+            noisier=True,
         ),
     ]
 
@@ -854,7 +879,9 @@ def _share_lines(result: dict) -> list[str]:
     lines += [
         "",
         f"The 32B-scale stand-in (nine finalists from 100% down to 93%, {STAND_IN_LAUNCH:.0%} launch spread, no "
-        "round spread, the baseline at 60%; one race per seed), and drawn stand-ins, the same comparison. The bar "
+        "round spread, the baseline at 60%; one race per seed), and drawn stand-ins: the product's race against the "
+        "same race with a pair's own spread whenever it is the wider (before, `previous_rules.LARGER_SPREAD`), on the "
+        "same draws; the last row launches one finalist at a wider spread than the others. The bar "
         f"(issue 58): the median stated loss at the cap at most {bar['loss']:.0%} within {bar['launches']:.0f} "
         f"launches, the bound holding in {bar['holds']:.0%} of races:",
         "",

@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks.previous_rules import equal_looks, never_foresee
+from benchmarks.previous_rules import LARGER_SPREAD, equal_looks, never_foresee
 from tuner.decisions import evidence
 from tuner.decisions.drift import MIN_LAUNCH_SIGMA, PRIOR_LAUNCH_SIGMA, allowed_launch_spread, chi2_quantile
 from tuner.decisions.race import (
@@ -587,6 +587,24 @@ def test_a_race_is_symmetric_in_the_order_finalists_are_given(pair):
 # ------------------------------------------------------------------ the loss bound, the forecast, the allocation
 
 
+def test_a_pairs_own_spread_bounds_its_gap_only_when_wider_than_chance_explains():
+    """On 3 paired rounds (2 degrees of freedom) the pair's own spread is used when its square is above the
+    chi-square's 95% quantile over 2 (5.99 / 2 = 3.0) times the pooled one's: at 1.5x the pooled spread the pooled
+    one bounds the gap, at 2x the pair's own; the rule before took the pair's own whenever it was the wider."""
+    assert not evidence.wider_than_chance(1.5, 1.0, 2) and evidence.wider_than_chance(2.0, 1.0, 2)
+    assert evidence.wider_than_chance(1.5, 1.0, 2, level=LARGER_SPREAD)
+    assert not evidence.wider_than_chance(0.9, 1.0, 2, level=LARGER_SPREAD)  # never narrower than the pool
+    assert not evidence.wider_than_chance(2.0, 1.0, 0)  # no degree of freedom of its own
+    a, b = {0: 100.0, 1: 110.0, 2: 95.0}, {0: 100.0, 1: 100.0, 2: 100.0}
+    own = statistics.stdev(math.log(a[r] / b[r]) for r in a)
+    for ratio, expected in ((1.5, "pooled"), (2.0, "own")):
+        pooled = own / ratio
+        spread = evidence.Spread(pooled / math.sqrt(2), 20, {"a": 0.0, "b": 0.0}, {})
+        gap = evidence.gap(a, b, spread, ("a", "b"))
+        assert gap.sd == pytest.approx(pooled if expected == "pooled" else own)
+        assert evidence.gap(a, b, spread, ("a", "b"), own_level=LARGER_SPREAD).sd == pytest.approx(own)
+
+
 def test_the_pooled_spread_takes_out_what_a_round_did_to_everyone():
     """A round that ran 20% slow for every contender is drift, not spread; a contender's own wobble is spread."""
     steady = {"a": {0: 100.0, 1: 80.0, 2: 100.0}, "b": {0: 50.0, 1: 40.0, 2: 50.0}}
@@ -618,7 +636,7 @@ def test_the_race_model_equals_paired_rounds_when_all_ran_and_counts_the_leaders
     assert g.paired == 3 and 3 < g.rounds < 6  # a's later rounds count: worth more than the 3 rounds c ran
 
 
-def test_a_pair_is_bounded_with_the_larger_of_its_own_and_the_pooled_spread():
+def test_a_pair_is_bounded_with_the_pooled_spread_or_its_own_when_wider():
     a, b = {0: 110.0, 1: 110.0, 2: 110.0, 3: 110.0}, {0: 100.0, 1: 100.0, 2: 100.0, 3: 100.0}
     quiet = evidence.gap(a, b, evidence.Spread(0.05, 20, {}))
     assert quiet.mean == pytest.approx(math.log(1.1)) and quiet.sd == pytest.approx(math.sqrt(2) * 0.05)
@@ -659,11 +677,32 @@ def test_a_race_at_its_cap_states_the_bound_at_the_caps_share_and_is_narrower_th
         if all(capped):
             assert not new.decided and not old.decided
             pairs.append((new.loss, old.loss))
-    assert len(pairs) == 11  # seed 11 stops at round 6 on the expected-loss rule, both ways
-    assert sum(n < o for n, o in pairs) == 10  # seed 1: 8.9% against 8.2%
+    assert len(pairs) == 10  # seeds 8 and 11 stop before the cap on the expected-loss rule, both ways
+    assert sum(n < o for n, o in pairs) == 10
     assert statistics.median(n for n, _ in pairs) < 0.85 * statistics.median(
         o for _, o in pairs
-    )  # 6.3% against 8.2%
+    )  # 6.2% against 7.8%
+
+
+def test_a_race_whose_launches_spread_alike_states_a_narrower_bound_at_its_cap_with_the_spread_test():
+    """The stand-in raced with the spread test and with a pair's own spread whenever it is the wider, on the same
+    draws: over the races both ran to the cap, the bound stated there is narrower in most and at the median."""
+    spec = RaceSpec()
+    pairs = []
+    for seed in range(12):
+        new_rounds, new, _ = stand_in_race(seed, foresee_cap=True)
+        old_rounds, old, _ = stand_in_race(seed, foresee_cap=True, own_level=LARGER_SPREAD)
+        if all(
+            max(max(m) for m in r.measured.values()) + 1 == spec.max_rounds for r in (new_rounds, old_rounds)
+        ):
+            pairs.append((new.loss, old.loss))
+    assert (
+        len(pairs) == 10
+    )  # seeds 8 and 11 stop before the cap on the expected-loss rule (seed 8 with the test)
+    assert sum(n < o for n, o in pairs) == 7
+    assert statistics.median(n for n, _ in pairs) < 0.93 * statistics.median(
+        o for _, o in pairs
+    )  # 6.2% against 6.8%
 
 
 def test_a_narrow_bound_decides_only_on_enough_paired_rounds():
@@ -1111,9 +1150,15 @@ def test_siblings_that_differ_in_prompt_threads_race_once_with_the_better_prompt
 STAND_IN = {f"t{i}": 100.0 * (1 - 0.07 * i / 8) for i in range(9)} | {"base": 60.0}
 
 
-def stand_in_race(seed: int, foresee_cap: bool, spec: RaceSpec = RaceSpec(), level=race_alpha):
+def stand_in_race(
+    seed: int,
+    foresee_cap: bool,
+    spec: RaceSpec = RaceSpec(),
+    level=race_alpha,
+    own_level: float | None = evidence.OWN_SPREAD_LEVEL,
+):
     """One simulated race on the stand-in: each label's launch in each round drawn before the race (as make bench
-    1c does), so both allocations race the same host on the same seed."""
+    1c does), so both allocations (or both spread rules) race the same host on the same seed."""
     rng = random.Random(seed)
     table = {
         n: [mu * math.exp(rng.gauss(0, 0.05)) for _ in range(spec.max_rounds)] for n, mu in STAND_IN.items()
@@ -1126,7 +1171,9 @@ def stand_in_race(seed: int, foresee_cap: bool, spec: RaceSpec = RaceSpec(), lev
         {},
         spec,
         progress=Progress.untimed(lines.append),
-        options=LoopOptions(level=level) if foresee_cap else LoopOptions(foresee=never_foresee, level=level),
+        options=LoopOptions(level=level, own_level=own_level)
+        if foresee_cap
+        else LoopOptions(foresee=never_foresee, level=level, own_level=own_level),
     )
     return race_rounds, outcome, lines
 

@@ -12,10 +12,11 @@ but marked "too few rounds", and nothing (a tie, a per-type entry) is decided on
 Decisions (the sequential race, ``tuner.decisions.race``) use a ``Gap``: log(A/B) from the additive model
 log rate = contender + round fitted to every launch of the race (``pooled_spread``: a round that ran slow
 for everyone is not spread, and a contender that rested still compares through the rounds' shifts),
-bounded per launch with the larger of the pair's own spread and the race's pooled one. Pooling gives the t
-quantile the degrees of freedom of the whole race: 8 after three rounds of five contenders, where one pair
-has 2, and at the race's level (5% over 4 comparisons and 8 looks) t is 4.2 at 8 degrees of freedom and
-17.8 at 2. The larger of the two spreads keeps a noisier pair from borrowing a quieter race's spread.
+bounded per launch with the race's pooled spread, or with the pair's own where it is wider than the pooled one by
+more than chance explains (``OWN_SPREAD_LEVEL``). Pooling gives the t quantile the degrees of freedom of the whole
+race: 8 after three rounds of five contenders, where one pair has 2, and at the race's level (5% over 4
+comparisons and 8 looks) t is 4.2 at 8 degrees of freedom and 17.8 at 2. The test keeps a noisier pair from
+borrowing a quieter race's spread, without a pair whose few rounds came out wide by chance widening its bound.
 
 * A is *shown better* than B when the one-sided ``1 - alpha`` lower bound of mean log(A/B) is above 0;
 * A and B are *shown equivalent* within a margin m (TOST): the ``1 - 2 alpha`` interval of the
@@ -41,9 +42,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tuner import figure_text
+from tuner.decisions.drift import chi2_quantile
 
 CONFIDENCE = 0.95
 ALPHA = 0.05  # one-sided, per comparison and look, in the sequential race
+OWN_SPREAD_LEVEL = 0.05  # a pair's own spread bounds its gap when wider than the pool's at this level
 MIN_ROUNDS = 3  # fewer paired rounds give no decision (and a t-interval with 1 degree of freedom)
 # Paired rounds a close pair's bound needs before a race decides on it, and the first round a race may stop at: the
 # few early bounds narrow enough to decide on are mostly those whose spread came out low by luck (docs/decisions.md).
@@ -270,13 +273,35 @@ class Gap:
         return self.mean - self.half(alpha)
 
 
+def wider_than_chance(own: float, pooled: float, df: int, level: float | None = OWN_SPREAD_LEVEL) -> bool:
+    """A pair's own spread (``df`` degrees of freedom) is wider than the pooled one by more than chance explains:
+    (own / pooled)^2 above the chi-square's ``1 - level`` quantile over ``df`` (the F test against a pooled spread of
+    many more degrees of freedom; at fewer, F's quantile is higher, so the pair's own is taken a little more
+    often). ``level=None``: whenever it is wider (the rule before, ``benchmarks.previous_rules``).
+
+    Why a test and not the larger of the two: on three paired rounds a pair's own spread has 2 degrees of freedom and
+    comes out above the pooled one in about a third of the pairs of a race where every launch spreads alike, up to
+    several times it; the larger of the two widened those bounds, and the loss bound the race states is the largest
+    of them (docs/decisions.md#a-pairs-own-spread-when-shown-wider)."""
+    if df < 1 or not own > pooled:
+        return False
+    if level is None or pooled <= 0:
+        return True
+    return (own / pooled) ** 2 > chi2_quantile(1 - level, df) / df
+
+
 def gap(
-    a: dict[int, float], b: dict[int, float], spread: Spread | None, names: tuple[str, str] = ("", "")
+    a: dict[int, float],
+    b: dict[int, float],
+    spread: Spread | None,
+    names: tuple[str, str] = ("", ""),
+    own_level: float | None = OWN_SPREAD_LEVEL,
 ) -> Gap:
     """A over B (round index -> rate). Without the race's model: the mean of the paired log ratios over their common
     rounds and their spread. With it (``names`` in ``spread.effects``): the difference of fitted rates, its
-    precision from the design, and per launch the larger of the pair's own spread and the pooled one, at the pooled
-    degrees of freedom (a noisier pair does not borrow a quieter race's spread)."""
+    precision from the design, and per launch the pooled spread, or the pair's own where it is wider by more than
+    chance explains (``wider_than_chance`` at ``own_level``), at the pooled degrees of freedom (a noisier pair does
+    not borrow a quieter race's spread)."""
     common = sorted(set(a) & set(b))
     logs = log_ratios([a[r] for r in common], [b[r] for r in common])
     if not logs:
@@ -284,7 +309,8 @@ def gap(
     own = statistics.stdev(logs) if len(logs) > 1 else 0.0
     if spread is None:
         return Gap(statistics.fmean(logs), own, len(logs), len(logs) - 1)
-    sd = max(own, math.sqrt(2) * spread.sigma)
+    pooled = math.sqrt(2) * spread.sigma
+    sd = own if wider_than_chance(own, pooled, len(logs) - 1, own_level) else pooled
     name_a, name_b = names
     if (
         name_a in spread.contrast

@@ -50,12 +50,20 @@ def first_look(spec: RaceSpec) -> int:
 class PairedStatistics:
     """The paired statistics at one look: what the rounds so far show at the race's error level
     (``race_alpha``): the leader, each pair's gap, each loss bound. ``cap_alpha``: the level at the look at the
-    race's cap, which every forecast of what the race will state or decide there uses (default: ``alpha``)."""
+    race's cap, which every forecast of what the race will state or decide there uses (default: ``alpha``);
+    ``own_level``: when a pair's own spread bounds its gap (``evidence.wider_than_chance``)."""
 
-    def __init__(self, race_rounds: RaceRounds, alpha: float, cap_alpha: float | None = None):
+    def __init__(
+        self,
+        race_rounds: RaceRounds,
+        alpha: float,
+        cap_alpha: float | None = None,
+        own_level: float | None = evidence.OWN_SPREAD_LEVEL,
+    ):
         self.race_rounds = race_rounds
         self.alpha = alpha
         self.cap_alpha = alpha if cap_alpha is None else cap_alpha
+        self.own_level = own_level
         self.table = race_rounds.table()
         self.spread = evidence.pooled_spread(self.table)
         self._gaps: dict[tuple[str, str], evidence.Gap] = {}
@@ -80,7 +88,7 @@ class PairedStatistics:
             )
         if (name, other) not in self._gaps:
             self._gaps[(name, other)] = evidence.gap(
-                self.table[name], self.table[other], self.spread, (name, other)
+                self.table[name], self.table[other], self.spread, (name, other), self.own_level
             )
         return self._gaps[(name, other)]
 

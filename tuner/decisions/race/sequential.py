@@ -24,13 +24,15 @@ from tuner.studyfile.spec import RaceSpec
 class LoopOptions:
     """What a race's loop is told besides its contenders and rules, each with a default: the title its lines
     carry (a load class's race names its users), the clock its time budget reads (a test's own) and the rule
-    that foresees its cap (``allocation.foresee``) and the error level of each look (``race_alpha``: spec,
-    contenders, rounds done); a benchmark races its own references in their place."""
+    that foresees its cap (``allocation.foresee``), the error level of each look (``race_alpha``: spec,
+    contenders, rounds done) and when a pair's own spread bounds its gap (``evidence.wider_than_chance``); a
+    benchmark races its own references in their place."""
 
     title: str = "race"
     clock: Callable[[], float] = time.monotonic
     foresee: Callable[[RaceRounds, PairedStatistics, RaceSpec, int], bool] = foresee
     level: Callable[[RaceSpec, int, int | None], float] = race_alpha
+    own_level: float | None = evidence.OWN_SPREAD_LEVEL
 
 
 def sequential_race(
@@ -66,7 +68,8 @@ def sequential_race(
         measured = leave_failed(race_rounds, chosen, launched, baseline, title, round_index)
         add_round(race_rounds, launched, round_index)
         race_rounds.elapsed = clock() - started
-        look = PairedStatistics(race_rounds, options.level(spec, len(everyone), round_index + 1), cap_alpha)
+        level = options.level(spec, len(everyone), round_index + 1)
+        look = PairedStatistics(race_rounds, level, cap_alpha, options.own_level)
         outcome = None
         if round_index + 1 >= first:
             done = round_index + 1
