@@ -739,3 +739,16 @@ def test_the_tail_leaves_narrow_thread_gaps_and_ends_when_every_neighbour_is_mea
     ]
     assert tail.thread_halves(state_of(*measured, space=FINE_SPACE), incumbent) == []
     assert tail.propose(state_of(*measured, space=FINE_SPACE)) is None  # the fallback proposes
+
+
+def test_a_temperature_that_lost_with_the_option_elsewhere_is_not_walked_again():
+    """Temperature moves acceptance, which threads and K barely change: a step that lost to the incumbent's own
+    temperature at other threads is not walked again from the new incumbent; one that won there is."""
+    at16 = past(DRAFT, 20.0, 0.7)
+    new = past({**DRAFT, "threads": 24}, 21.0, 0.7)
+    lost = past({**DRAFT, "temperature": 0.5}, 18.0, 0.7)
+    assert temperature.propose(state_of(baseline(), at16, lost, new)) is None
+    won = past({**DRAFT, "temperature": 0.5}, 20.5, 0.7)
+    proposal = temperature.propose(state_of(baseline(), at16, won, new))
+    assert proposal.params == {**DRAFT, "threads": 24, "temperature": 0.5}
+
