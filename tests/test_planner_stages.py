@@ -752,3 +752,12 @@ def test_a_temperature_that_lost_with_the_option_elsewhere_is_not_walked_again()
     proposal = temperature.propose(state_of(baseline(), at16, won, new))
     assert proposal.params == {**DRAFT, "threads": 24, "temperature": 0.5}
 
+
+def test_refinement_checks_a_thread_count_once_per_option_not_again_for_each_k():
+    space = {**SPACE, "spec_type": ["Choices", {"values": ["none", "draft-simple"]}]}
+    probe = drafted(0.8, 0.05)
+    done = [past({**DRAFT, "threads": t}, 1.0, 0.5) for t in (8, 24)]
+    longer = past({**DRAFT, "draft_max": 12}, probe.value * 1.02, 0.5)
+    proposal = refinement.propose(state_of(baseline(), probe, *done, longer, space=space))
+    assert proposal.params["threads"] == 16 and "line search" in proposal.reason
+
