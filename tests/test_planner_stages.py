@@ -761,3 +761,15 @@ def test_refinement_checks_a_thread_count_once_per_option_not_again_for_each_k()
     proposal = refinement.propose(state_of(baseline(), probe, *done, longer, space=space))
     assert proposal.params["threads"] == 16 and "line search" in proposal.reason
 
+
+def test_the_tail_steps_across_bind_at_the_threads_scaled_by_the_nodes():
+    """bind runs one node's share of the host: under bind the host-wide policies at its threads times the nodes,
+    under a host-wide policy bind at its threads over the nodes, on the node read best under bind."""
+    bound = {**WIDE_DRAFT, "numa": "bind", "numa_node": 1, "threads": 6}
+    trials = [baseline(threads=96), past(bound, 20.0), past({**bound, "numa_node": 0}, 19.0)]
+    state = state_of(*trials, space=WIDE_SPACE)
+    steps = [(p["numa"], p["threads"]) for p, _, _ in tail.across_bind(state, bound)]
+    assert steps == [("none", 24), ("interleave", 24)]
+    wide = {**WIDE_DRAFT, "threads": 40}
+    [(step, _, reason)] = tail.across_bind(state, wide)
+    assert (step["numa"], step["numa_node"], step["threads"]) == ("bind", 1, 10) and "over 4 nodes" in reason
