@@ -54,12 +54,14 @@ def neighbours(state: SearchState, incumbent: PastTrial, temperatures: list) -> 
 
 
 def walked(state: SearchState, params: dict) -> set:
-    """The temperatures that lost to the configuration's own where both were measured with its option at the same
-    other knobs (any hardware, K and n-gram sizes): the temperature moves acceptance, which the threads, the NUMA
-    policy and K barely change, so a step that lost once is not walked again from each new incumbent. Why: on
-    development draws 0-39 every new incumbent (another K or thread count found later, often by one launch reading
-    high) walked the same temperature again, and it read below each time (draw 8 seed 0: temperature 0.3 four
-    times, 5 to 10% below). A step measured only elsewhere, or that won in any such pair, is walked."""
+    """The temperatures that lost to the configuration's own, by more than the noise (``SearchState.close``), where
+    both were measured with its option at the same other knobs (any hardware, K and n-gram sizes): the temperature
+    moves acceptance, which the threads, the NUMA policy and K barely change, so a step that lost clearly once is
+    not walked again from each new incumbent. Why: on development draws 0-39 every new incumbent (another K or
+    thread count found later, often by one launch reading high) walked the same temperature again, and it read
+    below each time (draw 8 seed 0: temperature 0.3 four times, 5 to 10% below). A step measured only elsewhere,
+    within the noise of it there (draw 17 seed 0: 0.5 read just below 0.3 on one launch, 3.6% above it in truth),
+    or that won in any such pair, is walked."""
     own = params.get("temperature")
     pairs: dict[tuple, dict] = {}
     for r in state.family(params, "temperature", *HW_KNOBS, "threads_batch"):
@@ -68,7 +70,10 @@ def walked(state: SearchState, params: dict) -> set:
             at = pairs.setdefault(key, {})
             t = r.params.get("temperature")
             at[t] = max(at.get(t, 0.0), r.measured_value)
-    compared = [(t, v < at[own]) for at in pairs.values() if own in at for t, v in at.items() if t != own]
+    floor = 1 - state.close
+    compared = [
+        (t, v < floor * at[own]) for at in pairs.values() if own in at for t, v in at.items() if t != own
+    ]
     return {t for t, _ in compared} - {t for t, lost in compared if not lost}
 
 
