@@ -739,3 +739,37 @@ def test_the_tail_leaves_narrow_thread_gaps_and_ends_when_every_neighbour_is_mea
     ]
     assert tail.thread_halves(state_of(*measured, space=FINE_SPACE), incumbent) == []
     assert tail.propose(state_of(*measured, space=FINE_SPACE)) is None  # the fallback proposes
+
+
+def test_a_temperature_that_lost_with_the_option_elsewhere_is_not_walked_again():
+    """Temperature moves acceptance, which threads and K barely change: a step that lost to the incumbent's own
+    temperature at other threads is not walked again from the new incumbent; one that won there is."""
+    at16 = past(DRAFT, 20.0, 0.7)
+    new = past({**DRAFT, "threads": 24}, 21.0, 0.7)
+    lost = past({**DRAFT, "temperature": 0.5}, 18.0, 0.7)
+    assert temperature.propose(state_of(baseline(), at16, lost, new)) is None
+    won = past({**DRAFT, "temperature": 0.5}, 20.5, 0.7)
+    proposal = temperature.propose(state_of(baseline(), at16, won, new))
+    assert proposal.params == {**DRAFT, "threads": 24, "temperature": 0.5}
+
+
+def test_refinement_checks_a_thread_count_once_per_option_not_again_for_each_k():
+    space = {**SPACE, "spec_type": ["Choices", {"values": ["none", "draft-simple"]}]}
+    probe = drafted(0.8, 0.05)
+    done = [past({**DRAFT, "threads": t}, 1.0, 0.5) for t in (8, 24)]
+    longer = past({**DRAFT, "draft_max": 12}, probe.value * 1.02, 0.5)
+    proposal = refinement.propose(state_of(baseline(), probe, *done, longer, space=space))
+    assert proposal.params["threads"] == 16 and "line search" in proposal.reason
+
+
+def test_the_tail_steps_across_bind_at_the_threads_scaled_by_the_nodes():
+    """bind runs one node's share of the host: under bind the host-wide policies at its threads times the nodes,
+    under a host-wide policy bind at its threads over the nodes, on the node read best under bind."""
+    bound = {**WIDE_DRAFT, "numa": "bind", "numa_node": 1, "threads": 6}
+    trials = [baseline(threads=96), past(bound, 20.0), past({**bound, "numa_node": 0}, 19.0)]
+    state = state_of(*trials, space=WIDE_SPACE)
+    steps = [(p["numa"], p["threads"]) for p, _, _ in tail.across_bind(state, bound)]
+    assert steps == [("none", 24), ("interleave", 24)]
+    wide = {**WIDE_DRAFT, "threads": 40}
+    [(step, _, reason)] = tail.across_bind(state, wide)
+    assert (step["numa"], step["numa_node"], step["threads"]) == ("bind", 1, 10) and "over 4 nodes" in reason

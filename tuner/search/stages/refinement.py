@@ -51,7 +51,7 @@ def neighbours(state: SearchState, params: dict) -> list[tuple]:
         cores = state.start().hardware.get("threads") or max(threads)  # SMT siblings: the hardware stage's
         upper = min((t for t in threads if t >= own + step and (t <= cores or own > cores)), default=None)
         for thread_count in (lower, upper):
-            if thread_count is not None:
+            if thread_count is not None and not checked(state, params, thread_count):
                 rest = {k: v for k, v in params.items() if k != "threads_batch"}  # follows threads (FOLLOWS)
                 candidates.append(
                     (
@@ -68,6 +68,16 @@ def neighbours(state: SearchState, params: dict) -> list[tuple]:
                     ({**params, "experts": count}, "refinement", f"experts {count} next to the best")
                 )
     return candidates
+
+
+def checked(state: SearchState, params: dict, threads: int) -> bool:
+    """The thread count was measured with the configuration's option at its temperature and NUMA policy, at any K
+    or n-gram sizes: the check of the pair with the final configuration is done once per count, not again for
+    each new incumbent that differs in K alone. Why: on development draws 0-39 each K or key the line search
+    found (often by one launch reading high) checked its thread neighbours again, and each reading high walked
+    the threads a step further (draw 8 seed 0: six such checks between 16 and 24 threads, within 3% of each
+    other)."""
+    return any(r.params.get("threads") == threads for r in state.family(params, "threads", "threads_batch"))
 
 
 def other_options(state: SearchState, params: dict) -> list[tuple]:

@@ -3,7 +3,8 @@
 Acceptance changes with the temperature, so the best configuration's neighbours in temperature are
 measured until the rate falls or quality does (a temperature below the quality floor, with any option, rules
 out the hotter ones: ``SearchState.lossless``); then, for each temperature measured close to the best, the
-K the speculation model predicts from its acceptance there and the draft cost fitted at the start.
+K the speculation model predicts from its acceptance there and the draft cost fitted at the start. A
+temperature walked with the incumbent's option at other hardware or K is not walked again (``walked``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 
 from tuner.search.history import PastTrial
+from tuner.search.prior import HW_KNOBS
 from tuner.search.speedup_model import DraftFit, Point, drafting_share
 from tuner.search.stages.configs import is_stacked, option_of
 from tuner.search.stages.state import Proposal, SearchState
@@ -31,12 +33,12 @@ def propose(state: SearchState) -> Proposal | None:
 def neighbours(state: SearchState, incumbent: PastTrial, temperatures: list) -> list[tuple]:
     """The incumbent at the temperatures next to its own, below the first one found infeasible."""
     params = incumbent.params
-    walked = state.family(params, "temperature")
+    family = state.family(params, "temperature")
     hot = min(
-        (r.params["temperature"] for r in walked + state.lossless(params, "temperature") if not r.feasible),
+        (r.params["temperature"] for r in family + state.lossless(params, "temperature") if not r.feasible),
         default=math.inf,
     )
-    seen = {r.params.get("temperature") for r in walked}
+    seen = {r.params.get("temperature") for r in family} | walked(state, params)
     best = params.get("temperature")
     at = temperatures.index(best) if best in temperatures else 0
     return [
@@ -49,6 +51,30 @@ def neighbours(state: SearchState, incumbent: PastTrial, temperatures: list) -> 
         for t in temperatures[max(0, at - 1) : at + 2]
         if t < hot and t not in seen
     ]
+
+
+def walked(state: SearchState, params: dict) -> set:
+    """The temperatures that lost to the configuration's own, by more than the noise (``SearchState.close``), where
+    both were measured with its option at the same other knobs (any hardware, K and n-gram sizes): the temperature
+    moves acceptance, which the threads, the NUMA policy and K barely change, so a step that lost clearly once is
+    not walked again from each new incumbent. Why: on development draws 0-39 every new incumbent (another K or
+    thread count found later, often by one launch reading high) walked the same temperature again, and it read
+    below each time (draw 8 seed 0: temperature 0.3 four times, 5 to 10% below). A step measured only elsewhere,
+    within the noise of it there (draw 17 seed 0: 0.5 read just below 0.3 on one launch, 3.6% above it in truth),
+    or that won in any such pair, is walked."""
+    own = params.get("temperature")
+    pairs: dict[tuple, dict] = {}
+    for r in state.family(params, "temperature", *HW_KNOBS, "threads_batch"):
+        if r.feasible and r.state == "complete":
+            key = tuple(sorted((k, v) for k, v in r.params.items() if k != "temperature"))
+            at = pairs.setdefault(key, {})
+            t = r.params.get("temperature")
+            at[t] = max(at.get(t, 0.0), r.measured_value)
+    floor = 1 - state.close
+    compared = [
+        (t, v < floor * at[own]) for at in pairs.values() if own in at for t, v in at.items() if t != own
+    ]
+    return {t for t, _ in compared} - {t for t, lost in compared if not lost}
 
 
 def best_k_per_temperature(state: SearchState, incumbent: PastTrial) -> Proposal | None:
