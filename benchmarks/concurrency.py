@@ -130,8 +130,11 @@ def batched_bench(
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=ctx.settings.trial_timeout_s)
     rates = parse_batched_bench(proc.stdout)
     if proc.returncode != 0 or set(rates) != set(levels):
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserError(f"llama-batched-bench failed (exit {proc.returncode}): {tail}")
+        said = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+        raise UserError(
+            f"llama-batched-bench failed (exit {proc.returncode}): rows for levels {sorted(rates)} of "
+            f"{list(levels)}, {len(proc.stdout.splitlines())} lines on stdout; its last line: {said}"
+        )
     return rates
 
 
