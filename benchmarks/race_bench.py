@@ -88,12 +88,16 @@ def _launcher(mus: list[float], launch_sigma: float, round_sigma: float, rng: ra
 
 
 def host_draws(
-    mus: list[float], launch_sigma: float, round_sigma: float, rng: random.Random, rounds: int
+    mus: list[float], launch_sigma: float | list[float], round_sigma: float, rng: random.Random, rounds: int
 ) -> list[list[float]]:
     """Per configuration, what its launch in each round would measure: drawn before the race, so two allocations
-    raced on them launch the same configuration in the same round to the same rate (the same simulated race)."""
-    draw = _launcher(mus, launch_sigma, round_sigma, rng)
-    return [[draw(i) for _ in range(rounds)] for i in range(len(mus))]
+    raced on them launch the same configuration in the same round to the same rate (the same simulated race).
+    ``launch_sigma``: one spread for every configuration, or one each."""
+    sigmas = launch_sigma if isinstance(launch_sigma, list) else [launch_sigma] * len(mus)
+    return [
+        [noisy(mu, rng.gauss(0, sigma), round_sigma, rng) for _ in range(rounds)]
+        for mu, sigma in zip(mus, sigmas)
+    ]
 
 
 @dataclass(frozen=True)
@@ -533,29 +537,23 @@ def drawn_stand_in(rng: random.Random) -> list[float]:
     return [1.0, *sorted((1 - rng.uniform(0, DRAWN_SPAN) for _ in range(8)), reverse=True), 0.6]
 
 
-def noisier_draws(mus: list[float], rng: random.Random, rounds: int) -> list[list[float]]:
-    """``host_draws`` at the stand-in's launch spread, but the second finalist launches with ``NOISIER``: a
-    configuration whose launches spread more than the others' (the case a pair's own spread is tested for)."""
-    spreads = [NOISIER if i == 1 else STAND_IN_LAUNCH for i in range(len(mus))]
-    return [
-        [noisy(mu, rng.gauss(0, sigma), 0.0, rng) for _ in range(rounds)] for mu, sigma in zip(mus, spreads)
-    ]
+def noisier_spreads(mus: list[float]) -> list[float]:
+    """The stand-in's launch spread for every configuration but the second finalist's, ``NOISIER``: a configuration
+    whose launches spread more than the others' (the case a pair's own spread is tested for)."""
+    return [NOISIER if i == 1 else STAND_IN_LAUNCH for i in range(len(mus))]
 
 
 def stand_in_cell(name: str, seeds: range, drawn: bool, spec: RaceSpec, noisier: bool = False) -> dict:
     """The product's race and the same race with a pair's own spread whenever it is the wider (the rule before the
     spread test), on the same draws, one race per seed: the stand-in's field, or with ``drawn`` a field drawn from
-    each seed, and with ``noisier`` one finalist launching with a wider spread (``noisier_draws``)."""
+    each seed, and with ``noisier`` one finalist launching with a wider spread (``noisier_spreads``)."""
     new, before, fields = [], [], []
     for seed in seeds:
         rng = random.Random(seed)
         mus = drawn_stand_in(rng) if drawn else STAND_IN
         resources = [(1, 1)] * (len(mus) - 1) + [(1, 0)]
-        draws = (
-            noisier_draws(mus, rng, spec.max_rounds)
-            if noisier
-            else host_draws(mus, STAND_IN_LAUNCH, 0.0, rng, spec.max_rounds)
-        )
+        spreads = noisier_spreads(mus) if noisier else STAND_IN_LAUNCH
+        draws = host_draws(mus, spreads, 0.0, rng, spec.max_rounds)
         new.append(new_race(mus, resources, STAND_IN_LAUNCH, 0.0, rng, spec, Host(draws)))
         before.append(
             new_race(mus, resources, STAND_IN_LAUNCH, 0.0, rng, spec, Host(draws, larger_spread=True))
