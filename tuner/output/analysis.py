@@ -330,6 +330,14 @@ def disturbed_baseline(records: list[TrialRecord], noise_cv: float) -> Disturbed
     return Sentinels(records, noise_cv).disturbed_baseline(base.worker) if base else None
 
 
+def busy_baseline(records: list[TrialRecord], noise_cv: float) -> str:
+    """``host busy: ...`` while every reading of the baseline's worker (the baseline's launches and its sentinels)
+    ran on a busy host, else "". Why: with no quiet reading to replace it, the busy one still divides every
+    speedup, and the report's header must say so rather than show it as the target's rate."""
+    base = next((r for r in records if r.role == "baseline" and r.complete), None)
+    return Sentinels(records, noise_cv).busy_reference(base.worker) if base else ""
+
+
 def launch_spread(records: list[TrialRecord]) -> float:
     """The launch-to-launch spread the study's reference runs allow (the prior until three exist); it comes
     from the reference runs alone (noise_cv only flags drift, so it is not needed here)."""
@@ -515,6 +523,7 @@ class ReportData:
     verifications: list[dict] | None = None  # every `tuner verify` of a deployed section, oldest first
     disturbed_baseline: DisturbedBaseline | None = None  # the first reading its sentinels contradicted
     reference_trial: int | None = None  # the trial whose reading the baseline rate is, when it is one trial's
+    baseline_busy: str = ""  # ``host busy: ...`` while every baseline reading was busy (busy_baseline)
 
     @property
     def objectives(self) -> list[str]:
@@ -542,6 +551,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         ),
         disturbed_baseline=disturbed,
         reference_trial=reference.trial if reference and not disturbed else None,
+        baseline_busy="" if disturbed else busy_baseline(records, record.measurement.get("noise_cv", 0.10)),
         bandwidth=bandwidth,
         roofline=roofline,
         trials=frame,

@@ -151,12 +151,19 @@ def _setup_rows(data: ReportData, done: pd.DataFrame) -> list[tuple[str, str]]:
 
 def _baseline_text(data: ReportData) -> str:
     """The baseline's rate and which reading it is: the baseline trial's, or, where that reading ran on a busy host
-    or the sentinels contradicted it, their median, the first reading named and why it is left out."""
+    or the sentinels contradicted it, their median, the first reading named and why it is left out; where every
+    reading ran on a busy host, the busy one, said so."""
     rate = f"{cell_text(data.baseline_tokens_per_second, 1)} tokens/s (target alone, greedy"
     disturbed = data.disturbed_baseline
     if disturbed is None:
         reference = data.reference_trial
-        return rate + (f"; trial {reference}'s reading)" if reference is not None else ")")
+        reading = f"; trial {reference}'s reading" if reference is not None else ""
+        if data.baseline_busy:
+            return (
+                f"{rate}{reading}, on a busy host ({data.baseline_busy}) like every re-measure of it: no quiet "
+                "reading to replace it, so every speedup divides by a busy one)"
+            )
+        return rate + reading + ")"
     if disturbed.busy:
         return (
             f"{rate}; the median of its {disturbed.sentinels} quiet re-measure(s): its first reading, "
