@@ -183,6 +183,16 @@ def test_a_baseline_launch_on_a_busy_host_is_launched_again_at_once_and_the_head
     )
 
 
+def three_trials_re_measured_when_busy(tmp_path: Path) -> Path:
+    """A stand-in study of three trials whose sentinels come only while every reference reading is busy."""
+    return write_study(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'studies.db'}",
+        budget={"trials": 3},
+        sentinel={"every_trials": 1000},
+    )
+
+
 def test_a_baseline_busy_in_every_reading_heads_the_report_said_busy(tmp_path, env, monkeypatch):
     """Every launch read busy (a host busy all study long): no quiet reading replaces the baseline's, so it stays
     the reference, and the report's header says that it and every re-measure ran on a busy host, naming who."""
@@ -194,12 +204,7 @@ def test_a_baseline_busy_in_every_reading_heads_the_report_said_busy(tmp_path, e
     monkeypatch.setattr(
         launches, "busy_processes", lambda before, after, wall_s, ours: {"hog[7]": 1.5, "all others": 1.5}
     )
-    path = write_study(
-        tmp_path,
-        f"sqlite:///{tmp_path / 'studies.db'}",
-        budget={"trials": 3},
-        sentinel={"every_trials": 1000},
-    )
+    path = three_trials_re_measured_when_busy(tmp_path)
     study, record = run_study_file(path, 3)
     assert any(r.role == "sentinel" for r in store.read_trials(study))  # re-measured, busy too
     data = report_data(study, record)
@@ -226,12 +231,7 @@ def test_a_baseline_busy_in_both_launches_is_re_measured_after_the_next_trial_wh
         return {"hog[7]": 1.5, "all others": 1.5} if len(calls) <= 2 else {"all others": 0.0}
 
     monkeypatch.setattr(launches, "busy_processes", baseline_busy)
-    path = write_study(
-        tmp_path,
-        f"sqlite:///{tmp_path / 'studies.db'}",
-        budget={"trials": 3},
-        sentinel={"every_trials": 1000},
-    )
+    path = three_trials_re_measured_when_busy(tmp_path)
     study, _ = run_study_file(path, 3)
     records = store.read_trials(study)
     roles = [r.role for r in records]
