@@ -641,11 +641,14 @@ def test_real_study_with_a_sentinel_a_pruned_trial_and_a_race_of_three(tmp_path,
     )[:2]
     result = race_study(prepare(spec), study, Progress(lines.append), two)
     race = store.read_race(study)
-    # race.max_rounds 3, or the rounds that fit in their time when the race measures a part of a pass per launch
+    # race.max_rounds 3, or the rounds that fit in their time when the race measures a part of a pass per launch;
+    # a race may stop before that cap (after race.min_rounds, 3) once it decides or more rounds would not settle it:
+    # a stop at 5 of 6 once failed an equality here
     sized = re.search(r"at most (\d+) rounds in that time", "\n".join(lines))
-    rounds = int(sized.group(1)) if sized else 3
-    assert race == result.to_json() and len(race["entries"]) == 3 and race["rounds"] == rounds >= 3
-    assert all(1 <= len(e["rates"]) <= rounds for e in race["entries"])  # one launch per round until dropped
+    cap = int(sized.group(1)) if sized else 3
+    assert race == result.to_json() and len(race["entries"]) == 3 and 3 <= race["rounds"] <= cap
+    # one launch per round until dropped
+    assert all(1 <= len(e["rates"]) <= race["rounds"] for e in race["entries"])
     assert race["launches"] >= sum(len(e["rates"]) for e in race["entries"])
     printed = verdict_lines(result)
     assert any(line.startswith("verdict: ") for line in printed)
