@@ -324,18 +324,22 @@ def by_concurrency(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=CONCURRENCY_COLUMNS)
 
 
+def baseline_readings(records: list[TrialRecord], noise_cv: float) -> tuple[DisturbedBaseline | None, str]:
+    """What the baseline's worker's reference series (``drift.Sentinels``) says of the baseline trial's reading: its
+    first reading where its sentinels contradicted it, else ``host busy: ...`` while every reading (its launches
+    and its sentinels) ran on a busy host. Why the second: with no quiet reading to replace it, the busy one still
+    divides every speedup, and the report's header must say so rather than show it as the target's rate."""
+    base = next((r for r in records if r.role == "baseline" and r.complete), None)
+    if base is None:
+        return None, ""
+    sentinels = Sentinels(records, noise_cv)
+    disturbed = sentinels.disturbed_baseline(base.worker)
+    return disturbed, "" if disturbed else sentinels.busy_reference(base.worker)
+
+
 def disturbed_baseline(records: list[TrialRecord], noise_cv: float) -> DisturbedBaseline | None:
-    """The baseline trial's first reading where its worker's sentinels contradicted it (``drift.Sentinels``)."""
-    base = next((r for r in records if r.role == "baseline" and r.complete), None)
-    return Sentinels(records, noise_cv).disturbed_baseline(base.worker) if base else None
-
-
-def busy_baseline(records: list[TrialRecord], noise_cv: float) -> str:
-    """``host busy: ...`` while every reading of the baseline's worker (the baseline's launches and its sentinels)
-    ran on a busy host, else "". Why: with no quiet reading to replace it, the busy one still divides every
-    speedup, and the report's header must say so rather than show it as the target's rate."""
-    base = next((r for r in records if r.role == "baseline" and r.complete), None)
-    return Sentinels(records, noise_cv).busy_reference(base.worker) if base else ""
+    """The baseline trial's first reading where its worker's sentinels contradicted it (``baseline_readings``)."""
+    return baseline_readings(records, noise_cv)[0]
 
 
 def launch_spread(records: list[TrialRecord]) -> float:
@@ -523,7 +527,7 @@ class ReportData:
     verifications: list[dict] | None = None  # every `tuner verify` of a deployed section, oldest first
     disturbed_baseline: DisturbedBaseline | None = None  # the first reading its sentinels contradicted
     reference_trial: int | None = None  # the trial whose reading the baseline rate is, when it is one trial's
-    baseline_busy: str = ""  # ``host busy: ...`` while every baseline reading was busy (busy_baseline)
+    baseline_busy: str = ""  # ``host busy: ...`` while every baseline reading was busy (baseline_readings)
 
     @property
     def objectives(self) -> list[str]:
@@ -542,7 +546,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
     frame = trials_frame(records, roofline, record.measurement.get("noise_cv", 0.10))
     race = store.read_race(study)
     reference = store.read_reference(study)
-    disturbed = disturbed_baseline(records, record.measurement.get("noise_cv", 0.10))
+    disturbed, baseline_busy = baseline_readings(records, record.measurement.get("noise_cv", 0.10))
     return ReportData(
         study_name=study.study_name,
         record=record,
@@ -551,7 +555,7 @@ def report_data(study: optuna.Study, record: StudyRecord, bandwidth: Bandwidth |
         ),
         disturbed_baseline=disturbed,
         reference_trial=reference.trial if reference and not disturbed else None,
-        baseline_busy="" if disturbed else busy_baseline(records, record.measurement.get("noise_cv", 0.10)),
+        baseline_busy=baseline_busy,
         bandwidth=bandwidth,
         roofline=roofline,
         trials=frame,
