@@ -273,8 +273,9 @@ def test_other_paths_and_bodies_pass_through_unchanged(tmp_path):
 
 
 def test_a_cookie_the_upstream_sets_reaches_its_client_and_no_other_request(tmp_path):
-    """The proxy's one upstream session is shared by every client: it must keep no cookie jar of its own (aiohttp's
-    default jar keeps a named host's cookies, not an IP address's: the upstream is named here)."""
+    """The proxy's upstream connections are shared by every client: a cookie the upstream sets goes back to the
+    client that asked, and is never sent with another's request (a client with a cookie jar, such as aiohttp's
+    default one, would keep a named host's cookies: the upstream is named here)."""
 
     async def check(client, url, fake, lines, proxy):
         async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as first:

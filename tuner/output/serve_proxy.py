@@ -8,9 +8,11 @@ client, a chat front end or a gateway will not set it per request. The proxy rea
 forwards it; every other path and field passes through unchanged, a stream (SSE) chunk by chunk as the router
 sends it.
 
-The HTTP stack is aiohttp: server and client in one dependency, both asynchronous, so one process holds many
-streams at once without a thread each, and a client that goes away cancels its handler (``handler_cancellation``),
-which closes the upstream connection: llama-server stops generating for it. Faults answer in one line each: a
+The side that faces clients is aiohttp's server: asynchronous, so one process holds many streams at once without a
+thread each, hardened against whatever a client sends, and a client that goes away cancels its handler
+(``handler_cancellation``), which closes the upstream connection: llama-server stops generating for it. The
+upstream leg is ``output/upstream_http`` (HTTP/1.1 over kept-alive connections to the one router), not aiohttp's
+client, whose per-request machinery was most of the time the proxy added (that module says why). Faults answer in one line each: a
 body that is not a JSON object gets a 400 with an OpenAI-style error object, an upstream that does not answer a
 502; nothing a request does ends the process.
 
@@ -33,15 +35,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 from aiohttp import web
-from yarl import URL
 
 from tuner.errors import UserError
 from tuner.machine.llama_build import binary
 from tuner.measurement.server_process import free_port
 from tuner.output.serve_metrics import ResponseReader, ServeMetrics
 from tuner.output.serve_routing import ROUTED_PATHS, Routing, study_routing
+from tuner.output.upstream_http import Answer, Upstream, UpstreamError
 
 MAX_BODY = 256 * 1024 * 1024  # a long conversation's body, far above aiohttp's 1 MiB default
 ROUTER_READY_S = 90.0
@@ -84,7 +85,7 @@ class Proxy:
         self.upstream = upstream.rstrip("/")
         self.log = log
         self.metrics = ServeMetrics()
-        self._session: aiohttp.ClientSession | None = None
+        self._upstream: Upstream | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY)
@@ -95,16 +96,11 @@ class Proxy:
         return app
 
     async def _open(self, _app: web.Application) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),  # no pool cap: every client's stream at once
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            auto_decompress=False,  # bytes pass as the router sent them
-            cookie_jar=aiohttp.DummyCookieJar(),  # one client's cookies are never sent with another's requests
-        )
+        self._upstream = Upstream(self.upstream)
 
     async def _close(self, _app: web.Application) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._upstream is not None:
+            self._upstream.close()
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(text=self.metrics.page(), content_type="text/plain", charset="utf-8")
@@ -143,33 +139,36 @@ class Proxy:
     ) -> web.StreamResponse:
         """The request sent upstream and its answer copied back as it comes; its access line and counts once it
         ends, however it ends (a client that closes after the last event it wanted is still counted)."""
-        assert self._session is not None, "the session opens with the app"
+        assert self._upstream is not None, "the upstream opens with the app"
         kind, section = routed
-        url = URL(self.upstream + request.raw_path, encoded=True)
         try:
-            upstream = await self._session.request(
-                request.method, url, headers=_headers(request.headers), data=body or None
+            upstream = await self._upstream.request(
+                request.method, request.raw_path, _headers(request.headers), body
             )
-        except aiohttp.ClientError as err:
+        except UpstreamError as err:
             return self._refuse(where, 502, f"upstream {self.upstream} did not answer: {err}", "server_error")
         except asyncio.CancelledError:
             self.log(f"{where} the client went away after {_ms(started)}: its upstream request cancelled")
             raise
-        reader = ResponseReader("text/event-stream" in upstream.headers.get("Content-Type", ""))
+        reader = ResponseReader("text/event-stream" in (upstream.header("Content-Type") or ""))
         cut = ""
         try:
-            async with upstream:
-                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                response.headers.update(_headers(upstream.headers))
-                if upstream.content_length is not None:
-                    response.content_length = upstream.content_length
-                await response.prepare(request)
-                cut = await _copy(upstream, response, reader if kind is not None else None)
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason or None)
+            for key, value in upstream.headers:
+                if key.lower() not in _NOT_FORWARDED:
+                    response.headers.add(key, value)
+            if upstream.content_length is not None:
+                response.content_length = upstream.content_length
+            await response.prepare(request)
+            cut = await _copy(upstream, response, reader if kind is not None else None)
+            if not cut:
+                cut = await _end(response)
             return response
         except asyncio.CancelledError:
             cut = "; the client went away: its upstream request cancelled"
             raise
         finally:
+            upstream.release()
             if kind is not None and section is not None:
                 self.metrics.routed(section, kind, reader.answer())
             routed_text = "" if kind is None else f" type={kind} section={section}"
@@ -181,19 +180,26 @@ class Proxy:
         return web.json_response(error_body(status, message, kind), status=status)
 
 
-async def _copy(
-    upstream: aiohttp.ClientResponse, response: web.StreamResponse, reader: ResponseReader | None
-) -> str:
-    """The upstream's body written to the client chunk by chunk as it comes; how it broke off ("" if it did
-    not)."""
+async def _copy(upstream: Answer, response: web.StreamResponse, reader: ResponseReader | None) -> str:
+    """The upstream's body written to the client as it comes; how it broke off ("" if it did not)."""
     try:
-        async for chunk in upstream.content.iter_any():
+        async for chunk in upstream.body():
             if reader is not None:
                 reader.feed(chunk)
             await response.write(chunk)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+    except UpstreamError as err:
         response.force_close()
-        return f"; the upstream broke off: {type(err).__name__}: {err}"
+        return f"; the upstream broke off: {err}"
+    except ConnectionResetError:
+        return "; the client went away"
+    return ""
+
+
+async def _end(response: web.StreamResponse) -> str:
+    """The response ended now (a stream's last chunk sent), so the client's last byte does not wait for the access
+    line and the counts written after it; how it broke off ("" if it did not)."""
+    try:
+        await response.write_eof()
     except ConnectionResetError:
         return "; the client went away"
     return ""
