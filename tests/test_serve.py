@@ -95,7 +95,7 @@ def test_a_chat_request_goes_to_its_chat_suite_s_section_first(tmp_path):
     assert routing.pick(prose_chat) == ("prose", "demo")
 
 
-def test_a_missing_preset_or_study_is_one_line_naming_the_fix(tmp_path):
+def test_a_missing_preset_or_study_or_an_upstream_that_is_no_url_is_one_line_naming_the_fix(tmp_path, capsys):
     with pytest.raises(UserError, match=r"no such preset file; run `tuner export demo` first"):
         study_routing(tmp_path / "none.ini", "demo")
     with pytest.raises(
@@ -103,6 +103,12 @@ def test_a_missing_preset_or_study_is_one_line_naming_the_fix(tmp_path):
     ):
         study_routing(write_preset(tmp_path / "p.ini"), "other")
     assert main(["serve", "other", "--preset", str(tmp_path / "p.ini"), "--upstream", "http://x"]) == 2
+    for upstream in ("127.0.0.1:9000", "http://", "ftp://x:1"):
+        assert main(["serve", "demo", "--preset", str(tmp_path / "p.ini"), "--upstream", upstream]) == 2
+        assert (
+            f"--upstream {upstream}: not an http:// URL; name the router as http://HOST:PORT"
+            in capsys.readouterr().err
+        )
 
 
 def test_a_port_already_taken_is_one_line(tmp_path, capsys):

@@ -42,7 +42,7 @@ from tuner.machine.llama_build import binary
 from tuner.measurement.server_process import free_port
 from tuner.output.serve_metrics import ResponseReader, ServeMetrics
 from tuner.output.serve_routing import ROUTED_PATHS, Routing, study_routing
-from tuner.output.upstream_http import Answer, Upstream, UpstreamError
+from tuner.output.upstream_http import Answer, Upstream, UpstreamError, is_http_url
 
 MAX_BODY = 256 * 1024 * 1024  # a long conversation's body, far above aiohttp's 1 MiB default
 ROUTER_READY_S = 90.0
@@ -300,7 +300,7 @@ def serve(
 ) -> int:
     """``tuner serve``: the study's sections read, the router started (unless ``upstream``), the proxy served
     until Ctrl-C or SIGTERM, the router stopped."""
-    if upstream is not None and not upstream.startswith(("http://", "https://")):
+    if upstream is not None and not is_http_url(upstream):
         raise UserError(f"--upstream {upstream}: not an http:// URL; name the router as http://HOST:PORT")
     routing = study_routing(preset, study)
     router = None

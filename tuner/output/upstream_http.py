@@ -112,19 +112,21 @@ class Upstream:
     """Kept-alive connections to one HTTP server (``http://`` or ``https://``, an optional path prefix)."""
 
     def __init__(self, base: str) -> None:
+        assert is_http_url(base), (
+            f"{base}: not an http:// or https:// URL with a host (checked where it is given)"
+        )
         url = URL(base)
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"{base}: not an http:// or https:// URL")
         self.host, self.port = url.host, url.port or (443 if url.scheme == "https" else 80)
         self._ssl = ssl.create_default_context() if url.scheme == "https" else None
         self._prefix = url.raw_path.rstrip("/")
-        raw_host = url.raw_host or url.host
+        raw_host = url.raw_host or ""
         self._host_header = f"{raw_host}:{self.port}" if url.explicit_port else raw_host
         self._idle: list[_Connection] = []
 
     async def request(self, method: str, target: str, headers: dict[str, str], body: bytes) -> Answer:
         """Send one request (``target``: path and query, as received) and read its status and headers; a pooled
-        connection the server has closed meanwhile is retried once on a new one."""
+        connection the server has closed meanwhile is passed over (the request sent again on the next, a new one at
+        the latest)."""
         head = _request_head(method, self._prefix + target, self._host_header, headers, body)
         while True:
             connection = await self._connection()
@@ -189,6 +191,15 @@ class Upstream:
             framing, length = "close", 0
         reusable = reusable and framing != "close"
         return Answer(status, reason, headers, connection, framing, length, self, reusable)
+
+
+def is_http_url(base: str) -> bool:
+    """An ``http://`` or ``https://`` URL with a host: what ``Upstream`` connects to."""
+    try:
+        url = URL(base)
+    except ValueError:
+        return False
+    return url.scheme in ("http", "https") and bool(url.host)
 
 
 def _request_head(method: str, target: str, host: str, headers: dict[str, str], body: bytes) -> bytes:
