@@ -12,9 +12,9 @@ The side that faces clients is aiohttp's server: asynchronous, so one process ho
 thread each, hardened against whatever a client sends, and a client that goes away cancels its handler
 (``handler_cancellation``), which closes the upstream connection: llama-server stops generating for it. The
 upstream leg is ``output/upstream_http`` (HTTP/1.1 over kept-alive connections to the one router), not aiohttp's
-client, whose per-request machinery was most of the time the proxy added (that module says why). Faults answer in one line each: a
-body that is not a JSON object gets a 400 with an OpenAI-style error object, an upstream that does not answer a
-502; nothing a request does ends the process.
+client, whose per-request machinery was most of the time the proxy added (that module says why). Faults answer in
+one line each: a body that is not a JSON object gets a 400 with an OpenAI-style error object, an upstream that does
+not answer a 502; nothing a request does ends the process.
 
 Without ``--upstream`` the router is started here on the exported preset, as ``serve-router.sh`` starts it (on a
 free localhost port), and stopped on exit.
