@@ -735,10 +735,12 @@ def test_a_study_with_cpu_hogs_beside_its_baseline_names_the_disturbed_reading_a
     later = [r for r in records if r.role == "sentinel" and r.complete]
     quiet = [r for r in later if not (r.host and host_was_busy(r.host))]
     data = report_data(study, store.read_study_record(study))
-    # other work beside the suite (a CPU hog) kept every re-measure busy: the header says the busy one stands
+    # other work beside the suite (a CPU hog) kept every re-measure busy: the header says a busy reading stands
+    # (the first one, or the re-measures' median where they contradicted it: 59.9 against 1.3 tokens/s once)
     if not quiet:
-        assert data.disturbed_baseline is None and data.baseline_busy, "\n".join(lines)
-        assert f"on a busy host ({data.baseline_busy}) like every re-measure of it" in summary_table(data)
+        assert data.baseline_busy, "\n".join(lines)
+        header = summary_table(data)
+        assert f"({data.baseline_busy})" in header and "every speedup divides by a busy one" in header
         return
     disturbed = data.disturbed_baseline
     assert disturbed is not None, "\n".join(lines)

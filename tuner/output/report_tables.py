@@ -169,9 +169,15 @@ def _baseline_text(data: ReportData) -> str:
             f"{rate}; the median of its {disturbed.sentinels} quiet re-measure(s): its first reading, "
             f"{disturbed.first:.1f} tokens/s, ran on a busy host ({disturbed.busy}) and is left out)"
         )
+    busy = (
+        f"; those re-measures ran on a busy host too ({data.baseline_busy}): no quiet reading, so every speedup "
+        "divides by a busy one"
+        if data.baseline_busy
+        else ""
+    )
     return (
         f"{rate}; the median of its {disturbed.sentinels} re-measures: its first reading, {disturbed.first:.1f} "
-        "tokens/s, disagreed with them beyond the noise, the host disturbed, and is left out)"
+        f"tokens/s, disagreed with them beyond the noise, the host disturbed, and is left out{busy})"
     )
 
 
