@@ -71,7 +71,7 @@ def scenario(answers: Answers, check: Callable[[Upstream, ScriptedServer], Await
 
 
 async def whole(upstream: Upstream, target: str, method: str = "GET", body: bytes = b"") -> tuple[int, bytes]:
-    answer = await upstream.request(method, target, {"X-Client": "yes"}, body)
+    answer = await upstream.request(method, target, [("X-Client", "yes")], body)
     try:
         return answer.status, b"".join([chunk async for chunk in answer.body()])
     finally:
@@ -155,14 +155,14 @@ def test_what_breaks_off_is_an_upstream_error_naming_it():
 
     async def check(upstream, server):
         for target, said in (("/cut", "closed"), ("/short", "45 of 50 bytes")):
-            answer = await upstream.request("GET", target, {}, b"")
+            answer = await upstream.request("GET", target, [], b"")
             with pytest.raises(UpstreamError, match=said):
                 [chunk async for chunk in answer.body()]
             answer.release()
         with pytest.raises(UpstreamError, match="not an HTTP/1.x status line"):
-            await upstream.request("GET", "/nonsense", {}, b"")
+            await upstream.request("GET", "/nonsense", [], b"")
         with pytest.raises(UpstreamError, match="the connection closed"):
-            await upstream.request("GET", "/silent", {}, b"")
+            await upstream.request("GET", "/silent", [], b"")
 
     scenario(answers, check)
 
@@ -170,6 +170,6 @@ def test_what_breaks_off_is_an_upstream_error_naming_it():
 def test_an_upstream_that_refuses_is_an_upstream_error():
     async def check() -> None:
         with pytest.raises(UpstreamError, match="refused"):
-            await Upstream(f"http://127.0.0.1:{free_port()}").request("GET", "/health", {}, b"")
+            await Upstream(f"http://127.0.0.1:{free_port()}").request("GET", "/health", [], b"")
 
     asyncio.run(check())

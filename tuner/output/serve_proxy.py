@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +73,9 @@ def error_body(status: int, message: str, kind: str) -> dict:
     return {"error": {"message": message, "type": kind, "code": status}}
 
 
-def _headers(headers) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED}
+def _headers(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The end-to-end headers of one message, each repeat kept (a client's or the router's Set-Cookie lines)."""
+    return [(key, value) for key, value in pairs if key.lower() not in _NOT_FORWARDED]
 
 
 class Proxy:
@@ -143,7 +144,7 @@ class Proxy:
         kind, section = routed
         try:
             upstream = await self._upstream.request(
-                request.method, request.raw_path, _headers(request.headers), body
+                request.method, request.raw_path, _headers(request.headers.items()), body
             )
         except UpstreamError as err:
             return self._refuse(where, 502, f"upstream {self.upstream} did not answer: {err}", "server_error")
@@ -154,9 +155,8 @@ class Proxy:
         cut = ""
         try:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason or None)
-            for key, value in upstream.headers:
-                if key.lower() not in _NOT_FORWARDED:
-                    response.headers.add(key, value)
+            for key, value in _headers(upstream.headers):
+                response.headers.add(key, value)
             if upstream.content_length is not None:
                 response.content_length = upstream.content_length
             await response.prepare(request)

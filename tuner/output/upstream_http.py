@@ -123,7 +123,7 @@ class Upstream:
         self._host_header = f"{raw_host}:{self.port}" if url.explicit_port else raw_host
         self._idle: list[_Connection] = []
 
-    async def request(self, method: str, target: str, headers: dict[str, str], body: bytes) -> Answer:
+    async def request(self, method: str, target: str, headers: list[tuple[str, str]], body: bytes) -> Answer:
         """Send one request (``target``: path and query, as received) and read its status and headers; a pooled
         connection the server has closed meanwhile is passed over (the request sent again on the next, a new one at
         the latest)."""
@@ -202,9 +202,9 @@ def is_http_url(base: str) -> bool:
     return url.scheme in ("http", "https") and bool(url.host)
 
 
-def _request_head(method: str, target: str, host: str, headers: dict[str, str], body: bytes) -> bytes:
+def _request_head(method: str, target: str, host: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
     lines = [f"{method} {target or '/'} HTTP/1.1", f"Host: {host}"]
-    lines += [f"{key}: {value}" for key, value in headers.items()]
+    lines += [f"{key}: {value}" for key, value in headers]
     if body or method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
