@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -305,12 +306,20 @@ def _search_figures(frame: pd.DataFrame, seeds: int) -> dict[str, Any]:
     }
 
 
-def measure_regime(out: Path, *, seeds: int, max_launches: int | None, study: StudySpec) -> dict[str, Any]:
+def measure_regime(
+    out: Path,
+    *,
+    seeds: int,
+    max_launches: int | None,
+    study: StudySpec,
+    shrink: Callable[[StudySpec], StudySpec] = lambda spec: spec,
+) -> dict[str, Any]:
     """Record (fresh) and read each content type's sweep of ``study`` (the scale grid), with the scale study's
-    race when it has been run in the default storage."""
+    race when it has been run in the default storage. ``shrink``: applied to each content type's study
+    (``--quick``'s one prompt of the suite, not the whole suite)."""
     sweeps: dict[str, tuple[pd.DataFrame, Path, Path]] = {}
     for suite in SUITES:
-        spec = suite_spec(study, suite)
+        spec = shrink(suite_spec(study, suite))
         csv = out / f"grid-{spec.name}.csv"
         for stale in (csv.with_suffix(".jsonl"), csv.with_suffix(".reference.json"), leaders_path(csv)):
             stale.unlink(missing_ok=True)  # every figure from this session

@@ -47,7 +47,7 @@ from benchmarks import (
     serve_overhead,
 )
 from benchmarks.grid import record_grid
-from benchmarks.sizes import Sizes, study_spec
+from benchmarks.sizes import Sizes, shrunk, study_spec
 from benchmarks.table import read_table
 from tuner.prepare import prepare
 from tuner.progress import Progress
@@ -219,7 +219,11 @@ def _scale(scale_grid: Path, sizes: Sizes, out: Path) -> Section:
         f"{', '.join(scale_regime.SUITES)}, against the structured search",
         "5. The research's regime: the scale target's K sweep against the search",
         lambda: scale_regime.measure_regime(
-            out, seeds=sizes.seeds, max_launches=sizes.grid_launches, study=spec
+            out,
+            seeds=sizes.seeds,
+            max_launches=sizes.grid_launches,
+            study=spec,
+            shrink=lambda suite_study: shrunk(suite_study, sizes, out),
         ),
         scale_regime.markdown,
     )

@@ -74,9 +74,13 @@ def sizes_of(seeds: int, rounds: int, decision_runs: int, repeat_trials: int | N
 
 
 def study_spec(path: Path, sizes: Sizes, out: Path) -> StudySpec:
-    """The study as written; for ``--quick``, one prompt of its first suite, 8 tokens, two passes, no
+    """The study as written, shrunk for ``--quick`` (``shrunk``)."""
+    return shrunk(load_spec(path), sizes, out)
+
+
+def shrunk(spec: StudySpec, sizes: Sizes, out: Path) -> StudySpec:
+    """The study as given; for ``--quick``, one prompt of its first suite, 8 tokens, two passes, no
     warm-up."""
-    spec = load_spec(path)
     if not sizes.quick:
         return spec
     settings = replace(

@@ -213,7 +213,9 @@ def test_a_lookup_that_remembers_is_measured_a_launch_per_pass(synthetic_models,
 
     workload = Workload(prompts=load_workload(["prose"], tmp_path).prompts[:3])
     settings = MeasurementSettings(warmup=1, repetitions=2, n_predict=48, ctx_size=1024)
-    argv = [str(binary("llama-server")), "-m", str(synthetic_models.path("target")), "-t", "2", "-c", "1024"]
+    # one thread: what is asserted (drafts alike pass to pass) holds at any count, and two threads on two cores
+    # beside another busy process wait on each other (355 s in a loaded `make test`, 3 s quiet)
+    argv = [str(binary("llama-server")), "-m", str(synthetic_models.path("target")), "-t", "1", "-c", "1024"]
     argv += ["-np", "1", "--no-webui", "--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "3"]
     argv += ["--spec-ngram-mod-n-max", "8", "--spec-ngram-mod-n-min", "1"]
     ids = [p.id for p in workload.prompts]

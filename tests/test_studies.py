@@ -166,6 +166,8 @@ def test_bench_quick_runs_every_section_of_make_bench(synthetic_models, tmp_path
     assert len(result["launch_size"]["cells"]) == 9  # 1d: every launch and round spread of 1c's grid
     scale = result["scale_regime"]["suites"]  # 5: the scale target's sweep, per suite, the baseline first
     assert list(scale) == ["code", "prose", "summarize"]
+    quick_suites = {p.name for p in out.glob("quick-*.yaml")}  # each content type's sweep on one prompt of it
+    assert {"quick-prose.yaml", "quick-summarize.yaml"} <= quick_suites
     assert all(Path(s["table"]).read_text().splitlines()[1].startswith("none,") for s in scale.values())
     quant = result["quantization"]  # 6: the target's Q4_0 against its F16, two rounds in --quick
     assert quant["source"] == "target.gguf" and len(quant["ratios"]) == 2

@@ -212,6 +212,47 @@ def test_a_baseline_busy_in_every_reading_heads_the_report_said_busy(tmp_path, e
     assert "on a busy host (host busy: hog[7]) like every re-measure of it" in summary_table(data)
 
 
+def test_a_busy_baseline_its_busy_re_measures_contradict_heads_the_report_said_busy_too(
+    tmp_path, env, monkeypatch
+):
+    """Run 3 of `make test` beside a hog: the baseline read 59.9 t/s, its re-measures 1.3, every one busy. The
+    re-measures agree with each other and contradict the first reading, so their median stands for it and the first
+    is named; the header must also say that the median it shows is busy (no quiet reading exists)."""
+    from fake_llama_server import run_study_file
+
+    import tuner.measurement.measured_launch as launches
+    from tuner.output.analysis import baseline_readings
+
+    busy = {"busy_processes": {"sh[4242]": 1.0, "all others": 1.0}}
+    records = [
+        replace(record(0, 59.9, role="baseline", at=0), host=busy),
+        replace(record(1, 2.0, k=8, at=50), host=busy),
+        replace(record(2, 1.3, role="sentinel", at=100), host=busy),
+        replace(record(3, 1.3, role="sentinel", at=200), host=busy),
+    ]
+    disturbed, busy_text = baseline_readings(records, 0.10)
+    assert disturbed is not None and (disturbed.first, disturbed.remeasured, disturbed.busy) == (
+        59.9,
+        1.3,
+        "",
+    )
+    assert busy_text == "host busy: sh[4242]"
+    # the header as the report writes it, on a stand-in study's report with these readings
+    monkeypatch.setattr(launches, "busy_processes", lambda before, after, wall_s, ours: {"all others": 0.0})
+    study, stand_in = run_study_file(
+        write_study(tmp_path, f"sqlite:///{tmp_path / 's.db'}", budget={"trials": 1})
+    )
+    data = replace(
+        report_data(study, stand_in),
+        baseline_tokens_per_second=disturbed.remeasured,
+        disturbed_baseline=disturbed,
+        baseline_busy=busy_text,
+    )
+    header = summary_table(data)
+    assert "its first reading, 59.9 tokens/s, disagreed with them beyond the noise" in header
+    assert "those re-measures ran on a busy host too (host busy: sh[4242])" in header
+
+
 def test_a_baseline_busy_in_both_launches_is_re_measured_after_the_next_trial_whose_line_says_so(
     tmp_path, env, monkeypatch
 ):
