@@ -405,6 +405,52 @@ def test_a_study_of_two_levels_stores_each_level_its_objectives_and_bounds(tmp_p
     assert trial.system_attrs["constraints:aggregate_tokens_per_second_c1"] > 0
 
 
+LOSING_BATCHED_BENCH = """#!{python}
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+levels = [int(x) for x in args[args.index("-npl") + 1].split(",")]
+launches = Path(sys.argv[0]).with_suffix(".launches")
+with launches.open("a") as seen:
+    seen.write(",".join(map(str, levels)) + "\\n")
+# the last level is the pad, slower than the rest: a rate taken from its row would show
+rows = [json.dumps({{"pp": 10, "tg": 16, "pl": pl, "t": 0.25 * pl * (1 + 9 * (i == len(levels) - 1))}})
+        for i, pl in enumerate(levels)]
+if len(launches.read_text().splitlines()) <= {losing}:  # the logger lost the last rows; one is cut short
+    rows = rows[:{keep}] + [rows[{keep}][:20]]
+print("\\n".join(rows))
+"""
+
+
+@pytest.mark.parametrize(
+    "losing, keep, relaunched", [(1, 1, ["1,2,4,1", "2,4,2"]), (3, 0, ["1,2,4,1", "1,2,4,1", "1,2,4,1"])]
+)
+def test_batched_bench_rows_lost_at_exit_are_measured_again_and_never_invented(
+    tmp_path, synthetic_models, monkeypatch, losing, keep, relaunched
+):
+    """A stand-in batched-bench that exits 0 with its last rows lost and one cut short, as llama.cpp's logger
+    does on a busy host: each launch ends with a pad level whose row is not used, the levels without a row are
+    launched again, and where every launch loses them the bench stops in one line instead of comparing fewer."""
+    import sys
+
+    import benchmarks.concurrency as concurrency
+    from tuner.prepare import prepare
+
+    fake = tmp_path / "llama-batched-bench"
+    fake.write_text(LOSING_BATCHED_BENCH.format(python=sys.executable, losing=losing, keep=keep))
+    fake.chmod(0o755)
+    monkeypatch.setattr(concurrency, "batched_bench_binary", lambda bin_dir: fake)
+    monkeypatch.setenv("TUNER_STORAGE_DIR", str(tmp_path / "storage"))
+    ctx = prepare(load_spec(write(tmp_path)))
+    if losing < concurrency.LOST_ROW_LAUNCHES:
+        rates = concurrency.batched_bench(ctx, 10, 16, (1, 2, 4), 2048)
+        assert rates == {pl: pytest.approx(16 / 0.25) for pl in (1, 2, 4)}
+    else:
+        with pytest.raises(UserError, match=r"rows for levels \[\] of \[1, 2, 4\] in 3 launches"):
+            concurrency.batched_bench(ctx, 10, 16, (1, 2, 4), 2048)
+    assert fake.with_suffix(".launches").read_text().split() == relaunched
+
+
 def test_the_bench_compares_the_load_with_batched_bench_level_by_level(
     tmp_path, synthetic_models, monkeypatch
 ):
@@ -417,8 +463,5 @@ def test_the_bench_compares_the_load_with_batched_bench_level_by_level(
     )
     assert [c.users for c in found] == [1, 2]
     assert all(len(c.load) == len(c.bench) == 2 and min(c.load + c.bench) > 0 for c in found)
-    assert all(
-        0.5 < c.ratio < 2 for c in found
-    )  # the server's figure, generously: the bench prints the ratio
     assert [row["users"] for row in to_dict(found)["levels"]] == [1, 2]
     assert markdown(found).count("\n| ") == 2  # one row per level
