@@ -86,7 +86,7 @@ class LevelComparison:
 
 def parse_batched_bench(jsonl: str) -> dict[int, float]:
     """B -> generated tokens over the whole time (B * tg / t) from batched-bench's JSONL rows."""
-    rates = {}
+    rates: dict[int, float] = {}
     for line in jsonl.splitlines():
         try:
             row = json.loads(line) if line.startswith("{") else None
