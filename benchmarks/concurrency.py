@@ -161,10 +161,8 @@ def batched_bench_argv(
         str(pp),
         "-ntg",
         str(tg),
-        "-npl",
-        ",".join(
-            map(str, (*levels, min(levels)))
-        ),  # the last, a pad: its row is not used (``batched_bench``)
+        "-npl",  # the levels, then the smallest once more: a pad whose row is not used (``batched_bench``)
+        ",".join(map(str, (*levels, min(levels)))),
         "--output-format",
         "jsonl",
     ]
