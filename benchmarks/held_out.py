@@ -8,6 +8,11 @@ development range (``DEVELOPMENT_SEEDS``) for inspecting why a search stalls. Ea
 (a miss counts as infinite), the share of draws where every seed is within it by ``budget`` trials, and the 90th
 percentile of the regret after 20 and after 40 trials. The bars: ``MEDIAN_BAR``, ``SHARE_BAR``, ``P90_BAR``
 (docs/decisions.md, "Held-out draws").
+
+A rule is judged against the run before it (``paired``): each replay (draw and seed, the same noise) with its own
+before, sooner or later within the tolerance, and a sign test on those that differ. Why: pooled figures of two runs
+moved by 4 to 7 seeds of 200 where the paired counts were even, and a rule chosen on such a move was slower on the
+held-out draws (docs/evidence/held-out-draws.md, "Tried, not taken: the baseline's policy at the rung").
 """
 
 from __future__ import annotations
@@ -66,6 +71,17 @@ class DrawFigures(TypedDict):
     met: bool
 
 
+class PairedComparison(TypedDict):
+    """One run's replays against the same replays of a run before it."""
+
+    replays: int
+    sooner: int  # within the tolerance in fewer trials (or only now)
+    later: int  # in more trials (or never now)
+    within_before: int  # replays within the tolerance by the budget
+    within_after: int
+    p_value: float  # two-sided sign test on the replays that differ: chance of a split this uneven or more
+
+
 class DrawBenchmark(TypedDict):
     draws: list[int]  # first and last seed
     seeds: int
@@ -122,6 +138,64 @@ def benchmark(plan: DrawPlan = DrawPlan()) -> DrawBenchmark:
         "replays": replays,
         "figures": figures(replays, plan),
     }
+
+
+def paired(before: DrawBenchmark, after: DrawBenchmark) -> PairedComparison:
+    """Each replay of ``after`` against the same draw and seed of ``before`` (the same draws, seeds, budget and
+    tolerance, or ValueError): how many came within the tolerance sooner and later, and the sign test's p-value.
+    Under no difference a sooner and a later replay are equally likely, so at a 5% level the test calls a rule
+    that changes nothing better or worse in at most 5% of comparisons (replays of one draw share its host, so
+    read it as a test over replays of these draws, not over hosts)."""
+
+    def shape(run: DrawBenchmark) -> str:
+        first, last = run["draws"]
+        return f"draws {first}-{last}, {run['seeds']} seeds, {run['budget']} trials, tolerance {run['tolerance']:g}"
+
+    if shape(before) != shape(after):
+        raise ValueError(f"it replayed {shape(before)}; this run {shape(after)}")
+    rank = lambda t: math.inf if t is None else t  # noqa: E731
+    pairs = [
+        (rank(b), rank(a))
+        for old, new in zip(before["replays"], after["replays"], strict=True)
+        for b, a in zip(old["trials"], new["trials"], strict=True)
+    ]
+    sooner, later = sum(a < b for b, a in pairs), sum(a > b for b, a in pairs)
+    budget = after["budget"]
+    return {
+        "replays": len(pairs),
+        "sooner": sooner,
+        "later": later,
+        "within_before": sum(b <= budget for b, _ in pairs),
+        "within_after": sum(a <= budget for _, a in pairs),
+        "p_value": sign_test(sooner, later),
+    }
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided exact sign test: the chance, with each of ``wins + losses`` equally likely either way, of a split
+    at least this uneven."""
+    n, k = wins + losses, min(wins, losses)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired_markdown(result: PairedComparison, against: str) -> str:
+    """The paired comparison as a paragraph under the figures."""
+    same = result["replays"] - result["sooner"] - result["later"]
+    verdict = (
+        "no difference shown at the 5% level"
+        if result["p_value"] >= 0.05
+        else ("sooner" if result["sooner"] > result["later"] else "later")
+        + " more often than chance explains"
+    )
+    return (
+        f"Against {against}, replay by replay (the same draws and seeds): sooner within the tolerance (or only now) "
+        f"{result['sooner']}, later (or never now) {result['later']}, the same {same}; a sign test on the "
+        f"{result['sooner'] + result['later']} that differ: p = {result['p_value']:.3g}, {verdict}. Replays within "
+        f"the tolerance by the budget: {result['within_before']} -> {result['within_after']} of {result['replays']}.\n"
+    )
 
 
 def _worst_first(replays: DrawReplays) -> tuple[int, float]:

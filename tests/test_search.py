@@ -562,6 +562,43 @@ def test_a_draw_prints_as_a_table_and_a_bad_range_is_one_line(capsys):
     assert "--draws: '5-x' is not held-out, development" in capsys.readouterr().err
 
 
+def test_a_run_against_an_earlier_one_pairs_each_replay_and_tests_the_split(tmp_path, capsys):
+    """``--against``: the same code replays the same draws and seeds bit for bit (every replay the same); a run of
+    other draws or seeds is a one-line error naming the file and the fix, as is a file that is not such a run."""
+    from benchmarks import held_out
+    from benchmarks.cli import main as bench_main
+
+    earlier = tmp_path / "before.json"
+    args = ["bench-operator", "--draws", "3-4", "--seeds", "2", "--trials", "8"]
+    assert bench_main([*args, "--json", str(earlier)]) == 1  # the bars are not met in 8 trials
+    capsys.readouterr()
+    bench_main([*args, "--against", str(earlier)])
+    out = capsys.readouterr().out
+    assert "sooner within the tolerance (or only now) 0, later (or never now) 0, the same 4" in out
+    assert "no difference shown at the 5% level" in out
+    assert (
+        bench_main(
+            ["bench-operator", "--draws", "3-4", "--seeds", "1", "--trials", "8", "--against", str(earlier)]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--against {earlier}: it replayed draws 3-4, 2 seeds" in err
+    assert "run with the same --draws, --seeds and --trials" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"figures": {}}')
+    assert bench_main([*args, "--against", str(bad)]) == 2
+    assert "no 'replays' list" in capsys.readouterr().err
+    # the split: ten replays sooner and none later is 2 / 2^10 by chance; five and five, no difference
+    before = json.loads(earlier.read_text())
+    after = {**before, "replays": [{**d, "trials": [1, 1]} for d in before["replays"]]}
+    faster = held_out.paired(before, after)
+    assert (faster["sooner"], faster["later"], faster["replays"]) == (4, 0, 4)
+    assert held_out.sign_test(10, 0) == pytest.approx(2 / 2**10)
+    assert held_out.sign_test(5, 5) == 1.0 and held_out.sign_test(0, 0) == 1.0
+    assert held_out.sign_test(126, 75) < 0.001  # the held-out judgement of issue 58's rules not taken
+
+
 def test_held_out_figures_pool_every_seed_and_count_misses_as_infinite():
     from benchmarks import held_out
 

@@ -46,6 +46,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--seeds replays per draw",
     )
     parser.add_argument(
+        "--against",
+        metavar="JSON",
+        help="with --draws: compare each replay with the same draw and seed in JSON (the --json of an earlier "
+        "--draws run with the same draws, --seeds and --trials): how many came within 3%% sooner or later, "
+        "and a sign test",
+    )
+    parser.add_argument(
         "--print-draw", type=int, metavar="SEED", help="print the drawn landscape of SEED and exit"
     )
 
@@ -88,12 +95,34 @@ def run_draws(args: argparse.Namespace) -> int:
         raise UserError(
             "--draws must name at least one seed (A-B with A <= B); --seeds and --trials must be >= 1"
         )
+    before = _earlier_run(args.against) if args.against else None
     result = held_out.benchmark(
         held_out.DrawPlan(draws, seeds=args.seeds, budget=args.trials, jobs=args.jobs)
     )
     print(held_out.markdown(result), end="")
+    if before is not None:
+        try:
+            comparison = held_out.paired(before, result)
+        except ValueError as e:
+            raise UserError(
+                f"--against {args.against}: {e}; run with the same --draws, --seeds and --trials"
+            ) from None
+        print(held_out.paired_markdown(comparison, args.against), end="")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
         print(f"wrote {args.json}")
     return 0 if result["figures"]["met"] else 1
+
+
+def _earlier_run(path: str) -> held_out.DrawBenchmark:
+    """An earlier ``--draws --json`` result, read before the replays start (a bad file fails at once)."""
+    try:
+        before = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"--against {path}: cannot read it as JSON ({e}); give the --json of a --draws run"
+        ) from None
+    if not isinstance(before, dict) or not isinstance(before.get("replays"), list):
+        raise UserError(f"--against {path}: no 'replays' list; give the --json of a --draws run")
+    return before  # type: ignore[return-value]
