@@ -146,13 +146,7 @@ def paired(before: DrawBenchmark, after: DrawBenchmark) -> PairedComparison:
     Under no difference a sooner and a later replay are equally likely, so at a 5% level the test calls a rule
     that changes nothing better or worse in at most 5% of comparisons (replays of one draw share its host, so
     read it as a test over replays of these draws, not over hosts)."""
-
-    def shape(run: DrawBenchmark) -> str:
-        first, last = run["draws"]
-        return f"draws {first}-{last}, {run['seeds']} seeds, {run['budget']} trials, tolerance {run['tolerance']:g}"
-
-    if shape(before) != shape(after):
-        raise ValueError(f"it replayed {shape(before)}; this run {shape(after)}")
+    check_comparable(before, planned(after["draws"], after["seeds"], after["budget"], after["tolerance"]))
     rank = lambda t: math.inf if t is None else t  # noqa: E731
     pairs = [
         (rank(b), rank(a))
@@ -169,6 +163,18 @@ def paired(before: DrawBenchmark, after: DrawBenchmark) -> PairedComparison:
         "within_after": sum(a <= budget for _, a in pairs),
         "p_value": sign_test(sooner, later),
     }
+
+
+def planned(draws, seeds: int, budget: int, tolerance: float) -> str:
+    """What a run replays, in words: two runs are paired only where these match."""
+    return f"draws {draws[0]}-{draws[-1]}, {seeds} seeds, {budget} trials, tolerance {tolerance:g}"
+
+
+def check_comparable(before: DrawBenchmark, plan: str) -> None:
+    """ValueError where ``before`` replayed other draws, seeds, trials or tolerance than ``plan`` (``planned``)."""
+    theirs = planned(before["draws"], before["seeds"], before["budget"], before["tolerance"])
+    if theirs != plan:
+        raise ValueError(f"it replayed {theirs}; this run {plan}")
 
 
 def sign_test(wins: int, losses: int) -> float:

@@ -584,7 +584,7 @@ def test_a_run_against_an_earlier_one_pairs_each_replay_and_tests_the_split(tmp_
     )
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"--against {earlier}: it replayed draws 3-4, 2 seeds" in err
-    assert "run with the same --draws, --seeds and --trials" in err
+    assert "run with the same --draws, --seeds and --trials as it" in err
     bad = tmp_path / "bad.json"
     bad.write_text('{"figures": {}}')
     assert bench_main([*args, "--against", str(bad)]) == 2

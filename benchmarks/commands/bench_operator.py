@@ -95,19 +95,12 @@ def run_draws(args: argparse.Namespace) -> int:
         raise UserError(
             "--draws must name at least one seed (A-B with A <= B); --seeds and --trials must be >= 1"
         )
-    before = _earlier_run(args.against) if args.against else None
-    result = held_out.benchmark(
-        held_out.DrawPlan(draws, seeds=args.seeds, budget=args.trials, jobs=args.jobs)
-    )
+    plan = held_out.DrawPlan(draws, seeds=args.seeds, budget=args.trials, jobs=args.jobs)
+    before = _earlier_run(args.against, plan) if args.against else None
+    result = held_out.benchmark(plan)
     print(held_out.markdown(result), end="")
     if before is not None:
-        try:
-            comparison = held_out.paired(before, result)
-        except ValueError as e:
-            raise UserError(
-                f"--against {args.against}: {e}; run with the same --draws, --seeds and --trials"
-            ) from None
-        print(held_out.paired_markdown(comparison, args.against), end="")
+        print(held_out.paired_markdown(held_out.paired(before, result), args.against), end="")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -115,8 +108,9 @@ def run_draws(args: argparse.Namespace) -> int:
     return 0 if result["figures"]["met"] else 1
 
 
-def _earlier_run(path: str) -> held_out.DrawBenchmark:
-    """An earlier ``--draws --json`` result, read before the replays start (a bad file fails at once)."""
+def _earlier_run(path: str, plan: held_out.DrawPlan) -> held_out.DrawBenchmark:
+    """An earlier ``--draws --json`` result of the same draws, seeds and trials, read before the replays start (a
+    bad file fails at once, not after them)."""
     try:
         before = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -125,4 +119,15 @@ def _earlier_run(path: str) -> held_out.DrawBenchmark:
         ) from None
     if not isinstance(before, dict) or not isinstance(before.get("replays"), list):
         raise UserError(f"--against {path}: no 'replays' list; give the --json of a --draws run")
+    try:
+        held_out.check_comparable(
+            before,  # type: ignore[arg-type]
+            held_out.planned(plan.draws, plan.seeds, plan.budget, plan.tolerance),
+        )
+    except KeyError as e:
+        raise UserError(f"--against {path}: no {e} field; give the --json of a --draws run") from None
+    except (TypeError, ValueError, IndexError) as e:
+        raise UserError(
+            f"--against {path}: {e}; run with the same --draws, --seeds and --trials as it"
+        ) from None
     return before  # type: ignore[return-value]
