@@ -147,20 +147,23 @@ def paired(before: DrawBenchmark, after: DrawBenchmark) -> PairedComparison:
     that changes nothing better or worse in at most 5% of comparisons (replays of one draw share its host, so
     read it as a test over replays of these draws, not over hosts)."""
     check_comparable(before, planned(after["draws"], after["seeds"], after["budget"], after["tolerance"]))
-    rank = lambda t: math.inf if t is None else t  # noqa: E731
+
+    def rank(trials: int | None) -> float:
+        return math.inf if trials is None else trials
+
     pairs = [
-        (rank(b), rank(a))
+        (rank(was), rank(now))
         for old, new in zip(before["replays"], after["replays"], strict=True)
-        for b, a in zip(old["trials"], new["trials"], strict=True)
+        for was, now in zip(old["trials"], new["trials"], strict=True)
     ]
-    sooner, later = sum(a < b for b, a in pairs), sum(a > b for b, a in pairs)
+    sooner, later = sum(now < was for was, now in pairs), sum(now > was for was, now in pairs)
     budget = after["budget"]
     return {
         "replays": len(pairs),
         "sooner": sooner,
         "later": later,
-        "within_before": sum(b <= budget for b, _ in pairs),
-        "within_after": sum(a <= budget for _, a in pairs),
+        "within_before": sum(was <= budget for was, _ in pairs),
+        "within_after": sum(now <= budget for _, now in pairs),
         "p_value": sign_test(sooner, later),
     }
 
@@ -180,10 +183,10 @@ def check_comparable(before: DrawBenchmark, plan: str) -> None:
 def sign_test(wins: int, losses: int) -> float:
     """Two-sided exact sign test: the chance, with each of ``wins + losses`` equally likely either way, of a split
     at least this uneven."""
-    n, k = wins + losses, min(wins, losses)
-    if n == 0:
+    total, fewer = wins + losses, min(wins, losses)
+    if total == 0:
         return 1.0
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    tail = sum(math.comb(total, split) for split in range(fewer + 1)) / 2**total
     return min(1.0, 2 * tail)
 
 

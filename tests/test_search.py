@@ -596,7 +596,9 @@ def test_a_run_against_an_earlier_one_pairs_each_replay_and_tests_the_split(tmp_
     assert (faster["sooner"], faster["later"], faster["replays"]) == (4, 0, 4)
     assert held_out.sign_test(10, 0) == pytest.approx(2 / 2**10)
     assert held_out.sign_test(5, 5) == 1.0 and held_out.sign_test(0, 0) == 1.0
-    assert held_out.sign_test(126, 75) < 0.001  # the held-out judgement of issue 58's rules not taken
+    assert (
+        held_out.sign_test(126, 75) < 0.001
+    )  # the held-out judgement of the rules not taken (evidence/held-out-draws.md)
 
 
 def test_held_out_figures_pool_every_seed_and_count_misses_as_infinite():

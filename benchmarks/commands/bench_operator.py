@@ -113,9 +113,9 @@ def _earlier_run(path: str, plan: held_out.DrawPlan) -> held_out.DrawBenchmark:
     bad file fails at once, not after them)."""
     try:
         before = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as error:
         raise UserError(
-            f"--against {path}: cannot read it as JSON ({e}); give the --json of a --draws run"
+            f"--against {path}: cannot read it as JSON ({error}); give the --json of a --draws run"
         ) from None
     if not isinstance(before, dict) or not isinstance(before.get("replays"), list):
         raise UserError(f"--against {path}: no 'replays' list; give the --json of a --draws run")
@@ -124,10 +124,10 @@ def _earlier_run(path: str, plan: held_out.DrawPlan) -> held_out.DrawBenchmark:
             before,  # type: ignore[arg-type]
             held_out.planned(plan.draws, plan.seeds, plan.budget, plan.tolerance),
         )
-    except KeyError as e:
-        raise UserError(f"--against {path}: no {e} field; give the --json of a --draws run") from None
-    except (TypeError, ValueError, IndexError) as e:
+    except KeyError as error:
+        raise UserError(f"--against {path}: no {error} field; give the --json of a --draws run") from None
+    except (TypeError, ValueError, IndexError) as error:
         raise UserError(
-            f"--against {path}: {e}; run with the same --draws, --seeds and --trials as it"
+            f"--against {path}: {error}; run with the same --draws, --seeds and --trials as it"
         ) from None
     return before  # type: ignore[return-value]
