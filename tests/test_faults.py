@@ -38,7 +38,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from fake_llama_server import launches, wait_for, write_study
+from fake_llama_server import alive, launches, wait_for, write_study
 
 from tuner.storage.urls import safe_url, with_driver
 
@@ -245,15 +245,17 @@ def journal_lines(storage_dir: Path) -> list[dict]:
 
 
 def wait_for_trial_two_to_launch(proc: subprocess.Popen, log: Path, tmp_path: Path) -> None:
-    """Until trial 2's server starts: the first launch after trial 1's progress line. Counting launches would not
-    do: on a busy host the baseline is launched twice (``trial_measurement.BUSY_RELAUNCHES``)."""
+    """Until trial 2's server runs: after trial 1's progress line (printed once its server has stopped), the newest
+    launch alive. Counting launches would not do: on a busy host the baseline is launched twice
+    (``trial_measurement.BUSY_RELAUNCHES``), and on a quiet one trial 2's server starts within the poll after
+    trial 1's line, so a count read then already holds it and the wait ran on to trial 3's."""
     wait_for(lambda: "] trial 1: " in log.read_text() or proc.poll() is not None, 120, "trial 1 to end")
-    before = len(launches(tmp_path / "launches.jsonl"))
-    wait_for(
-        lambda: len(launches(tmp_path / "launches.jsonl")) > before or proc.poll() is not None,
-        120,
-        "the third trial to start",
-    )
+
+    def newest_running() -> bool:
+        found = launches(tmp_path / "launches.jsonl")
+        return proc.poll() is not None or (bool(found) and alive(found[-1]["pid"]))
+
+    wait_for(newest_running, 120, "trial 2's server to start")
     assert proc.poll() is None, log.read_text()
 
 
