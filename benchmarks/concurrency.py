@@ -127,9 +127,7 @@ def batched_bench(
         if proc.returncode != 0:
             said = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
             raise UserError(f"llama-batched-bench failed (exit {proc.returncode}); its last line: {said}")
-        rates.update(
-            {level: rate for level, rate in parse_batched_bench(proc.stdout).items() if level in missing}
-        )
+        rates.update(parse_batched_bench(proc.stdout))  # this launch ran the missing levels only
         if len(rates) == len(levels):
             return rates
     raise UserError(
