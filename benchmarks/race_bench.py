@@ -24,7 +24,7 @@ import random
 import statistics
 from dataclasses import asdict, dataclass
 
-from benchmarks import previous_rules
+from benchmarks import previous_rules, race_told_the_truth
 from benchmarks.table import markdown_table
 from tuner.decisions import evidence
 from tuner.decisions.drift import PRIOR_LAUNCH_SIGMA, allowed_launch_spread
@@ -529,6 +529,11 @@ DEVELOPMENT_SEEDS = range(0, 200)  # the cap's share and the spread test were de
 HELD_OUT_SEEDS = range(10_000, 10_200)  # fixed before it was judged: the same field, and drawn fields
 NOISIER = 0.15  # the noisier-finalist check: one finalist of each drawn field launches with this spread
 STAND_IN_BAR = {"loss": 0.05, "launches": 45.0, "holds": 0.95}
+TOLD_BUDGETS = (
+    45,
+    50,
+    60,
+)  # the bar's launches, about what the race spends, and more (``race_told_the_truth``)
 
 
 def drawn_stand_in(rng: random.Random) -> list[float]:
@@ -635,6 +640,9 @@ def measure_decisions(
         "finalists": cuts,
         "round_budgets": round_budget_cells(runs, seed + 300, spec) if budgets else [],
         "stand_in": stand_in_cells(runs, spec),
+        "told_the_truth": race_told_the_truth.told_the_truth_figures(
+            STAND_IN[:-1], STAND_IN_LAUNCH, TOLD_BUDGETS
+        ),
         "readings": [
             readings_cell(ls, rs, runs, seed + 400 + i, spec.max_finalists)
             for i, (ls, rs) in enumerate((ls, rs) for ls in LAUNCH_SPREADS for rs in ROUND_SPREADS)
@@ -889,6 +897,9 @@ def _share_lines(result: dict) -> list[str]:
                 (c["name"], c["seeds"], *_share_row(c), "met" if _stand_in_met(c) else "MISSED")
                 for c in result["stand_in"]
             ),
+        ),
+        *race_told_the_truth.told_the_truth_lines(
+            result.get("told_the_truth", []), len(STAND_IN) - 1, STAND_IN_LAUNCH, bar["loss"]
         ),
     ]
     return lines

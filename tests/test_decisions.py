@@ -566,6 +566,26 @@ def test_the_decision_benchmark_runs_the_product_code_and_prints_its_targets():
         0 <= c["cap"]["races"] <= c["runs"] for c in result["races"]
     )  # the same races, both allocations
     assert "launches per race at the default host, previous over new" in text
+    assert [r["budget"] for r in result["told_the_truth"]] == [45, 50, 60]
+    assert "What a race told the truth could state at the stand-in" in text
+
+
+def test_a_race_told_the_truth_states_less_with_more_launches_at_critical_values_that_keep_the_claim():
+    """The stand-in bar's reference (``benchmarks/race_told_the_truth``): its allocation spends the launches it is
+    given, its critical values fall from Bonferroni's to the simultaneous one to the deployed one's alone, each
+    bound holds in 95% of its races, and more launches state less."""
+    from benchmarks.race_told_the_truth import told_the_truth
+
+    field = [1.0, 0.99, 0.97, 0.95]
+    short, long = (told_the_truth(field, 0.05, budget, seed=3) for budget in (20, 40))
+    for figures in (short, long):
+        assert sum(figures.launches) == figures.budget - 3 and min(figures.launches) >= 1
+        assert figures.deployed_only <= figures.simultaneous + 0.02 <= figures.bonferroni + 0.04
+        assert figures.holds >= 0.95 and figures.holds_deployed_only >= 0.95
+        assert figures.median_deployed_only <= figures.median_stated
+    assert long.median_stated + 0.01 < short.median_stated
+    one_comparison = told_the_truth([1.0, 0.97], 0.05, 13, seed=3)
+    assert one_comparison.simultaneous == pytest.approx(1.645, abs=0.03)  # one comparison: the normal's 95%
 
 
 def test_more_race_rounds_buy_fewer_wrong_deployments_at_more_launches():
