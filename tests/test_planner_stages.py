@@ -544,6 +544,18 @@ def test_temperature_walks_to_the_neighbours_until_quality_falls():
     assert temperature.propose(state_of(baseline(), draft, too_hot)) is None  # and 1.0 is hotter still
 
 
+def test_temperature_walks_past_a_step_that_read_within_the_noise_of_the_best():
+    """The incumbent is the highest of many single readings: a step that read just below it may be the better one,
+    so the walk goes one past it; a step that lost beyond the noise stops the walk there."""
+    best = past(DRAFT, 20.0, 0.7)
+    level = past({**DRAFT, "temperature": 0.5}, 19.5, 0.7)
+    proposal = temperature.propose(state_of(baseline(), best, level))
+    assert proposal.params == {**DRAFT, "temperature": 1.0}
+    assert proposal.reason.startswith("temperature 1.0 past 0.5, which read within the noise of the best (0.0)")
+    lost = past({**DRAFT, "temperature": 0.5}, 17.0, 0.7)
+    assert temperature.propose(state_of(baseline(), best, lost)) is None
+
+
 def test_temperature_predicts_the_best_k_where_acceptance_moved():
     probe = drafted(0.8, 0.05)
     warm = past({**DRAFT, "temperature": 0.5}, probe.value * 1.2, measured_acceptance(0.9, 8))
