@@ -551,7 +551,9 @@ def test_temperature_walks_past_a_step_that_read_within_the_noise_of_the_best():
     level = past({**DRAFT, "temperature": 0.5}, 19.5, 0.7)
     proposal = temperature.propose(state_of(baseline(), best, level))
     assert proposal.params == {**DRAFT, "temperature": 1.0}
-    assert proposal.reason.startswith("temperature 1.0 past 0.5, which read within the noise of the best (0.0)")
+    assert proposal.reason.startswith(
+        "temperature 1.0 past 0.5, which read within the noise of the best (0.0)"
+    )
     lost = past({**DRAFT, "temperature": 0.5}, 17.0, 0.7)
     assert temperature.propose(state_of(baseline(), best, lost)) is None
 
