@@ -643,6 +643,7 @@ def measure_decisions(
         "told_the_truth": race_told_the_truth.told_the_truth_figures(
             STAND_IN[:-1], STAND_IN_LAUNCH, TOLD_BUDGETS
         ),
+        "withdrawn": race_told_the_truth.withdrawn(STAND_IN[:-1], STAND_IN_LAUNCH, TOLD_BUDGETS[:2]),
         "readings": [
             readings_cell(ls, rs, runs, seed + 400 + i, spec.max_finalists)
             for i, (ls, rs) in enumerate((ls, rs) for ls in LAUNCH_SPREADS for rs in ROUND_SPREADS)
@@ -899,7 +900,11 @@ def _share_lines(result: dict) -> list[str]:
             ),
         ),
         *race_told_the_truth.told_the_truth_lines(
-            result.get("told_the_truth", []), len(STAND_IN) - 1, STAND_IN_LAUNCH, bar["loss"]
+            result.get("told_the_truth", []),
+            result.get("withdrawn", []),
+            len(STAND_IN) - 1,
+            STAND_IN_LAUNCH,
+            bar["loss"],
         ),
     ]
     return lines

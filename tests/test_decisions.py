@@ -567,25 +567,26 @@ def test_the_decision_benchmark_runs_the_product_code_and_prints_its_targets():
     )  # the same races, both allocations
     assert "launches per race at the default host, previous over new" in text
     assert [r["budget"] for r in result["told_the_truth"]] == [45, 50, 60]
-    assert "What a race told the truth could state at the stand-in" in text
+    assert "What a race granted everything that narrows a bound could state" in text
+    assert len(result["withdrawn"]) == 8 and "The grants withdrawn one at a time" in text
 
 
-def test_a_race_told_the_truth_states_less_with_more_launches_at_critical_values_that_keep_the_claim():
-    """The stand-in bar's reference (``benchmarks/race_told_the_truth``): its allocation spends the launches it is
-    given, its critical values fall from Bonferroni's to the simultaneous one to the deployed one's alone, each
-    bound holds in 95% of its races, and more launches state less."""
-    from benchmarks.race_told_the_truth import told_the_truth
+def test_a_race_granted_everything_states_less_with_more_launches_and_loses_width_with_each_grant_withdrawn():
+    """The stand-in bar's reference (``benchmarks/race_told_the_truth``): at its calibrated critical value (below
+    Bonferroni's) its bound holds in 95% of races, more launches state less, and each grant withdrawn (the cap's
+    share of the level, the spread estimated, three launches first) widens the median stated loss."""
+    from benchmarks.race_told_the_truth import told_the_truth, withdrawn
 
     field = [1.0, 0.99, 0.97, 0.95]
     short, long = (told_the_truth(field, 0.05, budget, seed=3) for budget in (20, 40))
     for figures in (short, long):
-        assert sum(figures.launches) == figures.budget - 3 and min(figures.launches) >= 1
-        assert figures.deployed_only <= figures.simultaneous + 0.02 <= figures.bonferroni + 0.04
-        assert figures.holds >= 0.95 and figures.holds_deployed_only >= 0.95
-        assert figures.median_deployed_only <= figures.median_stated
-    assert long.median_stated + 0.01 < short.median_stated
-    one_comparison = told_the_truth([1.0, 0.97], 0.05, 13, seed=3)
-    assert one_comparison.simultaneous == pytest.approx(1.645, abs=0.03)  # one comparison: the normal's 95%
+        assert figures.calibrated <= figures.bonferroni
+        assert figures.holds_calibrated >= 0.94 and figures.holds_bonferroni >= figures.holds_calibrated
+        assert figures.median_calibrated <= figures.median_bonferroni
+        assert sum(figures.launches) == pytest.approx(figures.budget - 3, abs=0.3)  # means, rounded
+    assert long.median_calibrated + 0.01 < short.median_calibrated
+    steps = [row["median"] for row in withdrawn(field, 0.05, (30,), seed=3)]
+    assert len(steps) == 4 and all(a < b for a, b in zip(steps, steps[1:]))
 
 
 def test_more_race_rounds_buy_fewer_wrong_deployments_at_more_launches():
