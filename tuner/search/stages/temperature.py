@@ -50,9 +50,9 @@ def neighbours(state: SearchState, incumbent: PastTrial, temperatures: list) -> 
         for t in temperatures[max(0, at - 1) : at + 2]
     ]
     for level in level_with(state, incumbent, family):
-        i = temperatures.index(level)
-        beyond = temperatures[i + 1] if level > best and i + 1 < len(temperatures) else None
-        beyond = temperatures[i - 1] if level < best and i > 0 else beyond
+        place = temperatures.index(level)
+        beyond = temperatures[place + 1] if level > best and place + 1 < len(temperatures) else None
+        beyond = temperatures[place - 1] if level < best and place > 0 else beyond
         if beyond is not None:
             steps.append(
                 (
@@ -62,9 +62,9 @@ def neighbours(state: SearchState, incumbent: PastTrial, temperatures: list) -> 
                 )
             )
     return [
-        ({**params, "temperature": t}, "speculation", reason)
-        for t, reason in steps
-        if t < hot and t not in seen
+        ({**params, "temperature": step}, "speculation", reason)
+        for step, reason in steps
+        if step < hot and step not in seen
     ]
 
 
@@ -79,10 +79,10 @@ def level_with(state: SearchState, incumbent: PastTrial, family: list[PastTrial]
     if own is None:
         return []
     readings: dict = {}
-    for r in family:
-        t = r.params.get("temperature")
-        if r.feasible and r.state == "complete" and t != own and t is not None:
-            readings[t] = max(readings.get(t, 0.0), r.measured_value)
+    for trial in family:
+        step = trial.params.get("temperature")
+        if trial.feasible and trial.state == "complete" and step != own and step is not None:
+            readings[step] = max(readings.get(step, 0.0), trial.measured_value)
     floor = (1 - state.close) * incumbent.measured_value
     return sorted((t for t, v in readings.items() if v >= floor), key=lambda t: abs(t - own))
 
