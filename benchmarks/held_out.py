@@ -18,14 +18,17 @@ held-out draws (docs/evidence/held-out-draws.md, "Tried, not taken: the baseline
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, fields, replace
 from typing import TypedDict
 
 import numpy as np
 from joblib import Parallel, delayed
 
 from benchmarks.landscape_draws import HELD_OUT_SEEDS, draw
-from benchmarks.operator_replay import TOLERANCE, replay, scores
+from benchmarks.landscape_simulation import OperatorLandscape
+from benchmarks.operator_replay import TOLERANCE, TrialLog, replay, scores
+from tuner.knobs.config import TrialConfig
 
 REGRET_AT = (20, 40)
 MEDIAN_BAR, SHARE_BAR, P90_BAR = (
@@ -34,6 +37,24 @@ MEDIAN_BAR, SHARE_BAR, P90_BAR = (
     0.02,
 )  # median trials to 3%; draws with every seed by 40; p90 regret at 40
 SHOWN = 10  # the worst draws listed under the figures
+# The knob groups a missed replay is read against (``lacks``): each set to the optimum's, the others as found.
+KNOB_GROUPS = {
+    "threads": ("threads", "threads_batch"),
+    "NUMA policy": ("numa", "numa_node"),
+    "NUMA policy with threads": ("numa", "numa_node", "threads", "threads_batch"),
+    "temperature": ("temperature",),
+    "K": ("draft_max",),
+    "speculation": (
+        "spec_type",
+        "draft",
+        "ngram_key",
+        "ngram_min_hits",
+        "lookup",
+        "lookup_max",
+        "lookup_min",
+    ),
+}
+NO_ONE_GROUP = "no one group"
 
 
 @dataclass(frozen=True)
@@ -62,6 +83,9 @@ class DrawReplays(TypedDict):
     best_config: dict
     trials: list[int | None]
     regret: dict[int, list[float]]  # checkpoint -> per seed
+    lacks: list[
+        str | None
+    ]  # per seed: ``lacks`` where it missed; None where it did not, or on a held-out draw
 
 
 class DrawFigures(TypedDict):
@@ -94,10 +118,8 @@ class DrawBenchmark(TypedDict):
 def replay_draw(seed: int, plan: DrawPlan) -> DrawReplays:
     """The default on the draw of ``seed``, once per replay seed."""
     land = draw(seed)
-    runs = [
-        scores(land, replay(land, "default", s, plan.budget, False), plan.tolerance)
-        for s in range(plan.seeds)
-    ]
+    logs = [replay(land, "default", s, plan.budget, False) for s in range(plan.seeds)]
+    runs = [scores(land, log, plan.tolerance) for log in logs]
     return {
         "draw": seed,
         "description": land.description,
@@ -105,7 +127,31 @@ def replay_draw(seed: int, plan: DrawPlan) -> DrawReplays:
         "best_config": land.optimum[1].as_dict(),
         "trials": [r["trials"] for r in runs],
         "regret": {n: [r["curve"][min(n, len(r["curve"])) - 1] for r in runs] for n in plan.checkpoints},
+        "lacks": [
+            None if r["trials"] or seed in HELD_OUT_SEEDS else lacks(land, log, plan.tolerance)
+            for r, log in zip(runs, logs)
+        ],
     }
+
+
+def lacks(land: OperatorLandscape, log: list[TrialLog], tolerance: float) -> str:
+    """What a replay that missed lacks: of ``KNOB_GROUPS``, the one that, set to the optimum's in the best
+    configuration it tried (the others as found), brings that configuration within the tolerance of the optimum,
+    the one of fewest knobs where several do (then the one gaining most); ``NO_ONE_GROUP`` where none does (two or
+    more knobs are off at once).
+    Why: a rule is written for what the misses lack; reading it from traces one seed at a time took a script each
+    session (docs/evidence/held-out-draws.md). Read on development draws only: the held-out ones are judged, not
+    inspected."""
+    best_rate, optimum = land.optimum
+    tried = max(log, key=lambda entry: entry.true_rate)
+    known = {f.name for f in fields(TrialConfig)}
+    found = TrialConfig(**{k: v for k, v in tried.config.items() if k in known})
+    rates = {
+        name: land.true_rate(replace(found, **{k: getattr(optimum, k) for k in group}))
+        for name, group in KNOB_GROUPS.items()
+    }
+    enough = [name for name, rate in rates.items() if rate >= (1 - tolerance) * best_rate]
+    return min(enough, key=lambda name: (len(KNOB_GROUPS[name]), -rates[name]), default=NO_ONE_GROUP)
 
 
 def figures(replays: list[DrawReplays], plan: DrawPlan) -> DrawFigures:
@@ -252,5 +298,17 @@ def markdown(result: DrawBenchmark) -> str:
         for row in missed[:SHOWN]:
             trials = ", ".join("-" if t is None else str(t) for t in row["trials"])
             lines.append(f"| {row['draw']} | {trials} | {_end_regret(row):.1%} | {row['description']} |")
-        lines.append("")
+        lines += ["", *_lacks_lines(result, tol), ""]
     return "\n".join(lines)
+
+
+def _lacks_lines(result: DrawBenchmark, tol: str) -> list[str]:
+    """The missed replays by what they lack (``lacks``), most first; none for a run written before it was kept."""
+    tally = Counter(lack for d in result["replays"] for lack in d.get("lacks", []) if lack is not None)
+    if not tally:
+        return []
+    groups = ", ".join(f"{name} {count}" for name, count in tally.most_common())
+    return [
+        f"What the missed replays lack ({sum(tally.values())}; the one knob group that, set to the optimum's in the "
+        f"best configuration a replay tried, brings it within {tol} of the optimum): {groups}."
+    ]

@@ -601,6 +601,27 @@ def test_a_run_against_an_earlier_one_pairs_each_replay_and_tests_the_split(tmp_
     )  # the held-out judgement of the rules not taken (evidence/held-out-draws.md)
 
 
+def test_a_missed_replay_is_read_for_the_one_knob_group_it_lacks():
+    """``held_out.lacks``: the best configuration tried, one knob group at a time set to the optimum's; the group of
+    fewest knobs that brings it within the tolerance, or none when two groups are off at once."""
+    from benchmarks.held_out import NO_ONE_GROUP, lacks
+    from benchmarks.landscape_draws import draw
+    from benchmarks.operator_replay import TrialLog
+
+    land = draw(3)
+    rate, optimum = land.optimum
+
+    def tried(**off) -> list[TrialLog]:
+        config = replace(optimum, **off)
+        slower = TrialLog(config.as_dict(), "complete", land.true_rate(config) / 2, 1.0, "probe", "")
+        return [slower, TrialLog(config.as_dict(), "complete", land.true_rate(config), 1.0, "probe", "")]
+
+    assert land.true_rate(replace(optimum, threads=1)) < 0.9 * rate
+    assert lacks(land, tried(threads=1), 0.03) == "threads"  # not the wider group with the NUMA policy
+    assert lacks(land, tried(draft_max=1), 0.03) == "K"
+    assert lacks(land, tried(threads=1, draft_max=1), 0.03) == NO_ONE_GROUP
+
+
 def test_held_out_figures_pool_every_seed_and_count_misses_as_infinite():
     from benchmarks import held_out
 
@@ -625,4 +646,6 @@ def test_held_out_figures_pool_every_seed_and_count_misses_as_infinite():
     assert "| median trials to 3% | " in text and "| 90th percentile of regret at 6 trials | " in text
     replays = result["replays"][0]  # its regret only at checkpoints within the budget: the budget itself
     assert replays["draw"] == 3 and list(replays["regret"]) == [6]
+    assert replays["trials"] == [None] and replays["lacks"][0] is not None  # 6 trials miss; what they lack
+    assert "What the missed replays lack (1; " in text
     assert not result["figures"]["met"]  # no regret at 40 trials: no bar met
