@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
 import numpy as np
@@ -28,7 +28,7 @@ from joblib import Parallel, delayed
 from benchmarks.landscape_draws import HELD_OUT_SEEDS, draw
 from benchmarks.landscape_simulation import OperatorLandscape
 from benchmarks.operator_replay import TOLERANCE, TrialLog, replay, scores
-from tuner.knobs.config import TrialConfig
+from tuner.storage.records import config_from_dict
 
 REGRET_AT = (20, 40)
 MEDIAN_BAR, SHARE_BAR, P90_BAR = (
@@ -83,9 +83,7 @@ class DrawReplays(TypedDict):
     best_config: dict
     trials: list[int | None]
     regret: dict[int, list[float]]  # checkpoint -> per seed
-    lacks: list[
-        str | None
-    ]  # per seed: ``lacks`` where it missed; None where it did not, or on a held-out draw
+    lacks: list[str | None]  # per seed: ``lacks`` if it missed; None if not, or held out
 
 
 class DrawFigures(TypedDict):
@@ -143,9 +141,7 @@ def lacks(land: OperatorLandscape, log: list[TrialLog], tolerance: float) -> str
     session (docs/evidence/held-out-draws.md). Read on development draws only: the held-out ones are judged, not
     inspected."""
     best_rate, optimum = land.optimum
-    tried = max(log, key=lambda entry: entry.true_rate)
-    known = {f.name for f in fields(TrialConfig)}
-    found = TrialConfig(**{k: v for k, v in tried.config.items() if k in known})
+    found = config_from_dict(max(log, key=lambda entry: entry.true_rate).config)
     rates = {
         name: land.true_rate(replace(found, **{k: getattr(optimum, k) for k in group}))
         for name, group in KNOB_GROUPS.items()

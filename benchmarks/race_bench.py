@@ -529,11 +529,7 @@ DEVELOPMENT_SEEDS = range(0, 200)  # the cap's share and the spread test were de
 HELD_OUT_SEEDS = range(10_000, 10_200)  # fixed before it was judged: the same field, and drawn fields
 NOISIER = 0.15  # the noisier-finalist check: one finalist of each drawn field launches with this spread
 STAND_IN_BAR = {"loss": 0.05, "launches": 45.0, "holds": 0.95}
-TOLD_BUDGETS = (
-    45,
-    50,
-    60,
-)  # the bar's launches, about what the race spends, and more (``race_told_the_truth``)
+TOLD_BUDGETS = (45, 50, 60)  # the bar's launches, about the race's, and more (``race_told_the_truth``)
 
 
 def drawn_stand_in(rng: random.Random) -> list[float]:

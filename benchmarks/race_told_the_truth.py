@@ -176,19 +176,12 @@ def withdrawn(
     for budget in budgets:
         launches = budget - BASELINE_LAUNCHES
         at_cap = alpha * CAP_SHARE / comparisons
+        estimated = evidence.t_quantile(1 - at_cap, launches - len(logs))
         steps = (
             ("every grant: one look, the spread known", NormalDist().inv_cdf(1 - alpha / comparisons), FIRST),
             ("the race's level at its cap (CAP_SHARE of it)", NormalDist().inv_cdf(1 - at_cap), FIRST),
-            (
-                "and the spread estimated (Student's t)",
-                evidence.t_quantile(1 - at_cap, launches - len(logs)),
-                FIRST,
-            ),
-            (
-                f"and {evidence.MIN_ROUNDS} launches of each first",
-                evidence.t_quantile(1 - at_cap, launches - len(logs)),
-                evidence.MIN_ROUNDS,
-            ),
+            ("and the spread estimated (Student's t)", estimated, FIRST),
+            (f"and {evidence.MIN_ROUNDS} launches of each first", estimated, evidence.MIN_ROUNDS),
         )
         for name, critical, first in steps:
             stated, true_loss, _ = race(

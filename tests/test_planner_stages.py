@@ -556,6 +556,8 @@ def test_temperature_walks_past_a_step_that_read_within_the_noise_of_the_best():
     )
     lost = past({**DRAFT, "temperature": 0.5}, 17.0, 0.7)
     assert temperature.propose(state_of(baseline(), best, lost)) is None
+    elsewhere = past({**DRAFT, "temperature": 0.3}, 19.8, 0.7)  # an earlier study's space had 0.3
+    assert temperature.propose(state_of(baseline(), best, level, elsewhere)).params == proposal.params
 
 
 def test_temperature_predicts_the_best_k_where_acceptance_moved():

@@ -50,6 +50,8 @@ def neighbours(state: SearchState, incumbent: PastTrial, temperatures: list) -> 
         for t in temperatures[max(0, at - 1) : at + 2]
     ]
     for level in level_with(state, incumbent, family):
+        if level not in temperatures:  # measured in an earlier study's space
+            continue
         place = temperatures.index(level)
         beyond = temperatures[place + 1] if level > best and place + 1 < len(temperatures) else None
         beyond = temperatures[place - 1] if level < best and place > 0 else beyond
