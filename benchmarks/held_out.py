@@ -55,6 +55,8 @@ KNOB_GROUPS = {
     ),
 }
 NO_ONE_GROUP = "no one group"
+# the stage label of NUMA policy and thread trials (``tuner.search.stages.hardware``)
+HARDWARE_STAGE = "hardware"
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class DrawReplays(TypedDict):
     trials: list[int | None]
     regret: dict[int, list[float]]  # checkpoint -> per seed
     lacks: list[str | None]  # per seed: ``lacks`` if it missed; None if not, or held out
+    spans: list[list[int] | None]  # per seed: ``hardware_span``
 
 
 class DrawFigures(TypedDict):
@@ -129,7 +132,21 @@ def replay_draw(seed: int, plan: DrawPlan) -> DrawReplays:
             None if r["trials"] or seed in HELD_OUT_SEEDS else lacks(land, log, plan.tolerance)
             for r, log in zip(runs, logs)
         ],
+        "spans": [hardware_span(log) for log in logs],
     }
+
+
+def hardware_span(log: list[TrialLog]) -> list[int] | None:
+    """The trials before the hardware stage first proposes (the baseline, a probe per draft and lookup, the best
+    K) and its trials until it first hands over; None where it never proposed.
+    Why: the median bar is read against it (``span_line``): a trial count these stages already exceed in most
+    replays is not reached by rules that spend the trials after them."""
+    stages = [entry.stage for entry in log]
+    if HARDWARE_STAGE not in stages:
+        return None
+    start = stages.index(HARDWARE_STAGE)
+    end = next((i for i in range(start, len(stages)) if stages[i] != HARDWARE_STAGE), len(stages))
+    return [start, end - start]
 
 
 def lacks(land: OperatorLandscape, log: list[TrialLog], tolerance: float) -> str:
@@ -283,6 +300,7 @@ def markdown(result: DrawBenchmark) -> str:
         ),
         "",
     ]
+    lines += span_lines(result, tol)
     missed = sorted((d for d in result["replays"] if None in d["trials"]), key=_worst_first)
     if missed:
         lines += [
@@ -296,6 +314,29 @@ def markdown(result: DrawBenchmark) -> str:
             lines.append(f"| {row['draw']} | {trials} | {_end_regret(row):.1%} | {row['description']} |")
         lines += ["", *_lacks_lines(result, tol), ""]
     return "\n".join(lines)
+
+
+def span_lines(result: DrawBenchmark, tol: str) -> list[str]:
+    """Where a replay's first trials go (``hardware_span``), the median over the replays where the hardware stage
+    ran; none for a run written before spans were kept."""
+    pairs = [
+        (span, trials)
+        for d in result["replays"]
+        for span, trials in zip(d.get("spans", []), d["trials"])
+        if span is not None
+    ]
+    if not pairs:
+        return []
+    ends = [sum(span) for span, _ in pairs]
+    by_end = np.mean([trials is not None and trials <= sum(span) for span, trials in pairs])
+    return [
+        f"Where the first trials go ({len(pairs)} replays with a hardware stage, medians): "
+        f"{np.median([span[0] for span, _ in pairs]):g} before the hardware stage (the baseline, a probe per draft "
+        f"and lookup, the best K), {np.median([span[1] for span, _ in pairs]):g} in it, over by trial "
+        f"{np.median(ends):g} (by trial {MEDIAN_BAR} in {np.mean(np.array(ends) <= MEDIAN_BAR):.0%} of the "
+        f"replays); {by_end:.0%} of the replays are within {tol} by its end.",
+        "",
+    ]
 
 
 def _lacks_lines(result: DrawBenchmark, tol: str) -> list[str]:

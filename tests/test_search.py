@@ -622,6 +622,33 @@ def test_a_missed_replay_is_read_for_the_one_knob_group_it_lacks():
     assert lacks(land, tried(threads=1, draft_max=1), 0.03) == NO_ONE_GROUP
 
 
+def test_where_the_first_trials_go_is_read_from_the_stages_each_trial_names():
+    """``held_out.hardware_span``: trials before the hardware stage first proposes, and its own until it first hands
+    over (a later return to it is not counted); ``span_lines`` gives their medians and the share by the median bar."""
+    from benchmarks import held_out
+    from benchmarks.operator_replay import TrialLog
+
+    def log(*stages: str) -> list[TrialLog]:
+        return [TrialLog({}, "complete", 1.0, 1.0, stage, "") for stage in stages]
+
+    walk = log("baseline", "speculation", "speculation", "hardware", "hardware", "speculation", "hardware")
+    assert held_out.hardware_span(walk) == [3, 2]
+    assert held_out.hardware_span(log("baseline", "speculation")) is None
+    result = {
+        "tolerance": 0.03,
+        "replays": [
+            {"spans": [[3, 2], [6, 9], None], "trials": [4, None, 2]},
+            {"spans": [[5, 9]], "trials": [20]},
+        ],
+    }
+    line = held_out.span_lines(result, "3%")[0]  # type: ignore[arg-type]
+    assert "(3 replays with a hardware stage, medians): 5 before the hardware stage" in line
+    assert (
+        "9 in it, over by trial 14 (by trial 10 in 33% of the replays); 33% of the replays are within" in line
+    )
+    assert held_out.span_lines({"replays": [{"trials": [3]}]}, "3%") == []  # type: ignore[arg-type]
+
+
 def test_held_out_figures_pool_every_seed_and_count_misses_as_infinite():
     from benchmarks import held_out
 
@@ -648,4 +675,5 @@ def test_held_out_figures_pool_every_seed_and_count_misses_as_infinite():
     assert replays["draw"] == 3 and list(replays["regret"]) == [6]
     assert replays["trials"] == [None] and replays["lacks"][0] is not None  # 6 trials miss; what they lack
     assert "What the missed replays lack (1; " in text
+    assert replays["spans"][0] is None or sum(replays["spans"][0]) <= 6
     assert not result["figures"]["met"]  # no regret at 40 trials: no bar met
