@@ -55,7 +55,7 @@ KNOB_GROUPS = {
     ),
 }
 NO_ONE_GROUP = "no one group"
-# the stage label of NUMA policy and thread trials (``tuner.search.stages.hardware``)
+# the stage label of NUMA policy, thread and prompt-thread trials (``tuner.search.stages.hardware``, ``prompt_threads``)
 HARDWARE_STAGE = "hardware"
 
 
@@ -139,7 +139,7 @@ def replay_draw(seed: int, plan: DrawPlan) -> DrawReplays:
 def hardware_span(log: list[TrialLog]) -> list[int] | None:
     """The trials before the hardware stage first proposes (the baseline, a probe per draft and lookup, the best
     K) and its trials until it first hands over; None where it never proposed.
-    Why: the median bar is read against it (``span_line``): a trial count these stages already exceed in most
+    Why: the median bar is read against it (``span_lines``): a trial count these stages already exceed in most
     replays is not reached by rules that spend the trials after them."""
     stages = [entry.stage for entry in log]
     if HARDWARE_STAGE not in stages:
