@@ -328,7 +328,7 @@ def span_lines(result: DrawBenchmark, tol: str) -> list[str]:
     if not pairs:
         return []
     ends = [sum(span) for span, _ in pairs]
-    by_end = np.mean([trials is not None and trials <= sum(span) for span, trials in pairs])
+    by_end = np.mean([trials is not None and trials <= end for end, (_, trials) in zip(ends, pairs)])
     return [
         f"Where the first trials go ({len(pairs)} replays with a hardware stage, medians): "
         f"{np.median([span[0] for span, _ in pairs]):g} before the hardware stage (the baseline, a probe per draft "
