@@ -209,6 +209,25 @@ def test_pruned_trials_are_recorded_with_what_they_measured_and_save_seconds():
     assert with_pruning["total_seconds"] < full["total_seconds"]
 
 
+def test_a_replay_reads_a_configuration_alike_whatever_it_measured_before():
+    """``operator_replay.Objective.reading_noise``: a configuration's first reading in a replay is the same whether or
+    not another configuration was measured first (two rules replayed on one seed are compared on what they chose,
+    not on a noise stream one trial apart); its second reading is a new draw, and another seed reads otherwise."""
+    land = small_landscape()
+    config = baseline_config(land.space)
+    other = replace(config, threads=land.space.domains["threads"].low)
+
+    def reading(objective: op.Objective, what) -> float:
+        return land.measure(what, objective.reading_noise(what))[1].tokens_per_second
+
+    fresh, after_other = op.Objective(land, 3, False), op.Objective(land, 3, False)
+    reading(after_other, other)
+    first = reading(fresh, config)
+    assert reading(after_other, config) == first
+    assert reading(fresh, config) != first
+    assert reading(op.Objective(land, 4, False), config) != first
+
+
 def test_operator_benchmark_prints_a_row_per_strategy():
     result = op.benchmark(
         names=("small",),
