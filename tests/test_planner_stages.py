@@ -729,7 +729,7 @@ def test_refinement_keeps_a_drafts_predicted_k_where_its_pick_was_never_measured
 FINE_SPACE = {**SPACE, "threads": ["IntRange", {"low": 1, "high": 32, "step": 1, "log": False}]}
 
 
-def test_the_tail_measures_the_incumbents_neighbours_first_temperature_then_k_then_threads():
+def test_the_tail_measures_the_incumbents_neighbours_temperature_then_k_then_numa_then_threads():
     trials = [baseline(threads=32), drafted(0.9, 0.05, threads=16), drafted(0.9, 0.05, threads=32, base=9.0)]
     state = state_of(*trials, space=FINE_SPACE)
     first = tail.propose(state)
@@ -737,9 +737,12 @@ def test_the_tail_measures_the_incumbents_neighbours_first_temperature_then_k_th
     hot = past({**DRAFT, "threads": 16, "temperature": 0.5}, 20.0, feasible=False)  # below the quality floor
     cold_k = [past({**DRAFT, "threads": 16, "draft_max": k}, 5.0) for k in (7, 9)]
     proposal = tail.propose(state_of(*trials, hot, *cold_k, space=FINE_SPACE))
+    assert proposal is not None and proposal.params == {**DRAFT, "threads": 16, "numa": "interleave"}
+    other_policy = past(proposal.params, 15.0)
+    proposal = tail.propose(state_of(*trials, hot, *cold_k, other_policy, space=FINE_SPACE))
     assert proposal is not None and proposal.params["threads"] == 8  # none measured below: halfway to 1
     low = past({**DRAFT, "threads": 8}, 12.0)
-    proposal = tail.propose(state_of(*trials, hot, *cold_k, low, space=FINE_SPACE))
+    proposal = tail.propose(state_of(*trials, hot, *cold_k, other_policy, low, space=FINE_SPACE))
     assert proposal is not None and proposal.params["threads"] == 12 and "halfway to 8" in proposal.reason
 
 
