@@ -11,9 +11,10 @@ percentile of the regret after 20 and after 40 trials. The bars: ``MEDIAN_BAR``,
 
 A rule is judged against the run before it (``paired``): each replay (draw and seed) with its own before, sooner or
 later within the tolerance, and a sign test on those that differ. Both read every configuration they both measure
-alike (``operator_replay.Objective.reading_noise``), so what differs is where the rule sent the search. Why: pooled figures of two runs
-moved by 4 to 7 seeds of 200 where the paired counts were even, and a rule chosen on such a move was slower on the
-held-out draws (docs/evidence/held-out-draws.md, "Tried, not taken: the baseline's policy at the rung").
+alike (``operator_replay.Objective.reading_noise``), so what differs is where the rule sent the search. Why: pooled
+figures of two runs moved by 4 to 7 seeds of 200 where the paired counts were even, and a rule chosen on such a move
+was slower on the held-out draws (docs/evidence/held-out-draws.md, "Tried, not taken: the baseline's policy at the
+rung").
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from joblib import Parallel, delayed
 
 from benchmarks.landscape_simulation import REPETITIONS, OperatorLandscape
 from benchmarks.operator_landscapes import LANDSCAPES, REAL_RANGE_LANDSCAPES, landscapes
+from tuner.knobs.config import TrialConfig
 from tuner.measurement.measure import median_over_repetitions, pooled_from_rates, repetition_cv
 from tuner.search.prior import find_prior
 from tuner.search.pruning import prunes_on, should_prune
@@ -172,7 +173,7 @@ class Objective:
             None  # measured tps and samples of the best feasible trial
         )
 
-    def reading_noise(self, config) -> np.random.Generator:
+    def reading_noise(self, config: TrialConfig) -> np.random.Generator:
         """The noise of this configuration's nth measurement in the replay, keyed by the seed, the configuration
         and n, not by what was measured before it. Why: two rules replayed on one seed then read a configuration
         both measure alike (common random numbers), so a paired comparison of rules sees where they went, not a
