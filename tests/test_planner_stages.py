@@ -746,6 +746,20 @@ def test_the_tail_measures_the_incumbents_neighbours_temperature_then_k_then_num
     assert proposal is not None and proposal.params["threads"] == 12 and "halfway to 8" in proposal.reason
 
 
+def test_the_tail_does_not_walk_a_temperature_again_that_lost_clearly_at_another_k():
+    """A new incumbent that differs in K only: the temperature that lost clearly to its own at the old K is not
+    stepped to again; one that lost within the noise is."""
+    at8, at9 = past(DRAFT, 20.0, 0.7), past({**DRAFT, "draft_max": 9}, 21.0, 0.7)
+    lost = past({**DRAFT, "temperature": 0.5}, 15.0, 0.7)
+    steps = tail.temperature_steps(state_of(baseline(), at8, at9, lost, space=FINE_SPACE), at9.params)
+    assert steps == []
+    close = past({**DRAFT, "temperature": 0.5}, 19.8, 0.7)
+    [(step, _, reason)] = tail.temperature_steps(
+        state_of(baseline(), at8, at9, close, space=FINE_SPACE), at9.params
+    )
+    assert step == {**at9.params, "temperature": 0.5} and "next to the best's 0.0" in reason
+
+
 def test_the_tail_leaves_narrow_thread_gaps_and_ends_when_every_neighbour_is_measured():
     incumbent = {**DRAFT, "threads": 16}
     measured = [

@@ -14,6 +14,7 @@ from __future__ import annotations
 from tuner.search.history import PastTrial
 from tuner.search.stages.configs import nearest, option_of
 from tuner.search.stages.state import Proposal, SearchState
+from tuner.search.stages.temperature import walked
 
 STAGE = "tail"
 # thread gaps narrower than this are left: decode is level within the noise across a few threads
@@ -85,7 +86,9 @@ def thread_halves(state: SearchState, params: dict) -> list[tuple]:
 
 
 def temperature_steps(state: SearchState, params: dict) -> list[tuple]:
-    """The temperatures next to the trial's, below the first one measured below the quality floor."""
+    """The temperatures next to the trial's, below the first one measured below the quality floor, but those that
+    lost clearly to the trial's own at the same other knobs and any K (``temperature.walked``, the temperature
+    stage's rule: each new incumbent in the tail, another K or thread count, walked them again)."""
     temperatures = sorted(state.knobs.values("temperature"))
     own = params.get("temperature")
     if own not in temperatures or len(temperatures) < 2:
@@ -95,10 +98,11 @@ def temperature_steps(state: SearchState, params: dict) -> list[tuple]:
         default=None,
     )
     at = temperatures.index(own)
+    lost = walked(state, params)
     return [
         ({**params, "temperature": t}, STAGE, f"temperature {t} next to the best's {own}")
         for t in temperatures[max(0, at - 1) : at + 2]
-        if t != own and (hot is None or t < hot)
+        if t != own and (hot is None or t < hot) and t not in lost
     ]
 
 
