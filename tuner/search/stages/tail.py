@@ -45,7 +45,7 @@ def one_step(state: SearchState, trial: PastTrial) -> list[tuple]:
     """A trial's neighbours: the temperature one step either way (below the first infeasible one), K one rung
     either way, the other NUMA policies at its threads (and across bind), threads halfway to the nearest measured
     count either side, the other draft models at its K. Why the policies before the thread halves: a policy moves
-    decode by up to 15% on drawn hosts, a half step next to a walked thread count by the noise; on development
+    decode by up to 15% on drawn hosts, a half step beside a walked thread count by a few percent; on development
     draws 0-99 (4 seeds, readings keyed by configuration) this order came within 3% sooner in 32 replays and later
     in 14 (docs/decisions.md, "Held-out draws")."""
     params = trial.params
