@@ -420,21 +420,18 @@ def test_the_thread_ladder_is_coarse_and_seeded_by_the_bandwidth_probe():
     assert hardware.thread_ladder([1, 2], 2) == [2, 1] and hardware.thread_step(2) == 1
 
 
-def test_ties_within_the_noise_go_to_fewer_threads():
-    assert hardware.tie_pick({48: 0.985, 60: 1.0, 72: 0.97}) == 48
-    assert hardware.tie_pick({48: 0.95, 60: 1.0, 72: 0.99}) == 60
-
-
 def test_the_bracket_halves_the_wider_gap_beside_the_best_until_a_step():
     points = {24: 0.80, 48: 0.90, 72: 0.97, 96: 0.90}  # the best, 72, clearly above 48 and 96
     assert hardware.bracket(points, 1, 96, 6) == [60.0, 84.0]
     assert hardware.bracket({**points, 60: 1.0, 54: 0.96, 66: 0.96}, 1, 96, 6) == []  # gaps of 6: done
-    tied = {24: 0.80, 48: 0.96, 72: 0.97, 96: 0.90}  # 48 ties with 72 (2%): level between; fewer threads win
-    assert hardware.bracket(tied, 1, 96, 6) == [84.0, 36.0]  # past 72, and below 48 where the curve drops
-    level = {24: 0.90, 48: 0.99, 72: 1.0, 96: 0.995}  # a flat stretch from 48: only below the tie rule's pick
-    assert hardware.bracket(level, 1, 96, 6) == [36.0]
-    near = {24: 0.80, 48: 0.97, 72: 1.0, 96: 0.97}  # 3% below: no tie for the pick, within the noise
-    assert hardware.tie_pick(near) == 72 and hardware.bracket(near, 1, 96, 6) == []
+    tied = {24: 0.80, 48: 0.96, 72: 0.97, 96: 0.90}  # 48 within the noise of 72: level between
+    assert hardware.bracket(tied, 1, 96, 6) == [
+        84.0
+    ]  # past 72 only: not below 48, where fewer threads may tie
+    level = {24: 0.90, 48: 0.99, 72: 1.0, 96: 0.995}  # a flat stretch from 48: nothing to halve
+    assert hardware.bracket(level, 1, 96, 6) == []
+    near = {24: 0.80, 48: 0.97, 72: 1.0, 96: 0.97}  # 3% below, within LEVEL
+    assert hardware.best_count(near) == 72 and hardware.bracket(near, 1, 96, 6) == []
 
 
 def test_on_a_1_to_96_host_the_walk_finds_the_top_and_never_steps_by_one():
@@ -464,10 +461,6 @@ def test_a_ladder_rung_that_reads_high_on_a_flat_curve_is_not_bracketed_on_both_
         if r.params["numa"] == "interleave" and r.params["threads"] not in ladder
     ]
     assert beyond == [40], beyond
-    pick = hardware.tie_pick(
-        {r.params["threads"]: r.value for r in trials if r.params["numa"] == "interleave"}
-    )
-    assert pick < 96  # level with all cores: fewer threads win
 
 
 def test_the_walk_sees_every_thread_count_where_prompt_threads_follow_threads():

@@ -697,3 +697,21 @@ def test_held_out_figures_pool_every_seed_and_count_misses_as_infinite():
     # draw 3 spends 7 trials before the hardware stage (the baseline, its probes, the best K): none in 6
     assert replays["spans"] == [None] and "Where the first trials go" not in text
     assert not result["figures"]["met"]  # no regret at 40 trials: no bar met
+    assert result["exact"]["median_trials"] is None  # its one exact replay misses in 6 trials too
+    assert "The same draws with exact readings (no launch or request noise" in text
+
+
+def test_exact_readings_read_alike_whatever_the_seed_where_noisy_ones_differ():
+    """``held_out.exact_readings``: with no launch or request noise two seeds measure the same values and so plan the
+    same trials (the structured sampler draws nothing at random); with the draw's noise they read differently."""
+    from benchmarks import held_out
+    from benchmarks.landscape_draws import draw
+    from benchmarks.operator_replay import run_study
+
+    def readings(land, seed: int) -> list:
+        study, _ = run_study(land, "default", seed, 6, False)
+        return [(t.params, t.values) for t in study.trials]
+
+    exact = held_out.exact_readings(draw(3))
+    assert readings(exact, 0) == readings(exact, 1)
+    assert readings(draw(3), 0) != readings(draw(3), 1)

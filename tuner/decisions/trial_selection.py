@@ -177,8 +177,8 @@ def thread_notes(record: StudyRecord, trial: TrialRecord, frame: pd.DataFrame) -
     threads = record.space.get("threads")
     low, high = _range_of(threads)
     how = (
-        f"searched over {low}..{high} (NUMA policies, a ladder, then a shrinking bracket; ties within "
-        f"{THREAD_TIE:.0%} to fewer threads)"
+        f"searched over {low}..{high} (NUMA policies, a ladder, then a shrinking bracket; among finalists "
+        f"within the race's loss, fewer threads)"
         if low != high
         else "fixed by the study's space"
     )

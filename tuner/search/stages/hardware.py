@@ -22,9 +22,12 @@ those read within the noise of it (``model_pick``). In order:
    steps by one there) or the rungs beside it are within the noise of it (``LEVEL``: a flat stretch); SMT
    siblings once, where all cores lead and still gain (``still_gaining``).
 
-Ties within the noise (``SearchState.tie``: the spread of the baseline's re-measures, at least
-``evidence.THREAD_TIE``) go to fewer threads (the resource rule): the walk goes on below the fewest threads that
-tie with the best, and that count is the stage's pick.
+The walk follows the best reading: counts within the noise of it (``SearchState.tie``: the spread of the baseline's
+re-measures, at least ``evidence.THREAD_TIE``) are a level stretch, not a gap to halve, and which of two tied counts
+to deploy is the race's to say (``tuner.decisions.race``: its resource rule takes fewer threads among the finalists
+within its loss), not the walk's. Why: a walk that went on below the fewest threads tying with the best, and probed the other policies
+there, came within 3% of the best later on drawn hosts (development draws 0-99: later in 36 replays of 400, sooner
+in 5, none newly missed; docs/evidence/held-out-draws.md, "The thread walk follows the best reading").
 
 Why a ladder and not neighbours: on 1..96 threads a walk from 96 to the adjacent 95 measures noise; decode is
 unimodal in threads (it gains until the memory bandwidth saturates, then loses to contention), so a coarse
@@ -170,35 +173,30 @@ def walk_text(values: list[int], cores: int, saturation: int | None, nodes: int)
     return (
         f"threads {min(values)}..{max(values)}: {start}the ladder "
         f"{', '.join(map(str, thread_ladder(values, cores, saturation)))} on the best policy, then the gap beside "
-        f"the best halved down to {thread_step(cores)} thread(s); ties within the noise (the baseline's "
-        f"re-measures, at least {THREAD_TIE:.0%}) to fewer threads{bind}"
+        f"the best halved down to {thread_step(cores)} thread(s) where its other end reads clearly below (beyond the "
+        f"noise of the baseline's re-measures, at least {THREAD_TIE:.0%}){bind}"
     )
 
 
-def tie_pick(points: dict[int, float], tie: float = THREAD_TIE) -> int:
-    """The fewest threads measuring within ``tie`` of the best (the resource rule: a tie is noise)."""
-    top = max(points.values())
-    return min(t for t, v in points.items() if v >= (1 - tie) * top)
+def best_count(points: dict[int, float]) -> int:
+    """The thread count read highest."""
+    return max(points, key=lambda t: points[t])
 
 
 def bracket(points: dict[int, float], low: int, high: int, step: int, tie: float = THREAD_TIE) -> list[float]:
-    """Thread counts to measure next around the best (the wider gap first), then below the tie rule's pick.
+    """Thread counts to measure next around the best (the wider gap first).
 
     ``points``: threads -> rate on one policy (and node), ``low``..``high`` the range walked. A gap beside the best
     is halved while wider than ``step`` and its other end is clearly below the best (by more than ``LEVEL`` and
-    the tie; one within that is a level stretch: a peak hidden in it is within the noise); below the tie rule's
-    pick, likewise, to find where the curve drops. Past an edge of the measured counts: half the lowest, or
-    ``high`` once."""
-    best, pick = max(points, key=lambda t: points[t]), tie_pick(points, tie)
+    the tie; one within that is a level stretch: a peak hidden in it is within the noise). Past an edge of the
+    measured counts: half the lowest, or ``high`` once."""
+    best = best_count(points)
     clearly_below = (1 - max(tie, LEVEL)) * points[best]
     wanted: list[tuple[float, float]] = []  # (priority: the gap's width, thread count)
     left, right = _neighbours(points, best)
     for side, edge in ((left, low), (right, high)):
         if side is None or points[side] < clearly_below:  # a side within the noise: level between
             wanted += _gap(side, best, edge, step)
-    below = _neighbours(points, pick)[0]
-    if pick != best and (below is None or points[below] < clearly_below):
-        wanted += _gap(below, pick, low, step)  # fewer threads may tie too: where the curve drops
     return [t for _, t in sorted(wanted, key=lambda w: -w[0])]
 
 
@@ -309,8 +307,8 @@ def _prior_leads(state: SearchState, family: list[PastTrial]) -> bool:
 
 
 def policy_probes(state: SearchState, incumbent: PastTrial, family: list[PastTrial]) -> Proposal | None:
-    """Each NUMA policy not measured with the incumbent, at the best thread count measured on the rung's policy
-    (the tie rule's pick; without a rung, on the baseline's); bind on the first node, at that count's share of one
+    """Each NUMA policy not measured with the incumbent, at the thread count read highest on the rung's policy
+    (without a rung, on the baseline's); bind on the first node, at that count's share of one
     node's cores. None once the prior's policy leads (it carries over; threads are walked after)."""
     if _prior_leads(state, family):
         return None
@@ -319,7 +317,7 @@ def policy_probes(state: SearchState, incumbent: PastTrial, family: list[PastTri
     start = state.start().hardware
     cores = start.get("threads")
     measured = thread_points(family, rung_policy(state)) or thread_points(family, start)
-    threads = tie_pick(measured, state.tie) if measured else cores
+    threads = best_count(measured) if measured else cores
     candidates = []
     for policy in state.knobs.values("numa"):
         if policy in policies:
@@ -381,10 +379,10 @@ def thread_walk(state: SearchState, incumbent: PastTrial, family: list[PastTrial
     ladder = thread_ladder(values, top, saturation)
     within = {t: v for t, v in points.items() if t <= top}
     smt = [t for t in values if t > top]
-    pick = tie_pick(within, state.tie) if within else top
+    best_threads = best_count(within) if within else top
     rungs = [  # nearest the best first; none past a count clearly below the best (decode is unimodal in threads)
         (t, "ladder")
-        for t in sorted(ladder, key=lambda t: (abs(t - pick), t))
+        for t in sorted(ladder, key=lambda t: (abs(t - best_threads), t))
         if not beyond_a_drop(within, t, state.tie)
     ]
     if within:
@@ -399,7 +397,7 @@ def thread_walk(state: SearchState, incumbent: PastTrial, family: list[PastTrial
         (
             {**_rest(incumbent), **hardware_params({**hardware, "threads": t})},
             "hardware",
-            _reason(t, how, points, ladder, where, describe_speculation(incumbent.params), state.tie),
+            _reason(t, how, points, ladder, where, describe_speculation(incumbent.params)),
         )
         for t, how in rungs
         if t not in points
@@ -424,12 +422,10 @@ def thread_points(family: list[PastTrial], hardware: dict) -> dict[int, float]:
 
 
 def _reason(
-    threads: int, how: str, points: dict[int, float], ladder: list[int], where: str, spec: str, tie: float
+    threads: int, how: str, points: dict[int, float], ladder: list[int], where: str, spec: str
 ) -> str:
     if how == "ladder":
         return f"threads {threads}: the ladder ({', '.join(map(str, ladder))}) with {where}, {spec}"
     if how == "smt":
         return f"threads {threads}: SMT siblings, all physical cores leading, with {where}, {spec}"
-    best, pick = max(points, key=lambda x: points[x]), tie_pick(points, tie)
-    tied = f"; {pick} ties with it within {tie:.1%} (fewer threads win)" if pick != best else ""
-    return f"threads {threads}: bracketing the best so far ({best}{tied}) with {where}, {spec}"
+    return f"threads {threads}: bracketing the best so far ({best_count(points)}) with {where}, {spec}"

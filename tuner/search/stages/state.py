@@ -81,7 +81,7 @@ class SearchState:
         ]
         self.k_values = knobs.values("draft_max")
         self.baseline = _reference(trials)
-        self.tie = _tie(self.baseline, trials)  # rates within this share tie: fewer threads win
+        self.tie = _tie(self.baseline, trials)  # rates within this share tie: the thread walk's level
         self.close = _close(self.baseline, trials)  # other options this close: measured at the final hardware
 
     def measured_baseline(self) -> PastTrial:
