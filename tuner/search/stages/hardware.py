@@ -22,12 +22,13 @@ those read within the noise of it (``model_pick``). In order:
    steps by one there) or the rungs beside it are within the noise of it (``LEVEL``: a flat stretch); SMT
    siblings once, where all cores lead and still gain (``still_gaining``).
 
-The walk follows the best reading: counts within the noise of it (``SearchState.tie``: the spread of the baseline's
-re-measures, at least ``evidence.THREAD_TIE``) are a level stretch, not a gap to halve, and which of two tied counts
-to deploy is the race's to say (``tuner.decisions.race``: its resource rule takes fewer threads among the finalists
-within its loss), not the walk's. Why: a walk that went on below the fewest threads tying with the best, and probed the other policies
-there, came within 3% of the best later on drawn hosts (development draws 0-99: later in 36 replays of 400, sooner
-in 5, none newly missed; docs/evidence/held-out-draws.md, "The thread walk follows the best reading").
+The walk follows the best reading: a count within the noise of it (``SearchState.tie``: the spread of the
+baseline's re-measures, at least ``evidence.THREAD_TIE``) is level with it, and which of two tied counts to deploy
+is the race's to say (``tuner.decisions.race``: its resource rule takes fewer threads among the finalists within
+its loss), not the walk's. Why: a walk that went on below the fewest threads tying with the best, and probed the
+other policies there, came within 3% of the best later on drawn hosts (development draws 0-99: later in 36 replays
+of 400, sooner in 5, the budget's end the same; docs/evidence/held-out-draws.md, "The thread walk follows the best
+reading").
 
 Why a ladder and not neighbours: on 1..96 threads a walk from 96 to the adjacent 95 measures noise; decode is
 unimodal in threads (it gains until the memory bandwidth saturates, then loses to contention), so a coarse
