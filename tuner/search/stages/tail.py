@@ -14,7 +14,7 @@ from __future__ import annotations
 from tuner.search.history import PastTrial
 from tuner.search.stages.configs import nearest, option_of
 from tuner.search.stages.state import Proposal, SearchState
-from tuner.search.stages.temperature import walked
+from tuner.search.stages.temperature import first_infeasible, walked
 
 STAGE = "tail"
 # thread gaps narrower than this are left: decode is level within the noise across a few threads
@@ -93,16 +93,13 @@ def temperature_steps(state: SearchState, params: dict) -> list[tuple]:
     own = params.get("temperature")
     if own not in temperatures or len(temperatures) < 2:
         return []
-    hot = min(
-        (r.params["temperature"] for r in state.lossless(params, "temperature") if not r.feasible),
-        default=None,
-    )
+    hot = first_infeasible(state, params)
     at = temperatures.index(own)
     lost = walked(state, params)
     return [
         ({**params, "temperature": t}, STAGE, f"temperature {t} next to the best's {own}")
         for t in temperatures[max(0, at - 1) : at + 2]
-        if t != own and (hot is None or t < hot) and t not in lost
+        if t != own and t < hot and t not in lost
     ]
 
 

@@ -35,10 +35,7 @@ def neighbours(state: SearchState, incumbent: PastTrial, temperatures: list) -> 
     """The incumbent at the temperatures next to its own, below the first one found infeasible."""
     params = incumbent.params
     family = state.family(params, "temperature")
-    hot = min(
-        (r.params["temperature"] for r in family + state.lossless(params, "temperature") if not r.feasible),
-        default=math.inf,
-    )
+    hot = first_infeasible(state, params)
     seen = {r.params.get("temperature") for r in family} | walked(state, params)
     best = params.get("temperature")
     at = temperatures.index(best) if best in temperatures else 0
@@ -68,6 +65,15 @@ def neighbours(state: SearchState, incumbent: PastTrial, temperatures: list) -> 
         for step, reason in steps
         if step < hot and step not in seen
     ]
+
+
+def first_infeasible(state: SearchState, params: dict) -> float:
+    """The lowest temperature measured below the quality floor at ``params``' experts, with any speculation
+    (``SearchState.lossless``: speculation keeps the target's output distribution); infinite where none was."""
+    return min(
+        (r.params["temperature"] for r in state.lossless(params, "temperature") if not r.feasible),
+        default=math.inf,
+    )
 
 
 def level_with(state: SearchState, incumbent: PastTrial, family: list[PastTrial]) -> list:
